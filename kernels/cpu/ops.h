@@ -1,0 +1,101 @@
+/* Reference ops in C, fp32: the math of the transformer, forward and backward.
+ *
+ * These are the CPU backend's kernels and the ground truth the CUDA kernels
+ * are checked against. Every op is single-call, synchronous, allocates nothing
+ * and keeps no state. Argument order is llm.c's: outputs, then inputs, then
+ * sizes; gradients take a `d` prefix.
+ *
+ * Key to the shape letters:
+ *   B batch, T sequence, N = B*T rows, C channels (hidden), OC output channels,
+ *   V vocab, NH query heads, NKV key/value heads (NH % NKV == 0), HS head size,
+ *   I intermediate (MLP) size.
+ *
+ * Tensors are row-major and contiguous. Per-token head tensors are laid out
+ * (B, T, NH, HS), which is exactly the (N, NH*HS) output of matmul_forward.
+ *
+ * Accumulate (+=) versus overwrite is stated per op; "may be NULL" means the
+ * op skips that output (a frozen weight, an input that needs no gradient). */
+#ifndef KERNELS_CPU_OPS_H
+#define KERNELS_CPU_OPS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* out (N,C) = wte[ids[n]] ; ids (N) in [0, V) (the caller has checked). */
+void embedding_forward(float *out, const int32_t *ids, const float *wte, int N, int C);
+/* dwte (V,C) += scatter of dout (N,C) by ids. */
+void embedding_backward(float *dwte, const float *dout, const int32_t *ids, int N, int C);
+
+/* HF RMSNorm: rstd[n] = 1/sqrt(mean(inp[n]^2) + eps); out = weight * (inp * rstd).
+ * out (N,C) overwrite, rstd (N) overwrite, inp (N,C), weight (C). out may not alias inp. */
+void rmsnorm_forward(float *out, float *rstd, const float *inp, const float *weight, int N, int C,
+		     float eps);
+/* dinp (N,C) += ; dweight (C) += (may be NULL). */
+void rmsnorm_backward(float *dinp, float *dweight, const float *dout, const float *inp,
+		      const float *weight, const float *rstd, int N, int C);
+
+/* out (N,OC) = inp (N,C) @ weight(OC,C)^T + bias (OC, may be NULL). Overwrite. */
+void matmul_forward(float *out, const float *inp, const float *weight, const float *bias, int N,
+		    int C, int OC);
+/* dinp (N,C) += dout @ weight ; dweight (OC,C) += dout^T @ inp ; dbias (OC) += sum_n dout.
+ * Each of dinp, dweight, dbias may be NULL. */
+void matmul_backward(float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
+		     const float *weight, int N, int C, int OC);
+
+/* HF default RoPE tables: inv_freq[i] = 1 / theta^(2i/HS) (computed in float32 as
+ * transformers does), angle = t * inv_freq[i]; cos, sin (T, HS/2). HS even. */
+void rope_cache(float *cos, float *sin, int T, int HS, double theta);
+/* HF rotate_half: for each (b,t,h), with x1 = x[:HS/2], x2 = x[HS/2:]:
+ *   out[:HS/2] = x1*cos - x2*sin ; out[HS/2:] = x2*cos + x1*sin  (cos, sin at row t).
+ * inp/out (B,T,NH,HS), overwrite; out may alias inp. */
+void rope_forward(float *out, const float *inp, const float *cos, const float *sin, int B, int T,
+		  int NH, int HS);
+/* The transpose (rotation by -angle). dinp overwrite; may alias dout. */
+void rope_backward(float *dinp, const float *dout, const float *cos, const float *sin, int B,
+		   int T, int NH, int HS);
+
+/* Causal grouped-query attention, scale 1/sqrt(HS). Query head h reads kv head
+ * h / (NH/NKV).  q (B,T,NH,HS), k, v (B,T,NKV,HS), out (B,T,NH,HS) overwrite,
+ * att (B,NH,T,T) overwrite: the softmax probabilities, zero above the diagonal
+ * (kept for the backward pass). */
+void attention_forward(float *out, float *att, const float *q, const float *k, const float *v,
+		       int B, int T, int NH, int NKV, int HS);
+/* dq (B,T,NH,HS), dk, dv (B,T,NKV,HS): overwrite. datt (B,NH,T,T) is scratch. */
+void attention_backward(float *dq, float *dk, float *dv, float *datt, const float *dout,
+			const float *q, const float *k, const float *v, const float *att, int B,
+			int T, int NH, int NKV, int HS);
+
+/* out = silu(gate) * up, elementwise over n values; silu(x) = x / (1 + exp(-x)). */
+void swiglu_forward(float *out, const float *gate, const float *up, size_t n);
+/* dgate, dup overwrite. */
+void swiglu_backward(float *dgate, float *dup, const float *dout, const float *gate,
+		     const float *up, size_t n);
+
+/* out = a + b over n values (out may alias a or b). */
+void residual_forward(float *out, const float *a, const float *b, size_t n);
+/* y += x over n values. */
+void add_inplace(float *y, const float *x, size_t n);
+
+/* Per-row cross-entropy: losses[n] = logsumexp(logits[n]) - logits[n][targets[n]],
+ * or 0 where targets[n] == -100. logits (N,V), targets (N) in [0,V) or -100. */
+void crossentropy_forward(float *losses, const float *logits, const int32_t *targets, int N,
+			  int V);
+/* dlogits[n] = dloss * (softmax(logits[n]) - onehot(targets[n])), or 0 where the
+ * target is -100. Overwrite; dlogits may alias logits (the fused, in-place form). */
+void crossentropy_backward(float *dlogits, const float *logits, const int32_t *targets,
+			   float dloss, int N, int V);
+
+/* PyTorch's AdamW (torch.optim.AdamW, foreach=False), step t >= 1, in this order:
+ *   param *= 1 - lr*weight_decay
+ *   m = m + (1-beta1)*(grad - m) ; v = beta2*v + (1-beta2)*grad*grad
+ *   denom = sqrt(v) / sqrt(1 - beta2^t) + eps
+ *   param -= (lr / (1 - beta1^t)) * m / denom                                   */
+void adamw_update(float *param, const float *grad, float *m, float *v, size_t n, float lr,
+		  float beta1, float beta2, float eps, float weight_decay, int t);
+
+/* Sum of squares, accumulated in double. */
+double sumsq(const float *x, size_t n);
+/* x *= s over n values. */
+void scale_inplace(float *x, float s, size_t n);
+
+#endif

@@ -1,0 +1,78 @@
+/* Minimal assertion macros for traind's test programs.
+ *
+ * Each failed check prints the file, line, expression and both values, and
+ * counts; a test's main returns check_status() so that any failure fails the
+ * program. Exit code 77 means "skipped" to meson (check_skip). Not a framework:
+ * one test program per unit, with a table of cases. */
+#ifndef TESTS_CHECK_H
+#define TESTS_CHECK_H
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int check_failures_;
+static int check_count_;
+
+#define CHECK(cond)                                                                    \
+	do {                                                                           \
+		check_count_++;                                                        \
+		if (!(cond)) {                                                         \
+			check_failures_++;                                             \
+			fprintf(stderr, "%s:%d: CHECK(%s) failed\n", __FILE__, __LINE__, #cond); \
+		}                                                                      \
+	} while (0)
+
+#define CHECK_MSG(cond, ...)                                                           \
+	do {                                                                           \
+		check_count_++;                                                        \
+		if (!(cond)) {                                                         \
+			check_failures_++;                                             \
+			fprintf(stderr, "%s:%d: CHECK(%s) failed: ", __FILE__, __LINE__, #cond); \
+			fprintf(stderr, __VA_ARGS__);                                  \
+			fputc('\n', stderr);                                           \
+		}                                                                      \
+	} while (0)
+
+#define CHECK_EQ_INT(a, b)                                                             \
+	do {                                                                           \
+		long long a_ = (long long)(a), b_ = (long long)(b);                   \
+		CHECK_MSG(a_ == b_, "%s = %lld, %s = %lld", #a, a_, #b, b_);          \
+	} while (0)
+
+#define CHECK_NEAR(a, b, tol)                                                          \
+	do {                                                                           \
+		double a_ = (double)(a), b_ = (double)(b), t_ = (double)(tol);        \
+		CHECK_MSG(fabs(a_ - b_) <= t_, "%s = %.9g, %s = %.9g, |diff| = %.3g > %.3g", \
+			  #a, a_, #b, b_, fabs(a_ - b_), t_);                          \
+	} while (0)
+
+#define CHECK_STR_EQ(a, b)                                                             \
+	do {                                                                           \
+		const char *a_ = (a), *b_ = (b);                                      \
+		CHECK_MSG(a_ && b_ && strcmp(a_, b_) == 0, "%s = \"%s\", %s = \"%s\"", #a, \
+			  a_ ? a_ : "(null)", #b, b_ ? b_ : "(null)");                 \
+	} while (0)
+
+/* hay contains needle */
+#define CHECK_CONTAINS(hay, needle)                                                    \
+	do {                                                                           \
+		const char *h_ = (hay), *n_ = (needle);                               \
+		CHECK_MSG(h_ && n_ && strstr(h_, n_) != NULL, "\"%s\" does not contain \"%s\"", \
+			  h_ ? h_ : "(null)", n_ ? n_ : "(null)");                     \
+	} while (0)
+
+static inline int check_status(void)
+{
+	fprintf(stderr, "%d checks, %d failed\n", check_count_, check_failures_);
+	return check_failures_ ? 1 : 0;
+}
+
+static inline int check_skip(const char *why)
+{
+	fprintf(stderr, "SKIP: %s\n", why);
+	return 77;
+}
+
+#endif
