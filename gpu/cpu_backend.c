@@ -1,0 +1,210 @@
+/* The CPU backend: the ops table over kernels/cpu (fp32) and plain host memory.
+ *
+ * It is the reference the CUDA backend is checked against, and the backend of
+ * hosts without a GPU. Everything runs synchronously on the calling thread
+ * (OpenBLAS may use its own threads inside a GEMM), so sync never has a
+ * deferred error to report. It counts the bytes it hands out, which is how the
+ * tests hold the memory plan to what is really allocated. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "gpu/backend.h"
+#include "kernels/cpu/ops.h"
+
+void gpu_backend_check_ops(const struct gpu_backend_ops *o)
+{
+	assert(o->name && o->alloc && o->free && o->upload && o->download && o->zero && o->sync &&
+	       o->destroy);
+	assert(o->embedding_forward && o->embedding_backward && o->rmsnorm_forward &&
+	       o->rmsnorm_backward && o->matmul_forward && o->matmul_backward && o->rope_forward &&
+	       o->rope_backward && o->attention_forward && o->attention_backward &&
+	       o->swiglu_forward && o->swiglu_backward && o->residual_forward &&
+	       o->crossentropy_forward && o->crossentropy_backward && o->adamw_update &&
+	       o->sumsq && o->scale);
+	(void)o;
+}
+
+static td_err cpu_alloc(struct gpu_backend *be, size_t bytes, void **out)
+{
+	/* 64-byte alignment: whole cache lines, and what vector loads like. */
+	size_t rounded = (bytes + 63) & ~(size_t)63;
+	void *p = aligned_alloc(64, rounded ? rounded : 64);
+	if (!p)
+		return TD_ENOMEM;
+	memset(p, 0, rounded ? rounded : 64);
+	be->bytes_in_use += bytes;
+	if (be->bytes_in_use > be->bytes_peak)
+		be->bytes_peak = be->bytes_in_use;
+	*out = p;
+	return TD_OK;
+}
+
+static void cpu_free(struct gpu_backend *be, void *p, size_t bytes)
+{
+	assert(be->bytes_in_use >= bytes);
+	be->bytes_in_use -= bytes;
+	free(p);
+}
+
+static void cpu_copy(struct gpu_backend *be, void *dst, const void *src, size_t bytes)
+{
+	(void)be;
+	if (bytes)
+		memcpy(dst, src, bytes);
+}
+
+static void cpu_zero(struct gpu_backend *be, void *dst, size_t bytes)
+{
+	(void)be;
+	if (bytes)
+		memset(dst, 0, bytes);
+}
+
+static td_err cpu_sync(struct gpu_backend *be, struct td_errbuf *eb)
+{
+	(void)be;
+	(void)eb;
+	return TD_OK;
+}
+
+static void cpu_destroy(struct gpu_backend *be)
+{
+	assert(be->bytes_in_use == 0);
+	free(be);
+}
+
+/* Adapters: drop the backend argument. */
+static void cpu_embedding_forward(struct gpu_backend *be, float *out, const int32_t *ids,
+				  const float *wte, int N, int C)
+{
+	embedding_forward(out, ids, wte, N, C);
+}
+static void cpu_embedding_backward(struct gpu_backend *be, float *dwte, const float *dout,
+				   const int32_t *ids, int N, int C)
+{
+	embedding_backward(dwte, dout, ids, N, C);
+}
+static void cpu_rmsnorm_forward(struct gpu_backend *be, float *out, float *rstd, const float *inp,
+				const float *weight, int N, int C, float eps)
+{
+	rmsnorm_forward(out, rstd, inp, weight, N, C, eps);
+}
+static void cpu_rmsnorm_backward(struct gpu_backend *be, float *dinp, float *dweight,
+				 const float *dout, const float *inp, const float *weight,
+				 const float *rstd, int N, int C)
+{
+	rmsnorm_backward(dinp, dweight, dout, inp, weight, rstd, N, C);
+}
+static void cpu_matmul_forward(struct gpu_backend *be, float *out, const float *inp,
+			       const float *weight, const float *bias, int N, int C, int OC)
+{
+	matmul_forward(out, inp, weight, bias, N, C, OC);
+}
+static void cpu_matmul_backward(struct gpu_backend *be, float *dinp, float *dweight, float *dbias,
+				const float *dout, const float *inp, const float *weight, int N,
+				int C, int OC)
+{
+	matmul_backward(dinp, dweight, dbias, dout, inp, weight, N, C, OC);
+}
+static void cpu_rope_forward(struct gpu_backend *be, float *out, const float *inp, const float *cos,
+			     const float *sin, int B, int T, int NH, int HS)
+{
+	rope_forward(out, inp, cos, sin, B, T, NH, HS);
+}
+static void cpu_rope_backward(struct gpu_backend *be, float *dinp, const float *dout,
+			      const float *cos, const float *sin, int B, int T, int NH, int HS)
+{
+	rope_backward(dinp, dout, cos, sin, B, T, NH, HS);
+}
+static void cpu_attention_forward(struct gpu_backend *be, float *out, float *att, const float *q,
+				  const float *k, const float *v, int B, int T, int NH, int NKV,
+				  int HS)
+{
+	attention_forward(out, att, q, k, v, B, T, NH, NKV, HS);
+}
+static void cpu_attention_backward(struct gpu_backend *be, float *dq, float *dk, float *dv,
+				   float *datt, const float *dout, const float *q, const float *k,
+				   const float *v, const float *att, int B, int T, int NH, int NKV,
+				   int HS)
+{
+	attention_backward(dq, dk, dv, datt, dout, q, k, v, att, B, T, NH, NKV, HS);
+}
+static void cpu_swiglu_forward(struct gpu_backend *be, float *out, const float *gate,
+			       const float *up, size_t n)
+{
+	swiglu_forward(out, gate, up, n);
+}
+static void cpu_swiglu_backward(struct gpu_backend *be, float *dgate, float *dup,
+				const float *dout, const float *gate, const float *up, size_t n)
+{
+	swiglu_backward(dgate, dup, dout, gate, up, n);
+}
+static void cpu_residual_forward(struct gpu_backend *be, float *out, const float *a,
+				 const float *b, size_t n)
+{
+	residual_forward(out, a, b, n);
+}
+static void cpu_crossentropy_forward(struct gpu_backend *be, float *losses, const float *logits,
+				     const int32_t *targets, int N, int V)
+{
+	crossentropy_forward(losses, logits, targets, N, V);
+}
+static void cpu_crossentropy_backward(struct gpu_backend *be, float *dlogits, const float *logits,
+				      const int32_t *targets, float dloss, int N, int V)
+{
+	crossentropy_backward(dlogits, logits, targets, dloss, N, V);
+}
+static void cpu_adamw_update(struct gpu_backend *be, float *param, const float *grad, float *m,
+			     float *v, size_t n, float lr, float beta1, float beta2, float eps,
+			     float weight_decay, int t)
+{
+	adamw_update(param, grad, m, v, n, lr, beta1, beta2, eps, weight_decay, t);
+}
+static double cpu_sumsq(struct gpu_backend *be, const float *x, size_t n)
+{
+	return sumsq(x, n);
+}
+static void cpu_scale(struct gpu_backend *be, float *x, float s, size_t n)
+{
+	scale_inplace(x, s, n);
+}
+
+static const struct gpu_backend_ops cpu_ops = {
+	.name = "cpu",
+	.alloc = cpu_alloc,
+	.free = cpu_free,
+	.upload = cpu_copy,
+	.download = cpu_copy,
+	.zero = cpu_zero,
+	.sync = cpu_sync,
+	.destroy = cpu_destroy,
+	.embedding_forward = cpu_embedding_forward,
+	.embedding_backward = cpu_embedding_backward,
+	.rmsnorm_forward = cpu_rmsnorm_forward,
+	.rmsnorm_backward = cpu_rmsnorm_backward,
+	.matmul_forward = cpu_matmul_forward,
+	.matmul_backward = cpu_matmul_backward,
+	.rope_forward = cpu_rope_forward,
+	.rope_backward = cpu_rope_backward,
+	.attention_forward = cpu_attention_forward,
+	.attention_backward = cpu_attention_backward,
+	.swiglu_forward = cpu_swiglu_forward,
+	.swiglu_backward = cpu_swiglu_backward,
+	.residual_forward = cpu_residual_forward,
+	.crossentropy_forward = cpu_crossentropy_forward,
+	.crossentropy_backward = cpu_crossentropy_backward,
+	.adamw_update = cpu_adamw_update,
+	.sumsq = cpu_sumsq,
+	.scale = cpu_scale,
+};
+
+td_err gpu_cpu_backend_new(struct gpu_backend **out, struct td_errbuf *eb)
+{
+	gpu_backend_check_ops(&cpu_ops);
+	struct gpu_backend *be = calloc(1, sizeof(*be));
+	if (!be)
+		return td_fail(eb, TD_ENOMEM, "cpu backend: out of memory");
+	be->ops = &cpu_ops;
+	*out = be;
+	return TD_OK;
+}

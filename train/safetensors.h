@@ -9,7 +9,9 @@
  * header length (against the file size), JSON syntax, unknown dtype, shape
  * entries (non-negative, product overflow), offsets out of range, end < begin,
  * size != product(shape) * dtype size, overlapping tensors. Each failure is
- * TD_EFORMAT with a message naming the file and the fault.
+ * TD_EFORMAT with a message naming the file and the fault, except a dtype we do
+ * not know (F8_E4M3, ...) and more than TR_ST_MAX_DIMS dims: TD_EUNSUPPORTED.
+ * Gaps between tensors and trailing bytes are tolerated.
  * This is not a model loader: see train/modeldir.h. */
 #ifndef TRAIN_SAFETENSORS_H
 #define TRAIN_SAFETENSORS_H
@@ -70,7 +72,8 @@ const char *tr_st_metadata(const struct tr_st_file *f, const char *key);
 /* Converts a F32, F16, BF16 or F64 tensor into dst (numel floats). Other dtypes:
  * TD_EUNSUPPORTED naming the tensor. */
 td_err tr_st_to_f32(float *dst, const struct tr_st_tensor *t, struct td_errbuf *eb);
-/* Same for integer tensors (I32, I64) into int32 (values outside int32: TD_ERANGE). */
+/* Same for integer tensors (I64, I32, I16, I8, U8, BOOL) into int32 (values
+ * outside int32: TD_ERANGE naming the tensor and the element). */
 td_err tr_st_to_i32(int32_t *dst, const struct tr_st_tensor *t, struct td_errbuf *eb);
 
 /* Round-to-nearest-even conversions used when saving in a narrower dtype. */
@@ -88,9 +91,41 @@ struct tr_st_entry {
 };
 
 /* Writes a safetensors file atomically: path.tmp, fsync, rename, fsync of the
- * directory. Tensors are laid out in the given order, each data offset aligned
- * to 8 bytes. meta is NULL or pairs {key, value, key, value, ..., NULL}. */
+ * directory. The header lists the tensors in the given order and is padded with
+ * spaces so the data section starts 8-byte aligned. The data is contiguous, as
+ * the reference reader demands (it rejects gaps): tensors are placed by element
+ * size, largest first, keeping the given order within a size, so every tensor
+ * is aligned to its element size. meta is NULL or pairs {key, value, key,
+ * value, ..., NULL}. Names must be unique and not "__metadata__" (TD_EINVAL). */
 td_err tr_st_write(const char *path, const struct tr_st_entry *entries, size_t n,
 		   const char *const *meta, struct td_errbuf *eb);
+
+/* Internal to train/ (tr__): file helpers shared by the model I/O files. */
+
+struct tr__chunk {
+	const void *data;
+	size_t len;
+};
+
+/* Writes the chunks, in order, to path atomically (path.tmp, fsync, rename,
+ * fsync of the directory); path.tmp is removed on failure. */
+td_err tr__write_atomic(const char *path, const struct tr__chunk *chunks, size_t n,
+			struct td_errbuf *eb);
+/* Reads a regular file of at most max bytes into a NUL-terminated malloc'd
+ * buffer; *len excludes the NUL. The caller frees *out. */
+td_err tr__read_file(const char *path, size_t max, char **out, size_t *len, struct td_errbuf *eb);
+struct json_object;
+/* Parses text (len bytes, NUL at text[len]) as strict JSON; on failure
+ * TD_EFORMAT "<origin>: not valid JSON: <why> at byte N". The caller puts *out. */
+td_err tr__json_parse(struct json_object **out, const char *text, size_t len, const char *origin,
+		      struct td_errbuf *eb);
+/* Adds v under key (tr__json_put) or at the end of array a (tr__json_push) and
+ * returns v, now owned by its parent; on failure, or when v is NULL (a failed
+ * allocation), frees v and returns NULL. Attaching each node as soon as it is
+ * made means a failure midway leaks nothing. */
+struct json_object *tr__json_put(struct json_object *o, const char *key, struct json_object *v);
+struct json_object *tr__json_push(struct json_object *a, struct json_object *v);
+/* td_fail for a failed system call: "<path>: <what>: <strerror>", code from errnum. */
+td_err tr__errno_fail(struct td_errbuf *eb, int errnum, const char *path, const char *what);
 
 #endif

@@ -1,0 +1,422 @@
+/* Reference ops in C, fp32: the implementations of kernels/cpu/ops.h.
+ *
+ * Single-threaded, deterministic C; the only parallelism is whatever OpenBLAS
+ * does inside sgemm, which does not split the reduction dimension and so gives
+ * the same bits run to run. The numerics follow Hugging Face transformers in
+ * float32 (where rounding is done, and in what order), with reductions that
+ * feed a single scalar (norms, softmax sums, losses) accumulated in double.
+ * Not a fast path: attention is materialised as (T,T) per head, as in HF's
+ * eager attention. Shapes and contracts are documented in ops.h.
+ *
+ * Key: B batch, T sequence, N = B*T rows, C channels, OC output channels,
+ * V vocab, NH query heads, NKV key/value heads, HS head size. */
+#include "kernels/cpu/ops.h"
+
+#include <assert.h>
+#include <cblas.h>
+#include <math.h>
+#include <string.h>
+
+static float row_max(const float *x, int n);
+static void gemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int M, int N, int K, float alpha,
+		 const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc);
+
+/* ------------------------------------------------------------------ ops -- */
+
+void embedding_forward(float *restrict out, const int32_t *restrict ids,
+		       const float *restrict wte, int N, int C)
+{
+	for (int n = 0; n < N; n++)
+		memcpy(out + (size_t)n * C, wte + (size_t)ids[n] * C, sizeof(float) * (size_t)C);
+}
+
+/* Rows are scattered in n order, so repeated ids sum in a fixed order. */
+void embedding_backward(float *restrict dwte, const float *restrict dout,
+			const int32_t *restrict ids, int N, int C)
+{
+	for (int n = 0; n < N; n++) {
+		float *restrict d = dwte + (size_t)ids[n] * C;
+		const float *restrict g = dout + (size_t)n * C;
+		for (int c = 0; c < C; c++)
+			d[c] += g[c];
+	}
+}
+
+/* HF rounds x*rstd to float before multiplying by weight; so do we. */
+void rmsnorm_forward(float *restrict out, float *restrict rstd, const float *restrict inp,
+		     const float *restrict weight, int N, int C, float eps)
+{
+	for (int n = 0; n < N; n++) {
+		const float *restrict x = inp + (size_t)n * C;
+		float *restrict o = out + (size_t)n * C;
+		double ss = 0.0;
+		for (int c = 0; c < C; c++)
+			ss += (double)x[c] * x[c];
+		float var = (float)(ss / C);
+		float r = 1.0f / sqrtf(var + eps);
+		for (int c = 0; c < C; c++)
+			o[c] = weight[c] * (x[c] * r);
+		rstd[n] = r;
+	}
+}
+
+/* With g = weight*dout and r = rstd:
+ *   dinp = r*g - x * r^3 * mean(g*x)   (r depends on every x of the row)
+ *   dweight = dout * x * r                                                  */
+void rmsnorm_backward(float *restrict dinp, float *restrict dweight, const float *restrict dout,
+		      const float *restrict inp, const float *restrict weight,
+		      const float *restrict rstd, int N, int C)
+{
+	for (int n = 0; n < N; n++) {
+		const float *restrict x = inp + (size_t)n * C;
+		const float *restrict d = dout + (size_t)n * C;
+		float *restrict dx = dinp + (size_t)n * C;
+		float r = rstd[n];
+		double dot = 0.0;
+		for (int c = 0; c < C; c++)
+			dot += (double)(weight[c] * d[c]) * x[c];
+		float k = (float)(dot / C * r * r * r);
+		for (int c = 0; c < C; c++)
+			dx[c] += r * (weight[c] * d[c]) - k * x[c];
+		if (dweight)
+			for (int c = 0; c < C; c++)
+				dweight[c] += d[c] * (x[c] * r);
+	}
+}
+
+void matmul_forward(float *restrict out, const float *restrict inp, const float *restrict weight,
+		    const float *restrict bias, int N, int C, int OC)
+{
+	gemm(CblasNoTrans, CblasTrans, N, OC, C, 1.0f, inp, C, weight, C, 0.0f, out, OC);
+	if (bias)
+		for (int n = 0; n < N; n++) {
+			float *restrict o = out + (size_t)n * OC;
+			for (int j = 0; j < OC; j++)
+				o[j] += bias[j];
+		}
+}
+
+void matmul_backward(float *restrict dinp, float *restrict dweight, float *restrict dbias,
+		     const float *restrict dout, const float *restrict inp,
+		     const float *restrict weight, int N, int C, int OC)
+{
+	if (dinp)
+		gemm(CblasNoTrans, CblasNoTrans, N, C, OC, 1.0f, dout, OC, weight, C, 1.0f, dinp,
+		     C);
+	if (dweight)
+		gemm(CblasTrans, CblasNoTrans, OC, C, N, 1.0f, dout, OC, inp, C, 1.0f, dweight, C);
+	if (dbias)
+		for (int n = 0; n < N; n++) {
+			const float *restrict d = dout + (size_t)n * OC;
+			for (int j = 0; j < OC; j++)
+				dbias[j] += d[j];
+		}
+}
+
+/* Every step in float32, as transformers does: inv_freq from a float pow,
+ * angle = float(t) * inv_freq rounded to float, then cos/sin of that float.
+ * Computing the angle in double would drift from HF by ~t*1e-7 radians. */
+void rope_cache(float *restrict cos, float *restrict sin, int T, int HS, double theta)
+{
+	assert(HS % 2 == 0);
+	int H2 = HS / 2;
+	for (int i = 0; i < H2; i++) {
+		float inv_freq = 1.0f / powf((float)theta, (float)(2 * i) / (float)HS);
+		for (int t = 0; t < T; t++) {
+			float angle = (float)t * inv_freq;
+			cos[(size_t)t * H2 + i] = cosf(angle);
+			sin[(size_t)t * H2 + i] = sinf(angle);
+		}
+	}
+}
+
+/* Each i reads x[i] and x[i+H2] before writing them, so out may alias inp:
+ * hence no restrict on out/inp. */
+void rope_forward(float *out, const float *inp, const float *restrict cos,
+		  const float *restrict sin, int B, int T, int NH, int HS)
+{
+	int H2 = HS / 2;
+	for (int b = 0; b < B; b++)
+		for (int t = 0; t < T; t++) {
+			const float *restrict c = cos + (size_t)t * H2;
+			const float *restrict s = sin + (size_t)t * H2;
+			for (int h = 0; h < NH; h++) {
+				size_t off = (((size_t)b * T + t) * NH + h) * HS;
+				const float *x = inp + off;
+				float *o = out + off;
+				for (int i = 0; i < H2; i++) {
+					float x1 = x[i], x2 = x[i + H2];
+					o[i] = x1 * c[i] - x2 * s[i];
+					o[i + H2] = x2 * c[i] + x1 * s[i];
+				}
+			}
+		}
+}
+
+void rope_backward(float *dinp, const float *dout, const float *restrict cos,
+		   const float *restrict sin, int B, int T, int NH, int HS)
+{
+	int H2 = HS / 2;
+	for (int b = 0; b < B; b++)
+		for (int t = 0; t < T; t++) {
+			const float *restrict c = cos + (size_t)t * H2;
+			const float *restrict s = sin + (size_t)t * H2;
+			for (int h = 0; h < NH; h++) {
+				size_t off = (((size_t)b * T + t) * NH + h) * HS;
+				const float *d = dout + off;
+				float *dx = dinp + off;
+				for (int i = 0; i < H2; i++) {
+					float d1 = d[i], d2 = d[i + H2];
+					dx[i] = d1 * c[i] + d2 * s[i];
+					dx[i + H2] = d2 * c[i] - d1 * s[i];
+				}
+			}
+		}
+}
+
+/* Per (b, h): S = Q K^T * scale (T,T), causal softmax in place in att,
+ * out = P V. Q, K, V and out are strided views of the (B,T,heads,HS)
+ * tensors: row t of head h starts at ((b*T+t)*NH+h)*HS, so the leading
+ * dimension is NH*HS (NKV*HS for K, V) and nothing is copied. The full (T,T)
+ * product is formed and the upper triangle then zeroed; that wastes half the
+ * flops but keeps both products single sgemm calls. */
+void attention_forward(float *restrict out, float *restrict att, const float *restrict q,
+		       const float *restrict k, const float *restrict v, int B, int T, int NH,
+		       int NKV, int HS)
+{
+	assert(NKV > 0 && NH % NKV == 0);
+	int group = NH / NKV;
+	int ldq = NH * HS, ldk = NKV * HS;
+	float scale = 1.0f / sqrtf((float)HS);
+	for (int b = 0; b < B; b++)
+		for (int h = 0; h < NH; h++) {
+			int kh = h / group;
+			const float *Q = q + (size_t)b * T * ldq + (size_t)h * HS;
+			const float *K = k + (size_t)b * T * ldk + (size_t)kh * HS;
+			const float *Vm = v + (size_t)b * T * ldk + (size_t)kh * HS;
+			float *O = out + (size_t)b * T * ldq + (size_t)h * HS;
+			float *P = att + ((size_t)b * NH + h) * T * T;
+
+			gemm(CblasNoTrans, CblasTrans, T, T, HS, scale, Q, ldq, K, ldk, 0.0f, P, T);
+			for (int t = 0; t < T; t++) {
+				float *restrict row = P + (size_t)t * T;
+				float max = row[0];
+				for (int s = 1; s <= t; s++)
+					max = row[s] > max ? row[s] : max;
+				double sum = 0.0;
+				for (int s = 0; s <= t; s++) {
+					row[s] = expf(row[s] - max);
+					sum += row[s];
+				}
+				float inv = (float)(1.0 / sum);
+				for (int s = 0; s <= t; s++)
+					row[s] *= inv;
+				for (int s = t + 1; s < T; s++)
+					row[s] = 0.0f;
+			}
+			gemm(CblasNoTrans, CblasNoTrans, T, HS, T, 1.0f, P, T, Vm, ldk, 0.0f, O, ldq);
+		}
+}
+
+/* Per (b, h), with datt as dS:
+ *   dP = dout V^T ; dS = P * (dP - rowsum(dP * P)) ;
+ *   dq = dS K * scale ; dk += dS^T Q * scale ; dv += P^T dout.
+ * dq slices belong to one query head, so they are written (beta 0); dk, dv
+ * slices are shared by a group of query heads and summed over them in h
+ * order, after zeroing. */
+void attention_backward(float *restrict dq, float *restrict dk, float *restrict dv,
+			float *restrict datt, const float *restrict dout, const float *restrict q,
+			const float *restrict k, const float *restrict v,
+			const float *restrict att, int B, int T, int NH, int NKV, int HS)
+{
+	assert(NKV > 0 && NH % NKV == 0);
+	int group = NH / NKV;
+	int ldq = NH * HS, ldk = NKV * HS;
+	float scale = 1.0f / sqrtf((float)HS);
+	size_t kv_size = (size_t)B * T * NKV * HS;
+	memset(dk, 0, sizeof(float) * kv_size);
+	memset(dv, 0, sizeof(float) * kv_size);
+	for (int b = 0; b < B; b++)
+		for (int h = 0; h < NH; h++) {
+			int kh = h / group;
+			size_t qoff = (size_t)b * T * ldq + (size_t)h * HS;
+			size_t koff = (size_t)b * T * ldk + (size_t)kh * HS;
+			const float *P = att + ((size_t)b * NH + h) * T * T;
+			float *dS = datt + ((size_t)b * NH + h) * T * T;
+
+			gemm(CblasNoTrans, CblasTrans, T, T, HS, 1.0f, dout + qoff, ldq, v + koff, ldk,
+			     0.0f, dS, T);
+			for (int t = 0; t < T; t++) {
+				const float *restrict p = P + (size_t)t * T;
+				float *restrict d = dS + (size_t)t * T;
+				double dot = 0.0;
+				for (int s = 0; s <= t; s++)
+					dot += (double)p[s] * d[s];
+				float fdot = (float)dot;
+				for (int s = 0; s <= t; s++)
+					d[s] = p[s] * (d[s] - fdot);
+				for (int s = t + 1; s < T; s++)
+					d[s] = 0.0f;
+			}
+			gemm(CblasNoTrans, CblasNoTrans, T, HS, T, scale, dS, T, k + koff, ldk, 0.0f,
+			     dq + qoff, ldq);
+			gemm(CblasTrans, CblasNoTrans, T, HS, T, scale, dS, T, q + qoff, ldq, 1.0f,
+			     dk + koff, ldk);
+			gemm(CblasTrans, CblasNoTrans, T, HS, T, 1.0f, P, T, dout + qoff, ldq, 1.0f,
+			     dv + koff, ldk);
+		}
+}
+
+/* silu written as torch writes it, x / (1 + exp(-x)); for x << 0, exp
+ * overflows to inf and the quotient is -0, which is the right limit. */
+void swiglu_forward(float *restrict out, const float *restrict gate, const float *restrict up,
+		    size_t n)
+{
+	for (size_t i = 0; i < n; i++)
+		out[i] = gate[i] / (1.0f + expf(-gate[i])) * up[i];
+}
+
+/* d silu(x)/dx = sig(x) * (1 + x * (1 - sig(x))). */
+void swiglu_backward(float *restrict dgate, float *restrict dup, const float *restrict dout,
+		     const float *restrict gate, const float *restrict up, size_t n)
+{
+	for (size_t i = 0; i < n; i++) {
+		float x = gate[i];
+		float sig = 1.0f / (1.0f + expf(-x));
+		dup[i] = dout[i] * (x * sig);
+		dgate[i] = dout[i] * up[i] * (sig * (1.0f + x * (1.0f - sig)));
+	}
+}
+
+/* out may alias a or b: no restrict. */
+void residual_forward(float *out, const float *a, const float *b, size_t n)
+{
+	for (size_t i = 0; i < n; i++)
+		out[i] = a[i] + b[i];
+}
+
+void add_inplace(float *restrict y, const float *restrict x, size_t n)
+{
+	for (size_t i = 0; i < n; i++)
+		y[i] += x[i];
+}
+
+/* logsumexp in double around the row max; the loss is returned in float. */
+void crossentropy_forward(float *restrict losses, const float *restrict logits,
+			  const int32_t *restrict targets, int N, int V)
+{
+	for (int n = 0; n < N; n++) {
+		int32_t tgt = targets[n];
+		if (tgt == -100) {
+			losses[n] = 0.0f;
+			continue;
+		}
+		assert(tgt >= 0 && tgt < V);
+		const float *restrict x = logits + (size_t)n * V;
+		float max = row_max(x, V);
+		double sum = 0.0;
+		for (int i = 0; i < V; i++)
+			sum += exp((double)x[i] - max);
+		losses[n] = (float)((double)max + log(sum) - (double)x[tgt]);
+	}
+}
+
+/* In place is allowed (dlogits == logits): the row's max and sum are taken
+ * before the row is overwritten, and each element is then read just before
+ * it is written. Hence no restrict on dlogits/logits. */
+void crossentropy_backward(float *dlogits, const float *logits, const int32_t *restrict targets,
+			   float dloss, int N, int V)
+{
+	for (int n = 0; n < N; n++) {
+		int32_t tgt = targets[n];
+		float *d = dlogits + (size_t)n * V;
+		if (tgt == -100) {
+			memset(d, 0, sizeof(float) * (size_t)V);
+			continue;
+		}
+		assert(tgt >= 0 && tgt < V);
+		const float *x = logits + (size_t)n * V;
+		float max = row_max(x, V);
+		double sum = 0.0;
+		for (int i = 0; i < V; i++)
+			sum += exp((double)x[i] - max);
+		float inv = (float)(1.0 / sum);
+		for (int i = 0; i < V; i++)
+			d[i] = dloss * (expf(x[i] - max) * inv);
+		d[tgt] -= dloss;
+	}
+}
+
+/* The scalars are formed in double, as Python forms them, and rounded to
+ * float where torch hands a Python scalar to a float32 kernel. */
+void adamw_update(float *restrict param, const float *restrict grad, float *restrict m,
+		  float *restrict v, size_t n, float lr, float beta1, float beta2, float eps,
+		  float weight_decay, int t)
+{
+	assert(t >= 1);
+	float decay = (float)(1.0 - (double)lr * weight_decay);
+	float one_minus_b1 = (float)(1.0 - (double)beta1);
+	float one_minus_b2 = (float)(1.0 - (double)beta2);
+	float bc2_sqrt = (float)sqrt(1.0 - pow(beta2, t));
+	float step_size = (float)((double)lr / (1.0 - pow(beta1, t)));
+	for (size_t i = 0; i < n; i++) {
+		float g = grad[i];
+		float p = param[i] * decay;
+		float mi = m[i] + one_minus_b1 * (g - m[i]);
+		float vi = v[i] * beta2 + one_minus_b2 * g * g;
+		float denom = sqrtf(vi) / bc2_sqrt + eps;
+		param[i] = p - step_size * mi / denom;
+		m[i] = mi;
+		v[i] = vi;
+	}
+}
+
+/* Four partial sums so the loop vectorises without -ffast-math; the order is
+ * fixed, so the result is deterministic. */
+double sumsq(const float *restrict x, size_t n)
+{
+	double s0 = 0.0, s1 = 0.0, s2 = 0.0, s3 = 0.0;
+	size_t i = 0;
+	for (; i + 4 <= n; i += 4) {
+		s0 += (double)x[i] * x[i];
+		s1 += (double)x[i + 1] * x[i + 1];
+		s2 += (double)x[i + 2] * x[i + 2];
+		s3 += (double)x[i + 3] * x[i + 3];
+	}
+	for (; i < n; i++)
+		s0 += (double)x[i] * x[i];
+	return (s0 + s1) + (s2 + s3);
+}
+
+void scale_inplace(float *restrict x, float s, size_t n)
+{
+	for (size_t i = 0; i < n; i++)
+		x[i] *= s;
+}
+
+/* -------------------------------------------------------------- helpers -- */
+
+static float row_max(const float *restrict x, int n)
+{
+	float max = -INFINITY;
+	for (int i = 0; i < n; i++)
+		max = x[i] > max ? x[i] : max;
+	return max;
+}
+
+/* Row-major sgemm, C = alpha * op(A) op(B) + beta * C with C (M,N). cblas
+ * rejects a zero leading dimension, so empty products are handled here:
+ * nothing to write when M or N is 0, and only the beta scaling when K is 0. */
+static void gemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int M, int N, int K, float alpha,
+		 const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc)
+{
+	if (M <= 0 || N <= 0)
+		return;
+	if (K <= 0) {
+		for (int i = 0; i < M; i++)
+			for (int j = 0; j < N; j++)
+				C[(size_t)i * ldc + j] = beta == 0.0f ? 0.0f : beta * C[(size_t)i * ldc + j];
+		return;
+	}
+	cblas_sgemm(CblasRowMajor, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+}

@@ -1,0 +1,243 @@
+/* The backend ops table: the operations the training engine needs from a
+ * device, implemented once per device kind (contract 4 of DESIGN.md).
+ *
+ * The CPU backend (gpu/cpu_backend.c, fp32, the reference) and the CUDA
+ * backend (a module loaded at run time, CUDA issue) fill the same table, op for
+ * op. The engine calls ops only through the inline gpu_* wrappers below and
+ * never includes a CUDA header; it never dereferences a buffer it got from
+ * gpu_alloc — it moves data with gpu_upload / gpu_download.
+ *
+ * Ops take the arguments of kernels/cpu/ops.h (outputs, inputs, sizes; the
+ * shape letters are explained there) after the backend. Ops are enqueued on the
+ * backend's stream in order and may run asynchronously; gpu_download,
+ * gpu_sumsq and gpu_sync block until all earlier work is done. An op cannot
+ * fail by itself: a device error is sticky and is reported by the next
+ * blocking call (gpu_sync).
+ *
+ * This is not an allocator policy: the engine asks for whole arenas sized by
+ * the memory plan (contract 1), one gpu_alloc per arena. */
+#ifndef GPU_BACKEND_H
+#define GPU_BACKEND_H
+
+#include <assert.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "proto/err.h"
+
+struct gpu_backend;
+
+struct gpu_backend_ops {
+	const char *name;
+
+	/* Memory. alloc returns zeroed memory; the backend counts the bytes. */
+	td_err (*alloc)(struct gpu_backend *be, size_t bytes, void **out);
+	void (*free)(struct gpu_backend *be, void *p, size_t bytes);
+	void (*upload)(struct gpu_backend *be, void *dst, const void *src, size_t bytes);
+	void (*download)(struct gpu_backend *be, void *dst, const void *src, size_t bytes);
+	void (*zero)(struct gpu_backend *be, void *dst, size_t bytes);
+	td_err (*sync)(struct gpu_backend *be, struct td_errbuf *eb);
+	void (*destroy)(struct gpu_backend *be);
+
+	/* Math: see kernels/cpu/ops.h for each op's contract. */
+	void (*embedding_forward)(struct gpu_backend *be, float *out, const int32_t *ids,
+				  const float *wte, int N, int C);
+	void (*embedding_backward)(struct gpu_backend *be, float *dwte, const float *dout,
+				   const int32_t *ids, int N, int C);
+	void (*rmsnorm_forward)(struct gpu_backend *be, float *out, float *rstd, const float *inp,
+				const float *weight, int N, int C, float eps);
+	void (*rmsnorm_backward)(struct gpu_backend *be, float *dinp, float *dweight,
+				 const float *dout, const float *inp, const float *weight,
+				 const float *rstd, int N, int C);
+	void (*matmul_forward)(struct gpu_backend *be, float *out, const float *inp,
+			       const float *weight, const float *bias, int N, int C, int OC);
+	void (*matmul_backward)(struct gpu_backend *be, float *dinp, float *dweight, float *dbias,
+				const float *dout, const float *inp, const float *weight, int N,
+				int C, int OC);
+	void (*rope_forward)(struct gpu_backend *be, float *out, const float *inp, const float *cos,
+			     const float *sin, int B, int T, int NH, int HS);
+	void (*rope_backward)(struct gpu_backend *be, float *dinp, const float *dout,
+			      const float *cos, const float *sin, int B, int T, int NH, int HS);
+	void (*attention_forward)(struct gpu_backend *be, float *out, float *att, const float *q,
+				  const float *k, const float *v, int B, int T, int NH, int NKV,
+				  int HS);
+	void (*attention_backward)(struct gpu_backend *be, float *dq, float *dk, float *dv,
+				   float *datt, const float *dout, const float *q, const float *k,
+				   const float *v, const float *att, int B, int T, int NH, int NKV,
+				   int HS);
+	void (*swiglu_forward)(struct gpu_backend *be, float *out, const float *gate,
+			       const float *up, size_t n);
+	void (*swiglu_backward)(struct gpu_backend *be, float *dgate, float *dup, const float *dout,
+				const float *gate, const float *up, size_t n);
+	void (*residual_forward)(struct gpu_backend *be, float *out, const float *a, const float *b,
+				 size_t n);
+	void (*crossentropy_forward)(struct gpu_backend *be, float *losses, const float *logits,
+				     const int32_t *targets, int N, int V);
+	void (*crossentropy_backward)(struct gpu_backend *be, float *dlogits, const float *logits,
+				      const int32_t *targets, float dloss, int N, int V);
+	void (*adamw_update)(struct gpu_backend *be, float *param, const float *grad, float *m,
+			     float *v, size_t n, float lr, float beta1, float beta2, float eps,
+			     float weight_decay, int t);
+	/* Blocking: sum of squares of x (n values), accumulated in double. */
+	double (*sumsq)(struct gpu_backend *be, const float *x, size_t n);
+	void (*scale)(struct gpu_backend *be, float *x, float s, size_t n);
+};
+
+/* The common head of every backend object. */
+struct gpu_backend {
+	const struct gpu_backend_ops *ops;
+	size_t bytes_in_use;  /* what alloc has handed out and free has not taken back */
+	size_t bytes_peak;    /* high-water mark of bytes_in_use */
+	int64_t op_count;     /* math ops enqueued (a cheap progress/sanity counter) */
+};
+
+/* Asserts that every op of the table is set; called by each backend's
+ * constructor once (a missing op is a bug, not an input error). */
+void gpu_backend_check_ops(const struct gpu_backend_ops *ops);
+
+/* The CPU backend: fp32, kernels/cpu, GEMMs through the BLAS. */
+td_err gpu_cpu_backend_new(struct gpu_backend **out, struct td_errbuf *eb);
+
+/* gpu_backend_free(NULL) is a no-op. Arenas must have been freed. */
+static inline void gpu_backend_free(struct gpu_backend *be)
+{
+	if (be)
+		be->ops->destroy(be);
+}
+
+static inline td_err gpu_alloc(struct gpu_backend *be, size_t bytes, void **out)
+{
+	return be->ops->alloc(be, bytes, out);
+}
+static inline void gpu_free(struct gpu_backend *be, void *p, size_t bytes)
+{
+	if (p)
+		be->ops->free(be, p, bytes);
+}
+static inline void gpu_upload(struct gpu_backend *be, void *dst, const void *src, size_t bytes)
+{
+	be->ops->upload(be, dst, src, bytes);
+}
+static inline void gpu_download(struct gpu_backend *be, void *dst, const void *src, size_t bytes)
+{
+	be->ops->download(be, dst, src, bytes);
+}
+static inline void gpu_zero(struct gpu_backend *be, void *dst, size_t bytes)
+{
+	be->ops->zero(be, dst, bytes);
+}
+static inline td_err gpu_sync(struct gpu_backend *be, struct td_errbuf *eb)
+{
+	return be->ops->sync(be, eb);
+}
+
+#define GPU_OP_(name, ...)                        \
+	do {                                      \
+		be->op_count++;                   \
+		be->ops->name(be, __VA_ARGS__);   \
+	} while (0)
+
+static inline void gpu_embedding_forward(struct gpu_backend *be, float *out, const int32_t *ids,
+					 const float *wte, int N, int C)
+{
+	GPU_OP_(embedding_forward, out, ids, wte, N, C);
+}
+static inline void gpu_embedding_backward(struct gpu_backend *be, float *dwte, const float *dout,
+					  const int32_t *ids, int N, int C)
+{
+	GPU_OP_(embedding_backward, dwte, dout, ids, N, C);
+}
+static inline void gpu_rmsnorm_forward(struct gpu_backend *be, float *out, float *rstd,
+				       const float *inp, const float *weight, int N, int C,
+				       float eps)
+{
+	GPU_OP_(rmsnorm_forward, out, rstd, inp, weight, N, C, eps);
+}
+static inline void gpu_rmsnorm_backward(struct gpu_backend *be, float *dinp, float *dweight,
+					const float *dout, const float *inp, const float *weight,
+					const float *rstd, int N, int C)
+{
+	GPU_OP_(rmsnorm_backward, dinp, dweight, dout, inp, weight, rstd, N, C);
+}
+static inline void gpu_matmul_forward(struct gpu_backend *be, float *out, const float *inp,
+				      const float *weight, const float *bias, int N, int C, int OC)
+{
+	GPU_OP_(matmul_forward, out, inp, weight, bias, N, C, OC);
+}
+static inline void gpu_matmul_backward(struct gpu_backend *be, float *dinp, float *dweight,
+				       float *dbias, const float *dout, const float *inp,
+				       const float *weight, int N, int C, int OC)
+{
+	GPU_OP_(matmul_backward, dinp, dweight, dbias, dout, inp, weight, N, C, OC);
+}
+static inline void gpu_rope_forward(struct gpu_backend *be, float *out, const float *inp,
+				    const float *cos, const float *sin, int B, int T, int NH, int HS)
+{
+	GPU_OP_(rope_forward, out, inp, cos, sin, B, T, NH, HS);
+}
+static inline void gpu_rope_backward(struct gpu_backend *be, float *dinp, const float *dout,
+				     const float *cos, const float *sin, int B, int T, int NH,
+				     int HS)
+{
+	GPU_OP_(rope_backward, dinp, dout, cos, sin, B, T, NH, HS);
+}
+static inline void gpu_attention_forward(struct gpu_backend *be, float *out, float *att,
+					 const float *q, const float *k, const float *v, int B,
+					 int T, int NH, int NKV, int HS)
+{
+	GPU_OP_(attention_forward, out, att, q, k, v, B, T, NH, NKV, HS);
+}
+static inline void gpu_attention_backward(struct gpu_backend *be, float *dq, float *dk, float *dv,
+					  float *datt, const float *dout, const float *q,
+					  const float *k, const float *v, const float *att, int B,
+					  int T, int NH, int NKV, int HS)
+{
+	GPU_OP_(attention_backward, dq, dk, dv, datt, dout, q, k, v, att, B, T, NH, NKV, HS);
+}
+static inline void gpu_swiglu_forward(struct gpu_backend *be, float *out, const float *gate,
+				      const float *up, size_t n)
+{
+	GPU_OP_(swiglu_forward, out, gate, up, n);
+}
+static inline void gpu_swiglu_backward(struct gpu_backend *be, float *dgate, float *dup,
+				       const float *dout, const float *gate, const float *up,
+				       size_t n)
+{
+	GPU_OP_(swiglu_backward, dgate, dup, dout, gate, up, n);
+}
+static inline void gpu_residual_forward(struct gpu_backend *be, float *out, const float *a,
+					const float *b, size_t n)
+{
+	GPU_OP_(residual_forward, out, a, b, n);
+}
+static inline void gpu_crossentropy_forward(struct gpu_backend *be, float *losses,
+					    const float *logits, const int32_t *targets, int N,
+					    int V)
+{
+	GPU_OP_(crossentropy_forward, losses, logits, targets, N, V);
+}
+static inline void gpu_crossentropy_backward(struct gpu_backend *be, float *dlogits,
+					     const float *logits, const int32_t *targets,
+					     float dloss, int N, int V)
+{
+	GPU_OP_(crossentropy_backward, dlogits, logits, targets, dloss, N, V);
+}
+static inline void gpu_adamw_update(struct gpu_backend *be, float *param, const float *grad,
+				    float *m, float *v, size_t n, float lr, float beta1, float beta2,
+				    float eps, float weight_decay, int t)
+{
+	GPU_OP_(adamw_update, param, grad, m, v, n, lr, beta1, beta2, eps, weight_decay, t);
+}
+static inline double gpu_sumsq(struct gpu_backend *be, const float *x, size_t n)
+{
+	be->op_count++;
+	return be->ops->sumsq(be, x, n);
+}
+static inline void gpu_scale(struct gpu_backend *be, float *x, float s, size_t n)
+{
+	GPU_OP_(scale, x, s, n);
+}
+
+#undef GPU_OP_
+
+#endif

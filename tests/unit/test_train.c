@@ -1,0 +1,449 @@
+/* The trainer end to end on the CPU backend: resume is bit-identical, gradient
+ * accumulation equals the larger batch, the loss falls, the memory plan is
+ * what the backend allocates, schedules match transformers', and bad inputs
+ * (data, weights, a finished output) fail with messages that name them.
+ *
+ * Uses the tiny qwen2 fixture and the demo token file. */
+#include <dirent.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "gpu/backend.h"
+#include "proto/jobspec.h"
+#include "tests/check.h"
+#include "train/data.h"
+#include "train/model.h"
+#include "train/modeldir.h"
+#include "train/trainer.h"
+
+static char tmp[256];
+static const char *fx;
+
+static void write_file(const char *path, const void *data, size_t n)
+{
+	FILE *f = fopen(path, "wb");
+	if (!f || fwrite(data, 1, n, f) != n) {
+		perror(path);
+		exit(2);
+	}
+	fclose(f);
+}
+
+/* A text spec with the given extra hyper/data/output lines, loaded, defaulted, validated. */
+static Traind__JobSpec *spec(const char *name, const char *model, const char *data,
+			     const char *hyper, const char *output)
+{
+	char path[512], text[4096];
+	snprintf(path, sizeof(path), "%s/%s.txtpb", tmp, name);
+	snprintf(text, sizeof(text),
+		 "name: \"%s\"\nmodel_dir: \"%s\"\n"
+		 "data { train_file: \"%s\" format: DATA_FORMAT_TOKENS seq_len: 16 }\n"
+		 "hyper { schedule: SCHEDULE_CONSTANT weight_decay: 0.01 seed: 7 %s }\n"
+		 "output { dir: \"%s/%s\" %s }\nresources { device: DEVICE_CPU }\n",
+		 name, model, data, hyper, tmp, name, output);
+	write_file(path, text, strlen(text));
+	Traind__JobSpec *s = NULL;
+	struct td_errbuf eb = {{0}};
+	td_err e = rpc_jobspec_load(&s, path, &eb);
+	if (e == TD_OK)
+		e = rpc_jobspec_apply_defaults(s, &eb);
+	if (e == TD_OK)
+		e = rpc_jobspec_validate(s, &eb);
+	if (e != TD_OK) {
+		fprintf(stderr, "spec %s: %s\n", name, eb.msg);
+		exit(2);
+	}
+	return s;
+}
+
+static td_err train(const Traind__JobSpec *s, uint64_t stop_after, struct tr_train_result *r,
+		    struct td_errbuf *eb)
+{
+	struct tr_train_opts o = {.backend = "cpu", .stop_after = stop_after};
+	return tr_train(s, &o, NULL, r, eb);
+}
+
+/* Compares two model dirs' tensors bit for bit; returns the number that differ. */
+static int diff_models(const char *a, const char *b, double *maxdiff)
+{
+	struct tr_weights *wa = NULL, *wb = NULL;
+	struct td_errbuf eb = {{0}};
+	if (tr_weights_open(&wa, a, &eb) || tr_weights_open(&wb, b, &eb)) {
+		fprintf(stderr, "diff_models: %s\n", eb.msg);
+		return -1;
+	}
+	int ndiff = 0;
+	*maxdiff = 0;
+	for (size_t i = 0; i < tr_weights_count(wa); i++) {
+		const struct tr_st_tensor *ta = tr_weights_at(wa, i);
+		const struct tr_st_tensor *tb = tr_weights_find(wb, ta->name);
+		if (!tb || tb->nbytes != ta->nbytes) {
+			ndiff++;
+			continue;
+		}
+		if (memcmp(ta->data, tb->data, ta->nbytes) != 0)
+			ndiff++;
+		float *fa = malloc(ta->numel * sizeof(float)), *fb = malloc(ta->numel * sizeof(float));
+		tr_st_to_f32(fa, ta, &eb);
+		tr_st_to_f32(fb, tb, &eb);
+		for (int64_t k = 0; k < ta->numel; k++) {
+			double d = fabs((double)fa[k] - fb[k]);
+			if (d > *maxdiff)
+				*maxdiff = d;
+		}
+		free(fa);
+		free(fb);
+	}
+	ndiff += tr_weights_count(wa) != tr_weights_count(wb);
+	tr_weights_close(wa);
+	tr_weights_close(wb);
+	return ndiff;
+}
+
+static void test_resume_bit_identical(const char *model, const char *data)
+{
+	Traind__JobSpec *straight = spec("straight", model, data, "lr: 1e-3 max_steps: 6 micro_batch: 2",
+					 "checkpoint_every: 3");
+	Traind__JobSpec *resumed = spec("resumed", model, data, "lr: 1e-3 max_steps: 6 micro_batch: 2",
+					"checkpoint_every: 3");
+	struct tr_train_result r1, r2, r3;
+	struct td_errbuf eb = {{0}};
+	CHECK_EQ_INT(train(straight, 0, &r1, &eb), TD_OK);
+	CHECK_EQ_INT(r1.steps_done, 6);
+	/* First run of the second job stops after 3 steps (a checkpoint is written). */
+	CHECK_EQ_INT(train(resumed, 3, &r2, &eb), TD_OK);
+	CHECK(r2.stopped);
+	CHECK_EQ_INT(r2.steps_done, 3);
+	CHECK_EQ_INT(train(resumed, 0, &r3, &eb), TD_OK);
+	CHECK_EQ_INT(r3.resumed_from, 3);
+	CHECK_EQ_INT(r3.steps_done, 6);
+	CHECK_MSG(r3.last_loss == r1.last_loss, "final loss %.9g vs %.9g", r3.last_loss, r1.last_loss);
+	char a[512], b[512];
+	snprintf(a, sizeof(a), "%s/straight", tmp);
+	snprintf(b, sizeof(b), "%s/resumed", tmp);
+	double md;
+	CHECK_EQ_INT(diff_models(a, b, &md), 0);
+	/* Checkpoints too: step 6 was not written (end), step 3 is in both. */
+	snprintf(a, sizeof(a), "%s/straight/checkpoints/step-00000003", tmp);
+	snprintf(b, sizeof(b), "%s/resumed/checkpoints/step-00000003", tmp);
+	CHECK_EQ_INT(diff_models(a, b, &md), 0);
+
+	/* A finished output is not trained again. */
+	CHECK_EQ_INT(train(straight, 0, &r1, &eb), TD_ESTATE);
+	CHECK_CONTAINS(eb.msg, "already holds a finished run");
+	rpc_jobspec_free(straight);
+	rpc_jobspec_free(resumed);
+}
+
+static void test_grad_accum(const char *model, const char *data)
+{
+	Traind__JobSpec *big = spec("big", model, data, "lr: 1e-3 max_steps: 2 micro_batch: 2", "");
+	Traind__JobSpec *acc = spec("acc", model, data, "lr: 1e-3 max_steps: 2 micro_batch: 1 grad_accum: 2", "");
+	struct tr_train_result r1, r2;
+	struct td_errbuf eb = {{0}};
+	CHECK_EQ_INT(train(big, 0, &r1, &eb), TD_OK);
+	CHECK_EQ_INT(train(acc, 0, &r2, &eb), TD_OK);
+	CHECK_NEAR(r1.first_loss, r2.first_loss, 1e-6 * r1.first_loss);
+	CHECK_NEAR(r1.last_loss, r2.last_loss, 1e-5 * r1.last_loss);
+	char a[512], b[512];
+	snprintf(a, sizeof(a), "%s/big", tmp);
+	snprintf(b, sizeof(b), "%s/acc", tmp);
+	double md = 1;
+	CHECK_EQ_INT(diff_models(a, b, &md) >= 0, 1);
+	/* Same sequences, same token-weighted mean: equal up to summation order. */
+	CHECK_NEAR(md, 0, 1e-6);
+	rpc_jobspec_free(big);
+	rpc_jobspec_free(acc);
+}
+
+static void test_loss_falls(const char *model, const char *data)
+{
+	Traind__JobSpec *s = spec("falls", model, data, "max_steps: 30 micro_batch: 4 lr: 3e-3", "");
+	struct tr_train_result r;
+	struct td_errbuf eb = {{0}};
+	CHECK_EQ_INT(train(s, 0, &r, &eb), TD_OK);
+	CHECK_MSG(r.last_loss < r.first_loss - 0.5, "loss %.4f -> %.4f did not fall by 0.5",
+		  r.first_loss, r.last_loss);
+	rpc_jobspec_free(s);
+}
+
+static void test_plan_equals_allocation(void)
+{
+	static const char *const models[] = {"qwen2", "llama", "qwen3"};
+	for (size_t i = 0; i < 3; i++) {
+		char path[512];
+		snprintf(path, sizeof(path), "%s/%s/config.json", fx, models[i]);
+		struct tr_model_config cfg;
+		struct td_errbuf eb = {{0}};
+		CHECK_EQ_INT(tr_config_load(&cfg, path, &eb), TD_OK);
+		struct gpu_backend *be = NULL;
+		CHECK_EQ_INT(gpu_cpu_backend_new(&be, &eb), TD_OK);
+		struct tr_model *m = NULL;
+		struct tr_plan_opts po = {.B = 3, .T = 20};
+		CHECK_EQ_INT(tr_model_new(&m, be, &cfg, &po, &eb), TD_OK);
+		const struct tr_plan *p = tr_model_plan(m);
+		CHECK_EQ_INT(be->bytes_in_use, tr_plan_total_bytes(p));
+		/* A whole step allocates nothing beyond the plan. */
+		snprintf(path, sizeof(path), "%s/%s", fx, models[i]);
+		struct tr_weights *w = NULL;
+		CHECK_EQ_INT(tr_weights_open(&w, path, &eb), TD_OK);
+		CHECK_EQ_INT(tr_model_load(m, w, &eb), TD_OK);
+		int32_t ids[60];
+		for (int k = 0; k < 60; k++)
+			ids[k] = (k * 37 + 11) % cfg.vocab_size;
+		double ls;
+		int64_t nv;
+		CHECK_EQ_INT(tr_model_forward(m, ids, ids, &ls, &nv, &eb), TD_OK);
+		CHECK_EQ_INT(nv, 3 * 19);
+		tr_model_backward(m, 1.0f / (float)nv);
+		tr_model_clip_grads(m, 1.0);
+		struct tr_adamw h = {0.9f, 0.999f, 1e-8f, 0.01f};
+		tr_model_adamw(m, &h, 1e-3f, 1);
+		CHECK_EQ_INT(be->bytes_peak, tr_plan_total_bytes(p));
+		/* Every parameter the file has is in the plan, with its size. */
+		size_t numel = 0;
+		for (size_t k = 0; k < tr_weights_count(w); k++)
+			numel += (size_t)tr_weights_at(w, k)->numel;
+		CHECK_EQ_INT(numel, p->numel_params);
+		tr_weights_close(w);
+		tr_model_free(m);
+		CHECK_EQ_INT(be->bytes_in_use, 0);
+		gpu_backend_free(be);
+	}
+}
+
+/* Published parameter counts of real models, from their configs alone. */
+static void test_plan_real_shapes(void)
+{
+	static const struct {
+		const char *json;
+		size_t params;
+	} cases[] = {
+		{"{\"model_type\":\"qwen2\",\"vocab_size\":151936,\"hidden_size\":896,\"intermediate_size\":4864,"
+		 "\"num_hidden_layers\":24,\"num_attention_heads\":14,\"num_key_value_heads\":2,"
+		 "\"rope_theta\":1000000.0,\"rms_norm_eps\":1e-6,\"tie_word_embeddings\":true,"
+		 "\"max_position_embeddings\":32768,\"torch_dtype\":\"bfloat16\"}",
+		 494032768}, /* Qwen2-0.5B */
+		{"{\"model_type\":\"qwen2\",\"vocab_size\":151936,\"hidden_size\":1536,\"intermediate_size\":8960,"
+		 "\"num_hidden_layers\":28,\"num_attention_heads\":12,\"num_key_value_heads\":2,"
+		 "\"rope_theta\":1000000.0,\"rms_norm_eps\":1e-6,\"tie_word_embeddings\":true,"
+		 "\"max_position_embeddings\":131072,\"torch_dtype\":\"bfloat16\"}",
+		 1543714304}, /* Qwen2-1.5B */
+		{"{\"model_type\":\"llama\",\"vocab_size\":128256,\"hidden_size\":4096,\"intermediate_size\":14336,"
+		 "\"num_hidden_layers\":32,\"num_attention_heads\":32,\"num_key_value_heads\":8,"
+		 "\"rope_theta\":500000.0,\"rms_norm_eps\":1e-5,\"tie_word_embeddings\":false,"
+		 "\"max_position_embeddings\":8192,\"torch_dtype\":\"bfloat16\"}",
+		 8030261248}, /* Meta-Llama-3-8B */
+	};
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+		struct tr_model_config cfg;
+		struct td_errbuf eb = {{0}};
+		CHECK_EQ_INT(tr_config_parse(&cfg, cases[i].json, "case", &eb), TD_OK);
+		struct tr_plan p;
+		struct tr_plan_opts po = {.B = 8, .T = 1024};
+		CHECK_EQ_INT(tr_plan_build(&p, &cfg, &po, &eb), TD_OK);
+		CHECK_EQ_INT(p.numel_params, cases[i].params);
+		/* Weights, grads and two moments in fp32: 16 bytes a parameter at least. */
+		CHECK(tr_plan_total_bytes(&p) > 16 * cases[i].params);
+		tr_plan_fini(&p);
+	}
+}
+
+/* transformers' get_{constant,linear,cosine}_schedule_with_warmup multipliers for
+ * warmup 2, 10 steps (values from the closed forms in transformers/optimization.py). */
+static void test_schedules(void)
+{
+	Traind__Hyper h = TRAIND__HYPER__INIT;
+	h.lr = 1.0;
+	h.warmup_steps = 2;
+	h.has_warmup_steps = 1;
+	static const struct {
+		Traind__Schedule sched;
+		uint64_t s;
+		double want;
+	} cases[] = {
+		{TRAIND__SCHEDULE__SCHEDULE_COSINE, 0, 0.0},
+		{TRAIND__SCHEDULE__SCHEDULE_COSINE, 1, 0.5},
+		{TRAIND__SCHEDULE__SCHEDULE_COSINE, 2, 1.0},
+		{TRAIND__SCHEDULE__SCHEDULE_COSINE, 4, 0.853553390593}, /* 0.5(1+cos(pi/4)) */
+		{TRAIND__SCHEDULE__SCHEDULE_COSINE, 6, 0.5},
+		{TRAIND__SCHEDULE__SCHEDULE_COSINE, 9, 0.038060233744}, /* 0.5(1+cos(7pi/8)) */
+		{TRAIND__SCHEDULE__SCHEDULE_LINEAR, 1, 0.5},
+		{TRAIND__SCHEDULE__SCHEDULE_LINEAR, 6, 0.5},
+		{TRAIND__SCHEDULE__SCHEDULE_LINEAR, 9, 0.125},
+		{TRAIND__SCHEDULE__SCHEDULE_CONSTANT, 1, 0.5},
+		{TRAIND__SCHEDULE__SCHEDULE_CONSTANT, 9, 1.0},
+	};
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+		h.schedule = cases[i].sched;
+		CHECK_NEAR(tr_lr_at(&h, cases[i].s, 10), cases[i].want, 1e-9);
+	}
+}
+
+static void test_bad_data(const char *model)
+{
+	char path[512];
+	static const struct {
+		const char *name;
+		uint32_t ids[8];
+		size_t bytes;
+		td_err code;
+		const char *msg;
+	} cases[] = {
+		{"empty", {0}, 0, TD_EFORMAT, "not a token file"},
+		{"odd", {1, 2}, 7, TD_EFORMAT, "multiple of 4"},
+		{"vocab", {1, 2, 3, 900, 4}, 20, TD_ERANGE, "token 3 (byte offset 12) is 900"},
+		{"short", {1, 2, 3}, 12, TD_EINVAL, "fewer than one sequence"},
+	};
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+		snprintf(path, sizeof(path), "%s/%s.tokens", tmp, cases[i].name);
+		write_file(path, cases[i].ids, cases[i].bytes);
+		struct tr_data *d = NULL;
+		struct td_errbuf eb = {{0}};
+		CHECK_EQ_INT(tr_data_open_tokens(&d, path, 16, 512, 1, &eb), cases[i].code);
+		CHECK_CONTAINS(eb.msg, cases[i].name);
+		CHECK_CONTAINS(eb.msg, cases[i].msg);
+		CHECK(d == NULL);
+	}
+	snprintf(path, sizeof(path), "%s/missing.tokens", tmp);
+	struct tr_data *d = NULL;
+	struct td_errbuf eb = {{0}};
+	CHECK_EQ_INT(tr_data_open_tokens(&d, path, 16, 512, 1, &eb), TD_ENOENT);
+	CHECK_CONTAINS(eb.msg, "missing.tokens");
+	(void)model;
+}
+
+/* A model dir whose weights contradict its config fails to load, naming the tensor. */
+static void test_bad_weights(const char *model)
+{
+	struct tr_weights *w = NULL;
+	struct td_errbuf eb = {{0}};
+	CHECK_EQ_INT(tr_weights_open(&w, model, &eb), TD_OK);
+	char cfgpath[512];
+	snprintf(cfgpath, sizeof(cfgpath), "%s/config.json", model);
+	struct tr_model_config cfg;
+	CHECK_EQ_INT(tr_config_load(&cfg, cfgpath, &eb), TD_OK);
+
+	static const struct {
+		const char *name;
+		const char *drop;     /* tensor left out */
+		const char *reshape;  /* tensor given a wrong shape */
+		const char *extra;    /* tensor added */
+		td_err code;
+		const char *msg;
+	} cases[] = {
+		{"missing", "model.layers.1.mlp.up_proj.weight", NULL, NULL, TD_EFORMAT,
+		 "missing tensor 'model.layers.1.mlp.up_proj.weight'"},
+		{"shape", NULL, "model.layers.0.self_attn.k_proj.weight", NULL, TD_EMISMATCH,
+		 "has shape [64, 32], the config implies [32, 64]"},
+		{"extra", NULL, NULL, "model.layers.2.mlp.up_proj.weight", TD_EMISMATCH,
+		 "is not part of a qwen2 model"},
+	};
+	for (size_t c = 0; c < sizeof(cases) / sizeof(cases[0]); c++) {
+		size_t n = tr_weights_count(w);
+		struct tr_save_tensor *ts = calloc(n + 1, sizeof(*ts));
+		float **bufs = calloc(n + 1, sizeof(*bufs));
+		size_t k = 0;
+		for (size_t i = 0; i < n; i++) {
+			const struct tr_st_tensor *t = tr_weights_at(w, i);
+			if (cases[c].drop && strcmp(t->name, cases[c].drop) == 0)
+				continue;
+			bufs[k] = malloc(t->numel * sizeof(float));
+			tr_st_to_f32(bufs[k], t, &eb);
+			ts[k].name = t->name;
+			ts[k].ndim = t->ndim;
+			memcpy(ts[k].shape, t->shape, sizeof(ts[k].shape));
+			if (cases[c].reshape && strcmp(t->name, cases[c].reshape) == 0) {
+				ts[k].shape[0] = t->shape[1];
+				ts[k].shape[1] = t->shape[0];
+			}
+			ts[k].data = bufs[k];
+			k++;
+			if (cases[c].extra && strcmp(t->name, "model.layers.1.mlp.up_proj.weight") == 0) {
+				ts[k] = ts[k - 1];
+				ts[k].name = cases[c].extra;
+				k++;
+			}
+		}
+		char out[512];
+		snprintf(out, sizeof(out), "%s/badw-%s", tmp, cases[c].name);
+		CHECK_EQ_INT(tr_modeldir_save(out, model, &cfg, ts, k, TR_DT_F32, 0, &eb), TD_OK);
+		struct tr_weights *bw = NULL;
+		CHECK_EQ_INT(tr_weights_open(&bw, out, &eb), TD_OK);
+		struct gpu_backend *be = NULL;
+		gpu_cpu_backend_new(&be, &eb);
+		struct tr_model *m = NULL;
+		struct tr_plan_opts po = {.B = 1, .T = 8};
+		CHECK_EQ_INT(tr_model_new(&m, be, &cfg, &po, &eb), TD_OK);
+		memset(eb.msg, 0, sizeof(eb.msg));
+		CHECK_EQ_INT(tr_model_load(m, bw, &eb), cases[c].code);
+		CHECK_CONTAINS(eb.msg, cases[c].msg);
+		tr_model_free(m);
+		gpu_backend_free(be);
+		tr_weights_close(bw);
+		for (size_t i = 0; i < n; i++)
+			free(bufs[i]);
+		free(bufs);
+		free(ts);
+	}
+	tr_weights_close(w);
+}
+
+static void test_bad_ids(const char *model)
+{
+	char cfgpath[512];
+	snprintf(cfgpath, sizeof(cfgpath), "%s/config.json", model);
+	struct tr_model_config cfg;
+	struct td_errbuf eb = {{0}};
+	CHECK_EQ_INT(tr_config_load(&cfg, cfgpath, &eb), TD_OK);
+	struct gpu_backend *be = NULL;
+	gpu_cpu_backend_new(&be, &eb);
+	struct tr_model *m = NULL;
+	struct tr_plan_opts po = {.B = 1, .T = 4};
+	CHECK_EQ_INT(tr_model_new(&m, be, &cfg, &po, &eb), TD_OK);
+	int32_t ids[4] = {1, 2, 512, 3}, labels[4] = {1, 2, 3, -7};
+	double ls;
+	int64_t nv;
+	CHECK_EQ_INT(tr_model_forward(m, ids, NULL, &ls, &nv, &eb), TD_ERANGE);
+	CHECK_CONTAINS(eb.msg, "input_ids[0][2] = 512");
+	ids[2] = 5;
+	CHECK_EQ_INT(tr_model_forward(m, ids, labels, &ls, &nv, &eb), TD_ERANGE);
+	CHECK_CONTAINS(eb.msg, "labels[0][3] = -7");
+	tr_model_free(m);
+	gpu_backend_free(be);
+}
+
+int main(void)
+{
+	fx = getenv("TD_FIXTURES");
+	if (!fx)
+		return check_skip("TD_FIXTURES is not set (run through meson test)");
+	snprintf(tmp, sizeof(tmp), "/tmp/td-train-XXXXXX");
+	if (!mkdtemp(tmp)) {
+		perror("mkdtemp");
+		return 2;
+	}
+	char model[512], data[512];
+	snprintf(model, sizeof(model), "%s/qwen2", fx);
+	snprintf(data, sizeof(data), "%s/demo/fortunes.tokens", fx);
+
+	test_schedules();
+	test_plan_real_shapes();
+	test_plan_equals_allocation();
+	test_bad_data(model);
+	test_bad_ids(model);
+	test_bad_weights(model);
+	test_grad_accum(model, data);
+	test_resume_bit_identical(model, data);
+	test_loss_falls(model, data);
+
+	char cmd[600];
+	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", tmp);
+	if (!check_failures_ && system(cmd) != 0)
+		fprintf(stderr, "could not remove %s\n", tmp);
+	return check_status();
+}

@@ -1,0 +1,79 @@
+/* The transformer on a backend: parameters, forward, backward, optimizer step.
+ *
+ * A tr_model binds a memory plan (train/plan.h) to a backend: one allocation
+ * per arena, every tensor a pointer into one. Forward, backward and the
+ * optimizer are sequences of backend ops; the model never touches device
+ * memory directly. Llama, Qwen2 and Qwen3 share one code path: the config
+ * switches q/k/v bias, q/k RMSNorm and tied embeddings.
+ *
+ * Not thread-safe: one model belongs to one runner thread. This is not the
+ * training loop (train/trainer.h) nor the data (train/data.h). */
+#ifndef TRAIN_MODEL_H
+#define TRAIN_MODEL_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "gpu/backend.h"
+#include "proto/err.h"
+#include "train/modeldir.h"
+#include "train/plan.h"
+
+struct tr_model;
+
+struct tr_adamw {
+	float beta1, beta2, eps, weight_decay;
+};
+
+/* Builds the plan for (cfg, opts) and allocates its arenas on be (which must
+ * outlive the model). Parameters are zero until loaded. */
+td_err tr_model_new(struct tr_model **out, struct gpu_backend *be,
+		    const struct tr_model_config *cfg, const struct tr_plan_opts *opts,
+		    struct td_errbuf *eb);
+/* tr_model_free(NULL) is a no-op. Frees the arenas. */
+void tr_model_free(struct tr_model *m);
+
+const struct tr_plan *tr_model_plan(const struct tr_model *m);
+struct gpu_backend *tr_model_backend(const struct tr_model *m);
+
+/* Loads every parameter from w (converting to fp32), checking that each is
+ * present with the shape the config implies; tensors in w the model does not
+ * use are an error too (naming them), except `lm_head.weight` of a tied model
+ * when it equals the embedding. */
+td_err tr_model_load(struct tr_model *m, const struct tr_weights *w, struct td_errbuf *eb);
+
+/* Host copies of a parameter / its gradient / its AdamW moments (numel floats). */
+void tr_model_get_param(struct tr_model *m, const struct tr_param *p, float *dst);
+void tr_model_set_param(struct tr_model *m, const struct tr_param *p, const float *src);
+void tr_model_get_grad(struct tr_model *m, const struct tr_param *p, float *dst);
+/* Whole-arena moments (numel_trainable floats each), for checkpoints. */
+void tr_model_get_moments(struct tr_model *m, float *m1, float *m2);
+void tr_model_set_moments(struct tr_model *m, const float *m1, const float *m2);
+
+/* One forward pass over ids (B, T) host int32. labels (B, T) or NULL: position
+ * t predicts labels[t+1]; -100 is ignored. Computes the loss summed over valid
+ * positions and their count (loss_sum/n_valid is HF's mean loss). Checks every
+ * id and label against the vocabulary first (TD_ERANGE naming row and column). */
+td_err tr_model_forward(struct tr_model *m, const int32_t *ids, const int32_t *labels,
+			double *loss_sum, int64_t *n_valid, struct td_errbuf *eb);
+/* Host copies of forward results of the last forward: logits (B*T*V) — only
+ * before tr_model_backward, which overwrites them — and hidden state i in
+ * Hugging Face's numbering (0 = embeddings, i = output of layer i-1, L = after
+ * the final norm), (B*T*C). */
+void tr_model_get_logits(struct tr_model *m, float *dst);
+void tr_model_get_hidden(struct tr_model *m, int i, float *dst);
+
+/* Backward of the last forward with d(loss)/d(loss_sum) = dloss (1/n_valid
+ * for a mean over one batch; 1/total over accumulated micro-batches).
+ * Gradients accumulate (+=) into the grads arena. */
+void tr_model_backward(struct tr_model *m, float dloss);
+void tr_model_zero_grad(struct tr_model *m);
+/* Global L2 norm of all gradients (blocking). */
+double tr_model_grad_norm(struct tr_model *m);
+/* PyTorch's clip_grad_norm_: scale by max_norm / (norm + 1e-6) when that is < 1.
+ * Returns the norm before clipping. max_norm <= 0 only measures. */
+double tr_model_clip_grads(struct tr_model *m, double max_norm);
+/* One AdamW step t (1-based) at learning rate lr. */
+void tr_model_adamw(struct tr_model *m, const struct tr_adamw *h, float lr, int t);
+
+#endif

@@ -1,0 +1,643 @@
+/* The step loop, checkpoints and resume (train/trainer.h).
+ *
+ * On disk, under the job's output dir:
+ *   checkpoints/step-00000030/   config.json, model.safetensors (F32 master
+ *                                weights), optimizer.safetensors (exp_avg.NAME,
+ *                                exp_avg_sq.NAME), trainer_state.json
+ *   config.json, model.safetensors, tokenizer files, trainer_state.json
+ *                                the final model, in the source dtype
+ * A checkpoint directory is complete when it has its final name: it is written
+ * as step-N.tmp and renamed. trainer_state.json records the step, the data
+ * position and the settings a resume must agree with. */
+#include "train/trainer.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <ftw.h>
+#include <json-c/json.h>
+#include <limits.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "gpu/select.h"
+#include "proto/log.h"
+#include "train/data.h"
+#include "train/model.h"
+#include "train/modeldir.h"
+
+static double now_s(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static td_err mkdir_p(const char *path, struct td_errbuf *eb)
+{
+	char tmp[PATH_MAX];
+	if (snprintf(tmp, sizeof(tmp), "%s", path) >= (int)sizeof(tmp))
+		return td_fail(eb, TD_EINVAL, "%s: path too long", path);
+	for (char *p = tmp + 1; *p; p++) {
+		if (*p != '/')
+			continue;
+		*p = 0;
+		if (mkdir(tmp, 0755) != 0 && errno != EEXIST)
+			return td_fail(eb, td_from_errno(errno), "%s: cannot create: %s", tmp, strerror(errno));
+		*p = '/';
+	}
+	if (mkdir(tmp, 0755) != 0 && errno != EEXIST)
+		return td_fail(eb, td_from_errno(errno), "%s: cannot create: %s", tmp, strerror(errno));
+	return TD_OK;
+}
+
+static int rm_one(const char *path, const struct stat *sb, int flag, struct FTW *ftw)
+{
+	(void)sb;
+	(void)flag;
+	(void)ftw;
+	return remove(path);
+}
+
+static void rm_rf(const char *path)
+{
+	nftw(path, rm_one, 16, FTW_DEPTH | FTW_PHYS);
+}
+
+static void fsync_dir(const char *path)
+{
+	int fd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	if (fd >= 0) {
+		fsync(fd);
+		close(fd);
+	}
+}
+
+/* Writes JSON atomically: tmp, fsync, rename, fsync the directory. */
+static td_err write_json(const char *path, struct json_object *o, struct td_errbuf *eb)
+{
+	char tmp[PATH_MAX];
+	snprintf(tmp, sizeof(tmp), "%s.tmp", path);
+	const char *text = json_object_to_json_string_ext(o, JSON_C_TO_STRING_PRETTY |
+								 JSON_C_TO_STRING_NOSLASHESCAPE);
+	FILE *f = fopen(tmp, "w");
+	if (!f)
+		return td_fail(eb, td_from_errno(errno), "%s: cannot write: %s", tmp, strerror(errno));
+	int ok = fputs(text, f) >= 0 && fputc('\n', f) != EOF && fflush(f) == 0 &&
+		 fsync(fileno(f)) == 0;
+	ok = (fclose(f) == 0) && ok;
+	if (!ok || rename(tmp, path) != 0) {
+		int err = errno;
+		unlink(tmp);
+		return td_fail(eb, td_from_errno(err), "%s: cannot write: %s", path, strerror(err));
+	}
+	char dir[PATH_MAX];
+	snprintf(dir, sizeof(dir), "%s", path);
+	char *slash = strrchr(dir, '/');
+	if (slash) {
+		*slash = 0;
+		fsync_dir(dir);
+	}
+	return TD_OK;
+}
+
+/* --- the schedule --- */
+
+double tr_lr_at(const Traind__Hyper *h, uint64_t s, uint64_t total)
+{
+	double lr = h->lr, min_lr = h->has_min_lr ? h->min_lr : 0.0;
+	uint64_t warm = h->warmup_steps;
+	if (s < warm)
+		return lr * (double)s / (double)warm;
+	if (total <= warm)
+		return lr;
+	double progress = (double)(s - warm) / (double)(total - warm);
+	if (progress > 1.0)
+		progress = 1.0;
+	switch (h->schedule) {
+	case TRAIND__SCHEDULE__SCHEDULE_CONSTANT:
+		return lr;
+	case TRAIND__SCHEDULE__SCHEDULE_LINEAR:
+		return min_lr + (lr - min_lr) * (1.0 - progress);
+	case TRAIND__SCHEDULE__SCHEDULE_COSINE:
+	default:
+		return min_lr + (lr - min_lr) * 0.5 * (1.0 + cos(M_PI * progress));
+	}
+}
+
+/* --- checkpoints --- */
+
+struct job {
+	const Traind__JobSpec *spec;
+	struct tr_model_config cfg;
+	struct tr_model *m;
+	struct gpu_backend *be;
+	struct tr_data *data;
+	struct tr_data_pos pos;
+	uint64_t step, total;
+	int B, T, accum;
+	char ckpt_root[PATH_MAX];
+	FILE *log;
+};
+
+static td_err save_params(struct job *j, const char *dir, enum tr_dtype dtype,
+			  struct td_errbuf *eb)
+{
+	const struct tr_plan *p = tr_model_plan(j->m);
+	float *host = malloc(p->numel_params * sizeof(float));
+	struct tr_save_tensor *ts = calloc(p->nparams, sizeof(*ts));
+	if (!host || !ts) {
+		free(host);
+		free(ts);
+		return td_fail(eb, TD_ENOMEM, "checkpoint: out of memory");
+	}
+	for (size_t i = 0; i < p->nparams; i++) {
+		const struct tr_param *pp = &p->params[i];
+		tr_model_get_param(j->m, pp, host + pp->offset);
+		ts[i].name = pp->name;
+		ts[i].ndim = pp->ndim;
+		ts[i].shape[0] = pp->shape[0];
+		ts[i].shape[1] = pp->shape[1];
+		ts[i].data = host + pp->offset;
+	}
+	td_err e = tr_modeldir_save(dir, j->spec->model_dir, &j->cfg, ts, p->nparams, dtype,
+				    j->spec->output->shard_bytes, eb);
+	free(host);
+	free(ts);
+	return e;
+}
+
+static td_err save_optimizer(struct job *j, const char *dir, struct td_errbuf *eb)
+{
+	const struct tr_plan *p = tr_model_plan(j->m);
+	size_t nt = p->numel_trainable;
+	float *m1 = malloc(nt * sizeof(float)), *m2 = malloc(nt * sizeof(float));
+	struct tr_st_entry *es = calloc(2 * p->nparams, sizeof(*es));
+	char(*names)[112] = calloc(2 * p->nparams, sizeof(*names));
+	if (!m1 || !m2 || !es || !names) {
+		free(m1);
+		free(m2);
+		free(es);
+		free(names);
+		return td_fail(eb, TD_ENOMEM, "checkpoint: out of memory");
+	}
+	tr_model_get_moments(j->m, m1, m2);
+	size_t n = 0;
+	for (size_t i = 0; i < p->nparams; i++) {
+		const struct tr_param *pp = &p->params[i];
+		if (!pp->trainable)
+			continue;
+		for (int k = 0; k < 2; k++) {
+			snprintf(names[n], sizeof(names[n]), "%s.%s", k ? "exp_avg_sq" : "exp_avg", pp->name);
+			es[n].name = names[n];
+			es[n].dtype = TR_DT_F32;
+			es[n].ndim = pp->ndim;
+			es[n].shape[0] = pp->shape[0];
+			es[n].shape[1] = pp->shape[1];
+			es[n].data = (k ? m2 : m1) + pp->goffset;
+			n++;
+		}
+	}
+	char path[PATH_MAX];
+	snprintf(path, sizeof(path), "%s/optimizer.safetensors", dir);
+	static const char *const meta[] = {"format", "traind-adamw", NULL};
+	td_err e = tr_st_write(path, es, n, meta, eb);
+	free(m1);
+	free(m2);
+	free(es);
+	free(names);
+	return e;
+}
+
+static struct json_object *state_json(const struct job *j, bool final, double loss)
+{
+	struct json_object *o = json_object_new_object();
+	json_object_object_add(o, "step", json_object_new_int64((int64_t)j->step));
+	json_object_object_add(o, "total_steps", json_object_new_int64((int64_t)j->total));
+	json_object_object_add(o, "final", json_object_new_boolean(final));
+	json_object_object_add(o, "loss", json_object_new_double(loss));
+	json_object_object_add(o, "data_epoch", json_object_new_int64((int64_t)j->pos.epoch));
+	json_object_object_add(o, "data_index", json_object_new_int64((int64_t)j->pos.index));
+	/* The data order is a function of (seed, epoch) and nothing else is random. */
+	json_object_object_add(o, "seed", json_object_new_int64((int64_t)j->spec->hyper->seed));
+	json_object_object_add(o, "micro_batch", json_object_new_int(j->B));
+	json_object_object_add(o, "grad_accum", json_object_new_int(j->accum));
+	json_object_object_add(o, "seq_len", json_object_new_int(j->T));
+	json_object_object_add(o, "model_dir", json_object_new_string(j->spec->model_dir));
+	json_object_object_add(o, "train_file", json_object_new_string(j->spec->data->train_file));
+	return o;
+}
+
+static td_err write_checkpoint(struct job *j, double loss, struct td_errbuf *eb)
+{
+	char tmp[PATH_MAX], fin[PATH_MAX], path[PATH_MAX];
+	snprintf(fin, sizeof(fin), "%s/step-%08llu", j->ckpt_root, (unsigned long long)j->step);
+	snprintf(tmp, sizeof(tmp), "%s.tmp", fin);
+	rm_rf(tmp);
+	td_err e = mkdir_p(tmp, eb);
+	if (e == TD_OK)
+		e = save_params(j, tmp, TR_DT_F32, eb);
+	if (e == TD_OK)
+		e = save_optimizer(j, tmp, eb);
+	if (e == TD_OK) {
+		snprintf(path, sizeof(path), "%s/trainer_state.json", tmp);
+		struct json_object *o = state_json(j, false, loss);
+		e = write_json(path, o, eb);
+		json_object_put(o);
+	}
+	if (e == TD_OK) {
+		rm_rf(fin); /* a checkpoint of the same step from an interrupted earlier run */
+		if (rename(tmp, fin) != 0)
+			e = td_fail(eb, td_from_errno(errno), "%s: cannot rename into place: %s", fin,
+				    strerror(errno));
+		else
+			fsync_dir(j->ckpt_root);
+	}
+	if (e != TD_OK)
+		rm_rf(tmp);
+	return e;
+}
+
+/* Steps of the complete checkpoints, ascending. */
+static size_t list_checkpoints(const char *root, uint64_t *steps, size_t cap)
+{
+	DIR *d = opendir(root);
+	if (!d)
+		return 0;
+	size_t n = 0;
+	struct dirent *de;
+	while ((de = readdir(d)) && n < cap) {
+		unsigned long long s;
+		int len = 0;
+		if (sscanf(de->d_name, "step-%llu%n", &s, &len) == 1 && de->d_name[len] == 0)
+			steps[n++] = s;
+	}
+	closedir(d);
+	for (size_t i = 1; i < n; i++)
+		for (size_t k = i; k > 0 && steps[k - 1] > steps[k]; k--) {
+			uint64_t t = steps[k];
+			steps[k] = steps[k - 1];
+			steps[k - 1] = t;
+		}
+	return n;
+}
+
+static void prune_checkpoints(struct job *j)
+{
+	uint64_t steps[4096];
+	size_t n = list_checkpoints(j->ckpt_root, steps, 4096);
+	uint32_t keep = j->spec->output->keep_last ? j->spec->output->keep_last : 1;
+	for (size_t i = 0; i + keep < n; i++) {
+		char path[PATH_MAX];
+		snprintf(path, sizeof(path), "%s/step-%08llu", j->ckpt_root, (unsigned long long)steps[i]);
+		rm_rf(path);
+	}
+}
+
+static int64_t jint(struct json_object *o, const char *k)
+{
+	struct json_object *v;
+	return json_object_object_get_ex(o, k, &v) ? json_object_get_int64(v) : -1;
+}
+
+static td_err load_checkpoint(struct job *j, uint64_t step, struct td_errbuf *eb)
+{
+	char dir[PATH_MAX], path[PATH_MAX];
+	snprintf(dir, sizeof(dir), "%s/step-%08llu", j->ckpt_root, (unsigned long long)step);
+	snprintf(path, sizeof(path), "%s/trainer_state.json", dir);
+	struct json_object *o = json_object_from_file(path);
+	if (!o)
+		return td_fail(eb, TD_EFORMAT, "%s: cannot read: %s", path, json_util_get_last_err());
+	td_err e = TD_OK;
+	const struct {
+		const char *key;
+		int64_t want;
+	} must[] = {
+		{"micro_batch", j->B},
+		{"grad_accum", j->accum},
+		{"seq_len", j->T},
+		{"seed", (int64_t)j->spec->hyper->seed},
+		{"step", (int64_t)step},
+	};
+	for (size_t i = 0; i < sizeof(must) / sizeof(must[0]) && e == TD_OK; i++)
+		if (jint(o, must[i].key) != must[i].want)
+			e = td_fail(eb, TD_EMISMATCH,
+				    "%s: %s is %lld but the job has %lld; resume needs the same setting "
+				    "(or another output.dir)",
+				    path, must[i].key, (long long)jint(o, must[i].key), (long long)must[i].want);
+	int64_t ep = jint(o, "data_epoch"), ix = jint(o, "data_index");
+	json_object_put(o);
+	if (e != TD_OK)
+		return e;
+	if (ep < 0 || ix < 0)
+		return td_fail(eb, TD_EFORMAT, "%s: no data position", path);
+
+	struct tr_weights *w = NULL;
+	if ((e = tr_weights_open(&w, dir, eb)) != TD_OK)
+		return e;
+	e = tr_model_load(j->m, w, eb);
+	tr_weights_close(w);
+	if (e != TD_OK)
+		return e;
+
+	struct tr_st_file *f = NULL;
+	snprintf(path, sizeof(path), "%s/optimizer.safetensors", dir);
+	if ((e = tr_st_open(&f, path, eb)) != TD_OK)
+		return e;
+	const struct tr_plan *p = tr_model_plan(j->m);
+	size_t nt = p->numel_trainable;
+	float *m1 = malloc(nt * sizeof(float)), *m2 = malloc(nt * sizeof(float));
+	if (!m1 || !m2)
+		e = td_fail(eb, TD_ENOMEM, "%s: out of memory", path);
+	for (size_t i = 0; i < p->nparams && e == TD_OK; i++) {
+		const struct tr_param *pp = &p->params[i];
+		if (!pp->trainable)
+			continue;
+		for (int k = 0; k < 2 && e == TD_OK; k++) {
+			char name[112];
+			snprintf(name, sizeof(name), "%s.%s", k ? "exp_avg_sq" : "exp_avg", pp->name);
+			const struct tr_st_tensor *t = tr_st_find(f, name);
+			if (!t || (size_t)t->numel != pp->numel)
+				e = td_fail(eb, TD_EFORMAT, "%s: tensor '%s' is missing or has the wrong size",
+					    path, name);
+			else
+				e = tr_st_to_f32((k ? m2 : m1) + pp->goffset, t, eb);
+		}
+	}
+	if (e == TD_OK)
+		tr_model_set_moments(j->m, m1, m2);
+	free(m1);
+	free(m2);
+	tr_st_close(f);
+	if (e != TD_OK)
+		return e;
+	j->step = step;
+	j->pos.epoch = (uint64_t)ep;
+	j->pos.index = (uint64_t)ix;
+	return TD_OK;
+}
+
+/* --- the job --- */
+
+static td_err open_job(struct job *j, const Traind__JobSpec *spec, struct td_errbuf *eb)
+{
+	char path[PATH_MAX];
+	j->spec = spec;
+	snprintf(path, sizeof(path), "%s/config.json", spec->model_dir);
+	td_err e = tr_config_load(&j->cfg, path, eb);
+	if (e != TD_OK)
+		return e;
+	if (spec->method != TRAIND__METHOD__METHOD_FULL)
+		return td_fail(eb, TD_EUNSUPPORTED,
+			       "method: only full fine-tuning is implemented in this build (LoRA, QLoRA, "
+			       "distillation and classification come with the methods issue)");
+	if (spec->data->format == TRAIND__DATA_FORMAT__DATA_FORMAT_JSONL)
+		return td_fail(eb, TD_EUNSUPPORTED,
+			       "data.train_file: %s: JSONL comes with the text issue; use a token file "
+			       "(little-endian uint32 ids, documents separated by EOS)",
+			       spec->data->train_file);
+	j->B = (int)spec->hyper->micro_batch;
+	j->T = (int)spec->data->seq_len;
+	j->accum = (int)spec->hyper->grad_accum;
+	if (j->cfg.max_position_embeddings > 0 && j->T > j->cfg.max_position_embeddings)
+		td_warn("TD-JOB-SEQ", "data.seq_len %d exceeds the model's max_position_embeddings %d",
+			j->T, j->cfg.max_position_embeddings);
+	snprintf(j->ckpt_root, sizeof(j->ckpt_root), "%s/checkpoints", spec->output->dir);
+	return TD_OK;
+}
+
+td_err tr_train_plan(const Traind__JobSpec *spec, FILE *out, struct td_errbuf *eb)
+{
+	struct job j = {0};
+	td_err e = open_job(&j, spec, eb);
+	if (e != TD_OK)
+		return e;
+	struct tr_plan p;
+	struct tr_plan_opts po = {.B = j.B, .T = j.T};
+	if ((e = tr_plan_build(&p, &j.cfg, &po, eb)) != TD_OK)
+		return e;
+	fprintf(out, "job        %s (%s)\n", spec->name, spec->model_dir);
+	tr_plan_print(&p, out);
+	tr_plan_fini(&p);
+	return TD_OK;
+}
+
+static const char *backend_for(const Traind__JobSpec *spec, const struct tr_train_opts *o)
+{
+	if (o && o->backend)
+		return o->backend;
+	switch (spec->resources->device) {
+	case TRAIND__DEVICE__DEVICE_CPU:
+		return "cpu";
+	case TRAIND__DEVICE__DEVICE_GPU:
+		return spec->resources->allow_cpu ? "auto" : "cuda";
+	default:
+		return spec->resources->allow_cpu ? "auto" : "cuda";
+	}
+}
+
+static void close_job(struct job *j)
+{
+	tr_model_free(j->m);
+	gpu_backend_free(j->be);
+	tr_data_close(j->data);
+}
+
+td_err tr_train(const Traind__JobSpec *spec, const struct tr_train_opts *opts,
+		const struct tr_hooks *hooks, struct tr_train_result *res, struct td_errbuf *eb)
+{
+	struct job j = {0};
+	FILE *log = opts ? opts->log : NULL;
+	memset(res, 0, sizeof(*res));
+	snprintf(res->output_dir, sizeof(res->output_dir), "%s", spec->output->dir);
+	td_err e = open_job(&j, spec, eb);
+	if (e != TD_OK)
+		return e;
+
+	/* A finished output is never silently overwritten or trained again. */
+	char path[PATH_MAX];
+	snprintf(path, sizeof(path), "%s/trainer_state.json", spec->output->dir);
+	struct json_object *done = json_object_from_file(path);
+	if (done) {
+		struct json_object *v;
+		bool final = json_object_object_get_ex(done, "final", &v) && json_object_get_boolean(v);
+		json_object_put(done);
+		if (final)
+			return td_fail(eb, TD_ESTATE,
+				       "output.dir: %s already holds a finished run; choose another "
+				       "output dir or remove it",
+				       spec->output->dir);
+	}
+
+	if ((e = tr_data_open_tokens(&j.data, spec->data->train_file, j.T, j.cfg.vocab_size,
+				     spec->hyper->seed, eb)) != TD_OK)
+		goto out;
+	uint64_t per_step = (uint64_t)j.B * (uint64_t)j.accum;
+	if (spec->hyper->has_max_steps && spec->hyper->max_steps)
+		j.total = spec->hyper->max_steps;
+	else
+		j.total = (uint64_t)ceil(spec->hyper->epochs * (double)tr_data_num_sequences(j.data) /
+					 (double)per_step);
+	if (j.total == 0)
+		j.total = 1;
+
+	struct tr_weights *w = NULL;
+	if ((e = tr_weights_open(&w, spec->model_dir, eb)) != TD_OK)
+		goto out;
+	if ((e = gpu_backend_open(&j.be, backend_for(spec, opts), eb)) != TD_OK) {
+		tr_weights_close(w);
+		goto out;
+	}
+	struct tr_plan_opts po = {.B = j.B, .T = j.T};
+	if ((e = tr_model_new(&j.m, j.be, &j.cfg, &po, eb)) != TD_OK) {
+		tr_weights_close(w);
+		goto out;
+	}
+	if (log) {
+		fprintf(log, "job %s: %s on %s, %llu steps of %d x %d x %d tokens\n", spec->name,
+			j.cfg.model_type, j.be->ops->name, (unsigned long long)j.total, j.accum, j.B, j.T);
+		tr_plan_print(tr_model_plan(j.m), log);
+	}
+
+	uint64_t steps[4096];
+	size_t nck = list_checkpoints(j.ckpt_root, steps, 4096);
+	if (nck) {
+		tr_weights_close(w);
+		w = NULL;
+		if ((e = load_checkpoint(&j, steps[nck - 1], eb)) != TD_OK)
+			goto out;
+		res->resumed_from = j.step;
+		if (log)
+			fprintf(log, "resumed from %s/step-%08llu (data epoch %llu, sequence %llu)\n",
+				j.ckpt_root, (unsigned long long)j.step, (unsigned long long)j.pos.epoch,
+				(unsigned long long)j.pos.index);
+	} else {
+		e = tr_model_load(j.m, w, eb);
+		tr_weights_close(w);
+		w = NULL;
+		if (e != TD_OK)
+			goto out;
+	}
+
+	struct tr_adamw hp = {
+		.beta1 = (float)spec->hyper->beta1,
+		.beta2 = (float)spec->hyper->beta2,
+		.eps = (float)spec->hyper->eps,
+		.weight_decay = (float)spec->hyper->weight_decay,
+	};
+	size_t rows = (size_t)j.B * (size_t)j.T;
+	int32_t *ids = malloc(rows * (size_t)j.accum * sizeof(int32_t));
+	int32_t *labels = malloc(rows * (size_t)j.accum * sizeof(int32_t));
+	if (!ids || !labels) {
+		free(ids);
+		free(labels);
+		e = td_fail(eb, TD_ENOMEM, "trainer: out of memory");
+		goto out;
+	}
+	double t0 = now_s(), loss = 0;
+	uint64_t start_step = j.step, ckpt_every = spec->output->checkpoint_every;
+	bool wrote_last = false;
+	while (j.step < j.total) {
+		/* All micro-batches first: the loss is a mean over every valid
+		 * token of the step, so their count must be known before backward. */
+		int64_t valid = 0;
+		for (int a = 0; a < j.accum; a++) {
+			tr_data_next(j.data, &j.pos, ids + a * rows, labels + a * rows, j.B, eb);
+			for (int b = 0; b < j.B; b++)
+				for (int t = 1; t < j.T; t++)
+					valid += labels[a * rows + (size_t)b * j.T + t] != -100;
+		}
+		tr_model_zero_grad(j.m);
+		double loss_sum = 0;
+		for (int a = 0; a < j.accum && e == TD_OK; a++) {
+			double ls;
+			int64_t nv;
+			e = tr_model_forward(j.m, ids + a * rows, labels + a * rows, &ls, &nv, eb);
+			if (e == TD_OK) {
+				loss_sum += ls;
+				tr_model_backward(j.m, valid ? (float)(1.0 / (double)valid) : 0.0f);
+			}
+		}
+		if (e != TD_OK)
+			break;
+		loss = valid ? loss_sum / (double)valid : 0;
+		double norm = tr_model_clip_grads(j.m, spec->hyper->clip_norm);
+		if (!isfinite(norm)) {
+			e = td_fail(eb, TD_ENUMERIC, "step %llu: gradient norm is %g",
+				    (unsigned long long)j.step + 1, norm);
+			break;
+		}
+		double lr = tr_lr_at(spec->hyper, j.step, j.total);
+		tr_model_adamw(j.m, &hp, (float)lr, (int)(j.step + 1));
+		if ((e = gpu_sync(j.be, eb)) != TD_OK)
+			break;
+		j.step++;
+		wrote_last = false;
+		if (j.step == start_step + 1)
+			res->first_loss = loss;
+		res->last_loss = loss;
+
+		double el = now_s() - t0;
+		struct tr_progress pr = {
+			.step = j.step,
+			.total_steps = j.total,
+			.loss = loss,
+			.lr = lr,
+			.grad_norm = norm,
+			.elapsed_s = el,
+			.tokens_per_s = (double)(j.step - start_step) * (double)(rows * j.accum) / el,
+			.eta_s = el / (double)(j.step - start_step) * (double)(j.total - j.step),
+		};
+		if (log)
+			fprintf(log, "step %6llu/%llu  loss %.4f  lr %.3e  grad_norm %.3f  tok/s %.0f  eta %.0fs\n",
+				(unsigned long long)pr.step, (unsigned long long)pr.total_steps, pr.loss,
+				pr.lr, pr.grad_norm, pr.tokens_per_s, pr.eta_s);
+		if (hooks && hooks->on_step)
+			hooks->on_step(hooks->ctx, &pr);
+
+		bool stop = (hooks && hooks->should_stop && hooks->should_stop(hooks->ctx)) ||
+			    (opts && opts->stop_after && j.step - start_step >= opts->stop_after);
+		if ((ckpt_every && j.step % ckpt_every == 0) || (stop && j.step < j.total)) {
+			if ((e = mkdir_p(j.ckpt_root, eb)) != TD_OK ||
+			    (e = write_checkpoint(&j, loss, eb)) != TD_OK)
+				break;
+			wrote_last = true;
+			prune_checkpoints(&j);
+			if (log)
+				fprintf(log, "checkpoint %s/step-%08llu\n", j.ckpt_root,
+					(unsigned long long)j.step);
+			if (hooks && hooks->on_checkpoint) {
+				snprintf(path, sizeof(path), "%s/step-%08llu", j.ckpt_root,
+					 (unsigned long long)j.step);
+				hooks->on_checkpoint(hooks->ctx, j.step, path);
+			}
+		}
+		if (stop && j.step < j.total) {
+			res->stopped = true;
+			break;
+		}
+	}
+	(void)wrote_last;
+	free(ids);
+	free(labels);
+	res->steps_done = j.step;
+	res->total_steps = j.total;
+	if (e == TD_OK && !res->stopped) {
+		if ((e = save_params(&j, spec->output->dir, j.cfg.dtype, eb)) != TD_OK)
+			goto out;
+		struct json_object *o = state_json(&j, true, loss);
+		snprintf(path, sizeof(path), "%s/trainer_state.json", spec->output->dir);
+		e = write_json(path, o, eb);
+		json_object_put(o);
+		if (e == TD_OK && log)
+			fprintf(log, "wrote %s (%s, step %llu, loss %.4f)\n", spec->output->dir,
+				tr_dtype_name(j.cfg.dtype), (unsigned long long)j.step, loss);
+	}
+out:
+	close_job(&j);
+	return e;
+}

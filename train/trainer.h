@@ -1,0 +1,70 @@
+/* The step loop: one job from its spec to its output directory.
+ *
+ * Load config and weights, open the data, build the plan, allocate, resume from
+ * the newest complete checkpoint in <output>/checkpoints if there is one, then
+ * loop { micro-batches: forward, loss, backward } clip, schedule, AdamW,
+ * metrics, checkpoint — and write the final model. Checkpoints are written to a
+ * temporary directory and renamed into place, so a crash leaves the previous
+ * checkpoint intact; resuming from one reproduces the uninterrupted run bit for
+ * bit (same backend, same build).
+ *
+ * Runs on the calling thread and blocks until the job ends. The daemon's runner
+ * threads call it with hooks; `traind --run` calls it directly. */
+#ifndef TRAIN_TRAINER_H
+#define TRAIN_TRAINER_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "proto/err.h"
+#include "traind.pb-c.h"
+
+struct tr_progress {
+	uint64_t step, total_steps;
+	double loss;        /* mean over the step's valid tokens */
+	double lr;
+	double grad_norm;   /* before clipping */
+	double tokens_per_s;
+	double elapsed_s;   /* since this process started the job */
+	double eta_s;
+};
+
+struct tr_hooks {
+	/* Called after every optimizer step (on the training thread). */
+	void (*on_step)(void *ctx, const struct tr_progress *p);
+	/* Called after a checkpoint is complete on disk. */
+	void (*on_checkpoint)(void *ctx, uint64_t step, const char *dir);
+	/* Polled at step boundaries; true stops the job after a checkpoint. */
+	bool (*should_stop)(void *ctx);
+	void *ctx;
+};
+
+struct tr_train_opts {
+	const char *backend;    /* "cpu", "cuda", "auto"; NULL: from resources.device */
+	FILE *log;              /* plan and progress lines; NULL: silent */
+	uint64_t stop_after;    /* stop (as if asked) after this many steps in this run; 0: never */
+};
+
+struct tr_train_result {
+	uint64_t resumed_from;  /* step of the checkpoint resumed from, 0 if none */
+	uint64_t steps_done;    /* the step reached */
+	uint64_t total_steps;
+	double first_loss, last_loss;
+	bool stopped;           /* stopped early (should_stop / stop_after) */
+	char output_dir[4096];
+};
+
+/* spec must have had rpc_jobspec_apply_defaults and pass rpc_jobspec_validate. */
+td_err tr_train(const Traind__JobSpec *spec, const struct tr_train_opts *opts,
+		const struct tr_hooks *hooks, struct tr_train_result *res, struct td_errbuf *eb);
+
+/* The plan for spec without loading weights (reads config.json only). */
+td_err tr_train_plan(const Traind__JobSpec *spec, FILE *out, struct td_errbuf *eb);
+
+/* Learning rate at 0-based optimizer step s of total, as transformers'
+ * schedulers compute it (the scheduler steps after the optimizer, so the first
+ * step of a warmup uses s = 0). */
+double tr_lr_at(const Traind__Hyper *h, uint64_t s, uint64_t total);
+
+#endif
