@@ -154,8 +154,12 @@ static void test_grad_accum(const char *model, const char *data)
 	snprintf(b, sizeof(b), "%s/acc", tmp);
 	double md = 1;
 	CHECK_EQ_INT(diff_models(a, b, &md) >= 0, 1);
-	/* Same sequences, same token-weighted mean: equal up to summation order. */
-	CHECK_NEAR(md, 0, 1e-6);
+	/* Same sequences, same token-weighted mean: gradients equal up to summation
+	 * order. Adam divides by sqrt(v), so a parameter whose gradient is nearly
+	 * zero turns a rounding difference into up to a learning-rate step (1e-3
+	 * here); 5e-5 after two steps is 5% of one step (the shared fixtures allow
+	 * 1e-4 against PyTorch for the same reason). */
+	CHECK_NEAR(md, 0, 5e-5);
 	rpc_jobspec_free(big);
 	rpc_jobspec_free(acc);
 }
