@@ -330,7 +330,8 @@ fail:;
 struct protoc_run {
 	uint8_t *out; /* protoc's stdout */
 	size_t out_len;
-	bool out_overflow;
+	bool out_overflow; /* more than RPC_JOBSPEC_MAX_BYTES, or out_nomem */
+	bool out_nomem;
 	char err[PROTOC_STDERR_KEEP + 1]; /* the start of protoc's stderr, NUL-terminated */
 	size_t err_len;
 	int status; /* from waitpid; -1 if unknown */
@@ -410,12 +411,18 @@ static td_err run_protoc(char *const argv[], const uint8_t *in, size_t in_len, s
 	while (po[0] >= 0 || pe[0] >= 0) {
 		struct pollfd p[3];
 		int n = 0, i_in = -1, i_out = -1, i_err = -1;
-		if (sv[0] >= 0)
-			p[i_in = n++] = (struct pollfd){ .fd = sv[0], .events = POLLOUT };
-		if (po[0] >= 0)
-			p[i_out = n++] = (struct pollfd){ .fd = po[0], .events = POLLIN };
-		if (pe[0] >= 0)
-			p[i_err = n++] = (struct pollfd){ .fd = pe[0], .events = POLLIN };
+		if (sv[0] >= 0) {
+			i_in = n;
+			p[n++] = (struct pollfd){ .fd = sv[0], .events = POLLOUT };
+		}
+		if (po[0] >= 0) {
+			i_out = n;
+			p[n++] = (struct pollfd){ .fd = po[0], .events = POLLIN };
+		}
+		if (pe[0] >= 0) {
+			i_err = n;
+			p[n++] = (struct pollfd){ .fd = pe[0], .events = POLLIN };
+		}
 		long long left = deadline - now_ms();
 		int k = left > 0 ? poll(p, (nfds_t)n, (int)left) : 0;
 		if (k < 0 && errno == EINTR)
@@ -440,13 +447,17 @@ static td_err run_protoc(char *const argv[], const uint8_t *in, size_t in_len, s
 				close_fd(&sv[0]); /* done, or protoc stopped reading */
 		}
 		if (i_out >= 0 && p[i_out].revents) {
-			if (out_cap - r->out_len < 4096 && !r->out_overflow) {
+			/* Up to one byte over the limit is kept, to tell "over" from "at". */
+			if (out_cap == r->out_len && !r->out_overflow) {
 				size_t ncap = out_cap ? out_cap * 2 : 8192;
-				uint8_t *nb = ncap > RPC_JOBSPEC_MAX_BYTES + 4096 ? NULL : realloc(r->out, ncap);
+				if (ncap > RPC_JOBSPEC_MAX_BYTES + 1)
+					ncap = RPC_JOBSPEC_MAX_BYTES + 1;
+				uint8_t *nb = ncap > out_cap ? realloc(r->out, ncap) : NULL;
 				if (nb) {
 					r->out = nb;
 					out_cap = ncap;
 				} else {
+					r->out_nomem = ncap > out_cap;
 					r->out_overflow = true; /* drained and dropped from now on */
 				}
 			}
@@ -578,7 +589,9 @@ static td_err load_text(Traind__JobSpec **out, const char *path, const uint8_t *
 			rc = td_fail(eb, TD_EFORMAT, "%s: protoc --encode=traind.JobSpec failed (exit %d)%s%s", path,
 				     r.status != -1 && WIFEXITED(r.status) ? WEXITSTATUS(r.status) : -1,
 				     *msg ? ": " : "", msg);
-	} else if (r.out_overflow) {
+	} else if (r.out_nomem) {
+		rc = td_fail(eb, TD_ENOMEM, "%s: out of memory reading protoc's output", path);
+	} else if (r.out_overflow || r.out_len > RPC_JOBSPEC_MAX_BYTES) {
 		rc = td_fail(eb, TD_ERANGE, "%s: the encoded spec is over %u bytes", path, RPC_JOBSPEC_MAX_BYTES);
 	} else {
 		rc = decode_named(out, r.out, r.out_len, path, eb);
@@ -1034,15 +1047,15 @@ static td_err check_resources(const Traind__JobSpec *s, struct td_errbuf *eb)
 static td_err check_effective(const Traind__JobSpec *s, struct td_errbuf *eb)
 {
 	TRY(check_str(eb, "model_dir", s->model_dir, true));
-	if (s->name) {
-		TRY(check_str(eb, "name", s->name, false));
-		if (strlen(s->name) > 255)
-			return td_fail(eb, TD_EINVAL, "name: longer than 255 bytes (got %zu)", strlen(s->name));
-		for (const char *p = s->name; *p; p++)
-			if ((unsigned char)*p < 0x20 || *p == 0x7f)
-				return td_fail(eb, TD_EINVAL, "name: control character 0x%02x at byte %td",
-					       (unsigned char)*p, p - s->name);
-	}
+	if (!s->name) /* model_dir "/" gives no base name to default it from */
+		return td_fail(eb, TD_EINVAL, "name: required (model_dir '%s' has no base name)", s->model_dir);
+	TRY(check_str(eb, "name", s->name, false));
+	if (strlen(s->name) > 255)
+		return td_fail(eb, TD_EINVAL, "name: longer than 255 bytes (got %zu)", strlen(s->name));
+	for (const char *p = s->name; *p; p++)
+		if ((unsigned char)*p < 0x20 || *p == 0x7f)
+			return td_fail(eb, TD_EINVAL, "name: control character 0x%02x at byte %td", (unsigned char)*p,
+				       p - s->name);
 	TRY(check_enum(eb, "method", &traind__method__descriptor, s->method));
 	TRY(check_data(s, eb));
 	TRY(check_hyper(s, eb));
@@ -1119,9 +1132,16 @@ static void p_u64(FILE *f, const char *key, bool has, unsigned long long v, cons
 
 static void p_dbl(FILE *f, const char *key, bool has, double v, const char *absent)
 {
-	if (has)
-		fprintf(f, "%s: %.12g\n", key, v);
-	else
+	if (has) {
+		/* the shortest form that reads back as the same double */
+		char b[32];
+		for (int prec = 6; prec <= 17; prec++) {
+			snprintf(b, sizeof(b), "%.*g", prec, v);
+			if (strtod(b, NULL) == v || isnan(v))
+				break;
+		}
+		fprintf(f, "%s: %s\n", key, b);
+	} else
 		fprintf(f, "%s: %s\n", key, absent);
 }
 

@@ -76,7 +76,8 @@ td_err rpc_jobspec_copy(Traind__JobSpec **out, const Traind__JobSpec *s);
  * (whatever the method: code may read them unconditionally) and every has_* is
  * true for a scalar field with a default. Enums left at *_UNSPECIFIED count as
  * absent. Defaults that depend on other fields:
- *   name                 the base name of model_dir (if model_dir is set)
+ *   name                 the base name of model_dir ("/" has none: name stays
+ *                        absent and validation asks for one)
  *   method               FULL
  *   data.format          JSONL if train_file ends in .jsonl, else TOKENS
  *   hyper.schedule       COSINE

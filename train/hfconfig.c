@@ -4,8 +4,8 @@
  *
  * JSON null reads as absent, as transformers treats it. Every error names the
  * file and the key. This is not a general PretrainedConfig: keys the engine does
- * not use are ignored, except those that would change the math (rope scaling),
- * which are refused. */
+ * not use are ignored, except those that would change the math (rope scaling,
+ * sliding-window attention, an activation other than SiLU), which are refused. */
 #include "train/hfconfig.h"
 
 #include <json-c/json.h>
@@ -172,6 +172,35 @@ static td_err get_rope(struct tr_model_config *c, json_object *root, const char 
 	return TD_OK;
 }
 
+/* Keys that would change the math and that the engine does not implement:
+ * an activation other than SiLU, sliding-window attention. */
+static td_err check_math(json_object *root, const char *origin, struct td_errbuf *eb)
+{
+	json_object *act = get(root, "hidden_act"), *types = get(root, "layer_types");
+	if (act && !json_object_is_type(act, json_type_string))
+		return wrong_type(origin, "hidden_act", act, "a string", eb);
+	if (act && strcmp(json_object_get_string(act), "silu") != 0)
+		return td_fail(eb, TD_EUNSUPPORTED, "%s: \"hidden_act\" is \"%s\": only silu is supported",
+			       origin, json_object_get_string(act));
+	bool sliding = false;
+	td_err err = get_bool(&sliding, root, "use_sliding_window", false, origin, eb);
+	if (err)
+		return err;
+	if (sliding)
+		return td_fail(eb, TD_EUNSUPPORTED, "%s: \"use_sliding_window\" is true: only full attention is supported",
+			       origin);
+	if (types && !json_object_is_type(types, json_type_array))
+		return wrong_type(origin, "layer_types", types, "a list", eb);
+	for (size_t i = 0; types && i < json_object_array_length(types); i++) {
+		const char *t = json_object_get_string(json_object_array_get_idx(types, i));
+		if (!t || strcmp(t, "full_attention") != 0)
+			return td_fail(eb, TD_EUNSUPPORTED,
+				       "%s: \"layer_types\"[%zu] is \"%s\": only full_attention is supported", origin,
+				       i, t ? t : "null");
+	}
+	return TD_OK;
+}
+
 static td_err get_dtype(enum tr_dtype *out, json_object *root, const char *origin,
 			struct td_errbuf *eb)
 {
@@ -262,7 +291,7 @@ static td_err parse_root(struct tr_model_config *c, json_object *root, const cha
 	    (err = get_int(&c->max_position_embeddings, root, "max_position_embeddings",
 			   archs[a].max_position_embeddings, origin, eb)) ||
 	    (err = get_double(&c->rms_norm_eps, root, "rms_norm_eps", 1e-6, origin, eb)) ||
-	    (err = get_rope(c, root, origin, eb)) ||
+	    (err = get_rope(c, root, origin, eb)) || (err = check_math(root, origin, eb)) ||
 	    (err = get_bool(&c->tie_word_embeddings, root, "tie_word_embeddings", false, origin, eb)) ||
 	    (err = get_bool(&attention_bias, root, "attention_bias", false, origin, eb)) ||
 	    (err = get_bool(&c->mlp_bias, root, "mlp_bias", false, origin, eb)) ||
@@ -341,18 +370,20 @@ td_err tr_config_load(struct tr_model_config *out, const char *path, struct td_e
 
 /* ---- writing ---- */
 
-/* A double as Python's json writes it: the shortest text that reads back
- * exactly, with a ".0" when it would otherwise read as an integer. */
+/* A double as Python's json writes it (repr): the shortest digits that read
+ * back exactly, fixed notation for exponents in [-4, 16), always with a point. */
 static json_object *new_double(double d)
 {
-	char buf[40];
-	for (int prec = 1; prec <= 17; prec++) {
-		snprintf(buf, sizeof(buf), "%.*g", prec, d);
+	char buf[64];
+	int prec = 0;
+	for (; prec < 17; prec++) {
+		snprintf(buf, sizeof(buf), "%.*e", prec, d);
 		if (strtod(buf, NULL) == d)
 			break;
 	}
-	if (!strpbrk(buf, ".eEni"))
-		strcat(buf, ".0");
+	int exp = atoi(strchr(buf, 'e') + 1);
+	if (exp >= -4 && exp < 16)
+		snprintf(buf, sizeof(buf), "%.*f", prec - exp > 1 ? prec - exp : 1, d);
 	return json_object_new_double_s(d, buf);
 }
 

@@ -344,7 +344,6 @@ static void test_defaults_derived(void)
 			SET(hy(s), max_steps, t->max_steps);
 		struct td_errbuf eb = { "" };
 		CHECK_EQ_INT(rpc_jobspec_apply_defaults(s, &eb), TD_OK);
-		fprintf(stderr, "derived[%zu] model_dir=%s\n", i, t->model_dir);
 		if (t->name)
 			CHECK_STR_EQ(s->name, t->name);
 		else
@@ -462,6 +461,7 @@ M(m_no_model, set_str(&s->model_dir, NULL))
 M(m_model_empty, set_str(&s->model_dir, ""))
 M(m_name_empty, set_str(&s->name, ""))
 M(m_name_ctrl, set_str(&s->name, "a\nb"))
+M(m_name_root, set_str(&s->model_dir, "/"))
 M(m_method, SET(s, method, (Traind__Method)42))
 M(m_no_output, traind__output_spec__free_unpacked(s->output, NULL); s->output = NULL)
 M(m_out_empty, set_str(&ou(s)->dir, ""))
@@ -547,6 +547,7 @@ static const struct bad_case bad_cases[] = {
 	{ m_model_empty, "model_dir: must not be empty" },
 	{ m_name_empty, "name: must not be empty" },
 	{ m_name_ctrl, "name: control character" },
+	{ m_name_root, "name: required (model_dir '/' has no base name)" },
 	{ m_method, "method: unknown value 42" },
 	{ m_no_output, "output.dir: required" },
 	{ m_out_empty, "output.dir: must not be empty" },
@@ -638,10 +639,11 @@ M(v_qlora, SET(s, method, TRAIND__METHOD__METHOD_QLORA))
 M(v_cpu, SET(re(s), device, TRAIND__DEVICE__DEVICE_CPU); SET(hy(s), precision, TRAIND__PRECISION__PRECISION_FP32))
 M(v_gpu_noallow, SET(re(s), device, TRAIND__DEVICE__DEVICE_GPU); SET(re(s), allow_cpu, 0))
 M(v_relative, set_str(&s->model_dir, "models/m"); set_str(&da(s)->train_file, "t.bin"))
+M(v_root_named, set_str(&s->model_dir, "/"); set_str(&s->name, "root"))
 
 static void (*const good_cases[])(Traind__JobSpec *) = {
 	v_minimal, v_warmup_epochs, v_warmup_eq, v_edges,    v_edges2, v_classify,      v_classify_nonames,
-	v_distill, v_lora_all,      v_qlora,     v_cpu,      v_gpu_noallow, v_relative,
+	v_distill, v_lora_all,      v_qlora,     v_cpu,      v_gpu_noallow, v_relative, v_root_named,
 };
 
 static void test_valid(void)
@@ -715,7 +717,7 @@ static void test_roundtrip(void)
 	fclose(mf);
 	CHECK_CONTAINS(text, "name: \"rt \\\"quoted\\\"\"\n");
 	CHECK_CONTAINS(text, "method: classify\n");
-	CHECK_CONTAINS(text, "hyper.lr: 1.2345678901e-05\n");
+	CHECK_CONTAINS(text, "hyper.lr: 1.2345678901234e-05\n");
 	CHECK_CONTAINS(text, "hyper.max_steps: 1099511627776\n");
 	CHECK_CONTAINS(text, "hyper.epochs: (unset: by max_steps)\n");
 	CHECK_CONTAINS(text, "hyper.precision: (auto");
@@ -950,7 +952,7 @@ static const struct text_case text_cases[] = {
 	{ "syntax.txtpb", "model_dir: \"/m\"\nhyper {\n  lr: abc\n}\n", TD_EFORMAT, TD_OK, "@:3:" },
 	{ "unknown.txtpb", "model_dir: \"/m\"\nbogus_field: 1\n", TD_EFORMAT, TD_OK, "@:2:" },
 	{ "unknown2.txtpb", "model_dir: \"/m\"\nbogus_field: 1\n", TD_EFORMAT, TD_OK, "bogus_field" },
-	{ "enum.textproto", "method: METHOD_NOPE\n", TD_EFORMAT, TD_OK, "@:1:" },
+	{ "enum.textproto", "method: METHOD_NOPE\n", TD_EFORMAT, TD_OK, "METHOD_NOPE" },
 	{ "unclosed.txt", "model_dir: \"/m\"\ndata {\n  train_file: \"/t\"\n", TD_EFORMAT, TD_OK, "@:" },
 	{ "string.txtpb", "model_dir: \"/m\n", TD_EFORMAT, TD_OK, "@:1:" },
 	{ "range.txtpb", "data { seq_len: 4294967296 }\n", TD_EFORMAT, TD_OK, "@:1:" },
@@ -1000,6 +1002,9 @@ static void test_text(void)
 		}
 		if (rc && t->expect)
 			CHECK_CONTAINS(eb.msg, expect);
+		if (t->load == TD_EFORMAT) /* names the file first, as "PATH:LINE:COL: what" */
+			CHECK_MSG(strncmp(eb.msg, path, strlen(path)) == 0 && eb.msg[strlen(path)] == ':',
+				  "\"%s\" does not begin with \"%s:\"", eb.msg, path);
 		if (rc == TD_EFORMAT)
 			fprintf(stderr, "  %s -> %s\n", t->file, eb.msg);
 		rpc_jobspec_free(s);
@@ -1028,7 +1033,37 @@ static void test_text(void)
 	}
 	rpc_jobspec_free(s);
 
+	/* A spec larger than a pipe holds goes through protoc whole (stdin and
+	 * stdout are serviced together); the label check stays fast. */
+	enum { NL = 20000 };
+	size_t cap = strlen(MIN_TEXT) + 128 + (size_t)NL * 32, len = 0;
+	char *big = malloc(cap);
+	len += (size_t)snprintf(big + len, cap - len, "%smethod: METHOD_CLASSIFY\nclassify {\n  num_labels: %d\n",
+				MIN_TEXT, NL);
+	for (int i = 0; i < NL; i++)
+		len += (size_t)snprintf(big + len, cap - len, "  label_names: \"label_%05d\"\n", i == NL - 1 ? 7 : i);
+	len += (size_t)snprintf(big + len, cap - len, "}\n");
+	p = write_tmp("big.txtpb", big, len);
+	s = NULL;
+	CHECK_EQ_INT(rpc_jobspec_load(&s, p, &eb), TD_OK);
+	if (s) {
+		CHECK_EQ_INT(s->classify->n_label_names, NL);
+		CHECK_EQ_INT(rpc_jobspec_validate(s, &eb), TD_EINVAL);
+		CHECK_CONTAINS(eb.msg, "classify.label_names[19999]: 'label_00007' is also label 7");
+	}
+	rpc_jobspec_free(s);
+	free(big);
+	/* Over the limit, text is refused before protoc runs. */
+	big = malloc(RPC_JOBSPEC_MAX_BYTES + 2);
+	memset(big, '#', RPC_JOBSPEC_MAX_BYTES + 1);
+	p = write_tmp("huge.txtpb", big, RPC_JOBSPEC_MAX_BYTES + 1);
+	s = NULL;
+	CHECK_EQ_INT(rpc_jobspec_load(&s, p, &eb), TD_ERANGE);
+	CHECK(s == NULL);
+	free(big);
+
 	/* TD_PROTO_PATH picks the .proto; a wrong one is reported. */
+	p = write_tmp("fields.txtpb", fields, strlen(fields));
 	char srcproto[] = TD_PROTO_SRC_PATH;
 	setenv("TD_PROTO_PATH", srcproto, 1);
 	s = NULL;
@@ -1047,6 +1082,7 @@ static void test_no_protoc(void)
 	const char *p = write_tmp("noprotoc.txtpb", MIN_TEXT, strlen(MIN_TEXT));
 	Traind__JobSpec *s = NULL;
 	struct td_errbuf eb = { "" };
+	char *saved = getenv("TD_PROTOC") ? strdup(getenv("TD_PROTOC")) : NULL;
 	setenv("TD_PROTOC", "/nonexistent/protoc", 1);
 	CHECK_EQ_INT(rpc_jobspec_load(&s, p, &eb), TD_EUNSUPPORTED);
 	CHECK_CONTAINS(eb.msg, "/nonexistent/protoc");
@@ -1065,7 +1101,54 @@ static void test_no_protoc(void)
 		CHECK_EQ_INT(rpc_jobspec_load(&s, p, &eb), TD_EFORMAT);
 		CHECK_CONTAINS(eb.msg, "noprotoc.txtpb");
 	}
-	unsetenv("TD_PROTOC");
+	/* Stand-ins for a misbehaving protoc. */
+	static const struct {
+		const char *name, *script;
+		td_err rc;
+		const char *expect;
+	} fakes[] = {
+		/* more output than a spec may have: drained, refused */
+		{ "fake-big-out", "#!/bin/sh\nhead -c 3000000 /dev/zero\n", TD_ERANGE, "noprotoc.txtpb" },
+		/* a flood on stderr: the first lines kept, "input:" renamed */
+		{ "fake-big-err",
+		  "#!/bin/sh\ni=1; while [ $i -le 3000 ]; do echo \"input:$i:1: error $i\" >&2; i=$((i+1)); done; exit 1\n",
+		  TD_EFORMAT, "noprotoc.txtpb:1:1: error 1; " },
+		/* exits at once without reading a large input: EPIPE, not SIGPIPE */
+		{ "fake-no-read", "#!/bin/sh\nexit 0\n", TD_OK, NULL },
+	};
+	enum { PAD = 400000 };
+	size_t min_len = strlen(MIN_TEXT);
+	char *padded = malloc(min_len + PAD + 1);
+	if (!padded)
+		exit(1);
+	memcpy(padded, MIN_TEXT, min_len);
+	memset(padded + min_len, '\n', PAD);
+	padded[min_len + PAD] = '\0';
+	const char *big = write_tmp("noprotoc.txtpb", padded, strlen(padded));
+	char bigpath[256];
+	snprintf(bigpath, sizeof(bigpath), "%s", big);
+	free(padded);
+	for (size_t i = 0; i < sizeof(fakes) / sizeof(fakes[0]); i++) {
+		const char *fp = write_tmp(fakes[i].name, fakes[i].script, strlen(fakes[i].script));
+		CHECK_EQ_INT(chmod(fp, 0700), 0);
+		setenv("TD_PROTOC", fp, 1);
+		s = NULL;
+		td_err rc = rpc_jobspec_load(&s, bigpath, &eb);
+		CHECK_MSG(rc == fakes[i].rc, "%s: %s, want %s: %s", fakes[i].name, td_errname(rc),
+			  td_errname(fakes[i].rc), eb.msg);
+		if (rc && fakes[i].expect)
+			CHECK_CONTAINS(eb.msg, fakes[i].expect);
+		if (rc)
+			CHECK(strlen(eb.msg) < sizeof(eb.msg));
+		rpc_jobspec_free(s);
+		s = NULL;
+	}
+
+	if (saved)
+		setenv("TD_PROTOC", saved, 1);
+	else
+		unsetenv("TD_PROTOC");
+	free(saved);
 	CHECK(s == NULL);
 }
 
