@@ -15,6 +15,7 @@ static char tmpdir[] = "/tmp/td-test-cfg-XXXXXX";
 
 static int rm_one(const char *path, const struct stat *st, int flag, struct FTW *ftw)
 {
+	(void)st, (void)flag, (void)ftw;
 	return remove(path);
 }
 

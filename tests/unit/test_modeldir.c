@@ -18,6 +18,7 @@ static char tmpdir[] = "/tmp/td-test-md-XXXXXX";
 
 static int rm_one(const char *path, const struct stat *st, int flag, struct FTW *ftw)
 {
+	(void)st, (void)flag, (void)ftw;
 	return remove(path);
 }
 
