@@ -5,7 +5,7 @@
 DEBS := gcc make pkg-config meson ninja-build \
 	libuv1-dev libnng-dev libprotobuf-c-dev protobuf-c-compiler protobuf-compiler \
 	libsqlite3-dev libpcre2-dev libjson-c-dev libopenblas-dev libsystemd-dev \
-	libcmocka-dev libunistring-dev
+	libcmocka-dev libunistring-dev clang
 
 BUILD ?= build
 ASAN_BUILD ?= build-asan
@@ -35,12 +35,11 @@ $(BUILD)/build.ninja:
 build: deps $(BUILD)/build.ninja
 	ninja -C $(BUILD)
 
-# A real short fine-tune of the bundled tiny Qwen2 on bundled token data.
+# A real short fine-tune of the bundled tiny Qwen2 on bundled JSONL text,
+# through a user-mode traind with a temporary state dir: the demo job submitted
+# and watched with trainctl; the ledger and the output; the daemon stopped.
 demo: build
-	rm -rf demo-out/qwen2-tiny
-	$(BUILD)/daemon/traind --run tests/fixtures/demo/job.txtpb
-	@echo; echo "output (loads in transformers: AutoModelForCausalLM.from_pretrained('demo-out/qwen2-tiny')):"
-	@ls -l demo-out/qwen2-tiny demo-out/qwen2-tiny/checkpoints
+	client/demo.sh $(BUILD)
 
 # Every suite that applies here; the gpu suite skips itself without a GPU.
 test: build
@@ -49,7 +48,7 @@ test: build
 # The unit and integration suites under AddressSanitizer and UBSan.
 sanitize: deps
 	[ -f $(ASAN_BUILD)/build.ninja ] || meson setup $(ASAN_BUILD) $(MESONFLAGS) \
-		-Db_sanitize=address,undefined -Db_lundef=false -Dbuildtype=debug
+		-Db_sanitize=address,undefined -Db_lundef=false -Dbuildtype=debug -Dcuda=disabled
 	ninja -C $(ASAN_BUILD)
 	meson test -C $(ASAN_BUILD) --print-errorlogs --num-processes 2 --no-suite slow --no-suite gpu
 

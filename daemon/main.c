@@ -1,19 +1,25 @@
 /* traind: the training daemon's entry point.
  *
- * This build runs one job in the foreground (`--run JOB`), prints a job's
- * memory plan without loading weights (`--plan JOB`), and checks a spec
- * (`--check JOB`). Serving trainctl over nng comes with the control-plane
- * issue. Exit codes: 0 success, 1 the job failed, 2 bad usage or a bad spec,
- * 3 the job stopped early (a checkpoint holds its progress). */
+ * With no mode flag it serves trainctl (daemon/server.h), configured from the
+ * settings table (daemon/settings.h). One-shot modes, for a single job without
+ * a daemon: `--run JOB` trains in the foreground, `--plan JOB` prints the
+ * memory plan without loading weights, `--check JOB` prints the effective
+ * spec. Exit codes of the one-shot modes: 0 success, 1 the job failed, 2 bad
+ * usage or a bad spec, 3 the job stopped early (a checkpoint holds its
+ * progress). Serving: 0 after a clean stop, 1 when it cannot start, 2 for bad
+ * settings. */
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "config.h"
+#include "daemon/settings.h"
+#include "daemon/server.h"
 #include "proto/err.h"
 #include "proto/jobspec.h"
 #include "proto/log.h"
+#include "train/merge.h"
 #include "train/trainer.h"
 
 static volatile sig_atomic_t stop_requested;
@@ -33,9 +39,12 @@ static bool should_stop(void *ctx)
 static void usage(FILE *f)
 {
 	fprintf(f,
-		"usage: traind --run JOB [--backend cpu|cuda|auto] [--stop-after N] [--quiet]\n"
+		"usage: traind [--system | --user] [--config FILE] [SETTINGS...]   serve trainctl\n"
+		"       traind --dump-config [SETTINGS...]   print the effective settings\n"
+		"       traind --run JOB [--backend cpu|cuda|auto] [--stop-after N] [--quiet]\n"
 		"       traind --plan JOB\n"
 		"       traind --check JOB\n"
+		"       traind --merge BASE ADAPTER OUT [--backend cpu|cuda|auto]   (default cpu: fp32)\n"
 		"       traind --version\n"
 		"\n"
 		"JOB is a traind.JobSpec as binary protobuf (.pb) or text format (.txtpb),\n"
@@ -44,7 +53,27 @@ static void usage(FILE *f)
 		"output.checkpoint_every steps, the final model in output.dir. Run it again\n"
 		"with the same spec to resume from the newest checkpoint. SIGINT/SIGTERM\n"
 		"checkpoint and stop at the next step boundary (exit 3).\n"
-		"--stop-after N stops the same way after N steps of this run.\n");
+		"--stop-after N stops the same way after N steps of this run.\n"
+		"--merge writes BASE (an HF model dir) with the PEFT LoRA adapter ADAPTER\n"
+		"folded in (W + alpha/r * B A) as a full HF model dir OUT.\n"
+		"\n"
+		"Serving: SIGTERM/SIGINT checkpoint the running jobs and exit (they resume at\n"
+		"the next start); SIGHUP reloads the settings marked [hup].\n"
+		"\n");
+	dmn_config_help(f);
+}
+
+/* The one-shot modes; anything else on the command line is serving. A new
+ * mode goes here and into run_oneshot()'s argument loop. */
+static const char *const oneshot_flags[] = {"--run", "--plan", "--check", "--merge", NULL};
+
+static bool is_oneshot(int argc, char **argv)
+{
+	for (int i = 1; i < argc; i++)
+		for (const char *const *f = oneshot_flags; *f; f++)
+			if (strcmp(argv[i], *f) == 0)
+				return true;
+	return false;
 }
 
 static int load_spec(const char *path, Traind__JobSpec **spec)
@@ -64,9 +93,51 @@ static int load_spec(const char *path, Traind__JobSpec **spec)
 	return 0;
 }
 
-int main(int argc, char **argv)
+static int serve_main(int argc, char **argv)
+{
+	bool dump = false;
+	/* The settings parser sees everything but the actions. */
+	char **args = calloc((size_t)argc + 1, sizeof(char *));
+	int nargs = 0;
+	if (!args) {
+		fprintf(stderr, "traind: out of memory\n");
+		return 1;
+	}
+	for (int i = 1; i < argc; i++) {
+		if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
+			usage(stdout);
+			free(args);
+			return 0;
+		} else if (strcmp(argv[i], "--version") == 0) {
+			printf("traind %s\n", TD_VERSION);
+			free(args);
+			return 0;
+		} else if (strcmp(argv[i], "--dump-config") == 0) {
+			dump = true;
+		} else {
+			args[nargs++] = argv[i];
+		}
+	}
+	static struct dmn_config cfg;
+	struct td_errbuf eb = {{0}};
+	if (dmn_config_load(&cfg, nargs, args, &eb) != TD_OK) {
+		fprintf(stderr, "traind: %s\n", eb.msg);
+		free(args);
+		return 2;
+	}
+	int rc = 0;
+	if (dump)
+		dmn_config_dump(&cfg, stdout);
+	else
+		rc = dmn_serve(&cfg, nargs, args);
+	free(args);
+	return rc;
+}
+
+static int run_oneshot(int argc, char **argv)
 {
 	const char *run = NULL, *plan = NULL, *check = NULL, *backend = NULL;
+	const char *merge[3] = {NULL, NULL, NULL}; /* BASE ADAPTER OUT */
 	unsigned long long stop_after = 0;
 	bool quiet = false;
 	for (int i = 1; i < argc; i++) {
@@ -77,6 +148,11 @@ int main(int argc, char **argv)
 			plan = argv[++i];
 		else if (strcmp(a, "--check") == 0 && i + 1 < argc)
 			check = argv[++i];
+		else if (strcmp(a, "--merge") == 0 && i + 3 < argc) {
+			merge[0] = argv[++i];
+			merge[1] = argv[++i];
+			merge[2] = argv[++i];
+		}
 		else if (strcmp(a, "--backend") == 0 && i + 1 < argc)
 			backend = argv[++i];
 		else if (strcmp(a, "--stop-after") == 0 && i + 1 < argc)
@@ -95,10 +171,19 @@ int main(int argc, char **argv)
 			return 2;
 		}
 	}
-	if (!!run + !!plan + !!check != 1) {
-		fprintf(stderr, "traind: give exactly one of --run, --plan, --check (serving comes with the control plane)\n");
+	if (!!run + !!plan + !!check + !!merge[0] != 1) {
+		fprintf(stderr, "traind: give exactly one of --run, --plan, --check, --merge (or none of them to serve)\n");
 		usage(stderr);
 		return 2;
+	}
+	if (merge[0]) {
+		struct td_errbuf meb = {{0}};
+		/* fp32 by default: B A is small next to W, and a merged model is forever. */
+		td_err e = tr_merge(merge[0], merge[1], merge[2], backend ? backend : "cpu",
+				    quiet ? NULL : stdout, &meb);
+		if (e != TD_OK)
+			fprintf(stderr, "traind: merge: %s\n", meb.msg[0] ? meb.msg : td_strerror(e));
+		return e == TD_OK ? 0 : 1;
 	}
 
 	Traind__JobSpec *spec = NULL;
@@ -144,4 +229,9 @@ int main(int argc, char **argv)
 	       (unsigned long long)res.steps_done, res.first_loss, res.last_loss, res.output_dir);
 	rpc_jobspec_free(spec);
 	return 0;
+}
+
+int main(int argc, char **argv)
+{
+	return is_oneshot(argc, argv) ? run_oneshot(argc, argv) : serve_main(argc, argv);
 }

@@ -38,6 +38,9 @@ struct gpu_backend_ops {
 	void (*zero)(struct gpu_backend *be, void *dst, size_t bytes);
 	td_err (*sync)(struct gpu_backend *be, struct td_errbuf *eb);
 	void (*destroy)(struct gpu_backend *be);
+	/* Blocking: the device's free and total memory right now (cuMemGetInfo on
+	 * a GPU: what every process on it leaves free; the host's RAM on the CPU). */
+	td_err (*mem_info)(struct gpu_backend *be, size_t *free_bytes, size_t *total_bytes);
 
 	/* Math: see kernels/cpu/ops.h for each op's contract. */
 	void (*embedding_forward)(struct gpu_backend *be, float *out, const int32_t *ids,
@@ -81,6 +84,21 @@ struct gpu_backend_ops {
 	/* Blocking: sum of squares of x (n values), accumulated in double. */
 	double (*sumsq)(struct gpu_backend *be, const float *x, size_t n);
 	void (*scale)(struct gpu_backend *be, float *x, float s, size_t n);
+
+	/* Methods (LoRA, QLoRA, distillation, classification): kernels/cpu/ops.h.
+	 * codes, absmax, q, scale: device buffers the engine uploaded at load. */
+	void (*nf4_dequantize)(struct gpu_backend *be, float *out, const uint8_t *codes,
+			       const float *absmax, size_t n);
+	void (*absmax_dequantize)(struct gpu_backend *be, float *absmax, const int8_t *q,
+				  const float *scale, size_t nblocks);
+	void (*distill_forward)(struct gpu_backend *be, float *kl, float *ce, const float *logits,
+				const float *tlogits, const int32_t *targets, float temperature,
+				int N, int V);
+	void (*distill_backward)(struct gpu_backend *be, float *dlogits, const float *logits,
+				 const float *tlogits, const int32_t *targets, float dloss,
+				 float alpha, float temperature, int N, int V);
+	void (*dropout)(struct gpu_backend *be, float *out, const float *inp, float p,
+			uint64_t seed, size_t n);
 };
 
 /* The common head of every backend object. */
@@ -89,6 +107,14 @@ struct gpu_backend {
 	size_t bytes_in_use;  /* what alloc has handed out and free has not taken back */
 	size_t bytes_peak;    /* high-water mark of bytes_in_use */
 	int64_t op_count;     /* math ops enqueued (a cheap progress/sanity counter) */
+	/* Kernel compiles (PTX JIT, NVRTC) by this backend, and those after the
+	 * kernel table was sealed: contract 2 says the latter stays 0. */
+	int64_t compiles;
+	int64_t compiles_after_seal;
+	char device[128];     /* "cpu", or the GPU's name */
+	/* Device bytes the backend holds whatever the job (workspaces, reduction
+	 * scratch), allocated at creation: a reservation is plan + fixed_bytes. */
+	size_t fixed_bytes;
 };
 
 /* Asserts that every op of the table is set; called by each backend's
@@ -129,6 +155,10 @@ static inline void gpu_zero(struct gpu_backend *be, void *dst, size_t bytes)
 static inline td_err gpu_sync(struct gpu_backend *be, struct td_errbuf *eb)
 {
 	return be->ops->sync(be, eb);
+}
+static inline td_err gpu_mem_info(struct gpu_backend *be, size_t *free_bytes, size_t *total_bytes)
+{
+	return be->ops->mem_info(be, free_bytes, total_bytes);
 }
 
 #define GPU_OP_(name, ...)                        \
@@ -236,6 +266,36 @@ static inline double gpu_sumsq(struct gpu_backend *be, const float *x, size_t n)
 static inline void gpu_scale(struct gpu_backend *be, float *x, float s, size_t n)
 {
 	GPU_OP_(scale, x, s, n);
+}
+
+static inline void gpu_nf4_dequantize(struct gpu_backend *be, float *out, const uint8_t *codes,
+				      const float *absmax, size_t n)
+{
+	GPU_OP_(nf4_dequantize, out, codes, absmax, n);
+}
+static inline void gpu_absmax_dequantize(struct gpu_backend *be, float *absmax, const int8_t *q,
+					 const float *scale, size_t nblocks)
+{
+	GPU_OP_(absmax_dequantize, absmax, q, scale, nblocks);
+}
+static inline void gpu_distill_forward(struct gpu_backend *be, float *kl, float *ce,
+				       const float *logits, const float *tlogits,
+				       const int32_t *targets, float temperature, int N, int V)
+{
+	GPU_OP_(distill_forward, kl, ce, logits, tlogits, targets, temperature, N, V);
+}
+static inline void gpu_distill_backward(struct gpu_backend *be, float *dlogits,
+					const float *logits, const float *tlogits,
+					const int32_t *targets, float dloss, float alpha,
+					float temperature, int N, int V)
+{
+	GPU_OP_(distill_backward, dlogits, logits, tlogits, targets, dloss, alpha, temperature, N,
+		V);
+}
+static inline void gpu_dropout(struct gpu_backend *be, float *out, const float *inp, float p,
+			       uint64_t seed, size_t n)
+{
+	GPU_OP_(dropout, out, inp, p, seed, n);
 }
 
 #undef GPU_OP_

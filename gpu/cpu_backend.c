@@ -5,24 +5,13 @@
  * (OpenBLAS may use its own threads inside a GEMM), so sync never has a
  * deferred error to report. It counts the bytes it hands out, which is how the
  * tests hold the memory plan to what is really allocated. */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "gpu/backend.h"
 #include "kernels/cpu/ops.h"
-
-void gpu_backend_check_ops(const struct gpu_backend_ops *o)
-{
-	assert(o->name && o->alloc && o->free && o->upload && o->download && o->zero && o->sync &&
-	       o->destroy);
-	assert(o->embedding_forward && o->embedding_backward && o->rmsnorm_forward &&
-	       o->rmsnorm_backward && o->matmul_forward && o->matmul_backward && o->rope_forward &&
-	       o->rope_backward && o->attention_forward && o->attention_backward &&
-	       o->swiglu_forward && o->swiglu_backward && o->residual_forward &&
-	       o->crossentropy_forward && o->crossentropy_backward && o->adamw_update &&
-	       o->sumsq && o->scale);
-	(void)o;
-}
 
 static td_err cpu_alloc(struct gpu_backend *be, size_t bytes, void **out)
 {
@@ -64,6 +53,18 @@ static td_err cpu_sync(struct gpu_backend *be, struct td_errbuf *eb)
 {
 	(void)be;
 	(void)eb;
+	return TD_OK;
+}
+
+static td_err cpu_mem_info(struct gpu_backend *be, size_t *free_bytes, size_t *total_bytes)
+{
+	(void)be;
+	long pages = sysconf(_SC_PHYS_PAGES), avail = sysconf(_SC_AVPHYS_PAGES);
+	long page = sysconf(_SC_PAGESIZE);
+	if (pages < 0 || avail < 0 || page < 0)
+		return TD_EIO;
+	*free_bytes = (size_t)avail * (size_t)page;
+	*total_bytes = (size_t)pages * (size_t)page;
 	return TD_OK;
 }
 
@@ -169,6 +170,34 @@ static void cpu_scale(struct gpu_backend *be, float *x, float s, size_t n)
 	scale_inplace(x, s, n);
 }
 
+static void cpu_nf4_dequantize(struct gpu_backend *be, float *out, const uint8_t *codes,
+			       const float *absmax, size_t n)
+{
+	nf4_dequantize(out, codes, absmax, n);
+}
+static void cpu_absmax_dequantize(struct gpu_backend *be, float *absmax, const int8_t *q,
+				  const float *scale, size_t nblocks)
+{
+	absmax_dequantize(absmax, q, scale, nblocks);
+}
+static void cpu_distill_forward(struct gpu_backend *be, float *kl, float *ce, const float *logits,
+				const float *tlogits, const int32_t *targets, float temperature,
+				int N, int V)
+{
+	distill_forward(kl, ce, logits, tlogits, targets, temperature, N, V);
+}
+static void cpu_distill_backward(struct gpu_backend *be, float *dlogits, const float *logits,
+				 const float *tlogits, const int32_t *targets, float dloss,
+				 float alpha, float temperature, int N, int V)
+{
+	distill_backward(dlogits, logits, tlogits, targets, dloss, alpha, temperature, N, V);
+}
+static void cpu_dropout(struct gpu_backend *be, float *out, const float *inp, float p,
+			uint64_t seed, size_t n)
+{
+	dropout_forward(out, inp, p, seed, n);
+}
+
 static const struct gpu_backend_ops cpu_ops = {
 	.name = "cpu",
 	.alloc = cpu_alloc,
@@ -178,6 +207,7 @@ static const struct gpu_backend_ops cpu_ops = {
 	.zero = cpu_zero,
 	.sync = cpu_sync,
 	.destroy = cpu_destroy,
+	.mem_info = cpu_mem_info,
 	.embedding_forward = cpu_embedding_forward,
 	.embedding_backward = cpu_embedding_backward,
 	.rmsnorm_forward = cpu_rmsnorm_forward,
@@ -196,6 +226,11 @@ static const struct gpu_backend_ops cpu_ops = {
 	.adamw_update = cpu_adamw_update,
 	.sumsq = cpu_sumsq,
 	.scale = cpu_scale,
+	.nf4_dequantize = cpu_nf4_dequantize,
+	.absmax_dequantize = cpu_absmax_dequantize,
+	.distill_forward = cpu_distill_forward,
+	.distill_backward = cpu_distill_backward,
+	.dropout = cpu_dropout,
 };
 
 td_err gpu_cpu_backend_new(struct gpu_backend **out, struct td_errbuf *eb)
@@ -205,6 +240,7 @@ td_err gpu_cpu_backend_new(struct gpu_backend **out, struct td_errbuf *eb)
 	if (!be)
 		return td_fail(eb, TD_ENOMEM, "cpu backend: out of memory");
 	be->ops = &cpu_ops;
+	snprintf(be->device, sizeof(be->device), "cpu");
 	*out = be;
 	return TD_OK;
 }

@@ -2,20 +2,41 @@
 #include "gpu/select.h"
 
 #include <dlfcn.h>
+#include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
+
+#include "config.h"
 
 #include "proto/log.h"
 
 /* The CUDA module exports one constructor with this name and signature. */
 typedef td_err (*gpu_cuda_new_fn)(struct gpu_backend **out, struct td_errbuf *eb);
 
+/* The module: $TD_CUDA_MODULE, else the build tree's (tests, a build used in
+ * place), else the installed one. */
+static void *open_module(struct td_errbuf *eb)
+{
+	const char *env = getenv("TD_CUDA_MODULE");
+	const char *paths[] = {env, TD_CUDA_MODULE_BUILD_PATH, TD_CUDA_MODULE_INSTALL_PATH};
+	const char *last = "not built (configure with nvcc for -Dcuda)";
+	for (size_t i = 0; i < sizeof(paths) / sizeof(paths[0]); i++) {
+		if (!paths[i] || access(paths[i], F_OK) != 0)
+			continue;
+		void *h = dlopen(paths[i], RTLD_NOW | RTLD_LOCAL);
+		if (h)
+			return h;
+		last = dlerror();
+	}
+	td_fail(eb, TD_EUNSUPPORTED, "the CUDA backend module cannot be loaded: %s", last);
+	return NULL;
+}
+
 static td_err open_cuda(struct gpu_backend **out, struct td_errbuf *eb)
 {
-	void *h = dlopen("libtraind-cuda.so", RTLD_NOW | RTLD_LOCAL);
+	void *h = open_module(eb);
 	if (!h)
-		return td_fail(eb, TD_EUNSUPPORTED,
-			       "the CUDA backend module (libtraind-cuda.so) is not installed in this build: %s",
-			       dlerror());
+		return TD_EUNSUPPORTED;
 	gpu_cuda_new_fn fn = (gpu_cuda_new_fn)dlsym(h, "gpu_cuda_backend_new");
 	if (!fn) {
 		dlclose(h);

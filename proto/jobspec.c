@@ -719,6 +719,8 @@ td_err rpc_jobspec_apply_defaults(Traind__JobSpec *s, struct td_errbuf *eb)
 {
 	if (!s)
 		return td_fail(eb, TD_EINVAL, "job spec: NULL");
+	/* data.packing's default depends on the method: note whether it was given. */
+	bool packing_given = s->data && s->data->has_packing;
 	td_err e = fill_static_defaults(&s->base);
 	if (e)
 		goto nomem;
@@ -738,6 +740,15 @@ td_err rpc_jobspec_apply_defaults(Traind__JobSpec *s, struct td_errbuf *eb)
 										: TRAIND__DATA_FORMAT__DATA_FORMAT_TOKENS;
 		d->has_format = 1;
 	}
+	bool classify = s->method == TRAIND__METHOD__METHOD_CLASSIFY;
+	if (classify && !packing_given)
+		d->packing = 0; /* one row a sequence */
+	if (!d->has_overflow || d->overflow == TRAIND__OVERFLOW__OVERFLOW_UNSPECIFIED) {
+		d->overflow = classify ? TRAIND__OVERFLOW__OVERFLOW_TRUNCATE : TRAIND__OVERFLOW__OVERFLOW_SPLIT;
+		d->has_overflow = 1;
+	}
+	if (d->has_rows && d->rows == TRAIND__ROW_FORMAT__ROWS_UNSPECIFIED)
+		d->has_rows = 0; /* absent: from the first row */
 
 	Traind__Resources *res = s->resources;
 	if (!res->has_device || res->device == TRAIND__DEVICE__DEVICE_UNSPECIFIED) {
@@ -870,6 +881,31 @@ static td_err check_enum(struct td_errbuf *eb, const char *path, const ProtobufC
 static const char *const lora_modules[] = { "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj" };
 #define N_LORA_MODULES (sizeof(lora_modules) / sizeof(lora_modules[0]))
 
+/* data.chat_template: {role}, {content} exactly once, {{ and }}; nothing else
+ * in braces (train/data.h). */
+static td_err check_chat_template(struct td_errbuf *eb, const char *t)
+{
+	TRY(check_str(eb, "data.chat_template", t, true));
+	int content = 0;
+	for (size_t i = 0; t[i]; i++) {
+		if (strncmp(t + i, "{role}", 6) == 0) {
+			i += 5;
+		} else if (strncmp(t + i, "{content}", 9) == 0) {
+			content++;
+			i += 8;
+		} else if ((t[i] == '{' || t[i] == '}') && t[i + 1] == t[i]) {
+			i++;
+		} else if (t[i] == '{' || t[i] == '}') {
+			return td_fail(eb, TD_EINVAL,
+				       "data.chat_template: '%c' at byte %zu is not a placeholder ({role}, {content}, {{ and }})",
+				       t[i], i);
+		}
+	}
+	if (content != 1)
+		return td_fail(eb, TD_EINVAL, "data.chat_template: needs {content} exactly once (got %d)", content);
+	return TD_OK;
+}
+
 static td_err check_data(const Traind__JobSpec *s, struct td_errbuf *eb)
 {
 	const Traind__DataSpec *d = s->data;
@@ -880,6 +916,25 @@ static td_err check_data(const Traind__JobSpec *s, struct td_errbuf *eb)
 	TRY(check_str(eb, "data.prompt_field", d->prompt_field, true));
 	TRY(check_str(eb, "data.completion_field", d->completion_field, true));
 	TRY(check_int(eb, "data.seq_len", d->seq_len, 2, 1048576));
+	TRY(check_str(eb, "data.messages_field", d->messages_field, true));
+	TRY(check_chat_template(eb, d->chat_template));
+	TRY(check_enum(eb, "data.overflow", &traind__overflow__descriptor, d->overflow));
+	if (d->has_rows)
+		TRY(check_enum(eb, "data.rows", &traind__row_format__descriptor, d->rows));
+	bool classify = s->method == TRAIND__METHOD__METHOD_CLASSIFY;
+	bool jsonl = d->format == TRAIND__DATA_FORMAT__DATA_FORMAT_JSONL;
+	if (classify && d->packing)
+		return td_fail(eb, TD_EINVAL, "data.packing: method CLASSIFY needs one row a sequence (set packing: false)");
+	if (classify && d->overflow == TRAIND__OVERFLOW__OVERFLOW_SPLIT)
+		return td_fail(eb, TD_EINVAL, "data.overflow: method CLASSIFY truncates a long row (got SPLIT)");
+	if (classify && d->has_rows)
+		return td_fail(eb, TD_EINVAL, "data.rows: method CLASSIFY reads {text, label} rows; leave rows unset");
+	if (!classify && !jsonl && !d->packing)
+		return td_fail(eb, TD_EINVAL, "data.packing: false needs JSONL (token files are always packed)");
+	if (!jsonl && d->has_rows)
+		return td_fail(eb, TD_EINVAL, "data.rows: set for a token file (rows describe JSONL)");
+	if (d->eval_every && !d->eval_file)
+		return td_fail(eb, TD_EINVAL, "data.eval_every: set, but there is no data.eval_file");
 	return TD_OK;
 }
 
@@ -1173,6 +1228,18 @@ void rpc_jobspec_print(const Traind__JobSpec *s, FILE *f)
 	p_bool(f, "data.packing", d->packing);
 	p_u64(f, "data.seq_len", true, d->seq_len, unset);
 	p_u64(f, "data.eos_id", d->has_eos_id, d->eos_id, "(the model's eos_token_id)");
+	if (d->has_rows)
+		p_enum(f, "data.rows", &traind__row_format__descriptor, d->rows);
+	else
+		fprintf(f, "data.rows: (from the first row)\n");
+	p_str(f, "data.messages_field", d->messages_field, unset);
+	p_str(f, "data.chat_template", d->chat_template, unset);
+	p_bool(f, "data.assistant_only_loss", d->assistant_only_loss);
+	p_bool(f, "data.add_special_tokens", d->add_special_tokens);
+	p_enum(f, "data.overflow", &traind__overflow__descriptor, d->overflow);
+	p_u64(f, "data.pad_id", d->has_pad_id, d->pad_id, "(the model's pad_token_id, else eos_id)");
+	p_u64(f, "data.eval_every", true, d->eval_every, unset);
+	p_u64(f, "data.eval_batches", true, d->eval_batches, unset);
 
 	const Traind__Hyper *h = c->hyper;
 	p_dbl(f, "hyper.lr", true, h->lr, unset);
@@ -1194,7 +1261,10 @@ void rpc_jobspec_print(const Traind__JobSpec *s, FILE *f)
 	else
 		fprintf(f, "hyper.precision: (auto: bf16 on a GPU, fp32 on the CPU)\n");
 
-	if (c->method == TRAIND__METHOD__METHOD_LORA || c->method == TRAIND__METHOD__METHOD_QLORA) {
+	/* The lora section also applies to a LoRA student or classifier. */
+	if (c->method == TRAIND__METHOD__METHOD_LORA || c->method == TRAIND__METHOD__METHOD_QLORA ||
+	    (c->method == TRAIND__METHOD__METHOD_DISTILL && c->distill->student_lora) ||
+	    (c->method == TRAIND__METHOD__METHOD_CLASSIFY && c->classify->lora)) {
 		const Traind__LoraSpec *l = c->lora;
 		p_u64(f, "lora.rank", true, l->rank, unset);
 		p_dbl(f, "lora.alpha", true, l->alpha, unset);
@@ -1202,17 +1272,23 @@ void rpc_jobspec_print(const Traind__JobSpec *s, FILE *f)
 		p_list(f, "lora.target_modules", l->target_modules, l->n_target_modules, "(none)");
 		p_str(f, "lora.init_adapter", l->init_adapter, "(none)");
 	}
+	if (c->method == TRAIND__METHOD__METHOD_QLORA ||
+	    (c->method == TRAIND__METHOD__METHOD_DISTILL && c->distill->teacher_nf4))
+		p_bool(f, "lora.double_quant", c->lora->double_quant);
 	if (c->method == TRAIND__METHOD__METHOD_DISTILL) {
 		const Traind__DistillSpec *ds = c->distill;
 		p_str(f, "distill.teacher_dir", ds->teacher_dir, unset);
 		p_dbl(f, "distill.temperature", true, ds->temperature, unset);
 		p_dbl(f, "distill.alpha", true, ds->alpha, unset);
+		p_bool(f, "distill.student_lora", ds->student_lora);
+		p_bool(f, "distill.teacher_nf4", ds->teacher_nf4);
 	}
 	if (c->method == TRAIND__METHOD__METHOD_CLASSIFY) {
 		const Traind__ClassifySpec *cl = c->classify;
 		p_u64(f, "classify.num_labels", cl->has_num_labels, cl->num_labels, unset);
 		p_str(f, "classify.label_field", cl->label_field, unset);
 		p_list(f, "classify.label_names", cl->label_names, cl->n_label_names, "(none)");
+		p_bool(f, "classify.lora", cl->lora);
 	}
 
 	const Traind__OutputSpec *o = c->output;

@@ -8,7 +8,8 @@
  *   or a classification manifest (pooling)        LoRA, distillation, classification (parity_methods.c)
  *   config.json + reference.safetensors          a causal LM (parity_causal.c)
  * Any sizes work: everything is read from the files. Exit 0 when every group
- * is within tolerance, 1 when one is not, 2 when the fixture could not be run. */
+ * is within tolerance, 1 when one is not, 2 when the fixture could not be run,
+ * 77 (skipped) when the asked-for GPU backend is not available here. */
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -16,6 +17,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "gpu/select.h"
 #include "tests/parity.h"
 
 #define MAX_GROUPS 24
@@ -150,6 +152,20 @@ int main(int argc, char **argv)
 	if (!o.dir)
 		return usage();
 	verbose = o.verbose;
+
+	/* No GPU here: the gpu suite reports itself skipped, not passed. */
+	if (strcmp(o.backend, "cpu") != 0) {
+		struct gpu_backend *be = NULL;
+		struct td_errbuf eb = {{0}};
+		td_err e = gpu_backend_open(&be, o.backend, &eb);
+		if (e == TD_EUNSUPPORTED) {
+			printf("SKIP: %s\n", eb.msg);
+			return 77;
+		}
+		if (e != TD_OK)
+			return parity_die("backend", e, &eb);
+		gpu_backend_free(be);
+	}
 
 	if (exists(o.dir, "cases.json") && exists(o.dir, "tokenizer.json"))
 		return parity_tokenizer(&o);

@@ -1,13 +1,20 @@
 /* The transformer's forward and backward over backend ops.
  *
  * Shape letters as in kernels/cpu/ops.h: N = B*T rows, C hidden, H = NH*HS,
- * KV = NKV*HS, I intermediate, V vocab, L layers.
+ * KV = NKV*HS, I intermediate, V vocab, L layers, R LoRA rank, NL labels.
  *
  * Per layer l (pre-norm decoder block):
  *   ln1 = rmsnorm(res[l]); q,k,v = proj(ln1) (+bias); [qwen3: q,k = rmsnorm per head]
  *   q,k = rope(q,k); y = attention(q,k,v); res_mid = res[l] + o_proj(y)
  *   ln2 = rmsnorm(res_mid); h = silu(gate(ln2)) * up(ln2); res[l+1] = res_mid + down(h)
- * then lnf = rmsnorm(res[L]); logits = lnf @ lm_head^T (lm_head = embedding if tied).
+ * then lnf = rmsnorm(res[L]) and a head:
+ *   causal      logits = lnf @ lm_head^T (lm_head = embedding if tied), CE
+ *               (or, for a distillation student, the KL + CE of kernels/cpu/ops.h)
+ *   classifier  pooled = lnf[row of each sequence's last non-pad token];
+ *               logits = pooled @ score^T (B, NL), CE over the labels
+ * Every projection goes through linear_forward/linear_backward, where the
+ * methods live: an NF4 weight is dequantized into scratch for each use, and a
+ * LoRA adapter adds scale * (dropout(x) A^T) B^T (PEFT's order of operations).
  * Everything the backward pass reads is kept in the acts arena; the backward
  * pass walks the same list in reverse with the scratch arena's buffers. */
 #include "train/model.h"
@@ -18,14 +25,28 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* Only for rope_cache(), a host-side table computation: the tables are uploaded
- * like weights. No op is called from here except through the backend. */
+/* Only for host-side computations: rope_cache() (the tables are uploaded like
+ * weights) and the NF4 quantizer (weights are uploaded packed). No op is
+ * called from here except through the backend. */
 #include "kernels/cpu/ops.h"
 
-/* Pointers of one layer's tensors (weights or their gradients). */
+_Static_assert(TR_NF4_BLOCK == NF4_BLOCK && TR_NF4_DQ_BLOCK == NF4_DQ_BLOCK,
+	       "train/plan.h and kernels/cpu/ops.h disagree on the NF4 geometry");
+
+/* One projection of one layer: weight (fp32 or NF4), bias, adapter. */
+struct lin {
+	const struct tr_param *wp;  /* the weight's entry in the plan */
+	float *w, *b;               /* w NULL when NF4; b NULL without bias */
+	float *dw, *db;             /* NULL where frozen */
+	float *A, *B, *dA, *dB;     /* LoRA (A NULL: no adapter); d* NULL in a forward-only plan */
+	float *u;                   /* acts: scale * (x A^T), (N, R) */
+	float *xd;                  /* acts: dropout(x), (N, in); NULL without dropout */
+	int in, out;
+};
+
+/* The norms of one layer (weights or their gradients). */
 struct layer_w {
-	float *ln1, *wq, *bq, *wk, *bk, *wv, *bv, *wo, *bo, *qn, *kn, *ln2;
-	float *wg, *bg, *wu, *bu, *wd, *bd;
+	float *ln1, *qn, *kn, *ln2;
 };
 
 struct layer_a {
@@ -33,27 +54,47 @@ struct layer_a {
 	float *res_mid, *ln2, *ln2_rstd, *gate, *up, *h;
 };
 
+enum head_kind { HEAD_CAUSAL, HEAD_DISTILL, HEAD_CLASSIFY };
+
 struct tr_model {
 	struct gpu_backend *be;
 	struct tr_plan plan;
 	void *arena[TR_ARENA_COUNT];
 
 	float *params, *grads, *m1, *m2;
-	float *embed, *lnf, *lm_head;    /* lm_head == embed when tied */
+	float *embed, *lnf, *lm_head;    /* lm_head == embed when tied; NULL for a classifier */
 	float *dembed, *dlnf, *dlm_head; /* NULL where frozen */
+	float *score, *dscore;           /* classifier head (NL, C) */
 	struct layer_w *w, *g;           /* [L] */
+	struct lin (*lin)[TR_LIN_COUNT]; /* [L][TR_LIN_COUNT] */
 
-	int32_t *ids, *targets;
+	/* NF4 storage and its dequantization scratch. */
+	uint8_t *nf4_codes;
+	float *nf4_absmax, *nf4_scale;
+	int8_t *nf4_absmax_q;
+	float *deq, *deq_absmax;
+
+	int32_t *ids, *targets, *pool_idx;
 	float *rope_cos, *rope_sin;
 	float **res;                     /* [L+1] */
 	struct layer_a *a;               /* [L] */
-	float *lnf_out, *lnf_rstd;
-	float *logits, *losses, *dres, *dln, *dq, *dk, *dv, *dqraw, *dkraw, *dy, *datt, *dh,
-		*dgate, *dup;
+	float *lnf_out, *lnf_rstd, *pooled;
+	float *logits, *losses, *kl, *dres, *dln, *dq, *dk, *dv, *dqraw, *dkraw, *dy, *datt, *dh,
+		*dgate, *dup, *dpooled, *lora_tmp, *lora_du, *lora_dx;
 
 	int32_t *host_targets;           /* (N) */
-	float *host_losses;              /* (N) */
+	int32_t *host_ids;               /* (N) of the last forward */
+	float *host_losses, *host_kl;    /* (N) */
+	int32_t *host_pool;              /* (B) */
 	bool logits_valid;
+	bool head_loaded;
+	enum head_kind last_head;        /* of the last forward */
+	const float *teacher_logits;     /* of the last distillation forward */
+	float temperature, alpha;
+	int pad_id;
+	uint64_t dropout_seed;
+	bool dropout_armed;              /* the next forward applies LoRA dropout */
+	bool dropout_used;               /* the last forward did */
 };
 
 const struct tr_plan *tr_model_plan(const struct tr_model *m)
@@ -64,6 +105,28 @@ const struct tr_plan *tr_model_plan(const struct tr_model *m)
 struct gpu_backend *tr_model_backend(const struct tr_model *m)
 {
 	return m->be;
+}
+
+bool tr_model_head_loaded(const struct tr_model *m)
+{
+	return m->head_loaded;
+}
+
+void tr_model_set_pad_id(struct tr_model *m, int pad_id)
+{
+	m->pad_id = pad_id;
+}
+
+void tr_model_set_dropout_seed(struct tr_model *m, uint64_t seed)
+{
+	m->dropout_seed = seed;
+	m->dropout_armed = true;
+}
+
+const float *tr_model_logits_device(const struct tr_model *m)
+{
+	assert(m->logits_valid);
+	return m->logits;
 }
 
 static void *buf(struct tr_model *m, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -80,39 +143,51 @@ static void *buf(struct tr_model *m, const char *fmt, ...)
 	return (char *)m->arena[b->arena] + b->offset;
 }
 
-/* Parameter (or gradient) pointer by HF name; NULL when absent / frozen. */
-static float *pptr(struct tr_model *m, bool grad, const char *fmt, int l)
+static float *param_ptr(struct tr_model *m, const struct tr_param *p, bool grad)
 {
-	char name[96];
-	snprintf(name, sizeof(name), fmt, l);
-	const struct tr_param *p = tr_plan_param(&m->plan, name);
-	if (!p)
+	if (!p || p->nf4)
 		return NULL;
 	if (grad)
 		return p->trainable ? m->grads + p->goffset : NULL;
 	return m->params + p->offset;
 }
 
-static void bind_layer(struct tr_model *m, struct layer_w *w, bool grad, int l)
+/* Parameter (or gradient) pointer by name; NULL when absent / frozen / NF4. */
+static float *pptr(struct tr_model *m, bool grad, const char *fmt, int l)
 {
-	w->ln1 = pptr(m, grad, "model.layers.%d.input_layernorm.weight", l);
-	w->wq = pptr(m, grad, "model.layers.%d.self_attn.q_proj.weight", l);
-	w->bq = pptr(m, grad, "model.layers.%d.self_attn.q_proj.bias", l);
-	w->wk = pptr(m, grad, "model.layers.%d.self_attn.k_proj.weight", l);
-	w->bk = pptr(m, grad, "model.layers.%d.self_attn.k_proj.bias", l);
-	w->wv = pptr(m, grad, "model.layers.%d.self_attn.v_proj.weight", l);
-	w->bv = pptr(m, grad, "model.layers.%d.self_attn.v_proj.bias", l);
-	w->wo = pptr(m, grad, "model.layers.%d.self_attn.o_proj.weight", l);
-	w->bo = pptr(m, grad, "model.layers.%d.self_attn.o_proj.bias", l);
-	w->qn = pptr(m, grad, "model.layers.%d.self_attn.q_norm.weight", l);
-	w->kn = pptr(m, grad, "model.layers.%d.self_attn.k_norm.weight", l);
-	w->ln2 = pptr(m, grad, "model.layers.%d.post_attention_layernorm.weight", l);
-	w->wg = pptr(m, grad, "model.layers.%d.mlp.gate_proj.weight", l);
-	w->bg = pptr(m, grad, "model.layers.%d.mlp.gate_proj.bias", l);
-	w->wu = pptr(m, grad, "model.layers.%d.mlp.up_proj.weight", l);
-	w->bu = pptr(m, grad, "model.layers.%d.mlp.up_proj.bias", l);
-	w->wd = pptr(m, grad, "model.layers.%d.mlp.down_proj.weight", l);
-	w->bd = pptr(m, grad, "model.layers.%d.mlp.down_proj.bias", l);
+	char name[96];
+	snprintf(name, sizeof(name), fmt, l);
+	return param_ptr(m, tr_plan_param(&m->plan, name), grad);
+}
+
+static void bind_lin(struct tr_model *m, int l, int k)
+{
+	const struct tr_model_config *c = &m->plan.cfg;
+	struct lin *L = &m->lin[l][k];
+	char name[96];
+	tr_lin_dims(c, k, &L->in, &L->out);
+	snprintf(name, sizeof(name), "model.layers.%d.%s.weight", l, tr_lin_path(k));
+	L->wp = tr_plan_param(&m->plan, name);
+	assert(L->wp);
+	L->w = param_ptr(m, L->wp, false);
+	L->dw = param_ptr(m, L->wp, true);
+	snprintf(name, sizeof(name), "model.layers.%d.%s.bias", l, tr_lin_path(k));
+	const struct tr_param *bp = tr_plan_param(&m->plan, name);
+	L->b = param_ptr(m, bp, false);
+	L->db = param_ptr(m, bp, true);
+	snprintf(name, sizeof(name), "base_model.model.model.layers.%d.%s.lora_A.weight", l,
+		 tr_lin_path(k));
+	const struct tr_param *ap = tr_plan_param(&m->plan, name);
+	snprintf(name, sizeof(name), "base_model.model.model.layers.%d.%s.lora_B.weight", l,
+		 tr_lin_path(k));
+	const struct tr_param *bp2 = tr_plan_param(&m->plan, name);
+	L->A = param_ptr(m, ap, false);
+	L->dA = param_ptr(m, ap, true);
+	L->B = param_ptr(m, bp2, false);
+	L->dB = param_ptr(m, bp2, true);
+	L->u = buf(m, "acts.layers.%d.lora_u.%s", l, tr_lin_name(k));
+	L->xd = buf(m, "acts.layers.%d.lora_x.%s", l, tr_lin_name(k));
+	assert(!L->A == !L->B && (!L->A || L->u));
 }
 
 static void bind(struct tr_model *m)
@@ -122,11 +197,19 @@ static void bind(struct tr_model *m)
 	m->grads = buf(m, "grads");
 	m->m1 = buf(m, "optim.m");
 	m->m2 = buf(m, "optim.v");
+	m->nf4_codes = buf(m, "nf4.codes");
+	m->nf4_absmax = buf(m, "nf4.absmax");
+	m->nf4_absmax_q = buf(m, "nf4.absmax_q");
+	m->nf4_scale = buf(m, "nf4.absmax_scale");
 	m->embed = pptr(m, false, "model.embed_tokens.weight", 0);
 	m->lnf = pptr(m, false, "model.norm.weight", 0);
 	m->dembed = pptr(m, true, "model.embed_tokens.weight", 0);
 	m->dlnf = pptr(m, true, "model.norm.weight", 0);
-	if (c->tie_word_embeddings) {
+	m->score = pptr(m, false, "score.weight", 0);
+	m->dscore = pptr(m, true, "score.weight", 0);
+	if (m->plan.opts.num_labels > 0) {
+		m->lm_head = m->dlm_head = NULL;
+	} else if (c->tie_word_embeddings) {
 		m->lm_head = m->embed;
 		m->dlm_head = m->dembed;
 	} else {
@@ -134,17 +217,30 @@ static void bind(struct tr_model *m)
 		m->dlm_head = pptr(m, true, "lm_head.weight", 0);
 	}
 	for (int l = 0; l < c->num_layers; l++) {
-		bind_layer(m, &m->w[l], false, l);
-		bind_layer(m, &m->g[l], true, l);
+		for (int gr = 0; gr < 2; gr++) {
+			struct layer_w *w = gr ? &m->g[l] : &m->w[l];
+			w->ln1 = pptr(m, gr, "model.layers.%d.input_layernorm.weight", l);
+			w->qn = pptr(m, gr, "model.layers.%d.self_attn.q_norm.weight", l);
+			w->kn = pptr(m, gr, "model.layers.%d.self_attn.k_norm.weight", l);
+			w->ln2 = pptr(m, gr, "model.layers.%d.post_attention_layernorm.weight", l);
+		}
+		for (int k = 0; k < TR_LIN_COUNT; k++)
+			bind_lin(m, l, k);
 	}
 	m->ids = buf(m, "acts.ids");
 	m->targets = buf(m, "acts.targets");
+	m->pool_idx = buf(m, "acts.pool_idx");
+	m->pooled = buf(m, "acts.pooled");
 	m->rope_cos = buf(m, "acts.rope_cos");
 	m->rope_sin = buf(m, "acts.rope_sin");
 	for (int l = 0; l <= c->num_layers; l++)
 		m->res[l] = buf(m, "acts.res.%d", l);
 	for (int l = 0; l < c->num_layers; l++) {
 		struct layer_a *a = &m->a[l];
+		if (l > 0 && m->plan.opts.inference) {
+			*a = m->a[0]; /* forward only: one set of buffers for every layer */
+			continue;
+		}
 #define A(f) a->f = buf(m, "acts.layers.%d." #f, l)
 		A(ln1);
 		A(ln1_rstd);
@@ -170,6 +266,7 @@ static void bind(struct tr_model *m)
 #define S(f) m->f = buf(m, "scratch." #f)
 	S(logits);
 	S(losses);
+	S(kl);
 	S(dres);
 	S(dln);
 	S(dq);
@@ -182,6 +279,12 @@ static void bind(struct tr_model *m)
 	S(dh);
 	S(dgate);
 	S(dup);
+	S(dpooled);
+	S(deq);
+	S(deq_absmax);
+	S(lora_tmp);
+	S(lora_du);
+	S(lora_dx);
 #undef S
 }
 
@@ -193,6 +296,7 @@ td_err tr_model_new(struct tr_model **out, struct gpu_backend *be,
 	if (!m)
 		return td_fail(eb, TD_ENOMEM, "model: out of memory");
 	m->be = be;
+	m->pad_id = cfg->pad_token_id;
 	td_err e = tr_plan_build(&m->plan, cfg, opts, eb);
 	if (e != TD_OK) {
 		free(m);
@@ -202,11 +306,16 @@ td_err tr_model_new(struct tr_model **out, struct gpu_backend *be,
 	size_t N = (size_t)opts->B * (size_t)opts->T;
 	m->w = calloc((size_t)L, sizeof(*m->w));
 	m->g = calloc((size_t)L, sizeof(*m->g));
+	m->lin = calloc((size_t)L, sizeof(*m->lin));
 	m->a = calloc((size_t)L, sizeof(*m->a));
 	m->res = calloc((size_t)L + 1, sizeof(*m->res));
 	m->host_targets = malloc(N * sizeof(int32_t));
+	m->host_ids = malloc(N * sizeof(int32_t));
 	m->host_losses = malloc(N * sizeof(float));
-	if (!m->w || !m->g || !m->a || !m->res || !m->host_targets || !m->host_losses) {
+	m->host_kl = malloc(N * sizeof(float));
+	m->host_pool = malloc((size_t)opts->B * sizeof(int32_t));
+	if (!m->w || !m->g || !m->lin || !m->a || !m->res || !m->host_targets || !m->host_ids || !m->host_losses ||
+	    !m->host_kl || !m->host_pool) {
 		tr_model_free(m);
 		return td_fail(eb, TD_ENOMEM, "model: out of memory");
 	}
@@ -248,19 +357,91 @@ void tr_model_free(struct tr_model *m)
 	tr_plan_fini(&m->plan);
 	free(m->w);
 	free(m->g);
+	free(m->lin);
 	free(m->a);
 	free(m->res);
 	free(m->host_targets);
+	free(m->host_ids);
 	free(m->host_losses);
+	free(m->host_kl);
+	free(m->host_pool);
 	free(m);
+}
+
+/* --- NF4 --- */
+
+static size_t nf4_nblocks(const struct tr_param *p)
+{
+	return (p->numel + TR_NF4_BLOCK - 1) / TR_NF4_BLOCK;
+}
+
+/* Quantizes src (p->numel floats) on the host and uploads the packed form. */
+static td_err nf4_upload(struct tr_model *m, const struct tr_param *p, const float *src,
+			 struct td_errbuf *eb)
+{
+	size_t n = p->numel, nb = nf4_nblocks(p), ns = (nb + TR_NF4_DQ_BLOCK - 1) / TR_NF4_DQ_BLOCK;
+	uint8_t *codes = malloc((n + 1) / 2);
+	float *absmax = malloc(nb * sizeof(float));
+	int8_t *q = malloc(nb);
+	float *scale = malloc((ns + 1) * sizeof(float));
+	td_err e = TD_OK;
+	if (!codes || !absmax || !q || !scale) {
+		e = td_fail(eb, TD_ENOMEM, "model: out of memory quantizing '%s'", p->name);
+		goto out;
+	}
+	nf4_quantize(codes, absmax, src, n);
+	gpu_upload(m->be, m->nf4_codes + p->q_codes, codes, (n + 1) / 2);
+	if (m->plan.opts.nf4_double_quant) {
+		absmax_quantize(q, scale, absmax, nb);
+		gpu_upload(m->be, m->nf4_absmax_q + p->q_blocks, q, nb);
+		gpu_upload(m->be, m->nf4_scale + p->q_scales, scale, (ns + 1) * sizeof(float));
+	} else {
+		gpu_upload(m->be, m->nf4_absmax + p->q_blocks, absmax, nb * sizeof(float));
+	}
+out:
+	free(codes);
+	free(absmax);
+	free(q);
+	free(scale);
+	return e;
+}
+
+/* The fp32 weight of p: itself, or its NF4 form dequantized into scratch
+ * (valid until the next dequantization). */
+static const float *weight_of(struct tr_model *m, const struct tr_param *p, const float *w)
+{
+	if (!p->nf4)
+		return w;
+	const float *absmax = m->nf4_absmax + p->q_blocks;
+	if (m->plan.opts.nf4_double_quant) {
+		gpu_absmax_dequantize(m->be, m->deq_absmax, m->nf4_absmax_q + p->q_blocks,
+				      m->nf4_scale + p->q_scales, nf4_nblocks(p));
+		absmax = m->deq_absmax;
+	}
+	gpu_nf4_dequantize(m->be, m->deq, m->nf4_codes + p->q_codes, absmax, p->numel);
+	return m->deq;
 }
 
 /* --- loading and host access --- */
 
-static bool tied_copy_ok(const struct tr_model *m, const struct tr_st_tensor *t)
+static bool ignored_tensor(const struct tr_model *m, const struct tr_st_tensor *t)
 {
 	const struct tr_model_config *c = &m->plan.cfg;
-	return c->tie_word_embeddings && strcmp(t->name, "lm_head.weight") == 0;
+	/* A tied model may carry a copy of the embedding; a causal LM loaded as a
+	 * classifier brings a head that is dropped, as transformers drops it. */
+	return strcmp(t->name, "lm_head.weight") == 0 &&
+	       (c->tie_word_embeddings || m->plan.opts.num_labels > 0);
+}
+
+static td_err upload_param(struct tr_model *m, const struct tr_param *p, const float *src,
+			   struct td_errbuf *eb)
+{
+	if (p->kind == TR_P_HEAD)
+		m->head_loaded = true;
+	if (p->nf4)
+		return nf4_upload(m, p, src, eb);
+	gpu_upload(m->be, m->params + p->offset, src, p->numel * sizeof(float));
+	return TD_OK;
 }
 
 td_err tr_model_load(struct tr_model *m, const struct tr_weights *w, struct td_errbuf *eb)
@@ -274,9 +455,14 @@ td_err tr_model_load(struct tr_model *m, const struct tr_weights *w, struct td_e
 	if (!host)
 		return td_fail(eb, TD_ENOMEM, "model: out of memory loading weights");
 	td_err e = TD_OK;
+	m->head_loaded = false;
 	for (size_t i = 0; i < p->nparams && e == TD_OK; i++) {
 		const struct tr_param *pp = &p->params[i];
+		if (pp->kind == TR_P_LORA_A || pp->kind == TR_P_LORA_B)
+			continue;
 		const struct tr_st_tensor *t = tr_weights_find(w, pp->name);
+		if (!t && pp->kind == TR_P_HEAD)
+			continue; /* a new head: the caller initialises it */
 		if (!t) {
 			e = td_fail(eb, TD_EFORMAT, "weights: missing tensor '%s' (the %s config needs it)",
 				    pp->name, p->cfg.model_type);
@@ -296,21 +482,24 @@ td_err tr_model_load(struct tr_model *m, const struct tr_weights *w, struct td_e
 				snprintf(want, sizeof(want), "%lld, %lld", (long long)pp->shape[0],
 					 (long long)pp->shape[1]);
 			e = td_fail(eb, TD_EMISMATCH,
-				    "%s: tensor '%s' has shape [%s], the config implies [%s]",
-				    tr_weights_file_of(w, pp->name), pp->name, got, want);
+				    "%s: tensor '%s' has shape [%s], the %s implies [%s]",
+				    tr_weights_file_of(w, pp->name), pp->name, got,
+				    pp->kind == TR_P_HEAD ? "number of labels" : "config", want);
 			break;
 		}
 		e = tr_st_to_f32(host, t, eb);
 		if (e == TD_OK)
-			gpu_upload(m->be, m->params + pp->offset, host, pp->numel * sizeof(float));
+			e = upload_param(m, pp, host, eb);
 	}
 	/* Tensors the model would ignore mean the file is not what the config says. */
 	for (size_t i = 0; i < tr_weights_count(w) && e == TD_OK; i++) {
 		const struct tr_st_tensor *t = tr_weights_at(w, i);
-		if (!tr_plan_param(p, t->name) && !tied_copy_ok(m, t))
+		const struct tr_param *pp = tr_plan_param(p, t->name);
+		if ((!pp || pp->kind == TR_P_LORA_A || pp->kind == TR_P_LORA_B) && !ignored_tensor(m, t))
 			e = td_fail(eb, TD_EMISMATCH,
-				    "%s: tensor '%s' is not part of a %s model with this config",
-				    tr_weights_file_of(w, t->name), t->name, p->cfg.model_type);
+				    "%s: tensor '%s' is not part of a %s %s with this config",
+				    tr_weights_file_of(w, t->name), t->name, p->cfg.model_type,
+				    p->opts.num_labels > 0 ? "classifier" : "model");
 	}
 	free(host);
 	return e;
@@ -318,12 +507,13 @@ td_err tr_model_load(struct tr_model *m, const struct tr_weights *w, struct td_e
 
 void tr_model_get_param(struct tr_model *m, const struct tr_param *p, float *dst)
 {
-	gpu_download(m->be, dst, m->params + p->offset, p->numel * sizeof(float));
+	const float *src = p->nf4 ? weight_of(m, p, NULL) : m->params + p->offset;
+	gpu_download(m->be, dst, src, p->numel * sizeof(float));
 }
 
-void tr_model_set_param(struct tr_model *m, const struct tr_param *p, const float *src)
+td_err tr_model_set_param(struct tr_model *m, const struct tr_param *p, const float *src)
 {
-	gpu_upload(m->be, m->params + p->offset, src, p->numel * sizeof(float));
+	return upload_param(m, p, src, NULL);
 }
 
 void tr_model_get_grad(struct tr_model *m, const struct tr_param *p, float *dst)
@@ -349,8 +539,10 @@ void tr_model_set_moments(struct tr_model *m, const float *m1, const float *m2)
 void tr_model_get_logits(struct tr_model *m, float *dst)
 {
 	assert(m->logits_valid);
-	size_t N = (size_t)m->plan.opts.B * (size_t)m->plan.opts.T;
-	gpu_download(m->be, dst, m->logits, N * (size_t)m->plan.cfg.vocab_size * sizeof(float));
+	const struct tr_plan_opts *o = &m->plan.opts;
+	size_t n = o->num_labels > 0 ? (size_t)o->B * (size_t)o->num_labels
+				     : (size_t)o->B * (size_t)o->T * (size_t)m->plan.cfg.vocab_size;
+	gpu_download(m->be, dst, m->logits, n * sizeof(float));
 }
 
 void tr_model_get_hidden(struct tr_model *m, int i, float *dst)
@@ -362,6 +554,67 @@ void tr_model_get_hidden(struct tr_model *m, int i, float *dst)
 	gpu_download(m->be, dst, src, N * (size_t)m->plan.cfg.hidden_size * sizeof(float));
 }
 
+/* --- projections --- */
+
+static uint64_t mix64(uint64_t z)
+{
+	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+	z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+	return z ^ (z >> 31);
+}
+
+static uint64_t dropout_seed(const struct tr_model *m, int l, int k)
+{
+	return mix64(m->dropout_seed ^ mix64(((uint64_t)l << 8 | (uint64_t)k) + 1));
+}
+
+/* out (N, out) = inp @ W^T + b [+ scale * (dropout(inp) A^T) B^T]. */
+static void linear_forward(struct tr_model *m, int l, int k, float *out, const float *inp)
+{
+	struct gpu_backend *be = m->be;
+	const struct lin *L = &m->lin[l][k];
+	const int N = m->plan.opts.B * m->plan.opts.T, R = m->plan.opts.lora_rank;
+	gpu_matmul_forward(be, out, inp, weight_of(m, L->wp, L->w), L->b, N, L->in, L->out);
+	if (!L->A)
+		return;
+	const float *x = inp;
+	if (m->dropout_used) {
+		gpu_dropout(be, L->xd, inp, m->plan.opts.lora_dropout, dropout_seed(m, l, k),
+			    (size_t)N * L->in);
+		x = L->xd;
+	}
+	gpu_matmul_forward(be, L->u, x, L->A, NULL, N, L->in, R);
+	gpu_scale(be, L->u, m->plan.lora_scale, (size_t)N * R);
+	gpu_matmul_forward(be, m->lora_tmp, L->u, L->B, NULL, N, R, L->out);
+	gpu_residual_forward(be, out, out, m->lora_tmp, (size_t)N * L->out);
+}
+
+/* dinp (N, in) += d/dinp; weight, bias and adapter gradients += where they train. */
+static void linear_backward(struct tr_model *m, int l, int k, float *dinp, const float *dout,
+			    const float *inp)
+{
+	struct gpu_backend *be = m->be;
+	const struct lin *L = &m->lin[l][k];
+	const int N = m->plan.opts.B * m->plan.opts.T, R = m->plan.opts.lora_rank;
+	gpu_matmul_backward(be, dinp, L->dw, L->db, dout, inp, weight_of(m, L->wp, L->w), N, L->in,
+			    L->out);
+	if (!L->A)
+		return;
+	/* With u = scale * x A^T kept: dB += dout^T u, du = scale * dout B. */
+	gpu_zero(be, m->lora_du, (size_t)N * R * sizeof(float));
+	gpu_matmul_backward(be, m->lora_du, L->dB, NULL, dout, L->u, L->B, N, R, L->out);
+	gpu_scale(be, m->lora_du, m->plan.lora_scale, (size_t)N * R);
+	if (!m->dropout_used) {
+		gpu_matmul_backward(be, dinp, L->dA, NULL, m->lora_du, inp, L->A, N, L->in, R);
+		return;
+	}
+	gpu_zero(be, m->lora_dx, (size_t)N * L->in * sizeof(float));
+	gpu_matmul_backward(be, m->lora_dx, L->dA, NULL, m->lora_du, L->xd, L->A, N, L->in, R);
+	gpu_dropout(be, m->lora_dx, m->lora_dx, m->plan.opts.lora_dropout, dropout_seed(m, l, k),
+		    (size_t)N * L->in);
+	gpu_residual_forward(be, dinp, dinp, m->lora_dx, (size_t)N * L->in);
+}
+
 /* --- forward --- */
 
 static void layer_forward(struct tr_model *m, int l)
@@ -370,46 +623,43 @@ static void layer_forward(struct tr_model *m, int l)
 	const struct tr_model_config *c = &m->plan.cfg;
 	const int B = m->plan.opts.B, T = m->plan.opts.T, N = B * T;
 	const int C = c->hidden_size, I = c->intermediate_size, NH = c->num_heads;
-	const int NKV = c->num_kv_heads, HS = c->head_dim, H = NH * HS, KV = NKV * HS;
+	const int NKV = c->num_kv_heads, HS = c->head_dim;
 	const float eps = (float)c->rms_norm_eps;
 	const struct layer_w *w = &m->w[l];
 	struct layer_a *a = &m->a[l];
 
 	gpu_rmsnorm_forward(be, a->ln1, a->ln1_rstd, m->res[l], w->ln1, N, C, eps);
 	if (c->qk_norm) {
-		gpu_matmul_forward(be, a->qraw, a->ln1, w->wq, w->bq, N, C, H);
-		gpu_matmul_forward(be, a->kraw, a->ln1, w->wk, w->bk, N, C, KV);
+		linear_forward(m, l, TR_LIN_Q, a->qraw, a->ln1);
+		linear_forward(m, l, TR_LIN_K, a->kraw, a->ln1);
 		gpu_rmsnorm_forward(be, a->q, a->q_rstd, a->qraw, w->qn, N * NH, HS, eps);
 		gpu_rmsnorm_forward(be, a->k, a->k_rstd, a->kraw, w->kn, N * NKV, HS, eps);
 	} else {
-		gpu_matmul_forward(be, a->q, a->ln1, w->wq, w->bq, N, C, H);
-		gpu_matmul_forward(be, a->k, a->ln1, w->wk, w->bk, N, C, KV);
+		linear_forward(m, l, TR_LIN_Q, a->q, a->ln1);
+		linear_forward(m, l, TR_LIN_K, a->k, a->ln1);
 	}
-	gpu_matmul_forward(be, a->v, a->ln1, w->wv, w->bv, N, C, KV);
+	linear_forward(m, l, TR_LIN_V, a->v, a->ln1);
 	gpu_rope_forward(be, a->q, a->q, m->rope_cos, m->rope_sin, B, T, NH, HS);
 	gpu_rope_forward(be, a->k, a->k, m->rope_cos, m->rope_sin, B, T, NKV, HS);
 	gpu_attention_forward(be, a->y, a->att, a->q, a->k, a->v, B, T, NH, NKV, HS);
-	gpu_matmul_forward(be, m->dln, a->y, w->wo, w->bo, N, H, C);
+	linear_forward(m, l, TR_LIN_O, m->dln, a->y);
 	gpu_residual_forward(be, a->res_mid, m->res[l], m->dln, (size_t)N * C);
 
 	gpu_rmsnorm_forward(be, a->ln2, a->ln2_rstd, a->res_mid, w->ln2, N, C, eps);
-	gpu_matmul_forward(be, a->gate, a->ln2, w->wg, w->bg, N, C, I);
-	gpu_matmul_forward(be, a->up, a->ln2, w->wu, w->bu, N, C, I);
+	linear_forward(m, l, TR_LIN_GATE, a->gate, a->ln2);
+	linear_forward(m, l, TR_LIN_UP, a->up, a->ln2);
 	gpu_swiglu_forward(be, a->h, a->gate, a->up, (size_t)N * I);
-	gpu_matmul_forward(be, m->dln, a->h, w->wd, w->bd, N, I, C);
+	linear_forward(m, l, TR_LIN_DOWN, m->dln, a->h);
 	gpu_residual_forward(be, m->res[l + 1], a->res_mid, m->dln, (size_t)N * C);
 }
 
-td_err tr_model_forward(struct tr_model *m, const int32_t *ids, const int32_t *labels,
-			double *loss_sum, int64_t *n_valid, struct td_errbuf *eb)
+/* Checks ids (and, for a causal head, labels into host_targets) before
+ * anything runs: an id out of range would read outside the embedding on any
+ * backend. */
+static td_err check_inputs(struct tr_model *m, const int32_t *ids, const int32_t *labels,
+			   int64_t *n_valid, struct td_errbuf *eb)
 {
-	struct gpu_backend *be = m->be;
-	const struct tr_model_config *c = &m->plan.cfg;
-	const int B = m->plan.opts.B, T = m->plan.opts.T, N = B * T;
-	const int C = c->hidden_size, V = c->vocab_size;
-
-	/* Validate before anything runs: an id out of range would read outside
-	 * the embedding on any backend. */
+	const int B = m->plan.opts.B, T = m->plan.opts.T, V = m->plan.cfg.vocab_size;
 	int64_t valid = 0;
 	for (int b = 0; b < B; b++) {
 		for (int t = 0; t < T; t++) {
@@ -430,26 +680,175 @@ td_err tr_model_forward(struct tr_model *m, const int32_t *ids, const int32_t *l
 			m->host_targets[b * T + t] = tgt;
 		}
 	}
-	gpu_upload(be, m->ids, ids, (size_t)N * sizeof(int32_t));
-	gpu_upload(be, m->targets, m->host_targets, (size_t)N * sizeof(int32_t));
+	memcpy(m->host_ids, ids, (size_t)B * T * sizeof(int32_t));
+	*n_valid = valid;
+	return TD_OK;
+}
 
+/* Embedding, the layers and the final norm over ids already on the device. */
+static void trunk_forward(struct tr_model *m)
+{
+	struct gpu_backend *be = m->be;
+	const struct tr_model_config *c = &m->plan.cfg;
+	const int N = m->plan.opts.B * m->plan.opts.T, C = c->hidden_size;
+	m->dropout_used = m->dropout_armed && m->plan.opts.lora_dropout > 0.0f;
+	m->dropout_armed = false;
 	gpu_embedding_forward(be, m->res[0], m->ids, m->embed, N, C);
 	for (int l = 0; l < c->num_layers; l++)
 		layer_forward(m, l);
 	gpu_rmsnorm_forward(be, m->lnf_out, m->lnf_rstd, m->res[c->num_layers], m->lnf, N, C,
 			    (float)c->rms_norm_eps);
-	gpu_matmul_forward(be, m->logits, m->lnf_out, m->lm_head, NULL, N, C, V);
-	gpu_crossentropy_forward(be, m->losses, m->logits, m->targets, N, V);
-	gpu_download(be, m->host_losses, m->losses, (size_t)N * sizeof(float));
-	td_err e = gpu_sync(be, eb);
+}
+
+/* Sum of n host floats in double, which must be finite. */
+static td_err host_sum(const float *x, int n, const char *what, double *out, struct td_errbuf *eb)
+{
+	double sum = 0;
+	for (int i = 0; i < n; i++)
+		sum += x[i];
+	if (!isfinite(sum))
+		return td_fail(eb, TD_ENUMERIC, "forward: the %s is not finite (%g)", what, sum);
+	*out = sum;
+	return TD_OK;
+}
+
+static td_err causal_forward(struct tr_model *m, const int32_t *ids, const int32_t *labels,
+			     int64_t *n_valid, struct td_errbuf *eb)
+{
+	struct gpu_backend *be = m->be;
+	const struct tr_model_config *c = &m->plan.cfg;
+	const int N = m->plan.opts.B * m->plan.opts.T;
+	if (m->plan.opts.num_labels > 0)
+		return td_fail(eb, TD_EINVAL, "model: a classifier has no causal head; use "
+			       "tr_model_forward_classify");
+	m->logits_valid = false;
+	td_err e = check_inputs(m, ids, labels, n_valid, eb);
 	if (e != TD_OK)
 		return e;
+	gpu_upload(be, m->ids, ids, (size_t)N * sizeof(int32_t));
+	gpu_upload(be, m->targets, m->host_targets, (size_t)N * sizeof(int32_t));
+	trunk_forward(m);
+	gpu_matmul_forward(be, m->logits, m->lnf_out, m->lm_head, NULL, N, c->hidden_size,
+			   c->vocab_size);
+	return TD_OK;
+}
+
+td_err tr_model_forward(struct tr_model *m, const int32_t *ids, const int32_t *labels,
+			double *loss_sum, int64_t *n_valid, struct td_errbuf *eb)
+{
+	struct gpu_backend *be = m->be;
+	const int N = m->plan.opts.B * m->plan.opts.T, V = m->plan.cfg.vocab_size;
+	int64_t valid;
+	td_err e = causal_forward(m, ids, labels, &valid, eb);
+	if (e != TD_OK)
+		return e;
+	gpu_crossentropy_forward(be, m->losses, m->logits, m->targets, N, V);
+	gpu_download(be, m->host_losses, m->losses, (size_t)N * sizeof(float));
 	double sum = 0;
-	for (int i = 0; i < N; i++)
-		sum += m->host_losses[i];
-	if (!isfinite(sum))
-		return td_fail(eb, TD_ENUMERIC, "forward: the loss is not finite (%g)", sum);
+	if ((e = gpu_sync(be, eb)) != TD_OK || (e = host_sum(m->host_losses, N, "loss", &sum, eb)))
+		return e;
 	m->logits_valid = true;
+	m->last_head = HEAD_CAUSAL;
+	*loss_sum = sum;
+	*n_valid = valid;
+	return TD_OK;
+}
+
+td_err tr_model_forward_logits(struct tr_model *m, const int32_t *ids, struct td_errbuf *eb)
+{
+	int64_t valid;
+	td_err e = causal_forward(m, ids, NULL, &valid, eb);
+	if (e == TD_OK)
+		e = gpu_sync(m->be, eb);
+	if (e != TD_OK)
+		return e;
+	m->logits_valid = true;
+	m->last_head = HEAD_CAUSAL;
+	return TD_OK;
+}
+
+td_err tr_model_forward_distill(struct tr_model *m, const int32_t *ids, const int32_t *labels,
+				const float *teacher_logits, float temperature, float alpha,
+				struct tr_distill_sums *out, struct td_errbuf *eb)
+{
+	struct gpu_backend *be = m->be;
+	const int N = m->plan.opts.B * m->plan.opts.T, V = m->plan.cfg.vocab_size;
+	if (!m->plan.opts.distill)
+		return td_fail(eb, TD_EINVAL, "model: not planned as a distillation student");
+	if (!(temperature > 0) || !(alpha >= 0 && alpha <= 1))
+		return td_fail(eb, TD_EINVAL, "distill: temperature %g must be > 0 and alpha %g in [0, 1]",
+			       (double)temperature, (double)alpha);
+	int64_t valid;
+	td_err e = causal_forward(m, ids, labels, &valid, eb);
+	if (e != TD_OK)
+		return e;
+	gpu_distill_forward(be, m->kl, m->losses, m->logits, teacher_logits, m->targets, temperature,
+			    N, V);
+	gpu_download(be, m->host_losses, m->losses, (size_t)N * sizeof(float));
+	gpu_download(be, m->host_kl, m->kl, (size_t)N * sizeof(float));
+	double ce = 0, kl = 0;
+	if ((e = gpu_sync(be, eb)) != TD_OK || (e = host_sum(m->host_losses, N, "CE", &ce, eb)) ||
+	    (e = host_sum(m->host_kl, N, "KL divergence", &kl, eb)))
+		return e;
+	m->logits_valid = true;
+	m->last_head = HEAD_DISTILL;
+	m->teacher_logits = teacher_logits;
+	m->temperature = temperature;
+	m->alpha = alpha;
+	out->kl_sum = kl;
+	out->ce_sum = ce;
+	out->loss_sum = (double)alpha * temperature * temperature * kl + (1.0 - alpha) * ce;
+	out->n_valid = valid;
+	return TD_OK;
+}
+
+td_err tr_model_forward_classify(struct tr_model *m, const int32_t *ids, const int32_t *class_ids,
+				 double *loss_sum, int64_t *n_valid, struct td_errbuf *eb)
+{
+	struct gpu_backend *be = m->be;
+	const struct tr_plan_opts *o = &m->plan.opts;
+	const int B = o->B, T = o->T, N = B * T, NL = o->num_labels, C = m->plan.cfg.hidden_size;
+	if (NL <= 0)
+		return td_fail(eb, TD_EINVAL, "model: not planned as a classifier");
+	m->logits_valid = false;
+	int64_t unused, valid = 0;
+	td_err e = check_inputs(m, ids, NULL, &unused, eb);
+	if (e != TD_OK)
+		return e;
+	for (int b = 0; b < B; b++) {
+		int32_t y = class_ids[b];
+		if (y != -100 && (y < 0 || y >= NL))
+			return td_fail(eb, TD_ERANGE,
+				       "labels[%d] = %d is outside the %d labels [0, %d) of the classifier",
+				       b, y, NL, NL);
+		valid += y != -100;
+		/* transformers: argmax of position * (id != pad), so the last non-pad
+		 * token, and 0 for a row of padding only. */
+		int last = T - 1;
+		if (m->pad_id >= 0) {
+			last = 0;
+			for (int t = T - 1; t > 0; t--)
+				if (ids[b * T + t] != m->pad_id) {
+					last = t;
+					break;
+				}
+		}
+		m->host_pool[b] = b * T + last;
+	}
+	gpu_upload(be, m->ids, ids, (size_t)N * sizeof(int32_t));
+	gpu_upload(be, m->targets, class_ids, (size_t)B * sizeof(int32_t));
+	gpu_upload(be, m->pool_idx, m->host_pool, (size_t)B * sizeof(int32_t));
+	trunk_forward(m);
+	/* Pooling is a gather of rows: the embedding op with row indices as ids. */
+	gpu_embedding_forward(be, m->pooled, m->pool_idx, m->lnf_out, B, C);
+	gpu_matmul_forward(be, m->logits, m->pooled, m->score, NULL, B, C, NL);
+	gpu_crossentropy_forward(be, m->losses, m->logits, m->targets, B, NL);
+	gpu_download(be, m->host_losses, m->losses, (size_t)B * sizeof(float));
+	double sum = 0;
+	if ((e = gpu_sync(be, eb)) != TD_OK || (e = host_sum(m->host_losses, B, "loss", &sum, eb)))
+		return e;
+	m->logits_valid = true;
+	m->last_head = HEAD_CLASSIFY;
 	*loss_sum = sum;
 	*n_valid = valid;
 	return TD_OK;
@@ -471,21 +870,21 @@ static void layer_backward(struct tr_model *m, int l)
 	/* dres holds d(res[l+1]); it flows unchanged into d(res_mid) through the
 	 * residual, and the MLP branch adds its part. */
 	gpu_zero(be, m->dh, (size_t)N * I * sizeof(float));
-	gpu_matmul_backward(be, m->dh, g->wd, g->bd, m->dres, a->h, w->wd, N, I, C);
+	linear_backward(m, l, TR_LIN_DOWN, m->dh, m->dres, a->h);
 	gpu_swiglu_backward(be, m->dgate, m->dup, m->dh, a->gate, a->up, (size_t)N * I);
 	gpu_zero(be, m->dln, (size_t)N * C * sizeof(float));
-	gpu_matmul_backward(be, m->dln, g->wg, g->bg, m->dgate, a->ln2, w->wg, N, C, I);
-	gpu_matmul_backward(be, m->dln, g->wu, g->bu, m->dup, a->ln2, w->wu, N, C, I);
+	linear_backward(m, l, TR_LIN_GATE, m->dln, m->dgate, a->ln2);
+	linear_backward(m, l, TR_LIN_UP, m->dln, m->dup, a->ln2);
 	gpu_rmsnorm_backward(be, m->dres, g->ln2, m->dln, a->res_mid, w->ln2, a->ln2_rstd, N, C);
 
 	/* dres is now d(res_mid); same for the attention branch. */
 	gpu_zero(be, m->dy, (size_t)N * H * sizeof(float));
-	gpu_matmul_backward(be, m->dy, g->wo, g->bo, m->dres, a->y, w->wo, N, H, C);
+	linear_backward(m, l, TR_LIN_O, m->dy, m->dres, a->y);
 	gpu_attention_backward(be, m->dq, m->dk, m->dv, m->datt, m->dy, a->q, a->k, a->v, a->att, B,
 			       T, NH, NKV, HS);
 	gpu_rope_backward(be, m->dq, m->dq, m->rope_cos, m->rope_sin, B, T, NH, HS);
 	gpu_rope_backward(be, m->dk, m->dk, m->rope_cos, m->rope_sin, B, T, NKV, HS);
-	const float *dqp = m->dq, *dkp = m->dk, *qin = a->ln1;
+	const float *dqp = m->dq, *dkp = m->dk;
 	if (c->qk_norm) {
 		gpu_zero(be, m->dqraw, (size_t)N * H * sizeof(float));
 		gpu_zero(be, m->dkraw, (size_t)N * KV * sizeof(float));
@@ -495,9 +894,9 @@ static void layer_backward(struct tr_model *m, int l)
 		dkp = m->dkraw;
 	}
 	gpu_zero(be, m->dln, (size_t)N * C * sizeof(float));
-	gpu_matmul_backward(be, m->dln, g->wq, g->bq, dqp, qin, w->wq, N, C, H);
-	gpu_matmul_backward(be, m->dln, g->wk, g->bk, dkp, qin, w->wk, N, C, KV);
-	gpu_matmul_backward(be, m->dln, g->wv, g->bv, m->dv, qin, w->wv, N, C, KV);
+	linear_backward(m, l, TR_LIN_Q, m->dln, dqp, a->ln1);
+	linear_backward(m, l, TR_LIN_K, m->dln, dkp, a->ln1);
+	linear_backward(m, l, TR_LIN_V, m->dln, m->dv, a->ln1);
 	gpu_rmsnorm_backward(be, m->dres, g->ln1, m->dln, m->res[l], w->ln1, a->ln1_rstd, N, C);
 }
 
@@ -505,22 +904,57 @@ void tr_model_backward(struct tr_model *m, float dloss)
 {
 	struct gpu_backend *be = m->be;
 	const struct tr_model_config *c = &m->plan.cfg;
-	const int N = m->plan.opts.B * m->plan.opts.T;
+	const struct tr_plan_opts *o = &m->plan.opts;
+	const int B = o->B, N = B * o->T;
 	const int C = c->hidden_size, V = c->vocab_size, L = c->num_layers;
 
-	assert(m->logits_valid);
+	assert(m->logits_valid && !o->inference);
 	/* Fused: the logits buffer becomes its own gradient. */
-	gpu_crossentropy_backward(be, m->logits, m->logits, m->targets, dloss, N, V);
 	m->logits_valid = false;
 	gpu_zero(be, m->dln, (size_t)N * C * sizeof(float));
-	gpu_matmul_backward(be, m->dln, m->dlm_head, NULL, m->logits, m->lnf_out, m->lm_head, N, C,
-			    V);
+	switch (m->last_head) {
+	case HEAD_CLASSIFY:
+		gpu_crossentropy_backward(be, m->logits, m->logits, m->targets, dloss, B, o->num_labels);
+		gpu_zero(be, m->dpooled, (size_t)B * C * sizeof(float));
+		gpu_matmul_backward(be, m->dpooled, m->dscore, NULL, m->logits, m->pooled, m->score, B,
+				    C, o->num_labels);
+		/* The gather's transpose: scatter-add the pooled rows' gradient. */
+		gpu_embedding_backward(be, m->dln, m->dpooled, m->pool_idx, B, C);
+		break;
+	case HEAD_DISTILL:
+		gpu_distill_backward(be, m->logits, m->logits, m->teacher_logits, m->targets, dloss,
+				     m->alpha, m->temperature, N, V);
+		gpu_matmul_backward(be, m->dln, m->dlm_head, NULL, m->logits, m->lnf_out, m->lm_head,
+				    N, C, V);
+		break;
+	case HEAD_CAUSAL:
+		gpu_crossentropy_backward(be, m->logits, m->logits, m->targets, dloss, N, V);
+		gpu_matmul_backward(be, m->dln, m->dlm_head, NULL, m->logits, m->lnf_out, m->lm_head,
+				    N, C, V);
+		break;
+	}
 	gpu_zero(be, m->dres, (size_t)N * C * sizeof(float));
 	gpu_rmsnorm_backward(be, m->dres, m->dlnf, m->dln, m->res[L], m->lnf, m->lnf_rstd, N, C);
 	for (int l = L - 1; l >= 0; l--)
 		layer_backward(m, l);
-	if (m->dembed)
+	if (m->dembed) {
+		/* transformers' embedding has padding_idx = pad_token_id: the pad
+		 * token's row gets no gradient from the input side (a tied lm_head
+		 * still gives it one). Pad positions come in runs (padding). */
+		int pad = c->pad_token_id;
+		for (int n = 0; pad >= 0 && n < N;) {
+			if (m->host_ids[n] != pad) {
+				n++;
+				continue;
+			}
+			int end = n;
+			while (end < N && m->host_ids[end] == pad)
+				end++;
+			gpu_zero(be, m->dres + (size_t)n * C, (size_t)(end - n) * C * sizeof(float));
+			n = end;
+		}
 		gpu_embedding_backward(be, m->dembed, m->dres, m->ids, N, C);
+	}
 }
 
 /* --- optimizer --- */

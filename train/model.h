@@ -36,15 +36,21 @@ void tr_model_free(struct tr_model *m);
 const struct tr_plan *tr_model_plan(const struct tr_model *m);
 struct gpu_backend *tr_model_backend(const struct tr_model *m);
 
-/* Loads every parameter from w (converting to fp32), checking that each is
- * present with the shape the config implies; tensors in w the model does not
- * use are an error too (naming them), except `lm_head.weight` of a tied model
- * when it equals the embedding. */
+/* Loads every base parameter from w (converting to fp32; NF4 tensors are
+ * quantized on the host and uploaded packed), checking that each is present
+ * with the shape the config implies; tensors in w the model does not use are
+ * an error too (naming them), except `lm_head.weight` of a tied model and the
+ * causal head of a model loaded as a classifier (transformers drops it too).
+ * LoRA adapters never come from w (train/lora.h loads them). A classifier's
+ * score.weight is loaded when w has it; tr_model_head_loaded() says whether. */
 td_err tr_model_load(struct tr_model *m, const struct tr_weights *w, struct td_errbuf *eb);
+bool tr_model_head_loaded(const struct tr_model *m);
 
-/* Host copies of a parameter / its gradient / its AdamW moments (numel floats). */
+/* Host copies of a parameter / its gradient / its AdamW moments (numel floats).
+ * An NF4 tensor comes back dequantized and is quantized when set (which can
+ * fail, TD_ENOMEM, with no message: the caller names the tensor). */
 void tr_model_get_param(struct tr_model *m, const struct tr_param *p, float *dst);
-void tr_model_set_param(struct tr_model *m, const struct tr_param *p, const float *src);
+td_err tr_model_set_param(struct tr_model *m, const struct tr_param *p, const float *src);
 void tr_model_get_grad(struct tr_model *m, const struct tr_param *p, float *dst);
 /* Whole-arena moments (numel_trainable floats each), for checkpoints. */
 void tr_model_get_moments(struct tr_model *m, float *m1, float *m2);
@@ -63,9 +69,49 @@ td_err tr_model_forward(struct tr_model *m, const int32_t *ids, const int32_t *l
 void tr_model_get_logits(struct tr_model *m, float *dst);
 void tr_model_get_hidden(struct tr_model *m, int i, float *dst);
 
-/* Backward of the last forward with d(loss)/d(loss_sum) = dloss (1/n_valid
- * for a mean over one batch; 1/total over accumulated micro-batches).
- * Gradients accumulate (+=) into the grads arena. */
+/* The forward up to the logits, without a loss (a teacher). */
+td_err tr_model_forward_logits(struct tr_model *m, const int32_t *ids, struct td_errbuf *eb);
+
+/* The logits of the last forward on the device (B, T, V), for a teacher whose
+ * logits feed a student on the same backend. Valid until m's next forward or
+ * backward. */
+const float *tr_model_logits_device(const struct tr_model *m);
+
+/* Distillation (a plan with opts.distill): the forward of tr_model_forward
+ * plus, over the same shifted positions whose label is not -100, the terms of
+ *   loss = alpha*T^2*KL(softmax(t/T) || softmax(s/T)) + (1-alpha)*CE(s)
+ * with t the teacher's logits for the same ids (tr_model_logits_device of a
+ * model with the same vocabulary on the same backend; it must stay valid until
+ * tr_model_backward). Sums over positions, in double; loss_sum/n_valid is the
+ * loss, kl_sum/n_valid the mean KL and ce_sum/n_valid the CE. */
+struct tr_distill_sums {
+	double loss_sum, kl_sum, ce_sum;
+	int64_t n_valid;
+};
+td_err tr_model_forward_distill(struct tr_model *m, const int32_t *ids, const int32_t *labels,
+				const float *teacher_logits, float temperature, float alpha,
+				struct tr_distill_sums *out, struct td_errbuf *eb);
+
+/* Classification (a plan with opts.num_labels): logits (B, num_labels) from
+ * the hidden state of each row's last token that is not the pad id (the last
+ * token when there is no pad id; position 0 when a row is all padding), as
+ * transformers' *ForSequenceClassification pools, and cross-entropy against
+ * class_ids (B), -100 ignored. Sums as tr_model_forward. An id outside
+ * [0, num_labels) is TD_ERANGE naming the row. */
+td_err tr_model_forward_classify(struct tr_model *m, const int32_t *ids, const int32_t *class_ids,
+				 double *loss_sum, int64_t *n_valid, struct td_errbuf *eb);
+/* The pad id pooling skips; initially the config's pad_token_id (-1: none). */
+void tr_model_set_pad_id(struct tr_model *m, int pad_id);
+
+/* Seeds and arms LoRA dropout for the next forward (and its backward): the
+ * masks are a function of this seed, the layer and the projection only. A
+ * forward that was not armed (evaluation, a teacher) has no dropout. */
+void tr_model_set_dropout_seed(struct tr_model *m, uint64_t seed);
+
+/* Backward of the last forward (causal, distillation or classification) with
+ * d(loss)/d(loss_sum) = dloss (1/n_valid for a mean over one batch; 1/total
+ * over accumulated micro-batches). Gradients accumulate (+=) into the grads
+ * arena; frozen tensors get none. Not for a forward-only plan. */
 void tr_model_backward(struct tr_model *m, float dloss);
 void tr_model_zero_grad(struct tr_model *m);
 /* Global L2 norm of all gradients (blocking). */

@@ -7,6 +7,7 @@
 #include "train/plan.h"
 
 #include <inttypes.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -34,13 +35,49 @@ const char *tr_fmt_bytes(char *buf, size_t len, uint64_t bytes)
 
 /* --- parameter table --- */
 
+static const char *const lin_names[TR_LIN_COUNT] = {"q_proj",    "k_proj",  "v_proj",   "o_proj",
+						     "gate_proj", "up_proj", "down_proj"};
+static const char *const lin_paths[TR_LIN_COUNT] = {
+	"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
+	"mlp.gate_proj",    "mlp.up_proj",      "mlp.down_proj"};
+
+const char *tr_lin_name(int lin)
+{
+	return lin >= 0 && lin < TR_LIN_COUNT ? lin_names[lin] : NULL;
+}
+
+const char *tr_lin_path(int lin)
+{
+	return lin >= 0 && lin < TR_LIN_COUNT ? lin_paths[lin] : NULL;
+}
+
+int tr_lin_from_name(const char *name)
+{
+	for (int i = 0; name && i < TR_LIN_COUNT; i++)
+		if (strcmp(name, lin_names[i]) == 0)
+			return i;
+	return -1;
+}
+
+void tr_lin_dims(const struct tr_model_config *c, int lin, int *in, int *out)
+{
+	int C = c->hidden_size, I = c->intermediate_size;
+	int H = c->num_heads * c->head_dim, KV = c->num_kv_heads * c->head_dim;
+	static const int in_is[TR_LIN_COUNT] = {0, 0, 0, 1, 0, 0, 2};  /* 0 C, 1 H, 2 I */
+	static const int out_is[TR_LIN_COUNT] = {1, 3, 3, 0, 2, 2, 0}; /* 3 KV */
+	const int dims[4] = {C, H, I, KV};
+	*in = dims[in_is[lin]];
+	*out = dims[out_is[lin]];
+}
+
 struct param_spec {
 	const char *fmt; /* with %d for the layer, or a plain name */
 	int rows, cols;  /* cols 0: a vector */
+	int lin;         /* the projection, or -1 */
 };
 
 static td_err add_param(struct tr_plan *p, size_t *cap, const char *name, int rows, int cols,
-			struct td_errbuf *eb)
+			enum tr_param_kind kind, int layer, int lin, struct td_errbuf *eb)
 {
 	if (p->nparams == *cap) {
 		size_t ncap = *cap ? *cap * 2 : 64;
@@ -50,6 +87,7 @@ static td_err add_param(struct tr_plan *p, size_t *cap, const char *name, int ro
 		p->params = np;
 		*cap = ncap;
 	}
+	const struct tr_plan_opts *o = &p->opts;
 	struct tr_param *t = &p->params[p->nparams++];
 	memset(t, 0, sizeof(*t));
 	snprintf(t->name, sizeof(t->name), "%s", name);
@@ -57,67 +95,90 @@ static td_err add_param(struct tr_plan *p, size_t *cap, const char *name, int ro
 	t->shape[0] = rows;
 	t->shape[1] = cols;
 	t->numel = (size_t)rows * (size_t)(cols ? cols : 1);
-	t->trainable = true;
-	t->decay = t->ndim >= 2;
+	t->kind = kind;
+	t->layer = layer;
+	t->lin = lin;
+	/* LoRA freezes the base; the head and the adapters train. */
+	t->trainable = !o->inference && !(kind == TR_P_BASE && o->lora_rank > 0);
+	t->decay = t->trainable && t->ndim >= 2;
+	t->nf4 = !t->trainable && kind == TR_P_BASE && lin >= 0 && t->ndim == 2 &&
+		 o->base_quant == TR_QUANT_NF4;
 	return TD_OK;
 }
 
 static td_err build_params(struct tr_plan *p, struct td_errbuf *eb)
 {
 	const struct tr_model_config *c = &p->cfg;
+	const struct tr_plan_opts *o = &p->opts;
 	int C = c->hidden_size, I = c->intermediate_size, V = c->vocab_size;
 	int H = c->num_heads * c->head_dim, KV = c->num_kv_heads * c->head_dim;
 	size_t cap = 0;
 	char name[96];
 	td_err e;
-#define ADD(nm, r, cl)                                                   \
-	do {                                                             \
-		if ((e = add_param(p, &cap, (nm), (r), (cl), eb)) != TD_OK) \
-			return e;                                        \
+#define ADD(nm, r, cl, kind, layer, lin)                                                   \
+	do {                                                                                \
+		if ((e = add_param(p, &cap, (nm), (r), (cl), (kind), (layer), (lin), eb)) != TD_OK) \
+			return e;                                                           \
 	} while (0)
-	ADD("model.embed_tokens.weight", V, C);
+	ADD("model.embed_tokens.weight", V, C, TR_P_BASE, -1, -1);
 	for (int l = 0; l < c->num_layers; l++) {
 		const struct param_spec specs[] = {
-			{"model.layers.%d.input_layernorm.weight", C, 0},
-			{"model.layers.%d.self_attn.q_proj.weight", H, C},
-			{c->qkv_bias ? "model.layers.%d.self_attn.q_proj.bias" : NULL, H, 0},
-			{"model.layers.%d.self_attn.k_proj.weight", KV, C},
-			{c->qkv_bias ? "model.layers.%d.self_attn.k_proj.bias" : NULL, KV, 0},
-			{"model.layers.%d.self_attn.v_proj.weight", KV, C},
-			{c->qkv_bias ? "model.layers.%d.self_attn.v_proj.bias" : NULL, KV, 0},
-			{"model.layers.%d.self_attn.o_proj.weight", C, H},
-			{c->o_bias ? "model.layers.%d.self_attn.o_proj.bias" : NULL, C, 0},
-			{c->qk_norm ? "model.layers.%d.self_attn.q_norm.weight" : NULL, c->head_dim, 0},
-			{c->qk_norm ? "model.layers.%d.self_attn.k_norm.weight" : NULL, c->head_dim, 0},
-			{"model.layers.%d.post_attention_layernorm.weight", C, 0},
-			{"model.layers.%d.mlp.gate_proj.weight", I, C},
-			{c->mlp_bias ? "model.layers.%d.mlp.gate_proj.bias" : NULL, I, 0},
-			{"model.layers.%d.mlp.up_proj.weight", I, C},
-			{c->mlp_bias ? "model.layers.%d.mlp.up_proj.bias" : NULL, I, 0},
-			{"model.layers.%d.mlp.down_proj.weight", C, I},
-			{c->mlp_bias ? "model.layers.%d.mlp.down_proj.bias" : NULL, C, 0},
+			{"model.layers.%d.input_layernorm.weight", C, 0, -1},
+			{"model.layers.%d.self_attn.q_proj.weight", H, C, TR_LIN_Q},
+			{c->qkv_bias ? "model.layers.%d.self_attn.q_proj.bias" : NULL, H, 0, TR_LIN_Q},
+			{"model.layers.%d.self_attn.k_proj.weight", KV, C, TR_LIN_K},
+			{c->qkv_bias ? "model.layers.%d.self_attn.k_proj.bias" : NULL, KV, 0, TR_LIN_K},
+			{"model.layers.%d.self_attn.v_proj.weight", KV, C, TR_LIN_V},
+			{c->qkv_bias ? "model.layers.%d.self_attn.v_proj.bias" : NULL, KV, 0, TR_LIN_V},
+			{"model.layers.%d.self_attn.o_proj.weight", C, H, TR_LIN_O},
+			{c->o_bias ? "model.layers.%d.self_attn.o_proj.bias" : NULL, C, 0, TR_LIN_O},
+			{c->qk_norm ? "model.layers.%d.self_attn.q_norm.weight" : NULL, c->head_dim, 0, -1},
+			{c->qk_norm ? "model.layers.%d.self_attn.k_norm.weight" : NULL, c->head_dim, 0, -1},
+			{"model.layers.%d.post_attention_layernorm.weight", C, 0, -1},
+			{"model.layers.%d.mlp.gate_proj.weight", I, C, TR_LIN_GATE},
+			{c->mlp_bias ? "model.layers.%d.mlp.gate_proj.bias" : NULL, I, 0, TR_LIN_GATE},
+			{"model.layers.%d.mlp.up_proj.weight", I, C, TR_LIN_UP},
+			{c->mlp_bias ? "model.layers.%d.mlp.up_proj.bias" : NULL, I, 0, TR_LIN_UP},
+			{"model.layers.%d.mlp.down_proj.weight", C, I, TR_LIN_DOWN},
+			{c->mlp_bias ? "model.layers.%d.mlp.down_proj.bias" : NULL, C, 0, TR_LIN_DOWN},
 		};
 		for (size_t i = 0; i < sizeof(specs) / sizeof(specs[0]); i++) {
 			if (!specs[i].fmt)
 				continue;
 			snprintf(name, sizeof(name), specs[i].fmt, l);
-			ADD(name, specs[i].rows, specs[i].cols);
+			ADD(name, specs[i].rows, specs[i].cols, TR_P_BASE, l, specs[i].lin);
+		}
+		/* PEFT's adapters, by the names its adapter_model.safetensors uses. */
+		for (int lin = 0; o->lora_rank > 0 && lin < TR_LIN_COUNT; lin++) {
+			if (!(o->lora_targets & (1u << lin)))
+				continue;
+			int in, out;
+			tr_lin_dims(c, lin, &in, &out);
+			snprintf(name, sizeof(name), "base_model.model.model.layers.%d.%s.lora_A.weight", l,
+				 lin_paths[lin]);
+			ADD(name, o->lora_rank, in, TR_P_LORA_A, l, lin);
+			snprintf(name, sizeof(name), "base_model.model.model.layers.%d.%s.lora_B.weight", l,
+				 lin_paths[lin]);
+			ADD(name, out, o->lora_rank, TR_P_LORA_B, l, lin);
 		}
 	}
-	ADD("model.norm.weight", C, 0);
-	if (!c->tie_word_embeddings)
-		ADD("lm_head.weight", V, C);
+	ADD("model.norm.weight", C, 0, TR_P_BASE, -1, -1);
+	if (o->num_labels > 0)
+		ADD("score.weight", o->num_labels, C, TR_P_HEAD, -1, -1);
+	else if (!c->tie_word_embeddings)
+		ADD("lm_head.weight", V, C, TR_P_BASE, -1, -1);
 #undef ADD
 
 	/* Arena order: trainable decayed tensors, trainable undecayed, frozen. The
 	 * optimizer then covers two contiguous ranges and the grads arena only the
-	 * trainable prefix. */
+	 * trainable prefix. NF4 tensors have no fp32 copy: they live in the nf4.*
+	 * buffers, each tensor's blocks starting afresh. */
 	size_t off = 0;
 	for (int pass = 0; pass < 3; pass++) {
 		for (size_t i = 0; i < p->nparams; i++) {
 			struct tr_param *t = &p->params[i];
 			int group = !t->trainable ? 2 : t->decay ? 0 : 1;
-			if (group != pass)
+			if (group != pass || t->nf4)
 				continue;
 			t->offset = off;
 			t->goffset = t->trainable ? off : 0;
@@ -128,7 +189,71 @@ static td_err build_params(struct tr_plan *p, struct td_errbuf *eb)
 		if (pass == 1)
 			p->numel_trainable = off;
 	}
-	p->numel_params = off;
+	p->numel_f32 = off;
+	size_t codes = 0;
+	for (size_t i = 0; i < p->nparams; i++) {
+		struct tr_param *t = &p->params[i];
+		p->numel_params += t->numel;
+		if (!t->trainable)
+			p->numel_frozen += t->numel;
+		if (!t->nf4)
+			continue;
+		size_t nb = (t->numel + TR_NF4_BLOCK - 1) / TR_NF4_BLOCK;
+		t->q_codes = codes;
+		t->q_blocks = p->nf4_blocks;
+		t->q_scales = p->nf4_scales;
+		codes += (t->numel + 1) / 2;
+		p->nf4_blocks += nb;
+		p->nf4_scales += (nb + TR_NF4_DQ_BLOCK - 1) / TR_NF4_DQ_BLOCK + 1;
+		p->nf4_numel += t->numel;
+		if (t->numel > p->nf4_max_numel)
+			p->nf4_max_numel = t->numel;
+	}
+	p->nf4_bytes = codes + (o->nf4_double_quant ? p->nf4_blocks + p->nf4_scales * sizeof(float)
+						    : p->nf4_blocks * sizeof(float));
+	if (!o->nf4_double_quant)
+		p->nf4_scales = 0;
+	p->frozen_bytes = (p->numel_frozen - p->nf4_numel) * sizeof(float) + p->nf4_bytes;
+	return TD_OK;
+}
+
+/* The method options against the config, before any size is computed. */
+static td_err check_opts(const struct tr_plan_opts *o, const struct tr_model_config *c,
+			 struct td_errbuf *eb)
+{
+	if (o->lora_rank < 0)
+		return td_fail(eb, TD_EINVAL, "plan: lora rank %d is negative", o->lora_rank);
+	if (o->lora_rank > 0) {
+		if (!o->lora_targets || o->lora_targets >> TR_LIN_COUNT)
+			return td_fail(eb, TD_EINVAL, "plan: LoRA needs target modules among q_proj, k_proj, "
+				       "v_proj, o_proj, gate_proj, up_proj, down_proj");
+		if (!(o->lora_alpha > 0) || !isfinite(o->lora_alpha))
+			return td_fail(eb, TD_EINVAL, "plan: lora alpha %g must be > 0", o->lora_alpha);
+		if (!(o->lora_dropout >= 0.0f && o->lora_dropout < 1.0f))
+			return td_fail(eb, TD_EINVAL, "plan: lora dropout %g is outside [0, 1)",
+				       (double)o->lora_dropout);
+		for (int lin = 0; lin < TR_LIN_COUNT; lin++) {
+			int in, out;
+			tr_lin_dims(c, lin, &in, &out);
+			int small = in < out ? in : out;
+			if ((o->lora_targets & (1u << lin)) && o->lora_rank > small)
+				return td_fail(eb, TD_EINVAL,
+					       "plan: lora rank %d exceeds %s's smaller dimension %d "
+					       "(%d -> %d) in this %s model",
+					       o->lora_rank, lin_names[lin], small, in, out, c->model_type);
+		}
+	}
+	if (o->base_quant == TR_QUANT_NF4 && !(o->lora_rank > 0 || o->inference))
+		return td_fail(eb, TD_EINVAL, "plan: NF4 weights must be frozen: QLoRA (a LoRA rank) or a "
+			       "forward-only model (a teacher), not full fine-tuning");
+	if (o->base_quant != TR_QUANT_NONE && o->base_quant != TR_QUANT_NF4)
+		return td_fail(eb, TD_EINVAL, "plan: unknown weight storage %d", (int)o->base_quant);
+	if (o->num_labels < 0 || (o->num_labels > 0 && o->num_labels < 2))
+		return td_fail(eb, TD_EINVAL, "plan: %d labels (a classifier needs >= 2)", o->num_labels);
+	if (o->num_labels > 0 && o->distill)
+		return td_fail(eb, TD_EINVAL, "plan: distillation trains a causal LM, not a classifier");
+	if (o->inference && o->distill)
+		return td_fail(eb, TD_EINVAL, "plan: a distillation student trains; it is not forward-only");
 	return TD_OK;
 }
 
@@ -176,7 +301,13 @@ td_err tr_plan_build(struct tr_plan *p, const struct tr_model_config *cfg,
 	if (o->B < 1 || o->T < 2)
 		return td_fail(eb, TD_EINVAL, "plan: batch %d and sequence length %d (need >= 1 and >= 2)",
 			       o->B, o->T);
-	td_err e = build_params(p, eb);
+	td_err e = check_opts(o, cfg, eb);
+	if (e != TD_OK)
+		return e;
+	if (o->lora_rank > 0)
+		p->lora_scale = (float)(o->lora_rslora ? o->lora_alpha / sqrt((double)o->lora_rank)
+						       : o->lora_alpha / (double)o->lora_rank);
+	e = build_params(p, eb);
 	if (e != TD_OK) {
 		tr_plan_fini(p);
 		return e;
@@ -204,14 +335,36 @@ td_err tr_plan_build(struct tr_plan *p, const struct tr_model_config *cfg,
 	} while (0)
 #define NAMED(...) snprintf(nm, sizeof(nm), __VA_ARGS__)
 
+	const size_t NL = (size_t)o->num_labels, R = (size_t)o->lora_rank;
+	const bool train = !o->inference, classify = NL > 0;
 	NAMED("params");
-	BUF(TR_ARENA_PARAMS, f32_bytes(p->numel_params, 1, 1));
-	NAMED("grads");
-	BUF(TR_ARENA_GRADS, f32_bytes(p->numel_trainable, 1, 1));
-	NAMED("optim.m");
-	BUF(TR_ARENA_OPTIM, f32_bytes(p->numel_trainable, 1, 1));
-	NAMED("optim.v");
-	BUF(TR_ARENA_OPTIM, f32_bytes(p->numel_trainable, 1, 1));
+	BUF(TR_ARENA_PARAMS, f32_bytes(p->numel_f32, 1, 1));
+	if (p->nf4_numel) {
+		/* Every NF4 tensor's codes, then its absmax values (fp32, or int8
+		 * with an fp32 scale per TR_NF4_DQ_BLOCK and an offset). */
+		size_t codes = p->nf4_bytes - (o->nf4_double_quant
+						       ? p->nf4_blocks + p->nf4_scales * sizeof(float)
+						       : p->nf4_blocks * sizeof(float));
+		NAMED("nf4.codes");
+		BUF(TR_ARENA_PARAMS, codes);
+		if (o->nf4_double_quant) {
+			NAMED("nf4.absmax_q");
+			BUF(TR_ARENA_PARAMS, p->nf4_blocks);
+			NAMED("nf4.absmax_scale");
+			BUF(TR_ARENA_PARAMS, f32_bytes(p->nf4_scales, 1, 1));
+		} else {
+			NAMED("nf4.absmax");
+			BUF(TR_ARENA_PARAMS, f32_bytes(p->nf4_blocks, 1, 1));
+		}
+	}
+	if (p->numel_trainable) {
+		NAMED("grads");
+		BUF(TR_ARENA_GRADS, f32_bytes(p->numel_trainable, 1, 1));
+		NAMED("optim.m");
+		BUF(TR_ARENA_OPTIM, f32_bytes(p->numel_trainable, 1, 1));
+		NAMED("optim.v");
+		BUF(TR_ARENA_OPTIM, f32_bytes(p->numel_trainable, 1, 1));
+	}
 
 	NAMED("acts.ids");
 	BUF(TR_ARENA_ACTS, N * sizeof(int32_t));
@@ -225,7 +378,9 @@ td_err tr_plan_build(struct tr_plan *p, const struct tr_model_config *cfg,
 		NAMED("acts.res.%d", l); /* residual stream entering layer l (l = L: leaving the last) */
 		BUF(TR_ARENA_ACTS, f32_bytes(N, C, 1));
 	}
-	for (int l = 0; l < cfg->num_layers; l++) {
+	/* Forward only, nothing is kept for a backward pass: every layer reuses
+	 * layer 0's buffers (train/model.c binds them so). */
+	for (int l = 0; l < (train ? cfg->num_layers : 1); l++) {
 		const struct {
 			const char *what;
 			size_t bytes;
@@ -255,32 +410,72 @@ td_err tr_plan_build(struct tr_plan *p, const struct tr_model_config *cfg,
 			NAMED("acts.layers.%d.%s", l, acts[i].what);
 			BUF(TR_ARENA_ACTS, acts[i].bytes);
 		}
+		/* LoRA keeps scale * (x A^T) per adapter, and x after dropout when
+		 * there is dropout (the pre-dropout x is the base's input). */
+		for (int lin = 0; R && lin < TR_LIN_COUNT; lin++) {
+			if (!(o->lora_targets & (1u << lin)))
+				continue;
+			int in, out;
+			tr_lin_dims(cfg, lin, &in, &out);
+			NAMED("acts.layers.%d.lora_u.%s", l, lin_names[lin]);
+			BUF(TR_ARENA_ACTS, f32_bytes(N, R, 1));
+			if (o->lora_dropout > 0.0f) {
+				NAMED("acts.layers.%d.lora_x.%s", l, lin_names[lin]);
+				BUF(TR_ARENA_ACTS, f32_bytes(N, (size_t)in, 1));
+			}
+		}
 	}
 	NAMED("acts.lnf");
 	BUF(TR_ARENA_ACTS, f32_bytes(N, C, 1));
 	NAMED("acts.lnf_rstd");
 	BUF(TR_ARENA_ACTS, f32_bytes(N, 1, 1));
+	if (classify) {
+		NAMED("acts.pool_idx"); /* row of each sequence's last non-pad token */
+		BUF(TR_ARENA_ACTS, B * sizeof(int32_t));
+		NAMED("acts.pooled");
+		BUF(TR_ARENA_ACTS, f32_bytes(B, C, 1));
+	}
 
 	/* Scratch: shared by every layer, reused forward and backward. */
+	size_t lora_out = 0, lora_in = 0;
+	for (int lin = 0; R && lin < TR_LIN_COUNT; lin++) {
+		int in, out;
+		tr_lin_dims(cfg, lin, &in, &out);
+		if (o->lora_targets & (1u << lin)) {
+			lora_out = (size_t)out > lora_out ? (size_t)out : lora_out;
+			lora_in = (size_t)in > lora_in ? (size_t)in : lora_in;
+		}
+	}
 	const struct {
 		const char *what;
 		size_t bytes;
 		bool on;
 	} scratch[] = {
-		{"logits", f32_bytes(N, V, 1), true}, /* the CE gradient overwrites it in place */
+		/* the CE gradient overwrites the logits in place */
+		{"logits", classify ? f32_bytes(B, NL, 1) : f32_bytes(N, V, 1), true},
 		{"losses", f32_bytes(N, 1, 1), true},
-		{"dres", f32_bytes(N, C, 1), true},
+		{"kl", f32_bytes(N, 1, 1), o->distill},
+		{"dres", f32_bytes(N, C, 1), train},
 		{"dln", f32_bytes(N, C, 1), true}, /* also the forward's projection output */
-		{"dq", f32_bytes(N, H, 1), true},
-		{"dk", f32_bytes(N, KV, 1), true},
-		{"dv", f32_bytes(N, KV, 1), true},
-		{"dqraw", f32_bytes(N, H, 1), cfg->qk_norm},
-		{"dkraw", f32_bytes(N, KV, 1), cfg->qk_norm},
-		{"dy", f32_bytes(N, H, 1), true},
-		{"datt", f32_bytes(B * NH, T, T), true},
-		{"dh", f32_bytes(N, I, 1), true},
-		{"dgate", f32_bytes(N, I, 1), true},
-		{"dup", f32_bytes(N, I, 1), true},
+		{"dq", f32_bytes(N, H, 1), train},
+		{"dk", f32_bytes(N, KV, 1), train},
+		{"dv", f32_bytes(N, KV, 1), train},
+		{"dqraw", f32_bytes(N, H, 1), train && cfg->qk_norm},
+		{"dkraw", f32_bytes(N, KV, 1), train && cfg->qk_norm},
+		{"dy", f32_bytes(N, H, 1), train},
+		{"datt", f32_bytes(B * NH, T, T), train},
+		{"dh", f32_bytes(N, I, 1), train},
+		{"dgate", f32_bytes(N, I, 1), train},
+		{"dup", f32_bytes(N, I, 1), train},
+		{"dpooled", f32_bytes(B, C, 1), train && classify},
+		/* an NF4 weight dequantized for one use (and its absmax values) */
+		{"deq", f32_bytes(p->nf4_max_numel, 1, 1), p->nf4_numel > 0},
+		{"deq_absmax", f32_bytes((p->nf4_max_numel + TR_NF4_BLOCK - 1) / TR_NF4_BLOCK, 1, 1),
+		 p->nf4_numel > 0 && o->nf4_double_quant},
+		/* LoRA: (x A^T) B^T before it is added; d(x A^T); d(x) through dropout */
+		{"lora_tmp", f32_bytes(N, lora_out, 1), R > 0},
+		{"lora_du", f32_bytes(N, R, 1), train && R > 0},
+		{"lora_dx", f32_bytes(N, lora_in, 1), train && R > 0 && o->lora_dropout > 0.0f},
 	};
 	for (size_t i = 0; i < sizeof(scratch) / sizeof(scratch[0]); i++) {
 		if (!scratch[i].on)
@@ -337,6 +532,35 @@ void tr_plan_print(const struct tr_plan *p, FILE *f)
 		p->opts.B * p->opts.T);
 	fprintf(f, "parameters %zu (%zu trainable, %zu with weight decay)\n", p->numel_params,
 		p->numel_trainable, p->numel_decay);
+	const struct tr_plan_opts *o = &p->opts;
+	if (o->lora_rank > 0) {
+		char targets[96] = "";
+		size_t len = 0;
+		for (int lin = 0; lin < TR_LIN_COUNT && len < sizeof(targets); lin++)
+			if (o->lora_targets & (1u << lin))
+				len += (size_t)snprintf(targets + len, sizeof(targets) - len, "%s%s",
+							len ? ", " : "", lin_names[lin]);
+		fprintf(f, "lora       r=%d alpha=%g (scale %g%s) dropout %g on %s; only the adapters%s have "
+			"gradients and optimizer state\n",
+			o->lora_rank, o->lora_alpha, (double)p->lora_scale, o->lora_rslora ? ", rslora" : "",
+			(double)o->lora_dropout, targets, o->num_labels > 0 ? " and the head" : "");
+	}
+	if (o->num_labels > 0)
+		fprintf(f, "head       score [%d, %d] on the last non-pad token\n", o->num_labels,
+			c->hidden_size);
+	if (o->inference)
+		fprintf(f, "mode       forward only (frozen; no gradients, optimizer state or backward buffers)\n");
+	if (p->numel_frozen) {
+		fprintf(f, "frozen     %zu parameters, %s as stored", p->numel_frozen,
+			tr_fmt_bytes(b1, sizeof(b1), p->frozen_bytes));
+		if (p->nf4_numel)
+			fprintf(f, "; %zu in NF4%s: %s, %.2fx smaller than their %s in bf16",
+				p->nf4_numel, o->nf4_double_quant ? " (double-quantized absmax)" : "",
+				tr_fmt_bytes(b1, sizeof(b1), p->nf4_bytes),
+				(double)(p->nf4_numel * 2) / (double)p->nf4_bytes,
+				tr_fmt_bytes(b2, sizeof(b2), p->nf4_numel * 2));
+		fprintf(f, "\n");
+	}
 	for (int a = 0; a < TR_ARENA_COUNT; a++) {
 		size_t n = 0, largest = 0;
 		const char *lname = "";

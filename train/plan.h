@@ -32,18 +32,58 @@ enum tr_arena {
 
 const char *tr_arena_name(enum tr_arena a);
 
+/* The seven linear projections of a decoder layer, in HF order; LoRA targets
+ * them by bit (1u << TR_LIN_Q ...). */
+enum tr_lin { TR_LIN_Q, TR_LIN_K, TR_LIN_V, TR_LIN_O, TR_LIN_GATE, TR_LIN_UP, TR_LIN_DOWN, TR_LIN_COUNT };
+/* "q_proj" ... "down_proj"; NULL out of range. */
+const char *tr_lin_name(int lin);
+/* "self_attn.q_proj" ... "mlp.down_proj": the module path inside a layer. */
+const char *tr_lin_path(int lin);
+/* The index of "q_proj" etc., or -1. */
+int tr_lin_from_name(const char *name);
+/* in_features and out_features of projection lin under cfg (q: C -> NH*HS...). */
+void tr_lin_dims(const struct tr_model_config *cfg, int lin, int *in, int *out);
+
+/* NF4 geometry (kernels/cpu/ops.h NF4_BLOCK, NF4_DQ_BLOCK; asserted equal in
+ * train/nf4.c): values per absmax, absmax values per double-quantization scale. */
+#define TR_NF4_BLOCK 64
+#define TR_NF4_DQ_BLOCK 256
+
+/* How frozen linear weights are stored. */
+enum tr_quant {
+	TR_QUANT_NONE, /* fp32, like every other tensor */
+	TR_QUANT_NF4,  /* NF4 codes + absmax per 64 (train/nf4.h), dequantized for each use */
+};
+
+enum tr_param_kind {
+	TR_P_BASE,   /* a tensor of the Hugging Face model */
+	TR_P_HEAD,   /* score.weight, the classification head */
+	TR_P_LORA_A, /* PEFT lora_A [r, in] of a projection */
+	TR_P_LORA_B, /* PEFT lora_B [out, r] */
+};
+
 /* Offsets inside an arena are multiples of this (enough for any vector load). */
 #define TR_PLAN_ALIGN 256
 
 struct tr_param {
-	char name[96];     /* model.layers.3.self_attn.q_proj.weight */
+	char name[96];     /* model.layers.3.self_attn.q_proj.weight; adapters by their PEFT
+			    * file name, base_model.model.model.layers.3.self_attn.q_proj.lora_A.weight */
 	int ndim;          /* 1 or 2 */
 	int64_t shape[2];
 	size_t numel;
 	bool trainable;
 	bool decay;        /* weight decay applies: trainable and ndim >= 2 */
-	size_t offset;     /* in floats, into the params arena */
+	size_t offset;     /* in floats, into the params buffer (unused when nf4) */
 	size_t goffset;    /* in floats, into the grads arena (and each half of optim) */
+	enum tr_param_kind kind;
+	int layer;         /* decoder layer, -1 for embeddings, final norm and heads */
+	int lin;           /* enum tr_lin of a projection's weight, bias or adapter; -1 otherwise */
+	/* NF4 storage (frozen projection weights of a TR_QUANT_NF4 plan): offsets
+	 * into the nf4.* buffers of the params arena (train/nf4.h). */
+	bool nf4;
+	size_t q_codes;    /* bytes into nf4.codes */
+	size_t q_blocks;   /* absmax values before this tensor's (floats / bytes into nf4.absmax{,_q}) */
+	size_t q_scales;   /* floats into nf4.absmax_scale (double quantization) */
 };
 
 struct tr_plan_buf {
@@ -53,20 +93,45 @@ struct tr_plan_buf {
 	size_t bytes;
 };
 
+/* All zero past B and T: full fine-tuning of a causal LM. */
 struct tr_plan_opts {
 	int B;             /* micro-batch rows */
 	int T;             /* sequence length */
+
+	/* LoRA: rank > 0 adds PEFT adapters to the projections in lora_targets
+	 * (bits of enum tr_lin) and freezes every base tensor. */
+	int lora_rank;
+	unsigned lora_targets;
+	double lora_alpha;     /* scale = alpha / rank (alpha / sqrt(rank) with rslora) */
+	bool lora_rslora;
+	float lora_dropout;    /* [0, 1): dropout on the adapters' input */
+	/* Frozen projection weights stored as NF4 (QLoRA, or a teacher); needs a
+	 * frozen base. Double quantization packs the absmax values to 8 bits. */
+	enum tr_quant base_quant;
+	bool nf4_double_quant;
+	/* > 0: sequence classification: a head score.weight [num_labels, C] on
+	 * the last non-pad token replaces lm_head. Trained even under LoRA. */
+	int num_labels;
+	bool distill;          /* the student of a distillation: room for the KL terms */
+	bool inference;        /* forward only (a teacher): everything frozen, no backward buffers */
 };
 
 struct tr_plan {
 	struct tr_model_config cfg;
 	struct tr_plan_opts opts;
 
-	struct tr_param *params;      /* Hugging Face order */
+	struct tr_param *params;      /* Hugging Face order, each layer's adapters after it */
 	size_t nparams;
 	size_t numel_params;          /* every tensor */
 	size_t numel_trainable;       /* prefix of the grads arena */
 	size_t numel_decay;           /* the first numel_decay trainable floats decay */
+	size_t numel_f32;             /* floats of the params buffer (all but NF4 tensors) */
+	size_t numel_frozen;          /* elements of frozen tensors */
+	size_t frozen_bytes;          /* frozen tensors as stored: fp32, or the NF4 buffers */
+	size_t nf4_numel, nf4_bytes;  /* the NF4-stored part of the above */
+	size_t nf4_blocks, nf4_scales;/* absmax values; double-quantization floats */
+	size_t nf4_max_numel;         /* the largest NF4 tensor (the dequantization scratch) */
+	float lora_scale;             /* alpha / rank (rslora: / sqrt(rank)); 0 without LoRA */
 
 	struct tr_plan_buf *bufs;
 	size_t nbufs, capbufs;
@@ -74,7 +139,9 @@ struct tr_plan {
 };
 
 /* Builds the plan. Validates that B, T and the config give sizes that fit
- * (no overflow, T <= max_position_embeddings is only a warning elsewhere). */
+ * (no overflow, T <= max_position_embeddings is only a warning elsewhere),
+ * and the method options (a LoRA rank above a projection's size, NF4 on a
+ * base that trains, ...: TD_EINVAL naming the option). */
 td_err tr_plan_build(struct tr_plan *p, const struct tr_model_config *cfg,
 		     const struct tr_plan_opts *o, struct td_errbuf *eb);
 void tr_plan_fini(struct tr_plan *p);

@@ -27,6 +27,7 @@
 #include "gpu/select.h"
 #include "proto/log.h"
 #include "train/data.h"
+#include "train/method.h"
 #include "train/model.h"
 #include "train/modeldir.h"
 
@@ -134,9 +135,11 @@ double tr_lr_at(const Traind__Hyper *h, uint64_t s, uint64_t total)
 struct job {
 	const Traind__JobSpec *spec;
 	struct tr_model_config cfg;
+	struct tr_method *meth;     /* the method's models; m is the one AdamW steps */
 	struct tr_model *m;
 	struct gpu_backend *be;
 	struct tr_data *data;
+	struct tr_data *eval;       /* data.eval_file, or NULL */
 	struct tr_data_pos pos;
 	uint64_t step, total;
 	int B, T, accum;
@@ -144,31 +147,11 @@ struct job {
 	FILE *log;
 };
 
+/* The trained weights: a model dir, or a PEFT adapter (train/method.h). */
 static td_err save_params(struct job *j, const char *dir, enum tr_dtype dtype,
 			  struct td_errbuf *eb)
 {
-	const struct tr_plan *p = tr_model_plan(j->m);
-	float *host = malloc(p->numel_params * sizeof(float));
-	struct tr_save_tensor *ts = calloc(p->nparams, sizeof(*ts));
-	if (!host || !ts) {
-		free(host);
-		free(ts);
-		return td_fail(eb, TD_ENOMEM, "checkpoint: out of memory");
-	}
-	for (size_t i = 0; i < p->nparams; i++) {
-		const struct tr_param *pp = &p->params[i];
-		tr_model_get_param(j->m, pp, host + pp->offset);
-		ts[i].name = pp->name;
-		ts[i].ndim = pp->ndim;
-		ts[i].shape[0] = pp->shape[0];
-		ts[i].shape[1] = pp->shape[1];
-		ts[i].data = host + pp->offset;
-	}
-	td_err e = tr_modeldir_save(dir, j->spec->model_dir, &j->cfg, ts, p->nparams, dtype,
-				    j->spec->output->shard_bytes, eb);
-	free(host);
-	free(ts);
-	return e;
+	return tr_method_save(j->meth, dir, dtype, eb);
 }
 
 static td_err save_optimizer(struct job *j, const char *dir, struct td_errbuf *eb)
@@ -229,6 +212,9 @@ static struct json_object *state_json(const struct job *j, bool final, double lo
 	json_object_object_add(o, "seq_len", json_object_new_int(j->T));
 	json_object_object_add(o, "model_dir", json_object_new_string(j->spec->model_dir));
 	json_object_object_add(o, "train_file", json_object_new_string(j->spec->data->train_file));
+	char fp[24];
+	snprintf(fp, sizeof(fp), "%016llx", (unsigned long long)tr_data_fingerprint(j->data));
+	json_object_object_add(o, "data_fingerprint", json_object_new_string(fp));
 	return o;
 }
 
@@ -329,6 +315,16 @@ static td_err load_checkpoint(struct job *j, uint64_t step, struct td_errbuf *eb
 				    "%s: %s is %lld but the job has %lld; resume needs the same setting "
 				    "(or another output.dir)",
 				    path, must[i].key, (long long)jint(o, must[i].key), (long long)must[i].want);
+	/* The position means something only in the same sequences. */
+	struct json_object *fpv;
+	char fp[24];
+	snprintf(fp, sizeof(fp), "%016llx", (unsigned long long)tr_data_fingerprint(j->data));
+	if (e == TD_OK && json_object_object_get_ex(o, "data_fingerprint", &fpv) &&
+	    strcmp(json_object_get_string(fpv), fp) != 0)
+		e = td_fail(eb, TD_EMISMATCH,
+			    "%s: the data differs from the checkpointed run's (fingerprint %s, now %s); resume "
+			    "needs the same data and data settings (or another output.dir)",
+			    path, json_object_get_string(fpv), fp);
 	int64_t ep = jint(o, "data_epoch"), ix = jint(o, "data_index");
 	json_object_put(o);
 	if (e != TD_OK)
@@ -336,12 +332,7 @@ static td_err load_checkpoint(struct job *j, uint64_t step, struct td_errbuf *eb
 	if (ep < 0 || ix < 0)
 		return td_fail(eb, TD_EFORMAT, "%s: no data position", path);
 
-	struct tr_weights *w = NULL;
-	if ((e = tr_weights_open(&w, dir, eb)) != TD_OK)
-		return e;
-	e = tr_model_load(j->m, w, eb);
-	tr_weights_close(w);
-	if (e != TD_OK)
+	if ((e = tr_method_load_saved(j->meth, dir, eb)) != TD_OK)
 		return e;
 
 	struct tr_st_file *f = NULL;
@@ -391,15 +382,8 @@ static td_err open_job(struct job *j, const Traind__JobSpec *spec, struct td_err
 	td_err e = tr_config_load(&j->cfg, path, eb);
 	if (e != TD_OK)
 		return e;
-	if (spec->method != TRAIND__METHOD__METHOD_FULL)
-		return td_fail(eb, TD_EUNSUPPORTED,
-			       "method: only full fine-tuning is implemented in this build (LoRA, QLoRA, "
-			       "distillation and classification come with the methods issue)");
-	if (spec->data->format == TRAIND__DATA_FORMAT__DATA_FORMAT_JSONL)
-		return td_fail(eb, TD_EUNSUPPORTED,
-			       "data.train_file: %s: JSONL comes with the text issue; use a token file "
-			       "(little-endian uint32 ids, documents separated by EOS)",
-			       spec->data->train_file);
+	if ((e = tr_method_check(spec, &j->cfg, eb)) != TD_OK)
+		return e;
 	j->B = (int)spec->hyper->micro_batch;
 	j->T = (int)spec->data->seq_len;
 	j->accum = (int)spec->hyper->grad_accum;
@@ -416,13 +400,51 @@ td_err tr_train_plan(const Traind__JobSpec *spec, FILE *out, struct td_errbuf *e
 	td_err e = open_job(&j, spec, eb);
 	if (e != TD_OK)
 		return e;
-	struct tr_plan p;
-	struct tr_plan_opts po = {.B = j.B, .T = j.T};
-	if ((e = tr_plan_build(&p, &j.cfg, &po, eb)) != TD_OK)
-		return e;
 	fprintf(out, "job        %s (%s)\n", spec->name, spec->model_dir);
-	tr_plan_print(&p, out);
-	tr_plan_fini(&p);
+	return tr_method_print_plan(spec, &j.cfg, j.B, j.T, out, eb);
+}
+
+/* The mean token loss of the model as it is on data.eval_file (file order, at
+ * most data.eval_batches micro-batches), forward only; logged with its
+ * perplexity. ids and labels hold one micro-batch. A classifier's loss is per
+ * row instead, with accuracy and macro-F1 (train/method.h). */
+static td_err evaluate(struct job *j, int32_t *ids, int32_t *labels, FILE *log, double *out,
+		       struct td_errbuf *eb)
+{
+	if (j->spec->method == TRAIND__METHOD__METHOD_CLASSIFY) /* loss per row, accuracy, macro-F1 */
+		return tr_method_eval_classify(j->meth, j->eval, j->spec->data->eval_batches, j->step, log,
+					       out, eb);
+	uint64_t n = tr_data_num_sequences(j->eval), B = (uint64_t)j->B, T = (uint64_t)j->T;
+	uint64_t batches = (n + B - 1) / B;
+	if (j->spec->data->eval_batches && batches > j->spec->data->eval_batches)
+		batches = j->spec->data->eval_batches;
+	double sum = 0;
+	int64_t count = 0;
+	for (uint64_t k = 0; k < batches; k++) {
+		for (uint64_t b = 0; b < B; b++) {
+			if (k * B + b < n) {
+				tr_data_sequence(j->eval, k * B + b, ids + b * T, labels + b * T, NULL);
+				continue;
+			}
+			for (uint64_t t = 0; t < T; t++) { /* past the end: no loss */
+				ids[b * T + t] = tr_data_pad_id(j->eval);
+				labels[b * T + t] = -100;
+			}
+		}
+		double ls;
+		int64_t nv;
+		td_err e = tr_model_forward(j->m, ids, labels, &ls, &nv, eb);
+		if (e != TD_OK)
+			return e;
+		sum += ls;
+		count += nv;
+	}
+	*out = count ? sum / (double)count : NAN;
+	if (log)
+		fprintf(log, "eval   %6llu  loss %.4f  ppl %.3f  (%llu sequences, %lld tokens of %s)\n",
+			(unsigned long long)j->step, *out, exp(*out),
+			(unsigned long long)(batches * B < n ? batches * B : n), (long long)count,
+			j->spec->data->eval_file);
 	return TD_OK;
 }
 
@@ -442,9 +464,10 @@ static const char *backend_for(const Traind__JobSpec *spec, const struct tr_trai
 
 static void close_job(struct job *j)
 {
-	tr_model_free(j->m);
+	tr_method_free(j->meth);
 	gpu_backend_free(j->be);
 	tr_data_close(j->data);
+	tr_data_close(j->eval);
 }
 
 td_err tr_train(const Traind__JobSpec *spec, const struct tr_train_opts *opts,
@@ -454,6 +477,7 @@ td_err tr_train(const Traind__JobSpec *spec, const struct tr_train_opts *opts,
 	FILE *log = opts ? opts->log : NULL;
 	memset(res, 0, sizeof(*res));
 	snprintf(res->output_dir, sizeof(res->output_dir), "%s", spec->output->dir);
+	double t_start = now_s();
 	td_err e = open_job(&j, spec, eb);
 	if (e != TD_OK)
 		return e;
@@ -473,8 +497,10 @@ td_err tr_train(const Traind__JobSpec *spec, const struct tr_train_opts *opts,
 				       spec->output->dir);
 	}
 
-	if ((e = tr_data_open_tokens(&j.data, spec->data->train_file, j.T, j.cfg.vocab_size,
-				     spec->hyper->seed, eb)) != TD_OK)
+	/* Data first: a bad row fails the job before any model memory exists. */
+	res->eval_loss = NAN;
+	if ((e = tr_data_open_job(&j.data, spec, &j.cfg, false, log, eb)) != TD_OK ||
+	    (spec->data->eval_file && (e = tr_data_open_job(&j.eval, spec, &j.cfg, true, log, eb)) != TD_OK))
 		goto out;
 	uint64_t per_step = (uint64_t)j.B * (uint64_t)j.accum;
 	if (spec->hyper->has_max_steps && spec->hyper->max_steps)
@@ -492,15 +518,16 @@ td_err tr_train(const Traind__JobSpec *spec, const struct tr_train_opts *opts,
 		tr_weights_close(w);
 		goto out;
 	}
-	struct tr_plan_opts po = {.B = j.B, .T = j.T};
-	if ((e = tr_model_new(&j.m, j.be, &j.cfg, &po, eb)) != TD_OK) {
+	if ((e = tr_method_new(&j.meth, spec, &j.cfg, j.be, j.B, j.T, eb)) != TD_OK) {
 		tr_weights_close(w);
 		goto out;
 	}
+	j.m = tr_method_model(j.meth);
+	tr_method_set_pad_id(j.meth, tr_data_pad_id(j.data)); /* what a classifier pools past */
 	if (log) {
 		fprintf(log, "job %s: %s on %s, %llu steps of %d x %d x %d tokens\n", spec->name,
 			j.cfg.model_type, j.be->ops->name, (unsigned long long)j.total, j.accum, j.B, j.T);
-		tr_plan_print(tr_model_plan(j.m), log);
+		tr_method_print(j.meth, log);
 	}
 
 	uint64_t steps[4096];
@@ -516,7 +543,7 @@ td_err tr_train(const Traind__JobSpec *spec, const struct tr_train_opts *opts,
 				j.ckpt_root, (unsigned long long)j.step, (unsigned long long)j.pos.epoch,
 				(unsigned long long)j.pos.index);
 	} else {
-		e = tr_model_load(j.m, w, eb);
+		e = tr_method_load_initial(j.meth, w, eb);
 		tr_weights_close(w);
 		w = NULL;
 		if (e != TD_OK)
@@ -532,31 +559,31 @@ td_err tr_train(const Traind__JobSpec *spec, const struct tr_train_opts *opts,
 	size_t rows = (size_t)j.B * (size_t)j.T;
 	int32_t *ids = malloc(rows * (size_t)j.accum * sizeof(int32_t));
 	int32_t *labels = malloc(rows * (size_t)j.accum * sizeof(int32_t));
-	if (!ids || !labels) {
+	int32_t *cls = malloc((size_t)j.B * (size_t)j.accum * sizeof(int32_t));
+	if (!ids || !labels || !cls) {
 		free(ids);
 		free(labels);
+		free(cls);
 		e = td_fail(eb, TD_ENOMEM, "trainer: out of memory");
 		goto out;
 	}
 	double t0 = now_s(), loss = 0;
 	uint64_t start_step = j.step, ckpt_every = spec->output->checkpoint_every;
-	bool wrote_last = false;
 	while (j.step < j.total) {
 		/* All micro-batches first: the loss is a mean over every valid
 		 * token of the step, so their count must be known before backward. */
 		int64_t valid = 0;
 		for (int a = 0; a < j.accum; a++) {
-			tr_data_next(j.data, &j.pos, ids + a * rows, labels + a * rows, j.B, eb);
-			for (int b = 0; b < j.B; b++)
-				for (int t = 1; t < j.T; t++)
-					valid += labels[a * rows + (size_t)b * j.T + t] != -100;
+			tr_data_next(j.data, &j.pos, ids + a * rows, labels + a * rows, cls + (size_t)a * j.B, j.B, eb);
+			valid += tr_method_count_valid(j.meth, labels + a * rows, cls + (size_t)a * j.B);
 		}
 		tr_model_zero_grad(j.m);
 		double loss_sum = 0;
 		for (int a = 0; a < j.accum && e == TD_OK; a++) {
 			double ls;
 			int64_t nv;
-			e = tr_model_forward(j.m, ids + a * rows, labels + a * rows, &ls, &nv, eb);
+			e = tr_method_forward(j.meth, ids + a * rows, labels + a * rows, cls + (size_t)a * j.B,
+					      j.step * (uint64_t)j.accum + (uint64_t)a, &ls, &nv, eb);
 			if (e == TD_OK) {
 				loss_sum += ls;
 				tr_model_backward(j.m, valid ? (float)(1.0 / (double)valid) : 0.0f);
@@ -576,9 +603,10 @@ td_err tr_train(const Traind__JobSpec *spec, const struct tr_train_opts *opts,
 		if ((e = gpu_sync(j.be, eb)) != TD_OK)
 			break;
 		j.step++;
-		wrote_last = false;
-		if (j.step == start_step + 1)
+		if (j.step == start_step + 1) {
 			res->first_loss = loss;
+			res->first_step_s = now_s() - t_start;
+		}
 		res->last_loss = loss;
 
 		double el = now_s() - t0;
@@ -598,6 +626,10 @@ td_err tr_train(const Traind__JobSpec *spec, const struct tr_train_opts *opts,
 				pr.lr, pr.grad_norm, pr.tokens_per_s, pr.eta_s);
 		if (hooks && hooks->on_step)
 			hooks->on_step(hooks->ctx, &pr);
+		uint64_t eval_every = spec->data->eval_every ? spec->data->eval_every : ckpt_every;
+		if (j.eval && ((eval_every && j.step % eval_every == 0) || j.step == j.total) &&
+		    (e = evaluate(&j, ids, labels, log, &res->eval_loss, eb)) != TD_OK)
+			break;
 
 		bool stop = (hooks && hooks->should_stop && hooks->should_stop(hooks->ctx)) ||
 			    (opts && opts->stop_after && j.step - start_step >= opts->stop_after);
@@ -605,7 +637,6 @@ td_err tr_train(const Traind__JobSpec *spec, const struct tr_train_opts *opts,
 			if ((e = mkdir_p(j.ckpt_root, eb)) != TD_OK ||
 			    (e = write_checkpoint(&j, loss, eb)) != TD_OK)
 				break;
-			wrote_last = true;
 			prune_checkpoints(&j);
 			if (log)
 				fprintf(log, "checkpoint %s/step-%08llu\n", j.ckpt_root,
@@ -621,9 +652,9 @@ td_err tr_train(const Traind__JobSpec *spec, const struct tr_train_opts *opts,
 			break;
 		}
 	}
-	(void)wrote_last;
 	free(ids);
 	free(labels);
+	free(cls);
 	res->steps_done = j.step;
 	res->total_steps = j.total;
 	if (e == TD_OK && !res->stopped) {
@@ -638,6 +669,15 @@ td_err tr_train(const Traind__JobSpec *spec, const struct tr_train_opts *opts,
 				tr_dtype_name(j.cfg.dtype), (unsigned long long)j.step, loss);
 	}
 out:
+	if (j.be) {
+		snprintf(res->device, sizeof(res->device), "%s", j.be->device);
+		res->compiles = j.be->compiles;
+		res->compiles_after_seal = j.be->compiles_after_seal;
+		if (log)
+			fprintf(log, "backend %s (%s): %lld kernel compiles, %lld after seal; first step %.2fs after start\n",
+				j.be->ops->name, j.be->device, (long long)res->compiles,
+				(long long)res->compiles_after_seal, res->first_step_s);
+	}
 	close_job(&j);
 	return e;
 }

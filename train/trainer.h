@@ -51,7 +51,12 @@ struct tr_train_result {
 	uint64_t steps_done;    /* the step reached */
 	uint64_t total_steps;
 	double first_loss, last_loss;
+	double eval_loss;       /* the last evaluation of data.eval_file (mean token loss); NAN if none ran */
 	bool stopped;           /* stopped early (should_stop / stop_after) */
+	double first_step_s;    /* from the call to the end of the first step: start-up cost */
+	char device[128];       /* the backend's device ("cpu" or the GPU's name) */
+	int64_t compiles;       /* kernel compiles by the backend during the job */
+	int64_t compiles_after_seal; /* of those, after the kernel table was sealed: 0 (contract 2) */
 	char output_dir[4096];
 };
 

@@ -420,3 +420,173 @@ static void gemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int M, int N, int K, fl
 	}
 	cblas_sgemm(CblasRowMajor, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
+
+/* -------------------------------------------------------------- methods -- */
+
+/* bitsandbytes' NF4 table (the QLoRA paper's values, as float32). */
+const float nf4_code[16] = {
+	-1.0f,
+	-0.6961928009986877f,
+	-0.5250730514526367f,
+	-0.39491748809814453f,
+	-0.28444138169288635f,
+	-0.18477343022823334f,
+	-0.09105003625154495f,
+	0.0f,
+	0.07958029955625534f,
+	0.16093020141124725f,
+	0.24611230194568634f,
+	0.33791524171829224f,
+	0.44070982933044434f,
+	0.5626170039176941f,
+	0.7229568362236023f,
+	1.0f,
+};
+
+static uint8_t nf4_nearest(float x)
+{
+	uint8_t best = 0;
+	float bd = fabsf(x - nf4_code[0]);
+	for (uint8_t k = 1; k < 16; k++) {
+		float d = fabsf(x - nf4_code[k]);
+		if (d < bd) {
+			bd = d;
+			best = k;
+		}
+	}
+	return best;
+}
+
+void nf4_quantize(uint8_t *restrict codes, float *restrict absmax, const float *restrict inp,
+		  size_t n)
+{
+	size_t nb = (n + NF4_BLOCK - 1) / NF4_BLOCK;
+	memset(codes, 0, (n + 1) / 2);
+	for (size_t b = 0; b < nb; b++) {
+		size_t lo = b * NF4_BLOCK, hi = lo + NF4_BLOCK < n ? lo + NF4_BLOCK : n;
+		float am = 0.0f;
+		for (size_t i = lo; i < hi; i++)
+			am = fabsf(inp[i]) > am ? fabsf(inp[i]) : am;
+		absmax[b] = am;
+		float inv = am > 0.0f ? 1.0f / am : 0.0f;
+		for (size_t i = lo; i < hi; i++) {
+			uint8_t k = nf4_nearest(inp[i] * inv);
+			codes[i / 2] |= (uint8_t)(i % 2 ? k : k << 4);
+		}
+	}
+}
+
+void nf4_dequantize(float *restrict out, const uint8_t *restrict codes,
+		    const float *restrict absmax, size_t n)
+{
+	for (size_t i = 0; i < n; i++) {
+		uint8_t byte = codes[i / 2];
+		uint8_t k = i % 2 ? byte & 15 : byte >> 4;
+		out[i] = nf4_code[k] * absmax[i / NF4_BLOCK];
+	}
+}
+
+void absmax_quantize(int8_t *restrict q, float *restrict scale, const float *restrict absmax,
+		     size_t nblocks)
+{
+	size_t ns = (nblocks + NF4_DQ_BLOCK - 1) / NF4_DQ_BLOCK;
+	double sum = 0.0;
+	for (size_t j = 0; j < nblocks; j++)
+		sum += absmax[j];
+	float offset = nblocks ? (float)(sum / (double)nblocks) : 0.0f;
+	for (size_t s = 0; s < ns; s++) {
+		size_t lo = s * NF4_DQ_BLOCK, hi = lo + NF4_DQ_BLOCK < nblocks ? lo + NF4_DQ_BLOCK : nblocks;
+		float m = 0.0f;
+		for (size_t j = lo; j < hi; j++)
+			m = fabsf(absmax[j] - offset) > m ? fabsf(absmax[j] - offset) : m;
+		float sc = m > 0.0f ? m / 127.0f : 1.0f;
+		scale[s] = sc;
+		for (size_t j = lo; j < hi; j++) {
+			float r = rintf((absmax[j] - offset) / sc);
+			q[j] = (int8_t)(r > 127.0f ? 127 : r < -127.0f ? -127 : (int)r);
+		}
+	}
+	scale[ns] = offset;
+}
+
+void absmax_dequantize(float *restrict absmax, const int8_t *restrict q,
+		       const float *restrict scale, size_t nblocks)
+{
+	size_t ns = (nblocks + NF4_DQ_BLOCK - 1) / NF4_DQ_BLOCK;
+	float offset = scale[ns];
+	for (size_t j = 0; j < nblocks; j++)
+		absmax[j] = (float)q[j] * scale[j / NF4_DQ_BLOCK] + offset;
+}
+
+/* logsumexp of x/temp in double (temp 1: the plain one). */
+static double row_lse(const float *x, int V, double temp)
+{
+	double max = (double)row_max(x, V) / temp, sum = 0.0;
+	for (int i = 0; i < V; i++)
+		sum += exp((double)x[i] / temp - max);
+	return max + log(sum);
+}
+
+void distill_forward(float *restrict kl, float *restrict ce, const float *restrict logits,
+		     const float *restrict tlogits, const int32_t *restrict targets,
+		     float temperature, int N, int V)
+{
+	const double T = temperature;
+	for (int n = 0; n < N; n++) {
+		int32_t tgt = targets[n];
+		if (tgt == -100) {
+			kl[n] = ce[n] = 0.0f;
+			continue;
+		}
+		assert(tgt >= 0 && tgt < V);
+		const float *s = logits + (size_t)n * V, *t = tlogits + (size_t)n * V;
+		double lse_s = row_lse(s, V, T), lse_t = row_lse(t, V, T), acc = 0.0;
+		for (int i = 0; i < V; i++) {
+			double lp = (double)t[i] / T - lse_t;
+			acc += exp(lp) * (lp - ((double)s[i] / T - lse_s));
+		}
+		kl[n] = (float)acc;
+		ce[n] = (float)(row_lse(s, V, 1.0) - (double)s[tgt]);
+	}
+}
+
+/* In place is allowed: the row's normalisers are taken before it is
+ * overwritten, and each element is read just before it is written. */
+void distill_backward(float *dlogits, const float *logits, const float *tlogits,
+		      const int32_t *restrict targets, float dloss, float alpha, float temperature,
+		      int N, int V)
+{
+	const double T = temperature;
+	const double wkd = (double)dloss * alpha * T, wce = (double)dloss * (1.0 - alpha);
+	for (int n = 0; n < N; n++) {
+		int32_t tgt = targets[n];
+		float *d = dlogits + (size_t)n * V;
+		if (tgt == -100) {
+			memset(d, 0, sizeof(float) * (size_t)V);
+			continue;
+		}
+		assert(tgt >= 0 && tgt < V);
+		const float *s = logits + (size_t)n * V, *t = tlogits + (size_t)n * V;
+		double lse_sT = row_lse(s, V, T), lse_tT = row_lse(t, V, T), lse_s = row_lse(s, V, 1.0);
+		for (int i = 0; i < V; i++) {
+			double x = s[i];
+			double q = exp(x / T - lse_sT), p = exp((double)t[i] / T - lse_tT);
+			double sm = exp(x - lse_s) - (i == tgt ? 1.0 : 0.0);
+			d[i] = (float)(wkd * (q - p) + wce * sm);
+		}
+	}
+}
+
+void dropout_forward(float *out, const float *inp, float p, uint64_t seed, size_t n)
+{
+	assert(p >= 0.0f && p < 1.0f);
+	const uint32_t threshold = (uint32_t)((double)p * 16777216.0);
+	const float keep_scale = (float)(1.0 / (1.0 - (double)p));
+	for (size_t i = 0; i < n; i++) {
+		uint64_t z = seed + (uint64_t)(i + 1) * 0x9e3779b97f4a7c15ULL;
+		z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+		z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+		z ^= z >> 31;
+		out[i] = (uint32_t)(z >> 40) >= threshold ? inp[i] * keep_scale : 0.0f;
+	}
+}

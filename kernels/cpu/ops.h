@@ -98,4 +98,55 @@ double sumsq(const float *x, size_t n);
 /* x *= s over n values. */
 void scale_inplace(float *x, float s, size_t n);
 
+/* ------------------------------------------------------------ methods -- */
+/* LoRA, QLoRA, distillation and classification (train/ issue 4). LoRA itself
+ * is matmuls and a scale; classification pools with embedding_forward (a
+ * gather of rows) and uses crossentropy_* over the labels. */
+
+/* NF4 (QLoRA paper, Dettmers et al. 2023; bitsandbytes' table): the 16 values
+ * of the 4-bit NormalFloat code book, ascending, nf4_code[7] == 0. */
+extern const float nf4_code[16];
+#define NF4_BLOCK 64   /* elements per absmax */
+#define NF4_DQ_BLOCK 256 /* absmax values per double-quantization scale */
+
+/* Host-side quantizer (not a device op; weights are quantized once, at load).
+ * For each block of NF4_BLOCK values: absmax[b] = max|x|, and each x is coded
+ * as the index of the nearest nf4_code to x/absmax (ties to the lower index;
+ * an all-zero block codes 0.0). codes (ceil(n/2) bytes): element 2i in the
+ * high nibble of byte i, 2i+1 in the low nibble (bitsandbytes' order); an odd
+ * tail leaves the last low nibble 0. absmax (ceil(n/NF4_BLOCK)). */
+void nf4_quantize(uint8_t *codes, float *absmax, const float *inp, size_t n);
+/* out (n) = nf4_code[code of i] * absmax[i / NF4_BLOCK]. Overwrite. */
+void nf4_dequantize(float *out, const uint8_t *codes, const float *absmax, size_t n);
+
+/* Double quantization of the absmax values (host side, at load): offset =
+ * mean(absmax), then per block of NF4_DQ_BLOCK values a scale s = max|a -
+ * offset| / 127 and q = round((a - offset) / s) in [-127, 127] (linear int8;
+ * bitsandbytes uses its 8-bit dynamic map instead). scale has
+ * ceil(nblocks / NF4_DQ_BLOCK) + 1 floats: the scales, then the offset. */
+void absmax_quantize(int8_t *q, float *scale, const float *absmax, size_t nblocks);
+/* absmax (nblocks) = q[j] * scale[j / NF4_DQ_BLOCK] + offset. Overwrite. */
+void absmax_dequantize(float *absmax, const int8_t *q, const float *scale, size_t nblocks);
+
+/* Distillation, per row n whose target is not -100 (else both 0), with
+ * p = softmax(tlogits[n] / temperature), q = softmax(logits[n] / temperature):
+ *   kl[n] = sum_i p_i (log p_i - log q_i)        (KL(p || q))
+ *   ce[n] = logsumexp(logits[n]) - logits[n][targets[n]]
+ * logits, tlogits (N,V); kl, ce (N) overwrite. Sums in double. */
+void distill_forward(float *kl, float *ce, const float *logits, const float *tlogits,
+		     const int32_t *targets, float temperature, int N, int V);
+/* The gradient of dloss * (alpha*T^2*kl[n] + (1-alpha)*ce[n]) summed over rows:
+ *   dlogits[n] = dloss * (alpha*T*(q - p) + (1-alpha)*(softmax(logits[n]) - onehot))
+ * and 0 where the target is -100. Overwrite; dlogits may alias logits. */
+void distill_backward(float *dlogits, const float *logits, const float *tlogits,
+		      const int32_t *targets, float dloss, float alpha, float temperature, int N,
+		      int V);
+
+/* Inverted dropout with a stateless mask: element i is kept when the top 24
+ * bits of splitmix64(seed + (i+1) * 0x9e3779b97f4a7c15) are >= p * 2^24, and
+ * then scaled by 1/(1-p); dropped elements are 0. The mask is a function of
+ * (seed, i) only, so the backward pass is the same call on dout. p in [0, 1).
+ * out may alias inp. */
+void dropout_forward(float *out, const float *inp, float p, uint64_t seed, size_t n);
+
 #endif

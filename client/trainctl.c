@@ -1,0 +1,1063 @@
+/* trainctl: queue, follow and manage training jobs on a traind daemon.
+ *
+ * Each command is one line of `commands[]`; each sends one or more
+ * traind.Requests and prints the responses. Errors are one line on stderr
+ * ("trainctl: what happened; what to do") and an exit code from enum ctl_exit.
+ * Not here: anything the daemon decides (permissions, scheduling). */
+#include "client/ctl.h"
+
+#include "config.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <math.h>
+#include <pwd.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "proto/jobspec.h"
+
+#define WATCH_POLL_MS 500
+
+struct opts {
+	const char *socket;
+	bool json;
+	int timeout_ms;
+};
+
+static const char *prog = "trainctl";
+
+static int cmd_watch(const struct opts *o, int argc, char **argv);
+
+static int fail(int code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static int fail(int code, const char *fmt, ...)
+{
+	va_list ap;
+	va_start(ap, fmt);
+	fprintf(stderr, "%s: ", prog);
+	vfprintf(stderr, fmt, ap);
+	fputc('\n', stderr);
+	va_end(ap);
+	return code;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Calling the daemon */
+
+/* Connects, calls, and turns a failed status into a message and exit code.
+ * On CTL_OK *resp holds the response. */
+static int call(const struct opts *o, Traind__Request *req, Traind__Response **resp)
+{
+	char sock[256];
+	const char *path = o->socket ? o->socket : ctl_default_socket(sock, sizeof(sock));
+	struct ctl_conn *c = NULL;
+	struct td_errbuf eb = {{0}};
+	td_err e = ctl_connect(&c, path, o->timeout_ms, &eb);
+	if (e != TD_OK)
+		return fail(CTL_NODAEMON, "%s", eb.msg);
+	e = ctl_call(c, req, resp, &eb);
+	ctl_close(c);
+	if (e != TD_OK)
+		return fail(CTL_NODAEMON, "%s", eb.msg);
+	if ((*resp)->status != TD_OK) {
+		int code = ctl_exit_for((td_err)(*resp)->status);
+		fail(code, "%s", (*resp)->message && *(*resp)->message ? (*resp)->message
+								     : td_strerror((td_err)(*resp)->status));
+		rpc_response_free(*resp);
+		*resp = NULL;
+		return code;
+	}
+	return CTL_OK;
+}
+
+/* One connection reused across polls (watch, logs). */
+static int call_on(struct ctl_conn *c, Traind__Request *req, Traind__Response **resp)
+{
+	struct td_errbuf eb = {{0}};
+	td_err e = ctl_call(c, req, resp, &eb);
+	if (e != TD_OK)
+		return fail(CTL_NODAEMON, "%s", eb.msg);
+	if ((*resp)->status != TD_OK) {
+		int code = ctl_exit_for((td_err)(*resp)->status);
+		fail(code, "%s", (*resp)->message ? (*resp)->message : td_strerror((td_err)(*resp)->status));
+		rpc_response_free(*resp);
+		*resp = NULL;
+		return code;
+	}
+	return CTL_OK;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Formatting */
+
+static const char *user_name(uint32_t uid, char *buf, size_t cap)
+{
+	struct passwd pw, *pwp = NULL;
+	char tmp[4096];
+	if (getpwuid_r((uid_t)uid, &pw, tmp, sizeof(tmp), &pwp) == 0 && pwp)
+		snprintf(buf, cap, "%s", pwp->pw_name);
+	else
+		snprintf(buf, cap, "%u", uid);
+	return buf;
+}
+
+static const char *fmt_bytes(uint64_t b, char *buf, size_t cap)
+{
+	const char *u[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+	double v = (double)b;
+	int i = 0;
+	while (v >= 1024 && i < 4) {
+		v /= 1024;
+		i++;
+	}
+	snprintf(buf, cap, i ? "%.1f %s" : "%.0f %s", v, u[i]);
+	return buf;
+}
+
+static const char *fmt_time(double t, char *buf, size_t cap)
+{
+	if (t <= 0) {
+		snprintf(buf, cap, "-");
+		return buf;
+	}
+	time_t s = (time_t)t;
+	struct tm tm;
+	localtime_r(&s, &tm);
+	strftime(buf, cap, "%Y-%m-%d %H:%M:%S", &tm);
+	return buf;
+}
+
+static const char *fmt_dur(double s, char *buf, size_t cap)
+{
+	if (!isfinite(s) || s < 0) {
+		snprintf(buf, cap, "?");
+		return buf;
+	}
+	long t = (long)(s + 0.5);
+	if (t >= 3600)
+		snprintf(buf, cap, "%ld:%02ld:%02ld", t / 3600, t / 60 % 60, t % 60);
+	else
+		snprintf(buf, cap, "%ld:%02ld", t / 60, t % 60);
+	return buf;
+}
+
+static const char *state_name(const Traind__JobInfo *j)
+{
+	return rpc_job_state_name(j->has_state ? j->state : TRAIND__JOB_STATE__JOB_STATE_UNSPECIFIED);
+}
+
+static const char *fmt_progress(const Traind__JobInfo *j, char *buf, size_t cap)
+{
+	if (j->has_step && j->has_total_steps)
+		snprintf(buf, cap, "%llu/%llu", (unsigned long long)j->step,
+			 (unsigned long long)j->total_steps);
+	else if (j->has_step)
+		snprintf(buf, cap, "%llu", (unsigned long long)j->step);
+	else if (j->has_total_steps)
+		snprintf(buf, cap, "-/%llu", (unsigned long long)j->total_steps);
+	else
+		snprintf(buf, cap, "-");
+	return buf;
+}
+
+static void print_job(const Traind__JobInfo *j)
+{
+	char a[64], b[64];
+	printf("id:          %llu\n", (unsigned long long)j->id);
+	printf("name:        %s\n", j->name ? j->name : "");
+	printf("user:        %s (uid %u, gid %u)\n", user_name(j->uid, a, sizeof(a)), j->uid, j->gid);
+	printf("state:       %s%s\n", state_name(j), j->cancel_requested ? " (cancel requested)" : "");
+	if (j->reason && *j->reason)
+		printf("reason:      %s\n", j->reason);
+	printf("priority:    %d\n", j->priority);
+	if (j->has_method)
+		printf("method:      %s\n", rpc_method_name(j->method));
+	if (j->model_dir)
+		printf("model:       %s\n", j->model_dir);
+	if (j->output_dir)
+		printf("output:      %s\n", j->output_dir);
+	if (j->device && *j->device)
+		printf("device:      %s\n", j->device);
+	printf("progress:    %s", fmt_progress(j, a, sizeof(a)));
+	if (j->has_loss)
+		printf("  loss %.4f", j->loss);
+	if (j->has_lr)
+		printf("  lr %.3e", j->lr);
+	if (j->has_tokens_per_s)
+		printf("  %.0f tok/s", j->tokens_per_s);
+	if (j->has_eta_s && !rpc_job_state_final(j->state))
+		printf("  eta %s", fmt_dur(j->eta_s, b, sizeof(b)));
+	printf("\n");
+	if (j->checkpoint && *j->checkpoint)
+		printf("checkpoint:  %s\n", j->checkpoint);
+	printf("attempts:    %u\n", j->attempts);
+	printf("submitted:   %s\n", fmt_time(j->submit_time, a, sizeof(a)));
+	if (j->has_start_time)
+		printf("started:     %s\n", fmt_time(j->start_time, a, sizeof(a)));
+	if (j->has_end_time)
+		printf("ended:       %s\n", fmt_time(j->end_time, a, sizeof(a)));
+	if (j->spec) {
+		printf("spec:\n");
+		fflush(stdout);
+		rpc_jobspec_print(j->spec, stdout);
+	}
+}
+
+static int print_result(const struct opts *o, const ProtobufCMessage *m, void (*human)(const void *))
+{
+	if (o->json) {
+		struct json_object *js = ctl_json(m);
+		ctl_json_print(stdout, js, true);
+		json_object_put(js);
+	} else {
+		human(m);
+	}
+	return CTL_OK;
+}
+
+static void human_job(const void *m)
+{
+	print_job(m);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Arguments */
+
+static bool parse_u64(const char *s, uint64_t *out)
+{
+	char *end;
+	errno = 0;
+	if (!s || !*s || *s == '-')
+		return false;
+	unsigned long long v = strtoull(s, &end, 10);
+	if (*end || errno)
+		return false;
+	*out = v;
+	return true;
+}
+
+static bool parse_bytes(const char *s, uint64_t *out)
+{
+	char *end;
+	errno = 0;
+	if (!s || !*s || *s == '-')
+		return false;
+	double v = strtod(s, &end);
+	if (end == s || errno || !(v > 0))
+		return false;
+	while (*end == ' ')
+		end++;
+	double mul = 1;
+	if (*end) {
+		switch (*end) {
+		case 'K': case 'k': mul = 1024.0; break;
+		case 'M': mul = 1024.0 * 1024; break;
+		case 'G': mul = 1024.0 * 1024 * 1024; break;
+		case 'T': mul = 1024.0 * 1024 * 1024 * 1024; break;
+		case 'B': break;
+		default: return false;
+		}
+		end++;
+		if (*end && strcmp(end, "iB") != 0 && strcmp(end, "B") != 0)
+			return false;
+	}
+	v *= mul;
+	if (v >= 18446744073709551615.0)
+		return false;
+	*out = (uint64_t)v;
+	return true;
+}
+
+static bool job_id_arg(const char *s, uint64_t *id)
+{
+	return parse_u64(s, id) && *id > 0;
+}
+
+/* ------------------------------------------------------------------------ */
+/* submit */
+
+static char *absolute(const char *p)
+{
+	if (!p || !*p || *p == '/')
+		return p ? strdup(p) : NULL;
+	char cwd[PATH_MAX];
+	if (!getcwd(cwd, sizeof(cwd)))
+		return NULL;
+	while (p[0] == '.' && p[1] == '/')
+		p += 2;
+	size_t n = strlen(cwd) + strlen(p) + 2;
+	char *r = malloc(n);
+	if (r)
+		snprintf(r, n, "%s/%s", strcmp(cwd, "/") == 0 ? "" : cwd, p);
+	return r;
+}
+
+static bool make_abs(char **field)
+{
+	if (!*field || **field == '/')
+		return true;
+	char *a = absolute(*field);
+	if (!a)
+		return false;
+	/* None of the path fields has a default: the old string is malloc'd. */
+	free(*field);
+	*field = a;
+	return true;
+}
+
+#define SUBMSG(parent, field, type, init)                     \
+	do {                                                  \
+		if (!(parent)->field) {                       \
+			(parent)->field = malloc(sizeof(type)); \
+			if (!(parent)->field)                 \
+				return false;                 \
+			init((parent)->field);                \
+		}                                             \
+	} while (0)
+
+static bool ensure_sections(Traind__JobSpec *s)
+{
+	SUBMSG(s, data, Traind__DataSpec, traind__data_spec__init);
+	SUBMSG(s, hyper, Traind__Hyper, traind__hyper__init);
+	SUBMSG(s, output, Traind__OutputSpec, traind__output_spec__init);
+	SUBMSG(s, resources, Traind__Resources, traind__resources__init);
+	return true;
+}
+
+static bool set_str(char **field, const char *v)
+{
+	char *d = strdup(v);
+	if (!d)
+		return false;
+	/* Only fields without a [default] come here: the old string, if
+	 * any, is malloc'd (from unpack or from here). */
+	free(*field);
+	*field = d;
+	return true;
+}
+
+static int cmd_submit(const struct opts *o, int argc, char **argv)
+{
+	const char *file = NULL;
+	bool watch = false;
+	Traind__JobSpec *s = NULL;
+	struct td_errbuf eb = {{0}};
+	/* The job file first, so that flags override it. */
+	for (int i = 0; i < argc; i++) {
+		if (argv[i][0] != '-') {
+			if (file)
+				return fail(CTL_USAGE, "submit: more than one job file ('%s', '%s')", file, argv[i]);
+			file = argv[i];
+		} else if (i + 1 < argc && strcmp(argv[i], "--watch") != 0) {
+			i++;
+		}
+	}
+	if (file) {
+		if (rpc_jobspec_load(&s, file, &eb) != TD_OK)
+			return fail(CTL_USAGE, "%s", eb.msg);
+	} else if (!(s = rpc_jobspec_new())) {
+		return fail(CTL_FAILED, "out of memory");
+	}
+	int rc = CTL_OK;
+	if (!ensure_sections(s)) {
+		rc = fail(CTL_FAILED, "out of memory");
+		goto out;
+	}
+	for (int i = 0; i < argc && rc == CTL_OK; i++) {
+		const char *a = argv[i];
+		if (a[0] != '-')
+			continue;
+		if (strcmp(a, "--watch") == 0) {
+			watch = true;
+			continue;
+		}
+		if (i + 1 >= argc) {
+			rc = fail(CTL_USAGE, "submit: %s needs a value", a);
+			break;
+		}
+		const char *v = argv[++i];
+		uint64_t u;
+		char *end;
+		bool ok = true;
+		if (strcmp(a, "--model") == 0) {
+			ok = set_str(&s->model_dir, v);
+		} else if (strcmp(a, "--data") == 0) {
+			ok = set_str(&s->data->train_file, v);
+		} else if (strcmp(a, "--eval") == 0) {
+			ok = set_str(&s->data->eval_file, v);
+		} else if (strcmp(a, "--output") == 0) {
+			ok = set_str(&s->output->dir, v);
+		} else if (strcmp(a, "--name") == 0) {
+			ok = set_str(&s->name, v);
+		} else if (strcmp(a, "--method") == 0) {
+			Traind__Method m;
+			if (rpc_method_from_name(v, &m) != TD_OK) {
+				rc = fail(CTL_USAGE, "submit: --method %s: expected full, lora, qlora, distill or classify", v);
+				break;
+			}
+			s->has_method = true;
+			s->method = m;
+		} else if (strcmp(a, "--steps") == 0 && (ok = parse_u64(v, &u))) {
+			s->hyper->has_max_steps = true;
+			s->hyper->max_steps = u;
+		} else if (strcmp(a, "--lr") == 0) {
+			double d = strtod(v, &end);
+			if ((ok = *v && !*end)) {
+				s->hyper->has_lr = true;
+				s->hyper->lr = d;
+			}
+		} else if (strcmp(a, "--batch") == 0 && (ok = parse_u64(v, &u) && u <= UINT32_MAX)) {
+			s->hyper->has_micro_batch = true;
+			s->hyper->micro_batch = (uint32_t)u;
+		} else if (strcmp(a, "--seq-len") == 0 && (ok = parse_u64(v, &u) && u <= UINT32_MAX)) {
+			s->data->has_seq_len = true;
+			s->data->seq_len = (uint32_t)u;
+		} else if (strcmp(a, "--checkpoint-every") == 0 && (ok = parse_u64(v, &u))) {
+			s->output->has_checkpoint_every = true;
+			s->output->checkpoint_every = u;
+		} else if (strcmp(a, "--priority") == 0) {
+			long p = strtol(v, &end, 10);
+			if ((ok = *v && !*end && p >= INT32_MIN && p <= INT32_MAX)) {
+				s->resources->has_priority = true;
+				s->resources->priority = (int32_t)p;
+			}
+		} else if (strcmp(a, "--device") == 0) {
+			s->resources->has_device = true;
+			if (strcasecmp(v, "cpu") == 0)
+				s->resources->device = TRAIND__DEVICE__DEVICE_CPU;
+			else if (strcasecmp(v, "gpu") == 0)
+				s->resources->device = TRAIND__DEVICE__DEVICE_GPU;
+			else if (strcasecmp(v, "any") == 0)
+				s->resources->device = TRAIND__DEVICE__DEVICE_ANY;
+			else
+				ok = false;
+		} else if (strncmp(a, "--", 2) == 0 && (strcmp(a, "--steps") == 0 || strcmp(a, "--batch") == 0 ||
+							 strcmp(a, "--seq-len") == 0 ||
+							 strcmp(a, "--checkpoint-every") == 0)) {
+			ok = false;
+		} else {
+			rc = fail(CTL_USAGE, "submit: unknown option '%s' (trainctl help)", a);
+			break;
+		}
+		if (!ok && rc == CTL_OK)
+			rc = fail(CTL_USAGE, "submit: %s: '%s' is not a valid value", a, v);
+	}
+	if (rc != CTL_OK)
+		goto out;
+	if (!file && !s->model_dir)
+		rc = fail(CTL_USAGE, "submit: give a job file (job.pb or job.txtpb) or at least --model DIR "
+				     "--data FILE --output DIR");
+	/* The daemon cannot know this shell's directory: paths go absolute. */
+	if (rc == CTL_OK &&
+	    (!make_abs(&s->model_dir) || !make_abs(&s->data->train_file) || !make_abs(&s->data->eval_file) ||
+	     !make_abs(&s->output->dir) || (s->lora && !make_abs(&s->lora->init_adapter)) ||
+	     (s->distill && !make_abs(&s->distill->teacher_dir))))
+		rc = fail(CTL_FAILED, "cannot make the paths absolute: %s", strerror(errno));
+	if (rc == CTL_OK && (rpc_jobspec_apply_defaults(s, &eb) != TD_OK || rpc_jobspec_validate(s, &eb) != TD_OK))
+		rc = fail(CTL_USAGE, "%s%s%s", file ? file : "", file ? ": " : "", eb.msg);
+	if (rc != CTL_OK)
+		goto out;
+
+	Traind__Request req = TRAIND__REQUEST__INIT;
+	Traind__SubmitRequest sr = TRAIND__SUBMIT_REQUEST__INIT;
+	sr.spec = s;
+	req.call_case = TRAIND__REQUEST__CALL_SUBMIT;
+	req.submit = &sr;
+	Traind__Response *resp = NULL;
+	if ((rc = call(o, &req, &resp)) != CTL_OK)
+		goto out;
+	uint64_t id = resp->job ? resp->job->id : 0;
+	if (o->json)
+		print_result(o, &resp->job->base, human_job);
+	else if (!watch)
+		printf("%llu\n", (unsigned long long)id);
+	else
+		printf("job %llu submitted\n", (unsigned long long)id);
+	rpc_response_free(resp);
+	if (watch) {
+		char idbuf[32];
+		snprintf(idbuf, sizeof(idbuf), "%llu", (unsigned long long)id);
+		char *wargv[] = {idbuf};
+		rc = cmd_watch(o, 1, wargv);
+	}
+out:
+	rpc_jobspec_free(s);
+	return rc;
+}
+
+/* ------------------------------------------------------------------------ */
+/* ls, show, cancel */
+
+static int cmd_ls(const struct opts *o, int argc, char **argv)
+{
+	Traind__ListRequest lr = TRAIND__LIST_REQUEST__INIT;
+	for (int i = 0; i < argc; i++) {
+		uint64_t u;
+		if (strcmp(argv[i], "--all") == 0 || strcmp(argv[i], "-a") == 0) {
+			lr.has_all = lr.all = true;
+		} else if (strcmp(argv[i], "--limit") == 0 && i + 1 < argc && parse_u64(argv[i + 1], &u) &&
+			   u <= UINT32_MAX) {
+			lr.has_limit = true;
+			lr.limit = (uint32_t)u;
+			i++;
+		} else {
+			return fail(CTL_USAGE, "ls: unknown argument '%s' (ls [--all] [--limit N])", argv[i]);
+		}
+	}
+	Traind__Request req = TRAIND__REQUEST__INIT;
+	req.call_case = TRAIND__REQUEST__CALL_LIST;
+	req.list = &lr;
+	Traind__Response *resp = NULL;
+	int rc = call(o, &req, &resp);
+	if (rc != CTL_OK)
+		return rc;
+	const Traind__JobList *l = resp->list;
+	size_t n = l ? l->n_jobs : 0;
+	if (o->json) {
+		struct json_object *arr = json_object_new_array();
+		for (size_t i = 0; i < n; i++)
+			json_object_array_add(arr, ctl_json(&l->jobs[i]->base));
+		ctl_json_print(stdout, arr, true);
+		json_object_put(arr);
+	} else if (!n) {
+		printf("no jobs%s\n", lr.all ? "" : " (of yours; --all lists everyone's, for admins)");
+	} else {
+		printf("%-6s %-24s %-10s %-11s %-13s %-10s %-19s %s\n", "ID", "NAME", "USER", "STATE",
+		       "STEP", "LOSS", "SUBMITTED", "DEVICE");
+		for (size_t i = 0; i < n; i++) {
+			const Traind__JobInfo *j = l->jobs[i];
+			char u[64], p[64], t[64], loss[32] = "-";
+			if (j->has_loss)
+				snprintf(loss, sizeof(loss), "%.4f", j->loss);
+			printf("%-6llu %-24.24s %-10.10s %-11s %-13s %-10s %-19s %s\n",
+			       (unsigned long long)j->id, j->name ? j->name : "", user_name(j->uid, u, sizeof(u)),
+			       state_name(j), fmt_progress(j, p, sizeof(p)), loss,
+			       fmt_time(j->submit_time, t, sizeof(t)), j->device && *j->device ? j->device : "-");
+		}
+	}
+	rpc_response_free(resp);
+	return CTL_OK;
+}
+
+static int job_call(const struct opts *o, const char *cmd, int argc, char **argv,
+		    Traind__Request__CallCase which)
+{
+	uint64_t id;
+	if (argc != 1 || !job_id_arg(argv[0], &id))
+		return fail(CTL_USAGE, "%s: give one job id (`trainctl ls` lists them)", cmd);
+	Traind__JobRef ref = TRAIND__JOB_REF__INIT;
+	ref.has_id = true;
+	ref.id = id;
+	Traind__Request req = TRAIND__REQUEST__INIT;
+	req.call_case = which;
+	if (which == TRAIND__REQUEST__CALL_SHOW)
+		req.show = &ref;
+	else
+		req.cancel = &ref;
+	Traind__Response *resp = NULL;
+	int rc = call(o, &req, &resp);
+	if (rc != CTL_OK)
+		return rc;
+	if (!resp->job) {
+		rpc_response_free(resp);
+		return fail(CTL_FAILED, "%s: the daemon sent no job", cmd);
+	}
+	if (which == TRAIND__REQUEST__CALL_CANCEL && !o->json) {
+		const Traind__JobInfo *j = resp->job;
+		if (rpc_job_state_final(j->state))
+			printf("job %llu %s\n", (unsigned long long)j->id, state_name(j));
+		else
+			printf("job %llu: cancel requested; it stops at its next step boundary\n",
+			       (unsigned long long)j->id);
+	} else {
+		print_result(o, &resp->job->base, human_job);
+	}
+	rpc_response_free(resp);
+	return CTL_OK;
+}
+
+static int cmd_show(const struct opts *o, int argc, char **argv)
+{
+	return job_call(o, "show", argc, argv, TRAIND__REQUEST__CALL_SHOW);
+}
+
+static int cmd_cancel(const struct opts *o, int argc, char **argv)
+{
+	return job_call(o, "cancel", argc, argv, TRAIND__REQUEST__CALL_CANCEL);
+}
+
+/* ------------------------------------------------------------------------ */
+/* watch, logs */
+
+static volatile sig_atomic_t interrupted;
+
+static void on_sigint(int sig)
+{
+	(void)sig;
+	interrupted = 1;
+}
+
+static void sleep_ms(int ms)
+{
+	struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+	nanosleep(&ts, NULL);
+}
+
+static int outcome_code(const Traind__JobInfo *j)
+{
+	switch (j->state) {
+	case TRAIND__JOB_STATE__JOB_STATE_SUCCEEDED:
+		return CTL_OK;
+	case TRAIND__JOB_STATE__JOB_STATE_CANCELLED:
+		return CTL_CANCELLED;
+	default:
+		return CTL_FAILED;
+	}
+}
+
+static void print_event(const Traind__JobEvent *e)
+{
+	char t[64];
+	printf("%s %-10s %s\n", fmt_time(e->time, t, sizeof(t)), e->kind ? e->kind : "",
+	       e->message ? e->message : "");
+}
+
+static void print_metric(const Traind__JobMetric *m, uint64_t total)
+{
+	char t[64], eta[32] = "";
+	printf("%s step %llu", fmt_time(m->time, t, sizeof(t)), (unsigned long long)m->step);
+	if (total)
+		printf("/%llu", (unsigned long long)total);
+	if (m->has_loss)
+		printf("  loss %.4f", m->loss);
+	if (m->has_lr)
+		printf("  lr %.3e", m->lr);
+	if (m->has_grad_norm)
+		printf("  grad_norm %.3f", m->grad_norm);
+	if (m->has_tokens_per_s)
+		printf("  tok/s %.0f", m->tokens_per_s);
+	if (m->has_eval_loss)
+		printf("  eval_loss %.4f", m->eval_loss);
+	if (m->has_eta_s)
+		printf("  eta %s", fmt_dur(m->eta_s, eta, sizeof(eta)));
+	printf("\n");
+}
+
+static void draw_bar(const Traind__JobInfo *j)
+{
+	char line[256], eta[32];
+	int width = 30;
+	double frac = j->has_total_steps && j->total_steps ? (double)j->step / (double)j->total_steps : 0;
+	if (frac > 1)
+		frac = 1;
+	int fill = (int)(frac * width + 0.5);
+	int n = snprintf(line, sizeof(line), "\r[");
+	for (int i = 0; i < width && n < (int)sizeof(line) - 1; i++)
+		line[n++] = i < fill ? '#' : '.';
+	n += snprintf(line + n, sizeof(line) - (size_t)n, "] %llu/%llu",
+		      (unsigned long long)j->step, (unsigned long long)j->total_steps);
+	if (j->has_loss)
+		n += snprintf(line + n, sizeof(line) - (size_t)n, "  loss %.4f", j->loss);
+	if (j->has_lr)
+		n += snprintf(line + n, sizeof(line) - (size_t)n, "  lr %.2e", j->lr);
+	if (j->has_tokens_per_s)
+		n += snprintf(line + n, sizeof(line) - (size_t)n, "  %.0f tok/s", j->tokens_per_s);
+	if (j->has_eta_s)
+		n += snprintf(line + n, sizeof(line) - (size_t)n, "  ETA %s", fmt_dur(j->eta_s, eta, sizeof(eta)));
+	else
+		n += snprintf(line + n, sizeof(line) - (size_t)n, "  %s", state_name(j));
+	fputs(line, stdout);
+	fputs("\033[K", stdout);
+	fflush(stdout);
+}
+
+/* Follows a job's events and metrics until it ends (follow) or once. */
+static int follow(const struct opts *o, uint64_t id, bool until_final, bool bar, bool events_too,
+		  bool metric_lines)
+{
+	char sock[256];
+	const char *path = o->socket ? o->socket : ctl_default_socket(sock, sizeof(sock));
+	struct ctl_conn *c = NULL;
+	struct td_errbuf eb = {{0}};
+	if (ctl_connect(&c, path, o->timeout_ms, &eb) != TD_OK)
+		return fail(CTL_NODAEMON, "%s", eb.msg);
+	struct sigaction sa = {.sa_handler = on_sigint};
+	sigaction(SIGINT, &sa, NULL);
+	uint64_t after_ev = 0, after_step = 0;
+	bool bar_drawn = false;
+	int rc = CTL_OK;
+	for (;;) {
+		Traind__WatchRequest w = TRAIND__WATCH_REQUEST__INIT;
+		w.has_id = true;
+		w.id = id;
+		w.has_after_event = true;
+		w.after_event = after_ev;
+		w.has_after_step = true;
+		w.after_step = after_step;
+		Traind__Request req = TRAIND__REQUEST__INIT;
+		req.call_case = TRAIND__REQUEST__CALL_WATCH;
+		req.watch = &w;
+		Traind__Response *resp = NULL;
+		if ((rc = call_on(c, &req, &resp)) != CTL_OK)
+			break;
+		const Traind__WatchReply *wr = resp->watch;
+		const Traind__JobInfo *j = wr ? wr->job : NULL;
+		if (!j) {
+			rpc_response_free(resp);
+			rc = fail(CTL_FAILED, "watch: the daemon sent no job");
+			break;
+		}
+		uint64_t total = j->has_total_steps ? j->total_steps : 0;
+		/* Events and metrics in time order. */
+		size_t ie = 0, im = 0;
+		while (ie < wr->n_events || im < wr->n_metrics) {
+			bool ev = im >= wr->n_metrics ||
+				  (ie < wr->n_events && wr->events[ie]->time <= wr->metrics[im]->time);
+			if (o->json) {
+				struct json_object *js = ctl_json(ev ? &wr->events[ie]->base : &wr->metrics[im]->base);
+				json_object_object_add(js, "type", json_object_new_string(ev ? "event" : "metric"));
+				ctl_json_print(stdout, js, false);
+				json_object_put(js);
+			} else if (ev && events_too) {
+				if (bar_drawn)
+					fputs("\r\033[K", stdout);
+				print_event(wr->events[ie]);
+				bar_drawn = false;
+			} else if (!ev && metric_lines) {
+				print_metric(wr->metrics[im], total);
+			}
+			if (ev)
+				after_ev = wr->events[ie++]->seq;
+			else
+				after_step = wr->metrics[im++]->step;
+		}
+		bool final = rpc_job_state_final(j->state);
+		if (bar && !o->json && (j->has_step || !final)) {
+			draw_bar(j);
+			bar_drawn = true;
+		}
+		bool more = wr->has_more && wr->more;
+		if (!more && (final || !until_final)) {
+			if (bar_drawn)
+				fputs("\n", stdout);
+			if (until_final && !o->json)
+				printf("job %llu %s%s%s\n", (unsigned long long)j->id, state_name(j),
+				       j->reason && *j->reason ? ": " : "", j->reason ? j->reason : "");
+			if (until_final && o->json) {
+				struct json_object *js = ctl_json(&j->base);
+				json_object_object_add(js, "type", json_object_new_string("job"));
+				ctl_json_print(stdout, js, false);
+				json_object_put(js);
+			}
+			rc = until_final ? outcome_code(j) : CTL_OK;
+			rpc_response_free(resp);
+			break;
+		}
+		rpc_response_free(resp);
+		fflush(stdout);
+		if (interrupted) {
+			if (bar_drawn)
+				fputs("\n", stdout);
+			rc = fail(130, "interrupted; the job goes on (trainctl watch %llu)", (unsigned long long)id);
+			break;
+		}
+		if (!more)
+			sleep_ms(WATCH_POLL_MS);
+	}
+	ctl_close(c);
+	return rc;
+}
+
+static int cmd_watch(const struct opts *o, int argc, char **argv)
+{
+	uint64_t id;
+	if (argc != 1 || !job_id_arg(argv[0], &id))
+		return fail(CTL_USAGE, "watch: give one job id (`trainctl ls` lists them)");
+	bool tty = isatty(STDOUT_FILENO);
+	setvbuf(stdout, NULL, _IOLBF, 0);
+	return follow(o, id, true, tty, true, !tty);
+}
+
+static int cmd_logs(const struct opts *o, int argc, char **argv)
+{
+	bool fol = false;
+	const char *idarg = NULL;
+	for (int i = 0; i < argc; i++) {
+		if (strcmp(argv[i], "--follow") == 0 || strcmp(argv[i], "-f") == 0)
+			fol = true;
+		else if (!idarg)
+			idarg = argv[i];
+		else
+			return fail(CTL_USAGE, "logs: unexpected argument '%s' (logs ID [--follow])", argv[i]);
+	}
+	uint64_t id;
+	if (!idarg || !job_id_arg(idarg, &id))
+		return fail(CTL_USAGE, "logs: give one job id (`trainctl ls` lists them)");
+	setvbuf(stdout, NULL, _IOLBF, 0);
+	int rc = follow(o, id, fol, false, true, true);
+	/* logs prints what there is; the job's outcome is watch's business. */
+	return fol || rc == CTL_NODAEMON || rc >= CTL_USAGE ? rc : CTL_OK;
+}
+
+/* ------------------------------------------------------------------------ */
+/* ledger, info */
+
+static void print_devices(Traind__GpuDevice **d, size_t n)
+{
+	if (!n) {
+		printf("no GPUs (jobs run on the CPU backend)\n");
+		return;
+	}
+	printf("%-4s %-40s %-12s %-12s %-12s %s\n", "GPU", "UUID", "TOTAL", "FREE", "RESERVED", "NAME");
+	for (size_t i = 0; i < n; i++) {
+		char a[32], b[32] = "?", r[32];
+		if (d[i]->has_free_bytes)
+			fmt_bytes(d[i]->free_bytes, b, sizeof(b));
+		printf("%-4d %-40s %-12s %-12s %-12s %s\n", d[i]->index, d[i]->uuid ? d[i]->uuid : "",
+		       fmt_bytes(d[i]->total_bytes, a, sizeof(a)), b,
+		       fmt_bytes(d[i]->reserved_bytes, r, sizeof(r)), d[i]->name ? d[i]->name : "");
+	}
+}
+
+static void print_leases(Traind__Lease **l, size_t n)
+{
+	if (!n) {
+		printf("no reservations\n");
+		return;
+	}
+	printf("%-6s %-32s %-12s %-6s %-10s %-8s %-19s %s\n", "LEASE", "GPU", "BYTES", "JOB", "USER",
+	       "PID", "SINCE", "NOTE");
+	for (size_t i = 0; i < n; i++) {
+		char b[32], u[64], t[64], job[24] = "-";
+		if (l[i]->job_id)
+			snprintf(job, sizeof(job), "%llu", (unsigned long long)l[i]->job_id);
+		printf("%-6llu %-32.32s %-12s %-6s %-10.10s %-8d %-19s %s\n", (unsigned long long)l[i]->id,
+		       l[i]->gpu ? l[i]->gpu : "", fmt_bytes(l[i]->bytes, b, sizeof(b)), job,
+		       user_name(l[i]->uid, u, sizeof(u)), l[i]->pid, fmt_time(l[i]->since, t, sizeof(t)),
+		       l[i]->note ? l[i]->note : "");
+	}
+}
+
+static int cmd_ledger(const struct opts *o, int argc, char **argv)
+{
+	Traind__LedgerRequest lr = TRAIND__LEDGER_REQUEST__INIT;
+	Traind__LedgerReserve rs = TRAIND__LEDGER_RESERVE__INIT;
+	Traind__LedgerRelease rl = TRAIND__LEDGER_RELEASE__INIT;
+	const char *op = argc ? argv[0] : "list";
+	if (strcmp(op, "list") == 0 || strcmp(op, "ls") == 0) {
+		if (argc > 1)
+			return fail(CTL_USAGE, "ledger: unexpected argument '%s'", argv[1]);
+		lr.op_case = TRAIND__LEDGER_REQUEST__OP_LIST;
+		lr.list = true;
+	} else if (strcmp(op, "reserve") == 0) {
+		lr.op_case = TRAIND__LEDGER_REQUEST__OP_RESERVE;
+		lr.reserve = &rs;
+		rs.has_pid = true;
+		rs.pid = (int32_t)getppid(); /* the program that ran trainctl holds it */
+		for (int i = 1; i < argc; i++) {
+			uint64_t u;
+			const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+			if (!v)
+				return fail(CTL_USAGE, "ledger reserve: %s needs a value", a);
+			i++;
+			if (strcmp(a, "--gpu") == 0)
+				rs.gpu = (char *)v;
+			else if (strcmp(a, "--bytes") == 0 && parse_bytes(v, &u))
+				rs.has_bytes = true, rs.bytes = u;
+			else if (strcmp(a, "--pid") == 0 && parse_u64(v, &u) && u > 0 && u <= INT32_MAX)
+				rs.pid = (int32_t)u;
+			else if (strcmp(a, "--ttl") == 0 && parse_u64(v, &u) && u <= UINT32_MAX)
+				rs.has_ttl_s = true, rs.ttl_s = (uint32_t)u;
+			else if (strcmp(a, "--note") == 0)
+				rs.note = (char *)v;
+			else
+				return fail(CTL_USAGE, "ledger reserve: bad argument '%s %s' (--gpu G --bytes N[K|M|G] "
+						       "[--pid PID] [--ttl SECONDS] [--note TEXT])",
+					    a, v);
+		}
+		if (!rs.gpu || !rs.has_bytes)
+			return fail(CTL_USAGE, "ledger reserve: give --gpu UUID|INDEX and --bytes N[K|M|G]");
+	} else if (strcmp(op, "release") == 0) {
+		uint64_t u;
+		if (argc != 2 || !parse_u64(argv[1], &u) || !u)
+			return fail(CTL_USAGE, "ledger release: give one lease id (`trainctl ledger` lists them)");
+		lr.op_case = TRAIND__LEDGER_REQUEST__OP_RELEASE;
+		lr.release = &rl;
+		rl.has_lease_id = true;
+		rl.lease_id = u;
+	} else {
+		return fail(CTL_USAGE, "ledger: unknown operation '%s' (list, reserve, release)", op);
+	}
+	Traind__Request req = TRAIND__REQUEST__INIT;
+	req.call_case = TRAIND__REQUEST__CALL_LEDGER;
+	req.ledger = &lr;
+	Traind__Response *resp = NULL;
+	int rc = call(o, &req, &resp);
+	if (rc != CTL_OK)
+		return rc;
+	const Traind__LedgerReply *r = resp->ledger;
+	if (!r) {
+		rc = fail(CTL_FAILED, "ledger: the daemon sent no ledger");
+	} else if (o->json) {
+		struct json_object *js = ctl_json(&r->base);
+		ctl_json_print(stdout, js, true);
+		json_object_put(js);
+	} else if (lr.op_case == TRAIND__LEDGER_REQUEST__OP_RESERVE && r->lease) {
+		printf("%llu\n", (unsigned long long)r->lease->id);
+	} else if (lr.op_case == TRAIND__LEDGER_REQUEST__OP_RELEASE) {
+		printf("lease %llu released\n", (unsigned long long)rl.lease_id);
+	} else {
+		print_devices(r->devices, r->n_devices);
+		printf("\n");
+		print_leases(r->leases, r->n_leases);
+	}
+	rpc_response_free(resp);
+	return rc;
+}
+
+static void human_info(const void *m)
+{
+	const Traind__InfoReply *i = m;
+	char u[64], d[32];
+	printf("traind:      %s (protocol %u, pid %u), %s mode, up %s\n", i->version ? i->version : "?",
+	       i->protocol, i->pid, i->mode ? i->mode : "?", fmt_dur(i->uptime_s, d, sizeof(d)));
+	printf("trainctl:    %s (protocol %d)\n", TD_VERSION, RPC_PROTOCOL);
+	printf("socket:      %s\n", i->socket ? i->socket : "");
+	printf("state:       %s\n", i->state_dir ? i->state_dir : "");
+	printf("cache:       %s\n", i->cache_dir ? i->cache_dir : "");
+	printf("libraries:   %s\n", i->libraries ? i->libraries : "");
+	printf("backends:   ");
+	for (size_t k = 0; k < i->n_backends; k++)
+		printf(" %s", i->backends[k]);
+	printf("\nqueue:       %u running, %u queued, %u CPU slot(s)\n", i->running, i->queued, i->cpu_slots);
+	printf("you:         %s (uid %u)%s\n", user_name(i->caller_uid, u, sizeof(u)), i->caller_uid,
+	       i->caller_admin ? ", admin: you see every job" : "");
+	printf("\n");
+	print_devices(i->devices, i->n_devices);
+}
+
+static int cmd_info(const struct opts *o, int argc, char **argv)
+{
+	if (argc)
+		return fail(CTL_USAGE, "info: takes no arguments");
+	Traind__InfoRequest ir = TRAIND__INFO_REQUEST__INIT;
+	Traind__Request req = TRAIND__REQUEST__INIT;
+	req.call_case = TRAIND__REQUEST__CALL_INFO;
+	req.info = &ir;
+	Traind__Response *resp = NULL;
+	int rc = call(o, &req, &resp);
+	if (rc != CTL_OK)
+		return rc;
+	if (!resp->info)
+		rc = fail(CTL_FAILED, "info: the daemon sent nothing");
+	else
+		print_result(o, &resp->info->base, human_info);
+	rpc_response_free(resp);
+	return rc;
+}
+
+/* ------------------------------------------------------------------------ */
+
+static int cmd_help(const struct opts *o, int argc, char **argv);
+
+static const struct command {
+	const char *name;
+	int (*fn)(const struct opts *o, int argc, char **argv);
+	const char *usage;
+} commands[] = {
+	{"submit", cmd_submit,
+	 "submit JOB.pb|JOB.txtpb [FLAGS] [--watch]\n"
+	 "  submit --model DIR --data FILE --output DIR [--method full|lora|qlora|distill|classify]\n"
+	 "         [--steps N] [--lr X] [--batch N] [--seq-len N] [--checkpoint-every N]\n"
+	 "         [--eval FILE] [--name NAME] [--priority N] [--device cpu|gpu|any] [--watch]\n"
+	 "      queue a job (flags override the file; relative paths are taken from here);\n"
+	 "      prints its id"},
+	{"ls", cmd_ls, "ls [--all] [--limit N]      your jobs, newest first (--all: everyone's; admins)"},
+	{"show", cmd_show, "show ID                     a job, with its effective spec"},
+	{"cancel", cmd_cancel, "cancel ID                   stop a job at its next step boundary"},
+	{"logs", cmd_logs, "logs ID [--follow]          a job's events and steps"},
+	{"watch", cmd_watch,
+	 "watch ID                    follow a job to its end: a progress bar on a terminal, lines\n"
+	 "                            otherwise; exits with the job's outcome"},
+	{"ledger", cmd_ledger,
+	 "ledger                      GPUs and their VRAM reservations\n"
+	 "  ledger reserve --gpu G --bytes N[K|M|G] [--pid PID] [--ttl S] [--note TEXT]\n"
+	 "                            reserve VRAM for a program outside traind (held while PID,\n"
+	 "                            default trainctl's parent, lives); prints the lease id\n"
+	 "  ledger release LEASE"},
+	{"info", cmd_info, "info                        the daemon, its devices and its queue"},
+	{"help", cmd_help, "help                        this text"},
+};
+#define NCOMMANDS (sizeof(commands) / sizeof(commands[0]))
+
+static void usage(FILE *f)
+{
+	fprintf(f, "usage: trainctl [--socket PATH] [--json] [--timeout SECONDS] COMMAND [ARGS]\n\n");
+	for (size_t i = 0; i < NCOMMANDS; i++)
+		fprintf(f, "  %s\n", commands[i].usage);
+	fprintf(f,
+		"\n--json prints JSON (watch and logs: one object per line).\n"
+		"The socket is --socket, $TRAIND_SOCKET, $XDG_RUNTIME_DIR/traind.sock when a user\n"
+		"daemon runs, else /run/traind/traind.sock.\n"
+		"\nExit codes: 0 done (watch: the job succeeded); 1 the daemon refused or failed the\n"
+		"request (watch: the job failed); 2 bad arguments or job file; 3 traind cannot be\n"
+		"reached; 4 permission denied; 5 no such job, lease or GPU; 6 watch: the job was\n"
+		"cancelled; 7 busy: over a limit, does not fit, or the daemon is stopping.\n");
+}
+
+static int cmd_help(const struct opts *o, int argc, char **argv)
+{
+	(void)o;
+	(void)argc;
+	(void)argv;
+	usage(stdout);
+	return CTL_OK;
+}
+
+int main(int argc, char **argv)
+{
+	struct opts o = {.timeout_ms = 60000};
+	int i = 1;
+	for (; i < argc && argv[i][0] == '-'; i++) {
+		const char *a = argv[i];
+		if (strcmp(a, "--json") == 0) {
+			o.json = true;
+		} else if (strcmp(a, "--socket") == 0 && i + 1 < argc) {
+			o.socket = argv[++i];
+		} else if (strcmp(a, "--timeout") == 0 && i + 1 < argc) {
+			uint64_t s;
+			if (!parse_u64(argv[++i], &s) || s == 0 || s > 86400)
+				return fail(CTL_USAGE, "--timeout: give seconds, 1 .. 86400");
+			o.timeout_ms = (int)s * 1000;
+		} else if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
+			usage(stdout);
+			return CTL_OK;
+		} else if (strcmp(a, "--version") == 0) {
+			printf("trainctl %s (protocol %d)\n", TD_VERSION, RPC_PROTOCOL);
+			return CTL_OK;
+		} else {
+			return fail(CTL_USAGE, "unknown option '%s' (trainctl help)", a);
+		}
+	}
+	if (i >= argc) {
+		usage(stderr);
+		return CTL_USAGE;
+	}
+	/* --json may also follow the command. */
+	int n = 0;
+	char **rest = argv + i + 1;
+	for (int k = 0; k < argc - i - 1; k++) {
+		if (strcmp(rest[k], "--json") == 0)
+			o.json = true;
+		else
+			rest[n++] = rest[k];
+	}
+	for (size_t k = 0; k < NCOMMANDS; k++)
+		if (strcmp(argv[i], commands[k].name) == 0)
+			return commands[k].fn(&o, n, rest);
+	return fail(CTL_USAGE, "unknown command '%s' (trainctl help lists them)", argv[i]);
+}

@@ -1,0 +1,179 @@
+/* Submit-time checks as the submitter, and the plan's bytes (daemon/preflight.h). */
+#include "daemon/preflight.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include "train/hfconfig.h"
+#include "train/method.h"
+#include "train/plan.h"
+
+static td_err abs_path(const char *field, const char *p, struct td_errbuf *eb)
+{
+	if (p && *p && *p != '/')
+		return td_fail(eb, TD_EINVAL,
+			       "%s: '%s' is a relative path; the daemon needs absolute paths "
+			       "(trainctl makes them absolute)",
+			       field, p);
+	return TD_OK;
+}
+
+td_err dmn_spec_check_paths(const Traind__JobSpec *s, struct td_errbuf *eb)
+{
+	td_err e = abs_path("model_dir", s->model_dir, eb);
+	if (!e && s->data)
+		e = abs_path("data.train_file", s->data->train_file, eb);
+	if (!e && s->data)
+		e = abs_path("data.eval_file", s->data->eval_file, eb);
+	if (!e && s->output)
+		e = abs_path("output.dir", s->output->dir, eb);
+	if (!e && s->lora)
+		e = abs_path("lora.init_adapter", s->lora->init_adapter, eb);
+	if (!e && s->distill)
+		e = abs_path("distill.teacher_dir", s->distill->teacher_dir, eb);
+	return e;
+}
+
+/* access(2) with the thread's filesystem ids (AT_EACCESS goes by the
+ * effective/fs credentials, not the real ones). ENOSYS on kernels before 5.8:
+ * then the check is skipped and the run reports what happens. */
+static int fs_access(const char *path, int mode)
+{
+#ifdef SYS_faccessat2
+	return (int)syscall(SYS_faccessat2, AT_FDCWD, path, mode, AT_EACCESS);
+#else
+	(void)path;
+	(void)mode;
+	errno = ENOSYS;
+	return -1;
+#endif
+}
+
+static td_err need_dir(const char *field, const char *path, struct td_errbuf *eb)
+{
+	struct stat st;
+	if (stat(path, &st) != 0)
+		return td_fail(eb, td_from_errno(errno), "%s: %s: %s", field, path,
+			       errno == ENOENT ? "no such directory" : strerror(errno));
+	if (!S_ISDIR(st.st_mode))
+		return td_fail(eb, TD_EINVAL, "%s: %s: not a directory", field, path);
+	if (fs_access(path, R_OK | X_OK) != 0 && errno != ENOSYS)
+		return td_fail(eb, TD_EPERM, "%s: %s: permission denied (the job reads it as you)",
+			       field, path);
+	return TD_OK;
+}
+
+static td_err need_file(const char *field, const char *path, struct td_errbuf *eb)
+{
+	int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
+	if (fd < 0)
+		return td_fail(eb, td_from_errno(errno), "%s: %s: %s%s", field, path,
+			       errno == ENOENT ? "no such file" : strerror(errno),
+			       errno == EACCES ? " (the job reads it as you)" : "");
+	struct stat st;
+	bool reg = fstat(fd, &st) == 0 && S_ISREG(st.st_mode);
+	close(fd);
+	if (!reg)
+		return td_fail(eb, TD_EINVAL, "%s: %s: not a regular file", field, path);
+	return TD_OK;
+}
+
+/* The output dir, or its nearest existing ancestor, must be writable. */
+static td_err need_writable(const char *field, const char *path, struct td_errbuf *eb)
+{
+	char p[PATH_MAX];
+	if (snprintf(p, sizeof(p), "%s", path) >= (int)sizeof(p))
+		return td_fail(eb, TD_EINVAL, "%s: path too long", field);
+	for (;;) {
+		struct stat st;
+		if (stat(p, &st) == 0) {
+			if (!S_ISDIR(st.st_mode))
+				return td_fail(eb, TD_EINVAL, "%s: %s: not a directory", field, p);
+			if (fs_access(p, W_OK | X_OK) != 0 && errno != ENOSYS)
+				return td_fail(eb, TD_EPERM,
+					       "%s: %s: not writable by you (the job writes its "
+					       "output as you)",
+					       field, p);
+			return TD_OK;
+		}
+		if (errno != ENOENT)
+			return td_fail(eb, td_from_errno(errno), "%s: %s: %s", field, p, strerror(errno));
+		char *slash = strrchr(p, '/');
+		if (!slash || slash == p)
+			return td_fail(eb, TD_ENOENT, "%s: %s: no existing parent directory", field, path);
+		*slash = 0;
+	}
+}
+
+static td_err checks(const Traind__JobSpec *s, uint64_t *plan_bytes, struct td_errbuf *eb)
+{
+	td_err e = need_dir("model_dir", s->model_dir, eb);
+	if (e)
+		return e;
+	char cfgpath[PATH_MAX];
+	snprintf(cfgpath, sizeof(cfgpath), "%s/config.json", s->model_dir);
+	struct tr_model_config cfg;
+	if ((e = tr_config_load(&cfg, cfgpath, eb)) != TD_OK)
+		return e;
+	if ((e = need_file("data.train_file", s->data->train_file, eb)) != TD_OK)
+		return e;
+	if (s->data->eval_file && *s->data->eval_file &&
+	    (e = need_file("data.eval_file", s->data->eval_file, eb)) != TD_OK)
+		return e;
+	if (s->lora->init_adapter && *s->lora->init_adapter &&
+	    (s->method == TRAIND__METHOD__METHOD_LORA || s->method == TRAIND__METHOD__METHOD_QLORA) &&
+	    (e = need_dir("lora.init_adapter", s->lora->init_adapter, eb)) != TD_OK)
+		return e;
+	if (s->method == TRAIND__METHOD__METHOD_DISTILL && s->distill->teacher_dir &&
+	    (e = need_dir("distill.teacher_dir", s->distill->teacher_dir, eb)) != TD_OK)
+		return e;
+	if ((e = need_writable("output.dir", s->output->dir, eb)) != TD_OK)
+		return e;
+
+	/* What the configs alone can refute (a teacher's vocabulary, an init
+	 * adapter's shapes), then the trained model's plan as the method
+	 * builds it. */
+	if ((e = tr_method_check(s, &cfg, eb)) != TD_OK)
+		return e;
+	int B = (int)s->hyper->micro_batch, T = (int)s->data->seq_len;
+	struct tr_plan p;
+	struct tr_plan_opts po;
+	if ((e = tr_method_plan_opts(s, &cfg, B, T, &po, eb)) != TD_OK ||
+	    (e = tr_plan_build(&p, &cfg, &po, eb)) != TD_OK)
+		return e;
+	uint64_t bytes = tr_plan_total_bytes(&p);
+	tr_plan_fini(&p);
+	if (s->method == TRAIND__METHOD__METHOD_DISTILL) {
+		/* The teacher runs forward only. Planned in fp32 even when the
+		 * method stores it in NF4: never below what the job uses
+		 * (contract 1), at worst above. */
+		char tpath[PATH_MAX];
+		snprintf(tpath, sizeof(tpath), "%s/config.json", s->distill->teacher_dir);
+		struct tr_model_config tcfg;
+		struct tr_plan_opts to = {.B = B, .T = T, .inference = true};
+		if ((e = tr_config_load(&tcfg, tpath, eb)) != TD_OK ||
+		    (e = tr_plan_build(&p, &tcfg, &to, eb)) != TD_OK)
+			return e;
+		bytes += tr_plan_total_bytes(&p);
+		tr_plan_fini(&p);
+	}
+	*plan_bytes = bytes;
+	return TD_OK;
+}
+
+td_err dmn_preflight(const Traind__JobSpec *spec, const struct dmn_fscreds *creds,
+		     uint64_t *plan_bytes, struct td_errbuf *eb)
+{
+	td_err e = dmn_fscreds_enter(creds, eb);
+	if (e != TD_OK)
+		return e;
+	e = checks(spec, plan_bytes, eb);
+	dmn_fscreds_leave(creds);
+	return e;
+}

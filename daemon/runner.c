@@ -1,0 +1,606 @@
+/* Job runner threads (daemon/runner.h).
+ *
+ * Locking: the set's mutex guards the list of runners, each runner's progress
+ * snapshot and the done list; the cancel and shutdown flags are atomics. A
+ * runner thread touches the database only through its own handle. */
+#include "daemon/runner.h"
+
+#include <errno.h>
+#include <json-c/json.h>
+#include <limits.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "daemon/identity.h"
+#include "daemon/tfevents.h"
+#include "proto/jobspec.h"
+#include "proto/log.h"
+
+/* Metrics go to the database in batches: at most this many steps or this many
+ * milliseconds late (watch polls; a resume replays the steps anyway). */
+#define METRICS_BATCH 32
+#define METRICS_FLUSH_MS 1000
+
+struct dmn_runner {
+	struct dmn_runners *set;
+	struct dmn_runner *next, *next_done;
+	pthread_t thread;
+	int64_t job_id;
+	uid_t uid;
+	gid_t gid;
+	int32_t attempts;
+	bool on_gpu;
+	char device[96];
+	char backend[16];
+	Traind__JobSpec *spec;
+	struct dmn_fscreds creds;
+	bool as_user;     /* creds differ from the daemon's: switch around DB writes */
+	atomic_bool cancel, shutdown, creds_lost;
+
+	/* runner thread only */
+	struct st_db *db;
+	bool running;     /* moved to RUNNING */
+	struct dmn_tfevents *tb;
+	bool tb_failed;
+	struct st_metric batch[METRICS_BATCH];
+	size_t nbatch;
+	int64_t last_flush_ms;
+	char line[1024];  /* the trainer's log, assembled into lines */
+	size_t linelen;
+
+	/* under set->mu */
+	struct tr_progress progress;
+	bool has_progress;
+	enum st_job_state final;
+};
+
+struct dmn_runners {
+	uv_loop_t *loop;
+	uv_async_t async;
+	char *db_path;
+	dmn_runner_done_fn done;
+	void *ctx;
+	pthread_mutex_t mu;
+	struct dmn_runner *list;      /* alive (thread not joined) */
+	struct dmn_runner *done_list; /* thread finished, waiting for join */
+	size_t n, ncpu;
+	bool closed;
+};
+
+/* ------------------------------------------------------------------------ */
+/* Database writes from the runner thread, with the daemon's credentials */
+
+static void db_enter(struct dmn_runner *rn)
+{
+	if (rn->as_user)
+		dmn_fscreds_leave(&rn->creds);
+}
+
+static void db_leave(struct dmn_runner *rn)
+{
+	if (!rn->as_user)
+		return;
+	struct td_errbuf eb = {{0}};
+	if (dmn_fscreds_enter(&rn->creds, &eb) != TD_OK) {
+		/* Never keep training with root's file access. */
+		atomic_store(&rn->creds_lost, true);
+		td_err_log("TD-RUN-CREDS", "job %lld: %s", (long long)rn->job_id, eb.msg);
+	}
+}
+
+static void event(struct dmn_runner *rn, const char *kind, const char *fmt, ...)
+	__attribute__((format(printf, 3, 4)));
+
+static void event(struct dmn_runner *rn, const char *kind, const char *fmt, ...)
+{
+	char msg[2048];
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(msg, sizeof(msg), fmt, ap);
+	va_end(ap);
+	struct td_errbuf eb = {{0}};
+	if (st_event_add(rn->db, rn->job_id, kind, msg, &eb) != TD_OK)
+		td_warn("TD-RUN-EVENT", "job %lld: cannot record event: %s", (long long)rn->job_id,
+			eb.msg);
+}
+
+static void flush_metrics(struct dmn_runner *rn)
+{
+	if (!rn->nbatch)
+		return;
+	struct td_errbuf eb = {{0}};
+	if (st_metrics_add(rn->db, rn->job_id, rn->batch, rn->nbatch, &eb) != TD_OK)
+		td_warn("TD-RUN-METRICS", "job %lld: cannot record metrics: %s", (long long)rn->job_id,
+			eb.msg);
+	rn->nbatch = 0;
+	rn->last_flush_ms = st_now_ms();
+}
+
+/* ------------------------------------------------------------------------ */
+/* Hooks (on the runner thread, inside tr_train, with the user's credentials) */
+
+static bool hook_should_stop(void *ctx)
+{
+	struct dmn_runner *rn = ctx;
+	return atomic_load(&rn->cancel) || atomic_load(&rn->shutdown) || atomic_load(&rn->creds_lost);
+}
+
+static void write_tensorboard(struct dmn_runner *rn, const struct tr_progress *p)
+{
+	if (rn->tb_failed)
+		return;
+	struct td_errbuf eb = {{0}};
+	if (!rn->tb) {
+		char dir[PATH_MAX], tag[32];
+		snprintf(dir, sizeof(dir), "%s/runs", rn->spec->output->dir);
+		snprintf(tag, sizeof(tag), "job%lld", (long long)rn->job_id);
+		if (dmn_tfevents_open(&rn->tb, dir, tag, &eb) != TD_OK) {
+			rn->tb_failed = true;
+			db_enter(rn);
+			event(rn, "warn", "no TensorBoard file: %s", eb.msg);
+			db_leave(rn);
+			return;
+		}
+	}
+	static const char *const tags[] = {"train/loss", "train/learning_rate", "train/grad_norm",
+					   "train/tokens_per_second"};
+	double vals[] = {p->loss, p->lr, p->grad_norm, p->tokens_per_s};
+	struct timespec ts;
+	clock_gettime(CLOCK_REALTIME, &ts);
+	double wall = (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+	if (dmn_tfevents_scalars(rn->tb, (int64_t)p->step, wall, tags, vals, 4, &eb) != TD_OK) {
+		rn->tb_failed = true;
+		db_enter(rn);
+		event(rn, "warn", "TensorBoard file stopped: %s", eb.msg);
+		db_leave(rn);
+	}
+}
+
+static void hook_on_step(void *ctx, const struct tr_progress *p)
+{
+	struct dmn_runner *rn = ctx;
+	pthread_mutex_lock(&rn->set->mu);
+	rn->progress = *p;
+	rn->has_progress = true;
+	pthread_mutex_unlock(&rn->set->mu);
+
+	write_tensorboard(rn, p);
+
+	if (rn->nbatch == METRICS_BATCH) {
+		db_enter(rn);
+		flush_metrics(rn);
+		db_leave(rn);
+	}
+	struct st_metric *m = &rn->batch[rn->nbatch++];
+	*m = (struct st_metric){
+		.step = (int64_t)p->step,
+		.time_ms = st_now_ms(),
+		.loss = p->loss,
+		.lr = p->lr,
+		.grad_norm = p->grad_norm,
+		.tokens_per_s = p->tokens_per_s,
+		.eval_loss = NAN,
+	};
+	bool first = !rn->running;
+	if (first || rn->nbatch == METRICS_BATCH || m->time_ms - rn->last_flush_ms >= METRICS_FLUSH_MS ||
+	    p->step == p->total_steps) {
+		db_enter(rn);
+		if (first) {
+			struct td_errbuf eb = {{0}};
+			rn->running = true;
+			if (st_job_transition(rn->db, rn->job_id, ST_PREPARING, ST_RUNNING, NULL, NULL,
+					      &eb) != TD_OK)
+				td_warn("TD-RUN-STATE", "job %lld: %s", (long long)rn->job_id, eb.msg);
+		}
+		flush_metrics(rn);
+		db_leave(rn);
+	}
+}
+
+static void hook_on_checkpoint(void *ctx, uint64_t step, const char *dir)
+{
+	struct dmn_runner *rn = ctx;
+	struct td_errbuf eb = {{0}};
+	db_enter(rn);
+	flush_metrics(rn);
+	if (st_job_set_checkpoint(rn->db, rn->job_id, dir, (int64_t)step, &eb) != TD_OK)
+		td_warn("TD-RUN-CKPT", "job %lld: cannot record checkpoint %s: %s",
+			(long long)rn->job_id, dir, eb.msg);
+	db_leave(rn);
+}
+
+/* An evaluation: a metrics row with the eval loss only (the stored row of
+ * that step keeps its other values) and an "eval/loss" scalar. The trainer
+ * reports evaluations only in its log ("eval STEP loss X ..."), so they are
+ * read from there; a tr_hooks callback would be sturdier. */
+static void record_eval(struct dmn_runner *rn, uint64_t step, double loss)
+{
+	if (rn->tb) {
+		static const char *const tag[] = {"eval/loss"};
+		struct timespec ts;
+		clock_gettime(CLOCK_REALTIME, &ts);
+		struct td_errbuf eb = {{0}};
+		dmn_tfevents_scalars(rn->tb, (int64_t)step, (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9,
+				     tag, &loss, 1, &eb);
+	}
+	if (rn->nbatch == METRICS_BATCH) {
+		db_enter(rn);
+		flush_metrics(rn);
+		db_leave(rn);
+	}
+	rn->batch[rn->nbatch++] = (struct st_metric){
+		.step = (int64_t)step,
+		.time_ms = st_now_ms(),
+		.loss = NAN,
+		.lr = NAN,
+		.grad_norm = NAN,
+		.tokens_per_s = NAN,
+		.eval_loss = loss,
+	};
+}
+
+/* The trainer's log FILE: whole lines become "log" events, except the
+ * per-step lines, which are metrics already. */
+static void log_line(struct dmn_runner *rn, const char *line)
+{
+	if (!*line || strncmp(line, "step ", 5) == 0)
+		return;
+	unsigned long long step;
+	double loss;
+	if (sscanf(line, "eval %llu loss %lf", &step, &loss) == 2)
+		record_eval(rn, step, loss);
+	db_enter(rn);
+	event(rn, "log", "%s", line);
+	db_leave(rn);
+}
+
+static ssize_t log_write(void *cookie, const char *buf, size_t n)
+{
+	struct dmn_runner *rn = cookie;
+	for (size_t i = 0; i < n; i++) {
+		if (buf[i] == '\n' || rn->linelen + 1 == sizeof(rn->line)) {
+			rn->line[rn->linelen] = 0;
+			log_line(rn, rn->line);
+			rn->linelen = 0;
+			if (buf[i] == '\n')
+				continue;
+		}
+		rn->line[rn->linelen++] = buf[i];
+	}
+	return (ssize_t)n;
+}
+
+static int log_close(void *cookie)
+{
+	struct dmn_runner *rn = cookie;
+	if (rn->linelen) {
+		rn->line[rn->linelen] = 0;
+		log_line(rn, rn->line);
+		rn->linelen = 0;
+	}
+	return 0;
+}
+
+/* ------------------------------------------------------------------------ */
+/* The thread */
+
+/* A resumed run whose output already holds the finished model: the previous
+ * run completed and the daemon died before it could record that. */
+static bool finished_before(struct dmn_runner *rn)
+{
+	if (rn->attempts < 1)
+		return false;
+	char path[PATH_MAX];
+	snprintf(path, sizeof(path), "%s/trainer_state.json", rn->spec->output->dir);
+	struct json_object *o = json_object_from_file(path), *v;
+	if (!o)
+		return false;
+	bool done = json_object_object_get_ex(o, "final", &v) && json_object_get_boolean(v) &&
+		    json_object_object_get_ex(o, "model_dir", &v) &&
+		    strcmp(json_object_get_string(v), rn->spec->model_dir) == 0 &&
+		    json_object_object_get_ex(o, "train_file", &v) &&
+		    strcmp(json_object_get_string(v), rn->spec->data->train_file) == 0;
+	json_object_put(o);
+	return done;
+}
+
+static enum st_job_state run_job(struct dmn_runner *rn, char *reason, size_t cap)
+{
+	struct td_errbuf eb = {{0}};
+	td_err e = st_job_transition(rn->db, rn->job_id, ST_ADMITTED, ST_PREPARING, NULL, NULL, &eb);
+	if (e == TD_EBUSY) {
+		/* Cancelled between admission and now. */
+		snprintf(reason, cap, "%s", eb.msg);
+		return ST_CANCELLED;
+	}
+	if (e != TD_OK) {
+		snprintf(reason, cap, "cannot start: %s", eb.msg);
+		return ST_FAILED;
+	}
+	if (atomic_load(&rn->cancel)) {
+		snprintf(reason, cap, "cancelled before it started");
+		return ST_CANCELLED;
+	}
+	if (atomic_load(&rn->shutdown)) {
+		snprintf(reason, cap, "the daemon stopped before the job started");
+		return ST_INTERRUPTED;
+	}
+	event(rn, "info", "running on %s (%s backend), attempt %d, as uid %u", rn->device,
+	      rn->backend, rn->attempts + 1, (unsigned)rn->uid);
+
+	if ((e = dmn_fscreds_enter(&rn->creds, &eb)) != TD_OK) {
+		snprintf(reason, cap, "%s", eb.msg);
+		return ST_FAILED;
+	}
+	if (finished_before(rn)) {
+		dmn_fscreds_leave(&rn->creds);
+		snprintf(reason, cap, "the previous run finished before the daemon restarted; the "
+				      "model is in %s",
+			 rn->spec->output->dir);
+		return ST_SUCCEEDED;
+	}
+	cookie_io_functions_t io = {.write = log_write, .close = log_close};
+	FILE *log = fopencookie(rn, "w", io);
+	if (log)
+		setvbuf(log, NULL, _IOLBF, 0);
+	struct tr_train_opts opts = {.backend = rn->backend, .log = log};
+	struct tr_hooks hooks = {
+		.on_step = hook_on_step,
+		.on_checkpoint = hook_on_checkpoint,
+		.should_stop = hook_should_stop,
+		.ctx = rn,
+	};
+	struct tr_train_result res;
+	e = tr_train(rn->spec, &opts, &hooks, &res, &eb);
+	if (log)
+		fclose(log);
+	dmn_tfevents_close(rn->tb);
+	rn->tb = NULL;
+	dmn_fscreds_leave(&rn->creds);
+	flush_metrics(rn);
+
+	if (atomic_load(&rn->creds_lost)) {
+		snprintf(reason, cap, "stopped: could not keep the submitter's file credentials");
+		return ST_FAILED;
+	}
+	if (e != TD_OK) {
+		snprintf(reason, cap, "%s", eb.msg[0] ? eb.msg : td_strerror(e));
+		return ST_FAILED;
+	}
+	if (res.stopped && atomic_load(&rn->cancel)) {
+		snprintf(reason, cap, "cancelled at step %llu/%llu", (unsigned long long)res.steps_done,
+			 (unsigned long long)res.total_steps);
+		return ST_CANCELLED;
+	}
+	if (res.stopped) {
+		snprintf(reason, cap, "the daemon stopped at step %llu/%llu; resumes from its "
+				      "checkpoint at the next start",
+			 (unsigned long long)res.steps_done, (unsigned long long)res.total_steps);
+		return ST_INTERRUPTED;
+	}
+	if (res.resumed_from)
+		event(rn, "info", "resumed from step %llu", (unsigned long long)res.resumed_from);
+	snprintf(reason, cap, "%llu steps, loss %.4f -> %.4f; model in %s",
+		 (unsigned long long)res.steps_done, res.first_loss, res.last_loss, res.output_dir);
+	return ST_SUCCEEDED;
+}
+
+static void *runner_main(void *arg)
+{
+	struct dmn_runner *rn = arg;
+	struct dmn_runners *set = rn->set;
+	struct td_errbuf eb = {{0}};
+	char reason[1024] = "";
+	enum st_job_state final = ST_FAILED;
+
+	td_err e = st_open(&rn->db, set->db_path, NULL, &eb);
+	if (e != TD_OK) {
+		td_err_log("TD-RUN-DB", "job %lld: cannot open the database: %s", (long long)rn->job_id,
+			   eb.msg);
+		final = ST_INTERRUPTED; /* the loop records it (see done_cb) */
+	} else {
+		rn->last_flush_ms = st_now_ms();
+		final = run_job(rn, reason, sizeof(reason));
+		td_err te = st_job_transition(rn->db, rn->job_id, ST_ANY_STATE, final, reason, NULL, &eb);
+		if (te != TD_OK && te != TD_ESTATE)
+			td_err_log("TD-RUN-STATE", "job %lld: cannot record %s: %s", (long long)rn->job_id,
+				   st_job_state_name(final), eb.msg);
+		size_t nrel = 0;
+		if (st_ledger_release_job(rn->db, rn->job_id, &nrel, &eb) != TD_OK)
+			td_err_log("TD-RUN-LEASE", "job %lld: cannot release its leases: %s",
+				   (long long)rn->job_id, eb.msg);
+		if (final == ST_FAILED)
+			td_warn("TD-JOB-FAIL", "job %lld failed: %s", (long long)rn->job_id, reason);
+		else
+			td_info("TD-JOB-END", "job %lld %s: %s", (long long)rn->job_id,
+				st_job_state_name(final), reason);
+		st_close(rn->db);
+		rn->db = NULL;
+	}
+
+	pthread_mutex_lock(&set->mu);
+	rn->final = final;
+	rn->next_done = set->done_list;
+	set->done_list = rn;
+	pthread_mutex_unlock(&set->mu);
+	uv_async_send(&set->async);
+	return NULL;
+}
+
+static void runner_free(struct dmn_runner *rn)
+{
+	rpc_jobspec_free(rn->spec);
+	free(rn);
+}
+
+/* Loop thread: join the finished threads, tell the scheduler. */
+static void done_cb(uv_async_t *h)
+{
+	struct dmn_runners *set = h->data;
+	pthread_mutex_lock(&set->mu);
+	struct dmn_runner *done = set->done_list;
+	set->done_list = NULL;
+	for (struct dmn_runner *d = done; d; d = d->next_done) {
+		for (struct dmn_runner **pp = &set->list; *pp; pp = &(*pp)->next) {
+			if (*pp == d) {
+				*pp = d->next;
+				break;
+			}
+		}
+		set->n--;
+		if (!d->on_gpu)
+			set->ncpu--;
+	}
+	pthread_mutex_unlock(&set->mu);
+	while (done) {
+		struct dmn_runner *d = done;
+		done = d->next_done;
+		pthread_join(d->thread, NULL);
+		if (set->done)
+			set->done(set->ctx, d->job_id, d->final, d->on_gpu);
+		runner_free(d);
+	}
+}
+
+td_err dmn_runners_new(struct dmn_runners **out, uv_loop_t *loop, const char *db_path,
+		       dmn_runner_done_fn done, void *ctx, struct td_errbuf *eb)
+{
+	struct dmn_runners *r = calloc(1, sizeof(*r));
+	if (!r || !(r->db_path = strdup(db_path))) {
+		free(r);
+		return td_fail(eb, TD_ENOMEM, "runners: out of memory");
+	}
+	r->loop = loop;
+	r->done = done;
+	r->ctx = ctx;
+	pthread_mutex_init(&r->mu, NULL);
+	int rv = uv_async_init(loop, &r->async, done_cb);
+	if (rv != 0) {
+		pthread_mutex_destroy(&r->mu);
+		free(r->db_path);
+		free(r);
+		return td_fail(eb, TD_EINTERNAL, "runners: uv_async_init: %s", uv_strerror(rv));
+	}
+	r->async.data = r;
+	*out = r;
+	return TD_OK;
+}
+
+td_err dmn_runners_start(struct dmn_runners *r, struct dmn_run_request *req, struct td_errbuf *eb)
+{
+	if (r->closed)
+		return td_fail(eb, TD_ESTATE, "job %lld: the daemon is stopping", (long long)req->job_id);
+	struct dmn_runner *rn = calloc(1, sizeof(*rn));
+	if (!rn)
+		return td_fail(eb, TD_ENOMEM, "job %lld: out of memory", (long long)req->job_id);
+	rn->set = r;
+	rn->job_id = req->job_id;
+	rn->uid = req->uid;
+	rn->gid = req->gid;
+	rn->attempts = req->attempts;
+	rn->on_gpu = req->on_gpu;
+	snprintf(rn->device, sizeof(rn->device), "%s", req->device);
+	snprintf(rn->backend, sizeof(rn->backend), "%s", req->backend);
+	td_err e = dmn_fscreds_of(&rn->creds, req->uid, req->gid, eb);
+	if (e != TD_OK) {
+		free(rn);
+		return e;
+	}
+	rn->as_user = dmn_fscreds_needed(&rn->creds);
+	rn->spec = req->spec;
+
+	pthread_mutex_lock(&r->mu);
+	int rv = pthread_create(&rn->thread, NULL, runner_main, rn);
+	if (rv == 0) {
+		rn->next = r->list;
+		r->list = rn;
+		r->n++;
+		if (!rn->on_gpu)
+			r->ncpu++;
+	}
+	pthread_mutex_unlock(&r->mu);
+	if (rv != 0) {
+		free(rn);
+		return td_fail(eb, TD_EINTERNAL, "job %lld: cannot start a thread: %s",
+			       (long long)req->job_id, strerror(rv));
+	}
+	req->spec = NULL;
+	return TD_OK;
+}
+
+bool dmn_runners_cancel(struct dmn_runners *r, int64_t job_id)
+{
+	bool found = false;
+	pthread_mutex_lock(&r->mu);
+	for (struct dmn_runner *rn = r->list; rn; rn = rn->next) {
+		if (rn->job_id == job_id) {
+			atomic_store(&rn->cancel, true);
+			found = true;
+		}
+	}
+	pthread_mutex_unlock(&r->mu);
+	return found;
+}
+
+void dmn_runners_stop_all(struct dmn_runners *r)
+{
+	pthread_mutex_lock(&r->mu);
+	for (struct dmn_runner *rn = r->list; rn; rn = rn->next)
+		atomic_store(&rn->shutdown, true);
+	pthread_mutex_unlock(&r->mu);
+}
+
+size_t dmn_runners_count(const struct dmn_runners *r)
+{
+	return r->n;
+}
+
+size_t dmn_runners_count_cpu(const struct dmn_runners *r)
+{
+	return r->ncpu;
+}
+
+bool dmn_runners_progress(struct dmn_runners *r, int64_t job_id, struct tr_progress *out)
+{
+	bool found = false;
+	pthread_mutex_lock(&r->mu);
+	for (struct dmn_runner *rn = r->list; rn; rn = rn->next) {
+		if (rn->job_id == job_id && rn->has_progress) {
+			*out = rn->progress;
+			found = true;
+			break;
+		}
+	}
+	pthread_mutex_unlock(&r->mu);
+	return found;
+}
+
+void dmn_runners_close(struct dmn_runners *r)
+{
+	if (!r || r->closed)
+		return;
+	r->closed = true;
+	uv_close((uv_handle_t *)&r->async, NULL);
+}
+
+td_err dmn_runners_free(struct dmn_runners *r)
+{
+	if (!r)
+		return TD_OK;
+	pthread_mutex_lock(&r->mu);
+	bool busy = r->list != NULL;
+	pthread_mutex_unlock(&r->mu);
+	if (busy)
+		return TD_EBUSY;
+	pthread_mutex_destroy(&r->mu);
+	free(r->db_path);
+	free(r);
+	return TD_OK;
+}

@@ -1,0 +1,81 @@
+/* Job runners: one thread per running job, calling tr_train() (train/trainer.h).
+ *
+ * The scheduler (loop thread) admits a job and hands it to dmn_runners_start();
+ * from then on the runner thread owns the job until it ends: it moves it to
+ * PREPARING and RUNNING, records metrics, checkpoints and the trainer's log
+ * lines through its own database handle, writes the job's TensorBoard file,
+ * and finally records SUCCEEDED, FAILED, CANCELLED or INTERRUPTED, releases
+ * the job's ledger leases, and tells the loop (uv_async) so that the thread is
+ * joined and the scheduler runs again.
+ *
+ * As root, the runner reads and writes the job's files with the submitter's
+ * filesystem credentials (daemon/identity.h) for the whole tr_train() call,
+ * and switches back only around its own database writes.
+ *
+ * Cancel and shutdown are flags polled by the trainer at step boundaries
+ * (tr_hooks.should_stop): the trainer checkpoints and returns. The runner set
+ * lives on the loop thread except where a function says otherwise. */
+#ifndef DAEMON_RUNNER_H
+#define DAEMON_RUNNER_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/types.h>
+#include <uv.h>
+
+#include "proto/err.h"
+#include "state/state.h"
+#include "train/trainer.h"
+#include "traind.pb-c.h"
+
+struct dmn_runners;
+
+/* What the scheduler decided for one job. */
+struct dmn_run_request {
+	int64_t job_id;
+	uid_t uid;
+	gid_t gid;
+	int32_t attempts;           /* runs before this one */
+	Traind__JobSpec *spec;      /* defaults applied, precision resolved; taken on success */
+	const char *device;         /* "cpu" or the GPU's uuid */
+	bool on_gpu;                /* counts against a GPU (its lease), not a CPU slot */
+	const char *backend;        /* for tr_train: "cpu" or "cuda" */
+};
+
+/* Called on the loop thread after a runner thread ended and was joined.
+ * final is the state it recorded. */
+typedef void (*dmn_runner_done_fn)(void *ctx, int64_t job_id, enum st_job_state final,
+				   bool on_gpu);
+
+/* A runner set whose threads open db_path for their own handles. */
+td_err dmn_runners_new(struct dmn_runners **out, uv_loop_t *loop, const char *db_path,
+		       dmn_runner_done_fn done, void *ctx, struct td_errbuf *eb);
+
+/* Starts a thread for req. On success the set owns req->spec. TD_ENOMEM, or
+ * TD_EINTERNAL when no thread can be created (the job stays ADMITTED: the
+ * caller undoes the admission). */
+td_err dmn_runners_start(struct dmn_runners *r, struct dmn_run_request *req, struct td_errbuf *eb);
+
+/* Asks job's runner to stop at its next step boundary and end CANCELLED.
+ * false if no runner has that job. */
+bool dmn_runners_cancel(struct dmn_runners *r, int64_t job_id);
+
+/* Shutdown: every runner stops at its next step boundary, checkpoints, and
+ * ends INTERRUPTED (requeued at the next start). Returns immediately. */
+void dmn_runners_stop_all(struct dmn_runners *r);
+
+/* Running jobs: all, and those on CPU slots (not on a GPU). */
+size_t dmn_runners_count(const struct dmn_runners *r);
+size_t dmn_runners_count_cpu(const struct dmn_runners *r);
+
+/* The job's latest progress, as the trainer reported it; false if the job has
+ * no runner or has not finished a step yet. Any thread. */
+bool dmn_runners_progress(struct dmn_runners *r, int64_t job_id, struct tr_progress *out);
+
+/* Three steps, as nng does it: close stops new work (idempotent, no wait);
+ * the loop must then run until the handle is closed; free releases memory
+ * (TD_EBUSY, and nothing is freed, while a runner thread is alive). */
+void dmn_runners_close(struct dmn_runners *r);
+td_err dmn_runners_free(struct dmn_runners *r);
+
+#endif

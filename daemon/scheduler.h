@@ -1,0 +1,79 @@
+/* The scheduler: which queued job runs next, and where.
+ *
+ * Order: priority (higher first), then fair share (the user with the least
+ * running work first, counting what this pass already started), then age.
+ * A job that cannot start now does not block the ones behind it that can.
+ * Placement: a GPU where the ledger grants the plan's bytes (contract 7,
+ * st_ledger_reserve checks the device's total × vram_factor and its free
+ * memory), else the CPU if the spec allows it and a CPU slot is free (CPU jobs
+ * need no lease). Per-user limits: max_running_per_user here, and
+ * max_queued_per_user at submit (st_job_submit).
+ *
+ * It owns the runner set (daemon/runner.h) and hears from it when a job ends.
+ * It also keeps which output dirs belong to jobs that have not ended, so that
+ * two live jobs never write into the same directory.
+ *
+ * Loop thread only. Passes run on a kick (submit, cancel, a job ended, SIGHUP)
+ * and on the housekeeping tick. */
+#ifndef DAEMON_SCHEDULER_H
+#define DAEMON_SCHEDULER_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <uv.h>
+
+#include "daemon/settings.h"
+#include "daemon/devices.h"
+#include "daemon/runner.h"
+#include "proto/err.h"
+#include "state/state.h"
+
+struct dmn_sched;
+
+struct dmn_sched_deps {
+	uv_loop_t *loop;
+	struct st_db *db;               /* the loop thread's handle */
+	const char *db_path;            /* for the runners' own handles */
+	const struct dmn_config *cfg;   /* live settings (SIGHUP may change them) */
+	const struct dmn_devices *dev;
+};
+
+/* Reads the jobs that have not ended (after st_jobs_recover) to know their
+ * output dirs. */
+td_err dmn_sched_new(struct dmn_sched **out, const struct dmn_sched_deps *d, struct td_errbuf *eb);
+
+struct dmn_runners *dmn_sched_runners(struct dmn_sched *s);
+
+/* Runs a pass soon (once, however often it is kicked before). */
+void dmn_sched_kick(struct dmn_sched *s);
+
+/* The housekeeping tick: reaps dead leases, then a pass. */
+void dmn_sched_tick(struct dmn_sched *s);
+
+/* The plan's bytes of a job (from its submit-time preflight). */
+void dmn_sched_set_plan(struct dmn_sched *s, int64_t job_id, uint64_t bytes);
+
+/* Claims dir for a job being submitted. TD_EBUSY naming the job that holds
+ * it. *claim identifies the claim until dmn_sched_claim_bind (the job was
+ * stored) or dmn_sched_claim_drop (it was not). */
+td_err dmn_sched_claim_output(struct dmn_sched *s, const char *dir, int64_t *claim,
+			      struct td_errbuf *eb);
+void dmn_sched_claim_bind(struct dmn_sched *s, int64_t claim, int64_t job_id);
+void dmn_sched_claim_drop(struct dmn_sched *s, int64_t claim);
+
+/* A job ended outside a runner (cancelled while queued): drop its claim,
+ * its plan, and run a pass. */
+void dmn_sched_job_ended(struct dmn_sched *s, int64_t job_id);
+
+/* Jobs QUEUED as of the last pass. */
+uint32_t dmn_sched_queued(const struct dmn_sched *s);
+
+/* Shutdown: no more passes; the runners are told to stop. */
+void dmn_sched_stop(struct dmn_sched *s);
+
+/* Three steps: close (the loop must then run until the handles are closed),
+ * free (TD_EBUSY while a runner is alive or a plan is being computed). */
+void dmn_sched_close(struct dmn_sched *s);
+td_err dmn_sched_free(struct dmn_sched *s);
+
+#endif

@@ -1,0 +1,545 @@
+/* traind serving (daemon/server.h). */
+#include "daemon/server.h"
+
+#include "config.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <nng/nng.h>
+#include <nng/protocol/reqrep0/rep.h>
+#include <nng/transport/ipc/ipc.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <time.h>
+#include <unistd.h>
+#include <uv.h>
+
+#include "daemon/devices.h"
+#include "daemon/dispatch.h"
+#include "daemon/identity.h"
+#include "daemon/notify.h"
+#include "daemon/scheduler.h"
+#include "proto/log.h"
+#include "state/state.h"
+
+/* How often a stopping daemon looks whether its jobs have stopped. */
+#define STOP_POLL_MS 100
+
+enum rctx_state { RCTX_RECV, RCTX_WORK, RCTX_SEND };
+
+struct rctx {
+	struct server *srv;
+	nng_ctx ctx;
+	nng_aio *aio;
+	nng_msg *msg;          /* the request, between RECV and WORK */
+	enum rctx_state state;
+	struct rctx *next;     /* in the inbox */
+};
+
+struct server {
+	struct dmn_config *cfg;
+	int argc;
+	char **argv;
+	uv_loop_t loop;
+	uv_async_t wake;
+	uv_signal_t sig_term, sig_int, sig_hup;
+	uv_timer_t tick, stop_poll, deadline;
+	nng_socket sock;
+	bool sock_open;
+	struct rctx *ctxs;
+	int nctx;
+	pthread_mutex_t inbox_mu;
+	struct rctx *inbox;
+	struct st_db *db;
+	struct dmn_devices dev;
+	struct dmn_sched *sched;
+	struct dmn_env env;
+	int lock_fd;
+	bool loop_ready, stopping, closing;
+	int exit_code;
+	char db_path[PATH_MAX];
+};
+
+/* ------------------------------------------------------------------------ */
+/* Requests: nng threads → loop thread → nng */
+
+static void ctx_cb(void *arg)
+{
+	struct rctx *r = arg;
+	struct server *srv = r->srv;
+	int rv = nng_aio_result(r->aio);
+	if (r->state == RCTX_SEND) {
+		if (rv != 0) /* the client went away; the message is still ours */
+			nng_msg_free(nng_aio_get_msg(r->aio));
+		if (rv == NNG_ECLOSED)
+			return;
+		r->state = RCTX_RECV;
+		nng_ctx_recv(r->ctx, r->aio);
+		return;
+	}
+	if (rv == NNG_ECLOSED || rv == NNG_ECANCELED)
+		return;
+	if (rv != 0) {
+		nng_ctx_recv(r->ctx, r->aio);
+		return;
+	}
+	r->msg = nng_aio_get_msg(r->aio);
+	r->state = RCTX_WORK;
+	pthread_mutex_lock(&srv->inbox_mu);
+	r->next = srv->inbox;
+	srv->inbox = r;
+	pthread_mutex_unlock(&srv->inbox_mu);
+	uv_async_send(&srv->wake);
+}
+
+static void reply_cb(void *arg, uint8_t *buf, size_t len)
+{
+	struct rctx *r = arg;
+	nng_msg *m = NULL;
+	if (!buf || nng_msg_alloc(&m, 0) != 0 || nng_msg_append(m, buf, len) != 0) {
+		/* Out of memory: no reply; the client's request times out. */
+		if (m)
+			nng_msg_free(m);
+		free(buf);
+		td_err_log("TD-RPC-OOM", "cannot build a reply");
+		r->state = RCTX_RECV;
+		nng_ctx_recv(r->ctx, r->aio);
+		return;
+	}
+	free(buf);
+	nng_aio_set_msg(r->aio, m);
+	r->state = RCTX_SEND;
+	nng_ctx_send(r->ctx, r->aio);
+}
+
+static void handle(struct server *srv, struct rctx *r)
+{
+	nng_msg *msg = r->msg;
+	r->msg = NULL;
+	struct dmn_peer peer;
+	struct td_errbuf eb = {{0}};
+	if (dmn_peer_of(msg, &peer, &eb) != TD_OK) {
+		/* Never serve a request whose sender is unknown (contract 8). */
+		td_warn("TD-RPC-NOCRED", "%s", eb.msg);
+		size_t len = 0;
+		uint8_t *buf = dmn_error_reply(TD_EPERM, eb.msg, &len);
+		nng_msg_free(msg);
+		reply_cb(r, buf, len);
+		return;
+	}
+	dmn_dispatch(&srv->env, &peer, nng_msg_body(msg), nng_msg_len(msg), reply_cb, r);
+	nng_msg_free(msg);
+}
+
+static void wake_cb(uv_async_t *h)
+{
+	struct server *srv = h->data;
+	pthread_mutex_lock(&srv->inbox_mu);
+	struct rctx *list = srv->inbox;
+	srv->inbox = NULL;
+	pthread_mutex_unlock(&srv->inbox_mu);
+	/* The inbox is LIFO; serve in arrival order. */
+	struct rctx *rev = NULL;
+	while (list) {
+		struct rctx *n = list->next;
+		list->next = rev;
+		rev = list;
+		list = n;
+	}
+	while (rev) {
+		struct rctx *r = rev;
+		rev = r->next;
+		handle(srv, r);
+	}
+}
+
+/* ------------------------------------------------------------------------ */
+/* Start */
+
+static td_err mkdirs(const char *path, mode_t mode, struct td_errbuf *eb)
+{
+	char tmp[PATH_MAX];
+	snprintf(tmp, sizeof(tmp), "%s", path);
+	for (char *p = tmp + 1;; p++) {
+		if (*p && *p != '/')
+			continue;
+		char c = *p;
+		*p = 0;
+		if (mkdir(tmp, c ? 0755 : mode) != 0 && errno != EEXIST)
+			return td_fail(eb, td_from_errno(errno), "%s: cannot create: %s", tmp, strerror(errno));
+		if (!c)
+			break;
+		*p = c;
+	}
+	struct stat st;
+	if (stat(path, &st) != 0 || !S_ISDIR(st.st_mode))
+		return td_fail(eb, TD_EINVAL, "%s: not a directory", path);
+	return TD_OK;
+}
+
+static td_err take_lock(struct server *srv, struct td_errbuf *eb)
+{
+	char path[PATH_MAX];
+	snprintf(path, sizeof(path), "%s/traind.lock", srv->cfg->state_dir);
+	int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+	if (fd < 0)
+		return td_fail(eb, td_from_errno(errno), "%s: %s", path, strerror(errno));
+	if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+		char pid[32] = "?";
+		ssize_t n = pread(fd, pid, sizeof(pid) - 1, 0);
+		pid[n > 0 ? n : 1] = 0;
+		pid[strcspn(pid, "\n")] = 0;
+		close(fd);
+		return td_fail(eb, TD_EBUSY,
+			       "another traind (pid %s) serves state dir %s; stop it first or give "
+			       "another --state-dir",
+			       pid, srv->cfg->state_dir);
+	}
+	char buf[32];
+	int n = snprintf(buf, sizeof(buf), "%d\n", (int)getpid());
+	if (ftruncate(fd, 0) != 0 || pwrite(fd, buf, (size_t)n, 0) != n)
+		td_warn("TD-LOCK", "%s: cannot write the pid: %s", path, strerror(errno));
+	srv->lock_fd = fd;
+	return TD_OK;
+}
+
+/* A socket file left by a daemon that died is removed; one that answers is
+ * another daemon's. */
+static td_err clear_socket(const char *path, struct td_errbuf *eb)
+{
+	struct stat st;
+	if (lstat(path, &st) != 0)
+		return errno == ENOENT ? TD_OK
+				       : td_fail(eb, td_from_errno(errno), "socket: %s: %s", path, strerror(errno));
+	if (!S_ISSOCK(st.st_mode))
+		return td_fail(eb, TD_EINVAL, "socket: %s exists and is not a socket; remove it", path);
+	int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	if (fd < 0)
+		return td_fail(eb, td_from_errno(errno), "socket: %s", strerror(errno));
+	struct sockaddr_un sa = {.sun_family = AF_UNIX};
+	snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", path);
+	int rv = connect(fd, (struct sockaddr *)&sa, sizeof(sa));
+	close(fd);
+	if (rv == 0)
+		return td_fail(eb, TD_EBUSY,
+			       "socket: %s is in use by another daemon; stop it or give another --socket",
+			       path);
+	if (unlink(path) != 0 && errno != ENOENT)
+		return td_fail(eb, td_from_errno(errno), "socket: cannot remove the stale %s: %s", path,
+			       strerror(errno));
+	return TD_OK;
+}
+
+static td_err listen_socket(struct server *srv, struct td_errbuf *eb)
+{
+	const struct dmn_config *cfg = srv->cfg;
+	char dir[PATH_MAX];
+	snprintf(dir, sizeof(dir), "%s", cfg->socket);
+	char *slash = strrchr(dir, '/');
+	if (slash && slash != dir) {
+		*slash = 0;
+		td_err e = mkdirs(dir, cfg->mode == DMN_MODE_SYSTEM ? 0755 : 0700, eb);
+		if (e != TD_OK)
+			return e;
+	}
+	td_err e = clear_socket(cfg->socket, eb);
+	if (e != TD_OK)
+		return e;
+	int rv = nng_rep0_open(&srv->sock);
+	if (rv != 0)
+		return td_fail(eb, TD_EINTERNAL, "nng: cannot open a REP socket: %s", nng_strerror(rv));
+	srv->sock_open = true;
+	/* Requests a bit over the limit still get an error reply that says so;
+	 * beyond this nng drops the connection without reading it all. */
+	size_t hard = (size_t)cfg->max_request_bytes * 4;
+	if (hard < (8u << 20))
+		hard = 8u << 20;
+	nng_socket_set_size(srv->sock, NNG_OPT_RECVMAXSZ, hard);
+	char url[sizeof(cfg->socket) + 8];
+	snprintf(url, sizeof(url), "ipc://%s", cfg->socket);
+	nng_listener l;
+	if ((rv = nng_listener_create(&l, srv->sock, url)) != 0)
+		return td_fail(eb, TD_EINVAL, "socket: %s: %s", cfg->socket, nng_strerror(rv));
+	if ((rv = nng_listener_set_int(l, NNG_OPT_IPC_PERMISSIONS, (int)cfg->socket_mode)) != 0)
+		td_warn("TD-SOCKET-MODE", "socket: cannot set mode %04lo through nng: %s", cfg->socket_mode,
+			nng_strerror(rv));
+	if ((rv = nng_listener_start(l, 0)) != 0)
+		return td_fail(eb, rv == NNG_EPERM ? TD_EPERM : TD_EIO, "socket: cannot listen on %s: %s",
+			       cfg->socket, nng_strerror(rv));
+	if (chmod(cfg->socket, (mode_t)cfg->socket_mode) != 0)
+		return td_fail(eb, td_from_errno(errno), "socket: chmod %s: %s", cfg->socket, strerror(errno));
+
+	srv->nctx = (int)cfg->rpc_contexts;
+	srv->ctxs = calloc((size_t)srv->nctx, sizeof(*srv->ctxs));
+	if (!srv->ctxs)
+		return td_fail(eb, TD_ENOMEM, "out of memory");
+	for (int i = 0; i < srv->nctx; i++) {
+		struct rctx *r = &srv->ctxs[i];
+		r->srv = srv;
+		if ((rv = nng_ctx_open(&r->ctx, srv->sock)) != 0 ||
+		    (rv = nng_aio_alloc(&r->aio, ctx_cb, r)) != 0) {
+			srv->nctx = i + (r->aio == NULL ? 0 : 1);
+			return td_fail(eb, TD_EINTERNAL, "nng: %s", nng_strerror(rv));
+		}
+		r->state = RCTX_RECV;
+		nng_ctx_recv(r->ctx, r->aio);
+	}
+	return TD_OK;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Housekeeping, signals, stop */
+
+static void notify_status(struct server *srv)
+{
+	struct dmn_runners *run = dmn_sched_runners(srv->sched);
+	dmn_notify_status("%s%zu running, %u queued", srv->stopping ? "stopping: " : "",
+			  dmn_runners_count(run), dmn_sched_queued(srv->sched));
+}
+
+static void tick_cb(uv_timer_t *t)
+{
+	struct server *srv = t->data;
+	dmn_notify_watchdog();
+	if (!srv->stopping)
+		dmn_sched_tick(srv->sched);
+	notify_status(srv);
+}
+
+static void close_handles(struct server *srv);
+
+static void stop_poll_cb(uv_timer_t *t)
+{
+	struct server *srv = t->data;
+	if (srv->closing)
+		return;
+	if (dmn_runners_count(dmn_sched_runners(srv->sched)) == 0 && srv->env.pending == 0) {
+		td_info("TD-STOP", "every job stopped; exiting");
+		close_handles(srv);
+	}
+}
+
+static void deadline_cb(uv_timer_t *t)
+{
+	struct server *srv = t->data;
+	struct dmn_runners *run = dmn_sched_runners(srv->sched);
+	size_t n = dmn_runners_count(run);
+	td_err_log("TD-STOP-TIMEOUT",
+		   "%zu job(s) did not stop within shutdown_timeout_s=%ld; recording them INTERRUPTED "
+		   "and exiting",
+		   n, srv->cfg->shutdown_timeout_s);
+	struct st_job_filter f = {.all_users = true, .state_mask = ST_MASK_ACTIVE};
+	struct st_job *jobs = NULL;
+	size_t nj = 0;
+	if (st_job_list(srv->db, &f, &jobs, &nj, NULL) == TD_OK) {
+		for (size_t i = 0; i < nj; i++)
+			st_job_transition(srv->db, jobs[i].id, ST_ANY_STATE, ST_INTERRUPTED,
+					  "the daemon stopped before the job could checkpoint; it "
+					  "resumes from its last checkpoint",
+					  NULL, NULL);
+		st_jobs_free(jobs, nj);
+	}
+	st_close(srv->db);
+	unlink(srv->cfg->socket);
+	/* Runner threads are still inside tr_train: leave without unwinding. */
+	_exit(1);
+}
+
+static void begin_stop(struct server *srv, const char *why)
+{
+	if (srv->stopping)
+		return;
+	srv->stopping = true;
+	srv->env.stopping = true;
+	size_t n = dmn_runners_count(dmn_sched_runners(srv->sched));
+	td_info("TD-STOP", "%s: stopping; %zu running job(s) checkpoint and stop", why, n);
+	dmn_notify_stopping();
+	dmn_sched_stop(srv->sched);
+	notify_status(srv);
+	uv_timer_start(&srv->stop_poll, stop_poll_cb, 0, STOP_POLL_MS);
+	uv_timer_start(&srv->deadline, deadline_cb, (uint64_t)srv->cfg->shutdown_timeout_s * 1000, 0);
+}
+
+static void apply_log_level(const struct dmn_config *cfg)
+{
+	static const struct {
+		const char *name;
+		enum td_log_level lvl;
+	} lv[] = {{"err", TD_LOG_ERR}, {"warn", TD_LOG_WARN}, {"info", TD_LOG_INFO}, {"debug", TD_LOG_DEBUG}};
+	for (size_t i = 0; i < sizeof(lv) / sizeof(lv[0]); i++)
+		if (strcmp(cfg->log_level, lv[i].name) == 0)
+			td_log_threshold = lv[i].lvl;
+}
+
+static void signal_cb(uv_signal_t *h, int signum)
+{
+	struct server *srv = h->data;
+	if (signum == SIGHUP) {
+		dmn_notify_reloading();
+		struct td_errbuf eb = {{0}};
+		if (dmn_config_reload(srv->cfg, srv->argc, srv->argv, &eb) != TD_OK)
+			td_err_log("TD-CONFIG-RELOAD", "SIGHUP: keeping the current settings: %s", eb.msg);
+		else
+			td_info("TD-CONFIG-RELOAD", "SIGHUP: settings reloaded");
+		apply_log_level(srv->cfg);
+		dmn_identity_flush();
+		uv_timer_set_repeat(&srv->tick, (uint64_t)srv->cfg->tick_ms);
+		dmn_notify_ready();
+		if (!srv->stopping)
+			dmn_sched_kick(srv->sched);
+		return;
+	}
+	begin_stop(srv, signum == SIGTERM ? "SIGTERM" : "SIGINT");
+}
+
+static void close_handles(struct server *srv)
+{
+	if (srv->closing)
+		return;
+	srv->closing = true;
+	if (srv->sock_open) {
+		nng_close(srv->sock); /* aborts every receive; callbacks see NNG_ECLOSED */
+		srv->sock_open = false;
+	}
+	for (int i = 0; i < srv->nctx; i++)
+		nng_aio_free(srv->ctxs[i].aio); /* waits for a callback in progress */
+	srv->nctx = 0;
+	/* A request queued between the close and now gets no reply. */
+	pthread_mutex_lock(&srv->inbox_mu);
+	for (struct rctx *r = srv->inbox; r; r = r->next)
+		nng_msg_free(r->msg);
+	srv->inbox = NULL;
+	pthread_mutex_unlock(&srv->inbox_mu);
+	uv_handle_t *hs[] = {(uv_handle_t *)&srv->wake,      (uv_handle_t *)&srv->sig_term,
+			     (uv_handle_t *)&srv->sig_int,   (uv_handle_t *)&srv->sig_hup,
+			     (uv_handle_t *)&srv->tick,      (uv_handle_t *)&srv->stop_poll,
+			     (uv_handle_t *)&srv->deadline};
+	for (size_t i = 0; i < sizeof(hs) / sizeof(hs[0]); i++)
+		if (hs[i]->loop && !uv_is_closing(hs[i]))
+			uv_close(hs[i], NULL);
+	dmn_sched_close(srv->sched);
+}
+
+/* ------------------------------------------------------------------------ */
+
+static double wall_now(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_REALTIME, &ts);
+	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static td_err start(struct server *srv, struct td_errbuf *eb)
+{
+	struct dmn_config *cfg = srv->cfg;
+	td_err e;
+	if ((e = mkdirs(cfg->state_dir, 0700, eb)) != TD_OK ||
+	    (e = mkdirs(cfg->cache_dir, 0700, eb)) != TD_OK || (e = take_lock(srv, eb)) != TD_OK)
+		return e;
+	snprintf(srv->db_path, sizeof(srv->db_path), "%s/%s", cfg->state_dir, ST_DB_FILE);
+	if ((e = st_open(&srv->db, srv->db_path, NULL, eb)) != TD_OK)
+		return e;
+	/* Jobs the last daemon left running go back to the queue and resume
+	 * from their checkpoints; state/ logs what it did (TD-ST-RECOVER). */
+	if ((e = st_jobs_recover(srv->db, NULL, eb)) != TD_OK)
+		return e;
+	st_ledger_reap(srv->db, NULL, NULL);
+	if ((e = dmn_devices_init(&srv->dev, cfg->fake_gpus, eb)) != TD_OK)
+		return e;
+
+	int rv = uv_loop_init(&srv->loop);
+	if (rv != 0)
+		return td_fail(eb, TD_EINTERNAL, "uv_loop_init: %s", uv_strerror(rv));
+	srv->loop_ready = true;
+	struct dmn_sched_deps deps = {
+		.loop = &srv->loop, .db = srv->db, .db_path = srv->db_path, .cfg = cfg, .dev = &srv->dev};
+	if ((e = dmn_sched_new(&srv->sched, &deps, eb)) != TD_OK)
+		return e;
+	srv->env = (struct dmn_env){
+		.loop = &srv->loop,
+		.cfg = cfg,
+		.db = srv->db,
+		.sched = srv->sched,
+		.dev = &srv->dev,
+		.start_time = wall_now(),
+	};
+	uv_async_init(&srv->loop, &srv->wake, wake_cb);
+	srv->wake.data = srv;
+	uv_signal_t *sigs[] = {&srv->sig_term, &srv->sig_int, &srv->sig_hup};
+	int signums[] = {SIGTERM, SIGINT, SIGHUP};
+	for (int i = 0; i < 3; i++) {
+		uv_signal_init(&srv->loop, sigs[i]);
+		sigs[i]->data = srv;
+		uv_signal_start(sigs[i], signal_cb, signums[i]);
+	}
+	uv_timer_t *timers[] = {&srv->tick, &srv->stop_poll, &srv->deadline};
+	for (int i = 0; i < 3; i++) {
+		uv_timer_init(&srv->loop, timers[i]);
+		timers[i]->data = srv;
+	}
+	uint64_t tick = (uint64_t)cfg->tick_ms, wd = dmn_notify_watchdog_usec();
+	if (wd && wd / 2000 < tick)
+		tick = wd / 2000 ? wd / 2000 : 1;
+	uv_timer_start(&srv->tick, tick_cb, tick, tick);
+
+	if ((e = listen_socket(srv, eb)) != TD_OK)
+		return e;
+	dmn_sched_kick(srv->sched);
+	td_info("TD-READY", "traind %s serving %s (%s mode, state %s, %d simulated GPU(s), %ld CPU slot(s))",
+		TD_VERSION, cfg->socket, dmn_mode_name(cfg->mode), cfg->state_dir, srv->dev.n,
+		cfg->cpu_slots);
+	dmn_notify_ready();
+	notify_status(srv);
+	return TD_OK;
+}
+
+int dmn_serve(struct dmn_config *cfg, int argc, char **argv)
+{
+	struct server *srv = calloc(1, sizeof(*srv));
+	if (!srv) {
+		fprintf(stderr, "traind: out of memory\n");
+		return 1;
+	}
+	srv->cfg = cfg;
+	srv->argc = argc;
+	srv->argv = argv;
+	srv->lock_fd = -1;
+	pthread_mutex_init(&srv->inbox_mu, NULL);
+	apply_log_level(cfg);
+	signal(SIGPIPE, SIG_IGN);
+
+	struct td_errbuf eb = {{0}};
+	td_err e = start(srv, &eb);
+	int code = 0;
+	if (e != TD_OK) {
+		td_err_log("TD-START", "cannot start: %s", eb.msg);
+		fprintf(stderr, "traind: %s\n", eb.msg);
+		code = 1;
+		if (srv->loop_ready)
+			close_handles(srv);
+	}
+	if (srv->loop_ready) {
+		uv_run(&srv->loop, UV_RUN_DEFAULT);
+		if (srv->sched && dmn_sched_free(srv->sched) != TD_OK)
+			td_err_log("TD-STOP", "the scheduler still had work at exit");
+		if (uv_loop_close(&srv->loop) != 0)
+			td_err_log("TD-STOP", "libuv handles were left open at exit");
+	}
+	free(srv->ctxs);
+	st_close(srv->db);
+	if (e == TD_OK)
+		unlink(cfg->socket);
+	if (srv->lock_fd >= 0)
+		close(srv->lock_fd);
+	pthread_mutex_destroy(&srv->inbox_mu);
+	free(srv);
+	return code;
+}

@@ -1,0 +1,17 @@
+/* What every backend shares: the check that its ops table is complete. */
+#include "gpu/backend.h"
+
+void gpu_backend_check_ops(const struct gpu_backend_ops *o)
+{
+	assert(o->name && o->alloc && o->free && o->upload && o->download && o->zero && o->sync && o->mem_info &&
+	       o->destroy);
+	assert(o->embedding_forward && o->embedding_backward && o->rmsnorm_forward &&
+	       o->rmsnorm_backward && o->matmul_forward && o->matmul_backward && o->rope_forward &&
+	       o->rope_backward && o->attention_forward && o->attention_backward &&
+	       o->swiglu_forward && o->swiglu_backward && o->residual_forward &&
+	       o->crossentropy_forward && o->crossentropy_backward && o->adamw_update &&
+	       o->sumsq && o->scale);
+	assert(o->nf4_dequantize && o->absmax_dequantize && o->distill_forward &&
+	       o->distill_backward && o->dropout);
+	(void)o;
+}

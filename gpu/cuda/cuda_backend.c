@@ -1,0 +1,350 @@
+/* The CUDA backend's core: driver loading, device, context, stream, memory,
+ * the embedded kernel images, the sealed kernel table, cuBLAS.
+ *
+ * This file is compiled into libtraind-cuda.so, a module the daemon and the
+ * tests dlopen (gpu/select.c). libcuda.so.1 is itself opened here with dlopen,
+ * so nothing links the driver. One primary context per device (the daemon
+ * owns it), one stream per backend object (one per job). All kernels are
+ * resolved when the backend is created — before any weight is uploaded —
+ * and the table is sealed (contract 2). The math ops are in cuda_ops.c.
+ *
+ * Not the engine: it never sees the model, only ops and buffers. */
+#include <dlfcn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "gpu/cuda/cuda_internal.h"
+#include "gpu/cuda/images.h"
+
+#define CU_STR2_(x) #x
+#define CU_STR_(x) CU_STR2_(x)
+
+void cu_check(struct cu_backend *cb, CUresult r, const char *what)
+{
+	if (r == CUDA_SUCCESS || cb->first_error != CUDA_SUCCESS)
+		return;
+	cb->first_error = r;
+	snprintf(cb->first_error_where, sizeof(cb->first_error_where), "%s", what);
+}
+
+void cu_check_blas(struct cu_backend *cb, cublasStatus_t s, const char *what)
+{
+	if (s == CUBLAS_STATUS_SUCCESS || cb->first_error != CUDA_SUCCESS)
+		return;
+	/* cuBLAS failures map onto a driver-style sticky error with the cuBLAS name. */
+	cb->first_error = CUDA_ERROR_UNKNOWN;
+	snprintf(cb->first_error_where, sizeof(cb->first_error_where), "%s: %s", what,
+		 cublasGetStatusName(s));
+}
+
+void cu_launch(struct cu_backend *cb, enum cu_kernel k, struct cu_dim grid, struct cu_dim block,
+	       unsigned shmem, void **args)
+{
+	static const char *const names[] = {
+#define CU_KERNEL_NAME_(name) #name,
+		CU_KERNEL_LIST(CU_KERNEL_NAME_)
+#undef CU_KERNEL_NAME_
+	};
+	if (grid.x == 0 || grid.y == 0 || grid.z == 0)
+		return; /* nothing to do: an empty launch is an error to the driver */
+	CUresult r = cb->drv.cuLaunchKernel(cb->fn[k], grid.x, grid.y, grid.z, block.x, block.y,
+					     block.z, shmem, cb->stream, args, NULL);
+	cu_check(cb, r, names[k]);
+}
+
+static td_err cu_err(struct cu_backend *cb, CUresult r, const char *what, struct td_errbuf *eb)
+{
+	const char *name = "?", *str = "?";
+	if (cb->drv.cuGetErrorName)
+		cb->drv.cuGetErrorName(r, &name);
+	if (cb->drv.cuGetErrorString)
+		cb->drv.cuGetErrorString(r, &str);
+	return td_fail(eb, TD_EDEVICE, "%s: %s (%s)", what, name, str);
+}
+
+/* --- memory --- */
+
+static td_err cuda_alloc(struct gpu_backend *be, size_t bytes, void **out)
+{
+	struct cu_backend *cb = cu_of(be);
+	CUdeviceptr p = 0;
+	CUresult r = cb->drv.cuMemAlloc(&p, bytes ? bytes : 256);
+	if (r != CUDA_SUCCESS)
+		return r == CUDA_ERROR_OUT_OF_MEMORY ? TD_ENOMEM : TD_EDEVICE;
+	cu_check(cb, cb->drv.cuMemsetD8Async(p, 0, bytes, cb->stream), "cuMemsetD8Async");
+	be->bytes_in_use += bytes;
+	if (be->bytes_in_use > be->bytes_peak)
+		be->bytes_peak = be->bytes_in_use;
+	*out = (void *)(uintptr_t)p;
+	return TD_OK;
+}
+
+static void cuda_free(struct gpu_backend *be, void *p, size_t bytes)
+{
+	struct cu_backend *cb = cu_of(be);
+	/* Work still queued may read p: finish it first. */
+	cb->drv.cuStreamSynchronize(cb->stream);
+	cb->drv.cuMemFree((CUdeviceptr)(uintptr_t)p);
+	be->bytes_in_use -= bytes;
+}
+
+static void cuda_upload(struct gpu_backend *be, void *dst, const void *src, size_t bytes)
+{
+	struct cu_backend *cb = cu_of(be);
+	if (!bytes)
+		return;
+	/* From pageable memory the call returns once src has been staged, so the
+	 * caller may reuse src at once. */
+	cu_check(cb, cb->drv.cuMemcpyHtoDAsync((CUdeviceptr)(uintptr_t)dst, src, bytes, cb->stream),
+		 "cuMemcpyHtoDAsync");
+}
+
+static void cuda_download(struct gpu_backend *be, void *dst, const void *src, size_t bytes)
+{
+	struct cu_backend *cb = cu_of(be);
+	if (!bytes)
+		return;
+	cu_check(cb, cb->drv.cuMemcpyDtoHAsync(dst, (CUdeviceptr)(uintptr_t)src, bytes, cb->stream),
+		 "cuMemcpyDtoHAsync");
+	cu_check(cb, cb->drv.cuStreamSynchronize(cb->stream), "cuStreamSynchronize");
+}
+
+static void cuda_zero(struct gpu_backend *be, void *dst, size_t bytes)
+{
+	struct cu_backend *cb = cu_of(be);
+	if (bytes)
+		cu_check(cb, cb->drv.cuMemsetD8Async((CUdeviceptr)(uintptr_t)dst, 0, bytes, cb->stream),
+			 "cuMemsetD8Async");
+}
+
+static td_err cuda_sync(struct gpu_backend *be, struct td_errbuf *eb)
+{
+	struct cu_backend *cb = cu_of(be);
+	cu_check(cb, cb->drv.cuStreamSynchronize(cb->stream), "cuStreamSynchronize");
+	if (cb->first_error == CUDA_SUCCESS)
+		return TD_OK;
+	return cu_err(cb, cb->first_error, cb->first_error_where, eb);
+}
+
+static td_err cuda_mem_info(struct gpu_backend *be, size_t *free_bytes, size_t *total_bytes)
+{
+	struct cu_backend *cb = cu_of(be);
+	cb->drv.cuCtxSetCurrent(cb->ctx);
+	return cb->drv.cuMemGetInfo(free_bytes, total_bytes) == CUDA_SUCCESS ? TD_OK : TD_EDEVICE;
+}
+
+static void cuda_destroy(struct gpu_backend *be)
+{
+	struct cu_backend *cb = cu_of(be);
+	if (cb->ctx) {
+		cb->drv.cuCtxSetCurrent(cb->ctx);
+		if (cb->stream)
+			cb->drv.cuStreamSynchronize(cb->stream);
+		if (cb->blas)
+			cublasDestroy(cb->blas);
+		if (cb->reduce_buf)
+			cb->drv.cuMemFree((CUdeviceptr)(uintptr_t)cb->reduce_buf);
+		if (cb->blas_ws)
+			cb->drv.cuMemFree((CUdeviceptr)(uintptr_t)cb->blas_ws);
+		if (cb->module)
+			cb->drv.cuModuleUnload(cb->module);
+		if (cb->stream)
+			cb->drv.cuStreamDestroy(cb->stream);
+		cb->drv.cuDevicePrimaryCtxRelease(cb->dev);
+	}
+	if (cb->drv.lib)
+		dlclose(cb->drv.lib);
+	free(cb);
+}
+
+/* --- kernels --- */
+
+/* The image for this device: a cubin of the same major architecture and the
+ * highest minor not above the device's (cubins run on later minors of their
+ * major), else the PTX, which the driver's JIT linker compiles (counted). */
+static td_err load_kernels(struct cu_backend *cb, struct td_errbuf *eb)
+{
+	int want = cb->cc_major * 10 + cb->cc_minor;
+	const struct cu_image *best = NULL, *ptx = NULL;
+	for (size_t i = 0; i < cu_images_count; i++) {
+		const struct cu_image *im = &cu_images[i];
+		if (im->is_ptx) {
+			if (im->arch <= want && (!ptx || im->arch > ptx->arch))
+				ptx = im;
+			continue;
+		}
+		if (im->arch / 10 == cb->cc_major && im->arch <= want && (!best || im->arch > best->arch))
+			best = im;
+	}
+	CUresult r;
+	if (best) {
+		r = cb->drv.cuModuleLoadData(&cb->module, best->data);
+		if (r != CUDA_SUCCESS)
+			return cu_err(cb, r, "loading the kernels' cubin", eb);
+	} else if (ptx) {
+		/* JIT once. A persistent cubin cache for this path is part of the
+		 * module cache (contract 3) and not built yet: this compiles per
+		 * process and counts it. */
+		CUlinkState link;
+		void *cubin = NULL;
+		size_t size = 0;
+		r = cb->drv.cuLinkCreate(0, NULL, NULL, &link);
+		if (r == CUDA_SUCCESS)
+			r = cb->drv.cuLinkAddData(link, CU_JIT_INPUT_PTX, (void *)ptx->data, ptx->size,
+						  "kernels.ptx", 0, NULL, NULL);
+		if (r == CUDA_SUCCESS)
+			r = cb->drv.cuLinkComplete(link, &cubin, &size);
+		if (r == CUDA_SUCCESS)
+			r = cb->drv.cuModuleLoadData(&cb->module, cubin);
+		cb->drv.cuLinkDestroy(link);
+		cb->base.compiles++;
+		if (r != CUDA_SUCCESS)
+			return cu_err(cb, r, "compiling the kernels' PTX", eb);
+	} else {
+		return td_fail(eb, TD_EUNSUPPORTED,
+			       "no kernel image for compute capability %d.%d in this build",
+			       cb->cc_major, cb->cc_minor);
+	}
+	static const char *const names[] = {
+#define CU_KERNEL_NAME_(name) #name,
+		CU_KERNEL_LIST(CU_KERNEL_NAME_)
+#undef CU_KERNEL_NAME_
+	};
+	for (int k = 0; k < CU_K_COUNT_; k++) {
+		r = cb->drv.cuModuleGetFunction(&cb->fn[k], cb->module, names[k]);
+		if (r != CUDA_SUCCESS) {
+			char what[160];
+			snprintf(what, sizeof(what), "kernel %s is missing from the module", names[k]);
+			return cu_err(cb, r, what, eb);
+		}
+	}
+	cb->sealed = true;
+	return TD_OK;
+}
+
+/* --- creation --- */
+
+static struct gpu_backend_ops cuda_ops = {
+	.name = "cuda",
+	.alloc = cuda_alloc,
+	.free = cuda_free,
+	.upload = cuda_upload,
+	.download = cuda_download,
+	.zero = cuda_zero,
+	.sync = cuda_sync,
+	.destroy = cuda_destroy,
+	.mem_info = cuda_mem_info,
+};
+
+static td_err open_driver(struct cu_driver *d, struct td_errbuf *eb)
+{
+	d->lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+	if (!d->lib)
+		return td_fail(eb, TD_EUNSUPPORTED, "no NVIDIA driver: %s", dlerror());
+#define CU_DRIVER_SYM_(name)                                                                 \
+	d->name = (__typeof__(&name))dlsym(d->lib, CU_STR_(name));                           \
+	if (!d->name)                                                                        \
+		return td_fail(eb, TD_EUNSUPPORTED, "libcuda.so.1 lacks %s (driver too old?)", \
+			       CU_STR_(name));
+	CU_DRIVER_LIST(CU_DRIVER_SYM_)
+#undef CU_DRIVER_SYM_
+	return TD_OK;
+}
+
+__attribute__((visibility("default"))) td_err gpu_cuda_backend_new(struct gpu_backend **out,
+								   struct td_errbuf *eb);
+
+td_err gpu_cuda_backend_new(struct gpu_backend **out, struct td_errbuf *eb)
+{
+	static int ops_ready;
+	if (!ops_ready) {
+		cu_ops_fill(&cuda_ops);
+		gpu_backend_check_ops(&cuda_ops);
+		ops_ready = 1;
+	}
+	struct cu_backend *cb = calloc(1, sizeof(*cb));
+	if (!cb)
+		return td_fail(eb, TD_ENOMEM, "cuda backend: out of memory");
+	cb->base.ops = &cuda_ops;
+	cb->fp32_strict = true;
+	td_err e = open_driver(&cb->drv, eb);
+	CUresult r = CUDA_SUCCESS;
+	int ordinal = 0, count = 0;
+	const char *env = getenv("TD_CUDA_DEVICE");
+	if (env)
+		ordinal = atoi(env);
+	if (e == TD_OK && (r = cb->drv.cuInit(0)) != CUDA_SUCCESS)
+		e = cu_err(cb, r, "cuInit", eb);
+	if (e == TD_OK && ((r = cb->drv.cuDeviceGetCount(&count)) != CUDA_SUCCESS || count == 0))
+		e = r ? cu_err(cb, r, "cuDeviceGetCount", eb) : td_fail(eb, TD_EUNSUPPORTED, "no CUDA device");
+	if (e == TD_OK && ordinal >= count)
+		e = td_fail(eb, TD_EINVAL, "TD_CUDA_DEVICE=%d but there are %d devices", ordinal, count);
+	if (e == TD_OK && (r = cb->drv.cuDeviceGet(&cb->dev, ordinal)) != CUDA_SUCCESS)
+		e = cu_err(cb, r, "cuDeviceGet", eb);
+	if (e == TD_OK) {
+		cb->drv.cuDeviceGetName(cb->name, sizeof(cb->name), cb->dev);
+		cb->drv.cuDeviceGetAttribute(&cb->cc_major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, cb->dev);
+		cb->drv.cuDeviceGetAttribute(&cb->cc_minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, cb->dev);
+		CUuuid u;
+		if (cb->drv.cuDeviceGetUuid(&u, cb->dev) == CUDA_SUCCESS) {
+			const unsigned char *b = (const unsigned char *)u.bytes;
+			snprintf(cb->uuid, sizeof(cb->uuid),
+				 "%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", b[0],
+				 b[1], b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12],
+				 b[13], b[14], b[15]);
+		}
+		snprintf(cb->base.device, sizeof(cb->base.device), "%s", cb->name);
+	}
+	if (e == TD_OK && (r = cb->drv.cuDevicePrimaryCtxRetain(&cb->ctx, cb->dev)) != CUDA_SUCCESS) {
+		cb->ctx = NULL;
+		e = cu_err(cb, r, "cuDevicePrimaryCtxRetain", eb);
+	}
+	if (e == TD_OK && (r = cb->drv.cuCtxSetCurrent(cb->ctx)) != CUDA_SUCCESS)
+		e = cu_err(cb, r, "cuCtxSetCurrent", eb);
+	if (e == TD_OK && (r = cb->drv.cuStreamCreate(&cb->stream, CU_STREAM_NON_BLOCKING)) != CUDA_SUCCESS)
+		e = cu_err(cb, r, "cuStreamCreate", eb);
+	if (e == TD_OK)
+		e = load_kernels(cb, eb);
+	if (e == TD_OK) {
+		cublasStatus_t s = cublasCreate(&cb->blas);
+		if (s == CUBLAS_STATUS_SUCCESS)
+			s = cublasSetStream(cb->blas, (cudaStream_t)cb->stream);
+		/* fp32 mode: no TF32 anywhere (parity with the CPU reference). */
+		if (s == CUBLAS_STATUS_SUCCESS)
+			s = cublasSetMathMode(cb->blas, CUBLAS_PEDANTIC_MATH);
+		if (s != CUBLAS_STATUS_SUCCESS)
+			e = td_fail(eb, TD_EDEVICE, "cuBLAS: %s", cublasGetStatusName(s));
+	}
+	if (e == TD_OK) {
+		/* 512K doubles: enough partials for the column sums of any width. */
+		cb->reduce_cap = 512 * 1024;
+		CUdeviceptr p;
+		if ((r = cb->drv.cuMemAlloc(&p, cb->reduce_cap * sizeof(double))) != CUDA_SUCCESS)
+			e = cu_err(cb, r, "cuMemAlloc (reduction scratch)", eb);
+		else
+			cb->reduce_buf = (double *)(uintptr_t)p;
+	}
+	if (e == TD_OK) {
+		/* cuBLAS's workspace is ours, allocated now, so that nothing on the
+		 * device grows after creation: a job's footprint is its plan plus
+		 * these fixed bytes, which is what the ledger reserves (contract 1). */
+		cb->blas_ws_bytes = 32u << 20;
+		CUdeviceptr p;
+		if ((r = cb->drv.cuMemAlloc(&p, cb->blas_ws_bytes)) != CUDA_SUCCESS)
+			e = cu_err(cb, r, "cuMemAlloc (cuBLAS workspace)", eb);
+		else {
+			cb->blas_ws = (void *)(uintptr_t)p;
+			cublasStatus_t s = cublasSetWorkspace(cb->blas, cb->blas_ws, cb->blas_ws_bytes);
+			if (s != CUBLAS_STATUS_SUCCESS)
+				e = td_fail(eb, TD_EDEVICE, "cublasSetWorkspace: %s", cublasGetStatusName(s));
+		}
+		cb->base.fixed_bytes = cb->reduce_cap * sizeof(double) + cb->blas_ws_bytes;
+	}
+	if (e != TD_OK) {
+		cuda_destroy(&cb->base);
+		return e;
+	}
+	*out = &cb->base;
+	return TD_OK;
+}

@@ -1,0 +1,118 @@
+/* Inside the CUDA backend module (libtraind-cuda.so): the backend object, the
+ * sealed kernel table and the launch primitive the op launchers use.
+ *
+ * The module reaches the driver only through function pointers resolved from
+ * libcuda.so.1 at run time (contract 5): nothing here links libcuda. Kernels
+ * live in the .cu files of kernels/cuda, compiled at build time into one cubin per
+ * supported architecture plus PTX, embedded in the module. At backend creation
+ * every kernel of the table is resolved (the "prewarm"), then the table is
+ * sealed: there is no way to look a kernel up by a string after that, and any
+ * compile (PTX JIT for an architecture without a cubin) after seal counts in
+ * compiles_after_seal, which the gpu tests assert is zero (contract 2).
+ *
+ * Not a public API: the engine sees only gpu/backend.h. */
+#ifndef GPU_CUDA_CUDA_INTERNAL_H
+#define GPU_CUDA_CUDA_INTERNAL_H
+
+#include <cublas_v2.h>
+#include <cuda.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "gpu/backend.h"
+
+/* Every kernel of kernels/cuda, by its extern "C" name. The enum below is
+ * generated from this list; the .cu files must define exactly these. */
+#include "gpu/cuda/kernels.def"
+
+enum cu_kernel {
+#define CU_KERNEL_ENUM_(name) CU_K_##name,
+	CU_KERNEL_LIST(CU_KERNEL_ENUM_)
+#undef CU_KERNEL_ENUM_
+	CU_K_COUNT_
+};
+
+/* Driver entry points used by the module, resolved with dlsym from
+ * libcuda.so.1. The X-macro argument is the cuda.h name; cuda.h maps some to
+ * versioned symbols (cuMemAlloc -> cuMemAlloc_v2), which is what is looked up. */
+#define CU_DRIVER_LIST(X)                                                     \
+	X(cuInit) X(cuDriverGetVersion) X(cuDeviceGetCount) X(cuDeviceGet)    \
+	X(cuDeviceGetName) X(cuDeviceGetUuid) X(cuDeviceGetAttribute)         \
+	X(cuDeviceTotalMem) X(cuDevicePrimaryCtxRetain)                       \
+	X(cuDevicePrimaryCtxRelease) X(cuCtxSetCurrent) X(cuCtxSynchronize)   \
+	X(cuStreamCreate) X(cuStreamDestroy) X(cuStreamSynchronize)           \
+	X(cuMemAlloc) X(cuMemFree) X(cuMemGetInfo) X(cuMemcpyHtoDAsync)       \
+	X(cuMemcpyDtoHAsync) X(cuMemcpyDtoDAsync) X(cuMemsetD8Async)          \
+	X(cuModuleLoadData) X(cuModuleUnload) X(cuModuleGetFunction)          \
+	X(cuFuncSetAttribute) X(cuLaunchKernel) X(cuGetErrorName)             \
+	X(cuGetErrorString) X(cuLinkCreate) X(cuLinkAddData)                  \
+	X(cuLinkComplete) X(cuLinkDestroy) X(cuEventCreate)                   \
+	X(cuEventRecord) X(cuEventSynchronize) X(cuEventElapsedTime)          \
+	X(cuEventDestroy)
+
+struct cu_driver {
+	void *lib;
+#define CU_DRIVER_PTR_(name) __typeof__(&name) name;
+	CU_DRIVER_LIST(CU_DRIVER_PTR_)
+#undef CU_DRIVER_PTR_
+};
+
+struct cu_dim {
+	unsigned x, y, z;
+};
+
+struct cu_backend {
+	struct gpu_backend base; /* first: the engine holds a struct gpu_backend * */
+	struct cu_driver drv;
+	CUdevice dev;
+	CUcontext ctx;
+	CUstream stream;
+	CUmodule module;
+	CUfunction fn[CU_K_COUNT_];
+	bool sealed;
+	int cc_major, cc_minor;
+	char name[256];
+	char uuid[37];
+	cublasHandle_t blas;
+	/* The first error of an asynchronous op: sticky until reported by sync. */
+	CUresult first_error;
+	char first_error_where[128];
+	int64_t compiles, compiles_after_seal;
+	bool fp32_strict; /* fp32 mode: TF32 off (parity) */
+	/* A device scratch for reductions, reduce_cap doubles: sumsq's partials
+	 * (1 double per block), and, seen as 2*reduce_cap floats, the per-part
+	 * partials of the column sums (dbias, rmsnorm dweight) in cuda_ops.c,
+	 * which use up to 64*C floats when there is room (else fewer parts).
+	 * Stream-ordered, so the ops share it safely. */
+	double *reduce_buf;
+	size_t reduce_cap;
+	/* cuBLAS's workspace, allocated at creation (counted in fixed_bytes). */
+	void *blas_ws;
+	size_t blas_ws_bytes;
+};
+
+static inline struct cu_backend *cu_of(struct gpu_backend *be)
+{
+	return (struct cu_backend *)be;
+}
+
+/* Records the first failure of an async call; later ops still enqueue (they
+ * are cheap no-ops on a broken context) and sync reports the first error. */
+void cu_check(struct cu_backend *cb, CUresult r, const char *what);
+void cu_check_blas(struct cu_backend *cb, cublasStatus_t s, const char *what);
+
+/* Launches kernel k on the backend's stream. args as for cuLaunchKernel: an
+ * array of pointers to each argument. Never synchronises. */
+void cu_launch(struct cu_backend *cb, enum cu_kernel k, struct cu_dim grid, struct cu_dim block,
+	       unsigned shmem, void **args);
+
+/* ceil(a / b) */
+static inline unsigned cu_blocks(size_t a, unsigned b)
+{
+	return (unsigned)((a + b - 1) / b);
+}
+
+/* The ops (gpu/cuda/cuda_ops.c): fills the math entries of the ops table. */
+void cu_ops_fill(struct gpu_backend_ops *ops);
+
+#endif

@@ -1,0 +1,570 @@
+/* The CUDA backend's math ops: one launcher per op of gpu/backend.h's math
+ * section, fp32, and cu_ops_fill, which puts them in the ops table.
+ *
+ * A launcher computes the grid, packs pointers to its arguments for
+ * cuLaunchKernel and enqueues kernels (the .cu files of kernels/cuda,
+ * reached through the sealed table by enum) and cuBLAS calls on the
+ * backend's stream. It never synchronises (sumsq excepted: it is blocking by
+ * contract) and checks nothing itself: cu_launch and cu_check_blas record
+ * the first error, which the next gpu_sync reports. Every op matches its CPU
+ * twin in kernels/cpu/ops.h (overwrite or accumulate, NULL outputs, the
+ * allowed aliasing); each is deterministic run to run (fixed reduction
+ * orders, no float atomics), and the elementwise ones whose arithmetic allows
+ * it are bit-identical to the CPU.
+ *
+ * GEMMs are cuBLAS SGEMMs with llm.c's row-major trick: a row-major (R, K)
+ * matrix is a column-major (K, R) one, so out (N,OC) = inp (N,C) W(OC,C)^T is
+ * the column-major out^T = W^T inp^T, sgemm(T, N, m=OC, n=N, k=C). The
+ * backend's cuBLAS handle is on its stream, without TF32 in fp32 mode.
+ *
+ * Not here: the backend's memory, context and kernel table (cuda_backend.c).
+ *
+ * Key: B batch, T sequence, N = B*T rows, C channels, OC output channels,
+ * V vocab, NH query heads, NKV key/value heads, HS head size. */
+#include <assert.h>
+#include <math.h>
+
+#include "gpu/cuda/cuda_internal.h"
+
+/* Threads of an elementwise block, and the most blocks of a grid-stride
+ * launch (more work loops inside the kernel). */
+#define CU_THREADS 256
+#define CU_MAX_GRID 65536u
+/* Row kernels with one block per row (V up to ~152k for the vocabulary). */
+#define CU_VOCAB_THREADS 512
+/* sumsq: at most this many per-block partials (also bounded by reduce_cap),
+ * each block covering at least CU_SUMSQ_MIN values. */
+#define CU_SUMSQ_MAX_BLOCKS 1024
+#define CU_SUMSQ_MIN (CU_THREADS * 16)
+/* Column sums (dbias, rmsnorm's dweight): aim for this many blocks, with at
+ * least CU_COLSUM_MIN_ROWS rows per part and at most CU_COLSUM_MAX_PARTS parts. */
+#define CU_COLSUM_TARGET_BLOCKS 256
+#define CU_COLSUM_MIN_ROWS 128
+#define CU_COLSUM_MAX_PARTS 64
+
+/* ---------------------------------------------------------------- helpers -- */
+
+static struct cu_dim dim1(unsigned x)
+{
+	return (struct cu_dim){x, 1, 1};
+}
+
+static unsigned grid_cap(size_t blocks)
+{
+	return blocks > CU_MAX_GRID ? CU_MAX_GRID : (unsigned)blocks;
+}
+
+/* A grid-stride elementwise launch over n values. */
+static void launch_n(struct cu_backend *cb, enum cu_kernel k, size_t n, void **args)
+{
+	if (n == 0)
+		return;
+	cu_launch(cb, k, dim1(grid_cap((n + CU_THREADS - 1) / CU_THREADS)), dim1(CU_THREADS), 0,
+		  args);
+}
+
+/* Threads for a block that owns one row of C values: whole warps, enough to
+ * give each thread a few values, at most 512. */
+static unsigned row_threads(int C)
+{
+	if (C >= 4096)
+		return 512;
+	if (C >= 256)
+		return 256;
+	return C <= 32 ? 32 : (unsigned)(C + 31) / 32 * 32;
+}
+
+/* A one-block-per-row launch over N rows of C values. */
+static void launch_rows(struct cu_backend *cb, enum cu_kernel k, int N, unsigned threads,
+			void **args)
+{
+	if (N <= 0)
+		return;
+	cu_launch(cb, k, dim1(grid_cap((size_t)N)), dim1(threads), 0, args);
+}
+
+/* The reduction scratch (cuda_internal.h: reduce_buf, reduce_cap doubles),
+ * seen as floats: the column sums keep their per-part partials there.
+ * Stream order makes sharing it with sumsq safe. */
+static float *scratch_floats(struct cu_backend *cb, size_t *cap)
+{
+	*cap = cb->reduce_buf ? cb->reduce_cap * (sizeof(double) / sizeof(float)) : 0;
+	return (float *)cb->reduce_buf;
+}
+
+/* How a column sum over N rows of C columns is split: parts chunks of
+ * rows_per_part rows, each reduced by its own blocks. One part adds straight
+ * into the output; more write partials to the scratch, which colsum_reduce
+ * adds up in part order. The split is a function of (N, C, scratch size) only,
+ * so the bits are the same on every run. */
+struct colsum_plan {
+	unsigned parts;
+	int rows_per_part;
+	float *partial; /* scratch, when parts > 1 */
+};
+
+static struct colsum_plan plan_colsum(struct cu_backend *cb, int N, int C)
+{
+	size_t cap;
+	float *scratch = scratch_floats(cb, &cap);
+	size_t tiles = cu_blocks((size_t)C, 32);
+	size_t parts = (CU_COLSUM_TARGET_BLOCKS + tiles - 1) / tiles;
+	size_t by_rows = (size_t)N / CU_COLSUM_MIN_ROWS;
+	size_t by_scratch = cap / (size_t)C;
+	if (parts > by_rows)
+		parts = by_rows;
+	if (parts > by_scratch)
+		parts = by_scratch;
+	if (parts > CU_COLSUM_MAX_PARTS)
+		parts = CU_COLSUM_MAX_PARTS;
+	if (parts < 1)
+		parts = 1;
+	struct colsum_plan p;
+	p.rows_per_part = (int)(((size_t)N + parts - 1) / parts);
+	p.parts = (unsigned)(((size_t)N + p.rows_per_part - 1) / p.rows_per_part);
+	p.partial = p.parts > 1 ? scratch : NULL;
+	return p;
+}
+
+/* out (C) += the parts' partials, in part order. */
+static void colsum_finish(struct cu_backend *cb, float *out, const struct colsum_plan *p, int C)
+{
+	if (p->parts <= 1)
+		return;
+	int P = (int)p->parts;
+	const float *partial = p->partial;
+	void *args[] = {&out, &partial, &P, &C};
+	launch_n(cb, CU_K_colsum_reduce_f32, (size_t)C, args);
+}
+
+/* Column-major SGEMM on the backend's handle, C = alpha op(A) op(B) + beta C
+ * with C (m, n). beta == 0 never reads C (cuBLAS's contract), so an
+ * overwritten output may hold anything, NaN included. */
+static void sgemm(struct cu_backend *cb, const char *what, cublasOperation_t ta,
+		  cublasOperation_t tb, int m, int n, int k, float alpha, const float *A, int lda,
+		  const float *B, int ldb, float beta, float *C, int ldc)
+{
+	cu_check_blas(cb, cublasSgemm(cb->blas, ta, tb, m, n, k, &alpha, A, lda, B, ldb, &beta, C,
+				      ldc),
+		      what);
+}
+
+/* The same over `batch` problems whose operands sit sA, sB, sC floats apart. */
+static void sgemm_batched(struct cu_backend *cb, const char *what, cublasOperation_t ta,
+			  cublasOperation_t tb, int m, int n, int k, float alpha, const float *A,
+			  int lda, long long sA, const float *B, int ldb, long long sB, float beta,
+			  float *C, int ldc, long long sC, int batch)
+{
+	cu_check_blas(cb, cublasSgemmStridedBatched(cb->blas, ta, tb, m, n, k, &alpha, A, lda, sA,
+						    B, ldb, sB, &beta, C, ldc, sC, batch),
+		      what);
+}
+
+#define OP_N CUBLAS_OP_N
+#define OP_T CUBLAS_OP_T
+
+/* -------------------------------------------------------------- embedding -- */
+
+static void cu_embedding_forward(struct gpu_backend *be, float *out, const int32_t *ids,
+				 const float *wte, int N, int C)
+{
+	if (C <= 0)
+		return;
+	void *args[] = {&out, &ids, &wte, &N, &C};
+	launch_rows(cu_of(be), CU_K_embedding_forward_f32, N, row_threads(C), args);
+}
+
+/* Deterministic (see kernels/cuda/embedding.cu): 256 threads scan the ids
+ * 256 at a time, whatever C is. */
+static void cu_embedding_backward(struct gpu_backend *be, float *dwte, const float *dout,
+				  const int32_t *ids, int N, int C)
+{
+	if (C <= 0)
+		return;
+	void *args[] = {&dwte, &dout, &ids, &N, &C};
+	launch_rows(cu_of(be), CU_K_embedding_backward_f32, N, CU_THREADS, args);
+}
+
+/* ---------------------------------------------------------------- rmsnorm -- */
+
+static void cu_rmsnorm_forward(struct gpu_backend *be, float *out, float *rstd, const float *inp,
+			       const float *weight, int N, int C, float eps)
+{
+	void *args[] = {&out, &rstd, &inp, &weight, &N, &C, &eps};
+	launch_rows(cu_of(be), CU_K_rmsnorm_forward_f32, N, row_threads(C), args);
+}
+
+static void cu_rmsnorm_backward(struct gpu_backend *be, float *dinp, float *dweight,
+				const float *dout, const float *inp, const float *weight,
+				const float *rstd, int N, int C)
+{
+	struct cu_backend *cb = cu_of(be);
+	if (N <= 0 || C <= 0)
+		return;
+	void *args[] = {&dinp, &dout, &inp, &weight, &rstd, &N, &C};
+	launch_rows(cb, CU_K_rmsnorm_backward_f32, N, row_threads(C), args);
+	if (!dweight)
+		return;
+	struct colsum_plan p = plan_colsum(cb, N, C);
+	int direct = p.parts == 1;
+	float *dst = direct ? dweight : p.partial;
+	void *wargs[] = {&dst, &dout, &inp, &rstd, &N, &C, &p.rows_per_part, &direct};
+	cu_launch(cb, CU_K_rmsnorm_dweight_f32, (struct cu_dim){cu_blocks((size_t)C, 32), p.parts, 1},
+		  (struct cu_dim){32, 32, 1}, 0, wargs);
+	colsum_finish(cb, dweight, &p, C);
+}
+
+/* ----------------------------------------------------------------- matmul -- */
+
+static void cu_matmul_forward(struct gpu_backend *be, float *out, const float *inp,
+			      const float *weight, const float *bias, int N, int C, int OC)
+{
+	struct cu_backend *cb = cu_of(be);
+	if (N <= 0 || OC <= 0)
+		return;
+	if (C > 0)
+		sgemm(cb, "matmul_forward: cublasSgemm", OP_T, OP_N, OC, N, C, 1.0f, weight, C, inp,
+		      C, 0.0f, out, OC);
+	else
+		be->ops->zero(be, out, sizeof(float) * (size_t)N * (size_t)OC);
+	if (bias) {
+		void *args[] = {&out, &bias, &N, &OC};
+		launch_rows(cb, CU_K_add_bias_f32, N, row_threads(OC), args);
+	}
+}
+
+/* dinp (N,C) += dout (N,OC) W (OC,C): column-major dinp^T = W^T dout^T.
+ * dweight (OC,C) += dout^T inp: column-major dweight^T = inp^T dout.
+ * dbias (OC) += the column sums of dout. */
+static void cu_matmul_backward(struct gpu_backend *be, float *dinp, float *dweight, float *dbias,
+			       const float *dout, const float *inp, const float *weight, int N,
+			       int C, int OC)
+{
+	struct cu_backend *cb = cu_of(be);
+	if (N <= 0 || OC <= 0)
+		return; /* nothing to add */
+	if (dinp && C > 0)
+		sgemm(cb, "matmul_backward (dinp): cublasSgemm", OP_N, OP_N, C, N, OC, 1.0f, weight,
+		      C, dout, OC, 1.0f, dinp, C);
+	if (dweight && C > 0)
+		sgemm(cb, "matmul_backward (dweight): cublasSgemm", OP_N, OP_T, C, OC, N, 1.0f, inp,
+		      C, dout, OC, 1.0f, dweight, C);
+	if (dbias) {
+		struct colsum_plan p = plan_colsum(cb, N, OC);
+		int direct = p.parts == 1;
+		float *dst = direct ? dbias : p.partial;
+		void *args[] = {&dst, &dout, &N, &OC, &p.rows_per_part, &direct};
+		cu_launch(cb, CU_K_bias_grad_f32,
+			  (struct cu_dim){cu_blocks((size_t)OC, 32), p.parts, 1},
+			  (struct cu_dim){32, 32, 1}, 0, args);
+		colsum_finish(cb, dbias, &p, OC);
+	}
+}
+
+/* ------------------------------------------------------------------- rope -- */
+
+static void launch_rope(struct cu_backend *cb, enum cu_kernel k, float *out, const float *inp,
+			const float *cos, const float *sin, int B, int T, int NH, int HS)
+{
+	if (B <= 0 || T <= 0 || NH <= 0 || HS < 2)
+		return;
+	void *args[] = {&out, &inp, &cos, &sin, &B, &T, &NH, &HS};
+	int pairs = NH * (HS / 2);
+	cu_launch(cb, k, dim1(grid_cap((size_t)B * (size_t)T)), dim1(row_threads(pairs)), 0, args);
+}
+
+static void cu_rope_forward(struct gpu_backend *be, float *out, const float *inp, const float *cos,
+			    const float *sin, int B, int T, int NH, int HS)
+{
+	launch_rope(cu_of(be), CU_K_rope_forward_f32, out, inp, cos, sin, B, T, NH, HS);
+}
+
+static void cu_rope_backward(struct gpu_backend *be, float *dinp, const float *dout,
+			     const float *cos, const float *sin, int B, int T, int NH, int HS)
+{
+	launch_rope(cu_of(be), CU_K_rope_backward_f32, dinp, dout, cos, sin, B, T, NH, HS);
+}
+
+/* -------------------------------------------------------------- attention -- */
+
+/* The views, per query head h (kv head g = h / rep) and batch row b:
+ * Q_h row t at q + (b*T + t)*NH*HS + h*HS, so the leading dimension is
+ * ldq = NH*HS and batch rows are T*ldq apart; K_g, V_g likewise with
+ * ldk = NKV*HS; P_h = att + (b*NH + h)*T*T, (T,T) row-major, batch rows
+ * NH*T*T apart. Each GEMM below is one cuBLAS call per head, batched over b;
+ * in column-major terms a row-major (T,HS) view is (HS,T) with ld ldq. */
+struct att_views {
+	int rep, ldq, ldk;
+	long long sq, sk, sa; /* batch strides of q, k/v, att */
+	float scale;
+};
+
+static struct att_views att_views(int T, int NH, int NKV, int HS)
+{
+	struct att_views a;
+	a.rep = NH / NKV;
+	a.ldq = NH * HS;
+	a.ldk = NKV * HS;
+	a.sq = (long long)T * a.ldq;
+	a.sk = (long long)T * a.ldk;
+	a.sa = (long long)NH * T * T;
+	a.scale = 1.0f / sqrtf((float)HS);
+	return a;
+}
+
+/* A warp per row of att: 8 rows per block. */
+static void launch_att_rows(struct cu_backend *cb, enum cu_kernel k, size_t rows, void **args)
+{
+	cu_launch(cb, k, dim1(grid_cap((rows + 7) / 8)), dim1(CU_THREADS), 0, args);
+}
+
+static void cu_attention_forward(struct gpu_backend *be, float *out, float *att, const float *q,
+				 const float *k, const float *v, int B, int T, int NH, int NKV,
+				 int HS)
+{
+	struct cu_backend *cb = cu_of(be);
+	assert(NKV > 0 && NH % NKV == 0);
+	if (B <= 0 || T <= 0 || NH <= 0 || HS <= 0)
+		return;
+	struct att_views a = att_views(T, NH, NKV, HS);
+	/* S_h = scale Q_h K_g^T: column-major S^T (T,T) = K_g Q_h^T. */
+	for (int h = 0; h < NH; h++) {
+		int g = h / a.rep;
+		sgemm_batched(cb, "attention_forward (QK^T): cublasSgemmStridedBatched", OP_T, OP_N,
+			      T, T, HS, a.scale, k + (size_t)g * HS, a.ldk, a.sk,
+			      q + (size_t)h * HS, a.ldq, a.sq, 0.0f, att + (size_t)h * T * T, T,
+			      a.sa, B);
+	}
+	size_t rows = (size_t)B * NH * T;
+	void *args[] = {&att, &rows, &T};
+	launch_att_rows(cb, CU_K_attention_softmax_f32, rows, args);
+	/* out_h = P_h V_g: column-major out^T (HS,T) = V_g^T P_h^T. */
+	for (int h = 0; h < NH; h++) {
+		int g = h / a.rep;
+		sgemm_batched(cb, "attention_forward (PV): cublasSgemmStridedBatched", OP_N, OP_N,
+			      HS, T, T, 1.0f, v + (size_t)g * HS, a.ldk, a.sk,
+			      att + (size_t)h * T * T, T, a.sa, 0.0f, out + (size_t)h * HS, a.ldq,
+			      a.sq, B);
+	}
+}
+
+/* dP = dout V^T ; dS = P (dP - rowsum(dP P)) ; dq = scale dS K ;
+ * dk = scale sum_h dS^T Q ; dv = sum_h P^T dout, the sums over the query
+ * heads h of a kv group in increasing h: the group's first head writes
+ * (beta 0), the others add (beta 1), one GEMM after another on the stream —
+ * a fixed order, no atomics. datt is scratch (it ends holding dS). */
+static void cu_attention_backward(struct gpu_backend *be, float *dq, float *dk, float *dv,
+				  float *datt, const float *dout, const float *q, const float *k,
+				  const float *v, const float *att, int B, int T, int NH, int NKV,
+				  int HS)
+{
+	struct cu_backend *cb = cu_of(be);
+	assert(NKV > 0 && NH % NKV == 0);
+	if (B <= 0 || T <= 0 || NH <= 0 || HS <= 0)
+		return;
+	struct att_views a = att_views(T, NH, NKV, HS);
+	/* dP_h = dout_h V_g^T: column-major dP^T = V_g dout_h^T. */
+	for (int h = 0; h < NH; h++) {
+		int g = h / a.rep;
+		sgemm_batched(cb, "attention_backward (dP): cublasSgemmStridedBatched", OP_T, OP_N,
+			      T, T, HS, 1.0f, v + (size_t)g * HS, a.ldk, a.sk,
+			      dout + (size_t)h * HS, a.ldq, a.sq, 0.0f, datt + (size_t)h * T * T, T,
+			      a.sa, B);
+	}
+	size_t rows = (size_t)B * NH * T;
+	void *args[] = {&datt, &att, &rows, &T};
+	launch_att_rows(cb, CU_K_attention_softmax_backward_f32, rows, args);
+	for (int h = 0; h < NH; h++) {
+		int g = h / a.rep;
+		float beta = h % a.rep == 0 ? 0.0f : 1.0f;
+		const float *dS = datt + (size_t)h * T * T, *P = att + (size_t)h * T * T;
+		/* dq_h = scale dS_h K_g: column-major dq^T (HS,T) = K_g^T dS_h^T. */
+		sgemm_batched(cb, "attention_backward (dq): cublasSgemmStridedBatched", OP_N, OP_N,
+			      HS, T, T, a.scale, k + (size_t)g * HS, a.ldk, a.sk, dS, T, a.sa,
+			      0.0f, dq + (size_t)h * HS, a.ldq, a.sq, B);
+		/* dk_g (+)= scale dS_h^T Q_h: column-major dk^T (HS,T) = Q_h^T dS_h. */
+		sgemm_batched(cb, "attention_backward (dk): cublasSgemmStridedBatched", OP_N, OP_T,
+			      HS, T, T, a.scale, q + (size_t)h * HS, a.ldq, a.sq, dS, T, a.sa,
+			      beta, dk + (size_t)g * HS, a.ldk, a.sk, B);
+		/* dv_g (+)= P_h^T dout_h: column-major dv^T (HS,T) = dout_h^T P_h. */
+		sgemm_batched(cb, "attention_backward (dv): cublasSgemmStridedBatched", OP_N, OP_T,
+			      HS, T, T, 1.0f, dout + (size_t)h * HS, a.ldq, a.sq, P, T, a.sa, beta,
+			      dv + (size_t)g * HS, a.ldk, a.sk, B);
+	}
+}
+
+/* ------------------------------------------------------------ elementwise -- */
+
+static void cu_swiglu_forward(struct gpu_backend *be, float *out, const float *gate,
+			      const float *up, size_t n)
+{
+	void *args[] = {&out, &gate, &up, &n};
+	launch_n(cu_of(be), CU_K_swiglu_forward_f32, n, args);
+}
+
+static void cu_swiglu_backward(struct gpu_backend *be, float *dgate, float *dup, const float *dout,
+			       const float *gate, const float *up, size_t n)
+{
+	void *args[] = {&dgate, &dup, &dout, &gate, &up, &n};
+	launch_n(cu_of(be), CU_K_swiglu_backward_f32, n, args);
+}
+
+static void cu_residual_forward(struct gpu_backend *be, float *out, const float *a,
+				const float *b, size_t n)
+{
+	void *args[] = {&out, &a, &b, &n};
+	launch_n(cu_of(be), CU_K_residual_forward_f32, n, args);
+}
+
+/* ---------------------------------------------------------- cross-entropy -- */
+
+static unsigned vocab_threads(int V)
+{
+	return V >= 8192 ? CU_VOCAB_THREADS : row_threads(V);
+}
+
+static void cu_crossentropy_forward(struct gpu_backend *be, float *losses, const float *logits,
+				    const int32_t *targets, int N, int V)
+{
+	void *args[] = {&losses, &logits, &targets, &N, &V};
+	launch_rows(cu_of(be), CU_K_crossentropy_forward_f32, N, vocab_threads(V), args);
+}
+
+static void cu_crossentropy_backward(struct gpu_backend *be, float *dlogits, const float *logits,
+				     const int32_t *targets, float dloss, int N, int V)
+{
+	void *args[] = {&dlogits, &logits, &targets, &dloss, &N, &V};
+	launch_rows(cu_of(be), CU_K_crossentropy_backward_f32, N, vocab_threads(V), args);
+}
+
+/* -------------------------------------------------------------- optimizer -- */
+
+/* The scalars exactly as the CPU op forms them (double, then rounded to
+ * float where torch hands a Python scalar to a float32 kernel). */
+static void cu_adamw_update(struct gpu_backend *be, float *param, const float *grad, float *m,
+			    float *v, size_t n, float lr, float beta1, float beta2, float eps,
+			    float weight_decay, int t)
+{
+	assert(t >= 1);
+	float decay = (float)(1.0 - (double)lr * weight_decay);
+	float one_minus_b1 = (float)(1.0 - (double)beta1);
+	float one_minus_b2 = (float)(1.0 - (double)beta2);
+	float bc2_sqrt = (float)sqrt(1.0 - pow(beta2, t));
+	float step_size = (float)((double)lr / (1.0 - pow(beta1, t)));
+	void *args[] = {&param, &grad,  &m,	    &v,		&n,	   &decay,
+			&one_minus_b1, &one_minus_b2, &beta2, &bc2_sqrt, &step_size, &eps};
+	launch_n(cu_of(be), CU_K_adamw_update_f32, n, args);
+}
+
+/* Blocking. Per-block double partials into reduce_buf, downloaded (which
+ * waits for the stream) and added on the host in block order. The grid is a
+ * function of n and reduce_cap, so the sum is the same bits on every run.
+ * After a device error the result is NaN (the error itself is reported by
+ * the next gpu_sync). */
+static double cu_sumsq(struct gpu_backend *be, const float *x, size_t n)
+{
+	struct cu_backend *cb = cu_of(be);
+	if (n == 0)
+		return 0.0;
+	if (!cb->reduce_buf || cb->reduce_cap == 0) {
+		cu_check(cb, CUDA_ERROR_NOT_INITIALIZED, "sumsq: the backend has no reduction buffer");
+		return NAN;
+	}
+	size_t blocks = (n + CU_SUMSQ_MIN - 1) / CU_SUMSQ_MIN;
+	if (blocks > CU_SUMSQ_MAX_BLOCKS)
+		blocks = CU_SUMSQ_MAX_BLOCKS;
+	if (blocks > cb->reduce_cap)
+		blocks = cb->reduce_cap;
+	double *partial = cb->reduce_buf;
+	void *args[] = {&partial, &x, &n};
+	cu_launch(cb, CU_K_sumsq_f32, dim1((unsigned)blocks), dim1(CU_THREADS), 0, args);
+	double host[CU_SUMSQ_MAX_BLOCKS];
+	be->ops->download(be, host, partial, blocks * sizeof(double));
+	if (cb->first_error != CUDA_SUCCESS)
+		return NAN;
+	double sum = 0.0;
+	for (size_t i = 0; i < blocks; i++)
+		sum += host[i];
+	return sum;
+}
+
+static void cu_scale(struct gpu_backend *be, float *x, float s, size_t n)
+{
+	void *args[] = {&x, &s, &n};
+	launch_n(cu_of(be), CU_K_scale_f32, n, args);
+}
+
+/* ---------------------------------------------------------------- methods -- */
+
+static void cu_nf4_dequantize(struct gpu_backend *be, float *out, const uint8_t *codes,
+			      const float *absmax, size_t n)
+{
+	void *args[] = {&out, &codes, &absmax, &n};
+	launch_n(cu_of(be), CU_K_nf4_dequantize_f32, n, args);
+}
+
+static void cu_absmax_dequantize(struct gpu_backend *be, float *absmax, const int8_t *q,
+				 const float *scale, size_t nblocks)
+{
+	void *args[] = {&absmax, &q, &scale, &nblocks};
+	launch_n(cu_of(be), CU_K_absmax_dequantize_f32, nblocks, args);
+}
+
+static void cu_distill_forward(struct gpu_backend *be, float *kl, float *ce, const float *logits,
+			       const float *tlogits, const int32_t *targets, float temperature,
+			       int N, int V)
+{
+	void *args[] = {&kl, &ce, &logits, &tlogits, &targets, &temperature, &N, &V};
+	launch_rows(cu_of(be), CU_K_distill_forward_f32, N, vocab_threads(V), args);
+}
+
+/* The gradient's weights formed in double as the CPU op forms them. */
+static void cu_distill_backward(struct gpu_backend *be, float *dlogits, const float *logits,
+				const float *tlogits, const int32_t *targets, float dloss,
+				float alpha, float temperature, int N, int V)
+{
+	float wkd = (float)((double)dloss * alpha * (double)temperature);
+	float wce = (float)((double)dloss * (1.0 - alpha));
+	void *args[] = {&dlogits, &logits, &tlogits, &targets, &wkd, &wce, &temperature, &N, &V};
+	launch_rows(cu_of(be), CU_K_distill_backward_f32, N, vocab_threads(V), args);
+}
+
+/* The mask threshold and the keep scale as the CPU op forms them. */
+static void cu_dropout(struct gpu_backend *be, float *out, const float *inp, float p,
+		       uint64_t seed, size_t n)
+{
+	assert(p >= 0.0f && p < 1.0f);
+	unsigned threshold = (unsigned)((double)p * 16777216.0);
+	float keep_scale = (float)(1.0 / (1.0 - (double)p));
+	void *args[] = {&out, &inp, &threshold, &keep_scale, &seed, &n};
+	launch_n(cu_of(be), CU_K_dropout_f32, n, args);
+}
+
+/* ------------------------------------------------------------------ table -- */
+
+void cu_ops_fill(struct gpu_backend_ops *ops)
+{
+	ops->embedding_forward = cu_embedding_forward;
+	ops->embedding_backward = cu_embedding_backward;
+	ops->rmsnorm_forward = cu_rmsnorm_forward;
+	ops->rmsnorm_backward = cu_rmsnorm_backward;
+	ops->matmul_forward = cu_matmul_forward;
+	ops->matmul_backward = cu_matmul_backward;
+	ops->rope_forward = cu_rope_forward;
+	ops->rope_backward = cu_rope_backward;
+	ops->attention_forward = cu_attention_forward;
+	ops->attention_backward = cu_attention_backward;
+	ops->swiglu_forward = cu_swiglu_forward;
+	ops->swiglu_backward = cu_swiglu_backward;
+	ops->residual_forward = cu_residual_forward;
+	ops->crossentropy_forward = cu_crossentropy_forward;
+	ops->crossentropy_backward = cu_crossentropy_backward;
+	ops->adamw_update = cu_adamw_update;
+	ops->sumsq = cu_sumsq;
+	ops->scale = cu_scale;
+	ops->nf4_dequantize = cu_nf4_dequantize;
+	ops->absmax_dequantize = cu_absmax_dequantize;
+	ops->distill_forward = cu_distill_forward;
+	ops->distill_backward = cu_distill_backward;
+	ops->dropout = cu_dropout;
+}

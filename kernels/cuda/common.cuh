@@ -1,0 +1,127 @@
+/* Device helpers shared by the kernel files of kernels/cuda: warp and block
+ * reductions, the online (max, sum-of-exp) pair of a softmax, and the tile
+ * that column sums are built from.
+ *
+ * Only static inline device code (templates included) and no kernels: every .cu file includes it,
+ * and kernels/cuda/kernels.cu includes them all into one translation unit, so
+ * it must be harmless to see twice. Every reduction here is deterministic: a
+ * fixed tree for a given launch shape, the same bits on every lane and every
+ * run (xor-butterfly shuffles are symmetric, and a + b == b + a exactly).
+ *
+ * Launch assumptions, which the launchers in gpu/cuda/cuda_ops.c honour: block
+ * sizes are whole warps (a multiple of 32, at most 1024), so full-mask
+ * shuffles are valid.
+ *
+ * Key to the shape letters: see kernels/cpu/ops.h. */
+#ifndef KERNELS_CUDA_COMMON_CUH
+#define KERNELS_CUDA_COMMON_CUH
+
+#include <math.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define CU_FULL_MASK 0xffffffffu
+
+template <typename T> static __device__ __forceinline__ T cu_warp_sum(T v)
+{
+	for (int o = 16; o > 0; o >>= 1)
+		v += __shfl_xor_sync(CU_FULL_MASK, v, o);
+	return v;
+}
+
+/* The sum of v over the block, returned to every thread. Every warp reduces the
+ * per-warp partials itself (in the same order), so no broadcast slot is
+ * needed; the leading barrier lets a kernel call this more than once. */
+template <typename T> static __device__ __forceinline__ T cu_block_sum(T v)
+{
+	__shared__ T partial[32];
+	const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+	const int nwarps = (blockDim.x + 31) >> 5;
+	v = cu_warp_sum(v);
+	__syncthreads();
+	if (lane == 0)
+		partial[warp] = v;
+	__syncthreads();
+	v = lane < nwarps ? partial[lane] : (T)0;
+	return cu_warp_sum(v);
+}
+
+/* Online softmax normaliser: m is the running max, s the sum of exp(x - m),
+ * kept in S (float, or double where a long row's sum must stay exact to
+ * ~1e-7: cross-entropy and distillation over the vocabulary). The empty pair
+ * is (-inf, 0). */
+template <typename S> static __device__ __forceinline__ void cu_ms_push(float &m, S &s, float x)
+{
+	if (x > m) {
+		s = s * (S)expf(m - x) + (S)1;
+		m = x;
+	} else {
+		s += (S)expf(x - m);
+	}
+}
+
+/* Merges (m2, s2) into (m, s). An empty side contributes 0 (never exp(-inf -
+ * -inf)); the merge is symmetric, so butterfly lanes agree bit for bit. */
+template <typename S>
+static __device__ __forceinline__ void cu_ms_merge(float &m, S &s, float m2, S s2)
+{
+	float M = fmaxf(m, m2);
+	S a = s == (S)0 ? (S)0 : s * (S)expf(m - M);
+	S b = s2 == (S)0 ? (S)0 : s2 * (S)expf(m2 - M);
+	m = M;
+	s = a + b;
+}
+
+template <typename S> static __device__ __forceinline__ void cu_warp_ms(float &m, S &s)
+{
+	for (int o = 16; o > 0; o >>= 1) {
+		float m2 = __shfl_xor_sync(CU_FULL_MASK, m, o);
+		S s2 = __shfl_xor_sync(CU_FULL_MASK, s, o);
+		cu_ms_merge(m, s, m2, s2);
+	}
+}
+
+/* (m, s) over the block, returned to every thread. */
+template <typename S> static __device__ __forceinline__ void cu_block_ms(float &m, S &s)
+{
+	__shared__ float pm[32];
+	__shared__ S ps[32];
+	const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+	const int nwarps = (blockDim.x + 31) >> 5;
+	cu_warp_ms(m, s);
+	__syncthreads();
+	if (lane == 0) {
+		pm[warp] = m;
+		ps[warp] = s;
+	}
+	__syncthreads();
+	m = lane < nwarps ? pm[lane] : -INFINITY;
+	s = lane < nwarps ? ps[lane] : (S)0;
+	cu_warp_ms(m, s);
+}
+
+/* One tile of a column sum over rows [n0, n1) of an (N, C) matrix: block
+ * (32, BY) with BY <= 32, columns blockIdx.x*32 + threadIdx.x. Thread (x, y)
+ * sums rows n0 + y, n0 + y + BY, ... of its column (a warp reads 32 adjacent
+ * floats of one row), then row y == 0 adds the BY partials in y order. The
+ * value at (n, c) is term(n, c). Returns the column's sum on threads with
+ * threadIdx.y == 0 (0 elsewhere and past C). */
+template <typename Term>
+static __device__ __forceinline__ float cu_colsum_tile(Term term, int n0, int n1, int C)
+{
+	__shared__ float part[32][33];
+	const int c = blockIdx.x * 32 + threadIdx.x;
+	float acc = 0.0f;
+	if (c < C)
+		for (int n = n0 + (int)threadIdx.y; n < n1; n += blockDim.y)
+			acc += term(n, c);
+	part[threadIdx.y][threadIdx.x] = acc;
+	__syncthreads();
+	float sum = 0.0f;
+	if (threadIdx.y == 0)
+		for (unsigned y = 0; y < blockDim.y; y++)
+			sum += part[y][threadIdx.x];
+	return sum;
+}
+
+#endif

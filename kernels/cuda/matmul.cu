@@ -1,0 +1,53 @@
+/* The parts of matmul_forward / matmul_backward (kernels/cpu/ops.h) that are
+ * not GEMMs, fp32; the GEMMs themselves are cuBLAS calls in
+ * gpu/cuda/cuda_ops.c. Also the column-sum reduce that rmsnorm's dweight
+ * shares.
+ *
+ * The bias gradient is a column sum over N rows with a fixed order (no float
+ * atomics), so it is the same bits on every run: one pass straight into
+ * dbias, or per-chunk partials in the backend's scratch reduced in chunk
+ * order by colsum_reduce_f32.
+ *
+ * Key: N rows, C input channels, OC output channels. */
+#include "common.cuh"
+
+/* out (N,OC) += bias (OC) broadcast over rows: the GEMM result rounded first,
+ * then the bias added, as the CPU op does. One block per row, grid-stride. */
+extern "C" __global__ void add_bias_f32(float *out, const float *bias, int N, int OC)
+{
+	for (int n = blockIdx.x; n < N; n += gridDim.x) {
+		float *o = out + (size_t)n * OC;
+		for (int j = threadIdx.x; j < OC; j += blockDim.x)
+			o[j] += bias[j];
+	}
+}
+
+/* dbias (OC) = sum over rows of dout (N,OC), by column tiles as
+ * rmsnorm_dweight_f32: block (32, BY <= 32), grid (ceil(OC/32), P); direct
+ * (P == 1) adds into dst = dbias, else partials go to dst[p*OC + j]. */
+extern "C" __global__ void bias_grad_f32(float *dst, const float *dout, int N, int OC,
+					 int rows_per_part, int direct)
+{
+	const int n0 = blockIdx.y * rows_per_part;
+	const int n1 = min(N, n0 + rows_per_part);
+	auto term = [=](int n, int j) { return dout[(size_t)n * OC + j]; };
+	float sum = cu_colsum_tile(term, n0, n1, OC);
+	const int j = blockIdx.x * 32 + threadIdx.x;
+	if (threadIdx.y != 0 || j >= OC)
+		return;
+	if (direct)
+		dst[j] += sum;
+	else
+		dst[(size_t)blockIdx.y * OC + j] = sum;
+}
+
+/* out (C) += sum over p < P of partial (P, C), in p order. Grid-stride over c. */
+extern "C" __global__ void colsum_reduce_f32(float *out, const float *partial, int P, int C)
+{
+	for (int c = blockIdx.x * blockDim.x + threadIdx.x; c < C; c += gridDim.x * blockDim.x) {
+		float s = 0.0f;
+		for (int p = 0; p < P; p++)
+			s += partial[(size_t)p * C + c];
+		out[c] += s;
+	}
+}

@@ -1,0 +1,51 @@
+/* Rotary position embedding, forward and backward, fp32: the CUDA twins of
+ * rope_forward / rope_backward in kernels/cpu/ops.h (Hugging Face's
+ * rotate_half layout; the cos/sin tables come from rope_cache on the host).
+ *
+ * Each thread rotates one pair (i, i + HS/2) of one head: it reads both
+ * values before writing either, and no other thread touches them, so out may
+ * alias inp (no __restrict__ here). The products and sums are the CPU op's,
+ * rounded the same way (_rn intrinsics: no contraction into FMAs), so the
+ * result is bit-identical to it. The backward pass is the rotation by -angle,
+ * i.e. the forward formula with sin negated, which is exact in IEEE
+ * arithmetic (x - y*(-s) == x + y*s).
+ *
+ * Key: B batch, T sequence, NH heads, HS head size (even). inp/out
+ * (B,T,NH,HS); cos, sin (T, HS/2). Launch: one block per (b, t) token,
+ * grid-stride over tokens, threads over the NH*HS/2 pairs. */
+#include "common.cuh"
+
+static __device__ __forceinline__ void rope_rotate(float *out, const float *inp,
+						   const float *cos, const float *sin, int B,
+						   int T, int NH, int HS, float sign)
+{
+	const int H2 = HS / 2, pairs = NH * H2;
+	const size_t tokens = (size_t)B * T;
+	for (size_t row = blockIdx.x; row < tokens; row += gridDim.x) {
+		const int t = (int)(row % (size_t)T);
+		const float *c = cos + (size_t)t * H2;
+		const float *s = sin + (size_t)t * H2;
+		for (int j = threadIdx.x; j < pairs; j += blockDim.x) {
+			const int h = j / H2, i = j - h * H2;
+			const size_t off = (row * NH + h) * HS;
+			const float x1 = inp[off + i], x2 = inp[off + i + H2];
+			const float ci = c[i], si = sign * s[i];
+			out[off + i] = __fsub_rn(__fmul_rn(x1, ci), __fmul_rn(x2, si));
+			out[off + i + H2] = __fadd_rn(__fmul_rn(x2, ci), __fmul_rn(x1, si));
+		}
+	}
+}
+
+/* out[:HS/2] = x1*cos - x2*sin ; out[HS/2:] = x2*cos + x1*sin. Overwrite. */
+extern "C" __global__ void rope_forward_f32(float *out, const float *inp, const float *cos,
+					    const float *sin, int B, int T, int NH, int HS)
+{
+	rope_rotate(out, inp, cos, sin, B, T, NH, HS, 1.0f);
+}
+
+/* dinp[:HS/2] = d1*cos + d2*sin ; dinp[HS/2:] = d2*cos - d1*sin. Overwrite. */
+extern "C" __global__ void rope_backward_f32(float *dinp, const float *dout, const float *cos,
+					     const float *sin, int B, int T, int NH, int HS)
+{
+	rope_rotate(dinp, dout, cos, sin, B, T, NH, HS, -1.0f);
+}

@@ -1,0 +1,191 @@
+/* Training throughput and memory: full fine-tune or LoRA steps (forward,
+ * backward, clip, AdamW) of a random-init model on a backend.
+ *
+ * A benchmark, not a test: it prints one JSON line per run (the fields of
+ * shared/bench/peer_hf.py's lines, so the two compare line by line) and
+ * asserts nothing about the numbers.
+ *
+ *   bench_train [--backend cpu|cuda] [--shape fixture|25m|qwen2-0.5b]
+ *               [--batch B] [--seq T] [--steps N] [--warm N] [--lora-rank R]
+ *               [--lora-targets qv|all]
+ *
+ * Memory: reserve_gib is what a reservation for the job is: the memory plan
+ * plus the backend's fixed bytes (workspaces, allocated at its creation).
+ * used_gib is the measured footprint: those fixed bytes plus what the device
+ * lost between the backend's creation and the lowest free memory seen after
+ * any step (cuMemGetInfo on a GPU; the backend's own count on the CPU). The
+ * CUDA context itself is in neither. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "gpu/select.h"
+#include "train/model.h"
+
+static double now_s(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static uint64_t rng = 0x2545F4914F6CDD1Dull;
+static double uniform(void)
+{
+	rng ^= rng << 13;
+	rng ^= rng >> 7;
+	rng ^= rng << 17;
+	return (double)(rng >> 11) / 9007199254740992.0;
+}
+static float normal(void)
+{
+	double u = uniform(), v = uniform();
+	return (float)(sqrt(-2.0 * log(u + 1e-300)) * cos(2 * M_PI * v));
+}
+
+static const struct {
+	const char *name;
+	const char *json;
+	int B, T;
+} shapes[] = {
+	/* The shared fixtures' tiny Qwen2. */
+	{"fixture",
+	 "{\"model_type\":\"qwen2\",\"vocab_size\":512,\"hidden_size\":64,\"intermediate_size\":176,"
+	 "\"num_hidden_layers\":2,\"num_attention_heads\":4,\"num_key_value_heads\":2,"
+	 "\"rope_theta\":1000000.0,\"rms_norm_eps\":1e-6,\"tie_word_embeddings\":true}",
+	 8, 64},
+	/* ~25.7M parameters: hidden 512, 8 layers, GQA 8/4, vocab 4096. */
+	{"25m",
+	 "{\"model_type\":\"qwen2\",\"vocab_size\":4096,\"hidden_size\":512,\"intermediate_size\":1408,"
+	 "\"num_hidden_layers\":8,\"num_attention_heads\":8,\"num_key_value_heads\":4,"
+	 "\"rope_theta\":1000000.0,\"rms_norm_eps\":1e-6,\"tie_word_embeddings\":true}",
+	 4, 256},
+	/* Qwen2-0.5B, as peer_hf.py builds it. */
+	{"qwen2-0.5b",
+	 "{\"model_type\":\"qwen2\",\"vocab_size\":151936,\"hidden_size\":896,\"intermediate_size\":4864,"
+	 "\"num_hidden_layers\":24,\"num_attention_heads\":14,\"num_key_value_heads\":2,"
+	 "\"rope_theta\":1000000.0,\"rms_norm_eps\":1e-6,\"tie_word_embeddings\":true,"
+	 "\"max_position_embeddings\":4096}",
+	 8, 1024},
+};
+
+int main(int argc, char **argv)
+{
+	const char *backend = "cpu", *shape = "25m", *targets = "qv";
+	int B = 0, T = 0, steps = 10, warm = 2, rank = 0;
+	for (int i = 1; i < argc; i++) {
+		const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+		if (!v) {
+			fprintf(stderr, "bench_train: %s needs a value\n", a);
+			return 2;
+		}
+		i++;
+		if (!strcmp(a, "--backend")) backend = v;
+		else if (!strcmp(a, "--shape")) shape = v;
+		else if (!strcmp(a, "--batch")) B = atoi(v);
+		else if (!strcmp(a, "--seq")) T = atoi(v);
+		else if (!strcmp(a, "--steps")) steps = atoi(v);
+		else if (!strcmp(a, "--warm")) warm = atoi(v);
+		else if (!strcmp(a, "--lora-rank")) rank = atoi(v);
+		else if (!strcmp(a, "--lora-targets")) targets = v;
+		else {
+			fprintf(stderr, "bench_train: unknown option %s\n", a);
+			return 2;
+		}
+	}
+	size_t si = 0;
+	while (si < sizeof(shapes) / sizeof(shapes[0]) && strcmp(shapes[si].name, shape))
+		si++;
+	if (si == sizeof(shapes) / sizeof(shapes[0])) {
+		fprintf(stderr, "bench_train: unknown shape %s (fixture, 25m, qwen2-0.5b)\n", shape);
+		return 2;
+	}
+	if (!B) B = shapes[si].B;
+	if (!T) T = shapes[si].T;
+
+	struct td_errbuf eb = {{0}};
+	struct tr_model_config cfg;
+	if (tr_config_parse(&cfg, shapes[si].json, shape, &eb) != TD_OK) {
+		fprintf(stderr, "bench_train: %s\n", eb.msg);
+		return 1;
+	}
+	struct gpu_backend *be = NULL;
+	if (gpu_backend_open(&be, backend, &eb) != TD_OK) {
+		fprintf(stderr, "bench_train: %s\n", eb.msg);
+		return 1;
+	}
+	size_t free0 = 0, total = 0, free_min;
+	gpu_mem_info(be, &free0, &total);
+	free_min = free0;
+
+	struct tr_plan_opts po = {.B = B, .T = T};
+	if (rank > 0) {
+		po.lora_rank = rank;
+		po.lora_alpha = 2.0 * rank;
+		po.lora_targets = strcmp(targets, "all") == 0 ? (1u << TR_LIN_COUNT) - 1
+							      : (1u << TR_LIN_Q) | (1u << TR_LIN_V);
+	}
+	struct tr_model *m = NULL;
+	if (tr_model_new(&m, be, &cfg, &po, &eb) != TD_OK) {
+		fprintf(stderr, "bench_train: %s\n", eb.msg);
+		return 1;
+	}
+	const struct tr_plan *p = tr_model_plan(m);
+	for (size_t i = 0; i < p->nparams; i++) {
+		const struct tr_param *pp = &p->params[i];
+		float *h = malloc(pp->numel * sizeof(float));
+		for (size_t k = 0; k < pp->numel; k++)
+			h[k] = pp->ndim == 1 ? 1.0f : 0.02f * normal();
+		if (tr_model_set_param(m, pp, h) != TD_OK) {
+			fprintf(stderr, "bench_train: cannot set %s\n", pp->name);
+			return 1;
+		}
+		free(h);
+	}
+	int32_t *ids = malloc((size_t)B * T * sizeof(int32_t));
+	struct tr_adamw hp = {0.9f, 0.999f, 1e-8f, 0.01f};
+	double t0 = now_s(), loss = 0;
+	for (int s = 0; s < warm + steps; s++) {
+		if (s == warm) {
+			if (gpu_sync(be, &eb) != TD_OK)
+				break;
+			t0 = now_s();
+		}
+		for (int k = 0; k < B * T; k++)
+			ids[k] = (int32_t)(uniform() * cfg.vocab_size);
+		double ls;
+		int64_t nv;
+		tr_model_zero_grad(m);
+		if (tr_model_forward(m, ids, ids, &ls, &nv, &eb) != TD_OK)
+			break;
+		tr_model_backward(m, 1.0f / (float)nv);
+		tr_model_clip_grads(m, 1.0); /* blocking: the step's end */
+		tr_model_adamw(m, &hp, 1e-5f, s + 1);
+		loss = ls / (double)nv;
+		size_t fr, tot;
+		if (gpu_mem_info(be, &fr, &tot) == TD_OK && fr < free_min)
+			free_min = fr;
+	}
+	td_err e = gpu_sync(be, &eb);
+	double dt = (now_s() - t0) / steps;
+	if (e != TD_OK || eb.msg[0]) {
+		fprintf(stderr, "bench_train: %s\n", eb.msg);
+		return 1;
+	}
+	printf("{\"name\": \"traind-%s%s\", \"backend\": \"%s\", \"device\": \"%s\", \"batch\": %d, \"seq\": %d, "
+	       "\"layers\": %d, \"params_total\": %zu, \"params_trainable\": %zu, \"ms_per_step\": %.2f, "
+	       "\"tokens_per_s\": %.1f, \"plan_gib\": %.3f, \"reserve_gib\": %.3f, \"used_gib\": %.3f, "
+	       "\"loss\": %.4f}\n",
+	       rank ? "lora-" : "full-", rank ? targets : "fp32", be->ops->name, be->device, B, T,
+	       cfg.num_layers, p->numel_params, p->numel_trainable, dt * 1e3, (double)B * T / dt,
+	       (double)tr_plan_total_bytes(p) / (1 << 30),
+	       (double)(tr_plan_total_bytes(p) + be->fixed_bytes) / (1 << 30),
+	       (double)(be->fixed_bytes + (strcmp(backend, "cpu") ? free0 - free_min : be->bytes_peak)) / (1 << 30),
+	       loss);
+	free(ids);
+	tr_model_free(m);
+	gpu_backend_free(be);
+	return 0;
+}

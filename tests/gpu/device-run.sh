@@ -1,0 +1,38 @@
+#!/bin/bash
+# On the GPU machine: the gpu suite and the training benchmark beside the
+# PyTorch peer, in one call. Expects .gpu-run/ (binaries and the CUDA module,
+# see tests/gpu/README.md) and .gpu-libs/lib (bundle-libs.sh) in the repo root.
+# usage: tests/gpu/device-run.sh [tests|bench|all]
+set -u
+what=${1:-all}
+root=$(pwd)
+export LD_LIBRARY_PATH=$root/.gpu-libs/lib
+export TD_CUDA_MODULE=$root/.gpu-run/libtraind-cuda.so
+export TD_PROTO_PATH=$root/proto/traind.proto
+bin=$root/.gpu-run
+fx=$root/tests/fixtures
+out=${OUT:-/tmp}
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+status=0
+if [ "$what" != bench ]; then
+	for f in qwen2 llama qwen3 qwen2-lora qwen2-classify distill; do
+		echo "== parity --backend cuda $f"
+		"$bin/parity" "$fx/$f" --backend cuda | tail -n 12 || status=1
+	done
+	echo "== cuda-ops"
+	"$bin/test_cuda_ops" 2>&1 | tail -n 5 || status=1
+	echo "== loss curve (100 steps, GPU vs CPU)"
+	tests/gpu/loss_curve.sh "$bin/traind" "$fx" || status=1
+	echo "== resume on the GPU, compile counter"
+	tests/gpu/resume_cuda.sh "$bin/traind" "$fx" || status=1
+fi
+if [ "$what" != tests ]; then
+	echo "== bench: traind"
+	for args in "--shape qwen2-0.5b" "--shape qwen2-0.5b --lora-rank 16 --lora-targets qv"; do
+		"$bin/bench_train" --backend cuda $args --steps 8 --warm 2 | tee -a "$out/bench_traind.jsonl"
+	done
+	echo "== bench: peer (PyTorch + transformers + PEFT)"
+	PYTHONUNBUFFERED=1 ONLY=${PEER_ONLY:-sdpa} OUT=$out timeout 400 python3 "$root/.gpu-libs/peer_hf.py" 2>&1 |
+		grep '^{' | tee -a "$out/bench_peer.jsonl"
+fi
+exit $status

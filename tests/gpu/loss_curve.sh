@@ -1,0 +1,37 @@
+#!/bin/sh
+# 100 steps of the qwen2 fixture on the GPU and on the CPU: the two loss curves
+# must agree within the stated bound. fp32 on both (the CUDA backend's fp32
+# mode); the bound is the float32 forward tolerance of the shared fixtures
+# scaled by the number of steps an error can compound over: relative 1e-3 per
+# step's loss. Skips (77) where there is no GPU.
+# usage: loss_curve.sh TRAIND FIXTURES
+set -eu
+traind=$1 fx=$2
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+for be in cpu cuda; do
+	cat >"$tmp/$be.txtpb" <<SPEC
+model_dir: "$fx/qwen2"
+data { train_file: "$fx/demo/fortunes.tokens" format: DATA_FORMAT_TOKENS seq_len: 24 }
+hyper { lr: 1e-3 schedule: SCHEDULE_CONSTANT max_steps: 100 micro_batch: 2 seed: 3 weight_decay: 0.01 }
+output { dir: "$tmp/out-$be" }
+resources { device: DEVICE_ANY allow_cpu: true }
+SPEC
+done
+"$traind" --run "$tmp/cpu.txtpb" --backend cpu >"$tmp/cpu.log"
+if ! "$traind" --run "$tmp/cuda.txtpb" --backend cuda >"$tmp/cuda.log" 2>"$tmp/cuda.err"; then
+	if grep -q -e "cannot be loaded" -e "no NVIDIA driver" -e "no CUDA device" "$tmp/cuda.err"; then
+		echo "SKIP: $(cat "$tmp/cuda.err")"
+		exit 77
+	fi
+	cat "$tmp/cuda.err"
+	exit 1
+fi
+# step lines: "step N/100  loss X ..."
+awk '/^step /{print $4}' "$tmp/cpu.log" >"$tmp/cpu.loss"
+awk '/^step /{print $4}' "$tmp/cuda.log" >"$tmp/cuda.loss"
+paste "$tmp/cpu.loss" "$tmp/cuda.loss" | awk '
+	{ n++; d = $1 - $2; if (d < 0) d = -d; r = d / $1; if (r > worst) { worst = r; at = n }
+	  if (n == 1 || n % 20 == 0) printf "step %3d  cpu %.4f  cuda %.4f\n", n, $1, $2 }
+	END { printf "%d steps; worst relative loss difference %.2e at step %d (bound 1e-3)\n", n, worst, at
+	      exit !(n == 100 && worst <= 1e-3) }'

@@ -1,0 +1,804 @@
+/* GPU test of the CUDA backend's math ops: every op of gpu/backend.h's math
+ * section, run through the CUDA backend's ops table, against the CPU reference
+ * op of kernels/cpu/ops.h on the same inputs.
+ *
+ * Each op has a table of shapes: the small GQA case (B=2 T=5 NH=4 NKV=2 HS=8),
+ * NKV == NH, T = 1, odd sizes (C = 67), sizes that cross the kernels' warp,
+ * block and part boundaries, and a larger one (B=4 T=256 NH=8 HS=64). Inputs
+ * come from a fixed-seed PRNG, never zeros. The header's contract is checked
+ * too: outputs the op overwrites are pre-filled with NaN, outputs it
+ * accumulates into with random values, NULL outputs are skipped, the aliasing
+ * the header allows is run in place, and targets of -100 give zeros. Ops with
+ * a reduction are run twice to show the GPU result is the same bits each time.
+ *
+ * Tolerances, |gpu - cpu| <= atol + rtol*|cpu|:
+ * - exact: ops whose kernels do the CPU op's float arithmetic in its order
+ *   (no FMA contraction, IEEE sqrt and division): embedding, rope, residual,
+ *   scale, AdamW, the dequantizers, dropout. Any difference is a bug.
+ * - FWD 1e-5 + 1e-4|ref|: elementwise ops with expf (CUDA's and glibc's
+ *   expf each round within 2 ulp).
+ * - RED 5e-5*sqrt(max(1, K/1000)) + 1e-4|ref|: outputs that are sums of K
+ *   terms formed in another order or precision — cuBLAS versus OpenBLAS
+ *   SGEMMs, fp32 row and column sums on the GPU versus the CPU's double (or
+ *   sequential fp32) ones. With O(1) inputs the rounding differences grow
+ *   like sqrt(K) ulp of the partial sums: ~1e-5 at K = 1000, hence atol
+ *   5e-5 there, growing as sqrt(K) beyond.
+ * - SOFT 1e-9 + 1e-4|ref|: softmax gradients (cross-entropy), whose values
+ *   reach 1e-9 but are products, so their error is relative.
+ * - distillation gradients: 1e-4|ref| + 1e-5 * max|ref| of the row block,
+ *   since q - p cancels and the error follows the larger terms.
+ * - sumsq: relative 1e-10 (both sum in double).
+ *
+ * Skips (exit 77) when the CUDA backend cannot be opened (no module, no
+ * driver, no device). Not a benchmark: see tests/bench. */
+#include <math.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "gpu/select.h"
+#include "kernels/cpu/ops.h"
+#include "tests/check.h"
+
+#define FWD_ATOL 1e-5
+#define FWD_RTOL 1e-4
+#define RED_ATOL 5e-5
+#define RED_RTOL 1e-4
+#define SOFT_ATOL 1e-9
+#define SOFT_RTOL 1e-4
+#define SUMSQ_RTOL 1e-10
+
+#define COUNT(a) (sizeof(a) / sizeof((a)[0]))
+
+static struct gpu_backend *be;
+static char where[128]; /* the case being run, for failure messages */
+
+/* Worst error of the current op, over its cases: reported per op. */
+static double op_max_abs, op_max_ratio;
+static int op_arrays;
+static char op_worst[160];
+
+/* ------------------------------------------------------------ helpers -- */
+
+static uint64_t rng_state = 0x6375646174657374ULL;
+
+/* splitmix64: tiny, fixed-seed, the same sequence everywhere. */
+static uint64_t rng_next(void)
+{
+	uint64_t z = (rng_state += 0x9e3779b97f4a7c15ULL);
+	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+	z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+	return z ^ (z >> 31);
+}
+
+/* Uniform in [-1, 1). */
+static double urand(void)
+{
+	return (double)(rng_next() >> 11) * 0x1.0p-52 - 1.0;
+}
+
+/* Host and device allocations of a case, freed together by case_end(). */
+static void *host_tracked[64];
+static int nhost;
+static struct {
+	void *p;
+	size_t bytes;
+} dev_tracked[64];
+static int ndev;
+
+static void *hmem(size_t bytes)
+{
+	if (nhost == (int)COUNT(host_tracked)) {
+		fprintf(stderr, "test_cuda_ops: host table full\n");
+		abort();
+	}
+	void *p = calloc(1, bytes ? bytes : 1);
+	if (!p) {
+		fprintf(stderr, "test_cuda_ops: out of host memory (%zu bytes)\n", bytes);
+		abort();
+	}
+	return host_tracked[nhost++] = p;
+}
+
+static void *dmem(size_t bytes)
+{
+	if (ndev == (int)COUNT(dev_tracked)) {
+		fprintf(stderr, "test_cuda_ops: device table full\n");
+		abort();
+	}
+	void *p = NULL;
+	if (gpu_alloc(be, bytes, &p) != TD_OK) {
+		fprintf(stderr, "test_cuda_ops: gpu_alloc(%zu) failed\n", bytes);
+		abort();
+	}
+	dev_tracked[ndev].p = p;
+	dev_tracked[ndev].bytes = bytes;
+	ndev++;
+	return p;
+}
+
+static float *fvec(size_t n)
+{
+	return hmem(n * sizeof(float));
+}
+
+static float *frand(size_t n, double scale, double offset)
+{
+	float *x = fvec(n);
+	for (size_t i = 0; i < n; i++)
+		x[i] = (float)(offset + scale * urand());
+	return x;
+}
+
+static float *ffill(size_t n, float value)
+{
+	float *x = fvec(n);
+	for (size_t i = 0; i < n; i++)
+		x[i] = value;
+	return x;
+}
+
+static float *fcopy(const float *x, size_t n)
+{
+	float *y = fvec(n);
+	memcpy(y, x, n * sizeof(float));
+	return y;
+}
+
+/* A device copy of host data. */
+static void *dput(const void *h, size_t bytes)
+{
+	void *d = dmem(bytes);
+	gpu_upload(be, d, h, bytes);
+	return d;
+}
+
+static float *dputf(const float *h, size_t n)
+{
+	return dput(h, n * sizeof(float));
+}
+
+/* A device buffer of n floats, all NaN: for outputs the op must overwrite. */
+static float *dnan(size_t n)
+{
+	float *h = ffill(n, NAN);
+	return dputf(h, n);
+}
+
+/* A host copy of n device floats. */
+static float *hget(const float *d, size_t n)
+{
+	float *h = fvec(n);
+	gpu_download(be, h, d, n * sizeof(float));
+	return h;
+}
+
+/* Reports a device error of the op just run; one is fatal to the context, so
+ * the test stops there. */
+static void synced(const char *op)
+{
+	struct td_errbuf eb = {{0}};
+	if (gpu_sync(be, &eb) != TD_OK) {
+		fprintf(stderr, "%s: %s: device error: %s\n", where, op, eb.msg);
+		exit(1);
+	}
+}
+
+static void case_end(void)
+{
+	synced("case end");
+	while (ndev > 0) {
+		ndev--;
+		gpu_free(be, dev_tracked[ndev].p, dev_tracked[ndev].bytes);
+	}
+	while (nhost > 0)
+		free(host_tracked[--nhost]);
+}
+
+/* Every |got - ref| <= atol + rtol*|ref| + frac*max|ref|; NaN fails. On
+ * failure prints the worst element with both values and the count. */
+static void expect_close_scaled(const char *what, const float *got, const float *ref, size_t n,
+				double atol, double rtol, double frac)
+{
+	double refmax = 0.0;
+	for (size_t i = 0; i < n; i++)
+		refmax = fabs((double)ref[i]) > refmax ? fabs((double)ref[i]) : refmax;
+	size_t bad = 0, worst = 0;
+	double worst_ratio = -1.0;
+	for (size_t i = 0; i < n; i++) {
+		double d = fabs((double)got[i] - (double)ref[i]);
+		double tol = atol + rtol * fabs((double)ref[i]) + frac * refmax;
+		double ratio = isnan(d) ? INFINITY : tol > 0.0 ? d / tol : (d > 0.0 ? INFINITY : 0.0);
+		if (!(d <= tol))
+			bad++;
+		if (ratio > worst_ratio) {
+			worst_ratio = ratio;
+			worst = i;
+		}
+		if (d > op_max_abs)
+			op_max_abs = d;
+	}
+	if (worst_ratio > op_max_ratio) {
+		op_max_ratio = worst_ratio;
+		snprintf(op_worst, sizeof(op_worst), "%s %s", where, what);
+	}
+	op_arrays++;
+	CHECK_MSG(bad == 0,
+		  "%s: %s: %zu of %zu outside %.0e + %.0e|ref| + %.0e max|ref|; worst [%zu] gpu %.9g cpu %.9g",
+		  where, what, bad, n, atol, rtol, frac, worst, n ? got[worst] : 0.0,
+		  n ? ref[worst] : 0.0);
+}
+
+static void expect_close(const char *what, const float *got, const float *ref, size_t n,
+			 double atol, double rtol)
+{
+	expect_close_scaled(what, got, ref, n, atol, rtol, 0.0);
+}
+
+/* An output whose elements are sums of K terms (the RED tolerance). */
+static void expect_red(const char *what, const float *got, const float *ref, size_t n, double K)
+{
+	double atol = RED_ATOL * sqrt(K > 1000.0 ? K / 1000.0 : 1.0);
+	expect_close_scaled(what, got, ref, n, atol, RED_RTOL, 0.0);
+}
+
+/* Equal values (bit-identical up to the sign of zero); NaN fails. */
+static void expect_exact(const char *what, const float *got, const float *ref, size_t n)
+{
+	expect_close_scaled(what, got, ref, n, 0.0, 0.0, 0.0);
+}
+
+/* The same bits: a GPU op run twice on the same inputs. */
+static void expect_same_bits(const char *what, const float *a, const float *b, size_t n)
+{
+	CHECK_MSG(memcmp(a, b, n * sizeof(float)) == 0, "%s: %s differs between two runs", where,
+		  what);
+}
+
+static void op_begin(void)
+{
+	op_max_abs = 0.0;
+	op_max_ratio = 0.0;
+	op_arrays = 0;
+	op_worst[0] = '\0';
+}
+
+static void op_report(const char *op)
+{
+	fprintf(stderr, "%-16s %3d arrays, max |gpu-cpu| %.3g, worst err/tol %.3g (%s)\n", op,
+		op_arrays, op_max_abs, op_max_ratio, op_worst[0] ? op_worst : "-");
+}
+
+static int32_t *ids_rand(int N, int V)
+{
+	int32_t *ids = hmem(sizeof(int32_t) * (size_t)N);
+	for (int n = 0; n < N; n++)
+		ids[n] = (int32_t)(rng_next() % (uint64_t)V);
+	return ids;
+}
+
+/* ---------------------------------------------------------------- tests -- */
+
+static void test_embedding(void)
+{
+	/* V=1 and V=7: every row, or most, repeat an id (the deterministic
+	 * scatter's hard case); V=50000: few repeats. */
+	static const struct { int N, C, V; } cases[] = {
+		{ 1, 1, 1 }, { 5, 8, 3 }, { 40, 67, 7 }, { 300, 96, 1 }, { 2048, 256, 50 },
+		{ 1024, 128, 50000 },
+	};
+	op_begin();
+	for (size_t ci = 0; ci < COUNT(cases); ci++) {
+		int N = cases[ci].N, C = cases[ci].C, V = cases[ci].V;
+		size_t nout = (size_t)N * C, nw = (size_t)V * C;
+		snprintf(where, sizeof(where), "embedding (N=%d C=%d V=%d)", N, C, V);
+		int32_t *ids = ids_rand(N, V);
+		float *wte = frand(nw, 1.0, 0.0);
+		int32_t *d_ids = dput(ids, sizeof(int32_t) * (size_t)N);
+
+		float *out = fvec(nout);
+		embedding_forward(out, ids, wte, N, C);
+		float *d_out = dnan(nout);
+		gpu_embedding_forward(be, d_out, d_ids, dputf(wte, nw), N, C);
+		expect_exact("out", hget(d_out, nout), out, nout);
+
+		/* Accumulates into random values, in the CPU's order. */
+		float *dout = frand(nout, 1.0, 0.0);
+		float *dwte0 = frand(nw, 1.0, 0.0);
+		float *dwte = fcopy(dwte0, nw);
+		embedding_backward(dwte, dout, ids, N, C);
+		float *d_dout = dputf(dout, nout);
+		float *d_dwte = dputf(dwte0, nw);
+		gpu_embedding_backward(be, d_dwte, d_dout, d_ids, N, C);
+		expect_exact("dwte", hget(d_dwte, nw), dwte, nw);
+		case_end();
+	}
+	op_report("embedding");
+}
+
+static void test_rmsnorm(void)
+{
+	/* N >= 256 makes the dweight column sum split into parts (when the
+	 * backend's scratch has room); N < 128 keeps one. */
+	static const struct { int N, C; } cases[] = {
+		{ 1, 1 }, { 5, 8 }, { 10, 67 }, { 64, 896 }, { 1024, 256 }, { 300, 4096 },
+		{ 4100, 33 },
+	};
+	const float eps = 1e-6f;
+	op_begin();
+	for (size_t ci = 0; ci < COUNT(cases); ci++) {
+		int N = cases[ci].N, C = cases[ci].C;
+		size_t nx = (size_t)N * C;
+		snprintf(where, sizeof(where), "rmsnorm (N=%d C=%d)", N, C);
+		float *inp = frand(nx, 2.0, 0.0);
+		float *weight = frand((size_t)C, 0.5, 1.0);
+		float *out = fvec(nx), *rstd = fvec((size_t)N);
+		rmsnorm_forward(out, rstd, inp, weight, N, C, eps);
+		float *d_inp = dputf(inp, nx), *d_weight = dputf(weight, (size_t)C);
+		float *d_out = dnan(nx), *d_rstd = dnan((size_t)N);
+		gpu_rmsnorm_forward(be, d_out, d_rstd, d_inp, d_weight, N, C, eps);
+		expect_close("out", hget(d_out, nx), out, nx, FWD_ATOL, FWD_RTOL);
+		expect_close("rstd", hget(d_rstd, (size_t)N), rstd, (size_t)N, FWD_ATOL, FWD_RTOL);
+
+		/* Backward from the CPU's rstd; dinp and dweight accumulate. */
+		float *dout = frand(nx, 1.0, 0.0);
+		float *dinp0 = frand(nx, 1.0, 0.0), *dw0 = frand((size_t)C, 1.0, 0.0);
+		float *dinp = fcopy(dinp0, nx), *dw = fcopy(dw0, (size_t)C);
+		rmsnorm_backward(dinp, dw, dout, inp, weight, rstd, N, C);
+		float *d_dout = dputf(dout, nx), *d_rstd_ref = dputf(rstd, (size_t)N);
+		float *d_dinp = dputf(dinp0, nx), *d_dw = dputf(dw0, (size_t)C);
+		gpu_rmsnorm_backward(be, d_dinp, d_dw, d_dout, d_inp, d_weight, d_rstd_ref, N, C);
+		float *g_dw = hget(d_dw, (size_t)C);
+		expect_red("dinp", hget(d_dinp, nx), dinp, nx, C);
+		expect_red("dweight", g_dw, dw, (size_t)C, N);
+
+		/* Determinism, and dweight NULL (dinp alone). */
+		gpu_upload(be, d_dw, dw0, sizeof(float) * (size_t)C);
+		gpu_upload(be, d_dinp, dinp0, sizeof(float) * nx);
+		gpu_rmsnorm_backward(be, d_dinp, d_dw, d_dout, d_inp, d_weight, d_rstd_ref, N, C);
+		expect_same_bits("dweight", hget(d_dw, (size_t)C), g_dw, (size_t)C);
+		float *dinp_only = fcopy(dinp0, nx);
+		rmsnorm_backward(dinp_only, NULL, dout, inp, weight, rstd, N, C);
+		gpu_upload(be, d_dinp, dinp0, sizeof(float) * nx);
+		gpu_rmsnorm_backward(be, d_dinp, NULL, d_dout, d_inp, d_weight, d_rstd_ref, N, C);
+		expect_red("dinp (dweight NULL)", hget(d_dinp, nx), dinp_only, nx, C);
+		synced("rmsnorm_backward");
+		case_end();
+	}
+	op_report("rmsnorm");
+}
+
+static void test_matmul(void)
+{
+	static const struct { int N, C, OC; } cases[] = {
+		{ 1, 1, 1 }, { 5, 8, 16 }, { 7, 67, 33 }, { 64, 128, 96 }, { 300, 896, 1152 },
+		{ 1024, 256, 512 }, { 4100, 64, 40 },
+	};
+	op_begin();
+	for (size_t ci = 0; ci < COUNT(cases); ci++) {
+		int N = cases[ci].N, C = cases[ci].C, OC = cases[ci].OC;
+		size_t nin = (size_t)N * C, nout = (size_t)N * OC, nw = (size_t)OC * C;
+		snprintf(where, sizeof(where), "matmul (N=%d C=%d OC=%d)", N, C, OC);
+		float *inp = frand(nin, 1.0, 0.0), *weight = frand(nw, 1.0, 0.0);
+		float *bias = frand((size_t)OC, 1.0, 0.0);
+		float *d_inp = dputf(inp, nin), *d_weight = dputf(weight, nw);
+		float *d_bias = dputf(bias, (size_t)OC);
+		for (int with_bias = 0; with_bias < 2; with_bias++) {
+			float *out = fvec(nout);
+			matmul_forward(out, inp, weight, with_bias ? bias : NULL, N, C, OC);
+			float *d_out = dnan(nout);
+			gpu_matmul_forward(be, d_out, d_inp, d_weight, with_bias ? d_bias : NULL, N, C,
+					   OC);
+			expect_red(with_bias ? "out (bias)" : "out", hget(d_out, nout), out, nout, C);
+		}
+
+		/* Backward: all three outputs, then each alone (the others NULL). */
+		float *dout = frand(nout, 1.0, 0.0);
+		float *d_dout = dputf(dout, nout);
+		float *dinp0 = frand(nin, 1.0, 0.0), *dw0 = frand(nw, 1.0, 0.0);
+		float *db0 = frand((size_t)OC, 1.0, 0.0);
+		float *first_db = NULL;
+		for (int mask = 7; mask >= 1; mask = mask == 7 ? 4 : mask >> 1) {
+			bool want_in = mask & 4, want_w = mask & 2, want_b = mask & 1;
+			float *dinp = fcopy(dinp0, nin), *dw = fcopy(dw0, nw);
+			float *db = fcopy(db0, (size_t)OC);
+			matmul_backward(want_in ? dinp : NULL, want_w ? dw : NULL, want_b ? db : NULL,
+					dout, inp, weight, N, C, OC);
+			float *d_dinp = dputf(dinp0, nin), *d_dw = dputf(dw0, nw);
+			float *d_db = dputf(db0, (size_t)OC);
+			gpu_matmul_backward(be, want_in ? d_dinp : NULL, want_w ? d_dw : NULL,
+					    want_b ? d_db : NULL, d_dout, d_inp, d_weight, N, C, OC);
+			/* A NULL output is left alone: it still equals its start. */
+			char what[64];
+			snprintf(what, sizeof(what), "dinp (mask %d)", mask);
+			expect_red(what, hget(d_dinp, nin), dinp, nin, OC);
+			snprintf(what, sizeof(what), "dweight (mask %d)", mask);
+			expect_red(what, hget(d_dw, nw), dw, nw, N);
+			snprintf(what, sizeof(what), "dbias (mask %d)", mask);
+			float *g_db = hget(d_db, (size_t)OC);
+			expect_red(what, g_db, db, (size_t)OC, N);
+			if (want_b && first_db)
+				expect_same_bits("dbias", g_db, first_db, (size_t)OC);
+			if (want_b && !first_db)
+				first_db = g_db;
+		}
+		case_end();
+	}
+	op_report("matmul");
+}
+
+static void test_rope(void)
+{
+	static const struct { int B, T, NH, HS; double theta; } cases[] = {
+		{ 2, 5, 4, 8, 10000.0 }, { 1, 1, 2, 2, 10000.0 }, { 3, 7, 3, 6, 1e6 },
+		{ 4, 256, 8, 64, 1e6 },
+	};
+	op_begin();
+	for (size_t ci = 0; ci < COUNT(cases); ci++) {
+		int B = cases[ci].B, T = cases[ci].T, NH = cases[ci].NH, HS = cases[ci].HS;
+		size_t n = (size_t)B * T * NH * HS, nc = (size_t)T * (HS / 2);
+		snprintf(where, sizeof(where), "rope (B=%d T=%d NH=%d HS=%d)", B, T, NH, HS);
+		float *cos = fvec(nc), *sin = fvec(nc);
+		rope_cache(cos, sin, T, HS, cases[ci].theta);
+		float *d_cos = dputf(cos, nc), *d_sin = dputf(sin, nc);
+		float *inp = frand(n, 1.0, 0.0);
+		float *d_inp = dputf(inp, n);
+
+		float *out = fvec(n);
+		rope_forward(out, inp, cos, sin, B, T, NH, HS);
+		float *d_out = dnan(n);
+		gpu_rope_forward(be, d_out, d_inp, d_cos, d_sin, B, T, NH, HS);
+		expect_exact("out", hget(d_out, n), out, n);
+		gpu_rope_forward(be, d_inp, d_inp, d_cos, d_sin, B, T, NH, HS);
+		expect_exact("out (in place)", hget(d_inp, n), out, n);
+
+		float *dout = frand(n, 1.0, 0.0);
+		float *d_dout = dputf(dout, n);
+		float *dinp = fvec(n);
+		rope_backward(dinp, dout, cos, sin, B, T, NH, HS);
+		float *d_dinp = dnan(n);
+		gpu_rope_backward(be, d_dinp, d_dout, d_cos, d_sin, B, T, NH, HS);
+		expect_exact("dinp", hget(d_dinp, n), dinp, n);
+		gpu_rope_backward(be, d_dout, d_dout, d_cos, d_sin, B, T, NH, HS);
+		expect_exact("dinp (in place)", hget(d_dout, n), dinp, n);
+		case_end();
+	}
+	op_report("rope");
+}
+
+static void test_attention(void)
+{
+	static const struct { int B, T, NH, NKV, HS; } cases[] = {
+		{ 2, 5, 4, 2, 8 },  { 2, 5, 4, 4, 8 },   { 3, 1, 4, 2, 8 },    { 1, 7, 6, 1, 6 },
+		{ 2, 33, 4, 2, 16 }, { 1, 64, 14, 2, 64 }, { 4, 256, 8, 2, 64 }, { 4, 256, 8, 8, 64 },
+	};
+	op_begin();
+	for (size_t ci = 0; ci < COUNT(cases); ci++) {
+		int B = cases[ci].B, T = cases[ci].T, NH = cases[ci].NH, NKV = cases[ci].NKV;
+		int HS = cases[ci].HS;
+		size_t nq = (size_t)B * T * NH * HS, nk = (size_t)B * T * NKV * HS;
+		size_t na = (size_t)B * NH * T * T;
+		snprintf(where, sizeof(where), "attention (B=%d T=%d NH=%d NKV=%d HS=%d)", B, T, NH,
+			 NKV, HS);
+		float *q = frand(nq, 1.0, 0.0), *k = frand(nk, 1.0, 0.0), *v = frand(nk, 1.0, 0.0);
+		float *d_q = dputf(q, nq), *d_k = dputf(k, nk), *d_v = dputf(v, nk);
+		float *out = fvec(nq), *att = fvec(na);
+		attention_forward(out, att, q, k, v, B, T, NH, NKV, HS);
+		float *d_out = dnan(nq), *d_att = dnan(na);
+		gpu_attention_forward(be, d_out, d_att, d_q, d_k, d_v, B, T, NH, NKV, HS);
+		expect_red("att", hget(d_att, na), att, na, T > HS ? T : HS);
+		expect_red("out", hget(d_out, nq), out, nq, T);
+
+		/* Backward from the CPU's probabilities; all outputs overwritten,
+		 * datt is scratch. */
+		float *dout = frand(nq, 1.0, 0.0);
+		float *dq = fvec(nq), *dk = fvec(nk), *dv = fvec(nk), *datt = fvec(na);
+		attention_backward(dq, dk, dv, datt, dout, q, k, v, att, B, T, NH, NKV, HS);
+		float *d_dout = dputf(dout, nq), *d_att_ref = dputf(att, na);
+		float *d_dq = dnan(nq), *d_dk = dnan(nk), *d_dv = dnan(nk), *d_datt = dnan(na);
+		gpu_attention_backward(be, d_dq, d_dk, d_dv, d_datt, d_dout, d_q, d_k, d_v, d_att_ref,
+				       B, T, NH, NKV, HS);
+		float *g_dk = hget(d_dk, nk);
+		expect_red("dq", hget(d_dq, nq), dq, nq, T);
+		expect_red("dk", g_dk, dk, nk, (double)T * (NH / NKV));
+		expect_red("dv", hget(d_dv, nk), dv, nk, (double)T * (NH / NKV));
+		gpu_attention_backward(be, d_dq, d_dk, d_dv, d_datt, d_dout, d_q, d_k, d_v, d_att_ref,
+				       B, T, NH, NKV, HS);
+		expect_same_bits("dk", hget(d_dk, nk), g_dk, nk);
+		case_end();
+	}
+	op_report("attention");
+}
+
+static void test_swiglu(void)
+{
+	static const size_t sizes[] = { 1, 67, 1000, (1u << 20) + 7 };
+	op_begin();
+	for (size_t ci = 0; ci < COUNT(sizes); ci++) {
+		size_t n = sizes[ci];
+		snprintf(where, sizeof(where), "swiglu (n=%zu)", n);
+		float *gate = frand(n, 6.0, 0.0), *up = frand(n, 1.0, 0.0);
+		/* silu's tails: exp(-x) overflows for x << 0. */
+		static const float tails[] = { -100.0f, 100.0f, -20.0f, 30.0f, -88.5f };
+		for (size_t i = 0; i < COUNT(tails) && i < n; i++)
+			gate[n - 1 - i] = tails[i];
+		float *d_gate = dputf(gate, n), *d_up = dputf(up, n);
+		float *out = fvec(n);
+		swiglu_forward(out, gate, up, n);
+		float *d_out = dnan(n);
+		gpu_swiglu_forward(be, d_out, d_gate, d_up, n);
+		expect_close("out", hget(d_out, n), out, n, FWD_ATOL, FWD_RTOL);
+
+		float *dout = frand(n, 1.0, 0.0);
+		float *dgate = fvec(n), *dup = fvec(n);
+		swiglu_backward(dgate, dup, dout, gate, up, n);
+		float *d_dgate = dnan(n), *d_dup = dnan(n);
+		gpu_swiglu_backward(be, d_dgate, d_dup, dputf(dout, n), d_gate, d_up, n);
+		expect_close("dgate", hget(d_dgate, n), dgate, n, FWD_ATOL, FWD_RTOL);
+		expect_close("dup", hget(d_dup, n), dup, n, FWD_ATOL, FWD_RTOL);
+		case_end();
+	}
+	op_report("swiglu");
+}
+
+static void test_residual_scale(void)
+{
+	static const size_t sizes[] = { 1, 67, (1u << 20) + 7 };
+	op_begin();
+	for (size_t ci = 0; ci < COUNT(sizes); ci++) {
+		size_t n = sizes[ci];
+		snprintf(where, sizeof(where), "residual/scale (n=%zu)", n);
+		float *a = frand(n, 1.0, 0.0), *b = frand(n, 1.0, 0.0);
+		float *out = fvec(n);
+		residual_forward(out, a, b, n);
+		float *d_a = dputf(a, n), *d_b = dputf(b, n), *d_out = dnan(n);
+		gpu_residual_forward(be, d_out, d_a, d_b, n);
+		expect_exact("residual out", hget(d_out, n), out, n);
+		gpu_residual_forward(be, d_a, d_a, d_b, n);
+		expect_exact("residual out (== a)", hget(d_a, n), out, n);
+		gpu_upload(be, d_a, a, n * sizeof(float));
+		gpu_residual_forward(be, d_b, d_a, d_b, n);
+		expect_exact("residual out (== b)", hget(d_b, n), out, n);
+
+		const float s = 0.37f;
+		float *x = fcopy(a, n);
+		scale_inplace(x, s, n);
+		gpu_scale(be, d_a, s, n);
+		expect_exact("scale", hget(d_a, n), x, n);
+		case_end();
+	}
+	op_report("residual, scale");
+}
+
+static void test_crossentropy(void)
+{
+	/* V=152064: Qwen2's vocabulary; V=1: a degenerate softmax. */
+	static const struct { int N, V; } cases[] = {
+		{ 5, 8 }, { 7, 67 }, { 3, 1 }, { 64, 1000 }, { 4, 50000 }, { 3, 152064 },
+	};
+	op_begin();
+	for (size_t ci = 0; ci < COUNT(cases); ci++) {
+		int N = cases[ci].N, V = cases[ci].V;
+		size_t nl = (size_t)N * V;
+		snprintf(where, sizeof(where), "crossentropy (N=%d V=%d)", N, V);
+		float *logits = frand(nl, 4.0, 0.0);
+		/* Row 0 far from 0: only a max-subtracted exp survives it. */
+		for (int i = 0; i < V; i++)
+			logits[i] += 80.0f;
+		int32_t *targets = ids_rand(N, V);
+		int valid = 0;
+		for (int n = 0; n < N; n++) {
+			if (n % 3 == 2)
+				targets[n] = -100;
+			valid += targets[n] != -100;
+		}
+		float dloss = 1.0f / (float)(valid ? valid : 1);
+		float *d_logits = dputf(logits, nl);
+		int32_t *d_targets = dput(targets, sizeof(int32_t) * (size_t)N);
+
+		float *losses = fvec((size_t)N);
+		crossentropy_forward(losses, logits, targets, N, V);
+		float *d_losses = dnan((size_t)N);
+		gpu_crossentropy_forward(be, d_losses, d_logits, d_targets, N, V);
+		expect_red("losses", hget(d_losses, (size_t)N), losses, (size_t)N, 1);
+
+		float *dlogits = fvec(nl);
+		crossentropy_backward(dlogits, logits, targets, dloss, N, V);
+		float *d_dlogits = dnan(nl);
+		gpu_crossentropy_backward(be, d_dlogits, d_logits, d_targets, dloss, N, V);
+		expect_close("dlogits", hget(d_dlogits, nl), dlogits, nl, SOFT_ATOL, SOFT_RTOL);
+		gpu_crossentropy_backward(be, d_logits, d_logits, d_targets, dloss, N, V);
+		expect_close("dlogits (in place)", hget(d_logits, nl), dlogits, nl, SOFT_ATOL,
+			     SOFT_RTOL);
+		case_end();
+	}
+	op_report("crossentropy");
+}
+
+static void test_adamw(void)
+{
+	static const struct { size_t n; int t; float wd; } cases[] = {
+		{ 1, 1, 0.0f }, { 67, 1, 0.1f }, { 1000, 7, 0.0f }, { (1u << 20) + 7, 1000, 0.01f },
+	};
+	const float lr = 1e-3f, beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f;
+	op_begin();
+	for (size_t ci = 0; ci < COUNT(cases); ci++) {
+		size_t n = cases[ci].n;
+		int t = cases[ci].t;
+		float wd = cases[ci].wd;
+		snprintf(where, sizeof(where), "adamw (n=%zu t=%d wd=%g)", n, t, wd);
+		float *param = frand(n, 1.0, 0.0), *grad = frand(n, 1.0, 0.0);
+		float *m = frand(n, 0.1, 0.0), *v = frand(n, 0.005, 0.005);
+		float *d_param = dputf(param, n), *d_grad = dputf(grad, n);
+		float *d_m = dputf(m, n), *d_v = dputf(v, n);
+		adamw_update(param, grad, m, v, n, lr, beta1, beta2, eps, wd, t);
+		gpu_adamw_update(be, d_param, d_grad, d_m, d_v, n, lr, beta1, beta2, eps, wd, t);
+		expect_exact("param", hget(d_param, n), param, n);
+		expect_exact("m", hget(d_m, n), m, n);
+		expect_exact("v", hget(d_v, n), v, n);
+		case_end();
+	}
+	op_report("adamw");
+}
+
+static void test_sumsq(void)
+{
+	static const size_t sizes[] = { 0, 1, 67, 4096, (1u << 20) + 7, (1u << 23) + 3 };
+	op_begin();
+	for (size_t ci = 0; ci < COUNT(sizes); ci++) {
+		size_t n = sizes[ci];
+		snprintf(where, sizeof(where), "sumsq (n=%zu)", n);
+		float *x = frand(n, 1.0, 0.0);
+		float *d_x = dputf(x, n);
+		double ref = sumsq(x, n);
+		double got = gpu_sumsq(be, d_x, n);
+		double again = gpu_sumsq(be, d_x, n);
+		synced("sumsq");
+		CHECK_MSG(fabs(got - ref) <= SUMSQ_RTOL * ref, "%s: gpu %.17g cpu %.17g", where, got,
+			  ref);
+		CHECK_MSG(memcmp(&got, &again, sizeof(got)) == 0, "%s: %.17g then %.17g", where, got,
+			  again);
+		double ratio = ref > 0.0 ? fabs(got - ref) / (SUMSQ_RTOL * ref) : 0.0;
+		op_max_ratio = ratio > op_max_ratio ? ratio : op_max_ratio;
+		op_max_abs = fabs(got - ref) > op_max_abs ? fabs(got - ref) : op_max_abs;
+		op_arrays++;
+		case_end();
+	}
+	op_report("sumsq");
+}
+
+static void test_nf4(void)
+{
+	/* Sizes around the 64-value block and the 256-absmax block, and odd n
+	 * (a half-filled last code byte). */
+	static const size_t sizes[] = { 1, 63, 64, 1001, 64 * 256 + 5, (1u << 20) + 5 };
+	op_begin();
+	for (size_t ci = 0; ci < COUNT(sizes); ci++) {
+		size_t n = sizes[ci], nb = (n + NF4_BLOCK - 1) / NF4_BLOCK;
+		size_t ns = (nb + NF4_DQ_BLOCK - 1) / NF4_DQ_BLOCK;
+		snprintf(where, sizeof(where), "nf4 (n=%zu)", n);
+		float *w = frand(n, 1.0, 0.0);
+		uint8_t *codes = hmem((n + 1) / 2);
+		float *absmax = fvec(nb);
+		nf4_quantize(codes, absmax, w, n);
+		float *out = fvec(n);
+		nf4_dequantize(out, codes, absmax, n);
+		float *d_out = dnan(n);
+		float *d_absmax = dputf(absmax, nb);
+		gpu_nf4_dequantize(be, d_out, dput(codes, (n + 1) / 2), d_absmax, n);
+		expect_exact("nf4 out", hget(d_out, n), out, n);
+
+		int8_t *q = hmem(nb);
+		float *scale = fvec(ns + 1);
+		absmax_quantize(q, scale, absmax, nb);
+		float *am = fvec(nb);
+		absmax_dequantize(am, q, scale, nb);
+		gpu_upload(be, d_absmax, ffill(nb, NAN), nb * sizeof(float));
+		gpu_absmax_dequantize(be, d_absmax, dput(q, nb), dputf(scale, ns + 1), nb);
+		expect_exact("absmax", hget(d_absmax, nb), am, nb);
+		case_end();
+	}
+	op_report("nf4, absmax");
+}
+
+static void test_dropout(void)
+{
+	static const struct { size_t n; float p; uint64_t seed; } cases[] = {
+		{ 1, 0.1f, 1 }, { 1000, 0.0f, 7 }, { 1000, 0.5f, 7 }, { (1u << 20) + 3, 0.1f, 1234567 },
+	};
+	op_begin();
+	for (size_t ci = 0; ci < COUNT(cases); ci++) {
+		size_t n = cases[ci].n;
+		float p = cases[ci].p;
+		uint64_t seed = cases[ci].seed;
+		snprintf(where, sizeof(where), "dropout (n=%zu p=%g)", n, p);
+		float *inp = frand(n, 1.0, 0.0);
+		float *out = fvec(n);
+		dropout_forward(out, inp, p, seed, n);
+		float *d_inp = dputf(inp, n), *d_out = dnan(n);
+		gpu_dropout(be, d_out, d_inp, p, seed, n);
+		expect_exact("out", hget(d_out, n), out, n);
+		gpu_dropout(be, d_inp, d_inp, p, seed, n);
+		expect_exact("out (in place)", hget(d_inp, n), out, n);
+		case_end();
+	}
+	op_report("dropout");
+}
+
+static void test_distill(void)
+{
+	static const struct { int N, V; float temperature, alpha; } cases[] = {
+		{ 5, 8, 2.0f, 0.5f }, { 7, 67, 1.0f, 0.9f }, { 3, 1, 2.0f, 0.5f },
+		{ 4, 50000, 2.0f, 0.5f }, { 3, 152064, 1.5f, 0.7f },
+	};
+	op_begin();
+	for (size_t ci = 0; ci < COUNT(cases); ci++) {
+		int N = cases[ci].N, V = cases[ci].V;
+		float temp = cases[ci].temperature, alpha = cases[ci].alpha;
+		size_t nl = (size_t)N * V;
+		snprintf(where, sizeof(where), "distill (N=%d V=%d T=%g alpha=%g)", N, V, temp, alpha);
+		/* The teacher near the student, as after some training. */
+		float *logits = frand(nl, 4.0, 0.0), *tlogits = fvec(nl);
+		for (size_t i = 0; i < nl; i++)
+			tlogits[i] = logits[i] + (float)urand();
+		for (int i = 0; i < V; i++)
+			logits[i] += 40.0f;
+		int32_t *targets = ids_rand(N, V);
+		int valid = 0;
+		for (int n = 0; n < N; n++) {
+			if (n % 3 == 1)
+				targets[n] = -100;
+			valid += targets[n] != -100;
+		}
+		float dloss = 1.0f / (float)(valid ? valid : 1);
+		float *d_logits = dputf(logits, nl), *d_tlogits = dputf(tlogits, nl);
+		int32_t *d_targets = dput(targets, sizeof(int32_t) * (size_t)N);
+
+		float *kl = fvec((size_t)N), *ce = fvec((size_t)N);
+		distill_forward(kl, ce, logits, tlogits, targets, temp, N, V);
+		float *d_kl = dnan((size_t)N), *d_ce = dnan((size_t)N);
+		gpu_distill_forward(be, d_kl, d_ce, d_logits, d_tlogits, d_targets, temp, N, V);
+		expect_red("kl", hget(d_kl, (size_t)N), kl, (size_t)N, 1);
+		expect_red("ce", hget(d_ce, (size_t)N), ce, (size_t)N, 1);
+
+		float *dlogits = fvec(nl);
+		distill_backward(dlogits, logits, tlogits, targets, dloss, alpha, temp, N, V);
+		float *d_dlogits = dnan(nl);
+		gpu_distill_backward(be, d_dlogits, d_logits, d_tlogits, d_targets, dloss, alpha, temp,
+				     N, V);
+		expect_close_scaled("dlogits", hget(d_dlogits, nl), dlogits, nl, 0.0, 1e-4, 1e-5);
+		gpu_distill_backward(be, d_logits, d_logits, d_tlogits, d_targets, dloss, alpha, temp,
+				     N, V);
+		expect_close_scaled("dlogits (in place)", hget(d_logits, nl), dlogits, nl, 0.0, 1e-4,
+				    1e-5);
+		case_end();
+	}
+	op_report("distill");
+}
+
+int main(void)
+{
+	struct td_errbuf eb = {{0}};
+	if (gpu_backend_open(&be, "cuda", &eb) != TD_OK)
+		return check_skip(eb.msg);
+	fprintf(stderr, "device: %s\n", be->device);
+	test_embedding();
+	test_rmsnorm();
+	test_matmul();
+	test_rope();
+	test_attention();
+	test_swiglu();
+	test_residual_scale();
+	test_crossentropy();
+	test_adamw();
+	test_sumsq();
+	test_nf4();
+	test_dropout();
+	test_distill();
+	/* Contract 2: nothing compiles after the kernel table is sealed. */
+	fprintf(stderr, "compiles: %lld (after seal: %lld)\n", (long long)be->compiles,
+		(long long)be->compiles_after_seal);
+	CHECK_EQ_INT(be->compiles_after_seal, 0);
+	CHECK_EQ_INT(be->bytes_in_use, 0);
+	gpu_backend_free(be);
+	return check_status();
+}

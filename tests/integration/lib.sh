@@ -1,0 +1,132 @@
+# Shared by the integration tests: a real traind on a temporary socket with a
+# temporary state dir, on the CPU backend, driven through trainctl.
+#
+# Environment (from tests/integration/meson.build): TRAIND, TRAINCTL, RPC_RAW,
+# TD_FIXTURES. Each test sources this file, calls start_daemon, checks things
+# with check/expect_*, and ends with `finish`. The daemon is stopped (and,
+# if it still runs, killed) and the work dir removed on exit.
+
+set -u
+: "${TRAIND:?}" "${TRAINCTL:?}" "${TD_FIXTURES:?}"
+
+# Short: a socket path must fit in 107 bytes.
+WORK=$(mktemp -d /tmp/td-it.XXXXXX) || exit 1
+chmod 755 "$WORK"
+SOCK=$WORK/traind.sock
+STATE=$WORK/state
+LOG=$WORK/traind.log
+DPID=
+FAILS=0
+CHECKS=0
+
+cleanup() {
+	if [ -n "$DPID" ] && kill -0 "$DPID" 2>/dev/null; then
+		kill -TERM "$DPID" 2>/dev/null
+		for _ in $(seq 1 100); do kill -0 "$DPID" 2>/dev/null || break; sleep 0.1; done
+		kill -KILL "$DPID" 2>/dev/null
+	fi
+	if declare -F extra_cleanup >/dev/null; then extra_cleanup; fi
+	if [ "$FAILS" -ne 0 ] && [ -f "$LOG" ]; then
+		echo "---- traind log ----"
+		tail -n 60 "$LOG"
+	fi
+	rm -rf "$WORK"
+}
+trap cleanup EXIT
+
+note() { echo "# $*"; }
+
+bad() {
+	FAILS=$((FAILS + 1))
+	echo "FAIL: $*"
+}
+
+# check DESCRIPTION COMMAND...: the command must succeed.
+check() {
+	local what=$1
+	shift
+	CHECKS=$((CHECKS + 1))
+	if ! "$@"; then bad "$what"; fi
+}
+
+# expect_eq DESCRIPTION GOT WANT
+expect_eq() {
+	CHECKS=$((CHECKS + 1))
+	if [ "$2" != "$3" ]; then bad "$1: got '$2', want '$3'"; fi
+}
+
+# expect_contains DESCRIPTION TEXT NEEDLE
+expect_contains() {
+	CHECKS=$((CHECKS + 1))
+	case "$2" in
+	*"$3"*) ;;
+	*) bad "$1: '$2' does not contain '$3'" ;;
+	esac
+}
+
+ctl() { "$TRAINCTL" --socket "$SOCK" "$@"; }
+
+# json_field JSON NAME: the value of "NAME" in trainctl's --json output (a
+# flat lookup, enough for the scalar fields the tests read).
+json_field() {
+	printf '%s\n' "$1" | sed -n "s/^ *\"$2\": *\"\{0,1\}\([^\",]*\)\"\{0,1\},\{0,1\}$/\1/p" | head -n 1
+}
+
+# start_daemon [SETTINGS...]: starts traind and waits until it answers.
+start_daemon() {
+	"$TRAIND" --socket "$SOCK" --state-dir "$STATE" --cache-dir "$WORK/cache" "$@" >>"$LOG" 2>&1 &
+	DPID=$!
+	for _ in $(seq 1 300); do
+		if ctl info >/dev/null 2>&1; then return 0; fi
+		if ! kill -0 "$DPID" 2>/dev/null; then
+			echo "FAIL: traind exited at start:"
+			cat "$LOG"
+			exit 1
+		fi
+		sleep 0.1
+	done
+	echo "FAIL: traind did not answer within 30 s"
+	exit 1
+}
+
+# stop_daemon: SIGTERM; the daemon must exit 0 (under ASan: without leaks).
+stop_daemon() {
+	kill -TERM "$DPID"
+	wait "$DPID"
+	local rc=$?
+	expect_eq "traind exit status after SIGTERM" "$rc" 0
+	DPID=
+}
+
+# kill9_daemon: the daemon dies without a word.
+kill9_daemon() {
+	kill -KILL "$DPID"
+	wait "$DPID" 2>/dev/null
+	DPID=
+}
+
+# wait_for SECONDS COMMAND...: polls until the command succeeds.
+wait_for() {
+	local secs=$1
+	shift
+	for _ in $(seq 1 $((secs * 10))); do
+		if "$@"; then return 0; fi
+		sleep 0.1
+	done
+	return 1
+}
+
+# job_state ID: QUEUED, RUNNING, SUCCEEDED, ...
+job_state() {
+	json_field "$(ctl --json show "$1")" state | sed 's/^JOB_STATE_//'
+}
+
+# job_is ID STATE: whether the job is in STATE now.
+job_is() {
+	[ "$(job_state "$1")" = "$2" ]
+}
+
+finish() {
+	echo "$CHECKS checks, $FAILS failed"
+	[ "$FAILS" -eq 0 ]
+}

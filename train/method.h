@@ -1,0 +1,106 @@
+/* A job's training method: full fine-tuning, LoRA, QLoRA, distillation or
+ * classification, seen from the step loop.
+ *
+ * The method decides which models a job builds (the trained one, and a frozen
+ * teacher for distillation), their plan options (adapters, frozen or NF4
+ * base, head), where their first weights come from (the model dir, an
+ * adapter to start from or PEFT's initialisation, a new head), what one
+ * micro-batch computes (the teacher's forward, then the trained model's), and
+ * what a checkpoint and the output hold (a full model dir, or a PEFT adapter).
+ * The step loop (train/trainer.c) is the same for all: forward and backward
+ * per micro-batch, clip, AdamW on tr_method_model().
+ *
+ * Every model lives on the backend the caller gives; one method belongs to one
+ * runner thread. This is not the step loop and not the data. */
+#ifndef TRAIN_METHOD_H
+#define TRAIN_METHOD_H
+
+#include <stdint.h>
+#include <stdio.h>
+
+#include "gpu/backend.h"
+#include "proto/err.h"
+#include "train/hfconfig.h"
+#include "train/model.h"
+#include "train/modeldir.h"
+#include "train/plan.h"
+#include "traind.pb-c.h"
+
+struct tr_method;
+
+/* Checks what configs alone can tell (files read: the teacher's config.json
+ * and both tokenizer.json, the init adapter's adapter_config.json and
+ * tensors): the teacher's vocabulary against the student's, the adapter
+ * against the base and the job's LoRA settings. spec has its defaults applied;
+ * cfg is model_dir's config. Warns (TD-LORA-INIT) when an init adapter's
+ * shape overrides the lora section's. */
+td_err tr_method_check(const Traind__JobSpec *spec, const struct tr_model_config *cfg,
+		       struct td_errbuf *eb);
+
+/* The plan options of the trained model (B x T rows). With an init adapter its
+ * rank, alpha and targets are the adapter's. */
+td_err tr_method_plan_opts(const Traind__JobSpec *spec, const struct tr_model_config *cfg, int B,
+			   int T, struct tr_plan_opts *po, struct td_errbuf *eb);
+
+/* Prints the plans (the trained model's, the teacher's) and their sum. */
+td_err tr_method_print_plan(const Traind__JobSpec *spec, const struct tr_model_config *cfg, int B,
+			    int T, FILE *out, struct td_errbuf *eb);
+
+/* Builds the models on be (which must outlive the method). Weights are zero
+ * until tr_method_load_initial or tr_method_load_saved. */
+td_err tr_method_new(struct tr_method **out, const Traind__JobSpec *spec,
+		     const struct tr_model_config *cfg, struct gpu_backend *be, int B, int T,
+		     struct td_errbuf *eb);
+/* tr_method_free(NULL) is a no-op. Frees the models. */
+void tr_method_free(struct tr_method *mt);
+
+/* The model the optimizer steps. */
+struct tr_model *tr_method_model(struct tr_method *mt);
+/* The teacher (forward only), or NULL. */
+struct tr_model *tr_method_teacher(struct tr_method *mt);
+/* Bytes of every model's plan. */
+size_t tr_method_total_bytes(const struct tr_method *mt);
+void tr_method_print(const struct tr_method *mt, FILE *out);
+
+/* Loads the first weights: the base from w (model_dir, opened by the caller),
+ * then the init adapter or PEFT's initialisation (seeded by hyper.seed), a new
+ * classifier head (normal, std 0.02 as transformers), the teacher. */
+td_err tr_method_load_initial(struct tr_method *mt, const struct tr_weights *w,
+			      struct td_errbuf *eb);
+
+/* One micro-batch: (the teacher's forward on ids, then) the trained model's
+ * forward. ids, labels (B, T) as tr_model_forward; class_ids (B) for a
+ * classifier (else NULL). micro is the micro-batch's index over the whole run
+ * (step * grad_accum + a): LoRA dropout masks are a function of it and the
+ * seed, so a resumed run draws the same ones. Sums as tr_model_forward; the
+ * caller then runs tr_model_backward on tr_method_model(). */
+td_err tr_method_forward(struct tr_method *mt, const int32_t *ids, const int32_t *labels,
+			 const int32_t *class_ids, uint64_t micro, double *loss_sum,
+			 int64_t *n_valid, struct td_errbuf *eb);
+
+/* The positions (or, for a classifier, the rows) one micro-batch contributes
+ * to the loss's mean: shifted positions whose label is not -100, or rows whose
+ * class is not -100. labels (B, T); class_ids (B) or NULL. */
+int64_t tr_method_count_valid(const struct tr_method *mt, const int32_t *labels,
+			      const int32_t *class_ids);
+
+/* The pad id a classifier pools past (the data's padding; by default the
+ * config's pad_token_id, else data.eos_id, else the config's eos_token_id). */
+void tr_method_set_pad_id(struct tr_method *mt, int pad_id);
+
+struct tr_data;
+/* A classifier on an eval set (file order, at most max_batches micro-batches
+ * of B; 0: all): mean loss over rows, accuracy and macro-F1, logged with step
+ * to log (may be NULL). Forward only, without dropout. */
+td_err tr_method_eval_classify(struct tr_method *mt, const struct tr_data *d, uint64_t max_batches,
+			       uint64_t step, FILE *log, double *loss, struct td_errbuf *eb);
+
+/* Saves the trained weights to dir (which exists): an HF model dir in dtype
+ * (a classifier's config says so), or, for LoRA, a PEFT adapter dir. */
+td_err tr_method_save(struct tr_method *mt, const char *dir, enum tr_dtype dtype,
+		      struct td_errbuf *eb);
+/* Loads what tr_method_save wrote to dir (a checkpoint). For an adapter the
+ * base comes from model_dir again (re-quantized for QLoRA: the same bits). */
+td_err tr_method_load_saved(struct tr_method *mt, const char *dir, struct td_errbuf *eb);
+
+#endif
