@@ -20,6 +20,7 @@
 #define GPU_BACKEND_H
 
 #include <assert.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -41,6 +42,10 @@ struct gpu_backend_ops {
 	/* Blocking: the device's free and total memory right now (cuMemGetInfo on
 	 * a GPU: what every process on it leaves free; the host's RAM on the CPU). */
 	td_err (*mem_info)(struct gpu_backend *be, size_t *free_bytes, size_t *total_bytes);
+	/* Compute precision of the math ops from now on: false = fp32 (the
+	 * reference; no TF32), true = bf16 compute with fp32 storage and fp32
+	 * accumulation. TD_EUNSUPPORTED where the backend has no bf16 mode. */
+	td_err (*set_bf16)(struct gpu_backend *be, bool bf16, struct td_errbuf *eb);
 
 	/* Math: see kernels/cpu/ops.h for each op's contract. */
 	void (*embedding_forward)(struct gpu_backend *be, float *out, const int32_t *ids,
@@ -155,6 +160,10 @@ static inline void gpu_zero(struct gpu_backend *be, void *dst, size_t bytes)
 static inline td_err gpu_sync(struct gpu_backend *be, struct td_errbuf *eb)
 {
 	return be->ops->sync(be, eb);
+}
+static inline td_err gpu_set_bf16(struct gpu_backend *be, bool bf16, struct td_errbuf *eb)
+{
+	return be->ops->set_bf16(be, bf16, eb);
 }
 static inline td_err gpu_mem_info(struct gpu_backend *be, size_t *free_bytes, size_t *total_bytes)
 {

@@ -68,6 +68,14 @@ static td_err cpu_mem_info(struct gpu_backend *be, size_t *free_bytes, size_t *t
 	return TD_OK;
 }
 
+static td_err cpu_set_bf16(struct gpu_backend *be, bool bf16, struct td_errbuf *eb)
+{
+	(void)be;
+	if (bf16)
+		return td_fail(eb, TD_EUNSUPPORTED, "the CPU backend computes in fp32 only (precision BF16 needs a GPU)");
+	return TD_OK;
+}
+
 static void cpu_destroy(struct gpu_backend *be)
 {
 	assert(be->bytes_in_use == 0);
@@ -208,6 +216,7 @@ static const struct gpu_backend_ops cpu_ops = {
 	.sync = cpu_sync,
 	.destroy = cpu_destroy,
 	.mem_info = cpu_mem_info,
+	.set_bf16 = cpu_set_bf16,
 	.embedding_forward = cpu_embedding_forward,
 	.embedding_backward = cpu_embedding_backward,
 	.rmsnorm_forward = cpu_rmsnorm_forward,

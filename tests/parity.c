@@ -31,6 +31,17 @@ static struct group {
 } groups[MAX_GROUPS];
 static int ngroups;
 static bool verbose;
+bool parity_bf16;
+
+td_err parity_open_backend(const struct parity_opts *o, struct gpu_backend **be, struct td_errbuf *eb)
+{
+	td_err e = gpu_backend_open(be, o->backend, eb);
+	if (e == TD_OK && (e = gpu_set_bf16(*be, o->bf16, eb)) != TD_OK) {
+		gpu_backend_free(*be);
+		*be = NULL;
+	}
+	return e;
+}
 
 int parity_group(const char *name, double tol, bool absolute)
 {
@@ -132,7 +143,7 @@ static bool exists(const char *dir, const char *file)
 
 static int usage(void)
 {
-	fprintf(stderr, "usage: parity DIR [--backend cpu|cuda] [--verbose]\n");
+	fprintf(stderr, "usage: parity DIR [--backend cpu|cuda] [--precision fp32|bf16] [--verbose]\n");
 	return 2;
 }
 
@@ -142,7 +153,12 @@ int main(int argc, char **argv)
 	for (int i = 1; i < argc; i++) {
 		if (strcmp(argv[i], "--backend") == 0 && i + 1 < argc)
 			o.backend = argv[++i];
-		else if (strcmp(argv[i], "--verbose") == 0 || strcmp(argv[i], "-v") == 0)
+		else if (strcmp(argv[i], "--precision") == 0 && i + 1 < argc) {
+			const char *p = argv[++i];
+			if (strcmp(p, "bf16") && strcmp(p, "fp32"))
+				return usage();
+			o.bf16 = strcmp(p, "bf16") == 0;
+		} else if (strcmp(argv[i], "--verbose") == 0 || strcmp(argv[i], "-v") == 0)
 			o.verbose = true;
 		else if (argv[i][0] != '-' && !o.dir)
 			o.dir = argv[i];
@@ -152,13 +168,14 @@ int main(int argc, char **argv)
 	if (!o.dir)
 		return usage();
 	verbose = o.verbose;
+	parity_bf16 = o.bf16;
 
 	/* No GPU here: the gpu suite reports itself skipped, not passed. */
 	if (strcmp(o.backend, "cpu") != 0) {
 		struct gpu_backend *be = NULL;
 		struct td_errbuf eb = {{0}};
 		td_err e = gpu_backend_open(&be, o.backend, &eb);
-		if (e == TD_EUNSUPPORTED) {
+		if (e == TD_EUNSUPPORTED && strcmp(o.backend, "cpu") != 0) {
 			printf("SKIP: %s\n", eb.msg);
 			return 77;
 		}

@@ -27,7 +27,7 @@ int parity_causal(const struct parity_opts *o)
 	}
 	const int g_logits = parity_group("logits", PARITY_TOL_FORWARD, false);
 	const int g_hidden = parity_group("hidden", PARITY_TOL_FORWARD, false);
-	const int g_loss = parity_group("loss", PARITY_TOL_FORWARD, false);
+	const int g_loss = parity_group("loss", PARITY_TOL_LOSS, false);
 	const int g_grad = parity_group("grad", PARITY_TOL_GRAD, false);
 	const int g_norm = parity_group("grad norm before clip", PARITY_TOL_GRAD, false);
 	const int g_after = parity_group("params after steps", PARITY_TOL_AFTER, true);
@@ -63,7 +63,7 @@ int parity_causal(const struct parity_opts *o)
 	}
 
 	struct gpu_backend *be = NULL;
-	if ((e = gpu_backend_open(&be, o->backend, &eb)) != TD_OK)
+	if ((e = parity_open_backend(o, &be, &eb)) != TD_OK)
 		return parity_die("backend", e, &eb);
 	struct tr_model *m = NULL;
 	struct tr_plan_opts po = {.B = B, .T = T};

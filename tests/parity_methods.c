@@ -134,11 +134,11 @@ static int open_common(struct run *r, const struct parity_opts *o)
 		return parity_die("reference", TD_ENOMEM, NULL);
 	if ((e = tr_st_to_i32(r->ids, tids, &eb)) != TD_OK)
 		return parity_die("input_ids", e, &eb);
-	if ((e = gpu_backend_open(&r->be, o->backend, &eb)) != TD_OK)
+	if ((e = parity_open_backend(o, &r->be, &eb)) != TD_OK)
 		return parity_die("backend", e, &eb);
 	r->g_logits = parity_group("logits", PARITY_TOL_FORWARD, false);
 	r->g_hidden = parity_group("hidden", PARITY_TOL_FORWARD, false);
-	r->g_loss = parity_group("loss", PARITY_TOL_FORWARD, false);
+	r->g_loss = parity_group("loss", PARITY_TOL_LOSS, false);
 	r->g_grad = parity_group("grad", PARITY_TOL_GRAD, false);
 	r->g_norm = parity_group("grad norm before clip", PARITY_TOL_GRAD, false);
 	r->g_after = parity_group("params after steps", PARITY_TOL_AFTER, true);

@@ -524,9 +524,18 @@ td_err tr_train(const Traind__JobSpec *spec, const struct tr_train_opts *opts,
 	}
 	j.m = tr_method_model(j.meth);
 	tr_method_set_pad_id(j.meth, tr_data_pad_id(j.data)); /* what a classifier pools past */
+	/* Precision: as asked; unset means bf16 on a GPU and fp32 on the CPU. */
+	Traind__Precision prec = spec->hyper->precision;
+	bool bf16 = prec == TRAIND__PRECISION__PRECISION_BF16 ||
+		    (prec == TRAIND__PRECISION__PRECISION_UNSPECIFIED && strcmp(j.be->ops->name, "cpu") != 0);
+	if ((e = gpu_set_bf16(j.be, bf16, eb)) != TD_OK) {
+		tr_weights_close(w);
+		goto out;
+	}
 	if (log) {
-		fprintf(log, "job %s: %s on %s, %llu steps of %d x %d x %d tokens\n", spec->name,
-			j.cfg.model_type, j.be->ops->name, (unsigned long long)j.total, j.accum, j.B, j.T);
+		fprintf(log, "job %s: %s on %s (%s, %s), %llu steps of %d x %d x %d tokens\n", spec->name,
+			j.cfg.model_type, j.be->ops->name, j.be->device, bf16 ? "bf16" : "fp32",
+			(unsigned long long)j.total, j.accum, j.B, j.T);
 		tr_method_print(j.meth, log);
 	}
 

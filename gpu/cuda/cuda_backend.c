@@ -16,6 +16,7 @@
 
 #include "gpu/cuda/cuda_internal.h"
 #include "gpu/cuda/images.h"
+#include "gpu/select.h"
 
 #define CU_STR2_(x) #x
 #define CU_STR_(x) CU_STR2_(x)
@@ -134,6 +135,17 @@ static td_err cuda_mem_info(struct gpu_backend *be, size_t *free_bytes, size_t *
 	return cb->drv.cuMemGetInfo(free_bytes, total_bytes) == CUDA_SUCCESS ? TD_OK : TD_EDEVICE;
 }
 
+static td_err cuda_set_bf16(struct gpu_backend *be, bool bf16, struct td_errbuf *eb)
+{
+	struct cu_backend *cb = cu_of(be);
+	/* Pedantic math in fp32 mode keeps TF32 and every other shortcut out. */
+	cublasStatus_t s = cublasSetMathMode(cb->blas, bf16 ? CUBLAS_DEFAULT_MATH : CUBLAS_PEDANTIC_MATH);
+	if (s != CUBLAS_STATUS_SUCCESS)
+		return td_fail(eb, TD_EDEVICE, "cublasSetMathMode: %s", cublasGetStatusName(s));
+	cb->fp32_strict = !bf16;
+	return TD_OK;
+}
+
 static void cuda_destroy(struct gpu_backend *be)
 {
 	struct cu_backend *cb = cu_of(be);
@@ -235,9 +247,10 @@ static struct gpu_backend_ops cuda_ops = {
 	.sync = cuda_sync,
 	.destroy = cuda_destroy,
 	.mem_info = cuda_mem_info,
+	.set_bf16 = cuda_set_bf16,
 };
 
-static td_err open_driver(struct cu_driver *d, struct td_errbuf *eb)
+td_err cu_open_driver(struct cu_driver *d, struct td_errbuf *eb)
 {
 	d->lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
 	if (!d->lib)
@@ -254,8 +267,12 @@ static td_err open_driver(struct cu_driver *d, struct td_errbuf *eb)
 
 __attribute__((visibility("default"))) td_err gpu_cuda_backend_new(struct gpu_backend **out,
 								   struct td_errbuf *eb);
+__attribute__((visibility("default"))) td_err gpu_cuda_backend_new_on(struct gpu_backend **out,
+								      int ordinal,
+								      struct td_errbuf *eb);
 
-td_err gpu_cuda_backend_new(struct gpu_backend **out, struct td_errbuf *eb)
+/* ordinal < 0: $TD_CUDA_DEVICE, else 0. */
+static td_err backend_new(struct gpu_backend **out, int ordinal, struct td_errbuf *eb)
 {
 	static int ops_ready;
 	if (!ops_ready) {
@@ -268,18 +285,28 @@ td_err gpu_cuda_backend_new(struct gpu_backend **out, struct td_errbuf *eb)
 		return td_fail(eb, TD_ENOMEM, "cuda backend: out of memory");
 	cb->base.ops = &cuda_ops;
 	cb->fp32_strict = true;
-	td_err e = open_driver(&cb->drv, eb);
+	td_err e = cu_open_driver(&cb->drv, eb);
 	CUresult r = CUDA_SUCCESS;
-	int ordinal = 0, count = 0;
+	int count = 0;
 	const char *env = getenv("TD_CUDA_DEVICE");
-	if (env)
-		ordinal = atoi(env);
+	const char *which = "device ordinal";
+	if (ordinal < 0) {
+		ordinal = 0;
+		if (env && *env) {
+			char *end;
+			long v = strtol(env, &end, 10);
+			if (*end || v < 0 || v > 1024)
+				e = td_fail(eb, TD_EINVAL, "TD_CUDA_DEVICE: '%s' is not a device ordinal", env);
+			ordinal = (int)v;
+			which = "TD_CUDA_DEVICE";
+		}
+	}
 	if (e == TD_OK && (r = cb->drv.cuInit(0)) != CUDA_SUCCESS)
 		e = cu_err(cb, r, "cuInit", eb);
 	if (e == TD_OK && ((r = cb->drv.cuDeviceGetCount(&count)) != CUDA_SUCCESS || count == 0))
 		e = r ? cu_err(cb, r, "cuDeviceGetCount", eb) : td_fail(eb, TD_EUNSUPPORTED, "no CUDA device");
 	if (e == TD_OK && ordinal >= count)
-		e = td_fail(eb, TD_EINVAL, "TD_CUDA_DEVICE=%d but there are %d devices", ordinal, count);
+		e = td_fail(eb, TD_EINVAL, "%s %d but there are %d devices", which, ordinal, count);
 	if (e == TD_OK && (r = cb->drv.cuDeviceGet(&cb->dev, ordinal)) != CUDA_SUCCESS)
 		e = cu_err(cb, r, "cuDeviceGet", eb);
 	if (e == TD_OK) {
@@ -318,7 +345,7 @@ td_err gpu_cuda_backend_new(struct gpu_backend **out, struct td_errbuf *eb)
 	}
 	if (e == TD_OK) {
 		/* 512K doubles: enough partials for the column sums of any width. */
-		cb->reduce_cap = 512 * 1024;
+		cb->reduce_cap = GPU_CUDA_REDUCE_DOUBLES;
 		CUdeviceptr p;
 		if ((r = cb->drv.cuMemAlloc(&p, cb->reduce_cap * sizeof(double))) != CUDA_SUCCESS)
 			e = cu_err(cb, r, "cuMemAlloc (reduction scratch)", eb);
@@ -329,7 +356,7 @@ td_err gpu_cuda_backend_new(struct gpu_backend **out, struct td_errbuf *eb)
 		/* cuBLAS's workspace is ours, allocated now, so that nothing on the
 		 * device grows after creation: a job's footprint is its plan plus
 		 * these fixed bytes, which is what the ledger reserves (contract 1). */
-		cb->blas_ws_bytes = 32u << 20;
+		cb->blas_ws_bytes = GPU_CUDA_BLAS_WORKSPACE_BYTES;
 		CUdeviceptr p;
 		if ((r = cb->drv.cuMemAlloc(&p, cb->blas_ws_bytes)) != CUDA_SUCCESS)
 			e = cu_err(cb, r, "cuMemAlloc (cuBLAS workspace)", eb);
@@ -340,6 +367,9 @@ td_err gpu_cuda_backend_new(struct gpu_backend **out, struct td_errbuf *eb)
 				e = td_fail(eb, TD_EDEVICE, "cublasSetWorkspace: %s", cublasGetStatusName(s));
 		}
 		cb->base.fixed_bytes = cb->reduce_cap * sizeof(double) + cb->blas_ws_bytes;
+		_Static_assert(GPU_CUDA_FIXED_BYTES == GPU_CUDA_REDUCE_DOUBLES * sizeof(double) +
+							       GPU_CUDA_BLAS_WORKSPACE_BYTES,
+			       "gpu/select.h's GPU_CUDA_FIXED_BYTES is what is allocated here");
 	}
 	if (e != TD_OK) {
 		cuda_destroy(&cb->base);
@@ -347,4 +377,14 @@ td_err gpu_cuda_backend_new(struct gpu_backend **out, struct td_errbuf *eb)
 	}
 	*out = &cb->base;
 	return TD_OK;
+}
+
+td_err gpu_cuda_backend_new(struct gpu_backend **out, struct td_errbuf *eb)
+{
+	return backend_new(out, -1, eb);
+}
+
+td_err gpu_cuda_backend_new_on(struct gpu_backend **out, int ordinal, struct td_errbuf *eb)
+{
+	return backend_new(out, ordinal < 0 ? -1 : ordinal, eb);
 }

@@ -78,7 +78,7 @@ struct cu_backend {
 	CUresult first_error;
 	char first_error_where[128];
 	int64_t compiles, compiles_after_seal;
-	bool fp32_strict; /* fp32 mode: TF32 off (parity) */
+	bool fp32_strict; /* fp32 mode: TF32 off (parity); false: bf16 GEMMs (set_bf16) */
 	/* A device scratch for reductions, reduce_cap doubles: sumsq's partials
 	 * (1 double per block), and, seen as 2*reduce_cap floats, the per-part
 	 * partials of the column sums (dbias, rmsnorm dweight) in cuda_ops.c,
@@ -111,6 +111,10 @@ static inline unsigned cu_blocks(size_t a, unsigned b)
 {
 	return (unsigned)((a + b - 1) / b);
 }
+
+/* Opens libcuda.so.1 and resolves CU_DRIVER_LIST into d (d->lib NULL when the
+ * library is missing). TD_EUNSUPPORTED: no driver, or one too old. */
+td_err cu_open_driver(struct cu_driver *d, struct td_errbuf *eb);
 
 /* The ops (gpu/cuda/cuda_ops.c): fills the math entries of the ops table. */
 void cu_ops_fill(struct gpu_backend_ops *ops);

@@ -144,8 +144,17 @@ static void sgemm(struct cu_backend *cb, const char *what, cublasOperation_t ta,
 		  cublasOperation_t tb, int m, int n, int k, float alpha, const float *A, int lda,
 		  const float *B, int ldb, float beta, float *C, int ldc)
 {
-	cu_check_blas(cb, cublasSgemm(cb->blas, ta, tb, m, n, k, &alpha, A, lda, B, ldb, &beta, C,
-				      ldc),
+	if (cb->fp32_strict) {
+		cu_check_blas(cb, cublasSgemm(cb->blas, ta, tb, m, n, k, &alpha, A, lda, B, ldb, &beta,
+					      C, ldc),
+			      what);
+		return;
+	}
+	/* bf16 compute: fp32 operands rounded to bf16 on the way into the tensor
+	 * cores, fp32 accumulation and output. */
+	cu_check_blas(cb, cublasGemmEx(cb->blas, ta, tb, m, n, k, &alpha, A, CUDA_R_32F, lda, B,
+				       CUDA_R_32F, ldb, &beta, C, CUDA_R_32F, ldc,
+				       CUBLAS_COMPUTE_32F_FAST_16BF, CUBLAS_GEMM_DEFAULT),
 		      what);
 }
 
@@ -155,8 +164,16 @@ static void sgemm_batched(struct cu_backend *cb, const char *what, cublasOperati
 			  int lda, long long sA, const float *B, int ldb, long long sB, float beta,
 			  float *C, int ldc, long long sC, int batch)
 {
-	cu_check_blas(cb, cublasSgemmStridedBatched(cb->blas, ta, tb, m, n, k, &alpha, A, lda, sA,
-						    B, ldb, sB, &beta, C, ldc, sC, batch),
+	if (cb->fp32_strict) {
+		cu_check_blas(cb, cublasSgemmStridedBatched(cb->blas, ta, tb, m, n, k, &alpha, A, lda,
+							    sA, B, ldb, sB, &beta, C, ldc, sC, batch),
+			      what);
+		return;
+	}
+	cu_check_blas(cb, cublasGemmStridedBatchedEx(cb->blas, ta, tb, m, n, k, &alpha, A, CUDA_R_32F,
+						     lda, sA, B, CUDA_R_32F, ldb, sB, &beta, C,
+						     CUDA_R_32F, ldc, sC, batch,
+						     CUBLAS_COMPUTE_32F_FAST_16BF, CUBLAS_GEMM_DEFAULT),
 		      what);
 }
 

@@ -7,7 +7,7 @@
  *
  *   bench_train [--backend cpu|cuda] [--shape fixture|25m|qwen2-0.5b]
  *               [--batch B] [--seq T] [--steps N] [--warm N] [--lora-rank R]
- *               [--lora-targets qv|all]
+ *               [--lora-targets qv|all] [--precision fp32|bf16]
  *
  * Memory: reserve_gib is what a reservation for the job is: the memory plan
  * plus the backend's fixed bytes (workspaces, allocated at its creation).
@@ -16,6 +16,7 @@
  * any step (cuMemGetInfo on a GPU; the backend's own count on the CPU). The
  * CUDA context itself is in neither. */
 #include <math.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -75,6 +76,7 @@ int main(int argc, char **argv)
 {
 	const char *backend = "cpu", *shape = "25m", *targets = "qv";
 	int B = 0, T = 0, steps = 10, warm = 2, rank = 0;
+	bool bf16 = false;
 	for (int i = 1; i < argc; i++) {
 		const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
 		if (!v) {
@@ -90,6 +92,7 @@ int main(int argc, char **argv)
 		else if (!strcmp(a, "--warm")) warm = atoi(v);
 		else if (!strcmp(a, "--lora-rank")) rank = atoi(v);
 		else if (!strcmp(a, "--lora-targets")) targets = v;
+		else if (!strcmp(a, "--precision")) bf16 = !strcmp(v, "bf16");
 		else {
 			fprintf(stderr, "bench_train: unknown option %s\n", a);
 			return 2;
@@ -113,6 +116,10 @@ int main(int argc, char **argv)
 	}
 	struct gpu_backend *be = NULL;
 	if (gpu_backend_open(&be, backend, &eb) != TD_OK) {
+		fprintf(stderr, "bench_train: %s\n", eb.msg);
+		return 1;
+	}
+	if (gpu_set_bf16(be, bf16, &eb) != TD_OK) {
 		fprintf(stderr, "bench_train: %s\n", eb.msg);
 		return 1;
 	}
@@ -174,11 +181,11 @@ int main(int argc, char **argv)
 		fprintf(stderr, "bench_train: %s\n", eb.msg);
 		return 1;
 	}
-	printf("{\"name\": \"traind-%s%s\", \"backend\": \"%s\", \"device\": \"%s\", \"batch\": %d, \"seq\": %d, "
+	printf("{\"name\": \"traind-%s%s\", \"precision\": \"%s\", \"backend\": \"%s\", \"device\": \"%s\", \"batch\": %d, \"seq\": %d, "
 	       "\"layers\": %d, \"params_total\": %zu, \"params_trainable\": %zu, \"ms_per_step\": %.2f, "
 	       "\"tokens_per_s\": %.1f, \"plan_gib\": %.3f, \"reserve_gib\": %.3f, \"used_gib\": %.3f, "
 	       "\"loss\": %.4f}\n",
-	       rank ? "lora-" : "full-", rank ? targets : "fp32", be->ops->name, be->device, B, T,
+	       rank ? "lora-" : "full-", rank ? targets : bf16 ? "bf16" : "fp32", bf16 ? "bf16" : "fp32", be->ops->name, be->device, B, T,
 	       cfg.num_layers, p->numel_params, p->numel_trainable, dt * 1e3, (double)B * T / dt,
 	       (double)tr_plan_total_bytes(p) / (1 << 30),
 	       (double)(tr_plan_total_bytes(p) + be->fixed_bytes) / (1 << 30),

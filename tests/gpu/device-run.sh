@@ -19,6 +19,10 @@ if [ "$what" != bench ]; then
 		echo "== parity --backend cuda $f"
 		"$bin/parity" "$fx/$f" --backend cuda | tail -n 12 || status=1
 	done
+	for f in qwen2 llama qwen3; do
+		echo "== parity --backend cuda --precision bf16 $f"
+		"$bin/parity" "$fx/$f" --backend cuda --precision bf16 | tail -n 8 || status=1
+	done
 	echo "== cuda-ops"
 	"$bin/test_cuda_ops" 2>&1 | tail -n 5 || status=1
 	echo "== loss curve (100 steps, GPU vs CPU)"
@@ -28,7 +32,8 @@ if [ "$what" != bench ]; then
 fi
 if [ "$what" != tests ]; then
 	echo "== bench: traind"
-	for args in "--shape qwen2-0.5b" "--shape qwen2-0.5b --lora-rank 16 --lora-targets qv"; do
+	for args in "--shape qwen2-0.5b" "--shape qwen2-0.5b --precision bf16" \
+		"--shape qwen2-0.5b --lora-rank 16 --lora-targets qv --precision bf16"; do
 		"$bin/bench_train" --backend cuda $args --steps 8 --warm 2 | tee -a "$out/bench_traind.jsonl"
 	done
 	echo "== bench: peer (PyTorch + transformers + PEFT)"

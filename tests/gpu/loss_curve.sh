@@ -13,7 +13,7 @@ for be in cpu cuda; do
 	cat >"$tmp/$be.txtpb" <<SPEC
 model_dir: "$fx/qwen2"
 data { train_file: "$fx/demo/fortunes.tokens" format: DATA_FORMAT_TOKENS seq_len: 24 }
-hyper { lr: 1e-3 schedule: SCHEDULE_CONSTANT max_steps: 100 micro_batch: 2 seed: 3 weight_decay: 0.01 }
+hyper { lr: 1e-3 schedule: SCHEDULE_CONSTANT max_steps: 100 micro_batch: 2 seed: 3 weight_decay: 0.01 precision: PRECISION_FP32 }
 output { dir: "$tmp/out-$be" }
 resources { device: DEVICE_ANY allow_cpu: true }
 SPEC
