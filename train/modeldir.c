@@ -265,7 +265,7 @@ const char *tr_weights_file_of(const struct tr_weights *w, const char *name)
 
 /* ---- saving ---- */
 
-static td_err mkdir_p(const char *dir, struct td_errbuf *eb)
+td_err tr__mkdir_p(const char *dir, struct td_errbuf *eb)
 {
 	char buf[PATH_MAX];
 	if (!*dir)
@@ -524,7 +524,7 @@ td_err tr_modeldir_save(const char *out_dir, const char *src_dir,
 		goto out;
 	}
 	if ((err = check_tensors(out_dir, tensors, n, tr_dtype_size(dtype), nbytes, sorted, eb)) ||
-	    (err = mkdir_p(out_dir, eb)) ||
+	    (err = tr__mkdir_p(out_dir, eb)) ||
 	    (err = write_weights(out_dir, tensors, n, dtype, shard_bytes, nbytes, sorted, shard_of, eb)))
 		goto out;
 

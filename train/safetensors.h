@@ -111,6 +111,9 @@ struct tr__chunk {
  * fsync of the directory); path.tmp is removed on failure. */
 td_err tr__write_atomic(const char *path, const struct tr__chunk *chunks, size_t n,
 			struct td_errbuf *eb);
+/* mkdir -p: creates dir and its missing parents (0755); an existing
+ * non-directory is TD_EINVAL naming it. */
+td_err tr__mkdir_p(const char *dir, struct td_errbuf *eb);
 /* Reads a regular file of at most max bytes into a NUL-terminated malloc'd
  * buffer; *len excludes the NUL. The caller frees *out. */
 td_err tr__read_file(const char *path, size_t max, char **out, size_t *len, struct td_errbuf *eb);

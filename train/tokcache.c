@@ -11,6 +11,7 @@
  * Opening: a cache whose header, key and sizes agree is mapped as it is;
  * anything else is rebuilt, never trusted. */
 #include "train/rows.h"
+#include "train/safetensors.h" /* tr__mkdir_p */
 
 #include <errno.h>
 #include <fcntl.h>
@@ -321,24 +322,6 @@ static bool append_file(int dst, const char *src)
 	return ok;
 }
 
-static td_err mkdir_p(const char *path, struct td_errbuf *eb)
-{
-	char tmp[PATH_MAX];
-	if (snprintf(tmp, sizeof(tmp), "%s", path) >= (int)sizeof(tmp))
-		return td_fail(eb, TD_EINVAL, "%s: path too long", path);
-	for (char *p = tmp + 1; *p; p++) {
-		if (*p != '/')
-			continue;
-		*p = 0;
-		if (mkdir(tmp, 0755) != 0 && errno != EEXIST)
-			return td_fail(eb, td_from_errno(errno), "%s: cannot create: %s", tmp, strerror(errno));
-		*p = '/';
-	}
-	if (mkdir(tmp, 0755) != 0 && errno != EEXIST)
-		return td_fail(eb, td_from_errno(errno), "%s: cannot create: %s", tmp, strerror(errno));
-	return TD_OK;
-}
-
 static void fsync_path(const char *path, int flags)
 {
 	int fd = open(path, flags | O_CLOEXEC);
@@ -606,7 +589,7 @@ td_err tr__cache_open(struct tr__cache *c, const struct tr_data_opts *o, struct 
 				fprintf(o->log, "data: %s: token cache %s (%llu rows, %llu tokens)\n", o->path, tok_path,
 					(unsigned long long)c->nrow, (unsigned long long)c->ntok);
 		} else {
-			e = mkdir_p(o->cache_dir, eb);
+			e = tr__mkdir_p(o->cache_dir, eb);
 			if (!e)
 				e = build(c, o, &fmt, base, size, key, tok_path, row_path, eb);
 		}

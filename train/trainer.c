@@ -38,24 +38,6 @@ static double now_s(void)
 	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-static td_err mkdir_p(const char *path, struct td_errbuf *eb)
-{
-	char tmp[PATH_MAX];
-	if (snprintf(tmp, sizeof(tmp), "%s", path) >= (int)sizeof(tmp))
-		return td_fail(eb, TD_EINVAL, "%s: path too long", path);
-	for (char *p = tmp + 1; *p; p++) {
-		if (*p != '/')
-			continue;
-		*p = 0;
-		if (mkdir(tmp, 0755) != 0 && errno != EEXIST)
-			return td_fail(eb, td_from_errno(errno), "%s: cannot create: %s", tmp, strerror(errno));
-		*p = '/';
-	}
-	if (mkdir(tmp, 0755) != 0 && errno != EEXIST)
-		return td_fail(eb, td_from_errno(errno), "%s: cannot create: %s", tmp, strerror(errno));
-	return TD_OK;
-}
-
 static int rm_one(const char *path, const struct stat *sb, int flag, struct FTW *ftw)
 {
 	(void)sb;
@@ -78,32 +60,13 @@ static void fsync_dir(const char *path)
 	}
 }
 
-/* Writes JSON atomically: tmp, fsync, rename, fsync the directory. */
+/* Writes JSON atomically (tr__write_atomic: tmp, fsync, rename, fsync the dir). */
 static td_err write_json(const char *path, struct json_object *o, struct td_errbuf *eb)
 {
-	char tmp[PATH_MAX];
-	snprintf(tmp, sizeof(tmp), "%s.tmp", path);
-	const char *text = json_object_to_json_string_ext(o, JSON_C_TO_STRING_PRETTY |
-								 JSON_C_TO_STRING_NOSLASHESCAPE);
-	FILE *f = fopen(tmp, "w");
-	if (!f)
-		return td_fail(eb, td_from_errno(errno), "%s: cannot write: %s", tmp, strerror(errno));
-	int ok = fputs(text, f) >= 0 && fputc('\n', f) != EOF && fflush(f) == 0 &&
-		 fsync(fileno(f)) == 0;
-	ok = (fclose(f) == 0) && ok;
-	if (!ok || rename(tmp, path) != 0) {
-		int err = errno;
-		unlink(tmp);
-		return td_fail(eb, td_from_errno(err), "%s: cannot write: %s", path, strerror(err));
-	}
-	char dir[PATH_MAX];
-	snprintf(dir, sizeof(dir), "%s", path);
-	char *slash = strrchr(dir, '/');
-	if (slash) {
-		*slash = 0;
-		fsync_dir(dir);
-	}
-	return TD_OK;
+	size_t len;
+	const char *text = json_object_to_json_string_length(
+		o, JSON_C_TO_STRING_PRETTY | JSON_C_TO_STRING_NOSLASHESCAPE, &len);
+	return tr__write_atomic(path, (struct tr__chunk[]){{text, len}, {"\n", 1}}, 2, eb);
 }
 
 /* --- the schedule --- */
@@ -224,7 +187,7 @@ static td_err write_checkpoint(struct job *j, double loss, struct td_errbuf *eb)
 	snprintf(fin, sizeof(fin), "%s/step-%08llu", j->ckpt_root, (unsigned long long)j->step);
 	snprintf(tmp, sizeof(tmp), "%s.tmp", fin);
 	rm_rf(tmp);
-	td_err e = mkdir_p(tmp, eb);
+	td_err e = tr__mkdir_p(tmp, eb);
 	if (e == TD_OK)
 		e = save_params(j, tmp, TR_DT_F32, eb);
 	if (e == TD_OK)
@@ -514,7 +477,8 @@ td_err tr_train(const Traind__JobSpec *spec, const struct tr_train_opts *opts,
 	struct tr_weights *w = NULL;
 	if ((e = tr_weights_open(&w, spec->model_dir, eb)) != TD_OK)
 		goto out;
-	if ((e = gpu_backend_open(&j.be, backend_for(spec, opts), eb)) != TD_OK) {
+	int device = opts && opts->has_device && opts->device_index >= 0 ? opts->device_index : -1;
+	if ((e = gpu_backend_open_on(&j.be, backend_for(spec, opts), device, eb)) != TD_OK) {
 		tr_weights_close(w);
 		goto out;
 	}
@@ -643,7 +607,7 @@ td_err tr_train(const Traind__JobSpec *spec, const struct tr_train_opts *opts,
 		bool stop = (hooks && hooks->should_stop && hooks->should_stop(hooks->ctx)) ||
 			    (opts && opts->stop_after && j.step - start_step >= opts->stop_after);
 		if ((ckpt_every && j.step % ckpt_every == 0) || (stop && j.step < j.total)) {
-			if ((e = mkdir_p(j.ckpt_root, eb)) != TD_OK ||
+			if ((e = tr__mkdir_p(j.ckpt_root, eb)) != TD_OK ||
 			    (e = write_checkpoint(&j, loss, eb)) != TD_OK)
 				break;
 			prune_checkpoints(&j);

@@ -44,6 +44,11 @@ struct tr_train_opts {
 	const char *backend;    /* "cpu", "cuda", "auto"; NULL: from resources.device */
 	FILE *log;              /* plan and progress lines; NULL: silent */
 	uint64_t stop_after;    /* stop (as if asked) after this many steps in this run; 0: never */
+	/* The CUDA device ordinal, used when has_device (zeroed opts mean no
+	 * choice: $TD_CUDA_DEVICE, else device 0, as before). The daemon sets it
+	 * to the GPU the job was placed on. The CPU backend ignores it. */
+	bool has_device;
+	int device_index;
 };
 
 struct tr_train_result {
