@@ -26,11 +26,16 @@ if [ "$what" != bench ]; then
 	echo "== cuda-ops"
 	"$bin/test_cuda_ops" 2>&1 | tail -n 5 || status=1
 	echo "== loss curve (100 steps, GPU vs CPU)"
-	tests/gpu/loss_curve.sh "$bin/traind" "$fx" || status=1
+	tests/gpu/loss_curve.sh "$bin/traind" "$fx" fp32 || status=1
+	tests/gpu/loss_curve.sh "$bin/traind" "$fx" bf16 || status=1
 	echo "== resume on the GPU, compile counter"
 	tests/gpu/resume_cuda.sh "$bin/traind" "$fx" || status=1
 fi
 if [ "$what" != tests ]; then
+	echo "== bench: tokenizer, one thread, traind vs HF tokenizers (same text, ids compared)"
+	tok=$fx/tokenizer/tokenizer.json data=$fx/demo/fortunes.jsonl
+	python3 tests/bench/peer_tokenizers.py --tokenizer "$tok" --data "$data" --dump /tmp/hf-ids.bin || status=1
+	"$bin/bench_tokenizer" --tokenizer "$tok" --data "$data" --check /tmp/hf-ids.bin || status=1
 	echo "== bench: traind"
 	for args in "--shape qwen2-0.5b" "--shape qwen2-0.5b --precision bf16" \
 		"--shape qwen2-0.5b --lora-rank 16 --lora-targets qv --precision bf16"; do

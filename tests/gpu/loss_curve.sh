@@ -1,21 +1,26 @@
 #!/bin/sh
-# 100 steps of the qwen2 fixture on the GPU and on the CPU: the two loss curves
-# must agree within the stated bound. fp32 on both (the CUDA backend's fp32
-# mode); the bound is the float32 forward tolerance of the shared fixtures
-# scaled by the number of steps an error can compound over: relative 1e-3 per
-# step's loss. Skips (77) where there is no GPU.
-# usage: loss_curve.sh TRAIND FIXTURES
+# 100 steps of the qwen2 fixture on the GPU and on the CPU (fp32, the
+# reference): the two loss curves must agree within the stated bound, for
+# every step. PRECISION fp32 (the CUDA backend's fp32 mode): relative 1e-3, the
+# float32 forward tolerance of the shared fixtures (1e-5) given room to compound
+# over 100 steps. PRECISION bf16: relative 2e-2, the bf16 loss bound of
+# tests/parity.h (1e-2 on one step) given the same room. Skips (77) where
+# there is no GPU.
+# usage: loss_curve.sh TRAIND FIXTURES [fp32|bf16]
 set -eu
-traind=$1 fx=$2
+traind=$1 fx=$2 prec=${3:-fp32}
+case $prec in fp32) bound=1e-3 P=PRECISION_FP32 ;; bf16) bound=2e-2 P=PRECISION_BF16 ;; *) echo "bad precision $prec"; exit 2 ;; esac
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 for be in cpu cuda; do
+	p=$P; dev=DEVICE_GPU
+	[ $be = cpu ] && { p=PRECISION_FP32; dev=DEVICE_CPU; }
 	cat >"$tmp/$be.txtpb" <<SPEC
 model_dir: "$fx/qwen2"
 data { train_file: "$fx/demo/fortunes.tokens" format: DATA_FORMAT_TOKENS seq_len: 24 }
-hyper { lr: 1e-3 schedule: SCHEDULE_CONSTANT max_steps: 100 micro_batch: 2 seed: 3 weight_decay: 0.01 precision: PRECISION_FP32 }
+hyper { lr: 1e-3 schedule: SCHEDULE_CONSTANT max_steps: 100 micro_batch: 2 seed: 3 weight_decay: 0.01 precision: $p }
 output { dir: "$tmp/out-$be" }
-resources { device: DEVICE_ANY allow_cpu: true }
+resources { device: $dev allow_cpu: true }
 SPEC
 done
 "$traind" --run "$tmp/cpu.txtpb" --backend cpu >"$tmp/cpu.log"
@@ -30,8 +35,8 @@ fi
 # step lines: "step N/100  loss X ..."
 awk '/^step /{print $4}' "$tmp/cpu.log" >"$tmp/cpu.loss"
 awk '/^step /{print $4}' "$tmp/cuda.log" >"$tmp/cuda.loss"
-paste "$tmp/cpu.loss" "$tmp/cuda.loss" | awk '
+paste "$tmp/cpu.loss" "$tmp/cuda.loss" | awk -v bound="$bound" -v prec="$prec" '
 	{ n++; d = $1 - $2; if (d < 0) d = -d; r = d / $1; if (r > worst) { worst = r; at = n }
 	  if (n == 1 || n % 20 == 0) printf "step %3d  cpu %.4f  cuda %.4f\n", n, $1, $2 }
-	END { printf "%d steps; worst relative loss difference %.2e at step %d (bound 1e-3)\n", n, worst, at
-	      exit !(n == 100 && worst <= 1e-3) }'
+	END { printf "%d steps, GPU %s vs CPU fp32: worst relative loss difference %.2e at step %d (bound %s)\n", n, prec, worst, at, bound
+	      exit !(n == 100 && worst <= bound + 0) }'
