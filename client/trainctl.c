@@ -938,6 +938,8 @@ static void human_info(const void *m)
 	       i->caller_admin ? ", admin: you see every job" : "");
 	printf("\n");
 	print_devices(i->devices, i->n_devices);
+	if (i->gpu_note && *i->gpu_note)
+		printf("no CUDA GPU: %s\n", i->gpu_note);
 }
 
 static int cmd_info(const struct opts *o, int argc, char **argv)

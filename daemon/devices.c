@@ -6,6 +6,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "gpu/select.h"
+#include "proto/log.h"
+
 static td_err parse_bytes(const char *s, uint64_t *out)
 {
 	char *end;
@@ -32,7 +35,7 @@ static td_err parse_bytes(const char *s, uint64_t *out)
 	return TD_OK;
 }
 
-td_err dmn_devices_init(struct dmn_devices *d, const char *fake_spec, struct td_errbuf *eb)
+td_err dmn_devices_init_fake(struct dmn_devices *d, const char *fake_spec, struct td_errbuf *eb)
 {
 	memset(d, 0, sizeof(*d));
 	const char *p = fake_spec ? fake_spec : "";
@@ -62,7 +65,46 @@ td_err dmn_devices_init(struct dmn_devices *d, const char *fake_spec, struct td_
 		snprintf(g->name, sizeof(g->name), "simulated GPU");
 		g->total_bytes = bytes;
 		g->fake = true;
+		g->ordinal = -1;
 		d->n++;
+	}
+	return TD_OK;
+}
+
+td_err dmn_devices_init(struct dmn_devices *d, const char *fake_spec, struct td_errbuf *eb)
+{
+	td_err e = dmn_devices_init_fake(d, fake_spec, eb);
+	if (e != TD_OK)
+		return e;
+	struct gpu_device_info info[DMN_MAX_GPUS];
+	int n = 0;
+	if ((e = gpu_devices_query(info, DMN_MAX_GPUS - d->n, &n, eb)) != TD_OK)
+		return e;
+	if (!n) {
+		gpu_devices_why(d->why_none, sizeof(d->why_none));
+		td_info("TD-GPU-NONE", "no CUDA GPU: %s", d->why_none);
+		return TD_OK;
+	}
+	for (int i = 0; i < n; i++) {
+		if (dmn_devices_find(d, info[i].uuid)) {
+			/* A simulated GPU took a real one's UUID: the ledger would mix them. */
+			return td_fail(eb, TD_EINVAL, "fake_gpus: '%s' is the UUID of this host's GPU %d",
+				       info[i].uuid, info[i].index);
+		}
+		struct dmn_gpu *g = &d->gpu[d->n];
+		g->index = d->n;
+		snprintf(g->uuid, sizeof(g->uuid), "%s", info[i].uuid);
+		snprintf(g->name, sizeof(g->name), "%s", info[i].name);
+		g->total_bytes = info[i].total_bytes;
+		g->fake = false;
+		g->ordinal = info[i].index;
+		g->cc_major = info[i].cc_major;
+		g->cc_minor = info[i].cc_minor;
+		d->n++;
+		d->nreal++;
+		td_info("TD-GPU-FOUND", "GPU %d: %s %s, compute capability %d.%d, %.1f GiB (%.1f GiB free)",
+			g->index, g->uuid, g->name, g->cc_major, g->cc_minor,
+			(double)info[i].total_bytes / (1 << 30), (double)info[i].free_bytes / (1 << 30));
 	}
 	return TD_OK;
 }
@@ -84,5 +126,14 @@ const struct dmn_gpu *dmn_devices_find(const struct dmn_devices *d, const char *
 uint64_t dmn_gpu_free_bytes(const struct dmn_gpu *g)
 {
 	/* A simulated device has nobody outside the ledger using it. */
-	return g->fake ? g->total_bytes : UINT64_MAX;
+	if (g->fake)
+		return g->total_bytes;
+	uint64_t fr = 0, total = 0;
+	struct td_errbuf eb = {{0}};
+	if (gpu_device_mem(g->ordinal, &fr, &total, &eb) != TD_OK) {
+		td_warn("TD-GPU-MEMINFO", "GPU %d (%s): free memory unknown: %s", g->index, g->uuid,
+			eb.msg);
+		return UINT64_MAX;
+	}
+	return fr;
 }

@@ -1,10 +1,16 @@
 /* The GPUs the scheduler and the ledger place jobs on.
  *
- * Real devices come from the CUDA backend's device query once gpu/ exports
- * one (CUDA issue); until then a host's list holds only the simulated GPUs of
- * the `fake_gpus` setting, which exist so that the ledger, admission and the
- * scheduler can be exercised end to end on a machine without a GPU: a job
- * placed on one holds a real lease in the ledger and runs on the CPU backend.
+ * A host's list holds the simulated GPUs of the test-only `fake_gpus` setting
+ * first (indices 0, 1, ... as listed), then the real CUDA devices that
+ * gpu_devices_query (gpu/select.h) finds. Fake ones first, so that a test
+ * naming `--gpu 0` or placing on a simulated GPU means the same on a host with
+ * GPUs. A simulated GPU exists so that the ledger, admission and the scheduler
+ * can be exercised end to end on a machine without a GPU: a job placed on one
+ * holds a real lease in the ledger and runs on the CPU backend. A job placed
+ * on a real GPU runs on the CUDA backend on that device's ordinal.
+ *
+ * The device query retains each real GPU's primary CUDA context in the daemon
+ * for its lifetime (one context per device, shared by the jobs' backends).
  *
  * Loop thread only. */
 #ifndef DAEMON_DEVICES_H
@@ -18,27 +24,37 @@
 #define DMN_MAX_GPUS 16
 
 struct dmn_gpu {
-	int index;
+	int index;           /* in the list: what `--gpu N` names */
 	char uuid[96];
-	char name[64];
+	char name[128];
 	uint64_t total_bytes;
-	bool fake; /* simulated: its jobs run on the CPU backend */
+	bool fake;           /* simulated: its jobs run on the CPU backend */
+	int ordinal;         /* real: the CUDA device ordinal; fake: -1 */
+	int cc_major, cc_minor;
 };
 
 struct dmn_devices {
 	struct dmn_gpu gpu[DMN_MAX_GPUS];
 	int n;
+	int nreal;
+	char why_none[512];  /* no real GPU: why (no module, no driver, ...); else "" */
 };
 
 /* Builds the list. fake_spec is the fake_gpus setting ("uuid:bytes,..."; bytes
- * may end in K, M, G or T, binary). TD_EINVAL names a bad entry. */
+ * may end in K, M, G or T, binary). TD_EINVAL names a bad entry. Then queries
+ * the real GPUs; their absence is not an error (why_none says why). */
 td_err dmn_devices_init(struct dmn_devices *d, const char *fake_spec, struct td_errbuf *eb);
+
+/* As dmn_devices_init without the real GPUs (tests of placement). */
+td_err dmn_devices_init_fake(struct dmn_devices *d, const char *fake_spec, struct td_errbuf *eb);
 
 /* The device called uuid, or the index given as a decimal string; NULL if
  * none. */
 const struct dmn_gpu *dmn_devices_find(const struct dmn_devices *d, const char *name);
 
-/* Free memory as the driver reports it now; UINT64_MAX when unknown. */
+/* Free memory as the driver reports it now (a real GPU: cuMemGetInfo, which
+ * counts every process's use, contract 7); a simulated one: its total;
+ * UINT64_MAX when unknown (the driver failed; logged). */
 uint64_t dmn_gpu_free_bytes(const struct dmn_gpu *g);
 
 #endif

@@ -616,7 +616,7 @@ static td_err h_info(struct dmn_call *c)
 {
 	const struct dmn_config *cfg = c->env->cfg;
 	Traind__InfoReply *ir = cz(c, sizeof(*ir));
-	char **backends = cz(c, sizeof(char *));
+	char **backends = cz(c, 2 * sizeof(char *));
 	if (!ir || !backends)
 		return td_fail(&c->eb, TD_ENOMEM, "out of memory");
 	traind__info_reply__init(ir);
@@ -632,6 +632,10 @@ static td_err h_info(struct dmn_call *c)
 	backends[0] = (char *)"cpu";
 	ir->backends = backends;
 	ir->n_backends = 1;
+	if (c->env->dev->nreal > 0)
+		backends[ir->n_backends++] = (char *)"cuda";
+	else if (c->env->dev->why_none[0])
+		ir->gpu_note = (char *)c->env->dev->why_none;
 	struct dmn_runners *run = dmn_sched_runners(c->env->sched);
 	SETF(ir, queued, dmn_sched_queued(c->env->sched));
 	SETF(ir, running, (uint32_t)dmn_runners_count(run));

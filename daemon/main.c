@@ -42,6 +42,7 @@ static void usage(FILE *f)
 		"usage: traind [--system | --user] [--config FILE] [SETTINGS...]   serve trainctl\n"
 		"       traind --dump-config [SETTINGS...]   print the effective settings\n"
 		"       traind --run JOB [--backend cpu|cuda|auto] [--stop-after N] [--quiet]\n"
+		"                [--cache-dir DIR]\n"
 		"       traind --plan JOB\n"
 		"       traind --check JOB\n"
 		"       traind --merge BASE ADAPTER OUT [--backend cpu|cuda|auto]   (default cpu: fp32)\n"
@@ -54,6 +55,8 @@ static void usage(FILE *f)
 		"with the same spec to resume from the newest checkpoint. SIGINT/SIGTERM\n"
 		"checkpoint and stop at the next step boundary (exit 3).\n"
 		"--stop-after N stops the same way after N steps of this run.\n"
+		"--cache-dir DIR keeps the kernels compiled on this host (the module cache;\n"
+		"default $XDG_CACHE_HOME/traind, else ~/.cache/traind; \"\" for none).\n"
 		"--merge writes BASE (an HF model dir) with the PEFT LoRA adapter ADAPTER\n"
 		"folded in (W + alpha/r * B A) as a full HF model dir OUT.\n"
 		"\n"
@@ -134,9 +137,27 @@ static int serve_main(int argc, char **argv)
 	return rc;
 }
 
+/* --run's module cache when --cache-dir is not given: the user's cache
+ * directory, as the user-mode daemon's default cache_dir. NULL when neither
+ * $XDG_CACHE_HOME nor $HOME says where (then nothing is cached). */
+static const char *default_cache_dir(char *buf, size_t cap)
+{
+	const char *x = getenv("XDG_CACHE_HOME"), *home = getenv("HOME");
+	int n;
+	if (x && *x == '/')
+		n = snprintf(buf, cap, "%s/traind", x);
+	else if (home && *home == '/')
+		n = snprintf(buf, cap, "%s/.cache/traind", home);
+	else
+		return NULL;
+	return n > 0 && (size_t)n < cap ? buf : NULL;
+}
+
 static int run_oneshot(int argc, char **argv)
 {
 	const char *run = NULL, *plan = NULL, *check = NULL, *backend = NULL;
+	const char *cache_dir = NULL;
+	bool has_cache_dir = false;
 	const char *merge[3] = {NULL, NULL, NULL}; /* BASE ADAPTER OUT */
 	unsigned long long stop_after = 0;
 	bool quiet = false;
@@ -155,7 +176,10 @@ static int run_oneshot(int argc, char **argv)
 		}
 		else if (strcmp(a, "--backend") == 0 && i + 1 < argc)
 			backend = argv[++i];
-		else if (strcmp(a, "--stop-after") == 0 && i + 1 < argc)
+		else if (strcmp(a, "--cache-dir") == 0 && i + 1 < argc) {
+			cache_dir = argv[++i];
+			has_cache_dir = true;
+		} else if (strcmp(a, "--stop-after") == 0 && i + 1 < argc)
 			stop_after = strtoull(argv[++i], NULL, 10);
 		else if (strcmp(a, "--quiet") == 0 || strcmp(a, "-q") == 0)
 			quiet = true;
@@ -209,7 +233,13 @@ static int run_oneshot(int argc, char **argv)
 	sigaction(SIGTERM, &sa, NULL);
 	setvbuf(stdout, NULL, _IOLBF, 0);
 
-	struct tr_train_opts opts = {.backend = backend, .log = quiet ? NULL : stdout, .stop_after = stop_after};
+	char cache_buf[4096];
+	if (!has_cache_dir)
+		cache_dir = default_cache_dir(cache_buf, sizeof(cache_buf));
+	struct tr_train_opts opts = {.backend = backend,
+				     .log = quiet ? NULL : stdout,
+				     .stop_after = stop_after,
+				     .cache_dir = cache_dir && *cache_dir ? cache_dir : NULL};
 	struct tr_hooks hooks = {.should_stop = should_stop};
 	struct tr_train_result res;
 	td_err e = tr_train(spec, &opts, &hooks, &res, &eb);

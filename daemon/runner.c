@@ -39,6 +39,8 @@ struct dmn_runner {
 	bool on_gpu;
 	char device[96];
 	char backend[16];
+	int cuda_device;  /* the CUDA ordinal; -1: none */
+	char cache_dir[PATH_MAX]; /* the module cache's root; "": none */
 	Traind__JobSpec *spec;
 	struct dmn_fscreds creds;
 	bool as_user;     /* creds differ from the daemon's: switch around DB writes */
@@ -121,6 +123,36 @@ static void flush_metrics(struct dmn_runner *rn)
 			eb.msg);
 	rn->nbatch = 0;
 	rn->last_flush_ms = st_now_ms();
+}
+
+/* Indexes the module-cache entry the job's backend used (contract 3): a
+ * hit counts in its row (a row is added for an entry another process wrote,
+ * e.g. traind --run), a fresh entry replaces its row. The files verify
+ * themselves; the index is for `trainctl cache` and is never what the
+ * backend trusts, so a failure here is a warning. */
+static void index_module_cache(struct dmn_runner *rn, const struct gpu_cache_entry *c)
+{
+	if (!c->key[0])
+		return;
+	struct td_errbuf eb = {{0}};
+	struct st_cache_entry got;
+	td_err e = TD_ENOENT;
+	if (c->hit && (e = st_cache_get(rn->db, c->key, &got, &eb)) == TD_OK)
+		st_cache_entry_fini(&got);
+	if (e == TD_ENOENT) {
+		struct st_cache_entry row = {
+			.key = (char *)c->key,
+			.path = (char *)c->path,
+			.sha256 = (char *)c->sha256,
+			.arch = (char *)c->arch,
+			.size_bytes = c->size_bytes,
+			.src_bytes = c->src_bytes,
+		};
+		e = st_cache_put(rn->db, &row, &eb);
+	}
+	if (e != TD_OK)
+		td_warn("TD-CACHE-INDEX", "job %lld: cannot index module cache entry %s: %s",
+			(long long)rn->job_id, c->path, eb.msg);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -332,8 +364,12 @@ static enum st_job_state run_job(struct dmn_runner *rn, char *reason, size_t cap
 		snprintf(reason, cap, "the daemon stopped before the job started");
 		return ST_INTERRUPTED;
 	}
-	event(rn, "info", "running on %s (%s backend), attempt %d, as uid %u", rn->device,
-	      rn->backend, rn->attempts + 1, (unsigned)rn->uid);
+	if (rn->cuda_device >= 0)
+		event(rn, "info", "running on %s (%s backend, CUDA device %d), attempt %d, as uid %u",
+		      rn->device, rn->backend, rn->cuda_device, rn->attempts + 1, (unsigned)rn->uid);
+	else
+		event(rn, "info", "running on %s (%s backend), attempt %d, as uid %u", rn->device,
+		      rn->backend, rn->attempts + 1, (unsigned)rn->uid);
 
 	if ((e = dmn_fscreds_enter(&rn->creds, &eb)) != TD_OK) {
 		snprintf(reason, cap, "%s", eb.msg);
@@ -350,7 +386,15 @@ static enum st_job_state run_job(struct dmn_runner *rn, char *reason, size_t cap
 	FILE *log = fopencookie(rn, "w", io);
 	if (log)
 		setvbuf(log, NULL, _IOLBF, 0);
-	struct tr_train_opts opts = {.backend = rn->backend, .log = log};
+	struct tr_train_opts opts = {.backend = rn->backend,
+				     .log = log,
+				     .has_device = rn->cuda_device >= 0,
+				     .device_index = rn->cuda_device,
+				     /* The module cache is the daemon's, written with its
+				      * credentials: a job run with a user's file credentials
+				      * could neither read nor write it (and must not plant
+				      * cubins other users' jobs load), so it compiles. */
+				     .cache_dir = rn->cache_dir[0] && !rn->as_user ? rn->cache_dir : NULL};
 	struct tr_hooks hooks = {
 		.on_step = hook_on_step,
 		.on_checkpoint = hook_on_checkpoint,
@@ -365,6 +409,7 @@ static enum st_job_state run_job(struct dmn_runner *rn, char *reason, size_t cap
 	rn->tb = NULL;
 	dmn_fscreds_leave(&rn->creds);
 	flush_metrics(rn);
+	index_module_cache(rn, &res.cache);
 
 	if (atomic_load(&rn->creds_lost)) {
 		snprintf(reason, cap, "stopped: could not keep the submitter's file credentials");
@@ -508,6 +553,9 @@ td_err dmn_runners_start(struct dmn_runners *r, struct dmn_run_request *req, str
 	rn->on_gpu = req->on_gpu;
 	snprintf(rn->device, sizeof(rn->device), "%s", req->device);
 	snprintf(rn->backend, sizeof(rn->backend), "%s", req->backend);
+	rn->cuda_device = req->cuda_device;
+	if (req->cache_dir)
+		snprintf(rn->cache_dir, sizeof(rn->cache_dir), "%s", req->cache_dir);
 	td_err e = dmn_fscreds_of(&rn->creds, req->uid, req->gid, eb);
 	if (e != TD_OK) {
 		free(rn);

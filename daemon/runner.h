@@ -40,6 +40,8 @@ struct dmn_run_request {
 	const char *device;         /* "cpu" or the GPU's uuid */
 	bool on_gpu;                /* counts against a GPU (its lease), not a CPU slot */
 	const char *backend;        /* for tr_train: "cpu" or "cuda" */
+	int cuda_device;            /* "cuda": the device ordinal; -1 otherwise (set it) */
+	const char *cache_dir;      /* the module cache's root (setting cache_dir); NULL: none */
 };
 
 /* Called on the loop thread after a runner thread ended and was joined.

@@ -8,6 +8,7 @@
 
 #include "daemon/identity.h"
 #include "daemon/preflight.h"
+#include "gpu/select.h"
 #include "proto/jobspec.h"
 #include "proto/log.h"
 
@@ -256,6 +257,18 @@ static uint32_t *started_for(struct user_count *uc, size_t *nuc, size_t cap, uid
 	return &uc[(*nuc)++].started;
 }
 
+uint64_t dmn_sched_lease_bytes(const struct dmn_config *cfg, const struct dmn_gpu *g,
+			       uint64_t plan_bytes)
+{
+	/* A simulated GPU's job runs on the CPU backend: its plan is all it holds
+	 * in the ledger. A real one's: the plan, the CUDA backend's fixed
+	 * allocations (gpu/select.h) and the context allowance (contract 1). */
+	if (g->fake)
+		return plan_bytes;
+	uint64_t extra = (uint64_t)GPU_CUDA_FIXED_BYTES + ((uint64_t)cfg->cuda_context_mib << 20);
+	return plan_bytes > UINT64_MAX - extra ? UINT64_MAX : plan_bytes + extra;
+}
+
 enum place { PLACE_WAIT, PLACE_STARTED, PLACE_ENDED };
 
 /* Tries to start q now. */
@@ -284,6 +297,7 @@ static enum place try_place(struct dmn_sched *s, const struct st_queued *q)
 
 	const struct dmn_gpu *gpu = NULL;
 	int64_t lease = 0;
+	uint64_t lease_bytes = 0;
 	if (gpu_ok) {
 		struct plan *p = plan_find(s, q->id);
 		if (!p || p->state == 0) {
@@ -306,9 +320,10 @@ static enum place try_place(struct dmn_sched *s, const struct st_queued *q)
 			const struct dmn_gpu *g = &s->dev->gpu[i];
 			char label[64];
 			snprintf(label, sizeof(label), "job %lld", (long long)q->id);
+			uint64_t bytes = dmn_sched_lease_bytes(s->cfg, g, p->bytes);
 			struct st_lease_req lr = {
 				.gpu_uuid = g->uuid,
-				.bytes = p->bytes,
+				.bytes = bytes,
 				.job_id = q->id,
 				.uid = q->uid,
 				.pid = getpid(),
@@ -320,9 +335,10 @@ static enum place try_place(struct dmn_sched *s, const struct st_queued *q)
 				.free_bytes_now = dmn_gpu_free_bytes(g),
 			};
 			td_err e = st_ledger_reserve(s->db, &lr, &cap, &lease, &eb);
-			if (e == TD_OK)
+			if (e == TD_OK) {
 				gpu = g;
-			else if (e != TD_EBUSY)
+				lease_bytes = bytes;
+			} else if (e != TD_EBUSY)
 				td_warn("TD-SCHED-LEDGER", "job %lld on %s: %s", (long long)q->id, g->uuid,
 					eb.msg);
 		}
@@ -349,8 +365,18 @@ static enum place try_place(struct dmn_sched *s, const struct st_queued *q)
 		return PLACE_ENDED;
 	}
 	const char *device = cpu ? "cpu" : gpu->uuid;
-	char reason[160];
-	snprintf(reason, sizeof(reason), "placed on %s%s", device, gpu && gpu->fake ? " (simulated)" : "");
+	char reason[400];
+	if (real_gpu)
+		snprintf(reason, sizeof(reason),
+			 "placed on %s (GPU %d, %s): lease %lld of %.1f MiB (plan %.1f MiB + CUDA "
+			 "backend %.1f MiB + context %ld MiB)",
+			 device, gpu->index, gpu->name, (long long)lease, (double)lease_bytes / (1 << 20),
+			 (double)(lease_bytes - (uint64_t)GPU_CUDA_FIXED_BYTES -
+				  ((uint64_t)s->cfg->cuda_context_mib << 20)) / (1 << 20),
+			 (double)GPU_CUDA_FIXED_BYTES / (1 << 20), s->cfg->cuda_context_mib);
+	else
+		snprintf(reason, sizeof(reason), "placed on %s%s", device,
+			 gpu && gpu->fake ? " (simulated)" : "");
 	td_err e = st_job_transition(s->db, q->id, ST_QUEUED, ST_ADMITTED, reason, device, &eb);
 	if (e != TD_OK) {
 		/* Cancelled since the queue was read: nothing to do. */
@@ -368,6 +394,8 @@ static enum place try_place(struct dmn_sched *s, const struct st_queued *q)
 		.device = device,
 		.on_gpu = gpu != NULL,
 		.backend = real_gpu ? "cuda" : "cpu",
+		.cuda_device = real_gpu ? gpu->ordinal : -1,
+		.cache_dir = s->cfg->cache_dir,
 	};
 	if ((e = dmn_runners_start(s->run, &rr, &eb)) != TD_OK) {
 		td_err_log("TD-SCHED-START", "job %lld: %s", (long long)q->id, eb.msg);

@@ -53,6 +53,12 @@ void dmn_sched_tick(struct dmn_sched *s);
 /* The plan's bytes of a job (from its submit-time preflight). */
 void dmn_sched_set_plan(struct dmn_sched *s, int64_t job_id, uint64_t bytes);
 
+/* What a job whose memory plan is plan_bytes reserves on g: the plan on a
+ * simulated GPU; on a real one the plan + GPU_CUDA_FIXED_BYTES (the CUDA
+ * backend's workspaces, gpu/select.h) + cfg->cuda_context_mib MiB. */
+uint64_t dmn_sched_lease_bytes(const struct dmn_config *cfg, const struct dmn_gpu *g,
+			       uint64_t plan_bytes);
+
 /* Claims dir for a job being submitted. TD_EBUSY naming the job that holds
  * it. *claim identifies the claim until dmn_sched_claim_bind (the job was
  * stored) or dmn_sched_claim_drop (it was not). */

@@ -493,9 +493,11 @@ static td_err start(struct server *srv, struct td_errbuf *eb)
 	if ((e = listen_socket(srv, eb)) != TD_OK)
 		return e;
 	dmn_sched_kick(srv->sched);
-	td_info("TD-READY", "traind %s serving %s (%s mode, state %s, %d simulated GPU(s), %ld CPU slot(s))",
-		TD_VERSION, cfg->socket, dmn_mode_name(cfg->mode), cfg->state_dir, srv->dev.n,
-		cfg->cpu_slots);
+	td_info("TD-READY",
+		"traind %s serving %s (%s mode, state %s, %d GPU(s), %d simulated GPU(s), %ld CPU "
+		"slot(s))",
+		TD_VERSION, cfg->socket, dmn_mode_name(cfg->mode), cfg->state_dir, srv->dev.nreal,
+		srv->dev.n - srv->dev.nreal, cfg->cpu_slots);
 	dmn_notify_ready();
 	notify_status(srv);
 	return TD_OK;

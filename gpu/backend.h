@@ -106,6 +106,18 @@ struct gpu_backend_ops {
 			uint64_t seed, size_t n);
 };
 
+/* A module-cache entry (contract 3) that a backend loaded or wrote at
+ * creation, reported for the daemon's sqlite index (state/: st_cache_put). */
+struct gpu_cache_entry {
+	char key[65];         /* hex, gpu/cuda/modcache.h's cu_cache_key; "" when none */
+	char path[4096];      /* the entry's file */
+	char sha256[65];      /* hex SHA-256 of the cubin (the digest in the file's header) */
+	char arch[16];        /* "sm_90" */
+	uint64_t size_bytes;  /* of the cubin */
+	uint64_t src_bytes;   /* of the PTX it was compiled from */
+	bool hit;             /* loaded from the cache; false: compiled and written */
+};
+
 /* The common head of every backend object. */
 struct gpu_backend {
 	const struct gpu_backend_ops *ops;
@@ -120,6 +132,9 @@ struct gpu_backend {
 	/* Device bytes the backend holds whatever the job (workspaces, reduction
 	 * scratch), allocated at creation: a reservation is plan + fixed_bytes. */
 	size_t fixed_bytes;
+	/* The module-cache entry used at creation (CUDA's PTX path with a cache
+	 * directory); cache_entry.key "" when none. */
+	struct gpu_cache_entry cache_entry;
 };
 
 /* Asserts that every op of the table is set; called by each backend's

@@ -15,6 +15,8 @@
 /* The CUDA module's exports (gpu/cuda/cuda_backend.c, cuda_devices.c). */
 typedef td_err (*gpu_cuda_new_fn)(struct gpu_backend **out, struct td_errbuf *eb);
 typedef td_err (*gpu_cuda_new_on_fn)(struct gpu_backend **out, int ordinal, struct td_errbuf *eb);
+typedef td_err (*gpu_cuda_new_opts_fn)(struct gpu_backend **out, int ordinal, const char *cache_dir,
+				       struct td_errbuf *eb);
 typedef td_err (*gpu_cuda_devices_fn)(struct gpu_device_info *out, int max, int *n,
 				      struct td_errbuf *eb);
 typedef td_err (*gpu_cuda_device_mem_fn)(int ordinal, uint64_t *free_bytes, uint64_t *total_bytes,
@@ -39,12 +41,22 @@ static void *open_module(struct td_errbuf *eb)
 	return NULL;
 }
 
-/* device < 0: the module's default ($TD_CUDA_DEVICE, else 0). */
-static td_err open_cuda(struct gpu_backend **out, int device, struct td_errbuf *eb)
+/* device < 0: the module's default ($TD_CUDA_DEVICE, else 0). cache_dir:
+ * the module cache's directory, NULL or "" for none. */
+static td_err open_cuda(struct gpu_backend **out, int device, const char *cache_dir,
+			struct td_errbuf *eb)
 {
 	void *h = open_module(eb);
 	if (!h)
 		return TD_EUNSUPPORTED;
+	if (cache_dir && *cache_dir) {
+		gpu_cuda_new_opts_fn fn = (gpu_cuda_new_opts_fn)dlsym(h, "gpu_cuda_backend_new_opts");
+		if (!fn) {
+			dlclose(h);
+			return td_fail(eb, TD_EUNSUPPORTED, "libtraind-cuda.so has no gpu_cuda_backend_new_opts");
+		}
+		return fn(out, device, cache_dir, eb);
+	}
 	if (device < 0) {
 		gpu_cuda_new_fn fn = (gpu_cuda_new_fn)dlsym(h, "gpu_cuda_backend_new");
 		if (!fn) {
@@ -69,13 +81,22 @@ td_err gpu_backend_open(struct gpu_backend **out, const char *name, struct td_er
 td_err gpu_backend_open_on(struct gpu_backend **out, const char *name, int device,
 			   struct td_errbuf *eb)
 {
+	struct gpu_open_opts o = {.name = name, .device = device};
+	return gpu_backend_open_opts(out, &o, eb);
+}
+
+td_err gpu_backend_open_opts(struct gpu_backend **out, const struct gpu_open_opts *o,
+			     struct td_errbuf *eb)
+{
+	const char *name = o->name;
+	int device = o->device;
 	if (!name || strcmp(name, "cpu") == 0)
 		return gpu_cpu_backend_new(out, eb);
 	if (strcmp(name, "cuda") == 0)
-		return open_cuda(out, device, eb);
+		return open_cuda(out, device, o->cache_dir, eb);
 	if (strcmp(name, "auto") == 0) {
 		struct td_errbuf why = {{0}};
-		if (open_cuda(out, device, &why) == TD_OK)
+		if (open_cuda(out, device, o->cache_dir, &why) == TD_OK)
 			return TD_OK;
 		td_debug("TD-GPU-FALLBACK", "using the CPU backend: %s", why.msg);
 		return gpu_cpu_backend_new(out, eb);
@@ -96,6 +117,8 @@ td_err gpu_devices_query(struct gpu_device_info *out, int max, int *n, struct td
 	if (!n || max < 0 || (max > 0 && !out))
 		return td_fail(eb, TD_EINVAL, "gpu_devices_query: bad arguments");
 	*n = 0;
+	if (max == 0)
+		return TD_OK;
 	struct td_errbuf why = {{0}};
 	int found = 0;
 	gpu_cuda_device_mem_fn mem = NULL;

@@ -20,6 +20,22 @@ td_err gpu_backend_open(struct gpu_backend **out, const char *name, struct td_er
 td_err gpu_backend_open_on(struct gpu_backend **out, const char *name, int device,
 			   struct td_errbuf *eb);
 
+/* How to open a backend: gpu_backend_open_opts. Zeroed but for name means
+ * device 0 (set device = -1 for the default) and no module cache. */
+struct gpu_open_opts {
+	const char *name;      /* "cpu", "cuda" or "auto", as for gpu_backend_open; NULL: "cpu" */
+	int device;            /* as for gpu_backend_open_on; < 0: the default */
+	/* The module cache's directory (contract 3): cubins the CUDA backend
+	 * compiles from PTX on this host are kept in <cache_dir>/modules and
+	 * loaded from there by later backends and processes. NULL or "": none,
+	 * every PTX load compiles. The CPU backend ignores it. */
+	const char *cache_dir;
+};
+
+/* gpu_backend_open_on with the options of o (which the call does not keep). */
+td_err gpu_backend_open_opts(struct gpu_backend **out, const struct gpu_open_opts *o,
+			     struct td_errbuf *eb);
+
 /* Device bytes the CUDA backend allocates at creation whatever the job, i.e.
  * its struct gpu_backend's fixed_bytes: the reduction scratch (512K doubles,
  * 4 MiB, see cu_backend.reduce_buf) and cuBLAS's workspace (32 MiB, handed to

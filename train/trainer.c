@@ -478,7 +478,9 @@ td_err tr_train(const Traind__JobSpec *spec, const struct tr_train_opts *opts,
 	if ((e = tr_weights_open(&w, spec->model_dir, eb)) != TD_OK)
 		goto out;
 	int device = opts && opts->has_device && opts->device_index >= 0 ? opts->device_index : -1;
-	if ((e = gpu_backend_open_on(&j.be, backend_for(spec, opts), device, eb)) != TD_OK) {
+	struct gpu_open_opts bo = {.name = backend_for(spec, opts), .device = device,
+				   .cache_dir = opts ? opts->cache_dir : NULL};
+	if ((e = gpu_backend_open_opts(&j.be, &bo, eb)) != TD_OK) {
 		tr_weights_close(w);
 		goto out;
 	}
@@ -646,6 +648,7 @@ out:
 		snprintf(res->device, sizeof(res->device), "%s", j.be->device);
 		res->compiles = j.be->compiles;
 		res->compiles_after_seal = j.be->compiles_after_seal;
+		res->cache = j.be->cache_entry;
 		if (log)
 			fprintf(log, "backend %s (%s): %lld kernel compiles, %lld after seal; first step %.2fs after start\n",
 				j.be->ops->name, j.be->device, (long long)res->compiles,

@@ -17,6 +17,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "gpu/backend.h"
 #include "proto/err.h"
 #include "traind.pb-c.h"
 
@@ -49,6 +50,10 @@ struct tr_train_opts {
 	 * to the GPU the job was placed on. The CPU backend ignores it. */
 	bool has_device;
 	int device_index;
+	/* The module cache's directory (gpu/select.h: gpu_open_opts.cache_dir):
+	 * kernels the CUDA backend compiles on this host are kept there for the
+	 * next job and process. NULL: no cache, PTX is compiled every time. */
+	const char *cache_dir;
 };
 
 struct tr_train_result {
@@ -62,6 +67,7 @@ struct tr_train_result {
 	char device[128];       /* the backend's device ("cpu" or the GPU's name) */
 	int64_t compiles;       /* kernel compiles by the backend during the job */
 	int64_t compiles_after_seal; /* of those, after the kernel table was sealed: 0 (contract 2) */
+	struct gpu_cache_entry cache; /* the module-cache entry the backend used; key "" if none */
 	char output_dir[4096];
 };
 

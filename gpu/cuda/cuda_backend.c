@@ -16,6 +16,8 @@
 
 #include "gpu/cuda/cuda_internal.h"
 #include "gpu/cuda/images.h"
+#include "gpu/cuda/modcache.h"
+#include "proto/log.h"
 #include "gpu/select.h"
 
 #define CU_STR2_(x) #x
@@ -172,12 +174,143 @@ static void cuda_destroy(struct gpu_backend *be)
 
 /* --- kernels --- */
 
+/* The JIT's options for the PTX path, and the same as text for the cache key
+ * (cu_cache_key): one table, so the key cannot miss an option. Level 4 is the
+ * driver's default, stated so that the key says it. */
+#define CU_JIT_OPTION_LIST(X) X(CU_JIT_OPTIMIZATION_LEVEL, 4)
+
+/* What the daemon indexes (gpu_backend.cache_entry) for the entry of key. */
+static void note_entry(struct cu_backend *cb, const unsigned char *key, const void *cubin,
+		       size_t size, const struct cu_image *ptx, bool hit)
+{
+	struct gpu_cache_entry *c = &cb->base.cache_entry;
+	unsigned char d[CU_SHA256_BYTES];
+	if (cu_cache_path(c->path, sizeof(c->path), cb->cache_dir, key, NULL) != TD_OK ||
+	    cu_sha256(d, cubin, size, NULL) != TD_OK) {
+		memset(c, 0, sizeof(*c));
+		return;
+	}
+	cu_hex(c->key, key);
+	cu_hex(c->sha256, d);
+	snprintf(c->arch, sizeof(c->arch), "sm_%d%d", cb->cc_major, cb->cc_minor);
+	c->size_bytes = size;
+	c->src_bytes = ptx->size;
+	c->hit = hit;
+}
+
+/* Compiles the PTX with the driver's JIT linker into cb->module (counted in
+ * compiles); with a cache directory, also writes the cubin there under key. A
+ * failed write costs the next process a compile, not this job: warned only. */
+static td_err compile_ptx(struct cu_backend *cb, const struct cu_image *ptx,
+			  const unsigned char *key, struct td_errbuf *eb)
+{
+	CUjit_option opt[] = {
+#define CU_JIT_OPT_KEY_(k, v) k,
+		CU_JIT_OPTION_LIST(CU_JIT_OPT_KEY_)
+#undef CU_JIT_OPT_KEY_
+	};
+	void *val[] = {
+#define CU_JIT_OPT_VAL_(k, v) (void *)(uintptr_t)(v),
+		CU_JIT_OPTION_LIST(CU_JIT_OPT_VAL_)
+#undef CU_JIT_OPT_VAL_
+	};
+	CUlinkState link;
+	void *cubin = NULL;
+	size_t size = 0;
+	CUresult r = cb->drv.cuLinkCreate(sizeof(opt) / sizeof(opt[0]), opt, val, &link);
+	if (r != CUDA_SUCCESS)
+		return cu_err(cb, r, "compiling the kernels' PTX (cuLinkCreate)", eb);
+	r = cb->drv.cuLinkAddData(link, CU_JIT_INPUT_PTX, (void *)ptx->data, ptx->size, "kernels.ptx",
+				  0, NULL, NULL);
+	if (r == CUDA_SUCCESS)
+		r = cb->drv.cuLinkComplete(link, &cubin, &size);
+	if (r == CUDA_SUCCESS)
+		r = cb->drv.cuModuleLoadData(&cb->module, cubin);
+	cb->base.compiles++;
+	if (r == CUDA_SUCCESS && key) {
+		struct td_errbuf why = {{0}};
+		if (cu_cache_write(cb->cache_dir, key, cubin, size, &why) != TD_OK)
+			td_warn("TD-CACHE-WRITE", "%s; the next process compiles again", why.msg);
+		else
+			note_entry(cb, key, cubin, size, ptx, false);
+	}
+	cb->drv.cuLinkDestroy(link); /* owns cubin */
+	if (r != CUDA_SUCCESS)
+		return cu_err(cb, r, "compiling the kernels' PTX", eb);
+	return TD_OK;
+}
+
+/* The PTX path: with a cache directory, the cubin compiled for this device
+ * and driver by an earlier process, verified (gpu/cuda/modcache.h); else, or
+ * when the entry is missing or untrusted, a compile that writes it. */
+static td_err load_ptx(struct cu_backend *cb, const struct cu_image *ptx, struct td_errbuf *eb)
+{
+	if (!cb->cache_dir[0])
+		return compile_ptx(cb, ptx, NULL, eb);
+	char opts[256];
+	int n = 0;
+#define CU_JIT_OPT_TEXT_(k, v) \
+	n += snprintf(opts + n, sizeof(opts) - (size_t)n, "%s=%ld;", #k, (long)(v));
+	CU_JIT_OPTION_LIST(CU_JIT_OPT_TEXT_)
+#undef CU_JIT_OPT_TEXT_
+	int driver = 0;
+	CUresult r = cb->drv.cuDriverGetVersion(&driver);
+	if (r != CUDA_SUCCESS)
+		return cu_err(cb, r, "cuDriverGetVersion", eb);
+	struct cu_cache_key_in in = {
+		.ptx = ptx->data,
+		.ptx_size = ptx->size,
+		.options = opts,
+		.cc_major = cb->cc_major,
+		.cc_minor = cb->cc_minor,
+		.driver_version = driver,
+	};
+	unsigned char key[CU_SHA256_BYTES];
+	td_err e = cu_cache_key(key, &in, eb);
+	if (e != TD_OK)
+		return e;
+	struct td_errbuf why = {{0}};
+	void *cubin = NULL;
+	size_t size = 0;
+	e = cu_cache_read(cb->cache_dir, key, &cubin, &size, &why);
+	if (e == TD_OK) {
+		r = cb->drv.cuModuleLoadData(&cb->module, cubin);
+		if (r == CUDA_SUCCESS)
+			note_entry(cb, key, cubin, size, ptx, true);
+		free(cubin);
+		if (r == CUDA_SUCCESS) {
+			cb->cache_hits++;
+			return TD_OK;
+		}
+		cb->module = NULL;
+		const char *name = "?";
+		cb->drv.cuGetErrorName(r, &name);
+		char path[4200];
+		cu_cache_path(path, sizeof(path), cb->cache_dir, key, NULL);
+		td_fail(&why, TD_EMISMATCH, "module cache: %s: the driver refuses the cubin (%s)",
+			path, name);
+		e = TD_EMISMATCH;
+	}
+	if (e == TD_ENOENT)
+		td_debug("TD-CACHE-MISS", "%s", why.msg);
+	else {
+		/* Never trusted: compiled again, and the entry replaced. */
+		cb->cache_rebuilds++;
+		td_warn("TD-CACHE-REBUILD", "%s; compiling it again", why.msg);
+	}
+	return compile_ptx(cb, ptx, key, eb);
+}
+
 /* The image for this device: a cubin of the same major architecture and the
  * highest minor not above the device's (cubins run on later minors of their
- * major), else the PTX, which the driver's JIT linker compiles (counted). */
+ * major), else the PTX, which the driver's JIT linker compiles (counted) or
+ * tier 2 of the module cache has from an earlier process. TD_CUDA_FORCE_PTX=1
+ * takes the PTX path whatever the device: a test hook (tests/gpu/modcache.sh). */
 static td_err load_kernels(struct cu_backend *cb, struct td_errbuf *eb)
 {
 	int want = cb->cc_major * 10 + cb->cc_minor;
+	const char *force = getenv("TD_CUDA_FORCE_PTX");
+	bool force_ptx = force && strcmp(force, "1") == 0;
 	const struct cu_image *best = NULL, *ptx = NULL;
 	for (size_t i = 0; i < cu_images_count; i++) {
 		const struct cu_image *im = &cu_images[i];
@@ -186,33 +319,19 @@ static td_err load_kernels(struct cu_backend *cb, struct td_errbuf *eb)
 				ptx = im;
 			continue;
 		}
-		if (im->arch / 10 == cb->cc_major && im->arch <= want && (!best || im->arch > best->arch))
+		if (!force_ptx && im->arch / 10 == cb->cc_major && im->arch <= want &&
+		    (!best || im->arch > best->arch))
 			best = im;
 	}
 	CUresult r;
+	td_err e;
 	if (best) {
 		r = cb->drv.cuModuleLoadData(&cb->module, best->data);
 		if (r != CUDA_SUCCESS)
 			return cu_err(cb, r, "loading the kernels' cubin", eb);
 	} else if (ptx) {
-		/* JIT once. A persistent cubin cache for this path is part of the
-		 * module cache (contract 3) and not built yet: this compiles per
-		 * process and counts it. */
-		CUlinkState link;
-		void *cubin = NULL;
-		size_t size = 0;
-		r = cb->drv.cuLinkCreate(0, NULL, NULL, &link);
-		if (r == CUDA_SUCCESS)
-			r = cb->drv.cuLinkAddData(link, CU_JIT_INPUT_PTX, (void *)ptx->data, ptx->size,
-						  "kernels.ptx", 0, NULL, NULL);
-		if (r == CUDA_SUCCESS)
-			r = cb->drv.cuLinkComplete(link, &cubin, &size);
-		if (r == CUDA_SUCCESS)
-			r = cb->drv.cuModuleLoadData(&cb->module, cubin);
-		cb->drv.cuLinkDestroy(link);
-		cb->base.compiles++;
-		if (r != CUDA_SUCCESS)
-			return cu_err(cb, r, "compiling the kernels' PTX", eb);
+		if ((e = load_ptx(cb, ptx, eb)) != TD_OK)
+			return e;
 	} else {
 		return td_fail(eb, TD_EUNSUPPORTED,
 			       "no kernel image for compute capability %d.%d in this build",
@@ -252,7 +371,10 @@ static struct gpu_backend_ops cuda_ops = {
 
 td_err cu_open_driver(struct cu_driver *d, struct td_errbuf *eb)
 {
-	d->lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+	/* $TD_CUDA_DRIVER: another driver library (tests use a missing one to
+	 * exercise the no-driver path on any host). */
+	const char *lib = getenv("TD_CUDA_DRIVER");
+	d->lib = dlopen(lib && *lib ? lib : "libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
 	if (!d->lib)
 		return td_fail(eb, TD_EUNSUPPORTED, "no NVIDIA driver: %s", dlerror());
 #define CU_DRIVER_SYM_(name)                                                                 \
@@ -270,9 +392,15 @@ __attribute__((visibility("default"))) td_err gpu_cuda_backend_new(struct gpu_ba
 __attribute__((visibility("default"))) td_err gpu_cuda_backend_new_on(struct gpu_backend **out,
 								      int ordinal,
 								      struct td_errbuf *eb);
+__attribute__((visibility("default"))) td_err gpu_cuda_backend_new_opts(struct gpu_backend **out,
+									int ordinal,
+									const char *cache_dir,
+									struct td_errbuf *eb);
 
-/* ordinal < 0: $TD_CUDA_DEVICE, else 0. */
-static td_err backend_new(struct gpu_backend **out, int ordinal, struct td_errbuf *eb)
+/* ordinal < 0: $TD_CUDA_DEVICE, else 0. cache_dir: tier 2 of the module
+ * cache, NULL or "" for none. */
+static td_err backend_new(struct gpu_backend **out, int ordinal, const char *cache_dir,
+			  struct td_errbuf *eb)
 {
 	static int ops_ready;
 	if (!ops_ready) {
@@ -285,14 +413,19 @@ static td_err backend_new(struct gpu_backend **out, int ordinal, struct td_errbu
 		return td_fail(eb, TD_ENOMEM, "cuda backend: out of memory");
 	cb->base.ops = &cuda_ops;
 	cb->fp32_strict = true;
-	td_err e = cu_open_driver(&cb->drv, eb);
+	td_err e = TD_OK;
+	if (cache_dir && snprintf(cb->cache_dir, sizeof(cb->cache_dir), "%s", cache_dir) >=
+				 (int)sizeof(cb->cache_dir))
+		e = td_fail(eb, TD_EINVAL, "module cache directory: path too long: %.64s...", cache_dir);
+	if (e == TD_OK)
+		e = cu_open_driver(&cb->drv, eb);
 	CUresult r = CUDA_SUCCESS;
 	int count = 0;
 	const char *env = getenv("TD_CUDA_DEVICE");
 	const char *which = "device ordinal";
 	if (ordinal < 0) {
 		ordinal = 0;
-		if (env && *env) {
+		if (e == TD_OK && env && *env) {
 			char *end;
 			long v = strtol(env, &end, 10);
 			if (*end || v < 0 || v > 1024)
@@ -381,10 +514,16 @@ static td_err backend_new(struct gpu_backend **out, int ordinal, struct td_errbu
 
 td_err gpu_cuda_backend_new(struct gpu_backend **out, struct td_errbuf *eb)
 {
-	return backend_new(out, -1, eb);
+	return backend_new(out, -1, NULL, eb);
 }
 
 td_err gpu_cuda_backend_new_on(struct gpu_backend **out, int ordinal, struct td_errbuf *eb)
 {
-	return backend_new(out, ordinal < 0 ? -1 : ordinal, eb);
+	return backend_new(out, ordinal < 0 ? -1 : ordinal, NULL, eb);
+}
+
+td_err gpu_cuda_backend_new_opts(struct gpu_backend **out, int ordinal, const char *cache_dir,
+				 struct td_errbuf *eb)
+{
+	return backend_new(out, ordinal < 0 ? -1 : ordinal, cache_dir, eb);
 }

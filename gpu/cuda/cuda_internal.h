@@ -78,6 +78,10 @@ struct cu_backend {
 	CUresult first_error;
 	char first_error_where[128];
 	int64_t compiles, compiles_after_seal;
+	/* Tier 2 of the module cache (gpu/cuda/modcache.h): its directory, ""
+	 * for none (every PTX load compiles), and what it did at creation. */
+	char cache_dir[4096];
+	int64_t cache_hits, cache_rebuilds;
 	bool fp32_strict; /* fp32 mode: TF32 off (parity); false: bf16 GEMMs (set_bf16) */
 	/* A device scratch for reductions, reduce_cap doubles: sumsq's partials
 	 * (1 double per block), and, seen as 2*reduce_cap floats, the per-part

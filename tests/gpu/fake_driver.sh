@@ -1,0 +1,64 @@
+#!/bin/bash
+# The daemon's GPU discovery and placement against fake_cuda.c, a stand-in
+# driver with two devices ($TD_CUDA_DRIVER), on any host: `trainctl info` and
+# `trainctl ledger` list both with nvidia-smi's UUIDs, names, totals and the
+# driver's free memory; a reservation over a device's free memory is refused
+# (contract 7); a job with device GPU is placed on device 0 with a lease of
+# plan + 36 MiB (CUDA backend) + 600 MiB (cuda_context_mib), is run with the
+# CUDA backend on ordinal 0 — which fails there, the fake driver runs nothing —
+# and leaves no lease behind.
+# usage: fake_driver.sh LIBFAKECUDA (environment as tests/integration/lib.sh)
+. "$(dirname "$0")/../integration/lib.sh"
+cd "$TD_SRC" || exit 1
+export TD_CUDA_DRIVER=$1
+U0=GPU-00010203-0405-0607-0809-0a0b0c0d0e0f
+U1=GPU-10111213-1415-1617-1819-1a1b1c1d1e1f
+
+start_daemon --user --cpu-slots 1
+info=$(ctl info)
+expect_contains "the CUDA backend is offered" "$info" "backends:    cpu cuda"
+row0=$(printf '%s\n' "$info" | grep "^0 ")
+row1=$(printf '%s\n' "$info" | grep "^1 ")
+for want in "$U0" "80.0 GiB" "60.0 GiB" "Fake GPU 0"; do
+	expect_contains "info: device 0 shows $want" "$row0" "$want"
+done
+for want in "$U1" "16.0 GiB" "512.0 MiB" "Fake GPU 1"; do
+	expect_contains "info: device 1 shows $want" "$row1" "$want"
+done
+expect_contains "the ledger lists the devices" "$(ctl ledger)" "$U1"
+
+# Contract 7: 1 GiB fits device 1's ledger share (16 GiB x 0.9) but not its
+# free memory (512 MiB).
+ctl ledger reserve --gpu "$U1" --bytes 1G --ttl 60 >/dev/null 2>"$WORK/err"
+expect_eq "over the driver's free memory: exit 7" "$?" 7
+expect_contains "the refusal names the free memory" "$(cat "$WORK/err")" "free"
+lease=$(ctl ledger reserve --gpu "$U1" --bytes 256M --ttl 60)
+check "256 MiB fits" test -n "$lease"
+ctl ledger release "$lease" >/dev/null
+
+fx=$TD_FIXTURES
+cat >"$WORK/job.txtpb" <<SPEC
+name: "fake-driver"
+model_dir: "$fx/qwen2"
+data { train_file: "$fx/demo/fortunes.tokens" format: DATA_FORMAT_TOKENS seq_len: 32 }
+hyper { max_steps: 3 micro_batch: 2 }
+output { dir: "$WORK/out" }
+resources { device: DEVICE_GPU allow_cpu: false }
+SPEC
+id=$(ctl submit "$WORK/job.txtpb")
+check "the job is submitted" test -n "$id"
+ended() { case $(job_state "$id") in SUCCEEDED | FAILED | CANCELLED) return 0 ;; esac; return 1; }
+check "the job ends" wait_for 60 ended
+logs=$(ctl logs "$id")
+plan=$(printf '%s\n' "$logs" | sed -n 's/.*plan: \([0-9]*\) bytes.*/\1/p' | head -n 1)
+want=$(awk -v p="$plan" 'BEGIN { printf "%.1f", (p + 36 * 1048576 + 600 * 1048576) / 1048576 }')
+has() { printf '%s\n' "$logs" | grep -qF -e "$1"; }
+check "placed on device 0 with a lease of plan + 36 MiB + 600 MiB ($want MiB)" \
+	grep -qE "placed on $U0 \(GPU 0, Fake GPU 0\): lease [0-9]+ of $want MiB \(plan" <<<"$logs"
+check "run with the CUDA backend on ordinal 0" has "(cuda backend, CUDA device 0)"
+expect_eq "the fake driver cannot run it" "$(job_state "$id")" FAILED
+check "the failure is the driver's" has "CUDA_ERROR_NOT_SUPPORTED"
+expect_contains "no lease is left" "$(ctl ledger)" "no reservations"
+[ "$FAILS" -eq 0 ] || printf '%s\n' "$logs"
+stop_daemon
+finish
