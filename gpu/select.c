@@ -88,6 +88,8 @@ td_err gpu_backend_open_on(struct gpu_backend **out, const char *name, int devic
 td_err gpu_backend_open_opts(struct gpu_backend **out, const struct gpu_open_opts *o,
 			     struct td_errbuf *eb)
 {
+	if (!o)
+		return td_fail(eb, TD_EINVAL, "gpu_backend_open_opts: no options");
 	const char *name = o->name;
 	int device = o->device;
 	if (!name || strcmp(name, "cpu") == 0)

@@ -538,8 +538,9 @@ void tr_model_set_moments(struct tr_model *m, const float *m1, const float *m2)
 
 void tr_model_get_logits(struct tr_model *m, float *dst)
 {
-	assert(m->logits_valid);
 	const struct tr_plan_opts *o = &m->plan.opts;
+	/* A chunked head never holds the whole logits (tr_model_forward_logits says so). */
+	assert(m->logits_valid && (o->num_labels > 0 || m->plan.logits_rows == o->B * o->T));
 	size_t n = o->num_labels > 0 ? (size_t)o->B * (size_t)o->num_labels
 				     : (size_t)o->B * (size_t)o->T * (size_t)m->plan.cfg.vocab_size;
 	gpu_download(m->be, dst, m->logits, n * sizeof(float));
@@ -728,9 +729,21 @@ static td_err causal_forward(struct tr_model *m, const int32_t *ids, const int32
 	gpu_upload(be, m->ids, ids, (size_t)N * sizeof(int32_t));
 	gpu_upload(be, m->targets, m->host_targets, (size_t)N * sizeof(int32_t));
 	trunk_forward(m);
-	gpu_matmul_forward(be, m->logits, m->lnf_out, m->lm_head, NULL, N, c->hidden_size,
-			   c->vocab_size);
+	/* A chunked head (plan.logits_rows < N) computes its logits chunk by
+	 * chunk in tr_model_forward and again in the backward pass. */
+	if (m->plan.logits_rows == N)
+		gpu_matmul_forward(be, m->logits, m->lnf_out, m->lm_head, NULL, N, c->hidden_size,
+				   c->vocab_size);
 	return TD_OK;
+}
+
+/* Logits of rows [r0, r0 + n) of the final hidden state into the logits
+ * buffer (n <= plan.logits_rows). */
+static void head_chunk(struct tr_model *m, int r0, int n)
+{
+	const struct tr_model_config *c = &m->plan.cfg;
+	gpu_matmul_forward(m->be, m->logits, m->lnf_out + (size_t)r0 * c->hidden_size, m->lm_head,
+			   NULL, n, c->hidden_size, c->vocab_size);
 }
 
 td_err tr_model_forward(struct tr_model *m, const int32_t *ids, const int32_t *labels,
@@ -742,7 +755,16 @@ td_err tr_model_forward(struct tr_model *m, const int32_t *ids, const int32_t *l
 	td_err e = causal_forward(m, ids, labels, &valid, eb);
 	if (e != TD_OK)
 		return e;
-	gpu_crossentropy_forward(be, m->losses, m->logits, m->targets, N, V);
+	const int R = m->plan.logits_rows;
+	if (R == N) {
+		gpu_crossentropy_forward(be, m->losses, m->logits, m->targets, N, V);
+	} else {
+		for (int r0 = 0; r0 < N; r0 += R) {
+			int n = N - r0 < R ? N - r0 : R;
+			head_chunk(m, r0, n);
+			gpu_crossentropy_forward(be, m->losses + r0, m->logits, m->targets + r0, n, V);
+		}
+	}
 	gpu_download(be, m->host_losses, m->losses, (size_t)N * sizeof(float));
 	double sum = 0;
 	if ((e = gpu_sync(be, eb)) != TD_OK || (e = host_sum(m->host_losses, N, "loss", &sum, eb)))
@@ -757,6 +779,10 @@ td_err tr_model_forward(struct tr_model *m, const int32_t *ids, const int32_t *l
 td_err tr_model_forward_logits(struct tr_model *m, const int32_t *ids, struct td_errbuf *eb)
 {
 	int64_t valid;
+	if (m->plan.logits_rows != m->plan.opts.B * m->plan.opts.T)
+		return td_fail(eb, TD_EUNSUPPORTED,
+			       "model: this plan computes its logits in chunks of %d rows; whole logits "
+			       "need an inference or distillation plan", m->plan.logits_rows);
 	td_err e = causal_forward(m, ids, NULL, &valid, eb);
 	if (e == TD_OK)
 		e = gpu_sync(m->be, eb);
@@ -928,9 +954,14 @@ void tr_model_backward(struct tr_model *m, float dloss)
 				    N, C, V);
 		break;
 	case HEAD_CAUSAL:
-		gpu_crossentropy_backward(be, m->logits, m->logits, m->targets, dloss, N, V);
-		gpu_matmul_backward(be, m->dln, m->dlm_head, NULL, m->logits, m->lnf_out, m->lm_head,
-				    N, C, V);
+		for (int r0 = 0, R = m->plan.logits_rows; r0 < N; r0 += R) {
+			int n = N - r0 < R ? N - r0 : R;
+			if (R != N)
+				head_chunk(m, r0, n); /* recomputed: the forward kept only losses */
+			gpu_crossentropy_backward(be, m->logits, m->logits, m->targets + r0, dloss, n, V);
+			gpu_matmul_backward(be, m->dln + (size_t)r0 * C, m->dlm_head, NULL, m->logits,
+					    m->lnf_out + (size_t)r0 * C, m->lm_head, n, C, V);
+		}
 		break;
 	}
 	gpu_zero(be, m->dres, (size_t)N * C * sizeof(float));

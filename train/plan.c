@@ -337,6 +337,11 @@ td_err tr_plan_build(struct tr_plan *p, const struct tr_model_config *cfg,
 
 	const size_t NL = (size_t)o->num_labels, R = (size_t)o->lora_rank;
 	const bool train = !o->inference, classify = NL > 0;
+	/* Plain causal training only: distillation and a teacher need whole logits. */
+	const size_t chunk = o->logits_chunk_floats ? o->logits_chunk_floats : TR_LOGITS_CHUNK_FLOATS;
+	p->logits_rows = (int)N;
+	if (train && !classify && !o->distill && N * V > chunk)
+		p->logits_rows = (int)(chunk / V > 0 ? chunk / V : 1);
 	NAMED("params");
 	BUF(TR_ARENA_PARAMS, f32_bytes(p->numel_f32, 1, 1));
 	if (p->nf4_numel) {
@@ -452,7 +457,7 @@ td_err tr_plan_build(struct tr_plan *p, const struct tr_model_config *cfg,
 		bool on;
 	} scratch[] = {
 		/* the CE gradient overwrites the logits in place */
-		{"logits", classify ? f32_bytes(B, NL, 1) : f32_bytes(N, V, 1), true},
+		{"logits", classify ? f32_bytes(B, NL, 1) : f32_bytes((size_t)p->logits_rows, V, 1), true},
 		{"losses", f32_bytes(N, 1, 1), true},
 		{"kl", f32_bytes(N, 1, 1), o->distill},
 		{"dres", f32_bytes(N, C, 1), train},

@@ -62,6 +62,9 @@ enum tr_param_kind {
 	TR_P_LORA_B, /* PEFT lora_B [out, r] */
 };
 
+/* The most logits floats a causal plan holds at once (256 MiB of fp32). */
+#define TR_LOGITS_CHUNK_FLOATS ((size_t)64 << 20)
+
 /* Offsets inside an arena are multiples of this (enough for any vector load). */
 #define TR_PLAN_ALIGN 256
 
@@ -114,6 +117,7 @@ struct tr_plan_opts {
 	int num_labels;
 	bool distill;          /* the student of a distillation: room for the KL terms */
 	bool inference;        /* forward only (a teacher): everything frozen, no backward buffers */
+	size_t logits_chunk_floats; /* the chunked head's bound (see logits_rows); 0: TR_LOGITS_CHUNK_FLOATS */
 };
 
 struct tr_plan {
@@ -129,6 +133,11 @@ struct tr_plan {
 	size_t numel_frozen;          /* elements of frozen tensors */
 	size_t frozen_bytes;          /* frozen tensors as stored: fp32, or the NF4 buffers */
 	size_t nf4_numel, nf4_bytes;  /* the NF4-stored part of the above */
+	/* Rows of logits (N, V) held at once. A causal training plan whose logits
+	 * would exceed TR_LOGITS_CHUNK_FLOATS computes the LM head and its loss in
+	 * chunks of this many rows, forward and (recomputing them) backward, so
+	 * the full N x V tensor never exists; otherwise N. */
+	int logits_rows;
 	size_t nf4_blocks, nf4_scales;/* absmax values; double-quantization floats */
 	size_t nf4_max_numel;         /* the largest NF4 tensor (the dequantization scratch) */
 	float lora_scale;             /* alpha / rank (rslora: / sqrt(rank)); 0 without LoRA */

@@ -1,5 +1,6 @@
 /* The CUDA backend's core: driver loading, device, context, stream, memory,
- * the embedded kernel images, the sealed kernel table, cuBLAS.
+ * the embedded kernel images, the sealed kernel table, cuBLAS, and the use of
+ * tier 2 of the module cache (gpu/cuda/modcache.h) for the PTX path.
  *
  * This file is compiled into libtraind-cuda.so, a module the daemon and the
  * tests dlopen (gpu/select.c). libcuda.so.1 is itself opened here with dlopen,

@@ -9,8 +9,9 @@
  *               [--batch B] [--seq T] [--steps N] [--warm N] [--lora-rank R]
  *               [--lora-targets qv|all] [--precision fp32|bf16]
  *
- * Memory: reserve_gib is what a reservation for the job is: the memory plan
- * plus the backend's fixed bytes (workspaces, allocated at its creation).
+ * Memory: reserve_gib is the memory plan plus the backend's fixed bytes
+ * (workspaces, allocated at its creation); the daemon's lease adds its
+ * cuda_context_mib (768 MiB by default) for the context on a GPU.
  * used_gib is the measured footprint: those fixed bytes plus what the device
  * lost between the backend's creation and the lowest free memory seen after
  * any step (cuMemGetInfo on a GPU; the backend's own count on the CPU). The

@@ -3,6 +3,7 @@
 # PyTorch peer, in one call. Expects .gpu-run/ (binaries and the CUDA module,
 # see tests/gpu/README.md) and .gpu-libs/lib (bundle-libs.sh) in the repo root.
 # usage: tests/gpu/device-run.sh [tests|bench|all]
+# Prepare here: see the comment at the end of this file.
 set -u
 what=${1:-all}
 root=$(pwd)
@@ -30,6 +31,12 @@ if [ "$what" != bench ]; then
 	tests/gpu/loss_curve.sh "$bin/traind" "$fx" bf16 || status=1
 	echo "== resume on the GPU, compile counter"
 	tests/gpu/resume_cuda.sh "$bin/traind" "$fx" || status=1
+	echo "== the daemon places a job on the GPU"
+	TRAIND=$bin/traind TRAINCTL=$bin/trainctl TD_FIXTURES=$fx TD_SRC=$root bash tests/gpu/daemon_gpu.sh || status=1
+	if [ -f tests/gpu/modcache.sh ]; then
+		echo "== module cache (PTX path forced)"
+		bash tests/gpu/modcache.sh "$bin/traind" "$fx" || status=1
+	fi
 fi
 if [ "$what" != tests ]; then
 	echo "== bench: tokenizer, one thread, traind vs HF tokenizers (same text, ids compared)"
@@ -39,10 +46,29 @@ if [ "$what" != tests ]; then
 	echo "== bench: traind"
 	for args in "--shape qwen2-0.5b" "--shape qwen2-0.5b --precision bf16" \
 		"--shape qwen2-0.5b --lora-rank 16 --lora-targets qv --precision bf16"; do
-		"$bin/bench_train" --backend cuda $args --steps 8 --warm 2 | tee -a "$out/bench_traind.jsonl"
+		"$bin/bench_train" --backend cuda $args --steps 8 --warm 2 >"$out/one.json" &
+		pid=$! peak=0
+		# The process's whole footprint (context included), as nvidia-smi sees it.
+		while kill -0 $pid 2>/dev/null; do
+			m=$(nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader,nounits |
+				awk -F', ' -v p=$pid '$1 == p {print $2}')
+			[ -n "$m" ] && [ "$m" -gt "$peak" ] && peak=$m
+			sleep 0.2
+		done
+		wait $pid || status=1
+		sed "s/}\$/, \"nvidia_smi_peak_mib\": $peak}/" "$out/one.json" | tee -a "$out/bench_traind.jsonl"
 	done
 	echo "== bench: peer (PyTorch + transformers + PEFT)"
 	PYTHONUNBUFFERED=1 ONLY=${PEER_ONLY:-sdpa} OUT=$out timeout 400 python3 "$root/.gpu-libs/peer_hf.py" 2>&1 |
 		grep '^{' | tee -a "$out/bench_peer.jsonl"
 fi
 exit $status
+
+# Preparing the bundle on the development machine (the build folder is not
+# carried; these binaries and the Debian libraries they need are):
+#   mkdir -p .gpu-run && cp build/daemon/traind build/client/trainctl \
+#     build/tests/parity build/tests/gpu/test_cuda_ops build/tests/bench/bench_train \
+#     build/tests/bench/bench_tokenizer build/gpu/cuda/libtraind-cuda.so .gpu-run/
+#   ../shared/device/bundle-libs.sh .gpu-libs .gpu-run/*
+#   cp ../shared/bench/peer_hf.py .gpu-libs/
+# and run with carry [".gpu-run", ".gpu-libs"].

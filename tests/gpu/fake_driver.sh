@@ -4,7 +4,7 @@
 # `trainctl ledger` list both with nvidia-smi's UUIDs, names, totals and the
 # driver's free memory; a reservation over a device's free memory is refused
 # (contract 7); a job with device GPU is placed on device 0 with a lease of
-# plan + 36 MiB (CUDA backend) + 600 MiB (cuda_context_mib), is run with the
+# plan + 36 MiB (CUDA backend) + 768 MiB (cuda_context_mib, its default), is run with the
 # CUDA backend on ordinal 0 — which fails there, the fake driver runs nothing —
 # and leaves no lease behind.
 # usage: fake_driver.sh LIBFAKECUDA (environment as tests/integration/lib.sh)
@@ -51,9 +51,9 @@ ended() { case $(job_state "$id") in SUCCEEDED | FAILED | CANCELLED) return 0 ;;
 check "the job ends" wait_for 60 ended
 logs=$(ctl logs "$id")
 plan=$(printf '%s\n' "$logs" | sed -n 's/.*plan: \([0-9]*\) bytes.*/\1/p' | head -n 1)
-want=$(awk -v p="$plan" 'BEGIN { printf "%.1f", (p + 36 * 1048576 + 600 * 1048576) / 1048576 }')
+want=$(awk -v p="$plan" 'BEGIN { printf "%.1f", (p + 36 * 1048576 + 768 * 1048576) / 1048576 }')
 has() { printf '%s\n' "$logs" | grep -qF -e "$1"; }
-check "placed on device 0 with a lease of plan + 36 MiB + 600 MiB ($want MiB)" \
+check "placed on device 0 with a lease of plan + 36 MiB + 768 MiB ($want MiB)" \
 	grep -qE "placed on $U0 \(GPU 0, Fake GPU 0\): lease [0-9]+ of $want MiB \(plan" <<<"$logs"
 check "run with the CUDA backend on ordinal 0" has "(cuda backend, CUDA device 0)"
 expect_eq "the fake driver cannot run it" "$(job_state "$id")" FAILED

@@ -36,6 +36,7 @@ SPEC
 	fi
 	line=$(grep "kernel compiles" "$tmp/$n.log" || true)
 	[ -n "$line" ] || { echo "FAIL: run $n printed no compile count"; cat "$tmp/$n.log"; exit 1; }
+	# shellcheck disable=SC2046 # splitting the three numbers is the point
 	set -- $(echo "$line" | sed -n 's/.*: \([0-9]*\) kernel compiles, \([0-9]*\) after seal; first step \([0-9.]*\)s.*/\1 \2 \3/p')
 	[ $# = 3 ] || { echo "FAIL: run $n: cannot read '$line'"; exit 1; }
 	compiles=$1 after_seal=$2 first=$3
@@ -43,6 +44,7 @@ SPEC
 	[ "$after_seal" = 0 ] || { echo "FAIL: run $n compiled after seal"; exit 1; }
 }
 
+# shellcheck disable=SC2010 # the names are hex keys
 entries() { ls "$cache/modules" 2>/dev/null | grep -c '\.cubin$' || true; }
 
 run 1 --cache-dir "$cache"

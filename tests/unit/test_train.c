@@ -220,6 +220,59 @@ static void test_plan_equals_allocation(void)
 	}
 }
 
+/* A head computed in chunks of rows (plan.logits_rows < N, with a remainder)
+ * gives the loss and every gradient of the whole-logits head. */
+static void test_chunked_head(void)
+{
+	char path[512];
+	snprintf(path, sizeof(path), "%s/qwen2/config.json", fx);
+	struct tr_model_config cfg;
+	struct td_errbuf eb = {{0}};
+	CHECK_EQ_INT(tr_config_load(&cfg, path, &eb), TD_OK);
+	snprintf(path, sizeof(path), "%s/qwen2", fx);
+	struct tr_weights *w = NULL;
+	CHECK_EQ_INT(tr_weights_open(&w, path, &eb), TD_OK);
+	int32_t ids[2 * 24];
+	for (int k = 0; k < 48; k++)
+		ids[k] = (k * 131 + 7) % cfg.vocab_size;
+	float *g[2] = {NULL, NULL};
+	double loss[2];
+	size_t numel = 0;
+	for (int v = 0; v < 2; v++) {
+		struct gpu_backend *be = NULL;
+		CHECK_EQ_INT(gpu_cpu_backend_new(&be, &eb), TD_OK);
+		/* 5 rows a chunk: 48 = 9 x 5 + 3 */
+		struct tr_plan_opts po = {.B = 2, .T = 24, .logits_chunk_floats = v ? 5 * (size_t)cfg.vocab_size : 0};
+		struct tr_model *m = NULL;
+		CHECK_EQ_INT(tr_model_new(&m, be, &cfg, &po, &eb), TD_OK);
+		const struct tr_plan *p = tr_model_plan(m);
+		CHECK_EQ_INT(p->logits_rows, v ? 5 : 48);
+		CHECK_EQ_INT(tr_model_load(m, w, &eb), TD_OK);
+		int64_t nv;
+		tr_model_zero_grad(m);
+		CHECK_EQ_INT(tr_model_forward(m, ids, ids, &loss[v], &nv, &eb), TD_OK);
+		tr_model_backward(m, 1.0f / (float)nv);
+		numel = p->numel_trainable;
+		g[v] = malloc(numel * sizeof(float));
+		for (size_t i = 0; i < p->nparams; i++)
+			if (p->params[i].trainable)
+				tr_model_get_grad(m, &p->params[i], g[v] + p->params[i].goffset);
+		tr_model_free(m);
+		gpu_backend_free(be);
+	}
+	CHECK_NEAR(loss[1], loss[0], 1e-9 * fabs(loss[0]));
+	double maxd = 0, maxg = 0;
+	for (size_t i = 0; i < numel; i++) {
+		maxd = fmax(maxd, fabs((double)g[1][i] - g[0][i]));
+		maxg = fmax(maxg, fabs((double)g[0][i]));
+	}
+	/* Only the summation order of the head's weight gradient differs. */
+	CHECK_MSG(maxd <= 1e-6 * maxg, "chunked head gradients differ by %.3g (max |g| %.3g)", maxd, maxg);
+	free(g[0]);
+	free(g[1]);
+	tr_weights_close(w);
+}
+
 /* Published parameter counts of real models, from their configs alone. */
 static void test_plan_real_shapes(void)
 {
@@ -438,6 +491,7 @@ int main(void)
 	test_schedules();
 	test_plan_real_shapes();
 	test_plan_equals_allocation();
+	test_chunked_head();
 	test_bad_data(model);
 	test_bad_ids(model);
 	test_bad_weights(model);
