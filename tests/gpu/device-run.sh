@@ -36,6 +36,7 @@ if [ "$what" != bench ]; then
 	if [ -f tests/gpu/modcache.sh ]; then
 		echo "== module cache (PTX path forced)"
 		bash tests/gpu/modcache.sh "$bin/traind" "$fx" || status=1
+		TRAIND=$bin/traind TRAINCTL=$bin/trainctl TD_FIXTURES=$fx TD_SRC=$root bash tests/gpu/modcache_daemon.sh || status=1
 	fi
 fi
 if [ "$what" != tests ]; then
