@@ -45,6 +45,10 @@ struct dmn_runner {
 	struct dmn_fscreds creds;
 	bool as_user;     /* creds differ from the daemon's: switch around DB writes */
 	atomic_bool cancel, shutdown, creds_lost;
+	/* Another job's sticky error lost this job's CUDA device: stop and be
+	 * requeued (dmn_runners_lost). */
+	atomic_bool device_lost;
+	bool requeue;     /* runner thread: INTERRUPTED, then QUEUED at once */
 
 	/* runner thread only */
 	struct st_db *db;
@@ -74,6 +78,7 @@ struct dmn_runners {
 	struct dmn_runner *done_list; /* thread finished, waiting for join */
 	size_t n, ncpu;
 	bool closed;
+	uint64_t lost;                /* CUDA ordinals (< 64) whose context is lost */
 };
 
 /* ------------------------------------------------------------------------ */
@@ -161,7 +166,8 @@ static void index_module_cache(struct dmn_runner *rn, const struct gpu_cache_ent
 static bool hook_should_stop(void *ctx)
 {
 	struct dmn_runner *rn = ctx;
-	return atomic_load(&rn->cancel) || atomic_load(&rn->shutdown) || atomic_load(&rn->creds_lost);
+	return atomic_load(&rn->cancel) || atomic_load(&rn->shutdown) ||
+	       atomic_load(&rn->creds_lost) || atomic_load(&rn->device_lost);
 }
 
 static void write_tensorboard(struct dmn_runner *rn, const struct tr_progress *p)
@@ -343,6 +349,25 @@ static bool finished_before(struct dmn_runner *rn)
 	return done;
 }
 
+/* Runner thread: rn's CUDA device lost its context. Marks the device lost
+ * (the scheduler admits nothing there until it has reset it) and asks every
+ * other runner on it to stop. true if rn is the first job to report it:
+ * the one whose fault it is taken to be (CUDA does not say which stream
+ * faulted; the others see the same error from then on). */
+static bool device_lost_first(struct dmn_runner *rn)
+{
+	struct dmn_runners *set = rn->set;
+	uint64_t bit = rn->cuda_device < 64 ? (uint64_t)1 << rn->cuda_device : 0;
+	pthread_mutex_lock(&set->mu);
+	bool first = !(set->lost & bit) && !atomic_load(&rn->device_lost);
+	set->lost |= bit;
+	for (struct dmn_runner *o = set->list; o; o = o->next)
+		if (o != rn && o->cuda_device == rn->cuda_device)
+			atomic_store(&o->device_lost, true);
+	pthread_mutex_unlock(&set->mu);
+	return first;
+}
+
 static enum st_job_state run_job(struct dmn_runner *rn, char *reason, size_t cap)
 {
 	struct td_errbuf eb = {{0}};
@@ -415,6 +440,31 @@ static enum st_job_state run_job(struct dmn_runner *rn, char *reason, size_t cap
 		snprintf(reason, cap, "stopped: could not keep the submitter's file credentials");
 		return ST_FAILED;
 	}
+	/* A sticky CUDA error: the device's context is lost for every job on
+	 * it. The first job to report it fails with the error; the others
+	 * (their own sync fails the same way, or they were told to stop) are
+	 * requeued and resume from their last checkpoint once the scheduler has
+	 * reset the device. */
+	bool dev_err = e == TD_EDEVICE_LOST || ((e == TD_EDEVICE || e == TD_ENOMEM) &&
+						 atomic_load(&rn->device_lost));
+	if (rn->cuda_device >= 0 && dev_err) {
+		if (device_lost_first(rn)) {
+			snprintf(reason, cap, "%s (CUDA device %d: the other jobs on it are requeued and "
+					      "its context is reset)",
+				 eb.msg[0] ? eb.msg : td_strerror(e), rn->cuda_device);
+			return ST_FAILED;
+		}
+		if (atomic_load(&rn->cancel)) {
+			snprintf(reason, cap, "cancelled; CUDA device %d had lost its context: %s",
+				 rn->cuda_device, eb.msg);
+			return ST_CANCELLED;
+		}
+		rn->requeue = true;
+		snprintf(reason, cap, "CUDA device %d lost its context by another job's fault (%s); "
+				      "requeued, resumes from its last checkpoint",
+			 rn->cuda_device, eb.msg[0] ? eb.msg : td_strerror(e));
+		return ST_INTERRUPTED;
+	}
 	if (e != TD_OK) {
 		snprintf(reason, cap, "%s", eb.msg[0] ? eb.msg : td_strerror(e));
 		return ST_FAILED;
@@ -423,6 +473,14 @@ static enum st_job_state run_job(struct dmn_runner *rn, char *reason, size_t cap
 		snprintf(reason, cap, "cancelled at step %llu/%llu", (unsigned long long)res.steps_done,
 			 (unsigned long long)res.total_steps);
 		return ST_CANCELLED;
+	}
+	if (res.stopped && atomic_load(&rn->device_lost) && !atomic_load(&rn->shutdown)) {
+		rn->requeue = true;
+		snprintf(reason, cap, "stopped at step %llu/%llu: CUDA device %d lost its context by "
+				      "another job's fault; requeued, resumes from its last checkpoint",
+			 (unsigned long long)res.steps_done, (unsigned long long)res.total_steps,
+			 rn->cuda_device);
+		return ST_INTERRUPTED;
 	}
 	if (res.stopped) {
 		snprintf(reason, cap, "the daemon stopped at step %llu/%llu; resumes from its "
@@ -466,6 +524,8 @@ static void *runner_main(void *arg)
 		else
 			td_info("TD-JOB-END", "job %lld %s: %s", (long long)rn->job_id,
 				st_job_state_name(final), reason);
+		if (te == TD_OK && rn->requeue)
+			final = ST_QUEUED; /* recorded INTERRUPTED; the loop requeues it (runner.h) */
 		st_close(rn->db);
 		rn->db = NULL;
 	}
@@ -602,6 +662,42 @@ void dmn_runners_stop_all(struct dmn_runners *r)
 	pthread_mutex_lock(&r->mu);
 	for (struct dmn_runner *rn = r->list; rn; rn = rn->next)
 		atomic_store(&rn->shutdown, true);
+	pthread_mutex_unlock(&r->mu);
+}
+
+bool dmn_runners_lost(struct dmn_runners *r, int ordinal)
+{
+	if (ordinal < 0 || ordinal >= 64)
+		return false;
+	pthread_mutex_lock(&r->mu);
+	bool lost = (r->lost >> ordinal) & 1;
+	pthread_mutex_unlock(&r->mu);
+	return lost;
+}
+
+int dmn_runners_lost_idle(struct dmn_runners *r, uint64_t skip)
+{
+	int found = -1;
+	pthread_mutex_lock(&r->mu);
+	for (int d = 0; d < 64 && found < 0; d++) {
+		if (!((r->lost >> d) & 1) || ((skip >> d) & 1))
+			continue;
+		bool busy = false;
+		for (struct dmn_runner *rn = r->list; rn && !busy; rn = rn->next)
+			busy = rn->cuda_device == d;
+		if (!busy)
+			found = d;
+	}
+	pthread_mutex_unlock(&r->mu);
+	return found;
+}
+
+void dmn_runners_lost_clear(struct dmn_runners *r, int ordinal)
+{
+	if (ordinal < 0 || ordinal >= 64)
+		return;
+	pthread_mutex_lock(&r->mu);
+	r->lost &= ~((uint64_t)1 << ordinal);
 	pthread_mutex_unlock(&r->mu);
 }
 

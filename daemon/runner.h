@@ -45,7 +45,10 @@ struct dmn_run_request {
 };
 
 /* Called on the loop thread after a runner thread ended and was joined.
- * final is the state it recorded. */
+ * final is the state it recorded, but ST_QUEUED: it recorded INTERRUPTED
+ * because another job's sticky CUDA error lost its device, and asks to be
+ * requeued now (INTERRUPTED -> QUEUED, done on the loop thread so that no
+ * pass admits the job again while this runner is still in the set). */
 typedef void (*dmn_runner_done_fn)(void *ctx, int64_t job_id, enum st_job_state final,
 				   bool on_gpu);
 
@@ -65,6 +68,20 @@ bool dmn_runners_cancel(struct dmn_runners *r, int64_t job_id);
 /* Shutdown: every runner stops at its next step boundary, checkpoints, and
  * ends INTERRUPTED (requeued at the next start). Returns immediately. */
 void dmn_runners_stop_all(struct dmn_runners *r);
+
+/* Device faults. A job whose CUDA backend reports TD_EDEVICE_LOST (a sticky
+ * error: its device's primary context is corrupt for the whole process)
+ * marks its CUDA ordinal lost and fails with the error; every other runner
+ * on that ordinal is told to stop (should_stop), and those are recorded
+ * INTERRUPTED and requeued (see dmn_runner_done_fn) whether they stop
+ * cleanly or fail with the same loss. The scheduler admits nothing on a lost
+ * ordinal; once no runner is left on it (dmn_runners_lost_idle), it resets
+ * the context (gpu_device_reset) and clears the mark. Any thread. */
+bool dmn_runners_lost(struct dmn_runners *r, int ordinal);
+/* A lost ordinal with no runner left on it and not in the mask skip
+ * (bit d: ordinal d), or -1. */
+int dmn_runners_lost_idle(struct dmn_runners *r, uint64_t skip);
+void dmn_runners_lost_clear(struct dmn_runners *r, int ordinal);
 
 /* Running jobs: all, and those on CPU slots (not on a GPU). */
 size_t dmn_runners_count(const struct dmn_runners *r);

@@ -52,6 +52,7 @@ struct dmn_sched {
 	size_t nplans, capplans;
 	size_t plans_in_flight;
 	uint32_t queued;
+	uint64_t reset_failed; /* lost CUDA ordinals whose reset failed: retried each tick */
 };
 
 /* ------------------------------------------------------------------------ */
@@ -318,6 +319,8 @@ static enum place try_place(struct dmn_sched *s, const struct st_queued *q)
 		}
 		for (int i = 0; i < s->dev->n && !gpu; i++) {
 			const struct dmn_gpu *g = &s->dev->gpu[i];
+			if (!g->fake && dmn_runners_lost(s->run, g->ordinal))
+				continue; /* its context is being reset (reset_lost) */
 			char label[64];
 			snprintf(label, sizeof(label), "job %lld", (long long)q->id);
 			uint64_t bytes = dmn_sched_lease_bytes(s->cfg, g, p->bytes);
@@ -508,8 +511,41 @@ void dmn_sched_kick(struct dmn_sched *s)
 	uv_timer_start(&s->kick, kick_cb, 0, 0);
 }
 
+/* Resets the primary context of every lost CUDA ordinal (daemon/runner.h)
+ * that no runner uses any more, then admits jobs there again. A failed
+ * reset leaves the device out of placement; tick retries it (all=true). */
+static void reset_lost(struct dmn_sched *s, bool all)
+{
+	int d;
+	uint64_t tried = all ? 0 : s->reset_failed;
+	while ((d = dmn_runners_lost_idle(s->run, tried)) >= 0) {
+		uint64_t bit = (uint64_t)1 << d;
+		tried |= bit;
+		const char *uuid = "?";
+		for (int i = 0; i < s->dev->n; i++)
+			if (!s->dev->gpu[i].fake && s->dev->gpu[i].ordinal == d)
+				uuid = s->dev->gpu[i].uuid;
+		struct td_errbuf eb = {{0}};
+		if (gpu_device_reset(d, &eb) != TD_OK) {
+			if (!(s->reset_failed & bit))
+				td_err_log("TD-GPU-RESET", "CUDA device %d (%s): %s; no job is placed "
+					   "there until a reset succeeds (retried each tick; restarting "
+					   "the daemon recovers it)",
+					   d, uuid, eb.msg);
+			s->reset_failed |= bit;
+			continue;
+		}
+		s->reset_failed &= ~bit;
+		dmn_runners_lost_clear(s->run, d);
+		td_warn("TD-GPU-RESET", "CUDA device %d (%s): primary context reset after a sticky "
+			"error; placing jobs there again", d, uuid);
+		dmn_sched_kick(s);
+	}
+}
+
 void dmn_sched_tick(struct dmn_sched *s)
 {
+	reset_lost(s, true);
 	struct td_errbuf eb = {{0}};
 	size_t reaped = 0;
 	if (st_ledger_reap(s->db, &reaped, &eb) != TD_OK)
@@ -525,9 +561,22 @@ static void runner_done(void *ctx, int64_t job_id, enum st_job_state final, bool
 	struct dmn_sched *s = ctx;
 	struct td_errbuf eb = {{0}};
 	struct st_job j;
+	bool requeue = final == ST_QUEUED; /* daemon/runner.h: after a device loss */
+	if (requeue)
+		final = ST_INTERRUPTED;
 	/* The runner records its end itself; if it could not (no database
 	 * handle), do it here so that no job is left looking active. */
 	if (st_job_get(s->db, job_id, &j, &eb) == TD_OK) {
+		if (requeue && j.state == ST_INTERRUPTED) {
+			if (st_job_transition(s->db, job_id, ST_INTERRUPTED, ST_QUEUED,
+					      "requeued after its CUDA device lost its context; "
+					      "resumes from its last checkpoint",
+					      NULL, &eb) == TD_OK)
+				j.state = ST_QUEUED;
+			else
+				td_err_log("TD-SCHED-STATE", "job %lld: cannot requeue it: %s; it is "
+					   "requeued at the next start", (long long)job_id, eb.msg);
+		}
 		if (ST_MASK(j.state) & ST_MASK_ACTIVE) {
 			if (st_job_transition(s->db, job_id, ST_ANY_STATE, final,
 					      "the runner ended without recording its state", NULL, &eb) != TD_OK)
@@ -543,6 +592,8 @@ static void runner_done(void *ctx, int64_t job_id, enum st_job_state final, bool
 		claim_remove(s, job_id);
 		plan_remove(s, job_id);
 	}
+	if (!s->stopping)
+		reset_lost(s, false);
 	dmn_sched_kick(s);
 }
 

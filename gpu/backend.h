@@ -12,7 +12,10 @@
  * backend's stream in order and may run asynchronously; gpu_download,
  * gpu_sumsq and gpu_sync block until all earlier work is done. An op cannot
  * fail by itself: a device error is sticky and is reported by the next
- * blocking call (gpu_sync).
+ * blocking call (gpu_sync): TD_EDEVICE naming the driver's error, or
+ * TD_EDEVICE_LOST when it corrupted the device's context for the whole
+ * process (every backend on that device fails from then on; gpu/select.h's
+ * gpu_device_reset recovers it once none is left).
  *
  * This is not an allocator policy: the engine asks for whole arenas sized by
  * the memory plan (contract 1), one gpu_alloc per arena. */

@@ -19,6 +19,7 @@ typedef td_err (*gpu_cuda_new_opts_fn)(struct gpu_backend **out, int ordinal, co
 				       struct td_errbuf *eb);
 typedef td_err (*gpu_cuda_devices_fn)(struct gpu_device_info *out, int max, int *n,
 				      struct td_errbuf *eb);
+typedef td_err (*gpu_cuda_device_reset_fn)(int ordinal, struct td_errbuf *eb);
 typedef td_err (*gpu_cuda_device_mem_fn)(int ordinal, uint64_t *free_bytes, uint64_t *total_bytes,
 					 struct td_errbuf *eb);
 
@@ -113,6 +114,7 @@ static pthread_mutex_t dev_mu = PTHREAD_MUTEX_INITIALIZER;
 static char dev_why[512];
 static int dev_found;                     /* devices the last query found */
 static gpu_cuda_device_mem_fn dev_mem_fn; /* from the module, once found */
+static gpu_cuda_device_reset_fn dev_reset_fn;
 
 td_err gpu_devices_query(struct gpu_device_info *out, int max, int *n, struct td_errbuf *eb)
 {
@@ -124,11 +126,13 @@ td_err gpu_devices_query(struct gpu_device_info *out, int max, int *n, struct td
 	struct td_errbuf why = {{0}};
 	int found = 0;
 	gpu_cuda_device_mem_fn mem = NULL;
+	gpu_cuda_device_reset_fn reset = NULL;
 	/* The module stays loaded: it holds the driver and the retained contexts. */
 	void *h = open_module(&why);
 	if (h) {
 		gpu_cuda_devices_fn fn = (gpu_cuda_devices_fn)dlsym(h, "gpu_cuda_devices");
 		mem = (gpu_cuda_device_mem_fn)dlsym(h, "gpu_cuda_device_mem");
+		reset = (gpu_cuda_device_reset_fn)dlsym(h, "gpu_cuda_device_reset");
 		if (!fn || !mem)
 			td_fail(&why, TD_EUNSUPPORTED,
 				"libtraind-cuda.so has no gpu_cuda_devices (an older module?)");
@@ -140,6 +144,7 @@ td_err gpu_devices_query(struct gpu_device_info *out, int max, int *n, struct td
 	pthread_mutex_lock(&dev_mu);
 	dev_found = found;
 	dev_mem_fn = found ? mem : NULL;
+	dev_reset_fn = found ? reset : NULL;
 	snprintf(dev_why, sizeof(dev_why), "%s", found ? "" : why.msg);
 	pthread_mutex_unlock(&dev_mu);
 	if (!found)
@@ -167,4 +172,15 @@ td_err gpu_device_mem(int index, uint64_t *free_bytes, uint64_t *total_bytes,
 		return td_fail(eb, TD_EUNSUPPORTED, "no CUDA device %d (the device query did not find it)",
 			       index);
 	return fn(index, free_bytes, total_bytes, eb);
+}
+
+td_err gpu_device_reset(int index, struct td_errbuf *eb)
+{
+	pthread_mutex_lock(&dev_mu);
+	gpu_cuda_device_reset_fn fn = index >= 0 && index < dev_found ? dev_reset_fn : NULL;
+	pthread_mutex_unlock(&dev_mu);
+	if (!fn)
+		return td_fail(eb, TD_EUNSUPPORTED, "no CUDA device %d to reset (the device query did "
+				"not find it)", index);
+	return fn(index, eb);
 }

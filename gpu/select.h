@@ -75,4 +75,12 @@ void gpu_devices_why(char *buf, size_t cap);
 td_err gpu_device_mem(int index, uint64_t *free_bytes, uint64_t *total_bytes,
 		      struct td_errbuf *eb);
 
+/* Resets device ordinal index's primary context (cuDevicePrimaryCtxReset):
+ * after a sticky error (TD_EDEVICE_LOST: an illegal address, a launch
+ * failure...) the context is unusable by every backend of the process until
+ * then. Frees everything in it: call it only when no backend is alive on
+ * that device. TD_EUNSUPPORTED unless gpu_devices_query found it, TD_EDEVICE
+ * when the driver refuses (the device then stays unusable). Any thread. */
+td_err gpu_device_reset(int index, struct td_errbuf *eb);
+
 #endif

@@ -27,7 +27,11 @@
 	X(BUSY, "resource busy")                                              \
 	X(STATE, "invalid state")                                             \
 	X(DEVICE, "device error")                                             \
-	X(INTERNAL, "internal error")
+	X(INTERNAL, "internal error")                                         \
+	/* A sticky CUDA error (illegal address, launch failure...): the       \
+	 * device's primary context is corrupt for the whole process, every    \
+	 * job on that device fails, and the context must be reset. */         \
+	X(DEVICE_LOST, "device context lost")
 
 typedef enum td_err {
 	TD_OK = 0,

@@ -192,6 +192,10 @@ static td_err write_checkpoint(struct job *j, double loss, struct td_errbuf *eb)
 		e = save_params(j, tmp, TR_DT_F32, eb);
 	if (e == TD_OK)
 		e = save_optimizer(j, tmp, eb);
+	/* A device error during the downloads left garbage in the files: never
+	 * rename those into place. */
+	if (e == TD_OK)
+		e = gpu_sync(j->be, eb);
 	if (e == TD_OK) {
 		snprintf(path, sizeof(path), "%s/trainer_state.json", tmp);
 		struct json_object *o = state_json(j, false, loss);
@@ -633,7 +637,8 @@ td_err tr_train(const Traind__JobSpec *spec, const struct tr_train_opts *opts,
 	res->steps_done = j.step;
 	res->total_steps = j.total;
 	if (e == TD_OK && !res->stopped) {
-		if ((e = save_params(&j, spec->output->dir, j.cfg.dtype, eb)) != TD_OK)
+		if ((e = save_params(&j, spec->output->dir, j.cfg.dtype, eb)) != TD_OK ||
+		    (e = gpu_sync(j.be, eb)) != TD_OK) /* a device error: not a finished model */
 			goto out;
 		struct json_object *o = state_json(&j, true, loss);
 		snprintf(path, sizeof(path), "%s/trainer_state.json", spec->output->dir);

@@ -11,9 +11,11 @@
  *
  * Not the engine: it never sees the model, only ops and buffers. */
 #include <dlfcn.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "gpu/cuda/cuda_internal.h"
 #include "gpu/cuda/images.h"
@@ -23,6 +25,71 @@
 
 #define CU_STR2_(x) #x
 #define CU_STR_(x) CU_STR2_(x)
+
+/* The errors after which the context is unusable for the rest of the
+ * process (CUDA's "sticky" errors): every stream of every backend on the
+ * device reports them from then on, until the primary context is reset
+ * (gpu_device_reset). Reported as TD_EDEVICE_LOST, not TD_EDEVICE. */
+static bool cu_sticky(CUresult r)
+{
+	switch (r) {
+	case CUDA_ERROR_ILLEGAL_ADDRESS:
+	case CUDA_ERROR_LAUNCH_FAILED:
+	case CUDA_ERROR_ILLEGAL_INSTRUCTION:
+	case CUDA_ERROR_MISALIGNED_ADDRESS:
+	case CUDA_ERROR_INVALID_ADDRESS_SPACE:
+	case CUDA_ERROR_INVALID_PC:
+	case CUDA_ERROR_HARDWARE_STACK_ERROR:
+	case CUDA_ERROR_ASSERT:
+	case CUDA_ERROR_ECC_UNCORRECTABLE:
+		return true;
+	default:
+		return false;
+	}
+}
+
+/* The fault-injection test hook (tests/gpu/fault.sh): with
+ * TD_CUDA_FAULT_AFTER_OPS=N in the environment, the first backend of the
+ * process whose kernel launches (cu_launch: every math op but the cuBLAS
+ * GEMMs launches at least one) reach N launches fault_inject_f32 on a wild
+ * pointer: a real CUDA_ERROR_ILLEGAL_ADDRESS, which corrupts the device's
+ * primary context. It fires once per process, whichever backend gets there
+ * first. So that the daemon names the faulting job (the one that reports the
+ * loss first, daemon/runner.c), the other backends' syncs wait, at most
+ * FAULT_WAIT_MS, until the faulting backend is destroyed before they report
+ * the loss. Never set in production. */
+enum { FAULT_ARMED, FAULT_FIRED, FAULT_DONE };
+static atomic_int fault_state = FAULT_ARMED;
+#define FAULT_WAIT_MS 10000
+
+static void fault_hook(struct cu_backend *cb)
+{
+	if (cb->fault_after <= 0 || ++cb->launches != cb->fault_after)
+		return;
+	int want = FAULT_ARMED;
+	if (!atomic_compare_exchange_strong(&fault_state, &want, FAULT_FIRED))
+		return;
+	cb->fault_culprit = true;
+	/* Aligned, far from any allocation, never mapped. */
+	float *wild = (float *)(uintptr_t)0x10;
+	void *args[] = {&wild};
+	td_warn("TD-GPU-FAULT-INJECT", "TD_CUDA_FAULT_AFTER_OPS=%lld: launching fault_inject_f32 "
+		"on CUDA device %d (test hook)", (long long)cb->fault_after, (int)cb->dev);
+	CUresult r = cb->drv.cuLaunchKernel(cb->fn[CU_K_fault_inject_f32], 1, 1, 1, 1, 1, 1, 0,
+					    cb->stream, args, NULL);
+	cu_check(cb, r, "fault_inject_f32 (TD_CUDA_FAULT_AFTER_OPS test hook)");
+	cu_check(cb, cb->drv.cuStreamSynchronize(cb->stream),
+		 "fault_inject_f32 (TD_CUDA_FAULT_AFTER_OPS test hook)");
+}
+
+/* Not the faulting backend of the hook: let it report first (see above). */
+static void fault_wait(struct cu_backend *cb)
+{
+	if (cb->fault_culprit || !cu_sticky(cb->first_error))
+		return;
+	for (int ms = 0; ms < FAULT_WAIT_MS && atomic_load(&fault_state) == FAULT_FIRED; ms += 10)
+		nanosleep(&(struct timespec){.tv_nsec = 10 * 1000 * 1000}, NULL);
+}
 
 void cu_check(struct cu_backend *cb, CUresult r, const char *what)
 {
@@ -55,6 +122,7 @@ void cu_launch(struct cu_backend *cb, enum cu_kernel k, struct cu_dim grid, stru
 	CUresult r = cb->drv.cuLaunchKernel(cb->fn[k], grid.x, grid.y, grid.z, block.x, block.y,
 					     block.z, shmem, cb->stream, args, NULL);
 	cu_check(cb, r, names[k]);
+	fault_hook(cb);
 }
 
 static td_err cu_err(struct cu_backend *cb, CUresult r, const char *what, struct td_errbuf *eb)
@@ -64,6 +132,9 @@ static td_err cu_err(struct cu_backend *cb, CUresult r, const char *what, struct
 		cb->drv.cuGetErrorName(r, &name);
 	if (cb->drv.cuGetErrorString)
 		cb->drv.cuGetErrorString(r, &str);
+	if (cu_sticky(r))
+		return td_fail(eb, TD_EDEVICE_LOST, "%s: %s (%s); the device's context is lost", what,
+			       name, str);
 	return td_fail(eb, TD_EDEVICE, "%s: %s (%s)", what, name, str);
 }
 
@@ -75,7 +146,9 @@ static td_err cuda_alloc(struct gpu_backend *be, size_t bytes, void **out)
 	CUdeviceptr p = 0;
 	CUresult r = cb->drv.cuMemAlloc(&p, bytes ? bytes : 256);
 	if (r != CUDA_SUCCESS)
-		return r == CUDA_ERROR_OUT_OF_MEMORY ? TD_ENOMEM : TD_EDEVICE;
+		return r == CUDA_ERROR_OUT_OF_MEMORY ? TD_ENOMEM
+		       : cu_sticky(r)		     ? TD_EDEVICE_LOST
+						     : TD_EDEVICE;
 	cu_check(cb, cb->drv.cuMemsetD8Async(p, 0, bytes, cb->stream), "cuMemsetD8Async");
 	be->bytes_in_use += bytes;
 	if (be->bytes_in_use > be->bytes_peak)
@@ -125,9 +198,15 @@ static void cuda_zero(struct gpu_backend *be, void *dst, size_t bytes)
 static td_err cuda_sync(struct gpu_backend *be, struct td_errbuf *eb)
 {
 	struct cu_backend *cb = cu_of(be);
-	cu_check(cb, cb->drv.cuStreamSynchronize(cb->stream), "cuStreamSynchronize");
+	CUresult r = cb->drv.cuStreamSynchronize(cb->stream);
+	/* A lost context outranks an earlier error it may have caused (a cuBLAS
+	 * status): it is what the daemon must act on. */
+	if (cu_sticky(r) && !cu_sticky(cb->first_error))
+		cb->first_error = CUDA_SUCCESS;
+	cu_check(cb, r, "cuStreamSynchronize");
 	if (cb->first_error == CUDA_SUCCESS)
 		return TD_OK;
+	fault_wait(cb);
 	return cu_err(cb, cb->first_error, cb->first_error_where, eb);
 }
 
@@ -170,6 +249,8 @@ static void cuda_destroy(struct gpu_backend *be)
 	}
 	if (cb->drv.lib)
 		dlclose(cb->drv.lib);
+	if (cb->fault_culprit)
+		atomic_store(&fault_state, FAULT_DONE);
 	free(cb);
 }
 
@@ -415,6 +496,15 @@ static td_err backend_new(struct gpu_backend **out, int ordinal, const char *cac
 	cb->base.ops = &cuda_ops;
 	cb->fp32_strict = true;
 	td_err e = TD_OK;
+	const char *fault = getenv("TD_CUDA_FAULT_AFTER_OPS");
+	if (fault && *fault) {
+		char *end;
+		long long v = strtoll(fault, &end, 10);
+		if (*end || v < 1)
+			e = td_fail(eb, TD_EINVAL, "TD_CUDA_FAULT_AFTER_OPS: '%s' is not a count >= 1",
+				    fault);
+		cb->fault_after = v;
+	}
 	if (cache_dir && snprintf(cb->cache_dir, sizeof(cb->cache_dir), "%s", cache_dir) >=
 				 (int)sizeof(cb->cache_dir))
 		e = td_fail(eb, TD_EINVAL, "module cache directory: path too long: %.64s...", cache_dir);

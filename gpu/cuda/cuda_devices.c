@@ -102,6 +102,8 @@ static td_err mem_of(int i, uint64_t *free_bytes, uint64_t *total_bytes, struct 
 	return TD_OK;
 }
 
+__attribute__((visibility("default"))) td_err gpu_cuda_device_reset(int ordinal,
+								    struct td_errbuf *eb);
 __attribute__((visibility("default"))) td_err gpu_cuda_devices(struct gpu_device_info *out, int max,
 							       int *n, struct td_errbuf *eb);
 __attribute__((visibility("default"))) td_err gpu_cuda_device_mem(int ordinal, uint64_t *free_bytes,
@@ -170,6 +172,64 @@ td_err gpu_cuda_device_mem(int ordinal, uint64_t *free_bytes, uint64_t *total_by
 		e = td_fail(eb, TD_EINVAL, "CUDA device %d: no such ordinal", ordinal);
 	if (e == TD_OK)
 		e = mem_of(ordinal, free_bytes, total_bytes, eb);
+	pthread_mutex_unlock(&mu);
+	return e;
+}
+
+#define CU_RESET_STR2_(x) #x
+#define CU_RESET_STR_(x) CU_RESET_STR2_(x)
+
+/* Resets ordinal's primary context after a sticky error (gpu/select.h,
+ * gpu_device_reset). The reference this file keeps for discovery is
+ * released first and taken again after, so that the retain counts stay
+ * balanced and cuMemGetInfo has a context; cuDevicePrimaryCtxReset itself
+ * ignores the count. The context must then answer (cuMemGetInfo), else
+ * TD_EDEVICE. Resolved here, not in CU_DRIVER_LIST, so that drivers without
+ * it (the test fakes) still load the module. */
+td_err gpu_cuda_device_reset(int ordinal, struct td_errbuf *eb)
+{
+	pthread_mutex_lock(&mu);
+	td_err e = ensure_driver(eb);
+	if (e == TD_OK && (ordinal < 0 || ordinal >= CU_MAX_DEVICES))
+		e = td_fail(eb, TD_EINVAL, "CUDA device %d: no such ordinal", ordinal);
+	CUresult (*reset)(CUdevice) = NULL;
+	if (e == TD_OK) {
+		*(void **)&reset = dlsym(drv.lib, CU_RESET_STR_(cuDevicePrimaryCtxReset));
+		if (!reset)
+			e = td_fail(eb, TD_EUNSUPPORTED, "libcuda.so.1 lacks %s (driver too old?)",
+				    CU_RESET_STR_(cuDevicePrimaryCtxReset));
+	}
+	CUdevice dev = 0;
+	CUresult r = CUDA_SUCCESS;
+	if (e == TD_OK && (r = drv.cuDeviceGet(&dev, ordinal)) != CUDA_SUCCESS)
+		e = drv_fail(r, "cuDeviceGet", eb);
+	if (e == TD_OK) {
+		if (ordinal < nctx && ctx[ordinal]) {
+			drv.cuCtxSetCurrent(NULL);
+			drv.cuDevicePrimaryCtxRelease(dev);
+			ctx[ordinal] = NULL;
+		}
+		if ((r = reset(dev)) != CUDA_SUCCESS) {
+			char what[64];
+			snprintf(what, sizeof(what), "CUDA device %d: cuDevicePrimaryCtxReset", ordinal);
+			e = drv_fail(r, what, eb);
+		}
+		/* Retained again whatever the reset said: discovery needs it. */
+		CUcontext c;
+		td_err e2 = device_ctx(ordinal, &c, e == TD_OK ? eb : NULL);
+		if (e == TD_OK)
+			e = e2;
+		/* Some drivers leave a sticky error in place: the context must
+		 * then answer again before any job is placed there. */
+		size_t fr, tot;
+		if (e == TD_OK && ((r = drv.cuCtxSetCurrent(c)) != CUDA_SUCCESS ||
+				   (r = drv.cuMemGetInfo(&fr, &tot)) != CUDA_SUCCESS)) {
+			char what[96];
+			snprintf(what, sizeof(what), "CUDA device %d: still unusable after the reset",
+				 ordinal);
+			e = drv_fail(r, what, eb);
+		}
+	}
 	pthread_mutex_unlock(&mu);
 	return e;
 }

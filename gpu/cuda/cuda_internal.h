@@ -93,6 +93,10 @@ struct cu_backend {
 	/* cuBLAS's workspace, allocated at creation (counted in fixed_bytes). */
 	void *blas_ws;
 	size_t blas_ws_bytes;
+	/* The TD_CUDA_FAULT_AFTER_OPS test hook (cuda_backend.c): N (0: off),
+	 * the kernel launches so far, and whether this backend fired it. */
+	long long fault_after, launches;
+	bool fault_culprit;
 };
 
 static inline struct cu_backend *cu_of(struct gpu_backend *be)

@@ -11,3 +11,4 @@
 #include "crossentropy.cu"
 #include "optimizer.cu"
 #include "methods.cu"
+#include "fault.cu"

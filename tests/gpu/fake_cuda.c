@@ -7,11 +7,20 @@
  * its first stream, as a real driver would fail on a broken device.
  *
  * Device i: "Fake GPU i", compute capability 9.0, UUID bytes 16*i .. 16*i+15,
- * total FAKE_TOTAL(i), free FAKE_FREE(i) (fake_driver.sh checks these). */
+ * total FAKE_TOTAL(i), free FAKE_FREE(i) (fake_driver.sh checks these).
+ *
+ * A lost context (fault_fake.sh): while the file $TD_FAKE_CUDA_LOST exists,
+ * cuStreamCreate waits 3 s (so that jobs overlap) and fails with the sticky
+ * CUDA_ERROR_ILLEGAL_ADDRESS, as every call does on a real corrupt context;
+ * cuDevicePrimaryCtxReset removes the file and appends "reset <device>" to
+ * $TD_FAKE_CUDA_LOG. */
 #include <cuda.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <time.h>
+#include <unistd.h>
 
 #define FAKE_COUNT 2
 #define FAKE_TOTAL(i) ((i) == 0 ? (size_t)80 << 30 : (size_t)16 << 30)
@@ -107,9 +116,39 @@ CUresult CUDAAPI cuMemGetInfo(size_t *free_bytes, size_t *total_bytes)
 	return CUDA_SUCCESS;
 }
 
+CUresult CUDAAPI cuStreamCreate(CUstream *s, unsigned int flags)
+{
+	(void)s;
+	(void)flags;
+	const char *lost = getenv("TD_FAKE_CUDA_LOST");
+	if (lost && *lost && access(lost, F_OK) == 0) {
+		nanosleep(&(struct timespec){.tv_sec = 3}, NULL);
+		return CUDA_ERROR_ILLEGAL_ADDRESS;
+	}
+	return CUDA_ERROR_NOT_SUPPORTED;
+}
+
+/* cuda.h names it cuDevicePrimaryCtxReset_v2, as the module looks it up. */
+CUresult CUDAAPI cuDevicePrimaryCtxReset(CUdevice dev)
+{
+	const char *lost = getenv("TD_FAKE_CUDA_LOST"), *log = getenv("TD_FAKE_CUDA_LOG");
+	if (dev < 0 || dev >= FAKE_COUNT)
+		return CUDA_ERROR_INVALID_DEVICE;
+	if (lost && *lost)
+		unlink(lost);
+	FILE *f = log && *log ? fopen(log, "a") : NULL;
+	if (f) {
+		fprintf(f, "reset %d\n", (int)dev);
+		fclose(f);
+	}
+	return CUDA_SUCCESS;
+}
+
 CUresult CUDAAPI cuGetErrorName(CUresult r, const char **s)
 {
-	*s = r == CUDA_ERROR_NOT_SUPPORTED ? "CUDA_ERROR_NOT_SUPPORTED" : "CUDA_ERROR_FAKE";
+	*s = r == CUDA_ERROR_NOT_SUPPORTED     ? "CUDA_ERROR_NOT_SUPPORTED"
+	     : r == CUDA_ERROR_ILLEGAL_ADDRESS ? "CUDA_ERROR_ILLEGAL_ADDRESS"
+					       : "CUDA_ERROR_FAKE";
 	return CUDA_SUCCESS;
 }
 
