@@ -8,6 +8,7 @@
  * usage or a bad spec, 3 the job stopped early (a checkpoint holds its
  * progress). Serving: 0 after a clean stop, 1 when it cannot start, 2 for bad
  * settings. */
+#include <errno.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -134,6 +135,16 @@ static int serve_main(int argc, char **argv)
 	else
 		rc = dmn_serve(&cfg, nargs, args);
 	free(args);
+	if (rc == DMN_SERVE_REEXEC) {
+		/* The fault-injection test hook fires once per daemon, not once per
+		 * process image: the new image must not fault again. */
+		unsetenv("TD_CUDA_FAULT_AFTER_OPS");
+		td_warn("TD-REEXEC", "re-executing traind to recover a GPU");
+		fflush(NULL);
+		execv("/proc/self/exe", argv);
+		td_err_log("TD-REEXEC", "cannot re-execute /proc/self/exe: %s", strerror(errno));
+		rc = 1;
+	}
 	return rc;
 }
 

@@ -528,9 +528,9 @@ static void reset_lost(struct dmn_sched *s, bool all)
 		struct td_errbuf eb = {{0}};
 		if (gpu_device_reset(d, &eb) != TD_OK) {
 			if (!(s->reset_failed & bit))
-				td_err_log("TD-GPU-RESET", "CUDA device %d (%s): %s; no job is placed "
-					   "there until a reset succeeds (retried each tick; restarting "
-					   "the daemon recovers it)",
+				td_err_log("TD-GPU-RESET", "CUDA device %d (%s): %s; the driver keeps "
+					   "this error for the process's life, so the daemon stops its "
+					   "jobs and re-executes itself to recover the device",
 					   d, uuid, eb.msg);
 			s->reset_failed |= bit;
 			continue;
@@ -541,6 +541,11 @@ static void reset_lost(struct dmn_sched *s, bool all)
 			"error; placing jobs there again", d, uuid);
 		dmn_sched_kick(s);
 	}
+}
+
+bool dmn_sched_restart_wanted(const struct dmn_sched *s)
+{
+	return s->reset_failed != 0;
 }
 
 void dmn_sched_tick(struct dmn_sched *s)

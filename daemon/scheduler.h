@@ -73,6 +73,10 @@ void dmn_sched_job_ended(struct dmn_sched *s, int64_t job_id);
 
 /* Jobs QUEUED as of the last pass. */
 uint32_t dmn_sched_queued(const struct dmn_sched *s);
+/* True once a lost CUDA device's context could not be reset in this process
+ * (the driver keeps a sticky error for the process's life): the daemon then
+ * stops its jobs, as for SIGTERM, and re-executes itself (server.c). */
+bool dmn_sched_restart_wanted(const struct dmn_sched *s);
 
 /* Shutdown: no more passes; the runners are told to stop. */
 void dmn_sched_stop(struct dmn_sched *s);

@@ -64,6 +64,7 @@ struct server {
 	struct dmn_env env;
 	int lock_fd;
 	bool loop_ready, stopping, closing;
+	bool reexec; /* stopping to re-execute (a GPU context that cannot be reset) */
 	int exit_code;
 	char db_path[PATH_MAX];
 };
@@ -305,12 +306,18 @@ static void notify_status(struct server *srv)
 			  dmn_runners_count(run), dmn_sched_queued(srv->sched));
 }
 
+static void begin_stop(struct server *srv, const char *why);
+
 static void tick_cb(uv_timer_t *t)
 {
 	struct server *srv = t->data;
 	dmn_notify_watchdog();
 	if (!srv->stopping)
 		dmn_sched_tick(srv->sched);
+	if (!srv->stopping && dmn_sched_restart_wanted(srv->sched)) {
+		srv->reexec = true;
+		begin_stop(srv, "a GPU's context cannot be reset in this process");
+	}
 	notify_status(srv);
 }
 
@@ -542,6 +549,8 @@ int dmn_serve(struct dmn_config *cfg, int argc, char **argv)
 	if (srv->lock_fd >= 0)
 		close(srv->lock_fd);
 	pthread_mutex_destroy(&srv->inbox_mu);
+	if (srv->reexec && code == 0)
+		code = DMN_SERVE_REEXEC;
 	free(srv);
 	return code;
 }

@@ -16,7 +16,8 @@
  * checkpoint and stop (they end INTERRUPTED and resume at the next start),
  * keep answering reads, exit 0 when they have stopped — or exit 1 after
  * shutdown_timeout_s with whatever did not stop recorded INTERRUPTED.
- * SIGHUP: reload the mutable settings (daemon/settings.h). */
+ * SIGHUP: reload the mutable settings (daemon/settings.h).
+ * A CUDA context lost beyond reset: the same stop, then DMN_SERVE_REEXEC. */
 #ifndef DAEMON_SERVER_H
 #define DAEMON_SERVER_H
 
@@ -26,5 +27,12 @@
  * for SIGHUP reloads. Returns the process exit code: 0 after a clean stop, 1
  * when it could not start (the reason is logged) or had to force its exit. */
 int dmn_serve(struct dmn_config *cfg, int argc, char **argv);
+
+/* dmn_serve's return when the daemon stopped to be started again: a CUDA
+ * device's context was lost to a sticky error that the driver cannot reset
+ * in this process. Every job has checkpointed or been recorded INTERRUPTED;
+ * the caller re-executes the program (same pid, so systemd's notify
+ * bookkeeping holds), and the new process requeues them (contract 6). */
+#define DMN_SERVE_REEXEC 75
 
 #endif

@@ -2,7 +2,7 @@
 # On the GPU machine: the gpu suite and the training benchmark beside the
 # PyTorch peer, in one call. Expects .gpu-run/ (binaries and the CUDA module,
 # see tests/gpu/README.md) and .gpu-libs/lib (bundle-libs.sh) in the repo root.
-# usage: tests/gpu/device-run.sh [tests|bench|all]
+# usage: tests/gpu/device-run.sh [tests|bench|faults|all]
 # Prepare here: see the comment at the end of this file.
 set -u
 what=${1:-all}
@@ -15,6 +15,13 @@ fx=$root/tests/fixtures
 out=${OUT:-/tmp}
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 status=0
+if [ "$what" = faults ]; then
+	# The device paths that a fault or a resume touch, alone.
+	tests/gpu/resume_cuda.sh "$bin/traind" "$fx" || status=1
+	TRAIND=$bin/traind TRAINCTL=$bin/trainctl TD_FIXTURES=$fx TD_SRC=$root bash tests/gpu/daemon_gpu.sh || status=1
+	TRAIND=$bin/traind TRAINCTL=$bin/trainctl TD_FIXTURES=$fx TD_SRC=$root bash tests/gpu/fault.sh || status=1
+	exit $status
+fi
 if [ "$what" != bench ]; then
 	for f in qwen2 llama qwen3 qwen2-lora qwen2-classify distill; do
 		echo "== parity --backend cuda $f"
@@ -38,6 +45,8 @@ if [ "$what" != bench ]; then
 		bash tests/gpu/modcache.sh "$bin/traind" "$fx" || status=1
 		TRAIND=$bin/traind TRAINCTL=$bin/trainctl TD_FIXTURES=$fx TD_SRC=$root bash tests/gpu/modcache_daemon.sh || status=1
 	fi
+	echo "== a device fault: the job fails, the other is requeued, the context reset"
+	TRAIND=$bin/traind TRAINCTL=$bin/trainctl TD_FIXTURES=$fx TD_SRC=$root bash tests/gpu/fault.sh || status=1
 fi
 if [ "$what" != tests ]; then
 	echo "== bench: tokenizer, one thread, traind vs HF tokenizers (same text, ids compared)"

@@ -4,12 +4,14 @@
 # makes the first backend of the process to reach N kernel launches write
 # through a wild pointer: CUDA_ERROR_ILLEGAL_ADDRESS, which corrupts the
 # device's primary context for every job on it. Two GPU jobs of the qwen2
-# fixture: A, submitted first, faults mid-run; B, running beside it with
-# checkpoints, is told to stop or fails with the same loss. Then: A FAILED
-# naming CUDA_ERROR_ILLEGAL_ADDRESS; B was INTERRUPTED and requeued at once,
-# placed again after the daemon reset the context (TD-GPU-RESET in its log),
-# resumed from its checkpoint and SUCCEEDED; no lease is left; the daemon
-# still answers. Skips (77) without a GPU.
+# fixture run side by side with checkpoints; the hook counts launches across
+# the process, so either may be the one that faults. Then: that job FAILED
+# naming CUDA_ERROR_ILLEGAL_ADDRESS; the other was INTERRUPTED and requeued;
+# the daemon recovered the device (the driver cannot reset a context after
+# such an error in the same process — seen with driver 580 — so the daemon
+# stops its jobs and re-executes itself, TD-REEXEC); the requeued job resumed
+# from its checkpoint in the new process and SUCCEEDED; no lease is left; the
+# daemon still answers. Skips (77) without a GPU.
 #
 # N is calibrated first: a `traind --run` of A alone with the hook at C
 # launches says at which step launch C falls and how fast A runs, so that in
@@ -62,39 +64,41 @@ note "calibration: launch $C at step $s0, $tps tok/s alone: TD_CUDA_FAULT_AFTER_
 export TD_CUDA_FAULT_AFTER_OPS=$n
 start_daemon --user --cpu-slots 1
 case "$(ctl info)" in *"backends:    cpu cuda"*) ;; *) bad "the daemon found no CUDA GPU"; stop_daemon; finish ;; esac
-spec fault-a "$WORK/outa" 1000000 1000 >"$WORK/a.txtpb"
+spec fault-a "$WORK/outa" "$bsteps" "$bckpt" >"$WORK/a.txtpb"
 spec fault-b "$WORK/outb" "$bsteps" "$bckpt" >"$WORK/b.txtpb"
 a=$(ctl submit "$WORK/a.txtpb")
 check "job A is submitted" test -n "$a"
 check "job A runs" wait_for 120 job_is "$a" RUNNING
 b=$(ctl submit "$WORK/b.txtpb")
 check "job B is submitted" test -n "$b"
-ckpt() { ctl logs "$b" | grep -q "checkpoint .*/step-"; }
-check "job B checkpoints before A faults" wait_for 120 ckpt
-check "A is still running then" job_is "$a" RUNNING
+ckpt() { ctl logs "$a" | grep -q "checkpoint .*/step-" && ctl logs "$b" | grep -q "checkpoint .*/step-"; }
+check "both jobs checkpoint before the fault" wait_for 120 ckpt
 ended() {
 	for id in "$a" "$b"; do
 		case $(job_state "$id") in SUCCEEDED | FAILED | CANCELLED) ;; *) return 1 ;; esac
 	done
 }
-check "both jobs end" wait_for 240 ended
+check "both jobs end" wait_for 300 ended
 la=$(ctl logs "$a")
 lb=$(ctl logs "$b")
-expect_eq "job A FAILED" "$(job_state "$a")" FAILED
-check "A's reason names CUDA_ERROR_ILLEGAL_ADDRESS" grep -qE "→ FAILED: .*CUDA_ERROR_ILLEGAL_ADDRESS" <<<"$la"
-check "B stopped or failed by A's fault, recorded INTERRUPTED" \
-	grep -qE "→ INTERRUPTED: .*CUDA device [0-9]+ lost its context by another job's fault" <<<"$lb"
-check "B was requeued at once" grep -qF "INTERRUPTED → QUEUED: requeued after its CUDA device lost its context" <<<"$lb"
-check "B ran again (attempt 2)" grep -qE "\(cuda backend, CUDA device [0-9]+\), attempt 2" <<<"$lb"
-check "B resumed from a checkpoint" grep -qE "resumed from step [1-9]" <<<"$lb"
-expect_eq "job B SUCCEEDED" "$(job_state "$b")" SUCCEEDED
-check "the daemon logged TD-GPU-RESET" grep -q "TD-GPU-RESET.*primary context reset" "$LOG"
+# Which job faulted: the one that FAILED.
+if [ "$(job_state "$a")" = FAILED ]; then f=$a lf=$la o=$b lo=$lb; else f=$b lf=$lb o=$a lo=$la; fi
+expect_eq "the faulting job (job $f) FAILED" "$(job_state "$f")" FAILED
+check "its reason names CUDA_ERROR_ILLEGAL_ADDRESS" grep -qE "→ FAILED: .*CUDA_ERROR_ILLEGAL_ADDRESS" <<<"$lf"
+check "the other (job $o) was stopped by it, recorded INTERRUPTED" \
+	grep -qE "→ INTERRUPTED: .*(lost its context|daemon)" <<<"$lo"
+check "and requeued" grep -qE "INTERRUPTED → QUEUED" <<<"$lo"
+check "it ran again (attempt 2)" grep -qE "attempt 2" <<<"$lo"
+check "it resumed from a checkpoint" grep -qE "resumed from step [1-9]" <<<"$lo"
+expect_eq "job $o SUCCEEDED" "$(job_state "$o")" SUCCEEDED
+check "the daemon recovered the device (reset, or re-executed)" \
+	grep -qE "TD-GPU-RESET.*primary context reset|TD-REEXEC: re-executing" "$LOG"
 check "the hook fired once" test "$(grep -c TD-GPU-FAULT-INJECT "$LOG")" -eq 1
 expect_contains "no lease is left" "$(ctl ledger)" "no reservations"
 expect_contains "trainctl info still answers" "$(ctl info)" "backends:    cpu cuda"
-printf '%s\n' "$la" | grep -e "→ FAILED" | sed 's/^/# A: /'
-printf '%s\n' "$lb" | grep -e "→ INTERRUPTED" -e "→ QUEUED" -e "resumed from" -e "→ SUCCEEDED" | sed 's/^/# B: /'
-grep -e TD-GPU-RESET -e TD-GPU-FAULT-INJECT "$LOG" | sed 's/^/# log: /'
+printf '%s\n' "$lf" | grep -e "→ FAILED" | sed "s/^/# job $f: /"
+printf '%s\n' "$lo" | grep -e "→ INTERRUPTED" -e "→ QUEUED" -e "resumed from" -e "→ SUCCEEDED" | sed "s/^/# job $o: /"
+grep -e TD-GPU-RESET -e TD-GPU-FAULT-INJECT -e TD-REEXEC "$LOG" | sed 's/^/# log: /'
 if [ "$FAILS" -ne 0 ]; then
 	printf '%s\n' "--- job $a" "$la" | tail -n 30
 	printf '%s\n' "--- job $b" "$lb" | tail -n 40
