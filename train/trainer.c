@@ -573,8 +573,11 @@ td_err tr_train(const Traind__JobSpec *spec, const struct tr_train_opts *opts,
 		loss = valid ? loss_sum / (double)valid : 0;
 		double norm = tr_model_clip_grads(j.m, spec->hyper->clip_norm);
 		if (!isfinite(norm)) {
-			e = td_fail(eb, TD_ENUMERIC, "step %llu: gradient norm is %g",
-				    (unsigned long long)j.step + 1, norm);
+			/* A device fault makes the reduction NaN too: report the
+			 * fault (its name, and whether the context is lost), not NaN. */
+			if ((e = gpu_sync(j.be, eb)) == TD_OK)
+				e = td_fail(eb, TD_ENUMERIC, "step %llu: gradient norm is %g",
+					    (unsigned long long)j.step + 1, norm);
 			break;
 		}
 		double lr = tr_lr_at(spec->hyper, j.step, j.total);
