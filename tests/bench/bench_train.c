@@ -7,7 +7,7 @@
  *
  *   bench_train [--backend cpu|cuda] [--shape fixture|25m|qwen2-0.5b]
  *               [--batch B] [--seq T] [--steps N] [--warm N] [--lora-rank R]
- *               [--lora-targets qv|all] [--precision fp32|bf16]
+ *               [--lora-targets qv|all] [--precision fp32|bf16] [--phases]
  *
  * Memory: reserve_gib is the memory plan plus the backend's fixed bytes
  * (workspaces, allocated at its creation); the daemon's lease adds its
@@ -77,9 +77,13 @@ int main(int argc, char **argv)
 {
 	const char *backend = "cpu", *shape = "25m", *targets = "qv";
 	int B = 0, T = 0, steps = 10, warm = 2, rank = 0;
-	bool bf16 = false;
+	bool bf16 = false, phases = false;
 	for (int i = 1; i < argc; i++) {
 		const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+		if (!strcmp(a, "--phases")) {
+			phases = true;
+			continue;
+		}
 		if (!v) {
 			fprintf(stderr, "bench_train: %s needs a value\n", a);
 			return 2;
@@ -155,6 +159,9 @@ int main(int argc, char **argv)
 	int32_t *ids = malloc((size_t)B * T * sizeof(int32_t));
 	struct tr_adamw hp = {0.9f, 0.999f, 1e-8f, 0.01f};
 	double t0 = now_s(), loss = 0;
+	/* --phases: a sync after each phase and its share of the step (the
+	 * syncs cost a little; tokens/s is then measured without them). */
+	double ph[4] = {0, 0, 0, 0};
 	for (int s = 0; s < warm + steps; s++) {
 		if (s == warm) {
 			if (gpu_sync(be, &eb) != TD_OK)
@@ -165,12 +172,30 @@ int main(int argc, char **argv)
 			ids[k] = (int32_t)(uniform() * cfg.vocab_size);
 		double ls;
 		int64_t nv;
+		double tp = now_s();
 		tr_model_zero_grad(m);
 		if (tr_model_forward(m, ids, ids, &ls, &nv, &eb) != TD_OK)
 			break;
+		if (phases && s >= warm) {
+			ph[0] += now_s() - tp; /* forward blocks for the loss */
+			tp = now_s();
+		}
 		tr_model_backward(m, 1.0f / (float)nv);
+		if (phases && s >= warm) {
+			gpu_sync(be, &eb);
+			ph[1] += now_s() - tp;
+			tp = now_s();
+		}
 		tr_model_clip_grads(m, 1.0); /* blocking: the step's end */
+		if (phases && s >= warm) {
+			ph[2] += now_s() - tp;
+			tp = now_s();
+		}
 		tr_model_adamw(m, &hp, 1e-5f, s + 1);
+		if (phases && s >= warm) {
+			gpu_sync(be, &eb);
+			ph[3] += now_s() - tp;
+		}
 		loss = ls / (double)nv;
 		size_t fr, tot;
 		if (gpu_mem_info(be, &fr, &tot) == TD_OK && fr < free_min)
@@ -192,6 +217,9 @@ int main(int argc, char **argv)
 	       (double)(tr_plan_total_bytes(p) + be->fixed_bytes) / (1 << 30),
 	       (double)(be->fixed_bytes + (strcmp(backend, "cpu") ? free0 - free_min : be->bytes_peak)) / (1 << 30),
 	       loss);
+	if (phases)
+		fprintf(stderr, "phases (ms/step): forward+loss %.1f  backward %.1f  clip %.1f  adamw %.1f\n",
+			1e3 * ph[0] / steps, 1e3 * ph[1] / steps, 1e3 * ph[2] / steps, 1e3 * ph[3] / steps);
 	free(ids);
 	tr_model_free(m);
 	gpu_backend_free(be);
