@@ -31,14 +31,8 @@ td_err tr_classify_write_config(const char *dir, const struct tr_model_config *c
 {
 	char path[PATH_MAX];
 	snprintf(path, sizeof(path), "%s/config.json", dir);
-	char *text;
-	size_t len;
-	td_err e = tr__read_file(path, CONFIG_MAX_BYTES, &text, &len, eb);
-	if (e != TD_OK)
-		return e;
 	json_object *root = NULL;
-	e = tr__json_parse(&root, text, len, path, eb);
-	free(text);
+	td_err e = tr__json_read_file(&root, path, CONFIG_MAX_BYTES, eb);
 	if (e != TD_OK)
 		return e;
 	if (!json_object_is_type(root, json_type_object)) {
@@ -61,6 +55,7 @@ td_err tr_classify_write_config(const char *dir, const struct tr_model_config *c
 	}
 	/* A causal config may say num_labels too; id2label is what counts. */
 	json_object_object_del(root, "num_labels");
+	size_t len;
 	const char *out = ok ? json_object_to_json_string_length(
 				       root, JSON_C_TO_STRING_PRETTY | JSON_C_TO_STRING_SPACED |
 						     JSON_C_TO_STRING_NOSLASHESCAPE,

@@ -468,14 +468,8 @@ static json_object *generate(const struct tr_model_config *c, const char *dtype_
 static td_err from_source(json_object **out, const char *src_path, const char *dtype_name,
 			  struct td_errbuf *eb)
 {
-	char *text;
-	size_t len;
-	td_err err = tr__read_file(src_path, CONFIG_MAX_BYTES, &text, &len, eb);
-	if (err)
-		return err;
 	json_object *root = NULL;
-	err = tr__json_parse(&root, text, len, src_path, eb);
-	free(text);
+	td_err err = tr__json_read_file(&root, src_path, CONFIG_MAX_BYTES, eb);
 	if (err)
 		return err;
 	if (!json_object_is_type(root, json_type_object)) {

@@ -195,14 +195,8 @@ td_err tr_lora_config_load(struct tr_lora_config *c, const char *dir, struct td_
 {
 	char path[PATH_MAX];
 	snprintf(path, sizeof(path), "%s/adapter_config.json", dir);
-	char *text;
-	size_t len;
-	td_err e = tr__read_file(path, CONFIG_MAX_BYTES, &text, &len, eb);
-	if (e != TD_OK)
-		return e;
 	json_object *root = NULL;
-	e = tr__json_parse(&root, text, len, path, eb);
-	free(text);
+	td_err e = tr__json_read_file(&root, path, CONFIG_MAX_BYTES, eb);
 	if (e != TD_OK)
 		return e;
 	struct tr_lora_config tmp;

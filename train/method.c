@@ -177,15 +177,9 @@ static td_err read_vocab(const char *dir, json_object **root, json_object **voca
 	char path[PATH_MAX];
 	snprintf(path, sizeof(path), "%s/tokenizer.json", dir);
 	*root = *vocab = NULL;
-	char *text;
-	size_t len;
-	td_err e = tr__read_file(path, TOKENIZER_MAX_BYTES, &text, &len, eb);
+	td_err e = tr__json_read_file(root, path, TOKENIZER_MAX_BYTES, eb);
 	if (e == TD_ENOENT)
 		return TD_OK;
-	if (e != TD_OK)
-		return e;
-	e = tr__json_parse(root, text, len, path, eb);
-	free(text);
 	if (e != TD_OK)
 		return e;
 	json_object *model;

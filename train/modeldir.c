@@ -109,14 +109,8 @@ static bool plain_name(const char *s)
 static td_err open_index(struct tr_weights *w, const char *dir, const char *index,
 			 struct td_errbuf *eb)
 {
-	char *text;
-	size_t len;
-	td_err err = tr__read_file(index, INDEX_MAX_BYTES, &text, &len, eb);
-	if (err)
-		return err;
 	json_object *root = NULL, *map = NULL;
-	err = tr__json_parse(&root, text, len, index, eb);
-	free(text);
+	td_err err = tr__json_read_file(&root, index, INDEX_MAX_BYTES, eb);
 	if (err)
 		return err;
 	const char **shards = NULL;

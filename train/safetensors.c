@@ -202,6 +202,19 @@ td_err tr__errno_fail(struct td_errbuf *eb, int errnum, const char *path, const 
 		       strerror_r(errnum, buf, sizeof(buf)));
 }
 
+td_err tr__json_read_file(struct json_object **out, const char *path, size_t max,
+			  struct td_errbuf *eb)
+{
+	char *text;
+	size_t len;
+	td_err e = tr__read_file(path, max, &text, &len, eb);
+	if (e != TD_OK)
+		return e;
+	e = tr__json_parse(out, text, len, path, eb);
+	free(text);
+	return e;
+}
+
 td_err tr__json_parse(struct json_object **out, const char *text, size_t len, const char *origin,
 		      struct td_errbuf *eb)
 {

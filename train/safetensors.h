@@ -122,6 +122,9 @@ struct json_object;
  * TD_EFORMAT "<origin>: not valid JSON: <why> at byte N". The caller puts *out. */
 td_err tr__json_parse(struct json_object **out, const char *text, size_t len, const char *origin,
 		      struct td_errbuf *eb);
+/* tr__read_file (at most max bytes) then tr__json_parse, naming path in errors. */
+td_err tr__json_read_file(struct json_object **out, const char *path, size_t max,
+			  struct td_errbuf *eb);
 /* Adds v under key (tr__json_put) or at the end of array a (tr__json_push) and
  * returns v, now owned by its parent; on failure, or when v is NULL (a failed
  * allocation), frees v and returns NULL. Attaching each node as soon as it is
