@@ -156,7 +156,7 @@ static td_err checks(const Traind__JobSpec *s, uint64_t *plan_bytes, struct td_e
 		char tpath[PATH_MAX];
 		snprintf(tpath, sizeof(tpath), "%s/config.json", s->distill->teacher_dir);
 		struct tr_model_config tcfg;
-		struct tr_plan_opts to = {.B = B, .T = T, .inference = true};
+		struct tr_plan_opts to = {.B = B, .T = T, .inference = true, .gemm_bf16 = po.gemm_bf16};
 		if ((e = tr_config_load(&tcfg, tpath, eb)) != TD_OK ||
 		    (e = tr_plan_build(&p, &tcfg, &to, eb)) != TD_OK)
 			return e;

@@ -69,13 +69,23 @@ struct gpu_backend_ops {
 			     const float *sin, int B, int T, int NH, int HS);
 	void (*rope_backward)(struct gpu_backend *be, float *dinp, const float *dout,
 			      const float *cos, const float *sin, int B, int T, int NH, int HS);
+	/* Causal attention. Where attention_flash(HS) says false, att is the
+	 * (B,NH,T,T) probabilities and datt (B,NH,T,T) scratch, as in
+	 * kernels/cpu/ops.h. Where it says true (the CUDA backend's fused kernels,
+	 * bf16 mode), the (T,T) matrices are never stored: att holds B*NH*T
+	 * per-row statistics the backward needs and datt B*NH*T scratch. out is
+	 * the forward's output (the fused backward reads it). */
+	bool (*attention_flash)(struct gpu_backend *be, int HS);
+	/* Whether the GEMMs of matmul_forward/backward round their operands to
+	 * bf16 into gemm_scratch (below) in the current precision. */
+	bool (*gemm_bf16)(struct gpu_backend *be);
 	void (*attention_forward)(struct gpu_backend *be, float *out, float *att, const float *q,
 				  const float *k, const float *v, int B, int T, int NH, int NKV,
 				  int HS);
 	void (*attention_backward)(struct gpu_backend *be, float *dq, float *dk, float *dv,
-				   float *datt, const float *dout, const float *q, const float *k,
-				   const float *v, const float *att, int B, int T, int NH, int NKV,
-				   int HS);
+				   float *datt, const float *dout, const float *out, const float *q,
+				   const float *k, const float *v, const float *att, int B, int T,
+				   int NH, int NKV, int HS);
 	void (*swiglu_forward)(struct gpu_backend *be, float *out, const float *gate,
 			       const float *up, size_t n);
 	void (*swiglu_backward)(struct gpu_backend *be, float *dgate, float *dup, const float *dout,
@@ -138,6 +148,15 @@ struct gpu_backend {
 	/* The module-cache entry used at creation (CUDA's PTX path with a cache
 	 * directory); cache_entry.key "" when none. */
 	struct gpu_cache_entry cache_entry;
+	/* Op tracing (a profiler's hook): called before (end false) and after
+	 * (end true) every math op with the op's name; NULL when off. */
+	void (*trace)(struct gpu_backend *be, const char *op, bool end);
+	/* Device scratch for the bf16 GEMM operands (gemm_bf16), set by the
+	 * model that planned it (train/plan.c: scratch.gemm_bf16); NULL: none.
+	 * A GEMM whose operands do not fit takes the slower path that reads the
+	 * fp32 operands directly: never a fault, never an allocation. */
+	void *gemm_scratch;
+	size_t gemm_scratch_bytes;
 };
 
 /* Asserts that every op of the table is set; called by each backend's
@@ -188,10 +207,14 @@ static inline td_err gpu_mem_info(struct gpu_backend *be, size_t *free_bytes, si
 	return be->ops->mem_info(be, free_bytes, total_bytes);
 }
 
-#define GPU_OP_(name, ...)                        \
-	do {                                      \
-		be->op_count++;                   \
-		be->ops->name(be, __VA_ARGS__);   \
+#define GPU_OP_(name, ...)                          \
+	do {                                        \
+		be->op_count++;                     \
+		if (be->trace)                      \
+			be->trace(be, #name, false); \
+		be->ops->name(be, __VA_ARGS__);     \
+		if (be->trace)                      \
+			be->trace(be, #name, true);  \
 	} while (0)
 
 static inline void gpu_embedding_forward(struct gpu_backend *be, float *out, const int32_t *ids,
@@ -245,11 +268,31 @@ static inline void gpu_attention_forward(struct gpu_backend *be, float *out, flo
 	GPU_OP_(attention_forward, out, att, q, k, v, B, T, NH, NKV, HS);
 }
 static inline void gpu_attention_backward(struct gpu_backend *be, float *dq, float *dk, float *dv,
-					  float *datt, const float *dout, const float *q,
-					  const float *k, const float *v, const float *att, int B,
-					  int T, int NH, int NKV, int HS)
+					  float *datt, const float *dout, const float *out,
+					  const float *q, const float *k, const float *v,
+					  const float *att, int B, int T, int NH, int NKV, int HS)
 {
-	GPU_OP_(attention_backward, dq, dk, dv, datt, dout, q, k, v, att, B, T, NH, NKV, HS);
+	GPU_OP_(attention_backward, dq, dk, dv, datt, dout, out, q, k, v, att, B, T, NH, NKV, HS);
+}
+
+/* The head sizes the CUDA backend's fused attention kernels are built for
+ * (kernels/cuda/flash.cu); others take the stored-probabilities path. */
+static inline bool gpu_flash_head_size(int HS)
+{
+	return HS == 16 || HS == 32 || HS == 64;
+}
+
+/* Whether attention on be, in its current precision, is fused (att and datt
+ * then hold B*NH*T floats each instead of B*NH*T*T). The memory plan follows
+ * it (train/plan.h: attention_lse). */
+static inline bool gpu_attention_flash(struct gpu_backend *be, int HS)
+{
+	return be->ops->attention_flash(be, HS);
+}
+
+static inline bool gpu_gemm_bf16(struct gpu_backend *be)
+{
+	return be->ops->gemm_bf16(be);
 }
 static inline void gpu_swiglu_forward(struct gpu_backend *be, float *out, const float *gate,
 				      const float *up, size_t n)
@@ -288,7 +331,12 @@ static inline void gpu_adamw_update(struct gpu_backend *be, float *param, const 
 static inline double gpu_sumsq(struct gpu_backend *be, const float *x, size_t n)
 {
 	be->op_count++;
-	return be->ops->sumsq(be, x, n);
+	if (be->trace)
+		be->trace(be, "sumsq", false);
+	double r = be->ops->sumsq(be, x, n);
+	if (be->trace)
+		be->trace(be, "sumsq", true);
+	return r;
 }
 static inline void gpu_scale(struct gpu_backend *be, float *x, float s, size_t n)
 {

@@ -125,6 +125,16 @@ static void cpu_rope_backward(struct gpu_backend *be, float *dinp, const float *
 {
 	rope_backward(dinp, dout, cos, sin, B, T, NH, HS);
 }
+/* The CPU keeps the probabilities: it is the reference the fused kernels
+ * are checked against. */
+static bool cpu_attention_flash(struct gpu_backend *be, int HS)
+{
+	return false;
+}
+static bool cpu_gemm_bf16(struct gpu_backend *be)
+{
+	return false;
+}
 static void cpu_attention_forward(struct gpu_backend *be, float *out, float *att, const float *q,
 				  const float *k, const float *v, int B, int T, int NH, int NKV,
 				  int HS)
@@ -132,9 +142,9 @@ static void cpu_attention_forward(struct gpu_backend *be, float *out, float *att
 	attention_forward(out, att, q, k, v, B, T, NH, NKV, HS);
 }
 static void cpu_attention_backward(struct gpu_backend *be, float *dq, float *dk, float *dv,
-				   float *datt, const float *dout, const float *q, const float *k,
-				   const float *v, const float *att, int B, int T, int NH, int NKV,
-				   int HS)
+				   float *datt, const float *dout, const float *out, const float *q,
+				   const float *k, const float *v, const float *att, int B, int T,
+				   int NH, int NKV, int HS)
 {
 	attention_backward(dq, dk, dv, datt, dout, q, k, v, att, B, T, NH, NKV, HS);
 }
@@ -225,6 +235,8 @@ static const struct gpu_backend_ops cpu_ops = {
 	.matmul_backward = cpu_matmul_backward,
 	.rope_forward = cpu_rope_forward,
 	.rope_backward = cpu_rope_backward,
+	.attention_flash = cpu_attention_flash,
+	.gemm_bf16 = cpu_gemm_bf16,
 	.attention_forward = cpu_attention_forward,
 	.attention_backward = cpu_attention_backward,
 	.swiglu_forward = cpu_swiglu_forward,

@@ -27,14 +27,18 @@ struct parity_opts {
  * error of 2^-9 per operand, which grows through the layers to ~1e-3..1e-2):
  *   forward (logits, hidden)  2e-2 normwise, loss 1e-2 relative;
  *   gradients                 5e-2 normwise;
- *   parameters after k steps  absolute 1e-3 * (k + 1): Adam's update is at
- *     most ~lr (1e-3 here) a step whatever the gradient's error, so noisy
- *     small gradients can move a parameter by up to one lr a step more. */
+ *   parameters after k steps  absolute 2 * lr * k (6e-3 at the fixtures'
+ *     lr 1e-3, k = 3): Adam's step is lr * m^/(sqrt(v^) + eps), and with
+ *     bias correction |m^| / sqrt(v^) <= 1.004 for k <= 3 (Cauchy-Schwarz on
+ *     its weights), whatever the gradient. A component whose gradient is
+ *     mostly rounding error can take its steps in the opposite direction on
+ *     each side, so no bound below 2 * lr * k holds for every parameter; the
+ *     gradients themselves are held to 5e-2 above. */
 extern bool parity_bf16;
 #define PARITY_TOL_FORWARD (parity_bf16 ? 2e-2 : 1e-5) /* logits, hidden states */
 #define PARITY_TOL_LOSS (parity_bf16 ? 1e-2 : 1e-5)    /* losses */
 #define PARITY_TOL_GRAD (parity_bf16 ? 5e-2 : 1e-4)    /* gradients, normwise */
-#define PARITY_TOL_AFTER (parity_bf16 ? 4e-3 : 1e-4)   /* parameters after 3 steps, absolute */
+#define PARITY_TOL_AFTER (parity_bf16 ? 6e-3 : 1e-4)   /* parameters after 3 steps, absolute */
 
 struct gpu_backend;
 /* Opens o->backend and sets its precision (o->bf16). */

@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "gpu/backend.h"
 #include "proto/jobspec.h"
 #include "proto/log.h"
 #include "train/classify.h"
@@ -95,12 +96,26 @@ static td_err teacher_config(const Traind__JobSpec *spec, struct tr_model_config
 	return TD_OK;
 }
 
+/* Whether the job will run in bf16: asked, or unset and not bound to the
+ * CPU (train/trainer.c sets the backend's precision by the same rule, where
+ * unset on a GPU means bf16). */
+static bool job_bf16(const Traind__JobSpec *spec)
+{
+	Traind__Precision prec = spec->hyper->precision;
+	return prec == TRAIND__PRECISION__PRECISION_BF16 ||
+	       (prec == TRAIND__PRECISION__PRECISION_UNSPECIFIED &&
+		spec->resources->device != TRAIND__DEVICE__DEVICE_CPU);
+}
+
+/* The teacher's estimate keeps the stored-probabilities attention (at worst
+ * above what it uses) and the bf16 GEMM scratch when the job is bf16. */
 static void teacher_opts(const Traind__JobSpec *spec, int B, int T, struct tr_plan_opts *po)
 {
 	memset(po, 0, sizeof(*po));
 	po->B = B;
 	po->T = T;
 	po->inference = true;
+	po->gemm_bf16 = job_bf16(spec);
 	if (spec->distill->teacher_nf4) {
 		po->base_quant = TR_QUANT_NF4;
 		po->nf4_double_quant = spec->lora->double_quant;
@@ -152,6 +167,13 @@ static td_err plan_opts(const Traind__JobSpec *spec, const struct tr_model_confi
 	}
 	if (meth == TRAIND__METHOD__METHOD_DISTILL)
 		po->distill = true;
+	/* A model built on a backend takes these from it (tr_model_new); an
+	 * estimate made before there is one follows the precision the job will
+	 * run in: bf16 is the CUDA backend's, whose attention is fused for these
+	 * head sizes and whose GEMMs round their operands into a scratch. */
+	bool bf16 = job_bf16(spec);
+	po->attention_lse = bf16 && gpu_flash_head_size(cfg->head_dim);
+	po->gemm_bf16 = bf16;
 	if (meth == TRAIND__METHOD__METHOD_CLASSIFY) {
 		po->num_labels = (int)spec->classify->num_labels;
 		if (cfg->num_labels > 0 && cfg->num_labels != po->num_labels)

@@ -80,7 +80,7 @@ struct tr_model {
 	struct layer_a *a;               /* [L] */
 	float *lnf_out, *lnf_rstd, *pooled;
 	float *logits, *losses, *kl, *dres, *dln, *dq, *dk, *dv, *dqraw, *dkraw, *dy, *datt, *dh,
-		*dgate, *dup, *dpooled, *lora_tmp, *lora_du, *lora_dx;
+		*dgate, *dup, *dpooled, *lora_tmp, *lora_du, *lora_dx, *gemm_bf16;
 
 	int32_t *host_targets;           /* (N) */
 	int32_t *host_ids;               /* (N) of the last forward */
@@ -285,6 +285,7 @@ static void bind(struct tr_model *m)
 	S(lora_tmp);
 	S(lora_du);
 	S(lora_dx);
+	S(gemm_bf16);
 #undef S
 }
 
@@ -297,7 +298,11 @@ td_err tr_model_new(struct tr_model **out, struct gpu_backend *be,
 		return td_fail(eb, TD_ENOMEM, "model: out of memory");
 	m->be = be;
 	m->pad_id = cfg->pad_token_id;
-	td_err e = tr_plan_build(&m->plan, cfg, opts, eb);
+	/* The attention buffers are what this backend's attention keeps. */
+	struct tr_plan_opts po = *opts;
+	po.attention_lse = gpu_attention_flash(be, cfg->head_dim);
+	po.gemm_bf16 = gpu_gemm_bf16(be);
+	td_err e = tr_plan_build(&m->plan, cfg, &po, eb);
 	if (e != TD_OK) {
 		free(m);
 		return e;
@@ -332,6 +337,12 @@ td_err tr_model_new(struct tr_model **out, struct gpu_backend *be,
 		}
 	}
 	bind(m);
+	if (m->gemm_bf16) {
+		/* The backend's GEMMs use it from now on (and until this model
+		 * is freed, or another model sets its own). */
+		be->gemm_scratch = m->gemm_bf16;
+		be->gemm_scratch_bytes = tr_plan_find(&m->plan, "scratch.gemm_bf16")->bytes;
+	}
 
 	/* RoPE tables are a function of (T, HS, theta) only: computed once here. */
 	int T = opts->T, HS = cfg->head_dim;
@@ -352,6 +363,10 @@ void tr_model_free(struct tr_model *m)
 {
 	if (!m)
 		return;
+	if (m->gemm_bf16 && m->be->gemm_scratch == m->gemm_bf16) {
+		m->be->gemm_scratch = NULL;
+		m->be->gemm_scratch_bytes = 0;
+	}
 	for (int a = 0; a < TR_ARENA_COUNT; a++)
 		gpu_free(m->be, m->arena[a], m->plan.arena_bytes[a]);
 	tr_plan_fini(&m->plan);
@@ -627,6 +642,9 @@ static void layer_forward(struct tr_model *m, int l)
 	const int NKV = c->num_kv_heads, HS = c->head_dim;
 	const float eps = (float)c->rms_norm_eps;
 	const struct layer_w *w = &m->w[l];
+	/* att was sized for the attention the backend ran when the model was
+	 * built; a precision switched since would overrun it (a caller's bug). */
+	assert(gpu_attention_flash(be, HS) == m->plan.opts.attention_lse);
 	struct layer_a *a = &m->a[l];
 
 	gpu_rmsnorm_forward(be, a->ln1, a->ln1_rstd, m->res[l], w->ln1, N, C, eps);
@@ -906,8 +924,8 @@ static void layer_backward(struct tr_model *m, int l)
 	/* dres is now d(res_mid); same for the attention branch. */
 	gpu_zero(be, m->dy, (size_t)N * H * sizeof(float));
 	linear_backward(m, l, TR_LIN_O, m->dy, m->dres, a->y);
-	gpu_attention_backward(be, m->dq, m->dk, m->dv, m->datt, m->dy, a->q, a->k, a->v, a->att, B,
-			       T, NH, NKV, HS);
+	gpu_attention_backward(be, m->dq, m->dk, m->dv, m->datt, m->dy, a->y, a->q, a->k, a->v,
+			       a->att, B, T, NH, NKV, HS);
 	gpu_rope_backward(be, m->dq, m->dq, m->rope_cos, m->rope_sin, B, T, NH, HS);
 	gpu_rope_backward(be, m->dk, m->dk, m->rope_cos, m->rope_sin, B, T, NKV, HS);
 	const float *dqp = m->dq, *dkp = m->dk;

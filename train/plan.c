@@ -292,6 +292,23 @@ static size_t f32_bytes(size_t a, size_t b, size_t c)
 	return r;
 }
 
+static size_t max_sz(size_t a, size_t b)
+{
+	return a > b ? a : b;
+}
+
+/* bf16 elements of the GEMM operand scratch that a product of rows x in ->
+ * out needs, the largest of its three GEMMs: forward (weight, input),
+ * input gradient (weight, output gradient), weight gradient (input, output
+ * gradient); the first operand is padded to 128 elements, as the CUDA
+ * backend lays them out (gpu/cuda/cuda_ops.c: sgemm_). */
+static size_t gemm_elems(size_t rows, size_t in, size_t out)
+{
+	size_t w = (out * in + 127) / 128 * 128, x = (rows * in + 127) / 128 * 128;
+	size_t d = rows * out;
+	return max_sz(max_sz(w + rows * in, w + d), x + d);
+}
+
 td_err tr_plan_build(struct tr_plan *p, const struct tr_model_config *cfg,
 		     const struct tr_plan_opts *o, struct td_errbuf *eb)
 {
@@ -400,7 +417,7 @@ td_err tr_plan_build(struct tr_plan *p, const struct tr_model_config *cfg,
 			{"q", f32_bytes(N, H, 1), true},
 			{"k", f32_bytes(N, KV, 1), true},
 			{"v", f32_bytes(N, KV, 1), true},
-			{"att", f32_bytes(B * NH, T, T), true},
+			{"att", o->attention_lse ? f32_bytes(B * NH, T, 1) : f32_bytes(B * NH, T, T), true},
 			{"y", f32_bytes(N, H, 1), true},
 			{"res_mid", f32_bytes(N, C, 1), true},
 			{"ln2", f32_bytes(N, C, 1), true},
@@ -451,6 +468,21 @@ td_err tr_plan_build(struct tr_plan *p, const struct tr_model_config *cfg,
 			lora_in = (size_t)in > lora_in ? (size_t)in : lora_in;
 		}
 	}
+	/* The bf16 GEMM operands: the most any product of this model needs. */
+	size_t gemm = 0;
+	if (o->gemm_bf16) {
+		for (int lin = 0; lin < TR_LIN_COUNT; lin++) {
+			int in, out;
+			tr_lin_dims(cfg, lin, &in, &out);
+			gemm = max_sz(gemm, gemm_elems(N, (size_t)in, (size_t)out));
+			if (R && (o->lora_targets & (1u << lin))) {
+				gemm = max_sz(gemm, gemm_elems(N, (size_t)in, R));
+				gemm = max_sz(gemm, gemm_elems(N, R, (size_t)out));
+			}
+		}
+		gemm = max_sz(gemm, classify ? gemm_elems(B, C, NL)
+					     : gemm_elems((size_t)p->logits_rows, C, V));
+	}
 	const struct {
 		const char *what;
 		size_t bytes;
@@ -468,7 +500,7 @@ td_err tr_plan_build(struct tr_plan *p, const struct tr_model_config *cfg,
 		{"dqraw", f32_bytes(N, H, 1), train && cfg->qk_norm},
 		{"dkraw", f32_bytes(N, KV, 1), train && cfg->qk_norm},
 		{"dy", f32_bytes(N, H, 1), train},
-		{"datt", f32_bytes(B * NH, T, T), train},
+		{"datt", o->attention_lse ? f32_bytes(B * NH, T, 1) : f32_bytes(B * NH, T, T), train},
 		{"dh", f32_bytes(N, I, 1), train},
 		{"dgate", f32_bytes(N, I, 1), train},
 		{"dup", f32_bytes(N, I, 1), train},
@@ -481,6 +513,7 @@ td_err tr_plan_build(struct tr_plan *p, const struct tr_model_config *cfg,
 		{"lora_tmp", f32_bytes(N, lora_out, 1), R > 0},
 		{"lora_du", f32_bytes(N, R, 1), train && R > 0},
 		{"lora_dx", f32_bytes(N, lora_in, 1), train && R > 0 && o->lora_dropout > 0.0f},
+		{"gemm_bf16", gemm * 2, gemm > 0},
 	};
 	for (size_t i = 0; i < sizeof(scratch) / sizeof(scratch[0]); i++) {
 		if (!scratch[i].on)

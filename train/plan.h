@@ -62,8 +62,10 @@ enum tr_param_kind {
 	TR_P_LORA_B, /* PEFT lora_B [out, r] */
 };
 
-/* The most logits floats a causal plan holds at once (256 MiB of fp32). */
-#define TR_LOGITS_CHUNK_FLOATS ((size_t)64 << 20)
+/* The most logits floats a causal plan holds at once (1 GiB of fp32): the
+ * head runs in ceil(N / (this / V)) chunks, and fewer, larger GEMMs are
+ * faster (Qwen2-0.5B at B8 T1024: 5 chunks of 1766 rows). */
+#define TR_LOGITS_CHUNK_FLOATS ((size_t)256 << 20)
 
 /* Offsets inside an arena are multiples of this (enough for any vector load). */
 #define TR_PLAN_ALIGN 256
@@ -118,6 +120,15 @@ struct tr_plan_opts {
 	bool distill;          /* the student of a distillation: room for the KL terms */
 	bool inference;        /* forward only (a teacher): everything frozen, no backward buffers */
 	size_t logits_chunk_floats; /* the chunked head's bound (see logits_rows); 0: TR_LOGITS_CHUNK_FLOATS */
+	/* Attention is fused (gpu/backend.h: gpu_attention_flash): att and datt
+	 * are B*NH*T row statistics instead of (B,NH,T,T) probabilities.
+	 * tr_model_new sets it from its backend; estimates made without one set
+	 * it from the precision (tr_method_plan_opts). */
+	bool attention_lse;
+	/* The backend rounds GEMM operands to bf16 into a scratch this plan
+	 * holds (gpu/backend.h: gpu_gemm_bf16; scratch.gemm_bf16). Set like
+	 * attention_lse. */
+	bool gemm_bf16;
 };
 
 struct tr_plan {

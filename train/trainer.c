@@ -488,13 +488,9 @@ td_err tr_train(const Traind__JobSpec *spec, const struct tr_train_opts *opts,
 		tr_weights_close(w);
 		goto out;
 	}
-	if ((e = tr_method_new(&j.meth, spec, &j.cfg, j.be, j.B, j.T, eb)) != TD_OK) {
-		tr_weights_close(w);
-		goto out;
-	}
-	j.m = tr_method_model(j.meth);
-	tr_method_set_pad_id(j.meth, tr_data_pad_id(j.data)); /* what a classifier pools past */
-	/* Precision: as asked; unset means bf16 on a GPU and fp32 on the CPU. */
+	/* Precision: as asked; unset means bf16 on a GPU and fp32 on the CPU.
+	 * Set before the model is built: its plan follows the attention the
+	 * backend runs in this precision. */
 	Traind__Precision prec = spec->hyper->precision;
 	bool bf16 = prec == TRAIND__PRECISION__PRECISION_BF16 ||
 		    (prec == TRAIND__PRECISION__PRECISION_UNSPECIFIED && strcmp(j.be->ops->name, "cpu") != 0);
@@ -502,6 +498,12 @@ td_err tr_train(const Traind__JobSpec *spec, const struct tr_train_opts *opts,
 		tr_weights_close(w);
 		goto out;
 	}
+	if ((e = tr_method_new(&j.meth, spec, &j.cfg, j.be, j.B, j.T, eb)) != TD_OK) {
+		tr_weights_close(w);
+		goto out;
+	}
+	j.m = tr_method_model(j.meth);
+	tr_method_set_pad_id(j.meth, tr_data_pad_id(j.data)); /* what a classifier pools past */
 	if (log) {
 		fprintf(log, "job %s: %s on %s (%s, %s), %llu steps of %d x %d x %d tokens\n", spec->name,
 			j.cfg.model_type, j.be->ops->name, j.be->device, bf16 ? "bf16" : "fp32",

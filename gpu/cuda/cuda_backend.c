@@ -235,6 +235,7 @@ static void cuda_destroy(struct gpu_backend *be)
 		cb->drv.cuCtxSetCurrent(cb->ctx);
 		if (cb->stream)
 			cb->drv.cuStreamSynchronize(cb->stream);
+		cu_prof_close(cb);
 		if (cb->blas)
 			cublasDestroy(cb->blas);
 		if (cb->reduce_buf)
@@ -557,6 +558,9 @@ static td_err backend_new(struct gpu_backend **out, int ordinal, const char *cac
 		e = cu_err(cb, r, "cuStreamCreate", eb);
 	if (e == TD_OK)
 		e = load_kernels(cb, eb);
+	if (e == TD_OK)
+		cu_prof_open(cb);
+
 	if (e == TD_OK) {
 		cublasStatus_t s = cublasCreate(&cb->blas);
 		if (s == CUBLAS_STATUS_SUCCESS)

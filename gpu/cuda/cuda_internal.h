@@ -97,6 +97,8 @@ struct cu_backend {
 	 * the kernel launches so far, and whether this backend fired it. */
 	long long fault_after, launches;
 	bool fault_culprit;
+	/* TD_CUDA_PROFILE's per-op device times (cuda_prof.c); NULL when off. */
+	struct cu_prof *prof;
 };
 
 static inline struct cu_backend *cu_of(struct gpu_backend *be)
@@ -124,6 +126,13 @@ static inline unsigned cu_blocks(size_t a, unsigned b)
  * library is missing). TD_EUNSUPPORTED: no driver, or one too old. */
 td_err cu_open_driver(struct cu_driver *d, struct td_errbuf *eb);
 
+/* TD_CUDA_PROFILE (gpu/cuda/cuda_prof.c): open at creation (installs the
+ * trace hook when the variable is set), begin/end around a region (no-ops
+ * when off; regions nest two deep), close prints the table to stderr. */
+void cu_prof_open(struct cu_backend *cb);
+void cu_prof_begin(struct cu_backend *cb);
+void cu_prof_end(struct cu_backend *cb, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+void cu_prof_close(struct cu_backend *cb);
 /* The ops (gpu/cuda/cuda_ops.c): fills the math entries of the ops table. */
 void cu_ops_fill(struct gpu_backend_ops *ops);
 

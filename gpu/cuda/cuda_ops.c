@@ -137,6 +137,10 @@ static void colsum_finish(struct cu_backend *cb, float *out, const struct colsum
 	launch_n(cb, CU_K_colsum_reduce_f32, (size_t)C, args);
 }
 
+static void sgemm_(struct cu_backend *cb, const char *what, cublasOperation_t ta,
+		   cublasOperation_t tb, int m, int n, int k, float alpha, const float *A, int lda,
+		   const float *B, int ldb, float beta, float *C, int ldc);
+
 /* Column-major SGEMM on the backend's handle, C = alpha op(A) op(B) + beta C
  * with C (m, n). beta == 0 never reads C (cuBLAS's contract), so an
  * overwritten output may hold anything, NaN included. */
@@ -144,9 +148,38 @@ static void sgemm(struct cu_backend *cb, const char *what, cublasOperation_t ta,
 		  cublasOperation_t tb, int m, int n, int k, float alpha, const float *A, int lda,
 		  const float *B, int ldb, float beta, float *C, int ldc)
 {
+	cu_prof_begin(cb);
+	sgemm_(cb, what, ta, tb, m, n, k, alpha, A, lda, B, ldb, beta, C, ldc);
+	cu_prof_end(cb, "%s %dx%dx%d", what, m, n, k);
+}
+
+static void sgemm_(struct cu_backend *cb, const char *what, cublasOperation_t ta,
+		   cublasOperation_t tb, int m, int n, int k, float alpha, const float *A, int lda,
+		   const float *B, int ldb, float beta, float *C, int ldc)
+{
 	if (cb->fp32_strict) {
 		cu_check_blas(cb, cublasSgemm(cb->blas, ta, tb, m, n, k, &alpha, A, lda, B, ldb, &beta,
 					      C, ldc),
+			      what);
+		return;
+	}
+	/* bf16 operands: both matrices rounded into the model's scratch (A at
+	 * its start, B 128 elements aligned after it: train/plan.c's
+	 * gemm_elems sizes it the same way), then a bf16 x bf16 -> fp32 GEMM.
+	 * Measured faster than FAST_16BF on fp32 operands (H200, Qwen2-0.5B
+	 * step 167 -> 149 ms). */
+	size_t na = (size_t)lda * (size_t)(ta == CUBLAS_OP_N ? k : m);
+	size_t nb = (size_t)ldb * (size_t)(tb == CUBLAS_OP_N ? n : k);
+	size_t off = (na + 127) / 128 * 128;
+	if (cb->base.gemm_scratch && 2 * (off + nb) <= cb->base.gemm_scratch_bytes) {
+		uint16_t *a16 = cb->base.gemm_scratch, *b16 = a16 + off;
+		void *aa[] = {&a16, &A, &na};
+		launch_n(cb, CU_K_cast_bf16_f32, na, aa);
+		void *ba[] = {&b16, &B, &nb};
+		launch_n(cb, CU_K_cast_bf16_f32, nb, ba);
+		cu_check_blas(cb, cublasGemmEx(cb->blas, ta, tb, m, n, k, &alpha, a16, CUDA_R_16BF, lda,
+					       b16, CUDA_R_16BF, ldb, &beta, C, CUDA_R_32F, ldc,
+					       CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
 			      what);
 		return;
 	}
@@ -158,11 +191,27 @@ static void sgemm(struct cu_backend *cb, const char *what, cublasOperation_t ta,
 		      what);
 }
 
+static void sgemm_batched_(struct cu_backend *cb, const char *what, cublasOperation_t ta,
+			   cublasOperation_t tb, int m, int n, int k, float alpha, const float *A,
+			   int lda, long long sA, const float *B, int ldb, long long sB,
+			   float beta, float *C, int ldc, long long sC, int batch);
+
 /* The same over `batch` problems whose operands sit sA, sB, sC floats apart. */
 static void sgemm_batched(struct cu_backend *cb, const char *what, cublasOperation_t ta,
 			  cublasOperation_t tb, int m, int n, int k, float alpha, const float *A,
 			  int lda, long long sA, const float *B, int ldb, long long sB, float beta,
 			  float *C, int ldc, long long sC, int batch)
+{
+	cu_prof_begin(cb);
+	sgemm_batched_(cb, what, ta, tb, m, n, k, alpha, A, lda, sA, B, ldb, sB, beta, C, ldc, sC,
+		       batch);
+	cu_prof_end(cb, "%s %dx%dx%d x%d", what, m, n, k, batch);
+}
+
+static void sgemm_batched_(struct cu_backend *cb, const char *what, cublasOperation_t ta,
+			   cublasOperation_t tb, int m, int n, int k, float alpha, const float *A,
+			   int lda, long long sA, const float *B, int ldb, long long sB,
+			   float beta, float *C, int ldc, long long sC, int batch)
 {
 	if (cb->fp32_strict) {
 		cu_check_blas(cb, cublasSgemmStridedBatched(cb->blas, ta, tb, m, n, k, &alpha, A, lda,
@@ -335,6 +384,38 @@ static void launch_att_rows(struct cu_backend *cb, enum cu_kernel k, size_t rows
 	cu_launch(cb, k, dim1(grid_cap((rows + 7) / 8)), dim1(CU_THREADS), 0, args);
 }
 
+/* bf16 mode and a head size flash.cu is built for: the fused kernels. */
+static bool cu_attention_flash(struct gpu_backend *be, int HS)
+{
+	return !cu_of(be)->fp32_strict && gpu_flash_head_size(HS);
+}
+
+/* bf16 mode: GEMM operands rounded into be->gemm_scratch (sgemm_). */
+static bool cu_gemm_bf16(struct gpu_backend *be)
+{
+	return !cu_of(be)->fp32_strict;
+}
+
+/* The fused kernels of one head size (flash.cu), by enum. */
+static void flash_kernels(int HS, enum cu_kernel *fwd, enum cu_kernel *dkdv, enum cu_kernel *dq)
+{
+	switch (HS) {
+	case 16:
+		*fwd = CU_K_flash_fwd_d16, *dkdv = CU_K_flash_bwd_dkdv_d16, *dq = CU_K_flash_bwd_dq_d16;
+		break;
+	case 32:
+		*fwd = CU_K_flash_fwd_d32, *dkdv = CU_K_flash_bwd_dkdv_d32, *dq = CU_K_flash_bwd_dq_d32;
+		break;
+	default:
+		assert(HS == 64);
+		*fwd = CU_K_flash_fwd_d64, *dkdv = CU_K_flash_bwd_dkdv_d64, *dq = CU_K_flash_bwd_dq_d64;
+		break;
+	}
+}
+
+#define FLASH_TILE 64 /* flash.cu's FA_TILE */
+#define FLASH_THREADS 128
+
 static void cu_attention_forward(struct gpu_backend *be, float *out, float *att, const float *q,
 				 const float *k, const float *v, int B, int T, int NH, int NKV,
 				 int HS)
@@ -343,6 +424,15 @@ static void cu_attention_forward(struct gpu_backend *be, float *out, float *att,
 	assert(NKV > 0 && NH % NKV == 0);
 	if (B <= 0 || T <= 0 || NH <= 0 || HS <= 0)
 		return;
+	if (cu_attention_flash(be, HS)) {
+		/* att: the (B,NH,T) row statistics */
+		enum cu_kernel f, d1, d2;
+		flash_kernels(HS, &f, &d1, &d2);
+		void *args[] = {&out, &att, &q, &k, &v, &T, &NH, &NKV};
+		cu_launch(cb, f, (struct cu_dim){cu_blocks((size_t)T, FLASH_TILE), (unsigned)NH, (unsigned)B},
+			  dim1(FLASH_THREADS), 0, args);
+		return;
+	}
 	struct att_views a = att_views(T, NH, NKV, HS);
 	/* S_h = scale Q_h K_g^T: column-major S^T (T,T) = K_g Q_h^T. */
 	for (int h = 0; h < NH; h++) {
@@ -371,14 +461,31 @@ static void cu_attention_forward(struct gpu_backend *be, float *out, float *att,
  * (beta 0), the others add (beta 1), one GEMM after another on the stream —
  * a fixed order, no atomics. datt is scratch (it ends holding dS). */
 static void cu_attention_backward(struct gpu_backend *be, float *dq, float *dk, float *dv,
-				  float *datt, const float *dout, const float *q, const float *k,
-				  const float *v, const float *att, int B, int T, int NH, int NKV,
-				  int HS)
+				  float *datt, const float *dout, const float *out, const float *q,
+				  const float *k, const float *v, const float *att, int B, int T,
+				  int NH, int NKV, int HS)
 {
 	struct cu_backend *cb = cu_of(be);
 	assert(NKV > 0 && NH % NKV == 0);
 	if (B <= 0 || T <= 0 || NH <= 0 || HS <= 0)
 		return;
+	if (cu_attention_flash(be, HS)) {
+		/* datt: Dr = rowsum(dout * out), (B,NH,T); then dK, dV per kv
+		 * head and dQ per head, each owned by one block (no atomics). */
+		enum cu_kernel f, kdkdv, kdq;
+		flash_kernels(HS, &f, &kdkdv, &kdq);
+		size_t warps = (size_t)B * T * NH;
+		void *rargs[] = {&datt, &dout, &out, &B, &T, &NH, &HS};
+		launch_att_rows(cb, CU_K_flash_rowdot_f32, warps, rargs);
+		unsigned tiles = cu_blocks((size_t)T, FLASH_TILE);
+		void *kargs[] = {&dk, &dv, &dout, &q, &k, &v, &att, &datt, &T, &NH, &NKV};
+		cu_launch(cb, kdkdv, (struct cu_dim){tiles, (unsigned)NKV, (unsigned)B},
+			  dim1(FLASH_THREADS), 0, kargs);
+		void *qargs[] = {&dq, &dout, &q, &k, &v, &att, &datt, &T, &NH, &NKV};
+		cu_launch(cb, kdq, (struct cu_dim){tiles, (unsigned)NH, (unsigned)B},
+			  dim1(FLASH_THREADS), 0, qargs);
+		return;
+	}
 	struct att_views a = att_views(T, NH, NKV, HS);
 	/* dP_h = dout_h V_g^T: column-major dP^T = V_g dout_h^T. */
 	for (int h = 0; h < NH; h++) {
@@ -569,6 +676,8 @@ void cu_ops_fill(struct gpu_backend_ops *ops)
 	ops->matmul_backward = cu_matmul_backward;
 	ops->rope_forward = cu_rope_forward;
 	ops->rope_backward = cu_rope_backward;
+	ops->attention_flash = cu_attention_flash;
+	ops->gemm_bf16 = cu_gemm_bf16;
 	ops->attention_forward = cu_attention_forward;
 	ops->attention_backward = cu_attention_backward;
 	ops->swiglu_forward = cu_swiglu_forward;

@@ -45,3 +45,13 @@ extern "C" __global__ void swiglu_backward_f32(float *dgate, float *dup, const f
 		dgate[i] = __fmul_rn(__fmul_rn(d, up[i]), dsilu);
 	}
 }
+
+/* out[i] = in[i] rounded to bf16 (nearest even): a GEMM operand for the
+ * tensor cores in the bf16 mode. */
+#include <cuda_bf16.h>
+extern "C" __global__ void cast_bf16_f32(__nv_bfloat16 *out, const float *in, size_t n)
+{
+	for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+	     i += (size_t)gridDim.x * blockDim.x)
+		out[i] = __float2bfloat16_rn(in[i]);
+}

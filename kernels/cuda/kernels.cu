@@ -7,6 +7,7 @@
 #include "matmul.cu"
 #include "rope.cu"
 #include "attention.cu"
+#include "flash.cu"
 #include "elementwise.cu"
 #include "crossentropy.cu"
 #include "optimizer.cu"

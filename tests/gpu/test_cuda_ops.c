@@ -495,18 +495,99 @@ static void test_attention(void)
 		attention_backward(dq, dk, dv, datt, dout, q, k, v, att, B, T, NH, NKV, HS);
 		float *d_dout = dputf(dout, nq), *d_att_ref = dputf(att, na);
 		float *d_dq = dnan(nq), *d_dk = dnan(nk), *d_dv = dnan(nk), *d_datt = dnan(na);
-		gpu_attention_backward(be, d_dq, d_dk, d_dv, d_datt, d_dout, d_q, d_k, d_v, d_att_ref,
-				       B, T, NH, NKV, HS);
+		gpu_attention_backward(be, d_dq, d_dk, d_dv, d_datt, d_dout, d_out, d_q, d_k, d_v,
+				       d_att_ref, B, T, NH, NKV, HS);
 		float *g_dk = hget(d_dk, nk);
 		expect_red("dq", hget(d_dq, nq), dq, nq, T);
 		expect_red("dk", g_dk, dk, nk, (double)T * (NH / NKV));
 		expect_red("dv", hget(d_dv, nk), dv, nk, (double)T * (NH / NKV));
-		gpu_attention_backward(be, d_dq, d_dk, d_dv, d_datt, d_dout, d_q, d_k, d_v, d_att_ref,
-				       B, T, NH, NKV, HS);
+		gpu_attention_backward(be, d_dq, d_dk, d_dv, d_datt, d_dout, d_out, d_q, d_k, d_v,
+				       d_att_ref, B, T, NH, NKV, HS);
 		expect_same_bits("dk", hget(d_dk, nk), g_dk, nk);
 		case_end();
 	}
 	op_report("attention");
+}
+
+/* ||got - ref|| / ||ref||, NaN anywhere failing. */
+static void expect_normwise(const char *what, const float *got, const float *ref, size_t n,
+			    double tol)
+{
+	double d2 = 0.0, r2 = 0.0;
+	for (size_t i = 0; i < n; i++) {
+		double d = (double)got[i] - (double)ref[i];
+		d2 += d * d;
+		r2 += (double)ref[i] * (double)ref[i];
+	}
+	double rel = sqrt(d2) / (r2 > 0.0 ? sqrt(r2) : 1.0);
+	if (rel > op_max_ratio || isnan(rel)) {
+		op_max_ratio = isnan(rel) ? INFINITY : rel;
+		snprintf(op_worst, sizeof(op_worst), "%s %s", where, what);
+	}
+	op_arrays++;
+	CHECK_MSG(rel <= tol, "%s: %s: normwise error %.3g > %.3g", where, what, rel, tol);
+}
+
+/* The fused attention of the bf16 mode (kernels/cuda/flash.cu) against the
+ * CPU's fp32 op. Its products take bf16 operands (q, k, v, the
+ * probabilities, dout, dS: 8 significant bits, relative rounding <= 2^-9),
+ * so it is held to the bf16 mode's bounds, normwise: 2e-2 for out and the
+ * gradients, where the roundings' combined effect measures ~3e-3 and a wrong
+ * mask, scale or tile gives O(1). T crosses the 64-row tiles (63, 64, 65,
+ * 130), GQA groups of 1 to 7 heads, every head size the kernels are built
+ * for. att and datt hold B*NH*T floats in this mode. Run twice: the same
+ * bits (no atomics). */
+#define FLASH_NORM_TOL 2e-2
+static void test_flash_attention(void)
+{
+	static const struct { int B, T, NH, NKV, HS; } cases[] = {
+		{ 2, 5, 4, 2, 16 },   { 1, 1, 2, 1, 16 },   { 2, 63, 4, 4, 32 },  { 1, 64, 14, 2, 64 },
+		{ 2, 65, 4, 2, 64 },  { 1, 130, 7, 1, 16 }, { 2, 256, 8, 2, 64 }, { 1, 200, 4, 2, 32 },
+	};
+	struct td_errbuf eb = {{0}};
+	CHECK_EQ_INT(gpu_set_bf16(be, true, &eb), TD_OK);
+	op_begin();
+	for (size_t ci = 0; ci < COUNT(cases); ci++) {
+		int B = cases[ci].B, T = cases[ci].T, NH = cases[ci].NH, NKV = cases[ci].NKV;
+		int HS = cases[ci].HS;
+		CHECK(gpu_attention_flash(be, HS));
+		size_t nq = (size_t)B * T * NH * HS, nk = (size_t)B * T * NKV * HS;
+		size_t na = (size_t)B * NH * T * T, nl = (size_t)B * NH * T;
+		snprintf(where, sizeof(where), "flash attention (B=%d T=%d NH=%d NKV=%d HS=%d)", B, T,
+			 NH, NKV, HS);
+		float *q = frand(nq, 1.0, 0.0), *k = frand(nk, 1.0, 0.0), *v = frand(nk, 1.0, 0.0);
+		float *d_q = dputf(q, nq), *d_k = dputf(k, nk), *d_v = dputf(v, nk);
+		float *out = fvec(nq), *att = fvec(na);
+		attention_forward(out, att, q, k, v, B, T, NH, NKV, HS);
+		float *d_out = dnan(nq), *d_lse = dnan(nl);
+		gpu_attention_forward(be, d_out, d_lse, d_q, d_k, d_v, B, T, NH, NKV, HS);
+		float *g_out = hget(d_out, nq);
+		expect_normwise("out", g_out, out, nq, FLASH_NORM_TOL);
+
+		float *dout = frand(nq, 1.0, 0.0);
+		float *dq = fvec(nq), *dk = fvec(nk), *dv = fvec(nk), *datt = fvec(na);
+		attention_backward(dq, dk, dv, datt, dout, q, k, v, att, B, T, NH, NKV, HS);
+		float *d_dout = dputf(dout, nq);
+		float *d_dq = dnan(nq), *d_dk = dnan(nk), *d_dv = dnan(nk), *d_dr = dnan(nl);
+		gpu_attention_backward(be, d_dq, d_dk, d_dv, d_dr, d_dout, d_out, d_q, d_k, d_v, d_lse,
+				       B, T, NH, NKV, HS);
+		float *g_dq = hget(d_dq, nq), *g_dk = hget(d_dk, nk), *g_dv = hget(d_dv, nk);
+		expect_normwise("dq", g_dq, dq, nq, FLASH_NORM_TOL);
+		expect_normwise("dk", g_dk, dk, nk, FLASH_NORM_TOL);
+		expect_normwise("dv", g_dv, dv, nk, FLASH_NORM_TOL);
+		gpu_attention_forward(be, d_out, d_lse, d_q, d_k, d_v, B, T, NH, NKV, HS);
+		gpu_attention_backward(be, d_dq, d_dk, d_dv, d_dr, d_dout, d_out, d_q, d_k, d_v, d_lse,
+				       B, T, NH, NKV, HS);
+		expect_same_bits("out", hget(d_out, nq), g_out, nq);
+		expect_same_bits("dq", hget(d_dq, nq), g_dq, nq);
+		expect_same_bits("dk", hget(d_dk, nk), g_dk, nk);
+		expect_same_bits("dv", hget(d_dv, nk), g_dv, nk);
+		case_end();
+	}
+	op_report("flash attention");
+	CHECK(!gpu_attention_flash(be, 128)); /* not built: the stored-probabilities path */
+	CHECK_EQ_INT(gpu_set_bf16(be, false, &eb), TD_OK);
+	CHECK(!gpu_attention_flash(be, 64)); /* fp32 mode: never fused */
 }
 
 static void test_swiglu(void)
@@ -786,6 +867,7 @@ int main(void)
 	test_matmul();
 	test_rope();
 	test_attention();
+	test_flash_attention();
 	test_swiglu();
 	test_residual_scale();
 	test_crossentropy();
