@@ -73,7 +73,8 @@ struct gpu_backend_ops {
 	 * (B,NH,T,T) probabilities and datt (B,NH,T,T) scratch, as in
 	 * kernels/cpu/ops.h. Where it says true (the CUDA backend's fused kernels,
 	 * bf16 mode), the (T,T) matrices are never stored: att holds B*NH*T
-	 * per-row statistics the backward needs and datt B*NH*T scratch. out is
+	 * per-row statistics the backward needs and datt is scratch of
+	 * gpu_flash_datt_floats (below). out is
 	 * the forward's output (the fused backward reads it). */
 	bool (*attention_flash)(struct gpu_backend *be, int HS);
 	/* Whether the GEMMs of matmul_forward/backward round their operands to
@@ -151,13 +152,37 @@ struct gpu_backend {
 	/* Op tracing (a profiler's hook): called before (end false) and after
 	 * (end true) every math op with the op's name; NULL when off. */
 	void (*trace)(struct gpu_backend *be, const char *op, bool end);
-	/* Device scratch for the bf16 GEMM operands (gemm_bf16), set by the
-	 * model that planned it (train/plan.c: scratch.gemm_bf16); NULL: none.
+	/* Device scratch for the bf16 GEMM operands (gemm_bf16) and the fused
+	 * attention's bf16 copies (gpu_flash_scratch_bytes), set by the model
+	 * that planned it (train/plan.c: scratch.gemm_bf16); NULL: none.
+	 * Fused attention without room for its copies fails the stream
+	 * (TD_EDEVICE at the next sync, naming it).
 	 * A GEMM whose operands do not fit takes the slower path that reads the
 	 * fp32 operands directly: never a fault, never an allocation. */
 	void *gemm_scratch;
 	size_t gemm_scratch_bytes;
+	/* A bf16 copy of the model's fp32 parameters (train/plan.c:
+	 * scratch.params_bf16), set with gemm_scratch: a GEMM operand that lies
+	 * in [params, params + params_count) is read from the copy at the same
+	 * index instead of being rounded again for every product. The backend
+	 * owns params_bf16_stale: set here when the copy is attached and by
+	 * every write into the range through upload, zero or adamw_update (the
+	 * only ops that write parameters); the next GEMM that reads the copy
+	 * re-rounds it whole first. params_bf16 NULL: none. */
+	const float *params;
+	size_t params_count;
+	void *params_bf16;
+	bool params_bf16_stale;
 };
+
+/* Whether [p, p + bytes) overlaps be's parameters (params above). */
+static inline bool gpu_touches_params(const struct gpu_backend *be, const void *p, size_t bytes)
+{
+	if (!be->params_bf16 || !bytes)
+		return false;
+	const char *a = (const char *)p, *b = (const char *)be->params;
+	return a < b + be->params_count * sizeof(float) && b < a + bytes;
+}
 
 /* Asserts that every op of the table is set; called by each backend's
  * constructor once (a missing op is a bug, not an input error). */
@@ -275,6 +300,30 @@ static inline void gpu_attention_backward(struct gpu_backend *be, float *dq, flo
 	GPU_OP_(attention_backward, dq, dk, dv, datt, dout, out, q, k, v, att, B, T, NH, NKV, HS);
 }
 
+/* The fused attention backward's scratch (datt): B*NH*T row statistics and,
+ * where query heads share kv heads (NH > NKV), two (B,T,NH,HS) per-head dK
+ * and dV partials from float gpu_flash_part_offset on (64-float aligned). */
+static inline size_t gpu_flash_part_offset(int B, int T, int NH)
+{
+	return ((size_t)B * NH * T + 63) / 64 * 64;
+}
+static inline size_t gpu_flash_datt_floats(int B, int T, int NH, int NKV, int HS)
+{
+	if (NH == NKV)
+		return (size_t)B * NH * T;
+	return gpu_flash_part_offset(B, T, NH) + 2 * (size_t)B * T * NH * HS;
+}
+
+/* Bytes of gemm_scratch the fused attention needs for its bf16 copies of q,
+ * dout (B,T,NH,HS) and k, v (B,T,NKV,HS), each padded to 128 elements; the
+ * memory plan makes the scratch at least this big (train/plan.c). */
+static inline size_t gpu_flash_scratch_bytes(int B, int T, int NH, int NKV, int HS)
+{
+	size_t n = (size_t)B * T * HS;
+	size_t q = (n * NH + 127) / 128 * 128, k = (n * NKV + 127) / 128 * 128;
+	return 2 * (2 * q + 2 * k);
+}
+
 /* The head sizes the CUDA backend's fused attention kernels are built for
  * (kernels/cuda/flash.cu); others take the stored-probabilities path. */
 static inline bool gpu_flash_head_size(int HS)
@@ -282,9 +331,9 @@ static inline bool gpu_flash_head_size(int HS)
 	return HS == 16 || HS == 32 || HS == 64;
 }
 
-/* Whether attention on be, in its current precision, is fused (att and datt
- * then hold B*NH*T floats each instead of B*NH*T*T). The memory plan follows
- * it (train/plan.h: attention_lse). */
+/* Whether attention on be, in its current precision, is fused (att then
+ * holds B*NH*T floats instead of B*NH*T*T, datt gpu_flash_datt_floats). The
+ * memory plan follows it (train/plan.h: attention_lse). */
 static inline bool gpu_attention_flash(struct gpu_backend *be, int HS)
 {
 	return be->ops->attention_flash(be, HS);

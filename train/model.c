@@ -81,6 +81,7 @@ struct tr_model {
 	float *lnf_out, *lnf_rstd, *pooled;
 	float *logits, *losses, *kl, *dres, *dln, *dq, *dk, *dv, *dqraw, *dkraw, *dy, *datt, *dh,
 		*dgate, *dup, *dpooled, *lora_tmp, *lora_du, *lora_dx, *gemm_bf16;
+	void *params_bf16;
 
 	int32_t *host_targets;           /* (N) */
 	int32_t *host_ids;               /* (N) of the last forward */
@@ -286,6 +287,7 @@ static void bind(struct tr_model *m)
 	S(lora_du);
 	S(lora_dx);
 	S(gemm_bf16);
+	m->params_bf16 = buf(m, "scratch.params_bf16");
 #undef S
 }
 
@@ -342,6 +344,10 @@ td_err tr_model_new(struct tr_model **out, struct gpu_backend *be,
 		 * is freed, or another model sets its own). */
 		be->gemm_scratch = m->gemm_bf16;
 		be->gemm_scratch_bytes = tr_plan_find(&m->plan, "scratch.gemm_bf16")->bytes;
+		be->params_bf16 = m->params_bf16;
+		be->params = m->params;
+		be->params_count = m->params_bf16 ? m->plan.numel_f32 : 0;
+		be->params_bf16_stale = true;
 	}
 
 	/* RoPE tables are a function of (T, HS, theta) only: computed once here. */
@@ -366,6 +372,9 @@ void tr_model_free(struct tr_model *m)
 	if (m->gemm_bf16 && m->be->gemm_scratch == m->gemm_bf16) {
 		m->be->gemm_scratch = NULL;
 		m->be->gemm_scratch_bytes = 0;
+		m->be->params_bf16 = NULL;
+		m->be->params = NULL;
+		m->be->params_count = 0;
 	}
 	for (int a = 0; a < TR_ARENA_COUNT; a++)
 		gpu_free(m->be, m->arena[a], m->plan.arena_bytes[a]);

@@ -6,6 +6,8 @@
  * the only place that decides where a buffer lives. */
 #include "train/plan.h"
 
+#include "gpu/backend.h"
+
 #include <inttypes.h>
 #include <math.h>
 #include <stdlib.h>
@@ -482,6 +484,9 @@ td_err tr_plan_build(struct tr_plan *p, const struct tr_model_config *cfg,
 		}
 		gemm = max_sz(gemm, classify ? gemm_elems(B, C, NL)
 					     : gemm_elems((size_t)p->logits_rows, C, V));
+		if (o->attention_lse) /* the fused attention's bf16 copies */
+			gemm = max_sz(gemm, gpu_flash_scratch_bytes((int)B, (int)T, (int)NH, (int)NKV,
+								    (int)HS) / 2);
 	}
 	const struct {
 		const char *what;
@@ -500,7 +505,11 @@ td_err tr_plan_build(struct tr_plan *p, const struct tr_model_config *cfg,
 		{"dqraw", f32_bytes(N, H, 1), train && cfg->qk_norm},
 		{"dkraw", f32_bytes(N, KV, 1), train && cfg->qk_norm},
 		{"dy", f32_bytes(N, H, 1), train},
-		{"datt", o->attention_lse ? f32_bytes(B * NH, T, 1) : f32_bytes(B * NH, T, T), train},
+		{"datt",
+		 o->attention_lse ? f32_bytes(gpu_flash_datt_floats((int)B, (int)T, (int)NH, (int)NKV,
+								     (int)HS), 1, 1)
+				  : f32_bytes(B * NH, T, T),
+		 train},
 		{"dh", f32_bytes(N, I, 1), train},
 		{"dgate", f32_bytes(N, I, 1), train},
 		{"dup", f32_bytes(N, I, 1), train},
@@ -514,6 +523,8 @@ td_err tr_plan_build(struct tr_plan *p, const struct tr_model_config *cfg,
 		{"lora_du", f32_bytes(N, R, 1), train && R > 0},
 		{"lora_dx", f32_bytes(N, lora_in, 1), train && R > 0 && o->lora_dropout > 0.0f},
 		{"gemm_bf16", gemm * 2, gemm > 0},
+		/* the parameters rounded once per update, not per product */
+		{"params_bf16", p->numel_f32 * 2, gemm > 0 && p->numel_f32 > 0},
 	};
 	for (size_t i = 0; i < sizeof(scratch) / sizeof(scratch[0]); i++) {
 		if (!scratch[i].on)

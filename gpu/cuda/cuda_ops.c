@@ -63,6 +63,17 @@ static void launch_n(struct cu_backend *cb, enum cu_kernel k, size_t n, void **a
 		  args);
 }
 
+/* out (n bf16) = in (n floats) rounded: cast_bf16_f32 takes four values a
+ * thread step. */
+static void launch_cast(struct cu_backend *cb, uint16_t *out, const float *in, size_t n)
+{
+	void *args[] = {&out, &in, &n};
+	if (n)
+		cu_launch(cb, CU_K_cast_bf16_f32,
+			  dim1(grid_cap((n / 4 + CU_THREADS) / CU_THREADS)), dim1(CU_THREADS), 0,
+			  args);
+}
+
 /* Threads for a block that owns one row of C values: whole warps, enough to
  * give each thread a few values, at most 512. */
 static unsigned row_threads(int C)
@@ -153,6 +164,59 @@ static void sgemm(struct cu_backend *cb, const char *what, cublasOperation_t ta,
 	cu_prof_end(cb, "%s %dx%dx%d", what, m, n, k);
 }
 
+/* The bf16 operands of the bf16 mode's GEMMs. A parameter is read from the
+ * backend's bf16 copy (gpu/backend.h: params_bf16), re-rounded whole first
+ * when a write made it stale; anything else is rounded into slot, a part of
+ * be->gemm_scratch. */
+static const uint16_t *bf16_operand(struct cu_backend *cb, const float *x, size_t n,
+				    uint16_t *slot)
+{
+	struct gpu_backend *be = &cb->base;
+	if (gpu_touches_params(be, x, n * sizeof(float)) && x >= be->params &&
+	    x + n <= be->params + be->params_count) {
+		uint16_t *copy = be->params_bf16;
+		if (be->params_bf16_stale) {
+			const float *all = be->params;
+			size_t count = be->params_count;
+			launch_cast(cb, copy, all, count);
+			be->params_bf16_stale = false;
+		}
+		return copy + (x - be->params);
+	}
+	launch_cast(cb, slot, x, n);
+	return slot;
+}
+
+/* Elements of an op(X) operand with leading dimension ld: ld * columns. */
+static size_t operand_elems(cublasOperation_t op, int ld, int rows_if_t, int cols_if_n)
+{
+	return (size_t)ld * (size_t)(op == CUBLAS_OP_N ? cols_if_n : rows_if_t);
+}
+
+/* Where the second operand starts in the scratch: after the first, padded to
+ * 128 elements (train/plan.c's gemm_elems sizes the scratch the same way). */
+static size_t second_slot(size_t na)
+{
+	return (na + 127) / 128 * 128;
+}
+
+/* Whether the scratch holds a first operand of na and a second of nb. */
+static bool scratch_fits(const struct cu_backend *cb, size_t na, size_t nb)
+{
+	return cb->base.gemm_scratch && 2 * (second_slot(na) + nb) <= cb->base.gemm_scratch_bytes;
+}
+
+/* bf16 x bf16 -> fp32 GEMM, fp32 accumulation. */
+static void gemm16(struct cu_backend *cb, const char *what, cublasOperation_t ta,
+		   cublasOperation_t tb, int m, int n, int k, float alpha, const uint16_t *A,
+		   int lda, const uint16_t *B, int ldb, float beta, float *C, int ldc)
+{
+	cu_check_blas(cb, cublasGemmEx(cb->blas, ta, tb, m, n, k, &alpha, A, CUDA_R_16BF, lda, B,
+				       CUDA_R_16BF, ldb, &beta, C, CUDA_R_32F, ldc,
+				       CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+		      what);
+}
+
 static void sgemm_(struct cu_backend *cb, const char *what, cublasOperation_t ta,
 		   cublasOperation_t tb, int m, int n, int k, float alpha, const float *A, int lda,
 		   const float *B, int ldb, float beta, float *C, int ldc)
@@ -163,24 +227,15 @@ static void sgemm_(struct cu_backend *cb, const char *what, cublasOperation_t ta
 			      what);
 		return;
 	}
-	/* bf16 operands: both matrices rounded into the model's scratch (A at
-	 * its start, B 128 elements aligned after it: train/plan.c's
-	 * gemm_elems sizes it the same way), then a bf16 x bf16 -> fp32 GEMM.
+	/* bf16 operands (bf16_operand), then a bf16 x bf16 -> fp32 GEMM.
 	 * Measured faster than FAST_16BF on fp32 operands (H200, Qwen2-0.5B
 	 * step 167 -> 149 ms). */
-	size_t na = (size_t)lda * (size_t)(ta == CUBLAS_OP_N ? k : m);
-	size_t nb = (size_t)ldb * (size_t)(tb == CUBLAS_OP_N ? n : k);
-	size_t off = (na + 127) / 128 * 128;
-	if (cb->base.gemm_scratch && 2 * (off + nb) <= cb->base.gemm_scratch_bytes) {
-		uint16_t *a16 = cb->base.gemm_scratch, *b16 = a16 + off;
-		void *aa[] = {&a16, &A, &na};
-		launch_n(cb, CU_K_cast_bf16_f32, na, aa);
-		void *ba[] = {&b16, &B, &nb};
-		launch_n(cb, CU_K_cast_bf16_f32, nb, ba);
-		cu_check_blas(cb, cublasGemmEx(cb->blas, ta, tb, m, n, k, &alpha, a16, CUDA_R_16BF, lda,
-					       b16, CUDA_R_16BF, ldb, &beta, C, CUDA_R_32F, ldc,
-					       CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
-			      what);
+	size_t na = operand_elems(ta, lda, m, k), nb = operand_elems(tb, ldb, k, n);
+	if (scratch_fits(cb, na, nb)) {
+		uint16_t *slot = cb->base.gemm_scratch;
+		const uint16_t *a16 = bf16_operand(cb, A, na, slot);
+		const uint16_t *b16 = bf16_operand(cb, B, nb, slot + second_slot(na));
+		gemm16(cb, what, ta, tb, m, n, k, alpha, a16, lda, b16, ldb, beta, C, ldc);
 		return;
 	}
 	/* bf16 compute: fp32 operands rounded to bf16 on the way into the tensor
@@ -309,12 +364,30 @@ static void cu_matmul_backward(struct gpu_backend *be, float *dinp, float *dweig
 	struct cu_backend *cb = cu_of(be);
 	if (N <= 0 || OC <= 0)
 		return; /* nothing to add */
-	if (dinp && C > 0)
-		sgemm(cb, "matmul_backward (dinp): cublasSgemm", OP_N, OP_N, C, N, OC, 1.0f, weight,
-		      C, dout, OC, 1.0f, dinp, C);
-	if (dweight && C > 0)
-		sgemm(cb, "matmul_backward (dweight): cublasSgemm", OP_N, OP_T, C, OC, N, 1.0f, inp,
-		      C, dout, OC, 1.0f, dweight, C);
+	size_t nd = (size_t)N * OC, nw = (size_t)OC * C, nx = (size_t)N * C;
+	if (dinp && dweight && C > 0 && !cb->fp32_strict &&
+	    scratch_fits(cb, nw > nx ? nw : nx, nd)) {
+		/* bf16: dout, the second operand of both products, rounded once. */
+		uint16_t *slot = cb->base.gemm_scratch;
+		cu_prof_begin(cb);
+		const uint16_t *d16 = bf16_operand(cb, dout, nd, slot + second_slot(nw > nx ? nw : nx));
+		const uint16_t *w16 = bf16_operand(cb, weight, nw, slot);
+		gemm16(cb, "matmul_backward (dinp): cublasGemmEx", OP_N, OP_N, C, N, OC, 1.0f, w16, C,
+		       d16, OC, 1.0f, dinp, C);
+		cu_prof_end(cb, "matmul_backward (dinp): cublasGemmEx %dx%dx%d", C, N, OC);
+		cu_prof_begin(cb);
+		const uint16_t *x16 = bf16_operand(cb, inp, nx, slot);
+		gemm16(cb, "matmul_backward (dweight): cublasGemmEx", OP_N, OP_T, C, OC, N, 1.0f, x16,
+		       C, d16, OC, 1.0f, dweight, C);
+		cu_prof_end(cb, "matmul_backward (dweight): cublasGemmEx %dx%dx%d", C, OC, N);
+	} else {
+		if (dinp && C > 0)
+			sgemm(cb, "matmul_backward (dinp): cublasSgemm", OP_N, OP_N, C, N, OC, 1.0f,
+			      weight, C, dout, OC, 1.0f, dinp, C);
+		if (dweight && C > 0)
+			sgemm(cb, "matmul_backward (dweight): cublasSgemm", OP_N, OP_T, C, OC, N, 1.0f,
+			      inp, C, dout, OC, 1.0f, dweight, C);
+	}
 	if (dbias) {
 		struct colsum_plan p = plan_colsum(cb, N, OC);
 		int direct = p.parts == 1;
@@ -416,6 +489,40 @@ static void flash_kernels(int HS, enum cu_kernel *fwd, enum cu_kernel *dkdv, enu
 #define FLASH_TILE 64 /* flash.cu's FA_TILE */
 #define FLASH_THREADS 128
 
+/* The fused kernels' bf16 copies in be->gemm_scratch (gpu/backend.h:
+ * gpu_flash_scratch_bytes): q, dout (B,T,NH,HS), k, v (B,T,NKV,HS). */
+struct flash_copies {
+	uint16_t *q, *k, *v, *dout;
+};
+
+static bool flash_copies(struct cu_backend *cb, int B, int T, int NH, int NKV, int HS,
+			 struct flash_copies *fc)
+{
+	if (!cb->base.gemm_scratch ||
+	    cb->base.gemm_scratch_bytes < gpu_flash_scratch_bytes(B, T, NH, NKV, HS)) {
+		cu_check(cb, CUDA_ERROR_INVALID_VALUE,
+			 "attention: no room for the fused kernels' bf16 copies (gemm_scratch)");
+		return false;
+	}
+	size_t n = (size_t)B * T * HS;
+	size_t q = (n * NH + 127) / 128 * 128, k = (n * NKV + 127) / 128 * 128;
+	fc->q = cb->base.gemm_scratch;
+	fc->k = fc->q + q;
+	fc->v = fc->k + k;
+	fc->dout = fc->v + k;
+	return true;
+}
+
+/* q, k, v rounded into their copies. */
+static void flash_cast_qkv(struct cu_backend *cb, const struct flash_copies *fc, const float *q,
+			   const float *k, const float *v, int B, int T, int NH, int NKV, int HS)
+{
+	size_t n = (size_t)B * T * HS;
+	launch_cast(cb, fc->q, q, n * NH);
+	launch_cast(cb, fc->k, k, n * NKV);
+	launch_cast(cb, fc->v, v, n * NKV);
+}
+
 static void cu_attention_forward(struct gpu_backend *be, float *out, float *att, const float *q,
 				 const float *k, const float *v, int B, int T, int NH, int NKV,
 				 int HS)
@@ -426,9 +533,13 @@ static void cu_attention_forward(struct gpu_backend *be, float *out, float *att,
 		return;
 	if (cu_attention_flash(be, HS)) {
 		/* att: the (B,NH,T) row statistics */
+		struct flash_copies fc;
+		if (!flash_copies(cb, B, T, NH, NKV, HS, &fc))
+			return;
+		flash_cast_qkv(cb, &fc, q, k, v, B, T, NH, NKV, HS);
 		enum cu_kernel f, d1, d2;
 		flash_kernels(HS, &f, &d1, &d2);
-		void *args[] = {&out, &att, &q, &k, &v, &T, &NH, &NKV};
+		void *args[] = {&out, &att, &fc.q, &fc.k, &fc.v, &T, &NH, &NKV};
 		cu_launch(cb, f, (struct cu_dim){cu_blocks((size_t)T, FLASH_TILE), (unsigned)NH, (unsigned)B},
 			  dim1(FLASH_THREADS), 0, args);
 		return;
@@ -470,18 +581,34 @@ static void cu_attention_backward(struct gpu_backend *be, float *dq, float *dk, 
 	if (B <= 0 || T <= 0 || NH <= 0 || HS <= 0)
 		return;
 	if (cu_attention_flash(be, HS)) {
-		/* datt: Dr = rowsum(dout * out), (B,NH,T); then dK, dV per kv
-		 * head and dQ per head, each owned by one block (no atomics). */
+		/* datt: Dr = rowsum(dout * out), (B,NH,T); with kv groups, the
+		 * per-head dK and dV partials after it (gpu_flash_datt_floats).
+		 * dK, dV (or their partials) and dQ per query head, each owned
+		 * by one block; the partials added in head order (no atomics). */
+		struct flash_copies fc;
+		if (!flash_copies(cb, B, T, NH, NKV, HS, &fc))
+			return;
+		flash_cast_qkv(cb, &fc, q, k, v, B, T, NH, NKV, HS);
 		enum cu_kernel f, kdkdv, kdq;
 		flash_kernels(HS, &f, &kdkdv, &kdq);
 		size_t warps = (size_t)B * T * NH;
-		void *rargs[] = {&datt, &dout, &out, &B, &T, &NH, &HS};
+		void *rargs[] = {&datt, &fc.dout, &dout, &out, &B, &T, &NH, &HS};
 		launch_att_rows(cb, CU_K_flash_rowdot_f32, warps, rargs);
 		unsigned tiles = cu_blocks((size_t)T, FLASH_TILE);
-		void *kargs[] = {&dk, &dv, &dout, &q, &k, &v, &att, &datt, &T, &NH, &NKV};
-		cu_launch(cb, kdkdv, (struct cu_dim){tiles, (unsigned)NKV, (unsigned)B},
+		float *pk = dk, *pv = dv;
+		if (NH != NKV) {
+			pk = datt + gpu_flash_part_offset(B, T, NH);
+			pv = pk + (size_t)B * T * NH * HS;
+		}
+		void *kargs[] = {&pk, &pv, &fc.dout, &fc.q, &fc.k, &fc.v, &att, &datt, &T, &NH, &NKV};
+		cu_launch(cb, kdkdv, (struct cu_dim){tiles, (unsigned)NH, (unsigned)B},
 			  dim1(FLASH_THREADS), 0, kargs);
-		void *qargs[] = {&dq, &dout, &q, &k, &v, &att, &datt, &T, &NH, &NKV};
+		if (NH != NKV) {
+			int rows = B * T;
+			void *sargs[] = {&dk, &dv, &pk, &pv, &rows, &NH, &NKV, &HS};
+			launch_n(cb, CU_K_flash_kv_reduce_f32, (size_t)rows * NKV * HS / 4, sargs);
+		}
+		void *qargs[] = {&dq, &fc.dout, &fc.q, &fc.k, &fc.v, &att, &datt, &T, &NH, &NKV};
 		cu_launch(cb, kdq, (struct cu_dim){tiles, (unsigned)NH, (unsigned)B},
 			  dim1(FLASH_THREADS), 0, qargs);
 		return;
@@ -570,6 +697,8 @@ static void cu_adamw_update(struct gpu_backend *be, float *param, const float *g
 			    float weight_decay, int t)
 {
 	assert(t >= 1);
+	if (gpu_touches_params(be, param, n * sizeof(float)))
+		be->params_bf16_stale = true;
 	float decay = (float)(1.0 - (double)lr * weight_decay);
 	float one_minus_b1 = (float)(1.0 - (double)beta1);
 	float one_minus_b2 = (float)(1.0 - (double)beta2);

@@ -47,11 +47,28 @@ extern "C" __global__ void swiglu_backward_f32(float *dgate, float *dup, const f
 }
 
 /* out[i] = in[i] rounded to bf16 (nearest even): a GEMM operand for the
- * tensor cores in the bf16 mode. */
+ * tensor cores in the bf16 mode. Four values per thread step (a 16-byte load,
+ * an 8-byte store) where in and out are aligned for it; the launcher sizes
+ * the grid for n / 4. */
 #include <cuda_bf16.h>
 extern "C" __global__ void cast_bf16_f32(__nv_bfloat16 *out, const float *in, size_t n)
 {
-	for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
-	     i += (size_t)gridDim.x * blockDim.x)
-		out[i] = __float2bfloat16_rn(in[i]);
+	const size_t stride = (size_t)gridDim.x * blockDim.x;
+	size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+	size_t done = 0;
+	if (((uintptr_t)in & 15) == 0 && ((uintptr_t)out & 7) == 0) {
+		const size_t n4 = n / 4;
+		for (size_t j = i; j < n4; j += stride) {
+			const float4 x = reinterpret_cast<const float4 *>(in)[j];
+			__nv_bfloat162 lo = __floats2bfloat162_rn(x.x, x.y);
+			__nv_bfloat162 hi = __floats2bfloat162_rn(x.z, x.w);
+			uint2 u;
+			u.x = *reinterpret_cast<uint32_t *>(&lo);
+			u.y = *reinterpret_cast<uint32_t *>(&hi);
+			reinterpret_cast<uint2 *>(out)[j] = u;
+		}
+		done = n4 * 4;
+	}
+	for (size_t j = done + i; j < n; j += stride)
+		out[j] = __float2bfloat16_rn(in[j]);
 }

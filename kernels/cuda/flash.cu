@@ -1,39 +1,52 @@
 /* Causal attention fused flash-style (FlashAttention-2's algorithm), for the
  * bf16 compute mode: the (T,T) scores and probabilities never reach memory.
- * fp32 in and out (the engine's storage); the products run on the tensor
- * cores as bf16 mma.sync m16n8k16 with fp32 accumulation, the softmax in
- * fp32. The fp32 mode keeps the exact path of attention.cu + cuBLAS.
+ * q, k, v and dout come in as bf16 copies (the launcher rounds the engine's
+ * fp32 into its scratch; flash_rowdot writes dout's), out, the statistics
+ * and the gradients go out fp32; the products run on the tensor cores as
+ * bf16 mma.sync m16n8k16 with fp32 accumulation, the softmax in fp32. The
+ * fp32 mode keeps the exact path of attention.cu + cuBLAS.
  *
- * Forward: one block per (64 queries, head, batch), a warp per 16 queries;
- * the keys in tiles of 64 up to the diagonal with the online softmax; out
- * and, per query row, L = log2 of the sum of 2^(s - m) plus m, where s is the
- * score times log2(e)/sqrt(HS): what the backward needs to rebuild P.
+ * Forward: one block per (64 queries, head, batch), a warp per 16 queries,
+ * the heaviest (last) query tiles launched first; the keys in tiles of 64 up
+ * to the diagonal with the online softmax, the next tile copied in
+ * (cp.async) while this one is used; out and, per query row, L = log2 of
+ * the sum of 2^(s - m) plus m, where s is the score times log2(e)/sqrt(HS):
+ * what the backward needs to rebuild P.
  * Backward, deterministic (no atomics, fixed orders): flash_rowdot forms
- * Dr = rowsum(dout * out); flash_bwd_dkdv, a block per (64 keys, kv head,
- * batch), rebuilds P^T and dS^T tile by tile over every query head of the kv
- * group and every query tile at or past the keys, and owns dK and dV
- * outright; flash_bwd_dq, a block per (64 queries, head, batch), rebuilds P
- * and dS over the keys up to the diagonal for dQ. The cost is computing P
- * twice in the backward instead of adding dQ with float atomics.
+ * Dr = rowsum(dout * out); flash_bwd_dkdv, a block per (64 keys, head,
+ * batch), rebuilds P^T and dS^T tile by tile over every query tile at or past
+ * the keys and owns that head's share of dK and dV outright: with one query
+ * head per kv head it is dK and dV; with a group of rep query heads it is a
+ * per-head partial ((B,T,NH,HS), rep times more blocks than a block per kv
+ * head, whose longest block would walk rep times as many tiles), and
+ * flash_kv_reduce adds the group's partials in head order; flash_bwd_dq,
+ * a block per (64 queries, head, batch), rebuilds P and dS over the keys up
+ * to the diagonal for dQ. The cost is computing P twice in the backward
+ * instead of adding dQ with float atomics.
  *
  * Fragment layout of mma.m16n8k16 (PTX ISA), g = lane / 4, t = lane % 4:
  * A (16x16, row-major) a0 = (g, 2t..2t+1), a1 = (g+8, 2t..), a2 = (g, 2t+8..),
  * a3 = (g+8, 2t+8..); B (16x8, k x n) b0 = (k 2t..2t+1, n g), b1 = (k
  * 2t+8.., n g); C (16x8) c0,c1 = (g, 2t..2t+1), c2,c3 = (g+8, 2t..2t+1).
- * So a B operand is read as pairs from a tile stored [n][k], and the C tiles
- * of a 16x64 product are, two by two, the A fragments of the next product.
+ * Every tile sits in shared memory row-major as it is in global memory
+ * ([row][head dim]). ldmatrix reads B fragments from it: plain where the
+ * product runs over the head dimension (S = Q K^T: B[k=d][n=key] is the
+ * tile [key][d] itself), .trans where it runs over the rows (P V: B[k=key]
+ * [n=d] is the tile [key][d] transposed). The C tiles of a 16x64 product
+ * are, two by two, the A fragments of the next product.
  *
  * Shapes: q, out, dq (B,T,NH,HS); k, v, dk, dv (B,T,NKV,HS); L and Dr
  * (B,NH,T). HS is a template parameter (16, 32, 64: gpu/backend.h's
- * gpu_flash_head_size); T is anything (tiles past T are zero-padded and
- * masked). Rows of q, k, v, dout are 16-byte aligned (the plan's buffers are,
- * and HS is a multiple of 4). */
+ * gpu_flash_head_size); T is anything (tiles past T are zero-filled and
+ * masked). The bf16 copies start 16-byte aligned (a row is HS * 2 bytes, a
+ * multiple of 32), as cp.async needs; fp32 rows are 8-byte aligned. */
 #include "common.cuh"
 
 #include <cuda_bf16.h>
 
 #define FA_TILE 64 /* queries per block and keys per tile */
-#define FA_PAD 8   /* bf16 padding per shared row (bank spread, 16-byte rows) */
+#define FA_PAD 8   /* bf16 padding per shared row: rows stay 16-byte aligned, and the
+                    * 8 rows an ldmatrix reads fall in distinct banks */
 #define FA_THREADS 128
 #define FA_LOG2E 1.4426950408889634f
 
@@ -69,45 +82,60 @@ static __device__ __forceinline__ float fa_quad_sum(float v)
 	return v + __shfl_xor_sync(CU_FULL_MASK, v, 2);
 }
 
-/* dst[r][c] = src row (r0 + r), column c, as bf16; zero past T. src points at
- * row 0 of this (batch, head); rows are ld floats apart. */
+typedef __nv_bfloat16 fa_bf16;
+
+static __device__ __forceinline__ void fa_cp16(void *dst, const void *src)
+{
+	const unsigned s = (unsigned)__cvta_generic_to_shared(dst);
+	asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(src));
+}
+
+static __device__ __forceinline__ void fa_commit()
+{
+	asm volatile("cp.async.commit_group;\n" ::);
+}
+
+/* Waits until at most N committed copy groups of this thread are pending. */
+template <int N> static __device__ __forceinline__ void fa_wait()
+{
+	asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+/* Starts copying rows r0.. of a (T, ld) bf16 matrix (src at row 0, this
+ * head's column) into dst; rows at or past T are zeroed. */
 template <int D>
-static __device__ __forceinline__ void fa_load(__nv_bfloat16 (*dst)[D + FA_PAD], const float *src,
+static __device__ __forceinline__ void fa_tile(fa_bf16 (*dst)[D + FA_PAD], const fa_bf16 *src,
 					       int ld, int r0, int T)
 {
-	for (int i = threadIdx.x; i < FA_TILE * D / 4; i += FA_THREADS) {
-		const int r = i / (D / 4), c = (i % (D / 4)) * 4;
-		float4 x = make_float4(0.f, 0.f, 0.f, 0.f);
+	for (int i = threadIdx.x; i < FA_TILE * D / 8; i += FA_THREADS) {
+		const int r = i / (D / 8), c = (i % (D / 8)) * 8;
 		if (r0 + r < T)
-			x = *reinterpret_cast<const float4 *>(src + (size_t)(r0 + r) * ld + c);
-		uint2 p;
-		p.x = fa_pack(x.x, x.y);
-		p.y = fa_pack(x.z, x.w);
-		*reinterpret_cast<uint2 *>(&dst[r][c]) = p;
+			fa_cp16(&dst[r][c], src + (size_t)(r0 + r) * ld + c);
+		else
+			*reinterpret_cast<uint4 *>(&dst[r][c]) = make_uint4(0u, 0u, 0u, 0u);
 	}
 }
 
-/* The same tile transposed: dst[c][r]. */
-template <int D>
-static __device__ __forceinline__ void fa_load_t(__nv_bfloat16 (*dst)[FA_TILE + FA_PAD],
-						 const float *src, int ld, int r0, int T)
+static __device__ __forceinline__ void fa_ldm(uint32_t r[4], const fa_bf16 *p)
 {
-	for (int i = threadIdx.x; i < FA_TILE * D / 4; i += FA_THREADS) {
-		const int r = i % FA_TILE, c = (i / FA_TILE) * 4;
-		float4 x = make_float4(0.f, 0.f, 0.f, 0.f);
-		if (r0 + r < T)
-			x = *reinterpret_cast<const float4 *>(src + (size_t)(r0 + r) * ld + c);
-		dst[c + 0][r] = __float2bfloat16_rn(x.x);
-		dst[c + 1][r] = __float2bfloat16_rn(x.y);
-		dst[c + 2][r] = __float2bfloat16_rn(x.z);
-		dst[c + 3][r] = __float2bfloat16_rn(x.w);
-	}
+	const unsigned a = (unsigned)__cvta_generic_to_shared(p);
+	asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+		     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+		     : "r"(a));
 }
 
-/* The A fragments of 16 rows (from row r) of a [row][k] tile, D/16 k-steps. */
+static __device__ __forceinline__ void fa_ldm_t(uint32_t r[4], const fa_bf16 *p)
+{
+	const unsigned a = (unsigned)__cvta_generic_to_shared(p);
+	asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+		     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+		     : "r"(a));
+}
+
+/* The A fragments of 16 rows (from row r) of a tile, D/16 k-steps. */
 template <int D>
 static __device__ __forceinline__ void fa_frag_a(uint32_t a[D / 16][4],
-						 __nv_bfloat16 (*s)[D + FA_PAD], int r, int g, int t)
+						 fa_bf16 (*s)[D + FA_PAD], int r, int g, int t)
 {
 #pragma unroll
 	for (int kk = 0; kk < D / 16; kk++) {
@@ -118,131 +146,169 @@ static __device__ __forceinline__ void fa_frag_a(uint32_t a[D / 16][4],
 	}
 }
 
-/* acc[n] (16 x 64 as 8 tiles of 8 columns) = A (16 x D) times the [n][k] tile
- * s (64 x D) transposed. */
+/* acc (16 x 64 as 8 C tiles) = A (16 x D) times the tile s (64 rows x D)
+ * transposed. One ldmatrix.x4 gives the B fragments of two column blocks
+ * (lanes 0-15 address block n, 16-31 block n + 1; lanes 8-15 and 24-31 the
+ * upper 8 of the k-step). */
 template <int D>
 static __device__ __forceinline__ void fa_mm_nt(float acc[8][4], const uint32_t a[D / 16][4],
-						__nv_bfloat16 (*s)[D + FA_PAD], int g, int t)
+						fa_bf16 (*s)[D + FA_PAD], int lane)
 {
 #pragma unroll
-	for (int n = 0; n < 8; n++) {
+	for (int n = 0; n < 8; n++)
 		acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.f;
+	const int row = (lane & 7) + (lane >> 4) * 8, col = ((lane >> 3) & 1) * 8;
 #pragma unroll
-		for (int kk = 0; kk < D / 16; kk++)
-			fa_mma(acc[n], a[kk], fa_ld(&s[n * 8 + g][kk * 16 + 2 * t]),
-			       fa_ld(&s[n * 8 + g][kk * 16 + 2 * t + 8]));
-	}
+	for (int n = 0; n < 8; n += 2)
+#pragma unroll
+		for (int kk = 0; kk < D / 16; kk++) {
+			uint32_t b[4];
+			fa_ldm(b, &s[n * 8 + row][kk * 16 + col]);
+			fa_mma(acc[n], a[kk], b[0], b[1]);
+			fa_mma(acc[n + 1], a[kk], b[2], b[3]);
+		}
 }
 
-/* acc (16 x D as D/8 tiles) += P (16 x 64, the C tiles p) times the
- * [n][k] tile s (D x 64) transposed. */
+/* acc (16 x D as D/8 C tiles) += P (16 x 64, the C tiles p, rounded to bf16)
+ * times the tile s (64 rows x D). ldmatrix.trans: lanes 0-7 address rows
+ * 0-7 of the k-step, 8-15 rows 8-15 (b0, b1 of column block d), 16-31 the
+ * same for block d + 1. */
 template <int D>
 static __device__ __forceinline__ void fa_mm_pv(float acc[D / 8][4], const float p[8][4],
-						__nv_bfloat16 (*s)[FA_TILE + FA_PAD], int g, int t)
+						fa_bf16 (*s)[D + FA_PAD], int lane)
 {
+	const int row = (lane & 7) + ((lane >> 3) & 1) * 8, col = (lane >> 4) * 8;
 #pragma unroll
 	for (int j = 0; j < 4; j++) {
 		uint32_t a[4] = {fa_pack(p[2 * j][0], p[2 * j][1]), fa_pack(p[2 * j][2], p[2 * j][3]),
 				 fa_pack(p[2 * j + 1][0], p[2 * j + 1][1]),
 				 fa_pack(p[2 * j + 1][2], p[2 * j + 1][3])};
 #pragma unroll
-		for (int d = 0; d < D / 8; d++)
-			fa_mma(acc[d], a, fa_ld(&s[d * 8 + g][j * 16 + 2 * t]),
-			       fa_ld(&s[d * 8 + g][j * 16 + 2 * t + 8]));
+		for (int d = 0; d < D / 8; d += 2) {
+			uint32_t b[4];
+			fa_ldm_t(b, &s[j * 16 + row][d * 8 + col]);
+			fa_mma(acc[d], a, b[0], b[1]);
+			fa_mma(acc[d + 1], a, b[2], b[3]);
+		}
+	}
+}
+
+/* Rows r0 = the thread's first row (g within the warp's 16) and r0 + 8 of a
+ * warp's 16 x D accumulator, times scale, to dst (rows ld floats apart);
+ * rows at or past T are skipped. */
+template <int D>
+static __device__ __forceinline__ void fa_store(float *dst, int ld, const float acc[D / 8][4],
+						float scale, int r0, int T, int t)
+{
+#pragma unroll
+	for (int d = 0; d < D / 8; d++) {
+		const int c = d * 8 + 2 * t;
+		if (r0 < T)
+			*reinterpret_cast<float2 *>(dst + (size_t)r0 * ld + c) =
+				make_float2(acc[d][0] * scale, acc[d][1] * scale);
+		if (r0 + 8 < T)
+			*reinterpret_cast<float2 *>(dst + (size_t)(r0 + 8) * ld + c) =
+				make_float2(acc[d][2] * scale, acc[d][3] * scale);
 	}
 }
 
 template <int D>
-static __device__ __forceinline__ void flash_fwd(float *out, float *lse, const float *q,
-						 const float *k, const float *v, int T, int NH,
+static __device__ __forceinline__ void flash_fwd(float *out, float *lse, const fa_bf16 *q,
+						 const fa_bf16 *k, const fa_bf16 *v, int T, int NH,
 						 int NKV)
 {
-	__shared__ __align__(16) __nv_bfloat16 sQK[FA_TILE][D + FA_PAD];
-	__shared__ __align__(16) __nv_bfloat16 sVt[D][FA_TILE + FA_PAD];
-	const int q0 = blockIdx.x * FA_TILE, h = blockIdx.y, b = blockIdx.z;
+	__shared__ __align__(16) fa_bf16 sQ[FA_TILE][D + FA_PAD];
+	__shared__ __align__(16) fa_bf16 sK[2][FA_TILE][D + FA_PAD];
+	__shared__ __align__(16) fa_bf16 sV[2][FA_TILE][D + FA_PAD];
+	const int q0 = (gridDim.x - 1 - blockIdx.x) * FA_TILE, h = blockIdx.y, b = blockIdx.z;
 	const int kvh = h / (NH / NKV), ldq = NH * D, ldk = NKV * D;
 	const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
 	const float sl2 = FA_LOG2E * rsqrtf((float)D);
-	const float *qb = q + (size_t)b * T * ldq + h * D;
-	const float *kb = k + (size_t)b * T * ldk + kvh * D;
-	const float *vb = v + (size_t)b * T * ldk + kvh * D;
+	const fa_bf16 *kb = k + (size_t)b * T * ldk + kvh * D;
+	const fa_bf16 *vb = v + (size_t)b * T * ldk + kvh * D;
 
-	fa_load<D>(sQK, qb, ldq, q0, T);
-	__syncthreads();
-	uint32_t qa[D / 16][4];
-	fa_frag_a<D>(qa, sQK, warp * 16, g, t);
+	fa_tile<D>(sQ, q + (size_t)b * T * ldq + h * D, ldq, q0, T);
+	fa_tile<D>(sK[0], kb, ldk, 0, T);
+	fa_tile<D>(sV[0], vb, ldk, 0, T);
+	fa_commit();
 
 	const int row0 = q0 + warp * 16 + g, row1 = row0 + 8;
+	uint32_t qa[D / 16][4];
 	float o[D / 8][4];
 #pragma unroll
 	for (int d = 0; d < D / 8; d++)
 		o[d][0] = o[d][1] = o[d][2] = o[d][3] = 0.f;
 	float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;
-	const int last = min(T, q0 + FA_TILE) - 1;
-	for (int k0 = 0; k0 <= last; k0 += FA_TILE) {
+	const int tiles = (min(T, q0 + FA_TILE) - 1) / FA_TILE + 1;
+	for (int it = 0; it < tiles; it++) {
+		const int k0 = it * FA_TILE, buf = it & 1;
+		if (it + 1 < tiles) {
+			fa_tile<D>(sK[buf ^ 1], kb, ldk, k0 + FA_TILE, T);
+			fa_tile<D>(sV[buf ^ 1], vb, ldk, k0 + FA_TILE, T);
+			fa_commit();
+			fa_wait<1>();
+		} else {
+			fa_wait<0>();
+		}
 		__syncthreads();
-		fa_load<D>(sQK, kb, ldk, k0, T);
-		fa_load_t<D>(sVt, vb, ldk, k0, T);
-		__syncthreads();
-		if (k0 > q0 + warp * 16 + 15)
-			continue; /* every key of the tile is past this warp's queries */
-		float s[8][4];
-		fa_mm_nt<D>(s, qa, sQK, g, t);
-		float mx0 = m0, mx1 = m1;
+		if (it == 0)
+			fa_frag_a<D>(qa, sQ, warp * 16, g, t);
+		if (k0 <= q0 + warp * 16 + 15) { /* else every key is past this warp's queries */
+			float s[8][4];
+			fa_mm_nt<D>(s, qa, sK[buf], lane);
+			float mx0 = m0, mx1 = m1;
 #pragma unroll
-		for (int n = 0; n < 8; n++)
+			for (int n = 0; n < 8; n++)
 #pragma unroll
-			for (int e = 0; e < 4; e++) {
-				const int col = k0 + n * 8 + 2 * t + (e & 1), row = e < 2 ? row0 : row1;
-				float x = s[n][e] * sl2;
-				if (col > row || col >= T)
-					x = -INFINITY;
-				s[n][e] = x;
-				if (e < 2)
-					mx0 = fmaxf(mx0, x);
-				else
-					mx1 = fmaxf(mx1, x);
+				for (int e = 0; e < 4; e++) {
+					const int col = k0 + n * 8 + 2 * t + (e & 1);
+					const int row = e < 2 ? row0 : row1;
+					float x = s[n][e] * sl2;
+					if (col > row || col >= T)
+						x = -INFINITY;
+					s[n][e] = x;
+					if (e < 2)
+						mx0 = fmaxf(mx0, x);
+					else
+						mx1 = fmaxf(mx1, x);
+				}
+			mx0 = fa_quad_max(mx0);
+			mx1 = fa_quad_max(mx1);
+			const float c0 = exp2f(m0 - mx0), c1 = exp2f(m1 - mx1);
+			m0 = mx0;
+			m1 = mx1;
+			float rs0 = 0.f, rs1 = 0.f;
+#pragma unroll
+			for (int n = 0; n < 8; n++) {
+				s[n][0] = exp2f(s[n][0] - m0);
+				s[n][1] = exp2f(s[n][1] - m0);
+				s[n][2] = exp2f(s[n][2] - m1);
+				s[n][3] = exp2f(s[n][3] - m1);
+				rs0 += s[n][0] + s[n][1];
+				rs1 += s[n][2] + s[n][3];
 			}
-		mx0 = fa_quad_max(mx0);
-		mx1 = fa_quad_max(mx1);
-		const float c0 = exp2f(m0 - mx0), c1 = exp2f(m1 - mx1);
-		m0 = mx0;
-		m1 = mx1;
-		float rs0 = 0.f, rs1 = 0.f;
+			l0 = l0 * c0 + rs0;
+			l1 = l1 * c1 + rs1;
 #pragma unroll
-		for (int n = 0; n < 8; n++) {
-			s[n][0] = exp2f(s[n][0] - m0);
-			s[n][1] = exp2f(s[n][1] - m0);
-			s[n][2] = exp2f(s[n][2] - m1);
-			s[n][3] = exp2f(s[n][3] - m1);
-			rs0 += s[n][0] + s[n][1];
-			rs1 += s[n][2] + s[n][3];
+			for (int d = 0; d < D / 8; d++) {
+				o[d][0] *= c0;
+				o[d][1] *= c0;
+				o[d][2] *= c1;
+				o[d][3] *= c1;
+			}
+			fa_mm_pv<D>(o, s, sV[buf], lane);
 		}
-		l0 = l0 * c0 + rs0;
-		l1 = l1 * c1 + rs1;
-#pragma unroll
-		for (int d = 0; d < D / 8; d++) {
-			o[d][0] *= c0;
-			o[d][1] *= c0;
-			o[d][2] *= c1;
-			o[d][3] *= c1;
-		}
-		fa_mm_pv<D>(o, s, sVt, g, t);
+		__syncthreads(); /* before the next copy overwrites buf */
 	}
 	l0 = fa_quad_sum(l0);
 	l1 = fa_quad_sum(l1);
 	const float i0 = 1.f / l0, i1 = 1.f / l1;
-	float *ob = out + (size_t)b * T * ldq + h * D;
 #pragma unroll
 	for (int d = 0; d < D / 8; d++) {
-		const int c = d * 8 + 2 * t;
-		if (row0 < T)
-			*reinterpret_cast<float2 *>(ob + (size_t)row0 * ldq + c) =
-				make_float2(o[d][0] * i0, o[d][1] * i0);
-		if (row1 < T)
-			*reinterpret_cast<float2 *>(ob + (size_t)row1 * ldq + c) =
-				make_float2(o[d][2] * i1, o[d][3] * i1);
+		o[d][0] *= i0, o[d][1] *= i0;
+		o[d][2] *= i1, o[d][3] *= i1;
 	}
+	fa_store<D>(out + (size_t)b * T * ldq + h * D, ldq, o, 1.f, row0, T, t);
 	if (t == 0) {
 		float *lb = lse + ((size_t)b * NH + h) * T;
 		if (row0 < T)
@@ -252,10 +318,11 @@ static __device__ __forceinline__ void flash_fwd(float *out, float *lse, const f
 	}
 }
 
-/* Dr[(b*NH + h)*T + t] = sum over the head's HS columns of dout * out: a
- * warp per (row, head), lanes over the columns, a fixed shuffle tree. */
-extern "C" __global__ void flash_rowdot_f32(float *dr, const float *dout, const float *out, int B,
-					    int T, int NH, int HS)
+/* Dr[(b*NH + h)*T + t] = sum over the head's HS columns of dout * out, and
+ * dout16 = dout rounded to bf16 (the backward kernels' copy): a warp per
+ * (row, head), lanes over the columns, a fixed shuffle tree. */
+extern "C" __global__ void flash_rowdot_f32(float *dr, fa_bf16 *dout16, const float *dout,
+					    const float *out, int B, int T, int NH, int HS)
 {
 	const int lane = threadIdx.x & 31;
 	const size_t n = (size_t)B * T * NH;
@@ -263,11 +330,13 @@ extern "C" __global__ void flash_rowdot_f32(float *dr, const float *dout, const 
 	for (size_t w = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5; w < n; w += warps) {
 		const size_t row = w / NH; /* b*T + t */
 		const int h = (int)(w % NH);
-		const float *a = dout + row * NH * HS + (size_t)h * HS;
-		const float *o = out + row * NH * HS + (size_t)h * HS;
+		const size_t at = row * NH * HS + (size_t)h * HS;
 		float s = 0.f;
-		for (int c = lane; c < HS; c += 32)
-			s += a[c] * o[c];
+		for (int c = lane; c < HS; c += 32) {
+			const float a = dout[at + c];
+			s += a * out[at + c];
+			dout16[at + c] = __float2bfloat16_rn(a);
+		}
 		s = cu_warp_sum(s);
 		if (lane == 0) {
 			const size_t b = row / T, t = row % T;
@@ -276,31 +345,42 @@ extern "C" __global__ void flash_rowdot_f32(float *dr, const float *dout, const 
 	}
 }
 
+/* dk, dv: (B,T,NH,HS) when NH > NKV (the per-head partials), else the
+ * (B,T,NKV,HS) gradients themselves; block (key tile, query head h, b). */
 template <int D>
-static __device__ __forceinline__ void flash_bwd_dkdv(float *dk, float *dv, const float *dout,
-						      const float *q, const float *k,
-						      const float *v, const float *lse,
+static __device__ __forceinline__ void flash_bwd_dkdv(float *dk, float *dv, const fa_bf16 *dout,
+						      const fa_bf16 *q, const fa_bf16 *k,
+						      const fa_bf16 *v, const float *lse,
 						      const float *dr, int T, int NH, int NKV)
 {
-	__shared__ __align__(16) __nv_bfloat16 sQ[FA_TILE][D + FA_PAD];
-	__shared__ __align__(16) __nv_bfloat16 sdO[FA_TILE][D + FA_PAD];
-	__shared__ __align__(16) __nv_bfloat16 sQt[D][FA_TILE + FA_PAD];
-	__shared__ __align__(16) __nv_bfloat16 sdOt[D][FA_TILE + FA_PAD];
-	__shared__ float sL[FA_TILE], sD[FA_TILE];
-	const int k0 = blockIdx.x * FA_TILE, kvh = blockIdx.y, b = blockIdx.z;
-	const int rep = NH / NKV, ldq = NH * D, ldk = NKV * D;
+	__shared__ __align__(16) fa_bf16 sQ[2][FA_TILE][D + FA_PAD];
+	__shared__ __align__(16) fa_bf16 sdO[2][FA_TILE][D + FA_PAD];
+	__shared__ float sL[2][FA_TILE], sD[2][FA_TILE];
+	const int k0 = blockIdx.x * FA_TILE, h = blockIdx.y, b = blockIdx.z;
+	const int kvh = h / (NH / NKV), ldq = NH * D, ldk = NKV * D;
 	const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
 	const float sl2 = FA_LOG2E * rsqrtf((float)D);
-	const float *kb = k + (size_t)b * T * ldk + kvh * D;
-	const float *vb = v + (size_t)b * T * ldk + kvh * D;
+	const fa_bf16 *qb = q + (size_t)b * T * ldq + h * D;
+	const fa_bf16 *ob = dout + (size_t)b * T * ldq + h * D;
+	const float *lb = lse + ((size_t)b * NH + h) * T;
+	const float *db = dr + ((size_t)b * NH + h) * T;
 
-	/* This warp's 16 keys and values as A fragments (through sQ, sdO). */
-	fa_load<D>(sQ, kb, ldk, k0, T);
-	fa_load<D>(sdO, vb, ldk, k0, T);
+	/* The keys and values (staged in buffer 1) and the first query tile. */
+	fa_tile<D>(sQ[1], k + (size_t)b * T * ldk + kvh * D, ldk, k0, T);
+	fa_tile<D>(sdO[1], v + (size_t)b * T * ldk + kvh * D, ldk, k0, T);
+	fa_tile<D>(sQ[0], qb, ldq, k0, T);
+	fa_tile<D>(sdO[0], ob, ldq, k0, T);
+	fa_commit();
+	for (int i = threadIdx.x; i < FA_TILE; i += FA_THREADS) {
+		sL[0][i] = k0 + i < T ? lb[k0 + i] : 0.f;
+		sD[0][i] = k0 + i < T ? db[k0 + i] : 0.f;
+	}
+	fa_wait<0>();
 	__syncthreads();
 	uint32_t ka[D / 16][4], va[D / 16][4];
-	fa_frag_a<D>(ka, sQ, warp * 16, g, t);
-	fa_frag_a<D>(va, sdO, warp * 16, g, t);
+	fa_frag_a<D>(ka, sQ[1], warp * 16, g, t);
+	fa_frag_a<D>(va, sdO[1], warp * 16, g, t);
+	__syncthreads(); /* buffer 1 is free */
 
 	const int key0 = k0 + warp * 16 + g, key1 = key0 + 8;
 	float dka[D / 8][4], dva[D / 8][4];
@@ -308,27 +388,27 @@ static __device__ __forceinline__ void flash_bwd_dkdv(float *dk, float *dv, cons
 	for (int d = 0; d < D / 8; d++)
 		for (int e = 0; e < 4; e++)
 			dka[d][e] = dva[d][e] = 0.f;
-	for (int h = kvh * rep; h < (kvh + 1) * rep; h++) {
-		const float *qb = q + (size_t)b * T * ldq + h * D;
-		const float *ob = dout + (size_t)b * T * ldq + h * D;
-		const float *lb = lse + ((size_t)b * NH + h) * T;
-		const float *db = dr + ((size_t)b * NH + h) * T;
-		for (int q0 = k0; q0 < T; q0 += FA_TILE) {
-			__syncthreads();
-			fa_load<D>(sQ, qb, ldq, q0, T);
-			fa_load_t<D>(sQt, qb, ldq, q0, T);
-			fa_load<D>(sdO, ob, ldq, q0, T);
-			fa_load_t<D>(sdOt, ob, ldq, q0, T);
+	const int tiles = (T - 1) / FA_TILE + 1 - blockIdx.x;
+	for (int it = 0; it < tiles; it++) {
+		const int q0 = k0 + it * FA_TILE, buf = it & 1;
+		if (it + 1 < tiles) {
+			const int n0 = q0 + FA_TILE;
+			fa_tile<D>(sQ[buf ^ 1], qb, ldq, n0, T);
+			fa_tile<D>(sdO[buf ^ 1], ob, ldq, n0, T);
+			fa_commit();
 			for (int i = threadIdx.x; i < FA_TILE; i += FA_THREADS) {
-				sL[i] = q0 + i < T ? lb[q0 + i] : 0.f;
-				sD[i] = q0 + i < T ? db[q0 + i] : 0.f;
+				sL[buf ^ 1][i] = n0 + i < T ? lb[n0 + i] : 0.f;
+				sD[buf ^ 1][i] = n0 + i < T ? db[n0 + i] : 0.f;
 			}
-			__syncthreads();
-			if (q0 + FA_TILE - 1 < k0 + warp * 16)
-				continue; /* every query of the tile is before this warp's keys */
+			fa_wait<1>();
+		} else {
+			fa_wait<0>();
+		}
+		__syncthreads();
+		if (q0 + FA_TILE - 1 >= k0 + warp * 16) { /* else every query is before these keys */
 			float p[8][4], ds[8][4];
-			fa_mm_nt<D>(p, ka, sQ, g, t);   /* S^T: keys x queries */
-			fa_mm_nt<D>(ds, va, sdO, g, t); /* dP^T = V dO^T */
+			fa_mm_nt<D>(p, ka, sQ[buf], lane);   /* S^T: keys x queries */
+			fa_mm_nt<D>(ds, va, sdO[buf], lane); /* dP^T = V dO^T */
 #pragma unroll
 			for (int n = 0; n < 8; n++)
 #pragma unroll
@@ -338,59 +418,74 @@ static __device__ __forceinline__ void flash_bwd_dkdv(float *dk, float *dv, cons
 					const int qr = q0 + qi;
 					float pe = 0.f;
 					if (qr >= key && qr < T)
-						pe = exp2f(p[n][e] * sl2 - sL[qi]);
+						pe = exp2f(p[n][e] * sl2 - sL[buf][qi]);
 					p[n][e] = pe;
-					ds[n][e] = pe * (ds[n][e] - sD[qi]);
+					ds[n][e] = pe * (ds[n][e] - sD[buf][qi]);
 				}
-			fa_mm_pv<D>(dva, p, sdOt, g, t);  /* dV += P^T dO */
-			fa_mm_pv<D>(dka, ds, sQt, g, t);  /* dK += dS^T Q */
+			fa_mm_pv<D>(dva, p, sdO[buf], lane); /* dV += P^T dO */
+			fa_mm_pv<D>(dka, ds, sQ[buf], lane); /* dK += dS^T Q */
 		}
+		__syncthreads();
 	}
 	const float scale = rsqrtf((float)D);
-	float *dkb = dk + (size_t)b * T * ldk + kvh * D;
-	float *dvb = dv + (size_t)b * T * ldk + kvh * D;
-#pragma unroll
-	for (int d = 0; d < D / 8; d++) {
-		const int c = d * 8 + 2 * t;
-		if (key0 < T) {
-			*reinterpret_cast<float2 *>(dkb + (size_t)key0 * ldk + c) =
-				make_float2(dka[d][0] * scale, dka[d][1] * scale);
-			*reinterpret_cast<float2 *>(dvb + (size_t)key0 * ldk + c) =
-				make_float2(dva[d][0], dva[d][1]);
+	const int ldo = NH == NKV ? ldk : ldq;
+	fa_store<D>(dk + (size_t)b * T * ldo + h * D, ldo, dka, scale, key0, T, t);
+	fa_store<D>(dv + (size_t)b * T * ldo + h * D, ldo, dva, 1.f, key0, T, t);
+}
+
+/* dk[b,t,j,:] = sum over the rep query heads of kv head j, in head order, of
+ * the partials pk[b,t,j*rep + r,:] (flash_bwd_dkdv); dv likewise. A thread
+ * per 4 values of (B*T, NKV, HS). */
+extern "C" __global__ void flash_kv_reduce_f32(float *dk, float *dv, const float *pk,
+					       const float *pv, int rows, int NH, int NKV, int HS)
+{
+	const int rep = NH / NKV, q4 = NKV * HS / 4;
+	const size_t n = (size_t)rows * q4;
+	for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+	     i += (size_t)gridDim.x * blockDim.x) {
+		const size_t row = i / q4;
+		const int c = (int)(i % q4) * 4, j = c / HS, d = c % HS;
+		const size_t src = row * NH * HS + (size_t)j * rep * HS + d;
+		float4 sk = *reinterpret_cast<const float4 *>(pk + src);
+		float4 sv = *reinterpret_cast<const float4 *>(pv + src);
+		for (int r = 1; r < rep; r++) {
+			const float4 a = *reinterpret_cast<const float4 *>(pk + src + (size_t)r * HS);
+			const float4 w = *reinterpret_cast<const float4 *>(pv + src + (size_t)r * HS);
+			sk.x += a.x, sk.y += a.y, sk.z += a.z, sk.w += a.w;
+			sv.x += w.x, sv.y += w.y, sv.z += w.z, sv.w += w.w;
 		}
-		if (key1 < T) {
-			*reinterpret_cast<float2 *>(dkb + (size_t)key1 * ldk + c) =
-				make_float2(dka[d][2] * scale, dka[d][3] * scale);
-			*reinterpret_cast<float2 *>(dvb + (size_t)key1 * ldk + c) =
-				make_float2(dva[d][2], dva[d][3]);
-		}
+		*reinterpret_cast<float4 *>(dk + row * NKV * HS + c) = sk;
+		*reinterpret_cast<float4 *>(dv + row * NKV * HS + c) = sv;
 	}
 }
 
 template <int D>
-static __device__ __forceinline__ void flash_bwd_dq(float *dq, const float *dout, const float *q,
-						    const float *k, const float *v,
-						    const float *lse, const float *dr, int T,
-						    int NH, int NKV)
+static __device__ __forceinline__ void flash_bwd_dq(float *dq, const fa_bf16 *dout,
+						    const fa_bf16 *q, const fa_bf16 *k,
+						    const fa_bf16 *v, const float *lse,
+						    const float *dr, int T, int NH, int NKV)
 {
-	__shared__ __align__(16) __nv_bfloat16 sK[FA_TILE][D + FA_PAD];
-	__shared__ __align__(16) __nv_bfloat16 sV[FA_TILE][D + FA_PAD];
-	__shared__ __align__(16) __nv_bfloat16 sKt[D][FA_TILE + FA_PAD];
-	const int q0 = blockIdx.x * FA_TILE, h = blockIdx.y, b = blockIdx.z;
+	__shared__ __align__(16) fa_bf16 sK[2][FA_TILE][D + FA_PAD];
+	__shared__ __align__(16) fa_bf16 sV[2][FA_TILE][D + FA_PAD];
+	const int q0 = (gridDim.x - 1 - blockIdx.x) * FA_TILE, h = blockIdx.y, b = blockIdx.z;
 	const int kvh = h / (NH / NKV), ldq = NH * D, ldk = NKV * D;
 	const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
 	const float sl2 = FA_LOG2E * rsqrtf((float)D);
-	const float *qb = q + (size_t)b * T * ldq + h * D;
-	const float *ob = dout + (size_t)b * T * ldq + h * D;
-	const float *kb = k + (size_t)b * T * ldk + kvh * D;
-	const float *vb = v + (size_t)b * T * ldk + kvh * D;
+	const fa_bf16 *kb = k + (size_t)b * T * ldk + kvh * D;
+	const fa_bf16 *vb = v + (size_t)b * T * ldk + kvh * D;
 
-	fa_load<D>(sK, qb, ldq, q0, T);
-	fa_load<D>(sV, ob, ldq, q0, T);
+	/* The queries and output gradients (staged in buffer 1), the first keys. */
+	fa_tile<D>(sK[1], q + (size_t)b * T * ldq + h * D, ldq, q0, T);
+	fa_tile<D>(sV[1], dout + (size_t)b * T * ldq + h * D, ldq, q0, T);
+	fa_tile<D>(sK[0], kb, ldk, 0, T);
+	fa_tile<D>(sV[0], vb, ldk, 0, T);
+	fa_commit();
+	fa_wait<0>();
 	__syncthreads();
 	uint32_t qa[D / 16][4], oa[D / 16][4];
-	fa_frag_a<D>(qa, sK, warp * 16, g, t);
-	fa_frag_a<D>(oa, sV, warp * 16, g, t);
+	fa_frag_a<D>(qa, sK[1], warp * 16, g, t);
+	fa_frag_a<D>(oa, sV[1], warp * 16, g, t);
+	__syncthreads(); /* buffer 1 is free */
 	const int row0 = q0 + warp * 16 + g, row1 = row0 + 8;
 	const float *lb = lse + ((size_t)b * NH + h) * T;
 	const float *db = dr + ((size_t)b * NH + h) * T;
@@ -400,64 +495,59 @@ static __device__ __forceinline__ void flash_bwd_dq(float *dq, const float *dout
 #pragma unroll
 	for (int d = 0; d < D / 8; d++)
 		dqa[d][0] = dqa[d][1] = dqa[d][2] = dqa[d][3] = 0.f;
-	const int last = min(T, q0 + FA_TILE) - 1;
-	for (int k0 = 0; k0 <= last; k0 += FA_TILE) {
+	const int tiles = (min(T, q0 + FA_TILE) - 1) / FA_TILE + 1;
+	for (int it = 0; it < tiles; it++) {
+		const int k0 = it * FA_TILE, buf = it & 1;
+		if (it + 1 < tiles) {
+			fa_tile<D>(sK[buf ^ 1], kb, ldk, k0 + FA_TILE, T);
+			fa_tile<D>(sV[buf ^ 1], vb, ldk, k0 + FA_TILE, T);
+			fa_commit();
+			fa_wait<1>();
+		} else {
+			fa_wait<0>();
+		}
 		__syncthreads();
-		fa_load<D>(sK, kb, ldk, k0, T);
-		fa_load<D>(sV, vb, ldk, k0, T);
-		fa_load_t<D>(sKt, kb, ldk, k0, T);
+		if (k0 <= q0 + warp * 16 + 15) {
+			float p[8][4], ds[8][4];
+			fa_mm_nt<D>(p, qa, sK[buf], lane);  /* S */
+			fa_mm_nt<D>(ds, oa, sV[buf], lane); /* dP = dO V^T */
+#pragma unroll
+			for (int n = 0; n < 8; n++)
+#pragma unroll
+				for (int e = 0; e < 4; e++) {
+					const int col = k0 + n * 8 + 2 * t + (e & 1);
+					const int row = e < 2 ? row0 : row1;
+					float pe = 0.f;
+					if (col <= row && col < T)
+						pe = exp2f(p[n][e] * sl2 - (e < 2 ? L0 : L1));
+					ds[n][e] = pe * (ds[n][e] - (e < 2 ? D0 : D1));
+				}
+			fa_mm_pv<D>(dqa, ds, sK[buf], lane); /* dQ += dS K */
+		}
 		__syncthreads();
-		if (k0 > q0 + warp * 16 + 15)
-			continue;
-		float p[8][4], ds[8][4];
-		fa_mm_nt<D>(p, qa, sK, g, t);  /* S */
-		fa_mm_nt<D>(ds, oa, sV, g, t); /* dP = dO V^T */
-#pragma unroll
-		for (int n = 0; n < 8; n++)
-#pragma unroll
-			for (int e = 0; e < 4; e++) {
-				const int col = k0 + n * 8 + 2 * t + (e & 1);
-				const int row = e < 2 ? row0 : row1;
-				float pe = 0.f;
-				if (col <= row && col < T)
-					pe = exp2f(p[n][e] * sl2 - (e < 2 ? L0 : L1));
-				ds[n][e] = pe * (ds[n][e] - (e < 2 ? D0 : D1));
-			}
-		fa_mm_pv<D>(dqa, ds, sKt, g, t); /* dQ += dS K */
 	}
-	const float scale = rsqrtf((float)D);
-	float *dqb = dq + (size_t)b * T * ldq + h * D;
-#pragma unroll
-	for (int d = 0; d < D / 8; d++) {
-		const int c = d * 8 + 2 * t;
-		if (row0 < T)
-			*reinterpret_cast<float2 *>(dqb + (size_t)row0 * ldq + c) =
-				make_float2(dqa[d][0] * scale, dqa[d][1] * scale);
-		if (row1 < T)
-			*reinterpret_cast<float2 *>(dqb + (size_t)row1 * ldq + c) =
-				make_float2(dqa[d][2] * scale, dqa[d][3] * scale);
-	}
+	fa_store<D>(dq + (size_t)b * T * ldq + h * D, ldq, dqa, rsqrtf((float)D), row0, T, t);
 }
 
-/* The kernels, one per head size. Grid (ceil(T/64), NH or NKV, B), 128 threads. */
+/* The kernels, one per head size. Grid (ceil(T/64), NH, B), 128 threads. */
 #define FA_KERNELS(D)                                                                         \
 	extern "C" __global__ void __launch_bounds__(FA_THREADS)                              \
-		flash_fwd_d##D(float *out, float *lse, const float *q, const float *k,        \
-			       const float *v, int T, int NH, int NKV)                        \
+		flash_fwd_d##D(float *out, float *lse, const fa_bf16 *q, const fa_bf16 *k,    \
+			       const fa_bf16 *v, int T, int NH, int NKV)                      \
 	{                                                                                     \
 		flash_fwd<D>(out, lse, q, k, v, T, NH, NKV);                                  \
 	}                                                                                     \
 	extern "C" __global__ void __launch_bounds__(FA_THREADS)                              \
-		flash_bwd_dkdv_d##D(float *dk, float *dv, const float *dout, const float *q,  \
-				    const float *k, const float *v, const float *lse,         \
-				    const float *dr, int T, int NH, int NKV)                  \
+		flash_bwd_dkdv_d##D(float *dk, float *dv, const fa_bf16 *dout,                \
+				    const fa_bf16 *q, const fa_bf16 *k, const fa_bf16 *v,     \
+				    const float *lse, const float *dr, int T, int NH, int NKV) \
 	{                                                                                     \
 		flash_bwd_dkdv<D>(dk, dv, dout, q, k, v, lse, dr, T, NH, NKV);                \
 	}                                                                                     \
 	extern "C" __global__ void __launch_bounds__(FA_THREADS)                              \
-		flash_bwd_dq_d##D(float *dq, const float *dout, const float *q, const float *k, \
-				  const float *v, const float *lse, const float *dr, int T,   \
-				  int NH, int NKV)                                            \
+		flash_bwd_dq_d##D(float *dq, const fa_bf16 *dout, const fa_bf16 *q,           \
+				  const fa_bf16 *k, const fa_bf16 *v, const float *lse,       \
+				  const float *dr, int T, int NH, int NKV)                    \
 	{                                                                                     \
 		flash_bwd_dq<D>(dq, dout, q, k, v, lse, dr, T, NH, NKV);                      \
 	}

@@ -426,6 +426,110 @@ static void test_matmul(void)
 	op_report("matmul");
 }
 
+/* x rounded to bf16, nearest even, back as a float (finite x). */
+static float bf16_round(float x)
+{
+	uint32_t u;
+	memcpy(&u, &x, sizeof(u));
+	u += 0x7fffu + ((u >> 16) & 1u);
+	u &= 0xffff0000u;
+	memcpy(&x, &u, sizeof(u));
+	return x;
+}
+
+static float *bf16_rounded(const float *x, size_t n)
+{
+	float *y = fvec(n);
+	for (size_t i = 0; i < n; i++)
+		y[i] = bf16_round(x[i]);
+	return y;
+}
+
+/* The bf16 mode's GEMMs (gpu/cuda/cuda_ops.c: sgemm_, bf16_operand): with a
+ * gemm_scratch, operands rounded to bf16 (nearest even), products exact in
+ * fp32, fp32 accumulation; so the reference is the CPU op on operands rounded
+ * on the host, held to the fp32 reduction tolerance (only the order of the
+ * additions differs). The weight sits in a registered parameter range
+ * (be->params), so its bf16 copy is used; the copy must follow an upload and
+ * an adamw_update into the range, and a weight outside the range is rounded
+ * per call. matmul_backward's shared rounding of dout is checked the same way. */
+static void test_matmul_bf16(void)
+{
+	static const struct { int N, C, OC; } cases[] = {
+		{ 5, 8, 16 }, { 7, 67, 33 }, { 300, 896, 1152 }, { 1024, 256, 512 },
+	};
+	struct td_errbuf eb = {{0}};
+	CHECK_EQ_INT(gpu_set_bf16(be, true, &eb), TD_OK);
+	op_begin();
+	for (size_t ci = 0; ci < COUNT(cases); ci++) {
+		int N = cases[ci].N, C = cases[ci].C, OC = cases[ci].OC;
+		size_t nin = (size_t)N * C, nout = (size_t)N * OC, nw = (size_t)OC * C;
+		snprintf(where, sizeof(where), "bf16 matmul (N=%d C=%d OC=%d)", N, C, OC);
+		/* parameters: 4 floats of something else, then the weight */
+		size_t np = 4 + nw;
+		float *params = frand(np, 1.0, 0.0), *weight = params + 4;
+		float *d_params = dputf(params, np), *d_weight = d_params + 4;
+		be->params = d_params;
+		be->params_count = np;
+		be->params_bf16 = dmem(np * 2);
+		be->params_bf16_stale = true;
+		size_t big = nw > nin ? nw : nin;
+		be->gemm_scratch_bytes = 2 * ((big + 127) / 128 * 128 + (nin > nout ? nin : nout));
+		be->gemm_scratch = dmem(be->gemm_scratch_bytes);
+
+		float *inp = frand(nin, 1.0, 0.0), *d_inp = dputf(inp, nin);
+		float *out = fvec(nout), *d_out = dnan(nout);
+		matmul_forward(out, bf16_rounded(inp, nin), bf16_rounded(weight, nw), NULL, N, C, OC);
+		gpu_matmul_forward(be, d_out, d_inp, d_weight, NULL, N, C, OC);
+		expect_red("out (parameter copy)", hget(d_out, nout), out, nout, C);
+
+		/* new weight values uploaded into the range: the copy follows */
+		float *w2 = frand(nw, 1.0, 0.0);
+		gpu_upload(be, d_weight, w2, nw * sizeof(float));
+		matmul_forward(out, bf16_rounded(inp, nin), bf16_rounded(w2, nw), NULL, N, C, OC);
+		gpu_matmul_forward(be, d_out, d_inp, d_weight, NULL, N, C, OC);
+		expect_red("out (after upload)", hget(d_out, nout), out, nout, C);
+
+		/* an optimizer step on the range: the copy follows */
+		float *g = frand(np, 1.0, 0.0), *zeros = ffill(np, 0.0f);
+		float *d_g = dputf(g, np), *d_m = dputf(zeros, np), *d_v = dputf(zeros, np);
+		gpu_adamw_update(be, d_params, d_g, d_m, d_v, np, 1e-2f, 0.9f, 0.999f, 1e-8f, 0.0f, 1);
+		float *w3 = hget(d_weight, nw);
+		CHECK_MSG(memcmp(w3, w2, nw * sizeof(float)) != 0, "%s: adamw changed nothing", where);
+		matmul_forward(out, bf16_rounded(inp, nin), bf16_rounded(w3, nw), NULL, N, C, OC);
+		gpu_matmul_forward(be, d_out, d_inp, d_weight, NULL, N, C, OC);
+		expect_red("out (after adamw)", hget(d_out, nout), out, nout, C);
+
+		/* a weight outside the range: rounded per call */
+		float *d_w3 = dputf(w3, nw);
+		gpu_matmul_forward(be, d_out, d_inp, d_w3, NULL, N, C, OC);
+		expect_red("out (not a parameter)", hget(d_out, nout), out, nout, C);
+
+		/* backward: dinp and dweight share dout's rounding */
+		float *dout = frand(nout, 1.0, 0.0), *d_dout = dputf(dout, nout);
+		float *dinp = ffill(nin, 0.5f), *dw = ffill(nw, 0.25f);
+		matmul_backward(dinp, dw, NULL, bf16_rounded(dout, nout), bf16_rounded(inp, nin),
+				bf16_rounded(w3, nw), N, C, OC);
+		for (int param = 1; param >= 0; param--) {
+			float *d_dinp = dputf(ffill(nin, 0.5f), nin), *d_dw = dputf(ffill(nw, 0.25f), nw);
+			gpu_matmul_backward(be, d_dinp, d_dw, NULL, d_dout, d_inp,
+					    param ? d_weight : d_w3, N, C, OC);
+			expect_red(param ? "dinp (parameter copy)" : "dinp", hget(d_dinp, nin), dinp,
+				   nin, OC);
+			expect_red(param ? "dweight (parameter copy)" : "dweight", hget(d_dw, nw), dw,
+				   nw, N);
+		}
+		be->params = NULL;
+		be->params_count = 0;
+		be->params_bf16 = NULL;
+		be->gemm_scratch = NULL;
+		be->gemm_scratch_bytes = 0;
+		case_end();
+	}
+	op_report("bf16 matmul");
+	CHECK_EQ_INT(gpu_set_bf16(be, false, &eb), TD_OK);
+}
+
 static void test_rope(void)
 {
 	static const struct { int B, T, NH, HS; double theta; } cases[] = {
@@ -535,8 +639,9 @@ static void expect_normwise(const char *what, const float *got, const float *ref
  * gradients, where the roundings' combined effect measures ~3e-3 and a wrong
  * mask, scale or tile gives O(1). T crosses the 64-row tiles (63, 64, 65,
  * 130), GQA groups of 1 to 7 heads, every head size the kernels are built
- * for. att and datt hold B*NH*T floats in this mode. Run twice: the same
- * bits (no atomics). */
+ * for. att holds B*NH*T floats in this mode, datt gpu_flash_datt_floats
+ * (with GQA, the per-head dK/dV partials). Run twice: the same bits (no
+ * atomics). */
 #define FLASH_NORM_TOL 2e-2
 static void test_flash_attention(void)
 {
@@ -551,6 +656,9 @@ static void test_flash_attention(void)
 		int B = cases[ci].B, T = cases[ci].T, NH = cases[ci].NH, NKV = cases[ci].NKV;
 		int HS = cases[ci].HS;
 		CHECK(gpu_attention_flash(be, HS));
+		/* the bf16 copies of q, k, v, dout: exactly the size the plan gives */
+		be->gemm_scratch_bytes = gpu_flash_scratch_bytes(B, T, NH, NKV, HS);
+		be->gemm_scratch = dmem(be->gemm_scratch_bytes);
 		size_t nq = (size_t)B * T * NH * HS, nk = (size_t)B * T * NKV * HS;
 		size_t na = (size_t)B * NH * T * T, nl = (size_t)B * NH * T;
 		snprintf(where, sizeof(where), "flash attention (B=%d T=%d NH=%d NKV=%d HS=%d)", B, T,
@@ -568,7 +676,8 @@ static void test_flash_attention(void)
 		float *dq = fvec(nq), *dk = fvec(nk), *dv = fvec(nk), *datt = fvec(na);
 		attention_backward(dq, dk, dv, datt, dout, q, k, v, att, B, T, NH, NKV, HS);
 		float *d_dout = dputf(dout, nq);
-		float *d_dq = dnan(nq), *d_dk = dnan(nk), *d_dv = dnan(nk), *d_dr = dnan(nl);
+		float *d_dq = dnan(nq), *d_dk = dnan(nk), *d_dv = dnan(nk);
+		float *d_dr = dnan(gpu_flash_datt_floats(B, T, NH, NKV, HS));
 		gpu_attention_backward(be, d_dq, d_dk, d_dv, d_dr, d_dout, d_out, d_q, d_k, d_v, d_lse,
 				       B, T, NH, NKV, HS);
 		float *g_dq = hget(d_dq, nq), *g_dk = hget(d_dk, nk), *g_dv = hget(d_dv, nk);
@@ -585,9 +694,40 @@ static void test_flash_attention(void)
 		case_end();
 	}
 	op_report("flash attention");
+	be->gemm_scratch = NULL; /* freed with the last case */
+	be->gemm_scratch_bytes = 0;
 	CHECK(!gpu_attention_flash(be, 128)); /* not built: the stored-probabilities path */
 	CHECK_EQ_INT(gpu_set_bf16(be, false, &eb), TD_OK);
 	CHECK(!gpu_attention_flash(be, 64)); /* fp32 mode: never fused */
+}
+
+/* Without room in gemm_scratch for its bf16 copies, fused attention fails
+ * the stream with an error that names the scratch (never a fault). The
+ * error is sticky, so this runs on a backend of its own. */
+static void test_flash_no_scratch(void)
+{
+	struct td_errbuf eb = {{0}};
+	struct gpu_backend *b2 = NULL;
+	snprintf(where, sizeof(where), "flash attention without room for its copies");
+	CHECK_EQ_INT(gpu_backend_open(&b2, "cuda", &eb), TD_OK);
+	if (!b2)
+		return;
+	CHECK_EQ_INT(gpu_set_bf16(b2, true, &eb), TD_OK);
+	int B = 1, T = 8, NH = 2, NKV = 1, HS = 16;
+	size_t nq = (size_t)B * T * NH * HS, need = gpu_flash_scratch_bytes(B, T, NH, NKV, HS);
+	void *x = NULL, *l = NULL, *scratch = NULL;
+	CHECK_EQ_INT(gpu_alloc(b2, nq * sizeof(float), &x), TD_OK);
+	CHECK_EQ_INT(gpu_alloc(b2, (size_t)B * NH * T * sizeof(float), &l), TD_OK);
+	CHECK_EQ_INT(gpu_alloc(b2, need - 2, &scratch), TD_OK);
+	b2->gemm_scratch = scratch;
+	b2->gemm_scratch_bytes = need - 2;
+	gpu_attention_forward(b2, x, l, x, x, x, B, T, NH, NKV, HS);
+	CHECK_EQ_INT(gpu_sync(b2, &eb), TD_EDEVICE);
+	CHECK_MSG(strstr(eb.msg, "gemm_scratch") != NULL, "the error names the scratch: %s", eb.msg);
+	gpu_free(b2, scratch, need - 2);
+	gpu_free(b2, l, (size_t)B * NH * T * sizeof(float));
+	gpu_free(b2, x, nq * sizeof(float));
+	gpu_backend_free(b2);
 }
 
 static void test_swiglu(void)
@@ -868,6 +1008,8 @@ int main(void)
 	test_rope();
 	test_attention();
 	test_flash_attention();
+	test_flash_no_scratch();
+	test_matmul_bf16();
 	test_swiglu();
 	test_residual_scale();
 	test_crossentropy();
