@@ -95,8 +95,11 @@ struct gpu_backend_ops {
 				 size_t n);
 	void (*crossentropy_forward)(struct gpu_backend *be, float *losses, const float *logits,
 				     const int32_t *targets, int N, int V);
-	void (*crossentropy_backward)(struct gpu_backend *be, float *dlogits, const float *logits,
-				      const int32_t *targets, float dloss, int N, int V);
+	/* losses: NULL, or also crossentropy_forward's losses (the fused head
+	 * of train/model.c: one read of the logits for both). */
+	void (*crossentropy_backward)(struct gpu_backend *be, float *losses, float *dlogits,
+				      const float *logits, const int32_t *targets, float dloss,
+				      int N, int V);
 	void (*adamw_update)(struct gpu_backend *be, float *param, const float *grad, float *m,
 			     float *v, size_t n, float lr, float beta1, float beta2, float eps,
 			     float weight_decay, int t);
@@ -365,11 +368,11 @@ static inline void gpu_crossentropy_forward(struct gpu_backend *be, float *losse
 {
 	GPU_OP_(crossentropy_forward, losses, logits, targets, N, V);
 }
-static inline void gpu_crossentropy_backward(struct gpu_backend *be, float *dlogits,
-					     const float *logits, const int32_t *targets,
-					     float dloss, int N, int V)
+static inline void gpu_crossentropy_backward(struct gpu_backend *be, float *losses,
+					     float *dlogits, const float *logits,
+					     const int32_t *targets, float dloss, int N, int V)
 {
-	GPU_OP_(crossentropy_backward, dlogits, logits, targets, dloss, N, V);
+	GPU_OP_(crossentropy_backward, losses, dlogits, logits, targets, dloss, N, V);
 }
 static inline void gpu_adamw_update(struct gpu_backend *be, float *param, const float *grad,
 				    float *m, float *v, size_t n, float lr, float beta1, float beta2,

@@ -168,9 +168,12 @@ static void cpu_crossentropy_forward(struct gpu_backend *be, float *losses, cons
 {
 	crossentropy_forward(losses, logits, targets, N, V);
 }
-static void cpu_crossentropy_backward(struct gpu_backend *be, float *dlogits, const float *logits,
-				      const int32_t *targets, float dloss, int N, int V)
+static void cpu_crossentropy_backward(struct gpu_backend *be, float *losses, float *dlogits,
+				      const float *logits, const int32_t *targets, float dloss,
+				      int N, int V)
 {
+	if (losses) /* before dlogits may overwrite the logits */
+		crossentropy_forward(losses, logits, targets, N, V);
 	crossentropy_backward(dlogits, logits, targets, dloss, N, V);
 }
 static void cpu_adamw_update(struct gpu_backend *be, float *param, const float *grad, float *m,

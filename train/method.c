@@ -462,6 +462,12 @@ td_err tr_method_load_saved(struct tr_method *mt, const char *dir, struct td_err
 	return e == TD_OK ? finish_load(mt, eb) : e;
 }
 
+void tr_method_fuse_head(struct tr_method *mt, float dloss)
+{
+	if (mt->num_labels == 0 && !mt->teacher)
+		tr_model_fuse_head_backward(mt->m, dloss);
+}
+
 td_err tr_method_forward(struct tr_method *mt, const int32_t *ids, const int32_t *labels,
 			 const int32_t *class_ids, uint64_t micro, double *loss_sum,
 			 int64_t *n_valid, struct td_errbuf *eb)

@@ -68,6 +68,11 @@ void tr_method_print(const struct tr_method *mt, FILE *out);
 td_err tr_method_load_initial(struct tr_method *mt, const struct tr_weights *w,
 			      struct td_errbuf *eb);
 
+/* Training: the backward that will follow the next tr_method_forward takes
+ * dloss; where the method's head allows it (a causal LM without a teacher),
+ * that forward already runs the head's part (tr_model_fuse_head_backward). */
+void tr_method_fuse_head(struct tr_method *mt, float dloss);
+
 /* One micro-batch: (the teacher's forward on ids, then) the trained model's
  * forward. ids, labels (B, T) as tr_model_forward; class_ids (B) for a
  * classifier (else NULL). micro is the micro-batch's index over the whole run

@@ -88,6 +88,10 @@ struct tr_model {
 	float *host_losses, *host_kl;    /* (N) */
 	int32_t *host_pool;              /* (B) */
 	bool logits_valid;
+	/* tr_model_fuse_head_backward: armed for the next forward (fuse_head),
+	 * and done by the last one (head_done, with its dloss). */
+	bool fuse_head, head_done;
+	float fuse_dloss;
 	bool head_loaded;
 	enum head_kind last_head;        /* of the last forward */
 	const float *teacher_logits;     /* of the last distillation forward */
@@ -779,24 +783,34 @@ td_err tr_model_forward(struct tr_model *m, const int32_t *ids, const int32_t *l
 	struct gpu_backend *be = m->be;
 	const int N = m->plan.opts.B * m->plan.opts.T, V = m->plan.cfg.vocab_size;
 	int64_t valid;
+	const bool fuse = m->fuse_head; /* armed for this forward only, even a failed one */
+	const float dloss = m->fuse_dloss;
+	m->fuse_head = false;
 	td_err e = causal_forward(m, ids, labels, &valid, eb);
 	if (e != TD_OK)
 		return e;
-	const int R = m->plan.logits_rows;
-	if (R == N) {
-		gpu_crossentropy_forward(be, m->losses, m->logits, m->targets, N, V);
-	} else {
-		for (int r0 = 0; r0 < N; r0 += R) {
-			int n = N - r0 < R ? N - r0 : R;
+	const int R = m->plan.logits_rows, C = m->plan.cfg.hidden_size;
+	if (fuse) /* the head's part of tr_model_backward, here */
+		gpu_zero(be, m->dln, (size_t)N * C * sizeof(float));
+	for (int r0 = 0; r0 < N; r0 += R) {
+		int n = N - r0 < R ? N - r0 : R;
+		if (R != N)
 			head_chunk(m, r0, n);
+		if (!fuse) {
 			gpu_crossentropy_forward(be, m->losses + r0, m->logits, m->targets + r0, n, V);
+			continue;
 		}
+		gpu_crossentropy_backward(be, m->losses + r0, m->logits, m->logits, m->targets + r0,
+					  dloss, n, V);
+		gpu_matmul_backward(be, m->dln + (size_t)r0 * C, m->dlm_head, NULL, m->logits,
+				    m->lnf_out + (size_t)r0 * C, m->lm_head, n, C, V);
 	}
 	gpu_download(be, m->host_losses, m->losses, (size_t)N * sizeof(float));
 	double sum = 0;
 	if ((e = gpu_sync(be, eb)) != TD_OK || (e = host_sum(m->host_losses, N, "loss", &sum, eb)))
 		return e;
-	m->logits_valid = true;
+	m->logits_valid = !fuse;
+	m->head_done = fuse;
 	m->last_head = HEAD_CAUSAL;
 	*loss_sum = sum;
 	*n_valid = valid;
@@ -953,21 +967,25 @@ static void layer_backward(struct tr_model *m, int l)
 	gpu_rmsnorm_backward(be, m->dres, g->ln1, m->dln, m->res[l], w->ln1, a->ln1_rstd, N, C);
 }
 
-void tr_model_backward(struct tr_model *m, float dloss)
+void tr_model_fuse_head_backward(struct tr_model *m, float dloss)
+{
+	assert(!m->plan.opts.inference && m->plan.opts.num_labels == 0);
+	m->fuse_head = true;
+	m->fuse_dloss = dloss;
+}
+
+/* The head's backward (after tr_model_backward zeroed dln): dln and the
+ * head's weight gradients from the logits of the last forward. */
+static void head_backward(struct tr_model *m, float dloss)
 {
 	struct gpu_backend *be = m->be;
 	const struct tr_model_config *c = &m->plan.cfg;
 	const struct tr_plan_opts *o = &m->plan.opts;
-	const int B = o->B, N = B * o->T;
-	const int C = c->hidden_size, V = c->vocab_size, L = c->num_layers;
-
-	assert(m->logits_valid && !o->inference);
-	/* Fused: the logits buffer becomes its own gradient. */
-	m->logits_valid = false;
-	gpu_zero(be, m->dln, (size_t)N * C * sizeof(float));
+	const int B = o->B, N = B * o->T, C = c->hidden_size, V = c->vocab_size;
 	switch (m->last_head) {
 	case HEAD_CLASSIFY:
-		gpu_crossentropy_backward(be, m->logits, m->logits, m->targets, dloss, B, o->num_labels);
+		gpu_crossentropy_backward(be, NULL, m->logits, m->logits, m->targets, dloss, B,
+					  o->num_labels);
 		gpu_zero(be, m->dpooled, (size_t)B * C * sizeof(float));
 		gpu_matmul_backward(be, m->dpooled, m->dscore, NULL, m->logits, m->pooled, m->score, B,
 				    C, o->num_labels);
@@ -985,12 +1003,33 @@ void tr_model_backward(struct tr_model *m, float dloss)
 			int n = N - r0 < R ? N - r0 : R;
 			if (R != N)
 				head_chunk(m, r0, n); /* recomputed: the forward kept only losses */
-			gpu_crossentropy_backward(be, m->logits, m->logits, m->targets + r0, dloss, n, V);
+			gpu_crossentropy_backward(be, NULL, m->logits, m->logits, m->targets + r0, dloss,
+						  n, V);
 			gpu_matmul_backward(be, m->dln + (size_t)r0 * C, m->dlm_head, NULL, m->logits,
 					    m->lnf_out + (size_t)r0 * C, m->lm_head, n, C, V);
 		}
 		break;
 	}
+}
+
+void tr_model_backward(struct tr_model *m, float dloss)
+{
+	struct gpu_backend *be = m->be;
+	const struct tr_model_config *c = &m->plan.cfg;
+	const struct tr_plan_opts *o = &m->plan.opts;
+	const int N = o->B * o->T, C = c->hidden_size, L = c->num_layers;
+
+	assert((m->logits_valid || m->head_done) && !o->inference);
+	/* Fused: the logits buffer becomes its own gradient. */
+	m->logits_valid = false;
+	const bool head_done = m->head_done;
+	m->head_done = false;
+	if (head_done) /* the forward ran the head's backward (tr_model_fuse_head_backward) */
+		assert(m->last_head == HEAD_CAUSAL && dloss == m->fuse_dloss);
+	else
+		gpu_zero(be, m->dln, (size_t)N * C * sizeof(float));
+	if (!head_done)
+		head_backward(m, dloss);
 	gpu_zero(be, m->dres, (size_t)N * C * sizeof(float));
 	gpu_rmsnorm_backward(be, m->dres, m->dlnf, m->dln, m->res[L], m->lnf, m->lnf_rstd, N, C);
 	for (int l = L - 1; l >= 0; l--)

@@ -113,6 +113,14 @@ void tr_model_set_dropout_seed(struct tr_model *m, uint64_t seed);
  * over accumulated micro-batches). Gradients accumulate (+=) into the grads
  * arena; frozen tensors get none. Not for a forward-only plan. */
 void tr_model_backward(struct tr_model *m, float dloss);
+/* Training with a causal head: the next tr_model_forward also runs the head's
+ * part of tr_model_backward(m, dloss) (the loss gradient, the lm_head's
+ * backward) chunk by chunk while each chunk's logits are fresh, so the
+ * backward neither recomputes nor re-reads them: same bits, one lm_head
+ * product and one pass over the logits fewer per chunk. That forward keeps
+ * no logits (tr_model_get_logits is invalid after it), and the
+ * tr_model_backward that follows must pass the same dloss. */
+void tr_model_fuse_head_backward(struct tr_model *m, float dloss);
 void tr_model_zero_grad(struct tr_model *m);
 /* Global L2 norm of all gradients (blocking). */
 double tr_model_grad_norm(struct tr_model *m);

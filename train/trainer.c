@@ -560,14 +560,16 @@ td_err tr_train(const Traind__JobSpec *spec, const struct tr_train_opts *opts,
 		}
 		tr_model_zero_grad(j.m);
 		double loss_sum = 0;
+		const float dloss = valid ? (float)(1.0 / (double)valid) : 0.0f;
 		for (int a = 0; a < j.accum && e == TD_OK; a++) {
 			double ls;
 			int64_t nv;
+			tr_method_fuse_head(j.meth, dloss);
 			e = tr_method_forward(j.meth, ids + a * rows, labels + a * rows, cls + (size_t)a * j.B,
 					      j.step * (uint64_t)j.accum + (uint64_t)a, &ls, &nv, eb);
 			if (e == TD_OK) {
 				loss_sum += ls;
-				tr_model_backward(j.m, valid ? (float)(1.0 / (double)valid) : 0.0f);
+				tr_model_backward(j.m, dloss);
 			}
 		}
 		if (e != TD_OK)

@@ -63,6 +63,16 @@ static void launch_n(struct cu_backend *cb, enum cu_kernel k, size_t n, void **a
 		  args);
 }
 
+/* A grid-stride launch over n values for a kernel that takes four a step
+ * (elementwise.cu's vector paths). */
+static void launch_n4(struct cu_backend *cb, enum cu_kernel k, size_t n, void **args)
+{
+	if (n == 0)
+		return;
+	cu_launch(cb, k, dim1(grid_cap((n / 4 + CU_THREADS) / CU_THREADS)), dim1(CU_THREADS), 0,
+		  args);
+}
+
 /* out (n bf16) = in (n floats) rounded: cast_bf16_f32 takes four values a
  * thread step. */
 static void launch_cast(struct cu_backend *cb, uint16_t *out, const float *in, size_t n)
@@ -650,21 +660,21 @@ static void cu_swiglu_forward(struct gpu_backend *be, float *out, const float *g
 			      const float *up, size_t n)
 {
 	void *args[] = {&out, &gate, &up, &n};
-	launch_n(cu_of(be), CU_K_swiglu_forward_f32, n, args);
+	launch_n4(cu_of(be), CU_K_swiglu_forward_f32, n, args);
 }
 
 static void cu_swiglu_backward(struct gpu_backend *be, float *dgate, float *dup, const float *dout,
 			       const float *gate, const float *up, size_t n)
 {
 	void *args[] = {&dgate, &dup, &dout, &gate, &up, &n};
-	launch_n(cu_of(be), CU_K_swiglu_backward_f32, n, args);
+	launch_n4(cu_of(be), CU_K_swiglu_backward_f32, n, args);
 }
 
 static void cu_residual_forward(struct gpu_backend *be, float *out, const float *a,
 				const float *b, size_t n)
 {
 	void *args[] = {&out, &a, &b, &n};
-	launch_n(cu_of(be), CU_K_residual_forward_f32, n, args);
+	launch_n4(cu_of(be), CU_K_residual_forward_f32, n, args);
 }
 
 /* ---------------------------------------------------------- cross-entropy -- */
@@ -681,10 +691,11 @@ static void cu_crossentropy_forward(struct gpu_backend *be, float *losses, const
 	launch_rows(cu_of(be), CU_K_crossentropy_forward_f32, N, vocab_threads(V), args);
 }
 
-static void cu_crossentropy_backward(struct gpu_backend *be, float *dlogits, const float *logits,
-				     const int32_t *targets, float dloss, int N, int V)
+static void cu_crossentropy_backward(struct gpu_backend *be, float *losses, float *dlogits,
+				     const float *logits, const int32_t *targets, float dloss,
+				     int N, int V)
 {
-	void *args[] = {&dlogits, &logits, &targets, &dloss, &N, &V};
+	void *args[] = {&losses, &dlogits, &logits, &targets, &dloss, &N, &V};
 	launch_rows(cu_of(be), CU_K_crossentropy_backward_f32, N, vocab_threads(V), args);
 }
 

@@ -3,7 +3,7 @@
  * with the softmax so that no probability tensor is stored.
  *
  * One block per row of V logits (V up to ~152k), grid-stride over rows. The
- * row's max and sum of exp come from one online pass (cu_ms_push: running
+ * row's max and sum of exp come from one online pass (ce_row_ms) (cu_ms_push: running
  * max, sum rescaled when the max grows), merged by a fixed tree over the
  * block; each exp is fp32 and the sum double, as the CPU op sums (a thread
  * adds ~300 terms of a 152k row, whose fp32 sum would drift by ~1e-6). The backward pass may run in place (dlogits == logits): every read of
@@ -15,6 +15,37 @@
  * targets (N) in [0, V) or -100. A target outside both (a caller bug the CPU
  * op asserts on) gives NaN, which the engine's loss check reports. */
 #include "common.cuh"
+
+/* The row's (max, sum of exp) over the block. Rows whose start is 16-byte
+ * aligned (V a multiple of 4) are read four floats a load, two loads in
+ * flight: a row pass is bound by how many bytes each thread has outstanding.
+ * The order of the pushes is a function of (V, blockDim) only. */
+static __device__ __forceinline__ void ce_row_ms(const float *x, int V, float &m, double &s)
+{
+	m = -INFINITY;
+	s = 0.0;
+	int i = threadIdx.x;
+	if (((uintptr_t)x & 15) == 0) {
+		const float4 *x4 = reinterpret_cast<const float4 *>(x);
+		const int V4 = V / 4, step = blockDim.x;
+		for (; i + step < V4; i += 2 * step) {
+			const float4 a = x4[i], b = x4[i + step];
+			cu_ms_push(m, s, a.x), cu_ms_push(m, s, a.y);
+			cu_ms_push(m, s, a.z), cu_ms_push(m, s, a.w);
+			cu_ms_push(m, s, b.x), cu_ms_push(m, s, b.y);
+			cu_ms_push(m, s, b.z), cu_ms_push(m, s, b.w);
+		}
+		if (i < V4) {
+			const float4 a = x4[i];
+			cu_ms_push(m, s, a.x), cu_ms_push(m, s, a.y);
+			cu_ms_push(m, s, a.z), cu_ms_push(m, s, a.w);
+		}
+		i = V4 * 4 + threadIdx.x;
+	}
+	for (; i < V; i += blockDim.x)
+		cu_ms_push(m, s, x[i]);
+	cu_block_ms(m, s);
+}
 
 /* losses[n] = logsumexp(logits[n]) - logits[n][targets[n]], 0 where -100. */
 extern "C" __global__ void crossentropy_forward_f32(float *losses, const float *logits,
@@ -28,11 +59,9 @@ extern "C" __global__ void crossentropy_forward_f32(float *losses, const float *
 			continue;
 		}
 		const float *x = logits + (size_t)n * V;
-		float m = -INFINITY;
-		double s = 0.0;
-		for (int i = threadIdx.x; i < V; i += blockDim.x)
-			cu_ms_push(m, s, x[i]);
-		cu_block_ms(m, s);
+		float m;
+		double s;
+		ce_row_ms(x, V, m, s);
 		if (threadIdx.x == 0) {
 			bool ok = tgt >= 0 && tgt < V;
 			/* the final combine in double, as the CPU forms it */
@@ -42,31 +71,55 @@ extern "C" __global__ void crossentropy_forward_f32(float *losses, const float *
 	}
 }
 
+static __device__ __forceinline__ float ce_grad(float x, float m, float inv, float dloss, int i,
+						int tgt)
+{
+	const float g = dloss * (expf(x - m) * inv);
+	return i == tgt ? g - dloss : g;
+}
+
 /* dlogits[n] = dloss * (softmax(logits[n]) - onehot(targets[n])), 0 where
- * -100. Overwrite; dlogits may alias logits. */
-extern "C" __global__ void crossentropy_backward_f32(float *dlogits, const float *logits,
-						     const int32_t *targets, float dloss, int N,
-						     int V)
+ * -100. Overwrite; dlogits may alias logits. losses: NULL, or also the
+ * forward's losses (the target's logit is read before the row's barrier, so
+ * before any thread overwrites it in place). */
+extern "C" __global__ void crossentropy_backward_f32(float *losses, float *dlogits,
+						     const float *logits, const int32_t *targets,
+						     float dloss, int N, int V)
 {
 	for (int n = blockIdx.x; n < N; n += gridDim.x) {
 		const int32_t tgt = targets[n];
 		float *d = dlogits + (size_t)n * V;
 		if (tgt == -100) { /* block-uniform */
+			if (losses && threadIdx.x == 0)
+				losses[n] = 0.0f;
 			for (int i = threadIdx.x; i < V; i += blockDim.x)
 				d[i] = 0.0f;
 			continue;
 		}
 		const float *x = logits + (size_t)n * V;
-		float m = -INFINITY;
-		double s = 0.0;
-		for (int i = threadIdx.x; i < V; i += blockDim.x)
-			cu_ms_push(m, s, x[i]);
-		cu_block_ms(m, s);
 		const bool ok = tgt >= 0 && tgt < V;
+		const float xt = losses && threadIdx.x == 0 ? x[ok ? tgt : 0] : 0.0f;
+		float m;
+		double s;
+		ce_row_ms(x, V, m, s);
+		if (losses && threadIdx.x == 0) /* as crossentropy_forward_f32 */
+			losses[n] = ok ? (float)((double)m + log(s) - (double)xt) : NAN;
 		const float inv = ok ? (float)(1.0 / s) : NAN;
-		for (int i = threadIdx.x; i < V; i += blockDim.x) {
-			float g = dloss * (expf(x[i] - m) * inv);
-			d[i] = i == tgt ? g - dloss : g;
+		int i = threadIdx.x;
+		if ((((uintptr_t)x | (uintptr_t)d) & 15) == 0) {
+			const float4 *x4 = reinterpret_cast<const float4 *>(x);
+			float4 *d4 = reinterpret_cast<float4 *>(d);
+			for (; i < V / 4; i += blockDim.x) {
+				const float4 a = x4[i];
+				const int j = 4 * i;
+				d4[i] = make_float4(ce_grad(a.x, m, inv, dloss, j, tgt),
+						    ce_grad(a.y, m, inv, dloss, j + 1, tgt),
+						    ce_grad(a.z, m, inv, dloss, j + 2, tgt),
+						    ce_grad(a.w, m, inv, dloss, j + 3, tgt));
+			}
+			i = V / 4 * 4 + threadIdx.x;
 		}
+		for (; i < V; i += blockDim.x)
+			d[i] = ce_grad(x[i], m, inv, dloss, i, tgt);
 	}
 }

@@ -174,13 +174,23 @@ int main(int argc, char **argv)
 		int64_t nv;
 		double tp = now_s();
 		tr_model_zero_grad(m);
+		/* As the trainer: every position but each row's last is a target
+		 * (ids are their own labels), so dloss is known before the
+		 * forward, which also runs the head's backward. */
+		const float dloss = 1.0f / (float)(B * (T - 1));
+		tr_model_fuse_head_backward(m, dloss);
 		if (tr_model_forward(m, ids, ids, &ls, &nv, &eb) != TD_OK)
 			break;
+		if (nv != (int64_t)B * (T - 1)) {
+			fprintf(stderr, "bench_train: %lld valid positions, expected %lld\n",
+				(long long)nv, (long long)B * (T - 1));
+			return 1;
+		}
 		if (phases && s >= warm) {
-			ph[0] += now_s() - tp; /* forward blocks for the loss */
+			ph[0] += now_s() - tp; /* forward (with the head's backward) blocks for the loss */
 			tp = now_s();
 		}
-		tr_model_backward(m, 1.0f / (float)nv);
+		tr_model_backward(m, dloss);
 		if (phases && s >= warm) {
 			gpu_sync(be, &eb);
 			ph[1] += now_s() - tp;

@@ -825,11 +825,16 @@ static void test_crossentropy(void)
 		float *dlogits = fvec(nl);
 		crossentropy_backward(dlogits, logits, targets, dloss, N, V);
 		float *d_dlogits = dnan(nl);
-		gpu_crossentropy_backward(be, d_dlogits, d_logits, d_targets, dloss, N, V);
-		expect_close("dlogits", hget(d_dlogits, nl), dlogits, nl, SOFT_ATOL, SOFT_RTOL);
-		gpu_crossentropy_backward(be, d_logits, d_logits, d_targets, dloss, N, V);
-		expect_close("dlogits (in place)", hget(d_logits, nl), dlogits, nl, SOFT_ATOL,
-			     SOFT_RTOL);
+		gpu_crossentropy_backward(be, NULL, d_dlogits, d_logits, d_targets, dloss, N, V);
+		float *g_dlogits = hget(d_dlogits, nl);
+		expect_close("dlogits", g_dlogits, dlogits, nl, SOFT_ATOL, SOFT_RTOL);
+		/* in place, with the forward's losses (the fused head): the same
+		 * bits as the two ops apart */
+		float *g_losses = hget(d_losses, (size_t)N);
+		float *d_losses2 = dnan((size_t)N);
+		gpu_crossentropy_backward(be, d_losses2, d_logits, d_logits, d_targets, dloss, N, V);
+		expect_same_bits("dlogits (in place)", hget(d_logits, nl), g_dlogits, nl);
+		expect_same_bits("losses (fused)", hget(d_losses2, (size_t)N), g_losses, (size_t)N);
 		case_end();
 	}
 	op_report("crossentropy");

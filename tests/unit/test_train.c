@@ -221,7 +221,9 @@ static void test_plan_equals_allocation(void)
 }
 
 /* A head computed in chunks of rows (plan.logits_rows < N, with a remainder)
- * gives the loss and every gradient of the whole-logits head. */
+ * gives the loss and every gradient of the whole-logits head. The head's
+ * backward fused into the forward (tr_model_fuse_head_backward) gives the
+ * same bits as the separate backward, chunked or not. */
 static void test_chunked_head(void)
 {
 	char path[512];
@@ -235,23 +237,29 @@ static void test_chunked_head(void)
 	int32_t ids[2 * 24];
 	for (int k = 0; k < 48; k++)
 		ids[k] = (k * 131 + 7) % cfg.vocab_size;
-	float *g[2] = {NULL, NULL};
-	double loss[2];
+	float *g[4] = {NULL, NULL, NULL, NULL};
+	double loss[4];
 	size_t numel = 0;
-	for (int v = 0; v < 2; v++) {
+	for (int v = 0; v < 4; v++) {
+		const bool chunked = v & 1, fused = v & 2;
 		struct gpu_backend *be = NULL;
 		CHECK_EQ_INT(gpu_cpu_backend_new(&be, &eb), TD_OK);
 		/* 5 rows a chunk: 48 = 9 x 5 + 3 */
-		struct tr_plan_opts po = {.B = 2, .T = 24, .logits_chunk_floats = v ? 5 * (size_t)cfg.vocab_size : 0};
+		struct tr_plan_opts po = {.B = 2, .T = 24,
+					  .logits_chunk_floats = chunked ? 5 * (size_t)cfg.vocab_size : 0};
 		struct tr_model *m = NULL;
 		CHECK_EQ_INT(tr_model_new(&m, be, &cfg, &po, &eb), TD_OK);
 		const struct tr_plan *p = tr_model_plan(m);
-		CHECK_EQ_INT(p->logits_rows, v ? 5 : 48);
+		CHECK_EQ_INT(p->logits_rows, chunked ? 5 : 48);
 		CHECK_EQ_INT(tr_model_load(m, w, &eb), TD_OK);
 		int64_t nv;
 		tr_model_zero_grad(m);
+		const float dloss = 1.0f / (float)(2 * 23); /* every position but each row's last */
+		if (fused)
+			tr_model_fuse_head_backward(m, dloss);
 		CHECK_EQ_INT(tr_model_forward(m, ids, ids, &loss[v], &nv, &eb), TD_OK);
-		tr_model_backward(m, 1.0f / (float)nv);
+		CHECK_EQ_INT(nv, 2 * 23);
+		tr_model_backward(m, dloss);
 		numel = p->numel_trainable;
 		g[v] = malloc(numel * sizeof(float));
 		for (size_t i = 0; i < p->nparams; i++)
@@ -268,8 +276,14 @@ static void test_chunked_head(void)
 	}
 	/* Only the summation order of the head's weight gradient differs. */
 	CHECK_MSG(maxd <= 1e-6 * maxg, "chunked head gradients differ by %.3g (max |g| %.3g)", maxd, maxg);
-	free(g[0]);
-	free(g[1]);
+	for (int v = 0; v < 2; v++) {
+		CHECK_MSG(loss[v + 2] == loss[v], "fused head: loss %.17g vs %.17g", loss[v + 2], loss[v]);
+		CHECK_MSG(memcmp(g[v + 2], g[v], numel * sizeof(float)) == 0,
+			  "fused head (%s): gradients differ from the separate backward",
+			  v ? "chunked" : "whole");
+	}
+	for (int v = 0; v < 4; v++)
+		free(g[v]);
 	tr_weights_close(w);
 }
 
