@@ -331,7 +331,7 @@ static inline size_t gpu_flash_scratch_bytes(int B, int T, int NH, int NKV, int 
  * (kernels/cuda/flash.cu); others take the stored-probabilities path. */
 static inline bool gpu_flash_head_size(int HS)
 {
-	return HS == 16 || HS == 32 || HS == 64;
+	return HS == 16 || HS == 32 || HS == 64 || HS == 128;
 }
 
 /* Whether attention on be, in its current precision, is fused (att then

@@ -438,6 +438,7 @@ static td_err load_kernels(struct cu_backend *cb, struct td_errbuf *eb)
 		}
 	}
 	cb->sealed = true;
+	cu_flash_prepare(cb);
 	return TD_OK;
 }
 

@@ -97,6 +97,9 @@ struct cu_backend {
 	 * the kernel launches so far, and whether this backend fired it. */
 	long long fault_after, launches;
 	bool fault_culprit;
+	/* Bit i: the fused attention kernels of head size 16 << i can have the
+	 * shared memory they need on this device (cu_flash_prepare). */
+	unsigned flash_ok;
 	/* TD_CUDA_PROFILE's per-op device times (cuda_prof.c); NULL when off. */
 	struct cu_prof *prof;
 };
@@ -135,5 +138,8 @@ void cu_prof_end(struct cu_backend *cb, const char *fmt, ...) __attribute__((for
 void cu_prof_close(struct cu_backend *cb);
 /* The ops (gpu/cuda/cuda_ops.c): fills the math entries of the ops table. */
 void cu_ops_fill(struct gpu_backend_ops *ops);
+/* After the kernel table is sealed: lets the fused attention kernels use the
+ * dynamic shared memory they need, and records in flash_ok which can. */
+void cu_flash_prepare(struct cu_backend *cb);
 
 #endif

@@ -470,7 +470,9 @@ static void launch_att_rows(struct cu_backend *cb, enum cu_kernel k, size_t rows
 /* bf16 mode and a head size flash.cu is built for: the fused kernels. */
 static bool cu_attention_flash(struct gpu_backend *be, int HS)
 {
-	return !cu_of(be)->fp32_strict && gpu_flash_head_size(HS);
+	const struct cu_backend *cb = cu_of(be);
+	int bit = HS == 16 ? 0 : HS == 32 ? 1 : HS == 64 ? 2 : 3;
+	return !cb->fp32_strict && gpu_flash_head_size(HS) && (cb->flash_ok >> bit & 1u);
 }
 
 /* bf16 mode: GEMM operands rounded into be->gemm_scratch (sgemm_). */
@@ -489,10 +491,51 @@ static void flash_kernels(int HS, enum cu_kernel *fwd, enum cu_kernel *dkdv, enu
 	case 32:
 		*fwd = CU_K_flash_fwd_d32, *dkdv = CU_K_flash_bwd_dkdv_d32, *dq = CU_K_flash_bwd_dq_d32;
 		break;
-	default:
-		assert(HS == 64);
+	case 64:
 		*fwd = CU_K_flash_fwd_d64, *dkdv = CU_K_flash_bwd_dkdv_d64, *dq = CU_K_flash_bwd_dq_d64;
 		break;
+	default:
+		assert(HS == 128);
+		*fwd = CU_K_flash_fwd_d128, *dkdv = CU_K_flash_bwd_dkdv_d128,
+		*dq = CU_K_flash_bwd_dq_d128;
+		break;
+	}
+}
+
+/* Dynamic shared memory of the fused kernels (flash.cu's fa_cfg and
+ * layouts): FA_TILE x (HS + 8) bf16 tiles, double-buffered up to HS 64. */
+enum flash_kind { FLASH_FWD, FLASH_DKDV, FLASH_DQ };
+static unsigned flash_smem_bytes(enum flash_kind kind, int HS)
+{
+	unsigned tile = 64u * (unsigned)(HS + 8) * 2u, st = HS <= 64 ? 2u : 1u;
+	switch (kind) {
+	case FLASH_FWD:
+		return (1u + 2u * st) * tile;
+	case FLASH_DKDV: /* Q, dO (+ K, V past 64) and the row statistics */
+		return (2u * st + (HS > 64 ? 2u : 0u)) * tile + 2u * st * 64u * 4u;
+	default:
+		return 2u * st * tile;
+	}
+}
+
+void cu_flash_prepare(struct cu_backend *cb)
+{
+	static const int sizes[] = {16, 32, 64, 128};
+	cb->flash_ok = 0;
+	for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]); i++) {
+		enum cu_kernel k[3];
+		flash_kernels(sizes[i], &k[0], &k[1], &k[2]);
+		bool ok = true;
+		for (int j = 0; j < 3; j++) {
+			unsigned bytes = flash_smem_bytes((enum flash_kind)j, sizes[i]);
+			if (bytes > 48u * 1024u &&
+			    cb->drv.cuFuncSetAttribute(cb->fn[k[j]],
+						       CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+						       (int)bytes) != CUDA_SUCCESS)
+				ok = false;
+		}
+		if (ok)
+			cb->flash_ok |= 1u << i;
 	}
 }
 
@@ -551,7 +594,7 @@ static void cu_attention_forward(struct gpu_backend *be, float *out, float *att,
 		flash_kernels(HS, &f, &d1, &d2);
 		void *args[] = {&out, &att, &fc.q, &fc.k, &fc.v, &T, &NH, &NKV};
 		cu_launch(cb, f, (struct cu_dim){cu_blocks((size_t)T, FLASH_TILE), (unsigned)NH, (unsigned)B},
-			  dim1(FLASH_THREADS), 0, args);
+			  dim1(FLASH_THREADS), flash_smem_bytes(FLASH_FWD, HS), args);
 		return;
 	}
 	struct att_views a = att_views(T, NH, NKV, HS);
@@ -612,7 +655,7 @@ static void cu_attention_backward(struct gpu_backend *be, float *dq, float *dk, 
 		}
 		void *kargs[] = {&pk, &pv, &fc.dout, &fc.q, &fc.k, &fc.v, &att, &datt, &T, &NH, &NKV};
 		cu_launch(cb, kdkdv, (struct cu_dim){tiles, (unsigned)NH, (unsigned)B},
-			  dim1(FLASH_THREADS), 0, kargs);
+			  dim1(FLASH_THREADS), flash_smem_bytes(FLASH_DKDV, HS), kargs);
 		if (NH != NKV) {
 			int rows = B * T;
 			void *sargs[] = {&dk, &dv, &pk, &pv, &rows, &NH, &NKV, &HS};
@@ -620,7 +663,7 @@ static void cu_attention_backward(struct gpu_backend *be, float *dq, float *dk, 
 		}
 		void *qargs[] = {&dq, &fc.dout, &fc.q, &fc.k, &fc.v, &att, &datt, &T, &NH, &NKV};
 		cu_launch(cb, kdq, (struct cu_dim){tiles, (unsigned)NH, (unsigned)B},
-			  dim1(FLASH_THREADS), 0, qargs);
+			  dim1(FLASH_THREADS), flash_smem_bytes(FLASH_DQ, HS), qargs);
 		return;
 	}
 	struct att_views a = att_views(T, NH, NKV, HS);

@@ -36,7 +36,7 @@
  * are, two by two, the A fragments of the next product.
  *
  * Shapes: q, out, dq (B,T,NH,HS); k, v, dk, dv (B,T,NKV,HS); L and Dr
- * (B,NH,T). HS is a template parameter (16, 32, 64: gpu/backend.h's
+ * (B,NH,T). HS is a template parameter (16, 32, 64, 128: gpu/backend.h's
  * gpu_flash_head_size); T is anything (tiles past T are zero-filled and
  * masked). The bf16 copies start 16-byte aligned (a row is HS * 2 bytes, a
  * multiple of 32), as cp.async needs; fp32 rows are 8-byte aligned. */
@@ -99,6 +99,25 @@ static __device__ __forceinline__ void fa_commit()
 template <int N> static __device__ __forceinline__ void fa_wait()
 {
 	asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+/* Shared memory: dynamic, FA_TILE x (D + FA_PAD) bf16 tiles carved from
+ * fa_smem. Head sizes up to 64 double-buffer the streamed tiles (the next
+ * copied while this one is used) and keep a block's own rows as fragments in
+ * registers; 128 streams through one buffer and, in dkdv, reads its keys and
+ * values from shared memory, so every kernel fits the 99 KiB a block may have
+ * on sm_86/89/120. gpu/cuda/cuda_ops.c's flash_smem_bytes mirrors these
+ * layouts. */
+extern __shared__ __align__(16) unsigned char fa_smem[];
+
+template <int D> struct fa_cfg {
+	static constexpr int stages = D <= 64 ? 2 : 1;
+	static constexpr bool a_smem = D > 64;
+};
+
+template <int D> static __device__ __forceinline__ fa_bf16 (*fa_tiles())[FA_TILE][D + FA_PAD]
+{
+	return reinterpret_cast<fa_bf16(*)[FA_TILE][D + FA_PAD]>(fa_smem);
 }
 
 /* Starts copying rows r0.. of a (T, ld) bf16 matrix (src at row 0, this
@@ -169,6 +188,34 @@ static __device__ __forceinline__ void fa_mm_nt(float acc[8][4], const uint32_t 
 		}
 }
 
+/* fa_mm_nt with A read from shared memory a k-step at a time (16 rows from
+ * row r of the tile sa) instead of held in registers: for head size 128,
+ * whose dK/dV accumulators leave no room for the keys' and values'
+ * fragments. ldmatrix.x4: lanes 0-7 rows 0-7, 8-15 rows 8-15, 16-31 the same
+ * 8 columns on: a0..a3 of the k-step. */
+template <int D>
+static __device__ __forceinline__ void fa_mm_nt_s(float acc[8][4], fa_bf16 (*sa)[D + FA_PAD],
+						  int r, fa_bf16 (*s)[D + FA_PAD], int lane)
+{
+#pragma unroll
+	for (int n = 0; n < 8; n++)
+		acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.f;
+	const int arow = r + (lane & 7) + ((lane >> 3) & 1) * 8, acol = (lane >> 4) * 8;
+	const int row = (lane & 7) + (lane >> 4) * 8, col = ((lane >> 3) & 1) * 8;
+#pragma unroll
+	for (int kk = 0; kk < D / 16; kk++) {
+		uint32_t a[4];
+		fa_ldm(a, &sa[arow][kk * 16 + acol]);
+#pragma unroll
+		for (int n = 0; n < 8; n += 2) {
+			uint32_t b[4];
+			fa_ldm(b, &s[n * 8 + row][kk * 16 + col]);
+			fa_mma(acc[n], a, b[0], b[1]);
+			fa_mma(acc[n + 1], a, b[2], b[3]);
+		}
+	}
+}
+
 /* acc (16 x D as D/8 C tiles) += P (16 x 64, the C tiles p, rounded to bf16)
  * times the tile s (64 rows x D). ldmatrix.trans: lanes 0-7 address rows
  * 0-7 of the k-step, 8-15 rows 8-15 (b0, b1 of column block d), 16-31 the
@@ -217,9 +264,10 @@ static __device__ __forceinline__ void flash_fwd(float *out, float *lse, const f
 						 const fa_bf16 *k, const fa_bf16 *v, int T, int NH,
 						 int NKV)
 {
-	__shared__ __align__(16) fa_bf16 sQ[FA_TILE][D + FA_PAD];
-	__shared__ __align__(16) fa_bf16 sK[2][FA_TILE][D + FA_PAD];
-	__shared__ __align__(16) fa_bf16 sV[2][FA_TILE][D + FA_PAD];
+	constexpr int ST = fa_cfg<D>::stages;
+	/* tiles: Q, K[ST], V[ST] */
+	fa_bf16(*tl)[FA_TILE][D + FA_PAD] = fa_tiles<D>();
+	fa_bf16(*sQ)[D + FA_PAD] = tl[0];
 	const int q0 = (gridDim.x - 1 - blockIdx.x) * FA_TILE, h = blockIdx.y, b = blockIdx.z;
 	const int kvh = h / (NH / NKV), ldq = NH * D, ldk = NKV * D;
 	const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
@@ -228,8 +276,8 @@ static __device__ __forceinline__ void flash_fwd(float *out, float *lse, const f
 	const fa_bf16 *vb = v + (size_t)b * T * ldk + kvh * D;
 
 	fa_tile<D>(sQ, q + (size_t)b * T * ldq + h * D, ldq, q0, T);
-	fa_tile<D>(sK[0], kb, ldk, 0, T);
-	fa_tile<D>(sV[0], vb, ldk, 0, T);
+	fa_tile<D>(tl[1], kb, ldk, 0, T);
+	fa_tile<D>(tl[1 + ST], vb, ldk, 0, T);
 	fa_commit();
 
 	const int row0 = q0 + warp * 16 + g, row1 = row0 + 8;
@@ -241,10 +289,10 @@ static __device__ __forceinline__ void flash_fwd(float *out, float *lse, const f
 	float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;
 	const int tiles = (min(T, q0 + FA_TILE) - 1) / FA_TILE + 1;
 	for (int it = 0; it < tiles; it++) {
-		const int k0 = it * FA_TILE, buf = it & 1;
-		if (it + 1 < tiles) {
-			fa_tile<D>(sK[buf ^ 1], kb, ldk, k0 + FA_TILE, T);
-			fa_tile<D>(sV[buf ^ 1], vb, ldk, k0 + FA_TILE, T);
+		const int k0 = it * FA_TILE, buf = ST == 2 ? it & 1 : 0;
+		if (ST == 2 && it + 1 < tiles) {
+			fa_tile<D>(tl[1 + (buf ^ 1)], kb, ldk, k0 + FA_TILE, T);
+			fa_tile<D>(tl[1 + ST + (buf ^ 1)], vb, ldk, k0 + FA_TILE, T);
 			fa_commit();
 			fa_wait<1>();
 		} else {
@@ -255,7 +303,7 @@ static __device__ __forceinline__ void flash_fwd(float *out, float *lse, const f
 			fa_frag_a<D>(qa, sQ, warp * 16, g, t);
 		if (k0 <= q0 + warp * 16 + 15) { /* else every key is past this warp's queries */
 			float s[8][4];
-			fa_mm_nt<D>(s, qa, sK[buf], lane);
+			fa_mm_nt<D>(s, qa, tl[1 + buf], lane);
 			float mx0 = m0, mx1 = m1;
 #pragma unroll
 			for (int n = 0; n < 8; n++)
@@ -296,9 +344,14 @@ static __device__ __forceinline__ void flash_fwd(float *out, float *lse, const f
 				o[d][2] *= c1;
 				o[d][3] *= c1;
 			}
-			fa_mm_pv<D>(o, s, sV[buf], lane);
+			fa_mm_pv<D>(o, s, tl[1 + ST + buf], lane);
 		}
 		__syncthreads(); /* before the next copy overwrites buf */
+		if (ST == 1 && it + 1 < tiles) {
+			fa_tile<D>(tl[1], kb, ldk, k0 + FA_TILE, T);
+			fa_tile<D>(tl[2], vb, ldk, k0 + FA_TILE, T);
+			fa_commit();
+		}
 	}
 	l0 = fa_quad_sum(l0);
 	l1 = fa_quad_sum(l1);
@@ -353,9 +406,16 @@ static __device__ __forceinline__ void flash_bwd_dkdv(float *dk, float *dv, cons
 						      const fa_bf16 *v, const float *lse,
 						      const float *dr, int T, int NH, int NKV)
 {
-	__shared__ __align__(16) fa_bf16 sQ[2][FA_TILE][D + FA_PAD];
-	__shared__ __align__(16) fa_bf16 sdO[2][FA_TILE][D + FA_PAD];
-	__shared__ float sL[2][FA_TILE], sD[2][FA_TILE];
+	constexpr int ST = fa_cfg<D>::stages;
+	constexpr bool AS = fa_cfg<D>::a_smem;
+	/* tiles: Q[ST], dO[ST], then K, V when read from shared memory (AS);
+	 * then L[ST][64], Dr[ST][64] floats. Without AS, K and V pass through
+	 * Q[1], dO[1] on their way to registers. */
+	fa_bf16(*tl)[FA_TILE][D + FA_PAD] = fa_tiles<D>();
+	fa_bf16(*sK)[D + FA_PAD] = AS ? tl[2 * ST] : tl[1];
+	fa_bf16(*sV)[D + FA_PAD] = AS ? tl[2 * ST + 1] : tl[ST + 1];
+	float(*sL)[FA_TILE] = reinterpret_cast<float(*)[FA_TILE]>(tl[2 * ST + (AS ? 2 : 0)]);
+	float(*sD)[FA_TILE] = sL + ST;
 	const int k0 = blockIdx.x * FA_TILE, h = blockIdx.y, b = blockIdx.z;
 	const int kvh = h / (NH / NKV), ldq = NH * D, ldk = NKV * D;
 	const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
@@ -365,11 +425,11 @@ static __device__ __forceinline__ void flash_bwd_dkdv(float *dk, float *dv, cons
 	const float *lb = lse + ((size_t)b * NH + h) * T;
 	const float *db = dr + ((size_t)b * NH + h) * T;
 
-	/* The keys and values (staged in buffer 1) and the first query tile. */
-	fa_tile<D>(sQ[1], k + (size_t)b * T * ldk + kvh * D, ldk, k0, T);
-	fa_tile<D>(sdO[1], v + (size_t)b * T * ldk + kvh * D, ldk, k0, T);
-	fa_tile<D>(sQ[0], qb, ldq, k0, T);
-	fa_tile<D>(sdO[0], ob, ldq, k0, T);
+	/* The keys and values, and the first query tile. */
+	fa_tile<D>(sK, k + (size_t)b * T * ldk + kvh * D, ldk, k0, T);
+	fa_tile<D>(sV, v + (size_t)b * T * ldk + kvh * D, ldk, k0, T);
+	fa_tile<D>(tl[0], qb, ldq, k0, T);
+	fa_tile<D>(tl[ST], ob, ldq, k0, T);
 	fa_commit();
 	for (int i = threadIdx.x; i < FA_TILE; i += FA_THREADS) {
 		sL[0][i] = k0 + i < T ? lb[k0 + i] : 0.f;
@@ -377,10 +437,12 @@ static __device__ __forceinline__ void flash_bwd_dkdv(float *dk, float *dv, cons
 	}
 	fa_wait<0>();
 	__syncthreads();
-	uint32_t ka[D / 16][4], va[D / 16][4];
-	fa_frag_a<D>(ka, sQ[1], warp * 16, g, t);
-	fa_frag_a<D>(va, sdO[1], warp * 16, g, t);
-	__syncthreads(); /* buffer 1 is free */
+	uint32_t ka[AS ? 1 : D / 16][4], va[AS ? 1 : D / 16][4];
+	if constexpr (!AS) {
+		fa_frag_a<D>(ka, sK, warp * 16, g, t);
+		fa_frag_a<D>(va, sV, warp * 16, g, t);
+		__syncthreads(); /* Q[1], dO[1] are free */
+	}
 
 	const int key0 = k0 + warp * 16 + g, key1 = key0 + 8;
 	float dka[D / 8][4], dva[D / 8][4];
@@ -390,11 +452,11 @@ static __device__ __forceinline__ void flash_bwd_dkdv(float *dk, float *dv, cons
 			dka[d][e] = dva[d][e] = 0.f;
 	const int tiles = (T - 1) / FA_TILE + 1 - blockIdx.x;
 	for (int it = 0; it < tiles; it++) {
-		const int q0 = k0 + it * FA_TILE, buf = it & 1;
-		if (it + 1 < tiles) {
+		const int q0 = k0 + it * FA_TILE, buf = ST == 2 ? it & 1 : 0;
+		if (ST == 2 && it + 1 < tiles) {
 			const int n0 = q0 + FA_TILE;
-			fa_tile<D>(sQ[buf ^ 1], qb, ldq, n0, T);
-			fa_tile<D>(sdO[buf ^ 1], ob, ldq, n0, T);
+			fa_tile<D>(tl[buf ^ 1], qb, ldq, n0, T);
+			fa_tile<D>(tl[ST + (buf ^ 1)], ob, ldq, n0, T);
 			fa_commit();
 			for (int i = threadIdx.x; i < FA_TILE; i += FA_THREADS) {
 				sL[buf ^ 1][i] = n0 + i < T ? lb[n0 + i] : 0.f;
@@ -405,10 +467,17 @@ static __device__ __forceinline__ void flash_bwd_dkdv(float *dk, float *dv, cons
 			fa_wait<0>();
 		}
 		__syncthreads();
+		fa_bf16(*sQ)[D + FA_PAD] = tl[buf];
+		fa_bf16(*sdO)[D + FA_PAD] = tl[ST + buf];
 		if (q0 + FA_TILE - 1 >= k0 + warp * 16) { /* else every query is before these keys */
 			float p[8][4], ds[8][4];
-			fa_mm_nt<D>(p, ka, sQ[buf], lane);   /* S^T: keys x queries */
-			fa_mm_nt<D>(ds, va, sdO[buf], lane); /* dP^T = V dO^T */
+			if constexpr (AS) {
+				fa_mm_nt_s<D>(p, sK, warp * 16, sQ, lane);   /* S^T: keys x queries */
+				fa_mm_nt_s<D>(ds, sV, warp * 16, sdO, lane); /* dP^T = V dO^T */
+			} else {
+				fa_mm_nt<D>(p, ka, sQ, lane);
+				fa_mm_nt<D>(ds, va, sdO, lane);
+			}
 #pragma unroll
 			for (int n = 0; n < 8; n++)
 #pragma unroll
@@ -422,10 +491,20 @@ static __device__ __forceinline__ void flash_bwd_dkdv(float *dk, float *dv, cons
 					p[n][e] = pe;
 					ds[n][e] = pe * (ds[n][e] - sD[buf][qi]);
 				}
-			fa_mm_pv<D>(dva, p, sdO[buf], lane); /* dV += P^T dO */
-			fa_mm_pv<D>(dka, ds, sQ[buf], lane); /* dK += dS^T Q */
+			fa_mm_pv<D>(dva, p, sdO, lane); /* dV += P^T dO */
+			fa_mm_pv<D>(dka, ds, sQ, lane); /* dK += dS^T Q */
 		}
 		__syncthreads();
+		if (ST == 1 && it + 1 < tiles) {
+			const int n0 = q0 + FA_TILE;
+			fa_tile<D>(tl[0], qb, ldq, n0, T);
+			fa_tile<D>(tl[1], ob, ldq, n0, T);
+			fa_commit();
+			for (int i = threadIdx.x; i < FA_TILE; i += FA_THREADS) {
+				sL[0][i] = n0 + i < T ? lb[n0 + i] : 0.f;
+				sD[0][i] = n0 + i < T ? db[n0 + i] : 0.f;
+			}
+		}
 	}
 	const float scale = rsqrtf((float)D);
 	const int ldo = NH == NKV ? ldk : ldq;
@@ -465,8 +544,10 @@ static __device__ __forceinline__ void flash_bwd_dq(float *dq, const fa_bf16 *do
 						    const fa_bf16 *v, const float *lse,
 						    const float *dr, int T, int NH, int NKV)
 {
-	__shared__ __align__(16) fa_bf16 sK[2][FA_TILE][D + FA_PAD];
-	__shared__ __align__(16) fa_bf16 sV[2][FA_TILE][D + FA_PAD];
+	constexpr int ST = fa_cfg<D>::stages;
+	/* tiles: K[ST], V[ST]; the block's queries and output gradients pass
+	 * through K[ST-1], V[ST-1] on their way to registers */
+	fa_bf16(*tl)[FA_TILE][D + FA_PAD] = fa_tiles<D>();
 	const int q0 = (gridDim.x - 1 - blockIdx.x) * FA_TILE, h = blockIdx.y, b = blockIdx.z;
 	const int kvh = h / (NH / NKV), ldq = NH * D, ldk = NKV * D;
 	const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
@@ -474,18 +555,24 @@ static __device__ __forceinline__ void flash_bwd_dq(float *dq, const fa_bf16 *do
 	const fa_bf16 *kb = k + (size_t)b * T * ldk + kvh * D;
 	const fa_bf16 *vb = v + (size_t)b * T * ldk + kvh * D;
 
-	/* The queries and output gradients (staged in buffer 1), the first keys. */
-	fa_tile<D>(sK[1], q + (size_t)b * T * ldq + h * D, ldq, q0, T);
-	fa_tile<D>(sV[1], dout + (size_t)b * T * ldq + h * D, ldq, q0, T);
-	fa_tile<D>(sK[0], kb, ldk, 0, T);
-	fa_tile<D>(sV[0], vb, ldk, 0, T);
+	fa_tile<D>(tl[ST - 1], q + (size_t)b * T * ldq + h * D, ldq, q0, T);
+	fa_tile<D>(tl[2 * ST - 1], dout + (size_t)b * T * ldq + h * D, ldq, q0, T);
+	if (ST == 2) { /* the first keys while the staging lands */
+		fa_tile<D>(tl[0], kb, ldk, 0, T);
+		fa_tile<D>(tl[ST], vb, ldk, 0, T);
+	}
 	fa_commit();
 	fa_wait<0>();
 	__syncthreads();
 	uint32_t qa[D / 16][4], oa[D / 16][4];
-	fa_frag_a<D>(qa, sK[1], warp * 16, g, t);
-	fa_frag_a<D>(oa, sV[1], warp * 16, g, t);
-	__syncthreads(); /* buffer 1 is free */
+	fa_frag_a<D>(qa, tl[ST - 1], warp * 16, g, t);
+	fa_frag_a<D>(oa, tl[2 * ST - 1], warp * 16, g, t);
+	__syncthreads(); /* the staging buffers are free */
+	if (ST == 1) {
+		fa_tile<D>(tl[0], kb, ldk, 0, T);
+		fa_tile<D>(tl[1], vb, ldk, 0, T);
+		fa_commit();
+	}
 	const int row0 = q0 + warp * 16 + g, row1 = row0 + 8;
 	const float *lb = lse + ((size_t)b * NH + h) * T;
 	const float *db = dr + ((size_t)b * NH + h) * T;
@@ -497,20 +584,22 @@ static __device__ __forceinline__ void flash_bwd_dq(float *dq, const fa_bf16 *do
 		dqa[d][0] = dqa[d][1] = dqa[d][2] = dqa[d][3] = 0.f;
 	const int tiles = (min(T, q0 + FA_TILE) - 1) / FA_TILE + 1;
 	for (int it = 0; it < tiles; it++) {
-		const int k0 = it * FA_TILE, buf = it & 1;
-		if (it + 1 < tiles) {
-			fa_tile<D>(sK[buf ^ 1], kb, ldk, k0 + FA_TILE, T);
-			fa_tile<D>(sV[buf ^ 1], vb, ldk, k0 + FA_TILE, T);
+		const int k0 = it * FA_TILE, buf = ST == 2 ? it & 1 : 0;
+		if (ST == 2 && it + 1 < tiles) {
+			fa_tile<D>(tl[buf ^ 1], kb, ldk, k0 + FA_TILE, T);
+			fa_tile<D>(tl[ST + (buf ^ 1)], vb, ldk, k0 + FA_TILE, T);
 			fa_commit();
 			fa_wait<1>();
 		} else {
 			fa_wait<0>();
 		}
 		__syncthreads();
+		fa_bf16(*sK)[D + FA_PAD] = tl[buf];
+		fa_bf16(*sV)[D + FA_PAD] = tl[ST + buf];
 		if (k0 <= q0 + warp * 16 + 15) {
 			float p[8][4], ds[8][4];
-			fa_mm_nt<D>(p, qa, sK[buf], lane);  /* S */
-			fa_mm_nt<D>(ds, oa, sV[buf], lane); /* dP = dO V^T */
+			fa_mm_nt<D>(p, qa, sK, lane);  /* S */
+			fa_mm_nt<D>(ds, oa, sV, lane); /* dP = dO V^T */
 #pragma unroll
 			for (int n = 0; n < 8; n++)
 #pragma unroll
@@ -522,14 +611,20 @@ static __device__ __forceinline__ void flash_bwd_dq(float *dq, const fa_bf16 *do
 						pe = exp2f(p[n][e] * sl2 - (e < 2 ? L0 : L1));
 					ds[n][e] = pe * (ds[n][e] - (e < 2 ? D0 : D1));
 				}
-			fa_mm_pv<D>(dqa, ds, sK[buf], lane); /* dQ += dS K */
+			fa_mm_pv<D>(dqa, ds, sK, lane); /* dQ += dS K */
 		}
 		__syncthreads();
+		if (ST == 1 && it + 1 < tiles) {
+			fa_tile<D>(tl[0], kb, ldk, k0 + FA_TILE, T);
+			fa_tile<D>(tl[1], vb, ldk, k0 + FA_TILE, T);
+			fa_commit();
+		}
 	}
 	fa_store<D>(dq + (size_t)b * T * ldq + h * D, ldq, dqa, rsqrtf((float)D), row0, T, t);
 }
 
-/* The kernels, one per head size. Grid (ceil(T/64), NH, B), 128 threads. */
+/* The kernels, one per head size. Grid (ceil(T/64), NH, B), 128 threads,
+ * flash_smem_bytes (gpu/cuda/cuda_ops.c) of dynamic shared memory. */
 #define FA_KERNELS(D)                                                                         \
 	extern "C" __global__ void __launch_bounds__(FA_THREADS)                              \
 		flash_fwd_d##D(float *out, float *lse, const fa_bf16 *q, const fa_bf16 *k,    \
@@ -555,3 +650,4 @@ static __device__ __forceinline__ void flash_bwd_dq(float *dq, const fa_bf16 *do
 FA_KERNELS(16)
 FA_KERNELS(32)
 FA_KERNELS(64)
+FA_KERNELS(128)

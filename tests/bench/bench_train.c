@@ -5,7 +5,7 @@
  * shared/bench/peer_hf.py's lines, so the two compare line by line) and
  * asserts nothing about the numbers.
  *
- *   bench_train [--backend cpu|cuda] [--shape fixture|25m|qwen2-0.5b]
+ *   bench_train [--backend cpu|cuda] [--shape fixture|25m|qwen2-0.5b|qwen3-0.6b]
  *               [--batch B] [--seq T] [--steps N] [--warm N] [--lora-rank R]
  *               [--lora-targets qv|all] [--precision fp32|bf16] [--phases]
  *
@@ -71,6 +71,13 @@ static const struct {
 	 "\"rope_theta\":1000000.0,\"rms_norm_eps\":1e-6,\"tie_word_embeddings\":true,"
 	 "\"max_position_embeddings\":4096}",
 	 8, 1024},
+	/* Qwen3-0.6B (Qwen/Qwen3-0.6B's config.json): head size 128, q/k norms. */
+	{"qwen3-0.6b",
+	 "{\"model_type\":\"qwen3\",\"vocab_size\":151936,\"hidden_size\":1024,"
+	 "\"intermediate_size\":3072,\"num_hidden_layers\":28,\"num_attention_heads\":16,"
+	 "\"num_key_value_heads\":8,\"head_dim\":128,\"rope_theta\":1000000.0,"
+	 "\"rms_norm_eps\":1e-6,\"tie_word_embeddings\":true,\"max_position_embeddings\":40960}",
+	 8, 1024},
 };
 
 int main(int argc, char **argv)
@@ -107,7 +114,7 @@ int main(int argc, char **argv)
 	while (si < sizeof(shapes) / sizeof(shapes[0]) && strcmp(shapes[si].name, shape))
 		si++;
 	if (si == sizeof(shapes) / sizeof(shapes[0])) {
-		fprintf(stderr, "bench_train: unknown shape %s (fixture, 25m, qwen2-0.5b)\n", shape);
+		fprintf(stderr, "bench_train: unknown shape %s (fixture, 25m, qwen2-0.5b, qwen3-0.6b)\n", shape);
 		return 2;
 	}
 	if (!B) B = shapes[si].B;

@@ -648,6 +648,7 @@ static void test_flash_attention(void)
 	static const struct { int B, T, NH, NKV, HS; } cases[] = {
 		{ 2, 5, 4, 2, 16 },   { 1, 1, 2, 1, 16 },   { 2, 63, 4, 4, 32 },  { 1, 64, 14, 2, 64 },
 		{ 2, 65, 4, 2, 64 },  { 1, 130, 7, 1, 16 }, { 2, 256, 8, 2, 64 }, { 1, 200, 4, 2, 32 },
+		{ 1, 130, 4, 2, 128 }, { 2, 64, 2, 2, 128 }, { 1, 1, 2, 1, 128 },
 	};
 	struct td_errbuf eb = {{0}};
 	CHECK_EQ_INT(gpu_set_bf16(be, true, &eb), TD_OK);
@@ -696,7 +697,7 @@ static void test_flash_attention(void)
 	op_report("flash attention");
 	be->gemm_scratch = NULL; /* freed with the last case */
 	be->gemm_scratch_bytes = 0;
-	CHECK(!gpu_attention_flash(be, 128)); /* not built: the stored-probabilities path */
+	CHECK(!gpu_attention_flash(be, 96)); /* not built: the stored-probabilities path */
 	CHECK_EQ_INT(gpu_set_bf16(be, false, &eb), TD_OK);
 	CHECK(!gpu_attention_flash(be, 64)); /* fp32 mode: never fused */
 }
