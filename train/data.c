@@ -11,6 +11,8 @@
  * Not here: tokenizing (tokcache.c, jsonl.c). */
 #include "train/data.h"
 
+#include "train/mapguard.h"
+
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -138,7 +140,7 @@ static inline void put(const struct tr_data *d, uint32_t raw, int32_t *id, int32
 	(void)d;
 }
 
-void tr_data_sequence(const struct tr_data *d, uint64_t s, int32_t *ids, int32_t *labels, int32_t *class_id)
+static void sequence(const struct tr_data *d, uint64_t s, int32_t *ids, int32_t *labels, int32_t *class_id)
 {
 	uint64_t T = (uint64_t)d->T, t = 0;
 	int32_t cls = -1;
@@ -172,6 +174,26 @@ void tr_data_sequence(const struct tr_data *d, uint64_t s, int32_t *ids, int32_t
 		*class_id = cls;
 }
 
+/* The tokens and rows are read through mappings (the token file, or the
+ * token cache): a file cut short under the job is its error, not the
+ * daemon's death (train/mapguard.h). */
+static td_err map_fail(const struct tr_data *d, struct td_errbuf *eb)
+{
+	return tr_map_fail(eb, d->path, d->map ? "reading its tokens" : "reading its token cache");
+}
+
+td_err tr_data_sequence(const struct tr_data *d, uint64_t s, int32_t *ids, int32_t *labels, int32_t *class_id,
+			struct td_errbuf *eb)
+{
+	struct tr_map_guard g;
+	tr_map_guard_push(&g);
+	if (sigsetjmp(g.jb, 0))
+		return map_fail(d, eb);
+	sequence(d, s, ids, labels, class_id);
+	tr_map_guard_pop(&g);
+	return TD_OK;
+}
+
 td_err tr_data_next(struct tr_data *d, struct tr_data_pos *pos, int32_t *ids, int32_t *labels, int32_t *class_ids,
 		    int B, struct td_errbuf *eb)
 {
@@ -186,10 +208,11 @@ td_err tr_data_next(struct tr_data *d, struct tr_data_pos *pos, int32_t *ids, in
 				build_perm(d, pos->epoch);
 			seq = d->perm[seq];
 		}
-		tr_data_sequence(d, seq, ids + (size_t)b * d->T, labels + (size_t)b * d->T,
-				 class_ids ? &class_ids[b] : NULL);
+		td_err e = tr_data_sequence(d, seq, ids + (size_t)b * d->T, labels + (size_t)b * d->T,
+					    class_ids ? &class_ids[b] : NULL, eb);
+		if (e != TD_OK)
+			return e;
 	}
-	(void)eb;
 	return TD_OK;
 }
 
@@ -234,14 +257,27 @@ static td_err open_token_file(struct tr_data *d, const struct tr_data_opts *o, s
 	d->map = map;
 	d->map_len = len;
 	uint64_t n = len / 4;
+	/* The first id outside the vocabulary; n when none. */
+	uint64_t bad = n;
+	uint32_t bad_id = 0;
+	struct tr_map_guard g;
+	tr_map_guard_push(&g);
+	if (sigsetjmp(g.jb, 0))
+		return tr_map_fail(eb, path, "checking its tokens");
 	for (uint64_t i = 0; i < n; i++) {
 		const uint8_t *p = map + 4 * i;
 		uint32_t id = (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
-		if (id >= (uint32_t)o->vocab)
-			return td_fail(eb, TD_ERANGE,
-				       "%s: token %llu (byte offset %llu) is %u, outside the model's vocabulary of %d", path,
-				       (unsigned long long)i, (unsigned long long)(4 * i), id, o->vocab);
+		if (id >= (uint32_t)o->vocab) {
+			bad = i;
+			bad_id = id;
+			break;
+		}
 	}
+	tr_map_guard_pop(&g);
+	if (bad < n)
+		return td_fail(eb, TD_ERANGE,
+			       "%s: token %llu (byte offset %llu) is %u, outside the model's vocabulary of %d", path,
+			       (unsigned long long)bad, (unsigned long long)(4 * bad), bad_id, o->vocab);
 	d->tok = (const uint32_t *)map; /* little-endian host (tokcache.c asserts it); ids < vocab < 2^31 */
 	d->ntok = n;
 	d->one_row = (struct tr__rowent){ .off = 0, .len = (uint32_t)(n > UINT32_MAX ? UINT32_MAX : n), .cls = -1 };

@@ -164,7 +164,10 @@ td_err tr_data_next(struct tr_data *d, struct tr_data_pos *pos, int32_t *ids, in
 		    int B, struct td_errbuf *eb);
 
 /* Sequence s (< tr_data_num_sequences) in file order, unshuffled: one row of
- * T ids and labels, and its class (-1 if none) when class_id is non-NULL. */
-void tr_data_sequence(const struct tr_data *d, uint64_t s, int32_t *ids, int32_t *labels, int32_t *class_id);
+ * T ids and labels, and its class (-1 if none) when class_id is non-NULL.
+ * Both fail (TD_EIO, naming the file) only when the token file or cache
+ * shrank under the job: it is read through a mapping. */
+td_err tr_data_sequence(const struct tr_data *d, uint64_t s, int32_t *ids, int32_t *labels, int32_t *class_id,
+			struct td_errbuf *eb);
 
 #endif

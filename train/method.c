@@ -538,13 +538,17 @@ td_err tr_method_eval_classify(struct tr_method *mt, const struct tr_data *d, ui
 		int32_t *g = gold + k * B;
 		for (uint64_t b = 0; b < B; b++) {
 			if (k * B + b < n) {
-				tr_data_sequence(d, k * B + b, ids + b * T, labels + b * T, &g[b]);
+				e = tr_data_sequence(d, k * B + b, ids + b * T, labels + b * T, &g[b], eb);
+				if (e != TD_OK)
+					break;
 				continue;
 			}
 			for (uint64_t t = 0; t < T; t++) /* past the end: a padding row, no loss */
 				ids[b * T + t] = pad_id(mt) >= 0 ? pad_id(mt) : 0;
 			g[b] = -100;
 		}
+		if (e != TD_OK)
+			break;
 		double ls;
 		int64_t nv;
 		if ((e = tr_model_forward_classify(mt->m, ids, g, &ls, &nv, eb)) != TD_OK)

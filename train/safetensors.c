@@ -7,6 +7,8 @@
  * and it does not convert on open: callers convert with tr_st_to_f32/_i32. */
 #include "train/safetensors.h"
 
+#include "train/mapguard.h"
+
 #include <assert.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -120,7 +122,7 @@ float tr_f16_to_f32(uint16_t x)
 	return f;
 }
 
-td_err tr_st_to_f32(float *dst, const struct tr_st_tensor *t, struct td_errbuf *eb)
+static td_err to_f32_(float *dst, const struct tr_st_tensor *t, struct td_errbuf *eb)
 {
 	const unsigned char *p = t->data;
 	size_t n = (size_t)t->numel;
@@ -151,7 +153,7 @@ td_err tr_st_to_f32(float *dst, const struct tr_st_tensor *t, struct td_errbuf *
 	}
 }
 
-td_err tr_st_to_i32(int32_t *dst, const struct tr_st_tensor *t, struct td_errbuf *eb)
+static td_err to_i32_(int32_t *dst, const struct tr_st_tensor *t, struct td_errbuf *eb)
 {
 	const unsigned char *p = t->data;
 	size_t n = (size_t)t->numel;
@@ -191,6 +193,37 @@ td_err tr_st_to_i32(int32_t *dst, const struct tr_st_tensor *t, struct td_errbuf
 		return td_fail(eb, TD_EUNSUPPORTED, "tensor '%s': dtype %s is not an integer type",
 			       t->name, tr_dtype_name(t->dtype));
 	}
+}
+
+/* The conversions read the mapping: a file cut short under us (SIGBUS) is
+ * this tensor's error, not the daemon's death (train/mapguard.h). */
+static td_err map_fail(const struct tr_st_tensor *t, struct td_errbuf *eb)
+{
+	char what[320];
+	snprintf(what, sizeof(what), "tensor '%s'", t->name);
+	return tr_map_fail(eb, t->path ? t->path : "safetensors file", what);
+}
+
+td_err tr_st_to_f32(float *dst, const struct tr_st_tensor *t, struct td_errbuf *eb)
+{
+	struct tr_map_guard g;
+	tr_map_guard_push(&g);
+	if (sigsetjmp(g.jb, 0))
+		return map_fail(t, eb);
+	td_err e = to_f32_(dst, t, eb);
+	tr_map_guard_pop(&g);
+	return e;
+}
+
+td_err tr_st_to_i32(int32_t *dst, const struct tr_st_tensor *t, struct td_errbuf *eb)
+{
+	struct tr_map_guard g;
+	tr_map_guard_push(&g);
+	if (sigsetjmp(g.jb, 0))
+		return map_fail(t, eb);
+	td_err e = to_i32_(dst, t, eb);
+	tr_map_guard_pop(&g);
+	return e;
 }
 
 /* ---- file helpers ---- */
@@ -515,7 +548,9 @@ static td_err parse_header(struct tr_st_file **out, const char *path, const unsi
 			   size_t size, struct td_errbuf *eb)
 {
 	uint64_t hlen;
-	memcpy(&hlen, map, 8);
+	td_err e = tr_map_copy(&hlen, map, 8, path, "header", eb);
+	if (e != TD_OK)
+		return e;
 	if (hlen > size - 8)
 		return td_fail(eb, TD_EFORMAT, "%s: header length %llu exceeds the file size (%zu bytes)",
 			       path, (unsigned long long)hlen, size);
@@ -526,7 +561,10 @@ static td_err parse_header(struct tr_st_file **out, const char *path, const unsi
 	char *text = malloc(hlen + 1), origin[PATH_MAX + 16];
 	if (!text)
 		return td_fail(eb, TD_ENOMEM, "%s: out of memory for the header", path);
-	memcpy(text, map + 8, hlen);
+	if ((e = tr_map_copy(text, map + 8, hlen, path, "header", eb)) != TD_OK) {
+		free(text);
+		return e;
+	}
 	text[hlen] = '\0';
 	snprintf(origin, sizeof(origin), "%s: header", path);
 	json_object *root = NULL;
@@ -592,6 +630,7 @@ static td_err parse_header(struct tr_st_file **out, const char *path, const unsi
 		if ((err = parse_tensor(t, path, name, v, base, data_len, eb)))
 			goto out;
 		COPY_STR(t->name, name);
+		t->path = f->path;
 		f->by_name[f->count++] = t;
 	}
 #undef COPY_STR

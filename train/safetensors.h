@@ -52,6 +52,7 @@ struct tr_st_tensor {
 	int64_t numel;
 	const void *data; /* into the mapping; valid until tr_st_close */
 	size_t nbytes;
+	const char *path; /* the file's (tr_st_path), for errors */
 };
 
 struct tr_st_file;

@@ -10,6 +10,7 @@
  *
  * Opening: a cache whose header, key and sizes agree is mapped as it is;
  * anything else is rebuilt, never trusted. */
+#include "train/mapguard.h"
 #include "train/rows.h"
 #include "train/safetensors.h" /* tr__mkdir_p */
 
@@ -149,6 +150,14 @@ static bool cache_map(struct tr__cache *c, const char *tok_path, const char *row
 	if (!c->row_map)
 		return false;
 	const struct header *h = c->row_map;
+	/* Reading our own cache files, which should not shrink; if one does
+	 * (SIGBUS), it is not a usable cache. */
+	struct tr_map_guard g;
+	tr_map_guard_push(&g);
+	if (sigsetjmp(g.jb, 0)) {
+		tr__cache_close(c);
+		return false;
+	}
 	bool ok = c->row_map_len >= sizeof(*h) && memcmp(h->magic, CACHE_MAGIC, 8) == 0 && h->key[0] == key[0] &&
 		  h->key[1] == key[1] && h->nrow > 0 &&
 		  (c->row_map_len - sizeof(*h)) / sizeof(struct tr__rowent) == h->nrow &&
@@ -168,6 +177,7 @@ static bool cache_map(struct tr__cache *c, const char *tok_path, const char *row
 		}
 		ok = ok && at == c->ntok;
 	}
+	tr_map_guard_pop(&g);
 	if (!ok) {
 		tr__cache_close(c);
 		return false;
@@ -185,7 +195,7 @@ struct worker {
 	pthread_t th;
 	int index;
 	const struct tr__rowfmt *fmt;
-	const char *base;
+	const char *base; /* the mapped JSONL */
 	size_t begin, end;
 	char tok_path[PATH_MAX], row_path[PATH_MAX];
 	uint64_t ntok, nrow;
@@ -209,6 +219,8 @@ static void *work(void *arg)
 	struct td_errbuf eb;
 	struct tr_ids ids = { 0 };
 	FILE *ft = NULL, *fr = NULL;
+	char *line = NULL;
+	size_t line_cap = 0;
 	if ((w->err = tr__rowctx_init(&ctx, w->fmt, &eb))) {
 		snprintf(w->msg, sizeof(w->msg), "%s", eb.msg);
 		w->err_at = w->begin;
@@ -228,12 +240,37 @@ static void *work(void *arg)
 	while (pos < w->end) {
 		if (atomic_load_explicit(w->first_bad, memory_order_relaxed) < w->index)
 			break; /* an earlier range failed: its error is the one reported */
-		const char *line = w->base + pos;
-		const char *nl = memchr(line, '\n', w->end - pos);
-		size_t len = nl ? (size_t)(nl - line) : w->end - pos;
+		/* The line is copied out of the mapping (guarded: the file may
+		 * shrink under us) and parsed from the copy. */
+		const char *nl;
+		if ((w->err = tr_map_chr(&nl, w->base + pos, '\n', w->end - pos, NULL, &eb))) {
+			snprintf(w->msg, sizeof(w->msg), "%s", eb.msg);
+			w->err_at = pos;
+			break;
+		}
+		size_t len = nl ? (size_t)(nl - (w->base + pos)) : w->end - pos;
 		if (len > MAX_LINE) {
 			w->err = TD_EFORMAT;
 			snprintf(w->msg, sizeof(w->msg), "line of %zu bytes is longer than %llu", len, MAX_LINE);
+			w->err_at = pos;
+			break;
+		}
+		if (len + 1 > line_cap) {
+			size_t cap = line_cap ? line_cap : 4096;
+			while (cap < len + 1)
+				cap *= 2;
+			char *grown = realloc(line, cap);
+			if (!grown) {
+				w->err = TD_ENOMEM;
+				snprintf(w->msg, sizeof(w->msg), "out of memory for a line of %zu bytes", len);
+				w->err_at = pos;
+				break;
+			}
+			line = grown;
+			line_cap = cap;
+		}
+		if ((w->err = tr_map_copy(line, w->base + pos, len, NULL, "reading", &eb))) {
+			snprintf(w->msg, sizeof(w->msg), "%s", eb.msg);
 			w->err_at = pos;
 			break;
 		}
@@ -267,6 +304,7 @@ static void *work(void *arg)
 		w->err_at = w->end;
 	}
 fail:
+	free(line);
 	if (ft)
 		fclose(ft);
 	if (fr)
@@ -403,12 +441,50 @@ static td_err join_parts(struct worker *w, int n, const char *tok_path, const ch
 }
 
 /* The 1-based line number of byte offset at. */
+/* The 1-based line of byte at; 0 when the file shrank under us. */
 static uint64_t line_of(const char *base, size_t at)
 {
+	struct td_errbuf eb;
 	uint64_t line = 1;
-	for (const char *p = base, *end = base + at; (p = memchr(p, '\n', (size_t)(end - p))); p++)
+	const char *p = base, *end = base + at;
+	while (p < end) {
+		if (tr_map_chr(&p, p, '\n', (size_t)(end - p), NULL, &eb) != TD_OK)
+			return 0;
+		if (!p)
+			break;
 		line++;
+		p++;
+	}
 	return line;
+}
+
+/* The first line of the mapping that is not blank (spaces, tabs, CR): its
+ * start and length; *at = size when there is none. Guarded: the file may
+ * shrink under us. */
+static td_err first_row(const char *base, size_t size, const char *path, size_t *at, size_t *len,
+			struct td_errbuf *eb)
+{
+	struct tr_map_guard g;
+	tr_map_guard_push(&g);
+	if (sigsetjmp(g.jb, 0))
+		return tr_map_fail(eb, path, "reading");
+	*at = size;
+	*len = 0;
+	for (size_t pos = 0; pos < size;) {
+		const char *nl = memchr(base + pos, '\n', size - pos);
+		size_t n = nl ? (size_t)(nl - base) - pos : size - pos;
+		bool blank = true;
+		for (size_t i = 0; i < n && blank; i++)
+			blank = base[pos + i] == ' ' || base[pos + i] == '\t' || base[pos + i] == '\r';
+		if (!blank) {
+			*at = pos;
+			*len = n;
+			break;
+		}
+		pos += n + 1;
+	}
+	tr_map_guard_pop(&g);
+	return TD_OK;
 }
 
 static int auto_threads(size_t bytes)
@@ -444,7 +520,11 @@ static td_err build(struct tr__cache *c, const struct tr_data_opts *o, struct tr
 		size_t end = i + 1 == n ? size : size / (size_t)n * (size_t)(i + 1);
 		if (end < at)
 			end = at;
-		const char *nl = end < size ? memchr(base + end, '\n', size - end) : NULL;
+		const char *nl = NULL;
+		if (end < size && tr_map_chr(&nl, base + end, '\n', size - end, o->path, eb) != TD_OK) {
+			free(w);
+			return TD_EIO;
+		}
 		end = i + 1 == n ? size : nl ? (size_t)(nl - base) + 1 : size;
 		w[i].end = end;
 		at = end;
@@ -490,7 +570,11 @@ static td_err build(struct tr__cache *c, const struct tr_data_opts *o, struct tr
 	int bad = atomic_load(&first_bad);
 	if (!e && bad >= 0 && bad < n) {
 		const struct worker *b = &w[bad];
-		e = td_fail(eb, b->err, "%s:%llu: %s", o->path, (unsigned long long)line_of(base, b->err_at), b->msg);
+		uint64_t line = line_of(base, b->err_at);
+		if (line)
+			e = td_fail(eb, b->err, "%s:%llu: %s", o->path, (unsigned long long)line, b->msg);
+		else /* the file shrank under us */
+			e = td_fail(eb, b->err, "%s: %s", o->path, b->msg);
 	}
 	uint64_t nrow = 0, ntok = 0;
 	for (int i = 0; i < n; i++) {
@@ -556,23 +640,23 @@ td_err tr__cache_open(struct tr__cache *c, const struct tr_data_opts *o, struct 
 	}
 	/* The kind of an AUTO dataset comes from its first row, before the key. */
 	if (fmt.kind == TR_ROWS_AUTO) {
-		size_t pos = 0;
-		while (pos < size) {
-			const char *nl = memchr(base + pos, '\n', size - pos);
-			size_t len = nl ? (size_t)(nl - base) - pos : size - pos;
-			bool blank = true;
-			for (size_t i = 0; i < len && blank; i++)
-				blank = base[pos + i] == ' ' || base[pos + i] == '\t' || base[pos + i] == '\r';
-			if (!blank) {
-				char msg[512];
-				if ((e = tr__rowfmt_detect(&fmt, base + pos, len, msg, sizeof(msg))))
-					e = td_fail(eb, e, "%s:%llu: %s", o->path, (unsigned long long)line_of(base, pos), msg);
-				break;
-			}
-			pos += len + 1;
-		}
-		if (!e && fmt.kind == TR_ROWS_AUTO)
+		size_t pos, len;
+		if ((e = first_row(base, size, o->path, &pos, &len, eb)) == TD_OK && pos == size)
 			e = td_fail(eb, TD_EINVAL, "%s: empty: no rows (the file has only blank lines)", o->path);
+		char *row = NULL;
+		if (e == TD_OK && len > MAX_LINE)
+			e = td_fail(eb, TD_EFORMAT, "%s:%llu: line of %zu bytes is longer than %llu", o->path,
+				    (unsigned long long)line_of(base, pos), len, MAX_LINE);
+		if (e == TD_OK && !(row = malloc(len + 1)))
+			e = td_fail(eb, TD_ENOMEM, "%s: out of memory", o->path);
+		if (e == TD_OK)
+			e = tr_map_copy(row, base + pos, len, o->path, "reading", eb);
+		if (e == TD_OK) {
+			char msg[512];
+			if ((e = tr__rowfmt_detect(&fmt, row, len, msg, sizeof(msg))))
+				e = td_fail(eb, e, "%s:%llu: %s", o->path, (unsigned long long)line_of(base, pos), msg);
+		}
+		free(row);
 	}
 	char real[PATH_MAX], tok_path[PATH_MAX], row_path[PATH_MAX];
 	uint64_t key[2];

@@ -390,7 +390,10 @@ static td_err evaluate(struct job *j, int32_t *ids, int32_t *labels, FILE *log, 
 	for (uint64_t k = 0; k < batches; k++) {
 		for (uint64_t b = 0; b < B; b++) {
 			if (k * B + b < n) {
-				tr_data_sequence(j->eval, k * B + b, ids + b * T, labels + b * T, NULL);
+				td_err e = tr_data_sequence(j->eval, k * B + b, ids + b * T, labels + b * T,
+							    NULL, eb);
+				if (e != TD_OK)
+					return e;
 				continue;
 			}
 			for (uint64_t t = 0; t < T; t++) { /* past the end: no loss */
@@ -554,10 +557,14 @@ td_err tr_train(const Traind__JobSpec *spec, const struct tr_train_opts *opts,
 		/* All micro-batches first: the loss is a mean over every valid
 		 * token of the step, so their count must be known before backward. */
 		int64_t valid = 0;
-		for (int a = 0; a < j.accum; a++) {
-			tr_data_next(j.data, &j.pos, ids + a * rows, labels + a * rows, cls + (size_t)a * j.B, j.B, eb);
-			valid += tr_method_count_valid(j.meth, labels + a * rows, cls + (size_t)a * j.B);
+		for (int a = 0; a < j.accum && e == TD_OK; a++) {
+			e = tr_data_next(j.data, &j.pos, ids + a * rows, labels + a * rows, cls + (size_t)a * j.B,
+					 j.B, eb);
+			if (e == TD_OK)
+				valid += tr_method_count_valid(j.meth, labels + a * rows, cls + (size_t)a * j.B);
 		}
+		if (e != TD_OK)
+			break;
 		tr_model_zero_grad(j.m);
 		double loss_sum = 0;
 		const float dloss = valid ? (float)(1.0 / (double)valid) : 0.0f;

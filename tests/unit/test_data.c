@@ -34,6 +34,13 @@
 
 static char tmp[256];
 static const char *fx;
+
+/* tr_data_sequence, which fails only when the mapped file shrank. */
+static void sequence(const struct tr_data *d, uint64_t s, int32_t *ids, int32_t *labels, int32_t *cls)
+{
+	struct td_errbuf eb = {{0}};
+	CHECK_EQ_INT(tr_data_sequence(d, s, ids, labels, cls, &eb), TD_OK);
+}
 static struct tr_tokenizer *tok;
 static struct tr_encoder *enc;
 
@@ -116,7 +123,7 @@ static void check_seq(const struct tr_data *d, uint64_t s, int T, const struct t
 		      size_t off, const char *what)
 {
 	int32_t ids[512], labels[512], cls;
-	tr_data_sequence(d, s, ids, labels, &cls);
+	sequence(d, s, ids, labels, &cls);
 	int bad = -1;
 	for (int t = 0; t < T && bad < 0; t++) {
 		bool real = off + (size_t)t < wi->n;
@@ -177,7 +184,7 @@ static void test_prompt_masks(void)
 		check_seq(d, r, 64, &ids, &labels, 0, "padded prompt/completion");
 		/* and the count: exactly np labels of the row are -100 */
 		int32_t si[64], sl[64];
-		tr_data_sequence(d, r, si, sl, NULL);
+		sequence(d, r, si, sl, NULL);
 		size_t masked_prompt = 0;
 		while (masked_prompt < 64 && sl[masked_prompt] == -100)
 			masked_prompt++;
@@ -357,7 +364,7 @@ static void test_classify(void)
 		expect(&ids, &labels, texts[r], false); /* no EOS in a classification row */
 		check_seq(d, r, 8, &ids, &labels, 0, "classification");
 		int32_t si[8], sl[8], cls = -7;
-		tr_data_sequence(d, r, si, sl, &cls);
+		sequence(d, r, si, sl, &cls);
 		CHECK_EQ_INT(cls, classes[r]);
 		/* the last non-pad token: the last label that is not -100 */
 		int last = 7;
@@ -504,7 +511,7 @@ static void test_order(void)
 	 * an index of sequences in file order). */
 	int32_t *plain = malloc(n * 8 * sizeof(int32_t)), lab[8];
 	for (uint64_t s = 0; s < n; s++)
-		tr_data_sequence(a, s, plain + s * 8, lab, NULL);
+		sequence(a, s, plain + s * 8, lab, NULL);
 	struct tr_data_pos pa = { 0, 0 }, pb = { 0, 0 }, pc = { 0, 0 };
 	bool same_ab = true, same_ac = true, first_epochs_same = true;
 	unsigned char *seen = calloc(n, 1);
@@ -614,9 +621,9 @@ static void test_cache(void)
 		int32_t a[64], b[64], c[64], la[64], lb[64], lc[64];
 		bool same = true;
 		for (uint64_t s = 0; s < tr_data_num_sequences(one); s++) {
-			tr_data_sequence(one, s, a, la, NULL);
-			tr_data_sequence(four, s, b, lb, NULL);
-			tr_data_sequence(rebuilt, s, c, lc, NULL);
+			sequence(one, s, a, la, NULL);
+			sequence(four, s, b, lb, NULL);
+			sequence(rebuilt, s, c, lc, NULL);
 			same &= memcmp(a, b, sizeof(a)) == 0 && memcmp(la, lb, sizeof(la)) == 0 &&
 				memcmp(a, c, sizeof(a)) == 0;
 		}
@@ -807,7 +814,7 @@ static void test_trainer(void)
 			int32_t ids[32], labels[32];
 			double ls;
 			int64_t nv;
-			tr_data_sequence(ed, s, ids, labels, NULL);
+			sequence(ed, s, ids, labels, NULL);
 			CHECK_EQ_INT(tr_model_forward(m, ids, labels, &ls, &nv, &eb), TD_OK);
 			sum += ls;
 			count += nv;
