@@ -4,6 +4,7 @@
 # size limit, one without the protocol field, specs with invalid or missing
 # fields or relative paths, a model dir that does not exist, a job file that
 # does not parse. One far over the limit is dropped by nng without a reply.
+# A token file truncated under its running job fails that job alone.
 . "$(dirname "$0")/lib.sh"
 cd "$TD_SRC" || exit 1
 : "${RPC_RAW:?}"
@@ -48,5 +49,21 @@ expect_eq "a model dir that is not there: exit 5" "$?" 5
 expect_contains "its error" "$(cat "$WORK/err")" "model_dir: /nonexistent/model: no such directory"
 expect_contains "nothing was queued" "$(ctl ls)" "no jobs"
 check "the daemon is still running" kill -0 "$DPID"
+
+# A token file truncated under a running job (it is read through a mapping:
+# unguarded, the next read would kill traind with SIGBUS): that job fails
+# with an error naming the file, and the daemon serves on and runs the next.
+cp tests/fixtures/demo/fortunes.tokens "$WORK/shrink.tokens"
+sid=$(ctl submit tests/integration/job.txtpb --data "$WORK/shrink.tokens" --output "$WORK/shrink" \
+	--steps 1000000 --name shrink)
+stepped() { [ "$(json_field "$(ctl --json show "$sid")" step)" -gt 2 ] 2>/dev/null; }
+check "the job is training" wait_for 60 stepped
+: >"$WORK/shrink.tokens"
+check "it fails once its file shrank" wait_for 60 job_is "$sid" FAILED
+expect_contains "its error names the file" "$(ctl show "$sid")" "$WORK/shrink.tokens"
+expect_contains "and what happened" "$(ctl show "$sid")" "shrank while in use"
+check "the daemon is still running" kill -0 "$DPID"
+nid=$(ctl submit tests/integration/job.txtpb --output "$WORK/after")
+check "the next job runs to the end" wait_for 120 job_is "$nid" SUCCEEDED
 stop_daemon
 finish
