@@ -31,6 +31,15 @@
 
 struct gpu_backend;
 
+/* A bf16 value as the bf16 mode's GEMMs read it: the upper half of the fp32,
+ * rounded to nearest even. A "twin" argument (x16 beside x) is the same
+ * tensor in bf16: ops that produce a GEMM operand can write it, and the
+ * matmuls read it instead of rounding x again. Twins are for a backend whose
+ * gpu_gemm_bf16 is true (the CUDA backend in bf16 mode); elsewhere they are
+ * NULL. Where an op says so, the fp32 tensor may then be NULL too (stored
+ * only as bf16). */
+typedef uint16_t gpu_bf16;
+
 struct gpu_backend_ops {
 	const char *name;
 
@@ -55,16 +64,20 @@ struct gpu_backend_ops {
 				  const float *wte, int N, int C);
 	void (*embedding_backward)(struct gpu_backend *be, float *dwte, const float *dout,
 				   const int32_t *ids, int N, int C);
-	void (*rmsnorm_forward)(struct gpu_backend *be, float *out, float *rstd, const float *inp,
-				const float *weight, int N, int C, float eps);
+	/* out16: twin of out, or NULL; out may be NULL when out16 is not. */
+	void (*rmsnorm_forward)(struct gpu_backend *be, float *out, gpu_bf16 *out16, float *rstd,
+				const float *inp, const float *weight, int N, int C, float eps);
 	void (*rmsnorm_backward)(struct gpu_backend *be, float *dinp, float *dweight,
 				 const float *dout, const float *inp, const float *weight,
 				 const float *rstd, int N, int C);
+	/* inp16, dout16: twins of inp, dout, or NULL; inp (dout) may be NULL
+	 * when its twin is not (dout only without dbias). */
 	void (*matmul_forward)(struct gpu_backend *be, float *out, const float *inp,
-			       const float *weight, const float *bias, int N, int C, int OC);
+			       const gpu_bf16 *inp16, const float *weight, const float *bias, int N,
+			       int C, int OC);
 	void (*matmul_backward)(struct gpu_backend *be, float *dinp, float *dweight, float *dbias,
-				const float *dout, const float *inp, const float *weight, int N,
-				int C, int OC);
+				const float *dout, const gpu_bf16 *dout16, const float *inp,
+				const gpu_bf16 *inp16, const float *weight, int N, int C, int OC);
 	void (*rope_forward)(struct gpu_backend *be, float *out, const float *inp, const float *cos,
 			     const float *sin, int B, int T, int NH, int HS);
 	void (*rope_backward)(struct gpu_backend *be, float *dinp, const float *dout,
@@ -80,26 +93,33 @@ struct gpu_backend_ops {
 	/* Whether the GEMMs of matmul_forward/backward round their operands to
 	 * bf16 into gemm_scratch (below) in the current precision. */
 	bool (*gemm_bf16)(struct gpu_backend *be);
-	void (*attention_forward)(struct gpu_backend *be, float *out, float *att, const float *q,
+	/* out16: twin of out, or NULL (out is always written: the backward
+	 * reads it). */
+	void (*attention_forward)(struct gpu_backend *be, float *out, gpu_bf16 *out16, float *att,
+				  const float *q,
 				  const float *k, const float *v, int B, int T, int NH, int NKV,
 				  int HS);
 	void (*attention_backward)(struct gpu_backend *be, float *dq, float *dk, float *dv,
 				   float *datt, const float *dout, const float *out, const float *q,
 				   const float *k, const float *v, const float *att, int B, int T,
 				   int NH, int NKV, int HS);
-	void (*swiglu_forward)(struct gpu_backend *be, float *out, const float *gate,
-			       const float *up, size_t n);
-	void (*swiglu_backward)(struct gpu_backend *be, float *dgate, float *dup, const float *dout,
+	/* Twins: out16, dgate16, dup16, or NULL; each fp32 output may be NULL
+	 * when its twin is not. */
+	void (*swiglu_forward)(struct gpu_backend *be, float *out, gpu_bf16 *out16,
+			       const float *gate, const float *up, size_t n);
+	void (*swiglu_backward)(struct gpu_backend *be, float *dgate, float *dup,
+				gpu_bf16 *dgate16, gpu_bf16 *dup16, const float *dout,
 				const float *gate, const float *up, size_t n);
 	void (*residual_forward)(struct gpu_backend *be, float *out, const float *a, const float *b,
 				 size_t n);
 	void (*crossentropy_forward)(struct gpu_backend *be, float *losses, const float *logits,
 				     const int32_t *targets, int N, int V);
 	/* losses: NULL, or also crossentropy_forward's losses (the fused head
-	 * of train/model.c: one read of the logits for both). */
+	 * of train/model.c: one read of the logits for both). dlogits16: twin
+	 * of dlogits, or NULL; dlogits may be NULL when it is not. */
 	void (*crossentropy_backward)(struct gpu_backend *be, float *losses, float *dlogits,
-				      const float *logits, const int32_t *targets, float dloss,
-				      int N, int V);
+				      gpu_bf16 *dlogits16, const float *logits,
+				      const int32_t *targets, float dloss, int N, int V);
 	void (*adamw_update)(struct gpu_backend *be, float *param, const float *grad, float *m,
 			     float *v, size_t n, float lr, float beta1, float beta2, float eps,
 			     float weight_decay, int t);
@@ -255,11 +275,11 @@ static inline void gpu_embedding_backward(struct gpu_backend *be, float *dwte, c
 {
 	GPU_OP_(embedding_backward, dwte, dout, ids, N, C);
 }
-static inline void gpu_rmsnorm_forward(struct gpu_backend *be, float *out, float *rstd,
-				       const float *inp, const float *weight, int N, int C,
-				       float eps)
+static inline void gpu_rmsnorm_forward(struct gpu_backend *be, float *out, gpu_bf16 *out16,
+				       float *rstd, const float *inp, const float *weight, int N,
+				       int C, float eps)
 {
-	GPU_OP_(rmsnorm_forward, out, rstd, inp, weight, N, C, eps);
+	GPU_OP_(rmsnorm_forward, out, out16, rstd, inp, weight, N, C, eps);
 }
 static inline void gpu_rmsnorm_backward(struct gpu_backend *be, float *dinp, float *dweight,
 					const float *dout, const float *inp, const float *weight,
@@ -268,15 +288,17 @@ static inline void gpu_rmsnorm_backward(struct gpu_backend *be, float *dinp, flo
 	GPU_OP_(rmsnorm_backward, dinp, dweight, dout, inp, weight, rstd, N, C);
 }
 static inline void gpu_matmul_forward(struct gpu_backend *be, float *out, const float *inp,
-				      const float *weight, const float *bias, int N, int C, int OC)
+				      const gpu_bf16 *inp16, const float *weight, const float *bias,
+				      int N, int C, int OC)
 {
-	GPU_OP_(matmul_forward, out, inp, weight, bias, N, C, OC);
+	GPU_OP_(matmul_forward, out, inp, inp16, weight, bias, N, C, OC);
 }
 static inline void gpu_matmul_backward(struct gpu_backend *be, float *dinp, float *dweight,
-				       float *dbias, const float *dout, const float *inp,
-				       const float *weight, int N, int C, int OC)
+				       float *dbias, const float *dout, const gpu_bf16 *dout16,
+				       const float *inp, const gpu_bf16 *inp16, const float *weight,
+				       int N, int C, int OC)
 {
-	GPU_OP_(matmul_backward, dinp, dweight, dbias, dout, inp, weight, N, C, OC);
+	GPU_OP_(matmul_backward, dinp, dweight, dbias, dout, dout16, inp, inp16, weight, N, C, OC);
 }
 static inline void gpu_rope_forward(struct gpu_backend *be, float *out, const float *inp,
 				    const float *cos, const float *sin, int B, int T, int NH, int HS)
@@ -289,11 +311,11 @@ static inline void gpu_rope_backward(struct gpu_backend *be, float *dinp, const 
 {
 	GPU_OP_(rope_backward, dinp, dout, cos, sin, B, T, NH, HS);
 }
-static inline void gpu_attention_forward(struct gpu_backend *be, float *out, float *att,
-					 const float *q, const float *k, const float *v, int B,
-					 int T, int NH, int NKV, int HS)
+static inline void gpu_attention_forward(struct gpu_backend *be, float *out, gpu_bf16 *out16,
+					 float *att, const float *q, const float *k, const float *v,
+					 int B, int T, int NH, int NKV, int HS)
 {
-	GPU_OP_(attention_forward, out, att, q, k, v, B, T, NH, NKV, HS);
+	GPU_OP_(attention_forward, out, out16, att, q, k, v, B, T, NH, NKV, HS);
 }
 static inline void gpu_attention_backward(struct gpu_backend *be, float *dq, float *dk, float *dv,
 					  float *datt, const float *dout, const float *out,
@@ -346,16 +368,16 @@ static inline bool gpu_gemm_bf16(struct gpu_backend *be)
 {
 	return be->ops->gemm_bf16(be);
 }
-static inline void gpu_swiglu_forward(struct gpu_backend *be, float *out, const float *gate,
-				      const float *up, size_t n)
+static inline void gpu_swiglu_forward(struct gpu_backend *be, float *out, gpu_bf16 *out16,
+				      const float *gate, const float *up, size_t n)
 {
-	GPU_OP_(swiglu_forward, out, gate, up, n);
+	GPU_OP_(swiglu_forward, out, out16, gate, up, n);
 }
 static inline void gpu_swiglu_backward(struct gpu_backend *be, float *dgate, float *dup,
-				       const float *dout, const float *gate, const float *up,
-				       size_t n)
+				       gpu_bf16 *dgate16, gpu_bf16 *dup16, const float *dout,
+				       const float *gate, const float *up, size_t n)
 {
-	GPU_OP_(swiglu_backward, dgate, dup, dout, gate, up, n);
+	GPU_OP_(swiglu_backward, dgate, dup, dgate16, dup16, dout, gate, up, n);
 }
 static inline void gpu_residual_forward(struct gpu_backend *be, float *out, const float *a,
 					const float *b, size_t n)
@@ -369,10 +391,11 @@ static inline void gpu_crossentropy_forward(struct gpu_backend *be, float *losse
 	GPU_OP_(crossentropy_forward, losses, logits, targets, N, V);
 }
 static inline void gpu_crossentropy_backward(struct gpu_backend *be, float *losses,
-					     float *dlogits, const float *logits,
-					     const int32_t *targets, float dloss, int N, int V)
+					     float *dlogits, gpu_bf16 *dlogits16,
+					     const float *logits, const int32_t *targets, float dloss,
+					     int N, int V)
 {
-	GPU_OP_(crossentropy_backward, losses, dlogits, logits, targets, dloss, N, V);
+	GPU_OP_(crossentropy_backward, losses, dlogits, dlogits16, logits, targets, dloss, N, V);
 }
 static inline void gpu_adamw_update(struct gpu_backend *be, float *param, const float *grad,
 				    float *m, float *v, size_t n, float lr, float beta1, float beta2,

@@ -5,6 +5,7 @@
  * (OpenBLAS may use its own threads inside a GEMM), so sync never has a
  * deferred error to report. It counts the bytes it hands out, which is how the
  * tests hold the memory plan to what is really allocated. */
+#include <assert.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -93,9 +94,11 @@ static void cpu_embedding_backward(struct gpu_backend *be, float *dwte, const fl
 {
 	embedding_backward(dwte, dout, ids, N, C);
 }
-static void cpu_rmsnorm_forward(struct gpu_backend *be, float *out, float *rstd, const float *inp,
-				const float *weight, int N, int C, float eps)
+/* fp32 only: gpu_gemm_bf16 is false here, so every twin is NULL. */
+static void cpu_rmsnorm_forward(struct gpu_backend *be, float *out, gpu_bf16 *out16, float *rstd,
+				const float *inp, const float *weight, int N, int C, float eps)
 {
+	assert(out && !out16);
 	rmsnorm_forward(out, rstd, inp, weight, N, C, eps);
 }
 static void cpu_rmsnorm_backward(struct gpu_backend *be, float *dinp, float *dweight,
@@ -105,14 +108,17 @@ static void cpu_rmsnorm_backward(struct gpu_backend *be, float *dinp, float *dwe
 	rmsnorm_backward(dinp, dweight, dout, inp, weight, rstd, N, C);
 }
 static void cpu_matmul_forward(struct gpu_backend *be, float *out, const float *inp,
-			       const float *weight, const float *bias, int N, int C, int OC)
+			       const gpu_bf16 *inp16, const float *weight, const float *bias, int N,
+			       int C, int OC)
 {
+	assert(inp && !inp16);
 	matmul_forward(out, inp, weight, bias, N, C, OC);
 }
 static void cpu_matmul_backward(struct gpu_backend *be, float *dinp, float *dweight, float *dbias,
-				const float *dout, const float *inp, const float *weight, int N,
-				int C, int OC)
+				const float *dout, const gpu_bf16 *dout16, const float *inp,
+				const gpu_bf16 *inp16, const float *weight, int N, int C, int OC)
 {
+	assert(dout && inp && !dout16 && !inp16);
 	matmul_backward(dinp, dweight, dbias, dout, inp, weight, N, C, OC);
 }
 static void cpu_rope_forward(struct gpu_backend *be, float *out, const float *inp, const float *cos,
@@ -135,10 +141,11 @@ static bool cpu_gemm_bf16(struct gpu_backend *be)
 {
 	return false;
 }
-static void cpu_attention_forward(struct gpu_backend *be, float *out, float *att, const float *q,
-				  const float *k, const float *v, int B, int T, int NH, int NKV,
-				  int HS)
+static void cpu_attention_forward(struct gpu_backend *be, float *out, gpu_bf16 *out16, float *att,
+				  const float *q, const float *k, const float *v, int B, int T,
+				  int NH, int NKV, int HS)
 {
+	assert(!out16);
 	attention_forward(out, att, q, k, v, B, T, NH, NKV, HS);
 }
 static void cpu_attention_backward(struct gpu_backend *be, float *dq, float *dk, float *dv,
@@ -148,14 +155,17 @@ static void cpu_attention_backward(struct gpu_backend *be, float *dq, float *dk,
 {
 	attention_backward(dq, dk, dv, datt, dout, q, k, v, att, B, T, NH, NKV, HS);
 }
-static void cpu_swiglu_forward(struct gpu_backend *be, float *out, const float *gate,
-			       const float *up, size_t n)
+static void cpu_swiglu_forward(struct gpu_backend *be, float *out, gpu_bf16 *out16,
+			       const float *gate, const float *up, size_t n)
 {
+	assert(out && !out16);
 	swiglu_forward(out, gate, up, n);
 }
 static void cpu_swiglu_backward(struct gpu_backend *be, float *dgate, float *dup,
-				const float *dout, const float *gate, const float *up, size_t n)
+				gpu_bf16 *dgate16, gpu_bf16 *dup16, const float *dout,
+				const float *gate, const float *up, size_t n)
 {
+	assert(dgate && dup && !dgate16 && !dup16);
 	swiglu_backward(dgate, dup, dout, gate, up, n);
 }
 static void cpu_residual_forward(struct gpu_backend *be, float *out, const float *a,
@@ -169,9 +179,10 @@ static void cpu_crossentropy_forward(struct gpu_backend *be, float *losses, cons
 	crossentropy_forward(losses, logits, targets, N, V);
 }
 static void cpu_crossentropy_backward(struct gpu_backend *be, float *losses, float *dlogits,
-				      const float *logits, const int32_t *targets, float dloss,
-				      int N, int V)
+				      gpu_bf16 *dlogits16, const float *logits,
+				      const int32_t *targets, float dloss, int N, int V)
 {
+	assert(dlogits && !dlogits16);
 	if (losses) /* before dlogits may overwrite the logits */
 		crossentropy_forward(losses, logits, targets, N, V);
 	crossentropy_backward(dlogits, logits, targets, dloss, N, V);

@@ -52,6 +52,9 @@ struct layer_w {
 struct layer_a {
 	float *ln1, *ln1_rstd, *qraw, *q_rstd, *kraw, *k_rstd, *q, *k, *v, *att, *y;
 	float *res_mid, *ln2, *ln2_rstd, *gate, *up, *h;
+	/* bf16 twins of the products' inputs (bf16 mode, train/plan.c); ln1,
+	 * ln2 and h are then NULL unless LoRA dropout needs them */
+	gpu_bf16 *ln1_16, *y16, *ln2_16, *h16;
 };
 
 enum head_kind { HEAD_CAUSAL, HEAD_DISTILL, HEAD_CLASSIFY };
@@ -82,6 +85,7 @@ struct tr_model {
 	float *logits, *losses, *kl, *dres, *dln, *dq, *dk, *dv, *dqraw, *dkraw, *dy, *datt, *dh,
 		*dgate, *dup, *dpooled, *lora_tmp, *lora_du, *lora_dx, *gemm_bf16;
 	void *params_bf16;
+	gpu_bf16 *dgate16, *dup16, *dlogits16; /* bf16 mode: the gradients the products read */
 
 	int32_t *host_targets;           /* (N) */
 	int32_t *host_ids;               /* (N) of the last forward */
@@ -248,6 +252,10 @@ static void bind(struct tr_model *m)
 		}
 #define A(f) a->f = buf(m, "acts.layers.%d." #f, l)
 		A(ln1);
+		A(ln1_16);
+		A(y16);
+		A(ln2_16);
+		A(h16);
 		A(ln1_rstd);
 		A(qraw);
 		A(q_rstd);
@@ -292,6 +300,9 @@ static void bind(struct tr_model *m)
 	S(lora_dx);
 	S(gemm_bf16);
 	m->params_bf16 = buf(m, "scratch.params_bf16");
+	m->dgate16 = buf(m, "scratch.dgate16");
+	m->dup16 = buf(m, "scratch.dup16");
+	m->dlogits16 = buf(m, "scratch.dlogits16");
 #undef S
 }
 
@@ -597,48 +608,59 @@ static uint64_t dropout_seed(const struct tr_model *m, int l, int k)
 	return mix64(m->dropout_seed ^ mix64(((uint64_t)l << 8 | (uint64_t)k) + 1));
 }
 
-/* out (N, out) = inp @ W^T + b [+ scale * (dropout(inp) A^T) B^T]. */
-static void linear_forward(struct tr_model *m, int l, int k, float *out, const float *inp)
+/* out (N, out) = inp @ W^T + b [+ scale * (dropout(inp) A^T) B^T]. inp16:
+ * inp's bf16 twin or NULL (inp may then be NULL: gpu/backend.h). */
+static void linear_forward(struct tr_model *m, int l, int k, float *out, const float *inp,
+			   const gpu_bf16 *inp16)
 {
 	struct gpu_backend *be = m->be;
 	const struct lin *L = &m->lin[l][k];
 	const int N = m->plan.opts.B * m->plan.opts.T, R = m->plan.opts.lora_rank;
-	gpu_matmul_forward(be, out, inp, weight_of(m, L->wp, L->w), L->b, N, L->in, L->out);
+	gpu_matmul_forward(be, out, inp, inp16, weight_of(m, L->wp, L->w), L->b, N, L->in, L->out);
 	if (!L->A)
 		return;
 	const float *x = inp;
+	const gpu_bf16 *x16 = inp16;
 	if (m->dropout_used) {
+		assert(inp); /* the plan keeps fp32 inputs where there is dropout */
 		gpu_dropout(be, L->xd, inp, m->plan.opts.lora_dropout, dropout_seed(m, l, k),
 			    (size_t)N * L->in);
 		x = L->xd;
+		x16 = NULL;
 	}
-	gpu_matmul_forward(be, L->u, x, L->A, NULL, N, L->in, R);
+	gpu_matmul_forward(be, L->u, x, x16, L->A, NULL, N, L->in, R);
 	gpu_scale(be, L->u, m->plan.lora_scale, (size_t)N * R);
-	gpu_matmul_forward(be, m->lora_tmp, L->u, L->B, NULL, N, R, L->out);
+	gpu_matmul_forward(be, m->lora_tmp, L->u, NULL, L->B, NULL, N, R, L->out);
 	gpu_residual_forward(be, out, out, m->lora_tmp, (size_t)N * L->out);
 }
 
-/* dinp (N, in) += d/dinp; weight, bias and adapter gradients += where they train. */
+/* dinp (N, in) += d/dinp; weight, bias and adapter gradients += where they
+ * train. dout16, inp16: bf16 twins or NULL (the fp32 tensor may then be
+ * NULL: gpu/backend.h; a bias gradient needs dout). */
 static void linear_backward(struct tr_model *m, int l, int k, float *dinp, const float *dout,
-			    const float *inp)
+			    const gpu_bf16 *dout16, const float *inp, const gpu_bf16 *inp16)
 {
 	struct gpu_backend *be = m->be;
 	const struct lin *L = &m->lin[l][k];
 	const int N = m->plan.opts.B * m->plan.opts.T, R = m->plan.opts.lora_rank;
-	gpu_matmul_backward(be, dinp, L->dw, L->db, dout, inp, weight_of(m, L->wp, L->w), N, L->in,
-			    L->out);
+	assert(dout || !L->db);
+	gpu_matmul_backward(be, dinp, L->dw, L->db, dout, dout16, inp, inp16,
+			    weight_of(m, L->wp, L->w), N, L->in, L->out);
 	if (!L->A)
 		return;
 	/* With u = scale * x A^T kept: dB += dout^T u, du = scale * dout B. */
 	gpu_zero(be, m->lora_du, (size_t)N * R * sizeof(float));
-	gpu_matmul_backward(be, m->lora_du, L->dB, NULL, dout, L->u, L->B, N, R, L->out);
+	gpu_matmul_backward(be, m->lora_du, L->dB, NULL, dout, dout16, L->u, NULL, L->B, N, R,
+			    L->out);
 	gpu_scale(be, m->lora_du, m->plan.lora_scale, (size_t)N * R);
 	if (!m->dropout_used) {
-		gpu_matmul_backward(be, dinp, L->dA, NULL, m->lora_du, inp, L->A, N, L->in, R);
+		gpu_matmul_backward(be, dinp, L->dA, NULL, m->lora_du, NULL, inp, inp16, L->A, N,
+				    L->in, R);
 		return;
 	}
 	gpu_zero(be, m->lora_dx, (size_t)N * L->in * sizeof(float));
-	gpu_matmul_backward(be, m->lora_dx, L->dA, NULL, m->lora_du, L->xd, L->A, N, L->in, R);
+	gpu_matmul_backward(be, m->lora_dx, L->dA, NULL, m->lora_du, NULL, L->xd, NULL, L->A, N,
+			    L->in, R);
 	gpu_dropout(be, m->lora_dx, m->lora_dx, m->plan.opts.lora_dropout, dropout_seed(m, l, k),
 		    (size_t)N * L->in);
 	gpu_residual_forward(be, dinp, dinp, m->lora_dx, (size_t)N * L->in);
@@ -660,28 +682,28 @@ static void layer_forward(struct tr_model *m, int l)
 	assert(gpu_attention_flash(be, HS) == m->plan.opts.attention_lse);
 	struct layer_a *a = &m->a[l];
 
-	gpu_rmsnorm_forward(be, a->ln1, a->ln1_rstd, m->res[l], w->ln1, N, C, eps);
+	gpu_rmsnorm_forward(be, a->ln1, a->ln1_16, a->ln1_rstd, m->res[l], w->ln1, N, C, eps);
 	if (c->qk_norm) {
-		linear_forward(m, l, TR_LIN_Q, a->qraw, a->ln1);
-		linear_forward(m, l, TR_LIN_K, a->kraw, a->ln1);
-		gpu_rmsnorm_forward(be, a->q, a->q_rstd, a->qraw, w->qn, N * NH, HS, eps);
-		gpu_rmsnorm_forward(be, a->k, a->k_rstd, a->kraw, w->kn, N * NKV, HS, eps);
+		linear_forward(m, l, TR_LIN_Q, a->qraw, a->ln1, a->ln1_16);
+		linear_forward(m, l, TR_LIN_K, a->kraw, a->ln1, a->ln1_16);
+		gpu_rmsnorm_forward(be, a->q, NULL, a->q_rstd, a->qraw, w->qn, N * NH, HS, eps);
+		gpu_rmsnorm_forward(be, a->k, NULL, a->k_rstd, a->kraw, w->kn, N * NKV, HS, eps);
 	} else {
-		linear_forward(m, l, TR_LIN_Q, a->q, a->ln1);
-		linear_forward(m, l, TR_LIN_K, a->k, a->ln1);
+		linear_forward(m, l, TR_LIN_Q, a->q, a->ln1, a->ln1_16);
+		linear_forward(m, l, TR_LIN_K, a->k, a->ln1, a->ln1_16);
 	}
-	linear_forward(m, l, TR_LIN_V, a->v, a->ln1);
+	linear_forward(m, l, TR_LIN_V, a->v, a->ln1, a->ln1_16);
 	gpu_rope_forward(be, a->q, a->q, m->rope_cos, m->rope_sin, B, T, NH, HS);
 	gpu_rope_forward(be, a->k, a->k, m->rope_cos, m->rope_sin, B, T, NKV, HS);
-	gpu_attention_forward(be, a->y, a->att, a->q, a->k, a->v, B, T, NH, NKV, HS);
-	linear_forward(m, l, TR_LIN_O, m->dln, a->y);
+	gpu_attention_forward(be, a->y, a->y16, a->att, a->q, a->k, a->v, B, T, NH, NKV, HS);
+	linear_forward(m, l, TR_LIN_O, m->dln, a->y, a->y16);
 	gpu_residual_forward(be, a->res_mid, m->res[l], m->dln, (size_t)N * C);
 
-	gpu_rmsnorm_forward(be, a->ln2, a->ln2_rstd, a->res_mid, w->ln2, N, C, eps);
-	linear_forward(m, l, TR_LIN_GATE, a->gate, a->ln2);
-	linear_forward(m, l, TR_LIN_UP, a->up, a->ln2);
-	gpu_swiglu_forward(be, a->h, a->gate, a->up, (size_t)N * I);
-	linear_forward(m, l, TR_LIN_DOWN, m->dln, a->h);
+	gpu_rmsnorm_forward(be, a->ln2, a->ln2_16, a->ln2_rstd, a->res_mid, w->ln2, N, C, eps);
+	linear_forward(m, l, TR_LIN_GATE, a->gate, a->ln2, a->ln2_16);
+	linear_forward(m, l, TR_LIN_UP, a->up, a->ln2, a->ln2_16);
+	gpu_swiglu_forward(be, a->h, a->h16, a->gate, a->up, (size_t)N * I);
+	linear_forward(m, l, TR_LIN_DOWN, m->dln, a->h, a->h16);
 	gpu_residual_forward(be, m->res[l + 1], a->res_mid, m->dln, (size_t)N * C);
 }
 
@@ -728,7 +750,7 @@ static void trunk_forward(struct tr_model *m)
 	gpu_embedding_forward(be, m->res[0], m->ids, m->embed, N, C);
 	for (int l = 0; l < c->num_layers; l++)
 		layer_forward(m, l);
-	gpu_rmsnorm_forward(be, m->lnf_out, m->lnf_rstd, m->res[c->num_layers], m->lnf, N, C,
+	gpu_rmsnorm_forward(be, m->lnf_out, NULL, m->lnf_rstd, m->res[c->num_layers], m->lnf, N, C,
 			    (float)c->rms_norm_eps);
 }
 
@@ -763,8 +785,8 @@ static td_err causal_forward(struct tr_model *m, const int32_t *ids, const int32
 	/* A chunked head (plan.logits_rows < N) computes its logits chunk by
 	 * chunk in tr_model_forward and again in the backward pass. */
 	if (m->plan.logits_rows == N)
-		gpu_matmul_forward(be, m->logits, m->lnf_out, m->lm_head, NULL, N, c->hidden_size,
-				   c->vocab_size);
+		gpu_matmul_forward(be, m->logits, m->lnf_out, NULL, m->lm_head, NULL, N,
+				   c->hidden_size, c->vocab_size);
 	return TD_OK;
 }
 
@@ -773,8 +795,23 @@ static td_err causal_forward(struct tr_model *m, const int32_t *ids, const int32
 static void head_chunk(struct tr_model *m, int r0, int n)
 {
 	const struct tr_model_config *c = &m->plan.cfg;
-	gpu_matmul_forward(m->be, m->logits, m->lnf_out + (size_t)r0 * c->hidden_size, m->lm_head,
-			   NULL, n, c->hidden_size, c->vocab_size);
+	gpu_matmul_forward(m->be, m->logits, m->lnf_out + (size_t)r0 * c->hidden_size, NULL,
+			   m->lm_head, NULL, n, c->hidden_size, c->vocab_size);
+}
+
+/* The causal head's backward over rows [r0, r0 + n), whose logits are in the
+ * logits buffer: the loss gradient (in place over the logits; in the bf16
+ * mode into its bf16 twin only), then dln and the lm_head's gradient.
+ * losses: NULL, or also the forward's losses of those rows. */
+static void head_grad_chunk(struct tr_model *m, int r0, int n, float *losses, float dloss)
+{
+	const struct tr_model_config *c = &m->plan.cfg;
+	const int C = c->hidden_size, V = c->vocab_size;
+	float *dl = m->dlogits16 ? NULL : m->logits;
+	gpu_crossentropy_backward(m->be, losses, dl, m->dlogits16, m->logits, m->targets + r0, dloss,
+				  n, V);
+	gpu_matmul_backward(m->be, m->dln + (size_t)r0 * C, m->dlm_head, NULL, dl, m->dlogits16,
+			    m->lnf_out + (size_t)r0 * C, NULL, m->lm_head, n, C, V);
 }
 
 td_err tr_model_forward(struct tr_model *m, const int32_t *ids, const int32_t *labels,
@@ -800,10 +837,7 @@ td_err tr_model_forward(struct tr_model *m, const int32_t *ids, const int32_t *l
 			gpu_crossentropy_forward(be, m->losses + r0, m->logits, m->targets + r0, n, V);
 			continue;
 		}
-		gpu_crossentropy_backward(be, m->losses + r0, m->logits, m->logits, m->targets + r0,
-					  dloss, n, V);
-		gpu_matmul_backward(be, m->dln + (size_t)r0 * C, m->dlm_head, NULL, m->logits,
-				    m->lnf_out + (size_t)r0 * C, m->lm_head, n, C, V);
+		head_grad_chunk(m, r0, n, m->losses + r0, dloss);
 	}
 	gpu_download(be, m->host_losses, m->losses, (size_t)N * sizeof(float));
 	double sum = 0;
@@ -908,7 +942,7 @@ td_err tr_model_forward_classify(struct tr_model *m, const int32_t *ids, const i
 	trunk_forward(m);
 	/* Pooling is a gather of rows: the embedding op with row indices as ids. */
 	gpu_embedding_forward(be, m->pooled, m->pool_idx, m->lnf_out, B, C);
-	gpu_matmul_forward(be, m->logits, m->pooled, m->score, NULL, B, C, NL);
+	gpu_matmul_forward(be, m->logits, m->pooled, NULL, m->score, NULL, B, C, NL);
 	gpu_crossentropy_forward(be, m->losses, m->logits, m->targets, B, NL);
 	gpu_download(be, m->host_losses, m->losses, (size_t)B * sizeof(float));
 	double sum = 0;
@@ -937,16 +971,17 @@ static void layer_backward(struct tr_model *m, int l)
 	/* dres holds d(res[l+1]); it flows unchanged into d(res_mid) through the
 	 * residual, and the MLP branch adds its part. */
 	gpu_zero(be, m->dh, (size_t)N * I * sizeof(float));
-	linear_backward(m, l, TR_LIN_DOWN, m->dh, m->dres, a->h);
-	gpu_swiglu_backward(be, m->dgate, m->dup, m->dh, a->gate, a->up, (size_t)N * I);
+	linear_backward(m, l, TR_LIN_DOWN, m->dh, m->dres, NULL, a->h, a->h16);
+	gpu_swiglu_backward(be, m->dgate, m->dup, m->dgate16, m->dup16, m->dh, a->gate, a->up,
+			    (size_t)N * I);
 	gpu_zero(be, m->dln, (size_t)N * C * sizeof(float));
-	linear_backward(m, l, TR_LIN_GATE, m->dln, m->dgate, a->ln2);
-	linear_backward(m, l, TR_LIN_UP, m->dln, m->dup, a->ln2);
+	linear_backward(m, l, TR_LIN_GATE, m->dln, m->dgate, m->dgate16, a->ln2, a->ln2_16);
+	linear_backward(m, l, TR_LIN_UP, m->dln, m->dup, m->dup16, a->ln2, a->ln2_16);
 	gpu_rmsnorm_backward(be, m->dres, g->ln2, m->dln, a->res_mid, w->ln2, a->ln2_rstd, N, C);
 
 	/* dres is now d(res_mid); same for the attention branch. */
 	gpu_zero(be, m->dy, (size_t)N * H * sizeof(float));
-	linear_backward(m, l, TR_LIN_O, m->dy, m->dres, a->y);
+	linear_backward(m, l, TR_LIN_O, m->dy, m->dres, NULL, a->y, a->y16);
 	gpu_attention_backward(be, m->dq, m->dk, m->dv, m->datt, m->dy, a->y, a->q, a->k, a->v,
 			       a->att, B, T, NH, NKV, HS);
 	gpu_rope_backward(be, m->dq, m->dq, m->rope_cos, m->rope_sin, B, T, NH, HS);
@@ -961,9 +996,9 @@ static void layer_backward(struct tr_model *m, int l)
 		dkp = m->dkraw;
 	}
 	gpu_zero(be, m->dln, (size_t)N * C * sizeof(float));
-	linear_backward(m, l, TR_LIN_Q, m->dln, dqp, a->ln1);
-	linear_backward(m, l, TR_LIN_K, m->dln, dkp, a->ln1);
-	linear_backward(m, l, TR_LIN_V, m->dln, m->dv, a->ln1);
+	linear_backward(m, l, TR_LIN_Q, m->dln, dqp, NULL, a->ln1, a->ln1_16);
+	linear_backward(m, l, TR_LIN_K, m->dln, dkp, NULL, a->ln1, a->ln1_16);
+	linear_backward(m, l, TR_LIN_V, m->dln, m->dv, NULL, a->ln1, a->ln1_16);
 	gpu_rmsnorm_backward(be, m->dres, g->ln1, m->dln, m->res[l], w->ln1, a->ln1_rstd, N, C);
 }
 
@@ -984,29 +1019,26 @@ static void head_backward(struct tr_model *m, float dloss)
 	const int B = o->B, N = B * o->T, C = c->hidden_size, V = c->vocab_size;
 	switch (m->last_head) {
 	case HEAD_CLASSIFY:
-		gpu_crossentropy_backward(be, NULL, m->logits, m->logits, m->targets, dloss, B,
+		gpu_crossentropy_backward(be, NULL, m->logits, NULL, m->logits, m->targets, dloss, B,
 					  o->num_labels);
 		gpu_zero(be, m->dpooled, (size_t)B * C * sizeof(float));
-		gpu_matmul_backward(be, m->dpooled, m->dscore, NULL, m->logits, m->pooled, m->score, B,
-				    C, o->num_labels);
+		gpu_matmul_backward(be, m->dpooled, m->dscore, NULL, m->logits, NULL, m->pooled, NULL,
+				    m->score, B, C, o->num_labels);
 		/* The gather's transpose: scatter-add the pooled rows' gradient. */
 		gpu_embedding_backward(be, m->dln, m->dpooled, m->pool_idx, B, C);
 		break;
 	case HEAD_DISTILL:
 		gpu_distill_backward(be, m->logits, m->logits, m->teacher_logits, m->targets, dloss,
 				     m->alpha, m->temperature, N, V);
-		gpu_matmul_backward(be, m->dln, m->dlm_head, NULL, m->logits, m->lnf_out, m->lm_head,
-				    N, C, V);
+		gpu_matmul_backward(be, m->dln, m->dlm_head, NULL, m->logits, NULL, m->lnf_out, NULL,
+				    m->lm_head, N, C, V);
 		break;
 	case HEAD_CAUSAL:
 		for (int r0 = 0, R = m->plan.logits_rows; r0 < N; r0 += R) {
 			int n = N - r0 < R ? N - r0 : R;
 			if (R != N)
 				head_chunk(m, r0, n); /* recomputed: the forward kept only losses */
-			gpu_crossentropy_backward(be, NULL, m->logits, m->logits, m->targets + r0, dloss,
-						  n, V);
-			gpu_matmul_backward(be, m->dln + (size_t)r0 * C, m->dlm_head, NULL, m->logits,
-					    m->lnf_out + (size_t)r0 * C, m->lm_head, n, C, V);
+			head_grad_chunk(m, r0, n, NULL, dloss);
 		}
 		break;
 	}

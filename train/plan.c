@@ -402,6 +402,12 @@ td_err tr_plan_build(struct tr_plan *p, const struct tr_model_config *cfg,
 		NAMED("acts.res.%d", l); /* residual stream entering layer l (l = L: leaving the last) */
 		BUF(TR_ARENA_ACTS, f32_bytes(N, C, 1));
 	}
+	/* bf16 GEMMs (gemm_bf16): the products' inputs kept as bf16 twins
+	 * (gpu/backend.h), written by the ops that make them; the norms' outputs
+	 * and the MLP's hidden are then kept only as bf16, unless LoRA dropout
+	 * needs them in fp32. */
+	const bool twins = o->gemm_bf16;
+	const bool keep32 = !twins || (R && o->lora_dropout > 0.0f);
 	/* Forward only, nothing is kept for a backward pass: every layer reuses
 	 * layer 0's buffers (train/model.c binds them so). */
 	for (int l = 0; l < (train ? cfg->num_layers : 1); l++) {
@@ -410,7 +416,8 @@ td_err tr_plan_build(struct tr_plan *p, const struct tr_model_config *cfg,
 			size_t bytes;
 			bool on;
 		} acts[] = {
-			{"ln1", f32_bytes(N, C, 1), true},
+			{"ln1", f32_bytes(N, C, 1), keep32},
+			{"ln1_16", f32_bytes(N, C, 1) / 2, twins},
 			{"ln1_rstd", f32_bytes(N, 1, 1), true},
 			{"qraw", f32_bytes(N, H, 1), cfg->qk_norm},
 			{"q_rstd", f32_bytes(N, NH, 1), cfg->qk_norm},
@@ -421,12 +428,15 @@ td_err tr_plan_build(struct tr_plan *p, const struct tr_model_config *cfg,
 			{"v", f32_bytes(N, KV, 1), true},
 			{"att", o->attention_lse ? f32_bytes(B * NH, T, 1) : f32_bytes(B * NH, T, T), true},
 			{"y", f32_bytes(N, H, 1), true},
+			{"y16", f32_bytes(N, H, 1) / 2, twins},
 			{"res_mid", f32_bytes(N, C, 1), true},
-			{"ln2", f32_bytes(N, C, 1), true},
+			{"ln2", f32_bytes(N, C, 1), keep32},
+			{"ln2_16", f32_bytes(N, C, 1) / 2, twins},
 			{"ln2_rstd", f32_bytes(N, 1, 1), true},
 			{"gate", f32_bytes(N, I, 1), true},
 			{"up", f32_bytes(N, I, 1), true},
-			{"h", f32_bytes(N, I, 1), true},
+			{"h", f32_bytes(N, I, 1), keep32},
+			{"h16", f32_bytes(N, I, 1) / 2, twins},
 		};
 		for (size_t i = 0; i < sizeof(acts) / sizeof(acts[0]); i++) {
 			if (!acts[i].on)
@@ -511,8 +521,13 @@ td_err tr_plan_build(struct tr_plan *p, const struct tr_model_config *cfg,
 				  : f32_bytes(B * NH, T, T),
 		 train},
 		{"dh", f32_bytes(N, I, 1), train},
-		{"dgate", f32_bytes(N, I, 1), train},
-		{"dup", f32_bytes(N, I, 1), train},
+		{"dgate", f32_bytes(N, I, 1), train && !o->gemm_bf16},
+		{"dup", f32_bytes(N, I, 1), train && !o->gemm_bf16},
+		{"dgate16", f32_bytes(N, I, 1) / 2, train && o->gemm_bf16},
+		{"dup16", f32_bytes(N, I, 1) / 2, train && o->gemm_bf16},
+		/* the causal head's loss gradient, bf16 only in the bf16 mode */
+		{"dlogits16", f32_bytes((size_t)p->logits_rows, V, 1) / 2,
+		 train && o->gemm_bf16 && !classify && !o->distill},
 		{"dpooled", f32_bytes(B, C, 1), train && classify},
 		/* an NF4 weight dequantized for one use (and its absmax values) */
 		{"deq", f32_bytes(p->nf4_max_numel, 1, 1), p->nf4_numel > 0},

@@ -159,18 +159,22 @@ static void colsum_finish(struct cu_backend *cb, float *out, const struct colsum
 }
 
 static void sgemm_(struct cu_backend *cb, const char *what, cublasOperation_t ta,
-		   cublasOperation_t tb, int m, int n, int k, float alpha, const float *A, int lda,
-		   const float *B, int ldb, float beta, float *C, int ldc);
+		   cublasOperation_t tb, int m, int n, int k, float alpha, const float *A,
+		   const gpu_bf16 *A16, int lda, const float *B, const gpu_bf16 *B16, int ldb,
+		   float beta, float *C, int ldc);
 
-/* Column-major SGEMM on the backend's handle, C = alpha op(A) op(B) + beta C
+/* Column-major GEMM on the backend's handle, C = alpha op(A) op(B) + beta C
  * with C (m, n). beta == 0 never reads C (cuBLAS's contract), so an
- * overwritten output may hold anything, NaN included. */
+ * overwritten output may hold anything, NaN included. A16, B16: bf16 twins
+ * of A, B (gpu/backend.h), or NULL; used in the bf16 mode, where A (B) may be
+ * NULL if its twin is not. */
 static void sgemm(struct cu_backend *cb, const char *what, cublasOperation_t ta,
-		  cublasOperation_t tb, int m, int n, int k, float alpha, const float *A, int lda,
-		  const float *B, int ldb, float beta, float *C, int ldc)
+		  cublasOperation_t tb, int m, int n, int k, float alpha, const float *A,
+		  const gpu_bf16 *A16, int lda, const float *B, const gpu_bf16 *B16, int ldb,
+		  float beta, float *C, int ldc)
 {
 	cu_prof_begin(cb);
-	sgemm_(cb, what, ta, tb, m, n, k, alpha, A, lda, B, ldb, beta, C, ldc);
+	sgemm_(cb, what, ta, tb, m, n, k, alpha, A, A16, lda, B, B16, ldb, beta, C, ldc);
 	cu_prof_end(cb, "%s %dx%dx%d", what, m, n, k);
 }
 
@@ -228,24 +232,30 @@ static void gemm16(struct cu_backend *cb, const char *what, cublasOperation_t ta
 }
 
 static void sgemm_(struct cu_backend *cb, const char *what, cublasOperation_t ta,
-		   cublasOperation_t tb, int m, int n, int k, float alpha, const float *A, int lda,
-		   const float *B, int ldb, float beta, float *C, int ldc)
+		   cublasOperation_t tb, int m, int n, int k, float alpha, const float *A,
+		   const gpu_bf16 *A16, int lda, const float *B, const gpu_bf16 *B16, int ldb,
+		   float beta, float *C, int ldc)
 {
 	if (cb->fp32_strict) {
+		assert(A && B);
 		cu_check_blas(cb, cublasSgemm(cb->blas, ta, tb, m, n, k, &alpha, A, lda, B, ldb, &beta,
 					      C, ldc),
 			      what);
 		return;
 	}
-	/* bf16 operands (bf16_operand), then a bf16 x bf16 -> fp32 GEMM.
-	 * Measured faster than FAST_16BF on fp32 operands (H200, Qwen2-0.5B
-	 * step 167 -> 149 ms). */
+	/* bf16 operands (a twin, else bf16_operand), then a bf16 x bf16 ->
+	 * fp32 GEMM. Measured faster than FAST_16BF on fp32 operands (H200,
+	 * Qwen2-0.5B step 167 -> 149 ms). */
 	size_t na = operand_elems(ta, lda, m, k), nb = operand_elems(tb, ldb, k, n);
 	if (scratch_fits(cb, na, nb)) {
 		uint16_t *slot = cb->base.gemm_scratch;
-		const uint16_t *a16 = bf16_operand(cb, A, na, slot);
-		const uint16_t *b16 = bf16_operand(cb, B, nb, slot + second_slot(na));
+		const uint16_t *a16 = A16 ? A16 : bf16_operand(cb, A, na, slot);
+		const uint16_t *b16 = B16 ? B16 : bf16_operand(cb, B, nb, slot + second_slot(na));
 		gemm16(cb, what, ta, tb, m, n, k, alpha, a16, lda, b16, ldb, beta, C, ldc);
+		return;
+	}
+	if (!A || !B) { /* a twin alone needs the scratch for the other operand */
+		cu_check(cb, CUDA_ERROR_INVALID_VALUE, "GEMM: a bf16 twin without room in gemm_scratch");
 		return;
 	}
 	/* bf16 compute: fp32 operands rounded to bf16 on the way into the tensor
@@ -318,10 +328,10 @@ static void cu_embedding_backward(struct gpu_backend *be, float *dwte, const flo
 
 /* ---------------------------------------------------------------- rmsnorm -- */
 
-static void cu_rmsnorm_forward(struct gpu_backend *be, float *out, float *rstd, const float *inp,
-			       const float *weight, int N, int C, float eps)
+static void cu_rmsnorm_forward(struct gpu_backend *be, float *out, gpu_bf16 *out16, float *rstd,
+			       const float *inp, const float *weight, int N, int C, float eps)
 {
-	void *args[] = {&out, &rstd, &inp, &weight, &N, &C, &eps};
+	void *args[] = {&out, &out16, &rstd, &inp, &weight, &N, &C, &eps};
 	launch_rows(cu_of(be), CU_K_rmsnorm_forward_f32, N, row_threads(C), args);
 }
 
@@ -348,14 +358,15 @@ static void cu_rmsnorm_backward(struct gpu_backend *be, float *dinp, float *dwei
 /* ----------------------------------------------------------------- matmul -- */
 
 static void cu_matmul_forward(struct gpu_backend *be, float *out, const float *inp,
-			      const float *weight, const float *bias, int N, int C, int OC)
+			      const gpu_bf16 *inp16, const float *weight, const float *bias, int N,
+			      int C, int OC)
 {
 	struct cu_backend *cb = cu_of(be);
 	if (N <= 0 || OC <= 0)
 		return;
 	if (C > 0)
-		sgemm(cb, "matmul_forward: cublasSgemm", OP_T, OP_N, OC, N, C, 1.0f, weight, C, inp,
-		      C, 0.0f, out, OC);
+		sgemm(cb, "matmul_forward: cublasSgemm", OP_T, OP_N, OC, N, C, 1.0f, weight, NULL, C,
+		      inp, inp16, C, 0.0f, out, OC);
 	else
 		be->ops->zero(be, out, sizeof(float) * (size_t)N * (size_t)OC);
 	if (bias) {
@@ -366,10 +377,10 @@ static void cu_matmul_forward(struct gpu_backend *be, float *out, const float *i
 
 /* dinp (N,C) += dout (N,OC) W (OC,C): column-major dinp^T = W^T dout^T.
  * dweight (OC,C) += dout^T inp: column-major dweight^T = inp^T dout.
- * dbias (OC) += the column sums of dout. */
+ * dbias (OC) += the column sums of dout (fp32 dout required). */
 static void cu_matmul_backward(struct gpu_backend *be, float *dinp, float *dweight, float *dbias,
-			       const float *dout, const float *inp, const float *weight, int N,
-			       int C, int OC)
+			       const float *dout, const gpu_bf16 *dout16, const float *inp,
+			       const gpu_bf16 *inp16, const float *weight, int N, int C, int OC)
 {
 	struct cu_backend *cb = cu_of(be);
 	if (N <= 0 || OC <= 0)
@@ -377,28 +388,32 @@ static void cu_matmul_backward(struct gpu_backend *be, float *dinp, float *dweig
 	size_t nd = (size_t)N * OC, nw = (size_t)OC * C, nx = (size_t)N * C;
 	if (dinp && dweight && C > 0 && !cb->fp32_strict &&
 	    scratch_fits(cb, nw > nx ? nw : nx, nd)) {
-		/* bf16: dout, the second operand of both products, rounded once. */
+		/* bf16: dout, the second operand of both products, rounded once
+		 * (or its twin). */
 		uint16_t *slot = cb->base.gemm_scratch;
 		cu_prof_begin(cb);
-		const uint16_t *d16 = bf16_operand(cb, dout, nd, slot + second_slot(nw > nx ? nw : nx));
+		const uint16_t *d16 =
+			dout16 ? dout16
+			       : bf16_operand(cb, dout, nd, slot + second_slot(nw > nx ? nw : nx));
 		const uint16_t *w16 = bf16_operand(cb, weight, nw, slot);
 		gemm16(cb, "matmul_backward (dinp): cublasGemmEx", OP_N, OP_N, C, N, OC, 1.0f, w16, C,
 		       d16, OC, 1.0f, dinp, C);
 		cu_prof_end(cb, "matmul_backward (dinp): cublasGemmEx %dx%dx%d", C, N, OC);
 		cu_prof_begin(cb);
-		const uint16_t *x16 = bf16_operand(cb, inp, nx, slot);
+		const uint16_t *x16 = inp16 ? inp16 : bf16_operand(cb, inp, nx, slot);
 		gemm16(cb, "matmul_backward (dweight): cublasGemmEx", OP_N, OP_T, C, OC, N, 1.0f, x16,
 		       C, d16, OC, 1.0f, dweight, C);
 		cu_prof_end(cb, "matmul_backward (dweight): cublasGemmEx %dx%dx%d", C, OC, N);
 	} else {
 		if (dinp && C > 0)
 			sgemm(cb, "matmul_backward (dinp): cublasSgemm", OP_N, OP_N, C, N, OC, 1.0f,
-			      weight, C, dout, OC, 1.0f, dinp, C);
+			      weight, NULL, C, dout, dout16, OC, 1.0f, dinp, C);
 		if (dweight && C > 0)
 			sgemm(cb, "matmul_backward (dweight): cublasSgemm", OP_N, OP_T, C, OC, N, 1.0f,
-			      inp, C, dout, OC, 1.0f, dweight, C);
+			      inp, inp16, C, dout, dout16, OC, 1.0f, dweight, C);
 	}
 	if (dbias) {
+		assert(dout);
 		struct colsum_plan p = plan_colsum(cb, N, OC);
 		int direct = p.parts == 1;
 		float *dst = direct ? dbias : p.partial;
@@ -576,9 +591,9 @@ static void flash_cast_qkv(struct cu_backend *cb, const struct flash_copies *fc,
 	launch_cast(cb, fc->v, v, n * NKV);
 }
 
-static void cu_attention_forward(struct gpu_backend *be, float *out, float *att, const float *q,
-				 const float *k, const float *v, int B, int T, int NH, int NKV,
-				 int HS)
+static void cu_attention_forward(struct gpu_backend *be, float *out, gpu_bf16 *out16, float *att,
+				 const float *q, const float *k, const float *v, int B, int T, int NH,
+				 int NKV, int HS)
 {
 	struct cu_backend *cb = cu_of(be);
 	assert(NKV > 0 && NH % NKV == 0);
@@ -592,7 +607,7 @@ static void cu_attention_forward(struct gpu_backend *be, float *out, float *att,
 		flash_cast_qkv(cb, &fc, q, k, v, B, T, NH, NKV, HS);
 		enum cu_kernel f, d1, d2;
 		flash_kernels(HS, &f, &d1, &d2);
-		void *args[] = {&out, &att, &fc.q, &fc.k, &fc.v, &T, &NH, &NKV};
+		void *args[] = {&out, &out16, &att, &fc.q, &fc.k, &fc.v, &T, &NH, &NKV};
 		cu_launch(cb, f, (struct cu_dim){cu_blocks((size_t)T, FLASH_TILE), (unsigned)NH, (unsigned)B},
 			  dim1(FLASH_THREADS), flash_smem_bytes(FLASH_FWD, HS), args);
 		return;
@@ -617,6 +632,8 @@ static void cu_attention_forward(struct gpu_backend *be, float *out, float *att,
 			      att + (size_t)h * T * T, T, a.sa, 0.0f, out + (size_t)h * HS, a.ldq,
 			      a.sq, B);
 	}
+	if (out16)
+		launch_cast(cb, out16, out, (size_t)B * T * NH * HS);
 }
 
 /* dP = dout V^T ; dS = P (dP - rowsum(dP P)) ; dq = scale dS K ;
@@ -699,17 +716,18 @@ static void cu_attention_backward(struct gpu_backend *be, float *dq, float *dk, 
 
 /* ------------------------------------------------------------ elementwise -- */
 
-static void cu_swiglu_forward(struct gpu_backend *be, float *out, const float *gate,
-			      const float *up, size_t n)
+static void cu_swiglu_forward(struct gpu_backend *be, float *out, gpu_bf16 *out16,
+			      const float *gate, const float *up, size_t n)
 {
-	void *args[] = {&out, &gate, &up, &n};
+	void *args[] = {&out, &out16, &gate, &up, &n};
 	launch_n4(cu_of(be), CU_K_swiglu_forward_f32, n, args);
 }
 
-static void cu_swiglu_backward(struct gpu_backend *be, float *dgate, float *dup, const float *dout,
+static void cu_swiglu_backward(struct gpu_backend *be, float *dgate, float *dup,
+			       gpu_bf16 *dgate16, gpu_bf16 *dup16, const float *dout,
 			       const float *gate, const float *up, size_t n)
 {
-	void *args[] = {&dgate, &dup, &dout, &gate, &up, &n};
+	void *args[] = {&dgate, &dup, &dgate16, &dup16, &dout, &gate, &up, &n};
 	launch_n4(cu_of(be), CU_K_swiglu_backward_f32, n, args);
 }
 
@@ -735,10 +753,10 @@ static void cu_crossentropy_forward(struct gpu_backend *be, float *losses, const
 }
 
 static void cu_crossentropy_backward(struct gpu_backend *be, float *losses, float *dlogits,
-				     const float *logits, const int32_t *targets, float dloss,
-				     int N, int V)
+				     gpu_bf16 *dlogits16, const float *logits,
+				     const int32_t *targets, float dloss, int N, int V)
 {
-	void *args[] = {&losses, &dlogits, &logits, &targets, &dloss, &N, &V};
+	void *args[] = {&losses, &dlogits, &dlogits16, &logits, &targets, &dloss, &N, &V};
 	launch_rows(cu_of(be), CU_K_crossentropy_backward_f32, N, vocab_threads(V), args);
 }
 

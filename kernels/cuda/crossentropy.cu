@@ -16,6 +16,8 @@
  * op asserts on) gives NaN, which the engine's loss check reports. */
 #include "common.cuh"
 
+#include <cuda_bf16.h>
+
 /* The row's (max, sum of exp) over the block. Rows whose start is 16-byte
  * aligned (V a multiple of 4) are read four floats a load, two loads in
  * flight: a row pass is bound by how many bytes each thread has outstanding.
@@ -81,19 +83,29 @@ static __device__ __forceinline__ float ce_grad(float x, float m, float inv, flo
 /* dlogits[n] = dloss * (softmax(logits[n]) - onehot(targets[n])), 0 where
  * -100. Overwrite; dlogits may alias logits. losses: NULL, or also the
  * forward's losses (the target's logit is read before the row's barrier, so
- * before any thread overwrites it in place). */
+ * before any thread overwrites it in place). dlogits16: the gradient's bf16
+ * twin, or NULL; dlogits may be NULL when it is not. */
+static __device__ __forceinline__ void ce_put(float *d, __nv_bfloat16 *d16, size_t i, float v)
+{
+	if (d)
+		d[i] = v;
+	if (d16)
+		d16[i] = __float2bfloat16_rn(v);
+}
+
 extern "C" __global__ void crossentropy_backward_f32(float *losses, float *dlogits,
-						     const float *logits, const int32_t *targets,
-						     float dloss, int N, int V)
+						     __nv_bfloat16 *dlogits16, const float *logits,
+						     const int32_t *targets, float dloss, int N, int V)
 {
 	for (int n = blockIdx.x; n < N; n += gridDim.x) {
 		const int32_t tgt = targets[n];
-		float *d = dlogits + (size_t)n * V;
+		float *d = dlogits ? dlogits + (size_t)n * V : NULL;
+		__nv_bfloat16 *d16 = dlogits16 ? dlogits16 + (size_t)n * V : NULL;
 		if (tgt == -100) { /* block-uniform */
 			if (losses && threadIdx.x == 0)
 				losses[n] = 0.0f;
 			for (int i = threadIdx.x; i < V; i += blockDim.x)
-				d[i] = 0.0f;
+				ce_put(d, d16, i, 0.0f);
 			continue;
 		}
 		const float *x = logits + (size_t)n * V;
@@ -106,20 +118,29 @@ extern "C" __global__ void crossentropy_backward_f32(float *losses, float *dlogi
 			losses[n] = ok ? (float)((double)m + log(s) - (double)xt) : NAN;
 		const float inv = ok ? (float)(1.0 / s) : NAN;
 		int i = threadIdx.x;
-		if ((((uintptr_t)x | (uintptr_t)d) & 15) == 0) {
+		if ((((uintptr_t)x | (uintptr_t)d | (uintptr_t)d16) & 15) == 0) {
 			const float4 *x4 = reinterpret_cast<const float4 *>(x);
-			float4 *d4 = reinterpret_cast<float4 *>(d);
 			for (; i < V / 4; i += blockDim.x) {
 				const float4 a = x4[i];
 				const int j = 4 * i;
-				d4[i] = make_float4(ce_grad(a.x, m, inv, dloss, j, tgt),
-						    ce_grad(a.y, m, inv, dloss, j + 1, tgt),
-						    ce_grad(a.z, m, inv, dloss, j + 2, tgt),
-						    ce_grad(a.w, m, inv, dloss, j + 3, tgt));
+				const float4 g = make_float4(ce_grad(a.x, m, inv, dloss, j, tgt),
+							     ce_grad(a.y, m, inv, dloss, j + 1, tgt),
+							     ce_grad(a.z, m, inv, dloss, j + 2, tgt),
+							     ce_grad(a.w, m, inv, dloss, j + 3, tgt));
+				if (d)
+					reinterpret_cast<float4 *>(d)[i] = g;
+				if (d16) {
+					__nv_bfloat162 lo = __floats2bfloat162_rn(g.x, g.y);
+					__nv_bfloat162 hi = __floats2bfloat162_rn(g.z, g.w);
+					uint2 u;
+					u.x = *reinterpret_cast<uint32_t *>(&lo);
+					u.y = *reinterpret_cast<uint32_t *>(&hi);
+					reinterpret_cast<uint2 *>(d16)[i] = u;
+				}
 			}
 			i = V / 4 * 4 + threadIdx.x;
 		}
 		for (; i < V; i += blockDim.x)
-			d[i] = ce_grad(x[i], m, inv, dloss, i, tgt);
+			ce_put(d, d16, i, ce_grad(x[i], m, inv, dloss, i, tgt));
 	}
 }

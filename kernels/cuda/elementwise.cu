@@ -9,9 +9,13 @@
  * Key: n values. */
 #include "common.cuh"
 
+#include <cuda_bf16.h>
+
 /* Vector access: four floats at a time where every pointer of the op is
  * 16-byte aligned (the plan's buffers are; a view into one may not be), the
  * rest one at a time. Each element's arithmetic is the same either way. */
+/* NULL counts as aligned (an output not written). bf16 twins hold half the
+ * bytes, so a 16-byte aligned fp32 index i is an 8-byte aligned bf16 one. */
 static __device__ __forceinline__ bool cu_al16(const void *p)
 {
 	return ((uintptr_t)p & 15) == 0;
@@ -56,22 +60,45 @@ static __device__ __forceinline__ float cu_swiglu(float x, float u)
 	return __fmul_rn(__fdiv_rn(x, __fadd_rn(1.0f, expf(-x))), u);
 }
 
-extern "C" __global__ void swiglu_forward_f32(float *out, const float *gate, const float *up,
-					      size_t n)
+/* out16, dgate16, dup16: bf16 twins, or NULL; an fp32 output may be NULL
+ * when its twin is not. */
+static __device__ __forceinline__ void cu_put(float *p, __nv_bfloat16 *p16, size_t i, float v)
+{
+	if (p)
+		p[i] = v;
+	if (p16)
+		p16[i] = __float2bfloat16_rn(v);
+}
+
+static __device__ __forceinline__ void cu_put4(float *p, __nv_bfloat16 *p16, size_t i, float4 v)
+{
+	if (p)
+		cu_st4(p, i, v);
+	if (p16) {
+		__nv_bfloat162 lo = __floats2bfloat162_rn(v.x, v.y), hi = __floats2bfloat162_rn(v.z, v.w);
+		uint2 u;
+		u.x = *reinterpret_cast<uint32_t *>(&lo);
+		u.y = *reinterpret_cast<uint32_t *>(&hi);
+		reinterpret_cast<uint2 *>(p16)[i] = u;
+	}
+}
+
+extern "C" __global__ void swiglu_forward_f32(float *out, __nv_bfloat16 *out16, const float *gate,
+					      const float *up, size_t n)
 {
 	size_t done = 0;
-	if (cu_al16(out) && cu_al16(gate) && cu_al16(up)) {
+	if (cu_al16(out) && cu_al16(out16) && cu_al16(gate) && cu_al16(up)) {
 		CU_GRID_STRIDE(i, 0, n / 4)
 		{
 			const float4 x = cu_ld4(gate, i), u = cu_ld4(up, i);
-			cu_st4(out, i,
-			       make_float4(cu_swiglu(x.x, u.x), cu_swiglu(x.y, u.y),
-					   cu_swiglu(x.z, u.z), cu_swiglu(x.w, u.w)));
+			cu_put4(out, out16, i,
+				make_float4(cu_swiglu(x.x, u.x), cu_swiglu(x.y, u.y),
+					    cu_swiglu(x.z, u.z), cu_swiglu(x.w, u.w)));
 		}
 		done = n / 4 * 4;
 	}
 	CU_GRID_STRIDE(i, done, n)
-	out[i] = cu_swiglu(gate[i], up[i]);
+	cu_put(out, out16, i, cu_swiglu(gate[i], up[i]));
 }
 
 /* dup = dout * silu(gate) ; dgate = dout * up * sig * (1 + x * (1 - sig)).
@@ -85,11 +112,13 @@ static __device__ __forceinline__ void cu_swiglu_grad(float x, float u, float d,
 	dgate = __fmul_rn(__fmul_rn(d, u), dsilu);
 }
 
-extern "C" __global__ void swiglu_backward_f32(float *dgate, float *dup, const float *dout,
+extern "C" __global__ void swiglu_backward_f32(float *dgate, float *dup, __nv_bfloat16 *dgate16,
+					       __nv_bfloat16 *dup16, const float *dout,
 					       const float *gate, const float *up, size_t n)
 {
 	size_t done = 0;
-	if (cu_al16(dgate) && cu_al16(dup) && cu_al16(dout) && cu_al16(gate) && cu_al16(up)) {
+	if (cu_al16(dgate) && cu_al16(dup) && cu_al16(dgate16) && cu_al16(dup16) && cu_al16(dout) &&
+	    cu_al16(gate) && cu_al16(up)) {
 		CU_GRID_STRIDE(i, 0, n / 4)
 		{
 			const float4 x = cu_ld4(gate, i), u = cu_ld4(up, i), d = cu_ld4(dout, i);
@@ -98,20 +127,24 @@ extern "C" __global__ void swiglu_backward_f32(float *dgate, float *dup, const f
 			cu_swiglu_grad(x.y, u.y, d.y, g.y, p.y);
 			cu_swiglu_grad(x.z, u.z, d.z, g.z, p.z);
 			cu_swiglu_grad(x.w, u.w, d.w, g.w, p.w);
-			cu_st4(dgate, i, g);
-			cu_st4(dup, i, p);
+			cu_put4(dgate, dgate16, i, g);
+			cu_put4(dup, dup16, i, p);
 		}
 		done = n / 4 * 4;
 	}
 	CU_GRID_STRIDE(i, done, n)
-	cu_swiglu_grad(gate[i], up[i], dout[i], dgate[i], dup[i]);
+	{
+		float g, p;
+		cu_swiglu_grad(gate[i], up[i], dout[i], g, p);
+		cu_put(dgate, dgate16, i, g);
+		cu_put(dup, dup16, i, p);
+	}
 }
 
 /* out[i] = in[i] rounded to bf16 (nearest even): a GEMM operand for the
  * tensor cores in the bf16 mode. Four values per thread step (a 16-byte load,
  * an 8-byte store) where in and out are aligned for it; the launcher sizes
  * the grid for n / 4. */
-#include <cuda_bf16.h>
 extern "C" __global__ void cast_bf16_f32(__nv_bfloat16 *out, const float *in, size_t n)
 {
 	const size_t stride = (size_t)gridDim.x * blockDim.x;

@@ -1,9 +1,10 @@
 /* Causal attention fused flash-style (FlashAttention-2's algorithm), for the
  * bf16 compute mode: the (T,T) scores and probabilities never reach memory.
  * q, k, v and dout come in as bf16 copies (the launcher rounds the engine's
- * fp32 into its scratch; flash_rowdot writes dout's), out, the statistics
- * and the gradients go out fp32; the products run on the tensor cores as
- * bf16 mma.sync m16n8k16 with fp32 accumulation, the softmax in fp32. The
+ * fp32 into its scratch; flash_rowdot writes dout's), out (and optionally
+ * its bf16 twin), the statistics and the gradients go out fp32; the
+ * products run on the tensor cores as bf16 mma.sync m16n8k16 with fp32
+ * accumulation, the softmax in fp32. The
  * fp32 mode keeps the exact path of attention.cu + cuBLAS.
  *
  * Forward: one block per (64 queries, head, batch), a warp per 16 queries,
@@ -259,8 +260,26 @@ static __device__ __forceinline__ void fa_store(float *dst, int ld, const float 
 	}
 }
 
+/* fa_store's rows as bf16 (a bf16 twin of the output), unscaled. */
 template <int D>
-static __device__ __forceinline__ void flash_fwd(float *out, float *lse, const fa_bf16 *q,
+static __device__ __forceinline__ void fa_store16(fa_bf16 *dst, int ld, const float acc[D / 8][4],
+						  int r0, int T, int t)
+{
+#pragma unroll
+	for (int d = 0; d < D / 8; d++) {
+		const int c = d * 8 + 2 * t;
+		if (r0 < T)
+			*reinterpret_cast<uint32_t *>(dst + (size_t)r0 * ld + c) =
+				fa_pack(acc[d][0], acc[d][1]);
+		if (r0 + 8 < T)
+			*reinterpret_cast<uint32_t *>(dst + (size_t)(r0 + 8) * ld + c) =
+				fa_pack(acc[d][2], acc[d][3]);
+	}
+}
+
+template <int D>
+static __device__ __forceinline__ void flash_fwd(float *out, fa_bf16 *out16, float *lse,
+						 const fa_bf16 *q,
 						 const fa_bf16 *k, const fa_bf16 *v, int T, int NH,
 						 int NKV)
 {
@@ -362,6 +381,8 @@ static __device__ __forceinline__ void flash_fwd(float *out, float *lse, const f
 		o[d][2] *= i1, o[d][3] *= i1;
 	}
 	fa_store<D>(out + (size_t)b * T * ldq + h * D, ldq, o, 1.f, row0, T, t);
+	if (out16)
+		fa_store16<D>(out16 + (size_t)b * T * ldq + h * D, ldq, o, row0, T, t);
 	if (t == 0) {
 		float *lb = lse + ((size_t)b * NH + h) * T;
 		if (row0 < T)
@@ -627,10 +648,10 @@ static __device__ __forceinline__ void flash_bwd_dq(float *dq, const fa_bf16 *do
  * flash_smem_bytes (gpu/cuda/cuda_ops.c) of dynamic shared memory. */
 #define FA_KERNELS(D)                                                                         \
 	extern "C" __global__ void __launch_bounds__(FA_THREADS)                              \
-		flash_fwd_d##D(float *out, float *lse, const fa_bf16 *q, const fa_bf16 *k,    \
-			       const fa_bf16 *v, int T, int NH, int NKV)                      \
+		flash_fwd_d##D(float *out, fa_bf16 *out16, float *lse, const fa_bf16 *q,      \
+			       const fa_bf16 *k, const fa_bf16 *v, int T, int NH, int NKV)    \
 	{                                                                                     \
-		flash_fwd<D>(out, lse, q, k, v, T, NH, NKV);                                  \
+		flash_fwd<D>(out, out16, lse, q, k, v, T, NH, NKV);                           \
 	}                                                                                     \
 	extern "C" __global__ void __launch_bounds__(FA_THREADS)                              \
 		flash_bwd_dkdv_d##D(float *dk, float *dv, const fa_bf16 *dout,                \

@@ -15,24 +15,32 @@
  * Key: N rows, C channels. */
 #include "common.cuh"
 
+#include <cuda_bf16.h>
+
 /* rstd[n] = 1/sqrt(mean(inp[n]^2) + eps); out = weight * (inp * rstd).
  * out (N,C), rstd (N) overwrite; out may not alias inp. Rounding as the CPU
  * op: x*r rounded before the multiply by weight (the _rn intrinsics keep
- * nvcc from contracting or approximating). */
-extern "C" __global__ void rmsnorm_forward_f32(float *out, float *rstd, const float *inp,
-					       const float *weight, int N, int C, float eps)
+ * nvcc from contracting or approximating). out16: out's bf16 twin, or NULL;
+ * out may be NULL when it is not. */
+extern "C" __global__ void rmsnorm_forward_f32(float *out, __nv_bfloat16 *out16, float *rstd,
+					       const float *inp, const float *weight, int N, int C,
+					       float eps)
 {
 	for (int n = blockIdx.x; n < N; n += gridDim.x) {
 		const float *x = inp + (size_t)n * C;
-		float *o = out + (size_t)n * C;
 		float ss = 0.0f;
 		for (int c = threadIdx.x; c < C; c += blockDim.x)
 			ss += x[c] * x[c];
 		ss = cu_block_sum(ss);
 		float var = __fdiv_rn(ss, (float)C);
 		float r = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(var, eps)));
-		for (int c = threadIdx.x; c < C; c += blockDim.x)
-			o[c] = __fmul_rn(weight[c], __fmul_rn(x[c], r));
+		for (int c = threadIdx.x; c < C; c += blockDim.x) {
+			const float y = __fmul_rn(weight[c], __fmul_rn(x[c], r));
+			if (out)
+				out[(size_t)n * C + c] = y;
+			if (out16)
+				out16[(size_t)n * C + c] = __float2bfloat16_rn(y);
+		}
 		if (threadIdx.x == 0)
 			rstd[n] = r;
 	}

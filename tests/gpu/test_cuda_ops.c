@@ -335,7 +335,7 @@ static void test_rmsnorm(void)
 		rmsnorm_forward(out, rstd, inp, weight, N, C, eps);
 		float *d_inp = dputf(inp, nx), *d_weight = dputf(weight, (size_t)C);
 		float *d_out = dnan(nx), *d_rstd = dnan((size_t)N);
-		gpu_rmsnorm_forward(be, d_out, d_rstd, d_inp, d_weight, N, C, eps);
+		gpu_rmsnorm_forward(be, d_out, NULL, d_rstd, d_inp, d_weight, N, C, eps);
 		expect_close("out", hget(d_out, nx), out, nx, FWD_ATOL, FWD_RTOL);
 		expect_close("rstd", hget(d_rstd, (size_t)N), rstd, (size_t)N, FWD_ATOL, FWD_RTOL);
 
@@ -386,7 +386,7 @@ static void test_matmul(void)
 			float *out = fvec(nout);
 			matmul_forward(out, inp, weight, with_bias ? bias : NULL, N, C, OC);
 			float *d_out = dnan(nout);
-			gpu_matmul_forward(be, d_out, d_inp, d_weight, with_bias ? d_bias : NULL, N, C,
+			gpu_matmul_forward(be, d_out, d_inp, NULL, d_weight, with_bias ? d_bias : NULL, N, C,
 					   OC);
 			expect_red(with_bias ? "out (bias)" : "out", hget(d_out, nout), out, nout, C);
 		}
@@ -406,7 +406,7 @@ static void test_matmul(void)
 			float *d_dinp = dputf(dinp0, nin), *d_dw = dputf(dw0, nw);
 			float *d_db = dputf(db0, (size_t)OC);
 			gpu_matmul_backward(be, want_in ? d_dinp : NULL, want_w ? d_dw : NULL,
-					    want_b ? d_db : NULL, d_dout, d_inp, d_weight, N, C, OC);
+					    want_b ? d_db : NULL, d_dout, NULL, d_inp, NULL, d_weight, N, C, OC);
 			/* A NULL output is left alone: it still equals its start. */
 			char what[64];
 			snprintf(what, sizeof(what), "dinp (mask %d)", mask);
@@ -480,14 +480,14 @@ static void test_matmul_bf16(void)
 		float *inp = frand(nin, 1.0, 0.0), *d_inp = dputf(inp, nin);
 		float *out = fvec(nout), *d_out = dnan(nout);
 		matmul_forward(out, bf16_rounded(inp, nin), bf16_rounded(weight, nw), NULL, N, C, OC);
-		gpu_matmul_forward(be, d_out, d_inp, d_weight, NULL, N, C, OC);
+		gpu_matmul_forward(be, d_out, d_inp, NULL, d_weight, NULL, N, C, OC);
 		expect_red("out (parameter copy)", hget(d_out, nout), out, nout, C);
 
 		/* new weight values uploaded into the range: the copy follows */
 		float *w2 = frand(nw, 1.0, 0.0);
 		gpu_upload(be, d_weight, w2, nw * sizeof(float));
 		matmul_forward(out, bf16_rounded(inp, nin), bf16_rounded(w2, nw), NULL, N, C, OC);
-		gpu_matmul_forward(be, d_out, d_inp, d_weight, NULL, N, C, OC);
+		gpu_matmul_forward(be, d_out, d_inp, NULL, d_weight, NULL, N, C, OC);
 		expect_red("out (after upload)", hget(d_out, nout), out, nout, C);
 
 		/* an optimizer step on the range: the copy follows */
@@ -497,12 +497,12 @@ static void test_matmul_bf16(void)
 		float *w3 = hget(d_weight, nw);
 		CHECK_MSG(memcmp(w3, w2, nw * sizeof(float)) != 0, "%s: adamw changed nothing", where);
 		matmul_forward(out, bf16_rounded(inp, nin), bf16_rounded(w3, nw), NULL, N, C, OC);
-		gpu_matmul_forward(be, d_out, d_inp, d_weight, NULL, N, C, OC);
+		gpu_matmul_forward(be, d_out, d_inp, NULL, d_weight, NULL, N, C, OC);
 		expect_red("out (after adamw)", hget(d_out, nout), out, nout, C);
 
 		/* a weight outside the range: rounded per call */
 		float *d_w3 = dputf(w3, nw);
-		gpu_matmul_forward(be, d_out, d_inp, d_w3, NULL, N, C, OC);
+		gpu_matmul_forward(be, d_out, d_inp, NULL, d_w3, NULL, N, C, OC);
 		expect_red("out (not a parameter)", hget(d_out, nout), out, nout, C);
 
 		/* backward: dinp and dweight share dout's rounding */
@@ -512,7 +512,7 @@ static void test_matmul_bf16(void)
 				bf16_rounded(w3, nw), N, C, OC);
 		for (int param = 1; param >= 0; param--) {
 			float *d_dinp = dputf(ffill(nin, 0.5f), nin), *d_dw = dputf(ffill(nw, 0.25f), nw);
-			gpu_matmul_backward(be, d_dinp, d_dw, NULL, d_dout, d_inp,
+			gpu_matmul_backward(be, d_dinp, d_dw, NULL, d_dout, NULL, d_inp, NULL,
 					    param ? d_weight : d_w3, N, C, OC);
 			expect_red(param ? "dinp (parameter copy)" : "dinp", hget(d_dinp, nin), dinp,
 				   nin, OC);
@@ -527,6 +527,135 @@ static void test_matmul_bf16(void)
 		case_end();
 	}
 	op_report("bf16 matmul");
+	CHECK_EQ_INT(gpu_set_bf16(be, false, &eb), TD_OK);
+}
+
+/* bf16 bits of x (nearest even), as the twins hold them. */
+static uint16_t bf16_bits(float x)
+{
+	float r = bf16_round(x);
+	uint32_t u;
+	memcpy(&u, &r, sizeof(u));
+	return (uint16_t)(u >> 16);
+}
+
+/* Every twin equals its fp32 tensor rounded, bit for bit. */
+static void expect_twin(const char *what, const gpu_bf16 *d16, const float *f32, size_t n)
+{
+	uint16_t *got = hmem(n * sizeof(uint16_t));
+	gpu_download(be, got, d16, n * sizeof(uint16_t));
+	size_t bad = 0, first = 0;
+	for (size_t i = 0; i < n; i++)
+		if (got[i] != bf16_bits(f32[i]) && bad++ == 0)
+			first = i;
+	CHECK_MSG(bad == 0, "%s: %s: %zu of %zu values are not the fp32 value rounded (first at %zu: %#x vs %g)",
+		  where, what, bad, n, first, bad ? got[first] : 0, bad ? f32[first] : 0.0);
+}
+
+static gpu_bf16 *dput16(const float *x, size_t n)
+{
+	uint16_t *h = hmem(n * sizeof(uint16_t));
+	for (size_t i = 0; i < n; i++)
+		h[i] = bf16_bits(x[i]);
+	return dput(h, n * sizeof(uint16_t));
+}
+
+static gpu_bf16 *dnan16(size_t n)
+{
+	uint16_t *h = hmem(n * sizeof(uint16_t));
+	for (size_t i = 0; i < n; i++)
+		h[i] = 0x7fc1; /* a NaN */
+	return dput(h, n * sizeof(uint16_t));
+}
+
+/* The bf16 twins (gpu/backend.h): each producer's twin is its fp32 output
+ * rounded (with the fp32 output written, and with it NULL: the same twin);
+ * a matmul that reads a twin gives the same bits as one that rounds the
+ * fp32 operand itself. */
+static void test_twins(void)
+{
+	struct td_errbuf eb = {{0}};
+	CHECK_EQ_INT(gpu_set_bf16(be, true, &eb), TD_OK);
+	op_begin();
+	const int N = 37, C = 96, OC = 80, V = 1000;
+	snprintf(where, sizeof(where), "twins (N=%d C=%d OC=%d)", N, C, OC);
+	size_t nx = (size_t)N * C, nd = (size_t)N * OC, nw = (size_t)OC * C, nl = (size_t)N * V;
+	be->gemm_scratch_bytes = 2 * ((nw > nx ? nw : nx) + 128 + nl);
+	be->gemm_scratch = dmem(be->gemm_scratch_bytes);
+
+	/* rmsnorm_forward */
+	float *x = frand(nx, 2.0, 0.0), *w = frand((size_t)C, 1.0, 1.0);
+	float *d_x = dputf(x, nx), *d_w = dputf(w, (size_t)C), *d_r = dnan((size_t)N);
+	float *d_o = dnan(nx);
+	gpu_bf16 *d_o16 = dnan16(nx), *d_o16b = dnan16(nx);
+	gpu_rmsnorm_forward(be, d_o, d_o16, d_r, d_x, d_w, N, C, 1e-6f);
+	gpu_rmsnorm_forward(be, NULL, d_o16b, d_r, d_x, d_w, N, C, 1e-6f);
+	float *o = hget(d_o, nx);
+	expect_twin("rmsnorm out16", d_o16, o, nx);
+	expect_twin("rmsnorm out16 (out NULL)", d_o16b, o, nx);
+
+	/* swiglu forward and backward (n not a multiple of 4: the tail too) */
+	size_t n = 4 * 1000 + 3;
+	float *g = frand(n, 4.0, 0.0), *u = frand(n, 1.0, 0.0), *dy = frand(n, 1.0, 0.0);
+	float *d_g = dputf(g, n), *d_u = dputf(u, n), *d_dy = dputf(dy, n);
+	float *d_h = dnan(n), *d_dg = dnan(n), *d_du = dnan(n);
+	gpu_bf16 *d_h16 = dnan16(n), *d_h16b = dnan16(n), *d_dg16 = dnan16(n), *d_du16 = dnan16(n);
+	gpu_swiglu_forward(be, d_h, d_h16, d_g, d_u, n);
+	gpu_swiglu_forward(be, NULL, d_h16b, d_g, d_u, n);
+	float *h = hget(d_h, n);
+	expect_twin("swiglu out16", d_h16, h, n);
+	expect_twin("swiglu out16 (out NULL)", d_h16b, h, n);
+	gpu_swiglu_backward(be, d_dg, d_du, NULL, NULL, d_dy, d_g, d_u, n);
+	gpu_swiglu_backward(be, NULL, NULL, d_dg16, d_du16, d_dy, d_g, d_u, n);
+	expect_twin("swiglu dgate16", d_dg16, hget(d_dg, n), n);
+	expect_twin("swiglu dup16", d_du16, hget(d_du, n), n);
+
+	/* crossentropy_backward: the twin alone */
+	float *lg = frand(nl, 4.0, 0.0);
+	int32_t *tg = ids_rand(N, V);
+	tg[3] = -100;
+	float *d_lg = dputf(lg, nl), *d_dl = dnan(nl);
+	int32_t *d_tg = dput(tg, sizeof(int32_t) * (size_t)N);
+	gpu_bf16 *d_dl16 = dnan16(nl);
+	gpu_crossentropy_backward(be, NULL, d_dl, NULL, d_lg, d_tg, 0.25f, N, V);
+	gpu_crossentropy_backward(be, NULL, NULL, d_dl16, d_lg, d_tg, 0.25f, N, V);
+	expect_twin("crossentropy dlogits16", d_dl16, hget(d_dl, nl), nl);
+
+	/* matmul: twins in, the same bits as rounding inside */
+	float *wt = frand(nw, 1.0, 0.0), *dout = frand(nd, 1.0, 0.0);
+	float *d_wt = dputf(wt, nw), *d_dout = dputf(dout, nd);
+	gpu_bf16 *d_x16 = dput16(x, nx), *d_dout16 = dput16(dout, nd);
+	float *d_y1 = dnan(nd), *d_y2 = dnan(nd);
+	gpu_matmul_forward(be, d_y1, d_x, NULL, d_wt, NULL, N, C, OC);
+	gpu_matmul_forward(be, d_y2, NULL, d_x16, d_wt, NULL, N, C, OC);
+	expect_same_bits("matmul_forward (inp16)", hget(d_y2, nd), hget(d_y1, nd), nd);
+	float *zx = ffill(nx, 0.5f), *zw = ffill(nw, 0.25f);
+	float *d_dx1 = dputf(zx, nx), *d_dx2 = dputf(zx, nx), *d_dw1 = dputf(zw, nw), *d_dw2 = dputf(zw, nw);
+	gpu_matmul_backward(be, d_dx1, d_dw1, NULL, d_dout, NULL, d_x, NULL, d_wt, N, C, OC);
+	gpu_matmul_backward(be, d_dx2, d_dw2, NULL, NULL, d_dout16, NULL, d_x16, d_wt, N, C, OC);
+	expect_same_bits("matmul_backward dinp (twins)", hget(d_dx2, nx), hget(d_dx1, nx), nx);
+	expect_same_bits("matmul_backward dweight (twins)", hget(d_dw2, nw), hget(d_dw1, nw), nw);
+	case_end();
+
+	/* attention_forward's twin, fused (HS 64) and not (HS 96) */
+	const int B = 2, T = 70, NH = 4, NKV = 2;
+	for (int HS = 64; HS <= 96; HS += 32) {
+		snprintf(where, sizeof(where), "twins: attention (HS=%d)", HS);
+		size_t nq = (size_t)B * T * NH * HS, nk = (size_t)B * T * NKV * HS;
+		be->gemm_scratch_bytes = gpu_flash_scratch_bytes(B, T, NH, NKV, HS);
+		be->gemm_scratch = dmem(be->gemm_scratch_bytes);
+		float *q = frand(nq, 1.0, 0.0), *k = frand(nk, 1.0, 0.0), *v = frand(nk, 1.0, 0.0);
+		size_t na = gpu_attention_flash(be, HS) ? (size_t)B * NH * T : (size_t)B * NH * T * T;
+		float *d_out = dnan(nq), *d_att = dnan(na);
+		gpu_bf16 *d_out16 = dnan16(nq);
+		gpu_attention_forward(be, d_out, d_out16, d_att, dputf(q, nq), dputf(k, nk), dputf(v, nk),
+				      B, T, NH, NKV, HS);
+		expect_twin("attention out16", d_out16, hget(d_out, nq), nq);
+		case_end();
+	}
+	be->gemm_scratch = NULL;
+	be->gemm_scratch_bytes = 0;
+	op_report("twins");
 	CHECK_EQ_INT(gpu_set_bf16(be, false, &eb), TD_OK);
 }
 
@@ -588,7 +717,7 @@ static void test_attention(void)
 		float *out = fvec(nq), *att = fvec(na);
 		attention_forward(out, att, q, k, v, B, T, NH, NKV, HS);
 		float *d_out = dnan(nq), *d_att = dnan(na);
-		gpu_attention_forward(be, d_out, d_att, d_q, d_k, d_v, B, T, NH, NKV, HS);
+		gpu_attention_forward(be, d_out, NULL, d_att, d_q, d_k, d_v, B, T, NH, NKV, HS);
 		expect_red("att", hget(d_att, na), att, na, T > HS ? T : HS);
 		expect_red("out", hget(d_out, nq), out, nq, T);
 
@@ -669,7 +798,7 @@ static void test_flash_attention(void)
 		float *out = fvec(nq), *att = fvec(na);
 		attention_forward(out, att, q, k, v, B, T, NH, NKV, HS);
 		float *d_out = dnan(nq), *d_lse = dnan(nl);
-		gpu_attention_forward(be, d_out, d_lse, d_q, d_k, d_v, B, T, NH, NKV, HS);
+		gpu_attention_forward(be, d_out, NULL, d_lse, d_q, d_k, d_v, B, T, NH, NKV, HS);
 		float *g_out = hget(d_out, nq);
 		expect_normwise("out", g_out, out, nq, FLASH_NORM_TOL);
 
@@ -685,7 +814,7 @@ static void test_flash_attention(void)
 		expect_normwise("dq", g_dq, dq, nq, FLASH_NORM_TOL);
 		expect_normwise("dk", g_dk, dk, nk, FLASH_NORM_TOL);
 		expect_normwise("dv", g_dv, dv, nk, FLASH_NORM_TOL);
-		gpu_attention_forward(be, d_out, d_lse, d_q, d_k, d_v, B, T, NH, NKV, HS);
+		gpu_attention_forward(be, d_out, NULL, d_lse, d_q, d_k, d_v, B, T, NH, NKV, HS);
 		gpu_attention_backward(be, d_dq, d_dk, d_dv, d_dr, d_dout, d_out, d_q, d_k, d_v, d_lse,
 				       B, T, NH, NKV, HS);
 		expect_same_bits("out", hget(d_out, nq), g_out, nq);
@@ -722,7 +851,7 @@ static void test_flash_no_scratch(void)
 	CHECK_EQ_INT(gpu_alloc(b2, need - 2, &scratch), TD_OK);
 	b2->gemm_scratch = scratch;
 	b2->gemm_scratch_bytes = need - 2;
-	gpu_attention_forward(b2, x, l, x, x, x, B, T, NH, NKV, HS);
+	gpu_attention_forward(b2, x, NULL, l, x, x, x, B, T, NH, NKV, HS);
 	CHECK_EQ_INT(gpu_sync(b2, &eb), TD_EDEVICE);
 	CHECK_MSG(strstr(eb.msg, "gemm_scratch") != NULL, "the error names the scratch: %s", eb.msg);
 	gpu_free(b2, scratch, need - 2);
@@ -747,14 +876,14 @@ static void test_swiglu(void)
 		float *out = fvec(n);
 		swiglu_forward(out, gate, up, n);
 		float *d_out = dnan(n);
-		gpu_swiglu_forward(be, d_out, d_gate, d_up, n);
+		gpu_swiglu_forward(be, d_out, NULL, d_gate, d_up, n);
 		expect_close("out", hget(d_out, n), out, n, FWD_ATOL, FWD_RTOL);
 
 		float *dout = frand(n, 1.0, 0.0);
 		float *dgate = fvec(n), *dup = fvec(n);
 		swiglu_backward(dgate, dup, dout, gate, up, n);
 		float *d_dgate = dnan(n), *d_dup = dnan(n);
-		gpu_swiglu_backward(be, d_dgate, d_dup, dputf(dout, n), d_gate, d_up, n);
+		gpu_swiglu_backward(be, d_dgate, d_dup, NULL, NULL, dputf(dout, n), d_gate, d_up, n);
 		expect_close("dgate", hget(d_dgate, n), dgate, n, FWD_ATOL, FWD_RTOL);
 		expect_close("dup", hget(d_dup, n), dup, n, FWD_ATOL, FWD_RTOL);
 		case_end();
@@ -826,14 +955,14 @@ static void test_crossentropy(void)
 		float *dlogits = fvec(nl);
 		crossentropy_backward(dlogits, logits, targets, dloss, N, V);
 		float *d_dlogits = dnan(nl);
-		gpu_crossentropy_backward(be, NULL, d_dlogits, d_logits, d_targets, dloss, N, V);
+		gpu_crossentropy_backward(be, NULL, d_dlogits, NULL, d_logits, d_targets, dloss, N, V);
 		float *g_dlogits = hget(d_dlogits, nl);
 		expect_close("dlogits", g_dlogits, dlogits, nl, SOFT_ATOL, SOFT_RTOL);
 		/* in place, with the forward's losses (the fused head): the same
 		 * bits as the two ops apart */
 		float *g_losses = hget(d_losses, (size_t)N);
 		float *d_losses2 = dnan((size_t)N);
-		gpu_crossentropy_backward(be, d_losses2, d_logits, d_logits, d_targets, dloss, N, V);
+		gpu_crossentropy_backward(be, d_losses2, d_logits, NULL, d_logits, d_targets, dloss, N, V);
 		expect_same_bits("dlogits (in place)", hget(d_logits, nl), g_dlogits, nl);
 		expect_same_bits("losses (fused)", hget(d_losses2, (size_t)N), g_losses, (size_t)N);
 		case_end();
@@ -1016,6 +1145,7 @@ int main(void)
 	test_flash_attention();
 	test_flash_no_scratch();
 	test_matmul_bf16();
+	test_twins();
 	test_swiglu();
 	test_residual_scale();
 	test_crossentropy();
