@@ -189,9 +189,10 @@ struct gpu_backend {
 	 * in [params, params + params_count) is read from the copy at the same
 	 * index instead of being rounded again for every product. The backend
 	 * owns params_bf16_stale: set here when the copy is attached and by
-	 * every write into the range through upload, zero or adamw_update (the
-	 * only ops that write parameters); the next GEMM that reads the copy
-	 * re-rounds it whole first. params_bf16 NULL: none. */
+	 * every write into the range through upload or zero (adamw_update, the
+	 * only op that writes parameters, writes the copy too); the next GEMM
+	 * that reads a stale copy re-rounds it whole first. params_bf16 NULL:
+	 * none. */
 	const float *params;
 	size_t params_count;
 	void *params_bf16;

@@ -769,14 +769,22 @@ static void cu_adamw_update(struct gpu_backend *be, float *param, const float *g
 			    float weight_decay, int t)
 {
 	assert(t >= 1);
-	if (gpu_touches_params(be, param, n * sizeof(float)))
-		be->params_bf16_stale = true;
+	/* Inside the parameters: their bf16 copy gets the new values as they
+	 * are written (it stays as fresh as it was); a range that only
+	 * overlaps them makes it stale. */
+	uint16_t *param16 = NULL;
+	if (gpu_touches_params(be, param, n * sizeof(float))) {
+		if (param >= be->params && param + n <= be->params + be->params_count)
+			param16 = (uint16_t *)be->params_bf16 + (param - be->params);
+		else
+			be->params_bf16_stale = true;
+	}
 	float decay = (float)(1.0 - (double)lr * weight_decay);
 	float one_minus_b1 = (float)(1.0 - (double)beta1);
 	float one_minus_b2 = (float)(1.0 - (double)beta2);
 	float bc2_sqrt = (float)sqrt(1.0 - pow(beta2, t));
 	float step_size = (float)((double)lr / (1.0 - pow(beta1, t)));
-	void *args[] = {&param, &grad,  &m,	    &v,		&n,	   &decay,
+	void *args[] = {&param,	&param16, &grad, &m,	     &v,	 &n,	     &decay,
 			&one_minus_b1, &one_minus_b2, &beta2, &bc2_sqrt, &step_size, &eps};
 	launch_n(cu_of(be), CU_K_adamw_update_f32, n, args);
 }

@@ -324,6 +324,8 @@ static __device__ __forceinline__ void flash_fwd(float *out, fa_bf16 *out16, flo
 			float s[8][4];
 			fa_mm_nt<D>(s, qa, tl[1 + buf], lane);
 			float mx0 = m0, mx1 = m1;
+			/* below the diagonal and inside T: no mask to apply */
+			const bool full = k0 + FA_TILE - 1 <= q0 + warp * 16 && k0 + FA_TILE <= T;
 #pragma unroll
 			for (int n = 0; n < 8; n++)
 #pragma unroll
@@ -331,7 +333,7 @@ static __device__ __forceinline__ void flash_fwd(float *out, fa_bf16 *out16, flo
 					const int col = k0 + n * 8 + 2 * t + (e & 1);
 					const int row = e < 2 ? row0 : row1;
 					float x = s[n][e] * sl2;
-					if (col > row || col >= T)
+					if (!full && (col > row || col >= T))
 						x = -INFINITY;
 					s[n][e] = x;
 					if (e < 2)
@@ -499,6 +501,8 @@ static __device__ __forceinline__ void flash_bwd_dkdv(float *dk, float *dv, cons
 				fa_mm_nt<D>(p, ka, sQ, lane);
 				fa_mm_nt<D>(ds, va, sdO, lane);
 			}
+			/* every query at or past every key of this warp, inside T */
+			const bool full = q0 >= k0 + warp * 16 + 15 && q0 + FA_TILE <= T;
 #pragma unroll
 			for (int n = 0; n < 8; n++)
 #pragma unroll
@@ -507,7 +511,7 @@ static __device__ __forceinline__ void flash_bwd_dkdv(float *dk, float *dv, cons
 					const int key = e < 2 ? key0 : key1;
 					const int qr = q0 + qi;
 					float pe = 0.f;
-					if (qr >= key && qr < T)
+					if (full || (qr >= key && qr < T))
 						pe = exp2f(p[n][e] * sl2 - sL[buf][qi]);
 					p[n][e] = pe;
 					ds[n][e] = pe * (ds[n][e] - sD[buf][qi]);
@@ -621,6 +625,7 @@ static __device__ __forceinline__ void flash_bwd_dq(float *dq, const fa_bf16 *do
 			float p[8][4], ds[8][4];
 			fa_mm_nt<D>(p, qa, sK, lane);  /* S */
 			fa_mm_nt<D>(ds, oa, sV, lane); /* dP = dO V^T */
+			const bool full = k0 + FA_TILE - 1 <= q0 + warp * 16 && k0 + FA_TILE <= T;
 #pragma unroll
 			for (int n = 0; n < 8; n++)
 #pragma unroll
@@ -628,7 +633,7 @@ static __device__ __forceinline__ void flash_bwd_dq(float *dq, const fa_bf16 *do
 					const int col = k0 + n * 8 + 2 * t + (e & 1);
 					const int row = e < 2 ? row0 : row1;
 					float pe = 0.f;
-					if (col <= row && col < T)
+					if (full || (col <= row && col < T))
 						pe = exp2f(p[n][e] * sl2 - (e < 2 ? L0 : L1));
 					ds[n][e] = pe * (ds[n][e] - (e < 2 ? D0 : D1));
 				}

@@ -14,13 +14,17 @@
  * Key: n values. */
 #include "common.cuh"
 
+#include <cuda_bf16.h>
+
 /* param *= decay ; m += omb1*(g - m) ; v = v*beta2 + omb2*g*g ;
  * param -= step_size * m / (sqrt(v) / bc2_sqrt + eps), with decay =
  * 1 - lr*wd, omb = 1 - beta, bc2_sqrt = sqrt(1 - beta2^t), step_size =
- * lr / (1 - beta1^t). */
-extern "C" __global__ void adamw_update_f32(float *param, const float *grad, float *m, float *v,
-					    size_t n, float decay, float omb1, float omb2,
-					    float beta2, float bc2_sqrt, float step_size, float eps)
+ * lr / (1 - beta1^t). param16: NULL, or the parameters' bf16 copy, which
+ * gets the new values rounded (the bf16 mode's GEMMs read it). */
+extern "C" __global__ void adamw_update_f32(float *param, __nv_bfloat16 *param16,
+					    const float *grad, float *m, float *v, size_t n,
+					    float decay, float omb1, float omb2, float beta2,
+					    float bc2_sqrt, float step_size, float eps)
 {
 	for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
 	     i += (size_t)gridDim.x * blockDim.x) {
@@ -29,7 +33,10 @@ extern "C" __global__ void adamw_update_f32(float *param, const float *grad, flo
 		const float mi = __fadd_rn(m0, __fmul_rn(omb1, __fsub_rn(g, m0)));
 		const float vi = __fadd_rn(__fmul_rn(v0, beta2), __fmul_rn(__fmul_rn(omb2, g), g));
 		const float denom = __fadd_rn(__fdiv_rn(__fsqrt_rn(vi), bc2_sqrt), eps);
-		param[i] = __fsub_rn(p, __fdiv_rn(__fmul_rn(step_size, mi), denom));
+		const float pn = __fsub_rn(p, __fdiv_rn(__fmul_rn(step_size, mi), denom));
+		param[i] = pn;
+		if (param16)
+			param16[i] = __float2bfloat16_rn(pn);
 		m[i] = mi;
 		v[i] = vi;
 	}

@@ -17,29 +17,80 @@
 
 #include <cuda_bf16.h>
 
+#define RMS_VEC 4 /* float4s a thread keeps in registers on the vector path */
+
+static __device__ __forceinline__ void rms_put4(float *out, __nv_bfloat16 *out16, size_t i,
+						float4 y)
+{
+	if (out)
+		reinterpret_cast<float4 *>(out)[i] = y;
+	if (out16) {
+		__nv_bfloat162 lo = __floats2bfloat162_rn(y.x, y.y), hi = __floats2bfloat162_rn(y.z, y.w);
+		uint2 u;
+		u.x = *reinterpret_cast<uint32_t *>(&lo);
+		u.y = *reinterpret_cast<uint32_t *>(&hi);
+		reinterpret_cast<uint2 *>(out16)[i] = u;
+	}
+}
+
 /* rstd[n] = 1/sqrt(mean(inp[n]^2) + eps); out = weight * (inp * rstd).
  * out (N,C), rstd (N) overwrite; out may not alias inp. Rounding as the CPU
  * op: x*r rounded before the multiply by weight (the _rn intrinsics keep
  * nvcc from contracting or approximating). out16: out's bf16 twin, or NULL;
- * out may be NULL when it is not. */
+ * out may be NULL when it is not. The sum of squares is fp32 partials over
+ * a block-wide tree, in an order fixed by the launch shape. */
 extern "C" __global__ void rmsnorm_forward_f32(float *out, __nv_bfloat16 *out16, float *rstd,
 					       const float *inp, const float *weight, int N, int C,
 					       float eps)
 {
+	/* The vector path: rows of float4s (C a multiple of 4, every pointer
+	 * 16-byte aligned) short enough to stay in registers between the sum
+	 * and the scaling, so the row is read once. */
+	const bool vec = (C & 3) == 0 && C / 4 <= RMS_VEC * (int)blockDim.x &&
+			 (((uintptr_t)inp | (uintptr_t)weight | (uintptr_t)out | (uintptr_t)out16) & 15) == 0;
 	for (int n = blockIdx.x; n < N; n += gridDim.x) {
 		const float *x = inp + (size_t)n * C;
 		float ss = 0.0f;
-		for (int c = threadIdx.x; c < C; c += blockDim.x)
-			ss += x[c] * x[c];
+		float4 xv[RMS_VEC];
+		if (vec) {
+#pragma unroll
+			for (int k = 0; k < RMS_VEC; k++) {
+				const int i = threadIdx.x + k * blockDim.x;
+				if (i < C / 4) {
+					xv[k] = reinterpret_cast<const float4 *>(x)[i];
+					ss += xv[k].x * xv[k].x + xv[k].y * xv[k].y + xv[k].z * xv[k].z +
+					      xv[k].w * xv[k].w;
+				}
+			}
+		} else {
+			for (int c = threadIdx.x; c < C; c += blockDim.x)
+				ss += x[c] * x[c];
+		}
 		ss = cu_block_sum(ss);
 		float var = __fdiv_rn(ss, (float)C);
 		float r = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(var, eps)));
-		for (int c = threadIdx.x; c < C; c += blockDim.x) {
-			const float y = __fmul_rn(weight[c], __fmul_rn(x[c], r));
-			if (out)
-				out[(size_t)n * C + c] = y;
-			if (out16)
-				out16[(size_t)n * C + c] = __float2bfloat16_rn(y);
+		if (vec) {
+			const size_t row4 = (size_t)n * (C / 4);
+#pragma unroll
+			for (int k = 0; k < RMS_VEC; k++) {
+				const int i = threadIdx.x + k * blockDim.x;
+				if (i < C / 4) {
+					const float4 w = reinterpret_cast<const float4 *>(weight)[i];
+					const float4 y = make_float4(__fmul_rn(w.x, __fmul_rn(xv[k].x, r)),
+								     __fmul_rn(w.y, __fmul_rn(xv[k].y, r)),
+								     __fmul_rn(w.z, __fmul_rn(xv[k].z, r)),
+								     __fmul_rn(w.w, __fmul_rn(xv[k].w, r)));
+					rms_put4(out, out16, row4 + i, y);
+				}
+			}
+		} else {
+			for (int c = threadIdx.x; c < C; c += blockDim.x) {
+				const float y = __fmul_rn(weight[c], __fmul_rn(x[c], r));
+				if (out)
+					out[(size_t)n * C + c] = y;
+				if (out16)
+					out16[(size_t)n * C + c] = __float2bfloat16_rn(y);
+			}
 		}
 		if (threadIdx.x == 0)
 			rstd[n] = r;
@@ -47,16 +98,49 @@ extern "C" __global__ void rmsnorm_forward_f32(float *out, __nv_bfloat16 *out16,
 }
 
 /* dinp (N,C) += r*g - x * r^3 * mean(g*x), with g = weight*dout, r = rstd[n].
- * dinp may not alias dout or inp. */
+ * dinp may not alias dout or inp. The vector path as in the forward: the
+ * row's x and g stay in registers between the dot product and the update. */
 extern "C" __global__ void rmsnorm_backward_f32(float *dinp, const float *dout, const float *inp,
 						const float *weight, const float *rstd, int N, int C)
 {
+	const bool vec = (C & 3) == 0 && C / 4 <= RMS_VEC * (int)blockDim.x &&
+			 (((uintptr_t)dinp | (uintptr_t)dout | (uintptr_t)inp | (uintptr_t)weight) & 15) == 0;
 	for (int n = blockIdx.x; n < N; n += gridDim.x) {
 		const float *x = inp + (size_t)n * C;
 		const float *d = dout + (size_t)n * C;
 		float *dx = dinp + (size_t)n * C;
 		const float r = rstd[n];
 		float dot = 0.0f;
+		if (vec) {
+			float4 xv[RMS_VEC], gv[RMS_VEC];
+#pragma unroll
+			for (int k = 0; k < RMS_VEC; k++) {
+				const int i = threadIdx.x + k * blockDim.x;
+				if (i < C / 4) {
+					const float4 w = reinterpret_cast<const float4 *>(weight)[i];
+					const float4 dd = reinterpret_cast<const float4 *>(d)[i];
+					xv[k] = reinterpret_cast<const float4 *>(x)[i];
+					gv[k] = make_float4(w.x * dd.x, w.y * dd.y, w.z * dd.z, w.w * dd.w);
+					dot += gv[k].x * xv[k].x + gv[k].y * xv[k].y + gv[k].z * xv[k].z +
+					       gv[k].w * xv[k].w;
+				}
+			}
+			dot = cu_block_sum(dot);
+			const float kk = dot / (float)C * r * r * r;
+#pragma unroll
+			for (int k = 0; k < RMS_VEC; k++) {
+				const int i = threadIdx.x + k * blockDim.x;
+				if (i < C / 4) {
+					float4 o = reinterpret_cast<float4 *>(dx)[i];
+					o.x += r * gv[k].x - kk * xv[k].x;
+					o.y += r * gv[k].y - kk * xv[k].y;
+					o.z += r * gv[k].z - kk * xv[k].z;
+					o.w += r * gv[k].w - kk * xv[k].w;
+					reinterpret_cast<float4 *>(dx)[i] = o;
+				}
+			}
+			continue;
+		}
 		for (int c = threadIdx.x; c < C; c += blockDim.x)
 			dot += (weight[c] * d[c]) * x[c];
 		dot = cu_block_sum(dot);
