@@ -71,10 +71,11 @@ struct gpu_backend_ops {
 				 const float *dout, const float *inp, const float *weight,
 				 const float *rstd, int N, int C);
 	/* inp16, dout16: twins of inp, dout, or NULL; inp (dout) may be NULL
-	 * when its twin is not (dout only without dbias). */
-	void (*matmul_forward)(struct gpu_backend *be, float *out, const float *inp,
-			       const gpu_bf16 *inp16, const float *weight, const float *bias, int N,
-			       int C, int OC);
+	 * when its twin is not (dout only without dbias). out16: NULL, or the
+	 * product written in bf16 instead of fp32 (out NULL, no bias). */
+	void (*matmul_forward)(struct gpu_backend *be, float *out, gpu_bf16 *out16,
+			       const float *inp, const gpu_bf16 *inp16, const float *weight,
+			       const float *bias, int N, int C, int OC);
 	void (*matmul_backward)(struct gpu_backend *be, float *dinp, float *dweight, float *dbias,
 				const float *dout, const gpu_bf16 *dout16, const float *inp,
 				const gpu_bf16 *inp16, const float *weight, int N, int C, int OC);
@@ -104,12 +105,15 @@ struct gpu_backend_ops {
 				   const float *k, const float *v, const float *att, int B, int T,
 				   int NH, int NKV, int HS);
 	/* Twins: out16, dgate16, dup16, or NULL; each fp32 output may be NULL
-	 * when its twin is not. */
+	 * when its twin is not. gate and up are read in fp32, or (gate NULL and
+	 * up NULL) from gate16 and up16, a product kept in bf16 only. */
 	void (*swiglu_forward)(struct gpu_backend *be, float *out, gpu_bf16 *out16,
-			       const float *gate, const float *up, size_t n);
+			       const float *gate, const float *up, const gpu_bf16 *gate16,
+			       const gpu_bf16 *up16, size_t n);
 	void (*swiglu_backward)(struct gpu_backend *be, float *dgate, float *dup,
 				gpu_bf16 *dgate16, gpu_bf16 *dup16, const float *dout,
-				const float *gate, const float *up, size_t n);
+				const float *gate, const float *up, const gpu_bf16 *gate16,
+				const gpu_bf16 *up16, size_t n);
 	void (*residual_forward)(struct gpu_backend *be, float *out, const float *a, const float *b,
 				 size_t n);
 	void (*crossentropy_forward)(struct gpu_backend *be, float *losses, const float *logits,
@@ -288,11 +292,11 @@ static inline void gpu_rmsnorm_backward(struct gpu_backend *be, float *dinp, flo
 {
 	GPU_OP_(rmsnorm_backward, dinp, dweight, dout, inp, weight, rstd, N, C);
 }
-static inline void gpu_matmul_forward(struct gpu_backend *be, float *out, const float *inp,
-				      const gpu_bf16 *inp16, const float *weight, const float *bias,
-				      int N, int C, int OC)
+static inline void gpu_matmul_forward(struct gpu_backend *be, float *out, gpu_bf16 *out16,
+				      const float *inp, const gpu_bf16 *inp16, const float *weight,
+				      const float *bias, int N, int C, int OC)
 {
-	GPU_OP_(matmul_forward, out, inp, inp16, weight, bias, N, C, OC);
+	GPU_OP_(matmul_forward, out, out16, inp, inp16, weight, bias, N, C, OC);
 }
 static inline void gpu_matmul_backward(struct gpu_backend *be, float *dinp, float *dweight,
 				       float *dbias, const float *dout, const gpu_bf16 *dout16,
@@ -370,15 +374,18 @@ static inline bool gpu_gemm_bf16(struct gpu_backend *be)
 	return be->ops->gemm_bf16(be);
 }
 static inline void gpu_swiglu_forward(struct gpu_backend *be, float *out, gpu_bf16 *out16,
-				      const float *gate, const float *up, size_t n)
+				      const float *gate, const float *up, const gpu_bf16 *gate16,
+				      const gpu_bf16 *up16, size_t n)
 {
-	GPU_OP_(swiglu_forward, out, out16, gate, up, n);
+	GPU_OP_(swiglu_forward, out, out16, gate, up, gate16, up16, n);
 }
 static inline void gpu_swiglu_backward(struct gpu_backend *be, float *dgate, float *dup,
 				       gpu_bf16 *dgate16, gpu_bf16 *dup16, const float *dout,
-				       const float *gate, const float *up, size_t n)
+				       const float *gate, const float *up, const gpu_bf16 *gate16,
+				       const gpu_bf16 *up16, size_t n)
 {
-	GPU_OP_(swiglu_backward, dgate, dup, dgate16, dup16, dout, gate, up, n);
+	GPU_OP_(swiglu_backward, dgate, dup, dgate16, dup16, dout, gate, up, gate16, up16,
+		n);
 }
 static inline void gpu_residual_forward(struct gpu_backend *be, float *out, const float *a,
 					const float *b, size_t n)

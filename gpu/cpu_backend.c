@@ -107,11 +107,11 @@ static void cpu_rmsnorm_backward(struct gpu_backend *be, float *dinp, float *dwe
 {
 	rmsnorm_backward(dinp, dweight, dout, inp, weight, rstd, N, C);
 }
-static void cpu_matmul_forward(struct gpu_backend *be, float *out, const float *inp,
-			       const gpu_bf16 *inp16, const float *weight, const float *bias, int N,
-			       int C, int OC)
+static void cpu_matmul_forward(struct gpu_backend *be, float *out, gpu_bf16 *out16,
+			       const float *inp, const gpu_bf16 *inp16, const float *weight,
+			       const float *bias, int N, int C, int OC)
 {
-	assert(inp && !inp16);
+	assert(out && inp && !out16 && !inp16);
 	matmul_forward(out, inp, weight, bias, N, C, OC);
 }
 static void cpu_matmul_backward(struct gpu_backend *be, float *dinp, float *dweight, float *dbias,
@@ -156,16 +156,18 @@ static void cpu_attention_backward(struct gpu_backend *be, float *dq, float *dk,
 	attention_backward(dq, dk, dv, datt, dout, q, k, v, att, B, T, NH, NKV, HS);
 }
 static void cpu_swiglu_forward(struct gpu_backend *be, float *out, gpu_bf16 *out16,
-			       const float *gate, const float *up, size_t n)
+			       const float *gate, const float *up, const gpu_bf16 *gate16,
+			       const gpu_bf16 *up16, size_t n)
 {
-	assert(out && !out16);
+	assert(out && gate && up && !out16 && !gate16 && !up16);
 	swiglu_forward(out, gate, up, n);
 }
 static void cpu_swiglu_backward(struct gpu_backend *be, float *dgate, float *dup,
 				gpu_bf16 *dgate16, gpu_bf16 *dup16, const float *dout,
-				const float *gate, const float *up, size_t n)
+				const float *gate, const float *up, const gpu_bf16 *gate16,
+				const gpu_bf16 *up16, size_t n)
 {
-	assert(dgate && dup && !dgate16 && !dup16);
+	assert(dgate && dup && gate && up && !dgate16 && !dup16 && !gate16 && !up16);
 	swiglu_backward(dgate, dup, dout, gate, up, n);
 }
 static void cpu_residual_forward(struct gpu_backend *be, float *out, const float *a,

@@ -55,6 +55,7 @@ struct layer_a {
 	/* bf16 twins of the products' inputs (bf16 mode, train/plan.c); ln1,
 	 * ln2 and h are then NULL unless LoRA dropout needs them */
 	gpu_bf16 *ln1_16, *y16, *ln2_16, *h16;
+	gpu_bf16 *gate16, *up16; /* the MLP's products in bf16 only (gate, up NULL) */
 };
 
 enum head_kind { HEAD_CAUSAL, HEAD_DISTILL, HEAD_CLASSIFY };
@@ -256,6 +257,8 @@ static void bind(struct tr_model *m)
 		A(y16);
 		A(ln2_16);
 		A(h16);
+		A(gate16);
+		A(up16);
 		A(ln1_rstd);
 		A(qraw);
 		A(q_rstd);
@@ -609,14 +612,17 @@ static uint64_t dropout_seed(const struct tr_model *m, int l, int k)
 }
 
 /* out (N, out) = inp @ W^T + b [+ scale * (dropout(inp) A^T) B^T]. inp16:
- * inp's bf16 twin or NULL (inp may then be NULL: gpu/backend.h). */
-static void linear_forward(struct tr_model *m, int l, int k, float *out, const float *inp,
-			   const gpu_bf16 *inp16)
+ * inp's bf16 twin or NULL (inp may then be NULL: gpu/backend.h). out16: the
+ * product in bf16 instead of out (no bias, no adapter: train/plan.c). */
+static void linear_forward(struct tr_model *m, int l, int k, float *out, gpu_bf16 *out16,
+			   const float *inp, const gpu_bf16 *inp16)
 {
 	struct gpu_backend *be = m->be;
 	const struct lin *L = &m->lin[l][k];
 	const int N = m->plan.opts.B * m->plan.opts.T, R = m->plan.opts.lora_rank;
-	gpu_matmul_forward(be, out, inp, inp16, weight_of(m, L->wp, L->w), L->b, N, L->in, L->out);
+	assert(!out16 || (!L->A && !L->b));
+	gpu_matmul_forward(be, out, out16, inp, inp16, weight_of(m, L->wp, L->w), L->b, N, L->in,
+			   L->out);
 	if (!L->A)
 		return;
 	const float *x = inp;
@@ -628,9 +634,9 @@ static void linear_forward(struct tr_model *m, int l, int k, float *out, const f
 		x = L->xd;
 		x16 = NULL;
 	}
-	gpu_matmul_forward(be, L->u, x, x16, L->A, NULL, N, L->in, R);
+	gpu_matmul_forward(be, L->u, NULL, x, x16, L->A, NULL, N, L->in, R);
 	gpu_scale(be, L->u, m->plan.lora_scale, (size_t)N * R);
-	gpu_matmul_forward(be, m->lora_tmp, L->u, NULL, L->B, NULL, N, R, L->out);
+	gpu_matmul_forward(be, m->lora_tmp, NULL, L->u, NULL, L->B, NULL, N, R, L->out);
 	gpu_residual_forward(be, out, out, m->lora_tmp, (size_t)N * L->out);
 }
 
@@ -684,26 +690,26 @@ static void layer_forward(struct tr_model *m, int l)
 
 	gpu_rmsnorm_forward(be, a->ln1, a->ln1_16, a->ln1_rstd, m->res[l], w->ln1, N, C, eps);
 	if (c->qk_norm) {
-		linear_forward(m, l, TR_LIN_Q, a->qraw, a->ln1, a->ln1_16);
-		linear_forward(m, l, TR_LIN_K, a->kraw, a->ln1, a->ln1_16);
+		linear_forward(m, l, TR_LIN_Q, a->qraw, NULL, a->ln1, a->ln1_16);
+		linear_forward(m, l, TR_LIN_K, a->kraw, NULL, a->ln1, a->ln1_16);
 		gpu_rmsnorm_forward(be, a->q, NULL, a->q_rstd, a->qraw, w->qn, N * NH, HS, eps);
 		gpu_rmsnorm_forward(be, a->k, NULL, a->k_rstd, a->kraw, w->kn, N * NKV, HS, eps);
 	} else {
-		linear_forward(m, l, TR_LIN_Q, a->q, a->ln1, a->ln1_16);
-		linear_forward(m, l, TR_LIN_K, a->k, a->ln1, a->ln1_16);
+		linear_forward(m, l, TR_LIN_Q, a->q, NULL, a->ln1, a->ln1_16);
+		linear_forward(m, l, TR_LIN_K, a->k, NULL, a->ln1, a->ln1_16);
 	}
-	linear_forward(m, l, TR_LIN_V, a->v, a->ln1, a->ln1_16);
+	linear_forward(m, l, TR_LIN_V, a->v, NULL, a->ln1, a->ln1_16);
 	gpu_rope_forward(be, a->q, a->q, m->rope_cos, m->rope_sin, B, T, NH, HS);
 	gpu_rope_forward(be, a->k, a->k, m->rope_cos, m->rope_sin, B, T, NKV, HS);
 	gpu_attention_forward(be, a->y, a->y16, a->att, a->q, a->k, a->v, B, T, NH, NKV, HS);
-	linear_forward(m, l, TR_LIN_O, m->dln, a->y, a->y16);
+	linear_forward(m, l, TR_LIN_O, m->dln, NULL, a->y, a->y16);
 	gpu_residual_forward(be, a->res_mid, m->res[l], m->dln, (size_t)N * C);
 
 	gpu_rmsnorm_forward(be, a->ln2, a->ln2_16, a->ln2_rstd, a->res_mid, w->ln2, N, C, eps);
-	linear_forward(m, l, TR_LIN_GATE, a->gate, a->ln2, a->ln2_16);
-	linear_forward(m, l, TR_LIN_UP, a->up, a->ln2, a->ln2_16);
-	gpu_swiglu_forward(be, a->h, a->h16, a->gate, a->up, (size_t)N * I);
-	linear_forward(m, l, TR_LIN_DOWN, m->dln, a->h, a->h16);
+	linear_forward(m, l, TR_LIN_GATE, a->gate, a->gate16, a->ln2, a->ln2_16);
+	linear_forward(m, l, TR_LIN_UP, a->up, a->up16, a->ln2, a->ln2_16);
+	gpu_swiglu_forward(be, a->h, a->h16, a->gate, a->up, a->gate16, a->up16, (size_t)N * I);
+	linear_forward(m, l, TR_LIN_DOWN, m->dln, NULL, a->h, a->h16);
 	gpu_residual_forward(be, m->res[l + 1], a->res_mid, m->dln, (size_t)N * C);
 }
 
@@ -785,7 +791,7 @@ static td_err causal_forward(struct tr_model *m, const int32_t *ids, const int32
 	/* A chunked head (plan.logits_rows < N) computes its logits chunk by
 	 * chunk in tr_model_forward and again in the backward pass. */
 	if (m->plan.logits_rows == N)
-		gpu_matmul_forward(be, m->logits, m->lnf_out, NULL, m->lm_head, NULL, N,
+		gpu_matmul_forward(be, m->logits, NULL, m->lnf_out, NULL, m->lm_head, NULL, N,
 				   c->hidden_size, c->vocab_size);
 	return TD_OK;
 }
@@ -795,7 +801,7 @@ static td_err causal_forward(struct tr_model *m, const int32_t *ids, const int32
 static void head_chunk(struct tr_model *m, int r0, int n)
 {
 	const struct tr_model_config *c = &m->plan.cfg;
-	gpu_matmul_forward(m->be, m->logits, m->lnf_out + (size_t)r0 * c->hidden_size, NULL,
+	gpu_matmul_forward(m->be, m->logits, NULL, m->lnf_out + (size_t)r0 * c->hidden_size, NULL,
 			   m->lm_head, NULL, n, c->hidden_size, c->vocab_size);
 }
 
@@ -942,7 +948,7 @@ td_err tr_model_forward_classify(struct tr_model *m, const int32_t *ids, const i
 	trunk_forward(m);
 	/* Pooling is a gather of rows: the embedding op with row indices as ids. */
 	gpu_embedding_forward(be, m->pooled, m->pool_idx, m->lnf_out, B, C);
-	gpu_matmul_forward(be, m->logits, m->pooled, NULL, m->score, NULL, B, C, NL);
+	gpu_matmul_forward(be, m->logits, NULL, m->pooled, NULL, m->score, NULL, B, C, NL);
 	gpu_crossentropy_forward(be, m->losses, m->logits, m->targets, B, NL);
 	gpu_download(be, m->host_losses, m->losses, (size_t)B * sizeof(float));
 	double sum = 0;
@@ -973,7 +979,7 @@ static void layer_backward(struct tr_model *m, int l)
 	gpu_zero(be, m->dh, (size_t)N * I * sizeof(float));
 	linear_backward(m, l, TR_LIN_DOWN, m->dh, m->dres, NULL, a->h, a->h16);
 	gpu_swiglu_backward(be, m->dgate, m->dup, m->dgate16, m->dup16, m->dh, a->gate, a->up,
-			    (size_t)N * I);
+			    a->gate16, a->up16, (size_t)N * I);
 	gpu_zero(be, m->dln, (size_t)N * C * sizeof(float));
 	linear_backward(m, l, TR_LIN_GATE, m->dln, m->dgate, m->dgate16, a->ln2, a->ln2_16);
 	linear_backward(m, l, TR_LIN_UP, m->dln, m->dup, m->dup16, a->ln2, a->ln2_16);

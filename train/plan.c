@@ -408,6 +408,9 @@ td_err tr_plan_build(struct tr_plan *p, const struct tr_model_config *cfg,
 	 * needs them in fp32. */
 	const bool twins = o->gemm_bf16;
 	const bool keep32 = !twins || (R && o->lora_dropout > 0.0f);
+	/* The MLP's gate and up products too, where no adapter adds to them. */
+	const unsigned mlp_lin = 1u << TR_LIN_GATE | 1u << TR_LIN_UP;
+	const bool mlp32 = !twins || (R && (o->lora_targets & mlp_lin));
 	/* Forward only, nothing is kept for a backward pass: every layer reuses
 	 * layer 0's buffers (train/model.c binds them so). */
 	for (int l = 0; l < (train ? cfg->num_layers : 1); l++) {
@@ -433,8 +436,10 @@ td_err tr_plan_build(struct tr_plan *p, const struct tr_model_config *cfg,
 			{"ln2", f32_bytes(N, C, 1), keep32},
 			{"ln2_16", f32_bytes(N, C, 1) / 2, twins},
 			{"ln2_rstd", f32_bytes(N, 1, 1), true},
-			{"gate", f32_bytes(N, I, 1), true},
-			{"up", f32_bytes(N, I, 1), true},
+			{"gate", f32_bytes(N, I, 1), mlp32},
+			{"up", f32_bytes(N, I, 1), mlp32},
+			{"gate16", f32_bytes(N, I, 1) / 2, !mlp32},
+			{"up16", f32_bytes(N, I, 1) / 2, !mlp32},
 			{"h", f32_bytes(N, I, 1), keep32},
 			{"h16", f32_bytes(N, I, 1) / 2, twins},
 		};

@@ -220,15 +220,25 @@ static bool scratch_fits(const struct cu_backend *cb, size_t na, size_t nb)
 	return cb->base.gemm_scratch && 2 * (second_slot(na) + nb) <= cb->base.gemm_scratch_bytes;
 }
 
-/* bf16 x bf16 -> fp32 GEMM, fp32 accumulation. */
+/* bf16 x bf16 -> C GEMM, fp32 accumulation; C fp32, or bf16 (C16) when C is
+ * NULL. */
+static void gemm16_(struct cu_backend *cb, const char *what, cublasOperation_t ta,
+		    cublasOperation_t tb, int m, int n, int k, float alpha, const uint16_t *A,
+		    int lda, const uint16_t *B, int ldb, float beta, float *C, uint16_t *C16,
+		    int ldc)
+{
+	cu_check_blas(cb, cublasGemmEx(cb->blas, ta, tb, m, n, k, &alpha, A, CUDA_R_16BF, lda, B,
+				       CUDA_R_16BF, ldb, &beta, C ? (void *)C : (void *)C16,
+				       C ? CUDA_R_32F : CUDA_R_16BF, ldc, CUBLAS_COMPUTE_32F,
+				       CUBLAS_GEMM_DEFAULT),
+		      what);
+}
+
 static void gemm16(struct cu_backend *cb, const char *what, cublasOperation_t ta,
 		   cublasOperation_t tb, int m, int n, int k, float alpha, const uint16_t *A,
 		   int lda, const uint16_t *B, int ldb, float beta, float *C, int ldc)
 {
-	cu_check_blas(cb, cublasGemmEx(cb->blas, ta, tb, m, n, k, &alpha, A, CUDA_R_16BF, lda, B,
-				       CUDA_R_16BF, ldb, &beta, C, CUDA_R_32F, ldc,
-				       CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
-		      what);
+	gemm16_(cb, what, ta, tb, m, n, k, alpha, A, lda, B, ldb, beta, C, NULL, ldc);
 }
 
 static void sgemm_(struct cu_backend *cb, const char *what, cublasOperation_t ta,
@@ -357,13 +367,31 @@ static void cu_rmsnorm_backward(struct gpu_backend *be, float *dinp, float *dwei
 
 /* ----------------------------------------------------------------- matmul -- */
 
-static void cu_matmul_forward(struct gpu_backend *be, float *out, const float *inp,
-			      const gpu_bf16 *inp16, const float *weight, const float *bias, int N,
-			      int C, int OC)
+static void cu_matmul_forward(struct gpu_backend *be, float *out, gpu_bf16 *out16,
+			      const float *inp, const gpu_bf16 *inp16, const float *weight,
+			      const float *bias, int N, int C, int OC)
 {
 	struct cu_backend *cb = cu_of(be);
 	if (N <= 0 || OC <= 0)
 		return;
+	if (out16) {
+		/* the product in bf16 only: bf16 operands from the scratch */
+		size_t nw = (size_t)OC * C, nx = (size_t)N * C;
+		assert(!out && !bias && C > 0);
+		if (cb->fp32_strict || !scratch_fits(cb, nw, nx)) {
+			cu_check(cb, CUDA_ERROR_INVALID_VALUE,
+				 "matmul_forward: a bf16 product needs the bf16 mode and gemm_scratch");
+			return;
+		}
+		uint16_t *slot = cb->base.gemm_scratch;
+		cu_prof_begin(cb);
+		const uint16_t *w16 = bf16_operand(cb, weight, nw, slot);
+		const uint16_t *x16 = inp16 ? inp16 : bf16_operand(cb, inp, nx, slot + second_slot(nw));
+		gemm16_(cb, "matmul_forward: cublasGemmEx (bf16 out)", OP_T, OP_N, OC, N, C, 1.0f, w16,
+			C, x16, C, 0.0f, NULL, out16, OC);
+		cu_prof_end(cb, "matmul_forward: cublasGemmEx (bf16 out) %dx%dx%d", OC, N, C);
+		return;
+	}
 	if (C > 0)
 		sgemm(cb, "matmul_forward: cublasSgemm", OP_T, OP_N, OC, N, C, 1.0f, weight, NULL, C,
 		      inp, inp16, C, 0.0f, out, OC);
@@ -717,17 +745,19 @@ static void cu_attention_backward(struct gpu_backend *be, float *dq, float *dk, 
 /* ------------------------------------------------------------ elementwise -- */
 
 static void cu_swiglu_forward(struct gpu_backend *be, float *out, gpu_bf16 *out16,
-			      const float *gate, const float *up, size_t n)
+			      const float *gate, const float *up, const gpu_bf16 *gate16,
+			      const gpu_bf16 *up16, size_t n)
 {
-	void *args[] = {&out, &out16, &gate, &up, &n};
+	void *args[] = {&out, &out16, &gate, &up, &gate16, &up16, &n};
 	launch_n4(cu_of(be), CU_K_swiglu_forward_f32, n, args);
 }
 
 static void cu_swiglu_backward(struct gpu_backend *be, float *dgate, float *dup,
 			       gpu_bf16 *dgate16, gpu_bf16 *dup16, const float *dout,
-			       const float *gate, const float *up, size_t n)
+			       const float *gate, const float *up, const gpu_bf16 *gate16,
+			       const gpu_bf16 *up16, size_t n)
 {
-	void *args[] = {&dgate, &dup, &dgate16, &dup16, &dout, &gate, &up, &n};
+	void *args[] = {&dgate, &dup, &dgate16, &dup16, &dout, &gate, &up, &gate16, &up16, &n};
 	launch_n4(cu_of(be), CU_K_swiglu_backward_f32, n, args);
 }
 

@@ -83,14 +83,33 @@ static __device__ __forceinline__ void cu_put4(float *p, __nv_bfloat16 *p16, siz
 	}
 }
 
+/* gate, up: fp32, or (those NULL) bf16 in gate16, up16: a product kept in
+ * bf16 only. Four at a time from either. */
+static __device__ __forceinline__ float4 cu_in4(const float *p, const __nv_bfloat16 *p16, size_t i)
+{
+	if (p)
+		return cu_ld4(p, i);
+	const uint2 u = reinterpret_cast<const uint2 *>(p16)[i];
+	const __nv_bfloat162 lo = *reinterpret_cast<const __nv_bfloat162 *>(&u.x);
+	const __nv_bfloat162 hi = *reinterpret_cast<const __nv_bfloat162 *>(&u.y);
+	return make_float4(__low2float(lo), __high2float(lo), __low2float(hi), __high2float(hi));
+}
+
+static __device__ __forceinline__ float cu_in(const float *p, const __nv_bfloat16 *p16, size_t i)
+{
+	return p ? p[i] : __bfloat162float(p16[i]);
+}
+
 extern "C" __global__ void swiglu_forward_f32(float *out, __nv_bfloat16 *out16, const float *gate,
-					      const float *up, size_t n)
+					      const float *up, const __nv_bfloat16 *gate16,
+					      const __nv_bfloat16 *up16, size_t n)
 {
 	size_t done = 0;
-	if (cu_al16(out) && cu_al16(out16) && cu_al16(gate) && cu_al16(up)) {
+	if (cu_al16(out) && cu_al16(out16) && cu_al16(gate) && cu_al16(up) && cu_al16(gate16) &&
+	    cu_al16(up16)) {
 		CU_GRID_STRIDE(i, 0, n / 4)
 		{
-			const float4 x = cu_ld4(gate, i), u = cu_ld4(up, i);
+			const float4 x = cu_in4(gate, gate16, i), u = cu_in4(up, up16, i);
 			cu_put4(out, out16, i,
 				make_float4(cu_swiglu(x.x, u.x), cu_swiglu(x.y, u.y),
 					    cu_swiglu(x.z, u.z), cu_swiglu(x.w, u.w)));
@@ -98,7 +117,7 @@ extern "C" __global__ void swiglu_forward_f32(float *out, __nv_bfloat16 *out16, 
 		done = n / 4 * 4;
 	}
 	CU_GRID_STRIDE(i, done, n)
-	cu_put(out, out16, i, cu_swiglu(gate[i], up[i]));
+	cu_put(out, out16, i, cu_swiglu(cu_in(gate, gate16, i), cu_in(up, up16, i)));
 }
 
 /* dup = dout * silu(gate) ; dgate = dout * up * sig * (1 + x * (1 - sig)).
@@ -114,14 +133,17 @@ static __device__ __forceinline__ void cu_swiglu_grad(float x, float u, float d,
 
 extern "C" __global__ void swiglu_backward_f32(float *dgate, float *dup, __nv_bfloat16 *dgate16,
 					       __nv_bfloat16 *dup16, const float *dout,
-					       const float *gate, const float *up, size_t n)
+					       const float *gate, const float *up,
+					       const __nv_bfloat16 *gate16,
+					       const __nv_bfloat16 *up16, size_t n)
 {
 	size_t done = 0;
 	if (cu_al16(dgate) && cu_al16(dup) && cu_al16(dgate16) && cu_al16(dup16) && cu_al16(dout) &&
-	    cu_al16(gate) && cu_al16(up)) {
+	    cu_al16(gate) && cu_al16(up) && cu_al16(gate16) && cu_al16(up16)) {
 		CU_GRID_STRIDE(i, 0, n / 4)
 		{
-			const float4 x = cu_ld4(gate, i), u = cu_ld4(up, i), d = cu_ld4(dout, i);
+			const float4 x = cu_in4(gate, gate16, i), u = cu_in4(up, up16, i);
+			const float4 d = cu_ld4(dout, i);
 			float4 g, p;
 			cu_swiglu_grad(x.x, u.x, d.x, g.x, p.x);
 			cu_swiglu_grad(x.y, u.y, d.y, g.y, p.y);
@@ -135,7 +157,7 @@ extern "C" __global__ void swiglu_backward_f32(float *dgate, float *dup, __nv_bf
 	CU_GRID_STRIDE(i, done, n)
 	{
 		float g, p;
-		cu_swiglu_grad(gate[i], up[i], dout[i], g, p);
+		cu_swiglu_grad(cu_in(gate, gate16, i), cu_in(up, up16, i), dout[i], g, p);
 		cu_put(dgate, dgate16, i, g);
 		cu_put(dup, dup16, i, p);
 	}

@@ -386,7 +386,7 @@ static void test_matmul(void)
 			float *out = fvec(nout);
 			matmul_forward(out, inp, weight, with_bias ? bias : NULL, N, C, OC);
 			float *d_out = dnan(nout);
-			gpu_matmul_forward(be, d_out, d_inp, NULL, d_weight, with_bias ? d_bias : NULL, N, C,
+			gpu_matmul_forward(be, d_out, NULL, d_inp, NULL, d_weight, with_bias ? d_bias : NULL, N, C,
 					   OC);
 			expect_red(with_bias ? "out (bias)" : "out", hget(d_out, nout), out, nout, C);
 		}
@@ -480,14 +480,14 @@ static void test_matmul_bf16(void)
 		float *inp = frand(nin, 1.0, 0.0), *d_inp = dputf(inp, nin);
 		float *out = fvec(nout), *d_out = dnan(nout);
 		matmul_forward(out, bf16_rounded(inp, nin), bf16_rounded(weight, nw), NULL, N, C, OC);
-		gpu_matmul_forward(be, d_out, d_inp, NULL, d_weight, NULL, N, C, OC);
+		gpu_matmul_forward(be, d_out, NULL, d_inp, NULL, d_weight, NULL, N, C, OC);
 		expect_red("out (parameter copy)", hget(d_out, nout), out, nout, C);
 
 		/* new weight values uploaded into the range: the copy follows */
 		float *w2 = frand(nw, 1.0, 0.0);
 		gpu_upload(be, d_weight, w2, nw * sizeof(float));
 		matmul_forward(out, bf16_rounded(inp, nin), bf16_rounded(w2, nw), NULL, N, C, OC);
-		gpu_matmul_forward(be, d_out, d_inp, NULL, d_weight, NULL, N, C, OC);
+		gpu_matmul_forward(be, d_out, NULL, d_inp, NULL, d_weight, NULL, N, C, OC);
 		expect_red("out (after upload)", hget(d_out, nout), out, nout, C);
 
 		/* an optimizer step on the range: the copy follows */
@@ -497,12 +497,12 @@ static void test_matmul_bf16(void)
 		float *w3 = hget(d_weight, nw);
 		CHECK_MSG(memcmp(w3, w2, nw * sizeof(float)) != 0, "%s: adamw changed nothing", where);
 		matmul_forward(out, bf16_rounded(inp, nin), bf16_rounded(w3, nw), NULL, N, C, OC);
-		gpu_matmul_forward(be, d_out, d_inp, NULL, d_weight, NULL, N, C, OC);
+		gpu_matmul_forward(be, d_out, NULL, d_inp, NULL, d_weight, NULL, N, C, OC);
 		expect_red("out (after adamw)", hget(d_out, nout), out, nout, C);
 
 		/* a weight outside the range: rounded per call */
 		float *d_w3 = dputf(w3, nw);
-		gpu_matmul_forward(be, d_out, d_inp, NULL, d_w3, NULL, N, C, OC);
+		gpu_matmul_forward(be, d_out, NULL, d_inp, NULL, d_w3, NULL, N, C, OC);
 		expect_red("out (not a parameter)", hget(d_out, nout), out, nout, C);
 
 		/* backward: dinp and dweight share dout's rounding */
@@ -600,15 +600,29 @@ static void test_twins(void)
 	float *d_g = dputf(g, n), *d_u = dputf(u, n), *d_dy = dputf(dy, n);
 	float *d_h = dnan(n), *d_dg = dnan(n), *d_du = dnan(n);
 	gpu_bf16 *d_h16 = dnan16(n), *d_h16b = dnan16(n), *d_dg16 = dnan16(n), *d_du16 = dnan16(n);
-	gpu_swiglu_forward(be, d_h, d_h16, d_g, d_u, n);
-	gpu_swiglu_forward(be, NULL, d_h16b, d_g, d_u, n);
+	gpu_swiglu_forward(be, d_h, d_h16, d_g, d_u, NULL, NULL, n);
+	gpu_swiglu_forward(be, NULL, d_h16b, d_g, d_u, NULL, NULL, n);
 	float *h = hget(d_h, n);
 	expect_twin("swiglu out16", d_h16, h, n);
 	expect_twin("swiglu out16 (out NULL)", d_h16b, h, n);
-	gpu_swiglu_backward(be, d_dg, d_du, NULL, NULL, d_dy, d_g, d_u, n);
-	gpu_swiglu_backward(be, NULL, NULL, d_dg16, d_du16, d_dy, d_g, d_u, n);
+	gpu_swiglu_backward(be, d_dg, d_du, NULL, NULL, d_dy, d_g, d_u, NULL, NULL, n);
+	gpu_swiglu_backward(be, NULL, NULL, d_dg16, d_du16, d_dy, d_g, d_u, NULL, NULL, n);
 	expect_twin("swiglu dgate16", d_dg16, hget(d_dg, n), n);
 	expect_twin("swiglu dup16", d_du16, hget(d_du, n), n);
+	/* gate and up kept in bf16 only: the same bits as fp32 inputs that
+	 * hold those rounded values */
+	float *gr = bf16_rounded(g, n), *ur = bf16_rounded(u, n);
+	float *d_gr = dputf(gr, n), *d_ur = dputf(ur, n);
+	gpu_bf16 *d_g16 = dput16(g, n), *d_u16 = dput16(u, n);
+	float *d_h2 = dnan(n), *d_h3 = dnan(n);
+	gpu_swiglu_forward(be, d_h2, NULL, d_gr, d_ur, NULL, NULL, n);
+	gpu_swiglu_forward(be, d_h3, NULL, NULL, NULL, d_g16, d_u16, n);
+	expect_same_bits("swiglu from bf16 gate, up", hget(d_h3, n), hget(d_h2, n), n);
+	gpu_swiglu_backward(be, d_dg, d_du, NULL, NULL, d_dy, d_gr, d_ur, NULL, NULL, n);
+	float *dg_ref = hget(d_dg, n), *du_ref = hget(d_du, n);
+	gpu_swiglu_backward(be, d_dg, d_du, NULL, NULL, d_dy, NULL, NULL, d_g16, d_u16, n);
+	expect_same_bits("swiglu dgate from bf16 gate, up", hget(d_dg, n), dg_ref, n);
+	expect_same_bits("swiglu dup from bf16 gate, up", hget(d_du, n), du_ref, n);
 
 	/* crossentropy_backward: the twin alone */
 	float *lg = frand(nl, 4.0, 0.0);
@@ -626,9 +640,22 @@ static void test_twins(void)
 	float *d_wt = dputf(wt, nw), *d_dout = dputf(dout, nd);
 	gpu_bf16 *d_x16 = dput16(x, nx), *d_dout16 = dput16(dout, nd);
 	float *d_y1 = dnan(nd), *d_y2 = dnan(nd);
-	gpu_matmul_forward(be, d_y1, d_x, NULL, d_wt, NULL, N, C, OC);
-	gpu_matmul_forward(be, d_y2, NULL, d_x16, d_wt, NULL, N, C, OC);
-	expect_same_bits("matmul_forward (inp16)", hget(d_y2, nd), hget(d_y1, nd), nd);
+	gpu_matmul_forward(be, d_y1, NULL, d_x, NULL, d_wt, NULL, N, C, OC);
+	gpu_matmul_forward(be, d_y2, NULL, NULL, d_x16, d_wt, NULL, N, C, OC);
+	float *y1 = hget(d_y1, nd);
+	expect_same_bits("matmul_forward (inp16)", hget(d_y2, nd), y1, nd);
+	/* the product in bf16: the fp32 product rounded, to within one bf16
+	 * step (the output type may pick another kernel, another order) */
+	gpu_bf16 *d_y16 = dnan16(nd);
+	gpu_matmul_forward(be, NULL, d_y16, NULL, d_x16, d_wt, NULL, N, C, OC);
+	uint16_t *y16 = hmem(nd * sizeof(uint16_t));
+	gpu_download(be, y16, d_y16, nd * sizeof(uint16_t));
+	float *y16f = fvec(nd);
+	for (size_t i = 0; i < nd; i++) {
+		uint32_t bits = (uint32_t)y16[i] << 16;
+		memcpy(&y16f[i], &bits, sizeof(bits));
+	}
+	expect_close_scaled("matmul_forward (bf16 out)", y16f, y1, nd, 0.0, 1.0 / 128, 1e-3);
 	float *zx = ffill(nx, 0.5f), *zw = ffill(nw, 0.25f);
 	float *d_dx1 = dputf(zx, nx), *d_dx2 = dputf(zx, nx), *d_dw1 = dputf(zw, nw), *d_dw2 = dputf(zw, nw);
 	gpu_matmul_backward(be, d_dx1, d_dw1, NULL, d_dout, NULL, d_x, NULL, d_wt, N, C, OC);
@@ -876,14 +903,14 @@ static void test_swiglu(void)
 		float *out = fvec(n);
 		swiglu_forward(out, gate, up, n);
 		float *d_out = dnan(n);
-		gpu_swiglu_forward(be, d_out, NULL, d_gate, d_up, n);
+		gpu_swiglu_forward(be, d_out, NULL, d_gate, d_up, NULL, NULL, n);
 		expect_close("out", hget(d_out, n), out, n, FWD_ATOL, FWD_RTOL);
 
 		float *dout = frand(n, 1.0, 0.0);
 		float *dgate = fvec(n), *dup = fvec(n);
 		swiglu_backward(dgate, dup, dout, gate, up, n);
 		float *d_dgate = dnan(n), *d_dup = dnan(n);
-		gpu_swiglu_backward(be, d_dgate, d_dup, NULL, NULL, dputf(dout, n), d_gate, d_up, n);
+		gpu_swiglu_backward(be, d_dgate, d_dup, NULL, NULL, dputf(dout, n), d_gate, d_up, NULL, NULL, n);
 		expect_close("dgate", hget(d_dgate, n), dgate, n, FWD_ATOL, FWD_RTOL);
 		expect_close("dup", hget(d_dup, n), dup, n, FWD_ATOL, FWD_RTOL);
 		case_end();
