@@ -122,8 +122,9 @@ float tr_f16_to_f32(uint16_t x)
 	return f;
 }
 
-static td_err to_f32_(float *dst, const struct tr_st_tensor *t, struct td_errbuf *eb)
+static td_err to_f32_(void *out, const struct tr_st_tensor *t, struct td_errbuf *eb)
 {
+	float *dst = out;
 	const unsigned char *p = t->data;
 	size_t n = (size_t)t->numel;
 	assert(n * tr_dtype_size(t->dtype) == t->nbytes);
@@ -153,8 +154,9 @@ static td_err to_f32_(float *dst, const struct tr_st_tensor *t, struct td_errbuf
 	}
 }
 
-static td_err to_i32_(int32_t *dst, const struct tr_st_tensor *t, struct td_errbuf *eb)
+static td_err to_i32_(void *out, const struct tr_st_tensor *t, struct td_errbuf *eb)
 {
+	int32_t *dst = out;
 	const unsigned char *p = t->data;
 	size_t n = (size_t)t->numel;
 	assert(n * tr_dtype_size(t->dtype) == t->nbytes);
@@ -204,26 +206,27 @@ static td_err map_fail(const struct tr_st_tensor *t, struct td_errbuf *eb)
 	return tr_map_fail(eb, t->path ? t->path : "safetensors file", what);
 }
 
-td_err tr_st_to_f32(float *dst, const struct tr_st_tensor *t, struct td_errbuf *eb)
+/* fn(dst, t, eb) with reads of the mapping guarded. */
+static td_err convert(td_err (*fn)(void *, const struct tr_st_tensor *, struct td_errbuf *),
+		      void *dst, const struct tr_st_tensor *t, struct td_errbuf *eb)
 {
 	struct tr_map_guard g;
 	tr_map_guard_push(&g);
 	if (sigsetjmp(g.jb, 0))
 		return map_fail(t, eb);
-	td_err e = to_f32_(dst, t, eb);
+	td_err e = fn(dst, t, eb);
 	tr_map_guard_pop(&g);
 	return e;
 }
 
+td_err tr_st_to_f32(float *dst, const struct tr_st_tensor *t, struct td_errbuf *eb)
+{
+	return convert(to_f32_, dst, t, eb);
+}
+
 td_err tr_st_to_i32(int32_t *dst, const struct tr_st_tensor *t, struct td_errbuf *eb)
 {
-	struct tr_map_guard g;
-	tr_map_guard_push(&g);
-	if (sigsetjmp(g.jb, 0))
-		return map_fail(t, eb);
-	td_err e = to_i32_(dst, t, eb);
-	tr_map_guard_pop(&g);
-	return e;
+	return convert(to_i32_, dst, t, eb);
 }
 
 /* ---- file helpers ---- */

@@ -20,7 +20,20 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include <cuda_bf16.h>
+
 #define CU_FULL_MASK 0xffffffffu
+
+/* Four floats rounded to bf16 (nearest even), packed for one 8-byte store:
+ * the bf16 twins and copies of the bf16 mode. */
+static __device__ __forceinline__ uint2 cu_pack_bf16x4(float4 v)
+{
+	__nv_bfloat162 lo = __floats2bfloat162_rn(v.x, v.y), hi = __floats2bfloat162_rn(v.z, v.w);
+	uint2 u;
+	u.x = *reinterpret_cast<uint32_t *>(&lo);
+	u.y = *reinterpret_cast<uint32_t *>(&hi);
+	return u;
+}
 
 template <typename T> static __device__ __forceinline__ T cu_warp_sum(T v)
 {

@@ -16,8 +16,6 @@
  * op asserts on) gives NaN, which the engine's loss check reports. */
 #include "common.cuh"
 
-#include <cuda_bf16.h>
-
 /* The row's (max, sum of exp) over the block. Rows whose start is 16-byte
  * aligned (V a multiple of 4) are read four floats a load, two loads in
  * flight: a row pass is bound by how many bytes each thread has outstanding.
@@ -129,14 +127,8 @@ extern "C" __global__ void crossentropy_backward_f32(float *losses, float *dlogi
 							     ce_grad(a.w, m, inv, dloss, j + 3, tgt));
 				if (d)
 					reinterpret_cast<float4 *>(d)[i] = g;
-				if (d16) {
-					__nv_bfloat162 lo = __floats2bfloat162_rn(g.x, g.y);
-					__nv_bfloat162 hi = __floats2bfloat162_rn(g.z, g.w);
-					uint2 u;
-					u.x = *reinterpret_cast<uint32_t *>(&lo);
-					u.y = *reinterpret_cast<uint32_t *>(&hi);
-					reinterpret_cast<uint2 *>(d16)[i] = u;
-				}
+				if (d16)
+					reinterpret_cast<uint2 *>(d16)[i] = cu_pack_bf16x4(g);
 			}
 			i = V / 4 * 4 + threadIdx.x;
 		}

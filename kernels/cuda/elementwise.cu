@@ -9,8 +9,6 @@
  * Key: n values. */
 #include "common.cuh"
 
-#include <cuda_bf16.h>
-
 /* Vector access: four floats at a time where every pointer of the op is
  * 16-byte aligned (the plan's buffers are; a view into one may not be), the
  * rest one at a time. Each element's arithmetic is the same either way. */
@@ -74,13 +72,8 @@ static __device__ __forceinline__ void cu_put4(float *p, __nv_bfloat16 *p16, siz
 {
 	if (p)
 		cu_st4(p, i, v);
-	if (p16) {
-		__nv_bfloat162 lo = __floats2bfloat162_rn(v.x, v.y), hi = __floats2bfloat162_rn(v.z, v.w);
-		uint2 u;
-		u.x = *reinterpret_cast<uint32_t *>(&lo);
-		u.y = *reinterpret_cast<uint32_t *>(&hi);
-		reinterpret_cast<uint2 *>(p16)[i] = u;
-	}
+	if (p16)
+		reinterpret_cast<uint2 *>(p16)[i] = cu_pack_bf16x4(v);
 }
 
 /* gate, up: fp32, or (those NULL) bf16 in gate16, up16: a product kept in
@@ -175,13 +168,8 @@ extern "C" __global__ void cast_bf16_f32(__nv_bfloat16 *out, const float *in, si
 	if (((uintptr_t)in & 15) == 0 && ((uintptr_t)out & 7) == 0) {
 		const size_t n4 = n / 4;
 		for (size_t j = i; j < n4; j += stride) {
-			const float4 x = reinterpret_cast<const float4 *>(in)[j];
-			__nv_bfloat162 lo = __floats2bfloat162_rn(x.x, x.y);
-			__nv_bfloat162 hi = __floats2bfloat162_rn(x.z, x.w);
-			uint2 u;
-			u.x = *reinterpret_cast<uint32_t *>(&lo);
-			u.y = *reinterpret_cast<uint32_t *>(&hi);
-			reinterpret_cast<uint2 *>(out)[j] = u;
+			reinterpret_cast<uint2 *>(out)[j] =
+				cu_pack_bf16x4(reinterpret_cast<const float4 *>(in)[j]);
 		}
 		done = n4 * 4;
 	}

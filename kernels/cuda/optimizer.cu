@@ -14,8 +14,6 @@
  * Key: n values. */
 #include "common.cuh"
 
-#include <cuda_bf16.h>
-
 /* param *= decay ; m += omb1*(g - m) ; v = v*beta2 + omb2*g*g ;
  * param -= step_size * m / (sqrt(v) / bc2_sqrt + eps), with decay =
  * 1 - lr*wd, omb = 1 - beta, bc2_sqrt = sqrt(1 - beta2^t), step_size =

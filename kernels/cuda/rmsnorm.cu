@@ -15,8 +15,6 @@
  * Key: N rows, C channels. */
 #include "common.cuh"
 
-#include <cuda_bf16.h>
-
 #define RMS_VEC 4 /* float4s a thread keeps in registers on the vector path */
 
 static __device__ __forceinline__ void rms_put4(float *out, __nv_bfloat16 *out16, size_t i,
@@ -24,13 +22,8 @@ static __device__ __forceinline__ void rms_put4(float *out, __nv_bfloat16 *out16
 {
 	if (out)
 		reinterpret_cast<float4 *>(out)[i] = y;
-	if (out16) {
-		__nv_bfloat162 lo = __floats2bfloat162_rn(y.x, y.y), hi = __floats2bfloat162_rn(y.z, y.w);
-		uint2 u;
-		u.x = *reinterpret_cast<uint32_t *>(&lo);
-		u.y = *reinterpret_cast<uint32_t *>(&hi);
-		reinterpret_cast<uint2 *>(out16)[i] = u;
-	}
+	if (out16)
+		reinterpret_cast<uint2 *>(out16)[i] = cu_pack_bf16x4(y);
 }
 
 /* rstd[n] = 1/sqrt(mean(inp[n]^2) + eps); out = weight * (inp * rstd).
