@@ -57,13 +57,14 @@ cp tests/fixtures/demo/fortunes.tokens "$WORK/shrink.tokens"
 sid=$(ctl submit tests/integration/job.txtpb --data "$WORK/shrink.tokens" --output "$WORK/shrink" \
 	--steps 1000000 --name shrink)
 stepped() { [ "$(json_field "$(ctl --json show "$sid")" step)" -gt 2 ] 2>/dev/null; }
-check "the job is training" wait_for 60 stepped
-: >"$WORK/shrink.tokens"
-check "it fails once its file shrank" wait_for 60 job_is "$sid" FAILED
-expect_contains "its error names the file" "$(ctl show "$sid")" "$WORK/shrink.tokens"
-expect_contains "and what happened" "$(ctl show "$sid")" "shrank while in use"
-check "the daemon is still running" kill -0 "$DPID"
-nid=$(ctl submit tests/integration/job.txtpb --output "$WORK/after")
-check "the next job runs to the end" wait_for 120 job_is "$nid" SUCCEEDED
+if check "the job is training" wait_for 30 stepped; then
+	: >"$WORK/shrink.tokens"
+	check "it fails once its file shrank" wait_for 30 job_is "$sid" FAILED
+	expect_contains "its error names the file" "$(ctl show "$sid")" "$WORK/shrink.tokens"
+	expect_contains "and what happened" "$(ctl show "$sid")" "shrank while in use"
+	check "the daemon is still running" kill -0 "$DPID"
+	nid=$(ctl submit tests/integration/job.txtpb --output "$WORK/after")
+	check "the next job runs to the end" wait_for 60 job_is "$nid" SUCCEEDED
+fi
 stop_daemon
 finish

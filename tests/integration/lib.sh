@@ -46,7 +46,10 @@ check() {
 	local what=$1
 	shift
 	CHECKS=$((CHECKS + 1))
-	if ! "$@"; then bad "$what"; fi
+	if ! "$@"; then
+		bad "$what"
+		return 1
+	fi
 }
 
 # expect_eq DESCRIPTION GOT WANT
