@@ -36,6 +36,8 @@ if [ "$what" != bench ]; then
 	echo "== loss curve (100 steps, GPU vs CPU)"
 	tests/gpu/loss_curve.sh "$bin/traind" "$fx" fp32 || status=1
 	tests/gpu/loss_curve.sh "$bin/traind" "$fx" bf16 || status=1
+	tests/gpu/loss_curve.sh "$bin/traind" "$fx" bf16 lora-dropout || status=1
+	tests/gpu/loss_curve.sh "$bin/traind" "$fx" bf16 qlora || status=1
 	echo "== resume on the GPU, compile counter"
 	tests/gpu/resume_cuda.sh "$bin/traind" "$fx" || status=1
 	echo "== the daemon places a job on the GPU"
