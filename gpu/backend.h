@@ -72,13 +72,17 @@ struct gpu_backend_ops {
 				 const float *rstd, int N, int C);
 	/* inp16, dout16: twins of inp, dout, or NULL; inp (dout) may be NULL
 	 * when its twin is not (dout only without dbias). out16: NULL, or the
-	 * product written in bf16 instead of fp32 (out NULL, no bias). */
+	 * product written in bf16 instead of fp32 (out NULL, no bias).
+	 * dinp_set: matmul_backward overwrites dinp instead of adding to it (no
+	 * zeroing pass, no read of the old values); dweight and dbias always
+	 * accumulate. */
 	void (*matmul_forward)(struct gpu_backend *be, float *out, gpu_bf16 *out16,
 			       const float *inp, const gpu_bf16 *inp16, const float *weight,
 			       const float *bias, int N, int C, int OC);
 	void (*matmul_backward)(struct gpu_backend *be, float *dinp, float *dweight, float *dbias,
 				const float *dout, const gpu_bf16 *dout16, const float *inp,
-				const gpu_bf16 *inp16, const float *weight, int N, int C, int OC);
+				const gpu_bf16 *inp16, const float *weight, int N, int C, int OC,
+				bool dinp_set);
 	void (*rope_forward)(struct gpu_backend *be, float *out, const float *inp, const float *cos,
 			     const float *sin, int B, int T, int NH, int HS);
 	void (*rope_backward)(struct gpu_backend *be, float *dinp, const float *dout,
@@ -301,9 +305,10 @@ static inline void gpu_matmul_forward(struct gpu_backend *be, float *out, gpu_bf
 static inline void gpu_matmul_backward(struct gpu_backend *be, float *dinp, float *dweight,
 				       float *dbias, const float *dout, const gpu_bf16 *dout16,
 				       const float *inp, const gpu_bf16 *inp16, const float *weight,
-				       int N, int C, int OC)
+				       int N, int C, int OC, bool dinp_set)
 {
-	GPU_OP_(matmul_backward, dinp, dweight, dbias, dout, dout16, inp, inp16, weight, N, C, OC);
+	GPU_OP_(matmul_backward, dinp, dweight, dbias, dout, dout16, inp, inp16, weight, N, C, OC,
+		dinp_set);
 }
 static inline void gpu_rope_forward(struct gpu_backend *be, float *out, const float *inp,
 				    const float *cos, const float *sin, int B, int T, int NH, int HS)

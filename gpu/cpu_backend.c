@@ -116,9 +116,12 @@ static void cpu_matmul_forward(struct gpu_backend *be, float *out, gpu_bf16 *out
 }
 static void cpu_matmul_backward(struct gpu_backend *be, float *dinp, float *dweight, float *dbias,
 				const float *dout, const gpu_bf16 *dout16, const float *inp,
-				const gpu_bf16 *inp16, const float *weight, int N, int C, int OC)
+				const gpu_bf16 *inp16, const float *weight, int N, int C, int OC,
+				bool dinp_set)
 {
 	assert(dout && inp && !dout16 && !inp16);
+	if (dinp && dinp_set && N > 0 && C > 0)
+		memset(dinp, 0, sizeof(float) * (size_t)N * (size_t)C);
 	matmul_backward(dinp, dweight, dbias, dout, inp, weight, N, C, OC);
 }
 static void cpu_rope_forward(struct gpu_backend *be, float *out, const float *inp, const float *cos,

@@ -640,33 +640,33 @@ static void linear_forward(struct tr_model *m, int l, int k, float *out, gpu_bf1
 	gpu_residual_forward(be, out, out, m->lora_tmp, (size_t)N * L->out);
 }
 
-/* dinp (N, in) += d/dinp; weight, bias and adapter gradients += where they
- * train. dout16, inp16: bf16 twins or NULL (the fp32 tensor may then be
- * NULL: gpu/backend.h; a bias gradient needs dout). */
-static void linear_backward(struct tr_model *m, int l, int k, float *dinp, const float *dout,
-			    const gpu_bf16 *dout16, const float *inp, const gpu_bf16 *inp16)
+/* dinp (N, in) += d/dinp (set: = instead, the old values never read);
+ * weight, bias and adapter gradients += where they train. dout16, inp16:
+ * bf16 twins or NULL (the fp32 tensor may then be NULL: gpu/backend.h; a bias
+ * gradient needs dout). */
+static void linear_backward(struct tr_model *m, int l, int k, float *dinp, bool set,
+			    const float *dout, const gpu_bf16 *dout16, const float *inp,
+			    const gpu_bf16 *inp16)
 {
 	struct gpu_backend *be = m->be;
 	const struct lin *L = &m->lin[l][k];
 	const int N = m->plan.opts.B * m->plan.opts.T, R = m->plan.opts.lora_rank;
 	assert(dout || !L->db);
 	gpu_matmul_backward(be, dinp, L->dw, L->db, dout, dout16, inp, inp16,
-			    weight_of(m, L->wp, L->w), N, L->in, L->out);
+			    weight_of(m, L->wp, L->w), N, L->in, L->out, set);
 	if (!L->A)
 		return;
 	/* With u = scale * x A^T kept: dB += dout^T u, du = scale * dout B. */
-	gpu_zero(be, m->lora_du, (size_t)N * R * sizeof(float));
 	gpu_matmul_backward(be, m->lora_du, L->dB, NULL, dout, dout16, L->u, NULL, L->B, N, R,
-			    L->out);
+			    L->out, true);
 	gpu_scale(be, m->lora_du, m->plan.lora_scale, (size_t)N * R);
 	if (!m->dropout_used) {
 		gpu_matmul_backward(be, dinp, L->dA, NULL, m->lora_du, NULL, inp, inp16, L->A, N,
-				    L->in, R);
+				    L->in, R, false);
 		return;
 	}
-	gpu_zero(be, m->lora_dx, (size_t)N * L->in * sizeof(float));
 	gpu_matmul_backward(be, m->lora_dx, L->dA, NULL, m->lora_du, NULL, L->xd, NULL, L->A, N,
-			    L->in, R);
+			    L->in, R, true);
 	gpu_dropout(be, m->lora_dx, m->lora_dx, m->plan.opts.lora_dropout, dropout_seed(m, l, k),
 		    (size_t)N * L->in);
 	gpu_residual_forward(be, dinp, dinp, m->lora_dx, (size_t)N * L->in);
@@ -817,7 +817,7 @@ static void head_grad_chunk(struct tr_model *m, int r0, int n, float *losses, fl
 	gpu_crossentropy_backward(m->be, losses, dl, m->dlogits16, m->logits, m->targets + r0, dloss,
 				  n, V);
 	gpu_matmul_backward(m->be, m->dln + (size_t)r0 * C, m->dlm_head, NULL, dl, m->dlogits16,
-			    m->lnf_out + (size_t)r0 * C, NULL, m->lm_head, n, C, V);
+			    m->lnf_out + (size_t)r0 * C, NULL, m->lm_head, n, C, V, true);
 }
 
 td_err tr_model_forward(struct tr_model *m, const int32_t *ids, const int32_t *labels,
@@ -832,9 +832,7 @@ td_err tr_model_forward(struct tr_model *m, const int32_t *ids, const int32_t *l
 	td_err e = causal_forward(m, ids, labels, &valid, eb);
 	if (e != TD_OK)
 		return e;
-	const int R = m->plan.logits_rows, C = m->plan.cfg.hidden_size;
-	if (fuse) /* the head's part of tr_model_backward, here */
-		gpu_zero(be, m->dln, (size_t)N * C * sizeof(float));
+	const int R = m->plan.logits_rows;
 	for (int r0 = 0; r0 < N; r0 += R) {
 		int n = N - r0 < R ? N - r0 : R;
 		if (R != N)
@@ -976,18 +974,15 @@ static void layer_backward(struct tr_model *m, int l)
 
 	/* dres holds d(res[l+1]); it flows unchanged into d(res_mid) through the
 	 * residual, and the MLP branch adds its part. */
-	gpu_zero(be, m->dh, (size_t)N * I * sizeof(float));
-	linear_backward(m, l, TR_LIN_DOWN, m->dh, m->dres, NULL, a->h, a->h16);
+	linear_backward(m, l, TR_LIN_DOWN, m->dh, true, m->dres, NULL, a->h, a->h16);
 	gpu_swiglu_backward(be, m->dgate, m->dup, m->dgate16, m->dup16, m->dh, a->gate, a->up,
 			    a->gate16, a->up16, (size_t)N * I);
-	gpu_zero(be, m->dln, (size_t)N * C * sizeof(float));
-	linear_backward(m, l, TR_LIN_GATE, m->dln, m->dgate, m->dgate16, a->ln2, a->ln2_16);
-	linear_backward(m, l, TR_LIN_UP, m->dln, m->dup, m->dup16, a->ln2, a->ln2_16);
+	linear_backward(m, l, TR_LIN_GATE, m->dln, true, m->dgate, m->dgate16, a->ln2, a->ln2_16);
+	linear_backward(m, l, TR_LIN_UP, m->dln, false, m->dup, m->dup16, a->ln2, a->ln2_16);
 	gpu_rmsnorm_backward(be, m->dres, g->ln2, m->dln, a->res_mid, w->ln2, a->ln2_rstd, N, C);
 
 	/* dres is now d(res_mid); same for the attention branch. */
-	gpu_zero(be, m->dy, (size_t)N * H * sizeof(float));
-	linear_backward(m, l, TR_LIN_O, m->dy, m->dres, NULL, a->y, a->y16);
+	linear_backward(m, l, TR_LIN_O, m->dy, true, m->dres, NULL, a->y, a->y16);
 	gpu_attention_backward(be, m->dq, m->dk, m->dv, m->datt, m->dy, a->y, a->q, a->k, a->v,
 			       a->att, B, T, NH, NKV, HS);
 	gpu_rope_backward(be, m->dq, m->dq, m->rope_cos, m->rope_sin, B, T, NH, HS);
@@ -1001,10 +996,9 @@ static void layer_backward(struct tr_model *m, int l)
 		dqp = m->dqraw;
 		dkp = m->dkraw;
 	}
-	gpu_zero(be, m->dln, (size_t)N * C * sizeof(float));
-	linear_backward(m, l, TR_LIN_Q, m->dln, dqp, NULL, a->ln1, a->ln1_16);
-	linear_backward(m, l, TR_LIN_K, m->dln, dkp, NULL, a->ln1, a->ln1_16);
-	linear_backward(m, l, TR_LIN_V, m->dln, m->dv, NULL, a->ln1, a->ln1_16);
+	linear_backward(m, l, TR_LIN_Q, m->dln, true, dqp, NULL, a->ln1, a->ln1_16);
+	linear_backward(m, l, TR_LIN_K, m->dln, false, dkp, NULL, a->ln1, a->ln1_16);
+	linear_backward(m, l, TR_LIN_V, m->dln, false, m->dv, NULL, a->ln1, a->ln1_16);
 	gpu_rmsnorm_backward(be, m->dres, g->ln1, m->dln, m->res[l], w->ln1, a->ln1_rstd, N, C);
 }
 
@@ -1015,8 +1009,8 @@ void tr_model_fuse_head_backward(struct tr_model *m, float dloss)
 	m->fuse_dloss = dloss;
 }
 
-/* The head's backward (after tr_model_backward zeroed dln): dln and the
- * head's weight gradients from the logits of the last forward. */
+/* The head's backward: dln (overwritten) and the head's weight gradients
+ * from the logits of the last forward. */
 static void head_backward(struct tr_model *m, float dloss)
 {
 	struct gpu_backend *be = m->be;
@@ -1027,17 +1021,17 @@ static void head_backward(struct tr_model *m, float dloss)
 	case HEAD_CLASSIFY:
 		gpu_crossentropy_backward(be, NULL, m->logits, NULL, m->logits, m->targets, dloss, B,
 					  o->num_labels);
-		gpu_zero(be, m->dpooled, (size_t)B * C * sizeof(float));
 		gpu_matmul_backward(be, m->dpooled, m->dscore, NULL, m->logits, NULL, m->pooled, NULL,
-				    m->score, B, C, o->num_labels);
+				    m->score, B, C, o->num_labels, true);
 		/* The gather's transpose: scatter-add the pooled rows' gradient. */
+		gpu_zero(be, m->dln, (size_t)N * C * sizeof(float));
 		gpu_embedding_backward(be, m->dln, m->dpooled, m->pool_idx, B, C);
 		break;
 	case HEAD_DISTILL:
 		gpu_distill_backward(be, m->logits, m->logits, m->teacher_logits, m->targets, dloss,
 				     m->alpha, m->temperature, N, V);
 		gpu_matmul_backward(be, m->dln, m->dlm_head, NULL, m->logits, NULL, m->lnf_out, NULL,
-				    m->lm_head, N, C, V);
+				    m->lm_head, N, C, V, true);
 		break;
 	case HEAD_CAUSAL:
 		for (int r0 = 0, R = m->plan.logits_rows; r0 < N; r0 += R) {
@@ -1062,10 +1056,8 @@ void tr_model_backward(struct tr_model *m, float dloss)
 	m->logits_valid = false;
 	const bool head_done = m->head_done;
 	m->head_done = false;
-	if (head_done) /* the forward ran the head's backward (tr_model_fuse_head_backward) */
-		assert(m->last_head == HEAD_CAUSAL && dloss == m->fuse_dloss);
-	else
-		gpu_zero(be, m->dln, (size_t)N * C * sizeof(float));
+	/* the forward ran the head's backward (tr_model_fuse_head_backward) */
+	assert(!head_done || (m->last_head == HEAD_CAUSAL && dloss == m->fuse_dloss));
 	if (!head_done)
 		head_backward(m, dloss);
 	gpu_zero(be, m->dres, (size_t)N * C * sizeof(float));

@@ -408,11 +408,15 @@ static void cu_matmul_forward(struct gpu_backend *be, float *out, gpu_bf16 *out1
  * dbias (OC) += the column sums of dout (fp32 dout required). */
 static void cu_matmul_backward(struct gpu_backend *be, float *dinp, float *dweight, float *dbias,
 			       const float *dout, const gpu_bf16 *dout16, const float *inp,
-			       const gpu_bf16 *inp16, const float *weight, int N, int C, int OC)
+			       const gpu_bf16 *inp16, const float *weight, int N, int C, int OC,
+			       bool dinp_set)
 {
 	struct cu_backend *cb = cu_of(be);
+	if (dinp && dinp_set && N > 0 && C > 0 && OC <= 0)
+		be->ops->zero(be, dinp, sizeof(float) * (size_t)N * (size_t)C);
 	if (N <= 0 || OC <= 0)
 		return; /* nothing to add */
+	const float beta_in = dinp_set ? 0.0f : 1.0f; /* 0: cuBLAS never reads dinp */
 	size_t nd = (size_t)N * OC, nw = (size_t)OC * C, nx = (size_t)N * C;
 	if (dinp && dweight && C > 0 && !cb->fp32_strict &&
 	    scratch_fits(cb, nw > nx ? nw : nx, nd)) {
@@ -425,7 +429,7 @@ static void cu_matmul_backward(struct gpu_backend *be, float *dinp, float *dweig
 			       : bf16_operand(cb, dout, nd, slot + second_slot(nw > nx ? nw : nx));
 		const uint16_t *w16 = bf16_operand(cb, weight, nw, slot);
 		gemm16(cb, "matmul_backward (dinp): cublasGemmEx", OP_N, OP_N, C, N, OC, 1.0f, w16, C,
-		       d16, OC, 1.0f, dinp, C);
+		       d16, OC, beta_in, dinp, C);
 		cu_prof_end(cb, "matmul_backward (dinp): cublasGemmEx %dx%dx%d", C, N, OC);
 		cu_prof_begin(cb);
 		const uint16_t *x16 = inp16 ? inp16 : bf16_operand(cb, inp, nx, slot);
@@ -435,7 +439,7 @@ static void cu_matmul_backward(struct gpu_backend *be, float *dinp, float *dweig
 	} else {
 		if (dinp && C > 0)
 			sgemm(cb, "matmul_backward (dinp): cublasSgemm", OP_N, OP_N, C, N, OC, 1.0f,
-			      weight, NULL, C, dout, dout16, OC, 1.0f, dinp, C);
+			      weight, NULL, C, dout, dout16, OC, beta_in, dinp, C);
 		if (dweight && C > 0)
 			sgemm(cb, "matmul_backward (dweight): cublasSgemm", OP_N, OP_T, C, OC, N, 1.0f,
 			      inp, inp16, C, dout, dout16, OC, 1.0f, dweight, C);

@@ -406,7 +406,7 @@ static void test_matmul(void)
 			float *d_dinp = dputf(dinp0, nin), *d_dw = dputf(dw0, nw);
 			float *d_db = dputf(db0, (size_t)OC);
 			gpu_matmul_backward(be, want_in ? d_dinp : NULL, want_w ? d_dw : NULL,
-					    want_b ? d_db : NULL, d_dout, NULL, d_inp, NULL, d_weight, N, C, OC);
+					    want_b ? d_db : NULL, d_dout, NULL, d_inp, NULL, d_weight, N, C, OC, false);
 			/* A NULL output is left alone: it still equals its start. */
 			char what[64];
 			snprintf(what, sizeof(what), "dinp (mask %d)", mask);
@@ -421,6 +421,14 @@ static void test_matmul(void)
 			if (want_b && !first_db)
 				first_db = g_db;
 		}
+		/* dinp_set: dinp is overwritten, its old values (NaN here) never read */
+		float *dset = ffill(nin, 0.0f), *dw_set = fcopy(dw0, nw);
+		matmul_backward(dset, dw_set, NULL, dout, inp, weight, N, C, OC);
+		float *d_dset = dnan(nin), *d_dw_set = dputf(dw0, nw);
+		gpu_matmul_backward(be, d_dset, d_dw_set, NULL, d_dout, NULL, d_inp, NULL, d_weight, N,
+				    C, OC, true);
+		expect_red("dinp (set)", hget(d_dset, nin), dset, nin, OC);
+		expect_red("dweight (with dinp set: still added)", hget(d_dw_set, nw), dw_set, nw, N);
 		case_end();
 	}
 	op_report("matmul");
@@ -513,7 +521,7 @@ static void test_matmul_bf16(void)
 		for (int param = 1; param >= 0; param--) {
 			float *d_dinp = dputf(ffill(nin, 0.5f), nin), *d_dw = dputf(ffill(nw, 0.25f), nw);
 			gpu_matmul_backward(be, d_dinp, d_dw, NULL, d_dout, NULL, d_inp, NULL,
-					    param ? d_weight : d_w3, N, C, OC);
+					    param ? d_weight : d_w3, N, C, OC, false);
 			expect_red(param ? "dinp (parameter copy)" : "dinp", hget(d_dinp, nin), dinp,
 				   nin, OC);
 			expect_red(param ? "dweight (parameter copy)" : "dweight", hget(d_dw, nw), dw,
@@ -658,8 +666,8 @@ static void test_twins(void)
 	expect_close_scaled("matmul_forward (bf16 out)", y16f, y1, nd, 0.0, 1.0 / 128, 1e-3);
 	float *zx = ffill(nx, 0.5f), *zw = ffill(nw, 0.25f);
 	float *d_dx1 = dputf(zx, nx), *d_dx2 = dputf(zx, nx), *d_dw1 = dputf(zw, nw), *d_dw2 = dputf(zw, nw);
-	gpu_matmul_backward(be, d_dx1, d_dw1, NULL, d_dout, NULL, d_x, NULL, d_wt, N, C, OC);
-	gpu_matmul_backward(be, d_dx2, d_dw2, NULL, NULL, d_dout16, NULL, d_x16, d_wt, N, C, OC);
+	gpu_matmul_backward(be, d_dx1, d_dw1, NULL, d_dout, NULL, d_x, NULL, d_wt, N, C, OC, false);
+	gpu_matmul_backward(be, d_dx2, d_dw2, NULL, NULL, d_dout16, NULL, d_x16, d_wt, N, C, OC, false);
 	expect_same_bits("matmul_backward dinp (twins)", hget(d_dx2, nx), hget(d_dx1, nx), nx);
 	expect_same_bits("matmul_backward dweight (twins)", hget(d_dw2, nw), hget(d_dw1, nw), nw);
 	case_end();
