@@ -8,6 +8,7 @@
 
 #include "config.h"
 
+#include <dirent.h>
 #include <math.h>
 #include <nng/nng.h>
 #include <sqlite3.h>
@@ -47,6 +48,8 @@ struct dmn_call {
 	size_t nevents;
 	struct st_metric *metrics;
 	struct st_lease *leases;
+	struct st_cache_entry *cache;
+	size_t ncache;
 	void **allocs;
 	size_t nallocs, capallocs;
 	Traind__JobSpec **specs;  /* decoded for the response */
@@ -109,6 +112,7 @@ static void call_free(struct dmn_call *c)
 	st_events_free(c->events, c->nevents);
 	free(c->metrics);
 	free(c->leases);
+	st_cache_entries_free(c->cache, c->ncache);
 	for (size_t i = 0; i < c->nallocs; i++)
 		free(c->allocs[i]);
 	free(c->allocs);
@@ -612,6 +616,118 @@ static td_err h_ledger_release(struct dmn_call *c)
 	return ledger_reply(c, &rep);
 }
 
+/* --- the module cache --- */
+
+/* <cache_dir>/modules, where the CUDA backend keeps its cubins; "" without a
+ * cache dir. */
+static void modules_dir(const struct dmn_call *c, char *buf, size_t cap)
+{
+	const char *d = c->env->cfg->cache_dir;
+	snprintf(buf, cap, "%s%s", d && *d ? d : "", d && *d ? "/modules" : "");
+}
+
+/* The reply with the index's entries (list) or only their totals (stats). */
+static td_err h_cache_list(struct dmn_call *c)
+{
+	td_err e = st_cache_list(c->env->db, &c->cache, &c->ncache, &c->eb);
+	if (e != TD_OK)
+		return e;
+	Traind__CacheReply *cr = cz(c, sizeof(*cr));
+	bool list = c->req->cache->op_case == TRAIND__CACHE_REQUEST__OP_LIST;
+	Traind__CacheEntry *ents = cz(c, (c->ncache + 1) * sizeof(*ents));
+	Traind__CacheEntry **arr = cz(c, (c->ncache + 1) * sizeof(*arr));
+	char dir[4200];
+	modules_dir(c, dir, sizeof(dir));
+	if (!cr || !ents || !arr)
+		return td_fail(&c->eb, TD_ENOMEM, "out of memory");
+	traind__cache_reply__init(cr);
+	cr->dir = cstr(c, dir);
+	uint64_t bytes = 0, hits = 0;
+	for (size_t i = 0; i < c->ncache; i++) {
+		const struct st_cache_entry *s = &c->cache[i];
+		bytes += s->size_bytes;
+		hits += s->hits;
+		if (!list)
+			continue;
+		Traind__CacheEntry *x = &ents[i];
+		traind__cache_entry__init(x);
+		x->key = s->key;
+		x->path = s->path;
+		x->sha256 = s->sha256;
+		x->arch = s->arch;
+		SETF(x, size_bytes, s->size_bytes);
+		SETF(x, src_bytes, s->src_bytes);
+		SETF(x, created, secs(s->created_ms));
+		SETF(x, used, secs(s->used_ms));
+		SETF(x, hits, s->hits);
+		arr[i] = x;
+	}
+	if (list) {
+		cr->entries = arr;
+		cr->n_entries = c->ncache;
+	}
+	SETF(cr, count, (uint64_t)c->ncache);
+	SETF(cr, bytes, bytes);
+	SETF(cr, hits, hits);
+	c->resp.result_case = TRAIND__RESPONSE__RESULT_CACHE;
+	c->resp.cache = cr;
+	return TD_OK;
+}
+
+/* Deletes path if it is a cubin directly in dir (nothing else, whatever the
+ * index says). */
+static bool remove_cubin(const char *dir, const char *path)
+{
+	size_t n = strlen(dir), len = strlen(path);
+	if (!*dir || strncmp(path, dir, n) != 0 || path[n] != '/' || strchr(path + n + 1, '/') ||
+	    len < 6 || strcmp(path + len - 6, ".cubin") != 0)
+		return false;
+	return unlink(path) == 0;
+}
+
+/* Every entry of the index and every cubin in the modules dir: the next job
+ * compiles what it needs again. Root, the admin group, or the user a
+ * user-mode daemon runs as. */
+static td_err h_cache_clear(struct dmn_call *c)
+{
+	if (!c->admin && c->peer.uid != geteuid())
+		return td_fail(&c->eb, TD_EPERM,
+			       "cache clear: only root, the admin group and the daemon's own user may "
+			       "clear the module cache");
+	char dir[4200];
+	modules_dir(c, dir, sizeof(dir));
+	td_err e = st_cache_list(c->env->db, &c->cache, &c->ncache, &c->eb);
+	if (e != TD_OK)
+		return e;
+	uint64_t files = 0;
+	for (size_t i = 0; i < c->ncache; i++)
+		files += c->cache[i].path && remove_cubin(dir, c->cache[i].path);
+	DIR *d = *dir ? opendir(dir) : NULL;
+	struct dirent *de;
+	while (d && (de = readdir(d))) {
+		char p[4200 + 256];
+		snprintf(p, sizeof(p), "%s/%s", dir, de->d_name);
+		files += remove_cubin(dir, p);
+	}
+	if (d)
+		closedir(d);
+	size_t n = 0;
+	if ((e = st_cache_clear(c->env->db, &n, &c->eb)) != TD_OK)
+		return e;
+	td_info("TD-CACHE-CLEAR", "module cache cleared by uid %u: %zu entries, %llu files in %s",
+		(unsigned)c->peer.uid, n, (unsigned long long)files, *dir ? dir : "(no cache dir)");
+	Traind__CacheReply *cr = cz(c, sizeof(*cr));
+	if (!cr)
+		return td_fail(&c->eb, TD_ENOMEM, "out of memory");
+	traind__cache_reply__init(cr);
+	cr->dir = cstr(c, dir);
+	SETF(cr, removed, (uint64_t)n);
+	SETF(cr, files_removed, files);
+	c->resp.result_case = TRAIND__RESPONSE__RESULT_CACHE;
+	c->resp.cache = cr;
+	return TD_OK;
+}
+
 static td_err h_info(struct dmn_call *c)
 {
 	const struct dmn_config *cfg = c->env->cfg;
@@ -670,7 +786,8 @@ struct rpc_entry {
 
 enum {
 	RPC_SUBMIT, RPC_LIST, RPC_SHOW, RPC_CANCEL, RPC_WATCH,
-	RPC_LEDGER_LIST, RPC_LEDGER_RESERVE, RPC_LEDGER_RELEASE, RPC_INFO, RPC_COUNT
+	RPC_LEDGER_LIST, RPC_LEDGER_RESERVE, RPC_LEDGER_RELEASE, RPC_INFO,
+	RPC_CACHE_LIST, RPC_CACHE_STATS, RPC_CACHE_CLEAR, RPC_COUNT
 };
 
 static const struct rpc_entry rpc_table[RPC_COUNT] = {
@@ -683,6 +800,10 @@ static const struct rpc_entry rpc_table[RPC_COUNT] = {
 	[RPC_LEDGER_RESERVE] = {"ledger.reserve", h_ledger_reserve, WHO_ANYONE, true, false},
 	[RPC_LEDGER_RELEASE] = {"ledger.release", h_ledger_release, WHO_ANYONE, true, false},
 	[RPC_INFO] = {"info", h_info, WHO_ANYONE, false, false},
+	[RPC_CACHE_LIST] = {"cache.list", h_cache_list, WHO_ANYONE, false, false},
+	[RPC_CACHE_STATS] = {"cache.stats", h_cache_list, WHO_ANYONE, false, false},
+	/* its own check: admins or the daemon's user */
+	[RPC_CACHE_CLEAR] = {"cache.clear", h_cache_clear, WHO_ANYONE, true, false},
 };
 
 /* The table entry and, for a call about a job, its id. */
@@ -696,6 +817,13 @@ static int entry_of(const Traind__Request *r, uint64_t *job_id)
 	case TRAIND__REQUEST__CALL_CANCEL: *job_id = r->cancel->id; return RPC_CANCEL;
 	case TRAIND__REQUEST__CALL_WATCH: *job_id = r->watch->id; return RPC_WATCH;
 	case TRAIND__REQUEST__CALL_INFO: return RPC_INFO;
+	case TRAIND__REQUEST__CALL_CACHE:
+		switch (r->cache->op_case) {
+		case TRAIND__CACHE_REQUEST__OP_LIST: return RPC_CACHE_LIST;
+		case TRAIND__CACHE_REQUEST__OP_STATS: return RPC_CACHE_STATS;
+		case TRAIND__CACHE_REQUEST__OP_CLEAR: return RPC_CACHE_CLEAR;
+		default: return -1;
+		}
 	case TRAIND__REQUEST__CALL_LEDGER:
 		switch (r->ledger->op_case) {
 		case TRAIND__LEDGER_REQUEST__OP_LIST: return RPC_LEDGER_LIST;

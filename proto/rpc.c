@@ -66,6 +66,8 @@ const char *rpc_call_name(Traind__Request__CallCase c)
 		return "ledger";
 	case TRAIND__REQUEST__CALL_INFO:
 		return "info";
+	case TRAIND__REQUEST__CALL_CACHE:
+		return "cache";
 	default:
 		return "unknown";
 	}
@@ -142,10 +144,15 @@ td_err rpc_request_check(const Traind__Request *r, struct td_errbuf *eb)
 		if (!r->ledger)
 			return td_fail(eb, TD_EINVAL, "request.ledger: missing");
 		return check_ledger(r->ledger, eb);
+	case TRAIND__REQUEST__CALL_CACHE:
+		if (!r->cache || r->cache->op_case == TRAIND__CACHE_REQUEST__OP__NOT_SET)
+			return td_fail(eb, TD_EINVAL,
+				       "request.cache: no operation (expected list, stats or clear)");
+		return TD_OK;
 	default:
 		return td_fail(eb, TD_EINVAL,
 			       "request: no call set (expected one of submit, list, show, cancel, "
-			       "watch, ledger, info; is the daemon older than the client?)");
+			       "watch, ledger, cache, info; is the daemon older than the client?)");
 	}
 }
 

@@ -6,6 +6,8 @@
 # (0 compiles). The module_cache table then holds exactly that entry: its
 # key is the file's name, its sha256 and size those of the cubin after the
 # file's 88-byte header (computed here with Python's hashlib), one hit.
+# `trainctl cache` lists it; `trainctl cache clear` removes entry and file,
+# and a third job compiles again.
 # Skips (77) without a GPU. Environment as the integration tests.
 . "$(dirname "$0")/../integration/lib.sh"
 cd "$TD_SRC" || exit 1
@@ -71,5 +73,18 @@ print('ok' if not problems else '; '.join(problems))
 PY
 )
 expect_eq "the module_cache row matches the entry file" "$index" ok
+
+# The cache RPC: trainctl cache lists that entry, with its hit; clear removes
+# it and its file, and the next job compiles again.
+cache_out=$(ctl cache)
+expect_contains "trainctl cache: the entry" "$cache_out" "1 module,"
+expect_contains "trainctl cache: its hit" "$cache_out" "1 load from the cache"
+expect_contains "trainctl cache: its file" "$cache_out" "$WORK/cache/modules/"
+expect_contains "trainctl cache clear" "$(ctl cache clear)" "module cache cleared: 1 entries, 1 files"
+expect_eq "no cubin left" "$(find "$WORK/cache/modules" -name '*.cubin' | wc -l)" 0
+expect_contains "the index is empty" "$(ctl cache stats)" "0 modules"
+run_job third
+set -- $compiles
+check "after clear the next job compiles again (got '${1:-}')" test "${1:-0}" -ge 1
 stop_daemon
 finish

@@ -2,7 +2,7 @@
 # Submit → watch → SUCCEEDED with the output model, checked against the same
 # job run by `traind --run` (bit-identical weights, the same final loss, which
 # the TensorBoard file and the daemon's metrics also carry); then ls, show,
-# logs, cancel (a running and a queued job), info and ledger, each through
+# logs, cancel (a running and a queued job), info, ledger and cache, each through
 # trainctl, in text and --json.
 . "$(dirname "$0")/lib.sh"
 cd "$TD_SRC" || exit 1
@@ -103,6 +103,19 @@ expect_contains "ledger without GPUs" "$(ctl ledger)" "no reservations"
 ctl ledger reserve --gpu GPU-nope --bytes 1G >/dev/null 2>"$WORK/err"
 expect_eq "reserve on a GPU that is not there: exit 5" "$?" 5
 expect_contains "its error" "$(cat "$WORK/err")" "no GPU 'GPU-nope' on this host"
+
+# --- the module cache: empty on the CPU; clear removes the cubins in its
+# modules dir and nothing else ---
+expect_contains "cache: empty, and where" "$(ctl cache)" "0 modules, 0 B, 0 loads from the cache; in $WORK/cache/modules"
+expect_contains "cache stats --json" "$(ctl --json cache stats)" "\"count\": 0"
+mkdir -p "$WORK/cache/modules"
+: >"$WORK/cache/modules/0123abcd.cubin"
+: >"$WORK/cache/modules/notes.txt"
+expect_contains "cache clear" "$(ctl cache clear)" "module cache cleared: 0 entries, 1 files in $WORK/cache/modules"
+check "the cubin is gone" test ! -e "$WORK/cache/modules/0123abcd.cubin"
+check "what is not a cubin stays" test -e "$WORK/cache/modules/notes.txt"
+ctl cache purge >/dev/null 2>"$WORK/err"
+expect_eq "cache: an unknown operation: exit 2" "$?" 2
 
 stop_daemon
 ctl info >/dev/null 2>"$WORK/err"

@@ -101,6 +101,12 @@ expect_contains "its reason names the file (B's symlink to A's)" "$showB" "$WORK
 
 # --- what A's job wrote is A's ---
 check "A's job wrote its checkpoint" test -d "$WORK/$A/out/checkpoints"
+
+# --- the module cache: anyone may look, only admins clear it ---
+expect_contains "B may list the module cache" "$(ctlB cache)" "0 modules"
+ctlB cache clear >/dev/null 2>"$WORK/err"
+expect_eq "B may not clear it: exit 4" "$?" 4
+expect_contains "and is told who may" "$(cat "$WORK/err")" "only root, the admin group"
 check "A's output dir belongs to A" test "$(stat -c %U "$WORK/$A/out")" = "$A"
 expect_eq "every file A's job wrote belongs to A" "$(find "$WORK/$A/out" ! -user "$A" | wc -l)" 0
 stop_daemon
