@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "config.h"
+#include "daemon/journal.h"
 #include "daemon/settings.h"
 #include "daemon/server.h"
 #include "proto/err.h"
@@ -47,6 +48,7 @@ static void usage(FILE *f)
 		"       traind --plan JOB\n"
 		"       traind --check JOB\n"
 		"       traind --merge BASE ADAPTER OUT [--backend cpu|cuda|auto]   (default cpu: fp32)\n"
+		"       traind --message-id ID   the journald MESSAGE_ID of a message id\n"
 		"       traind --version\n"
 		"\n"
 		"JOB is a traind.JobSpec as binary protobuf (.pb) or text format (.txtpb),\n"
@@ -69,7 +71,8 @@ static void usage(FILE *f)
 
 /* The one-shot modes; anything else on the command line is serving. A new
  * mode goes here and into run_oneshot()'s argument loop. */
-static const char *const oneshot_flags[] = {"--run", "--plan", "--check", "--merge", NULL};
+static const char *const oneshot_flags[] = {"--run", "--plan", "--check", "--merge",
+					    "--message-id", NULL};
 
 static bool is_oneshot(int argc, char **argv)
 {
@@ -130,10 +133,12 @@ static int serve_main(int argc, char **argv)
 		return 2;
 	}
 	int rc = 0;
-	if (dump)
+	if (dump) {
 		dmn_config_dump(&cfg, stdout);
-	else
+	} else {
+		dmn_journal_attach(); /* under systemd: structured lines */
 		rc = dmn_serve(&cfg, nargs, args);
+	}
 	free(args);
 	if (rc == DMN_SERVE_REEXEC) {
 		/* The fault-injection test hook fires once per daemon, not once per
@@ -185,7 +190,13 @@ static int run_oneshot(int argc, char **argv)
 			merge[1] = argv[++i];
 			merge[2] = argv[++i];
 		}
-		else if (strcmp(a, "--backend") == 0 && i + 1 < argc)
+		else if (strcmp(a, "--message-id") == 0 && i + 1 < argc) {
+			/* journalctl MESSAGE_ID=$(traind --message-id TD-JOB-FAIL) */
+			char mid[33];
+			td_log_message_id(argv[++i], mid);
+			printf("%s\n", mid);
+			return 0;
+		} else if (strcmp(a, "--backend") == 0 && i + 1 < argc)
 			backend = argv[++i];
 		else if (strcmp(a, "--cache-dir") == 0 && i + 1 < argc) {
 			cache_dir = argv[++i];

@@ -117,6 +117,11 @@ check "what is not a cubin stays" test -e "$WORK/cache/modules/notes.txt"
 ctl cache purge >/dev/null 2>"$WORK/err"
 expect_eq "cache: an unknown operation: exit 2" "$?" 2
 
+# --- journald MESSAGE_IDs: 32 hex digits, the same every time ---
+mid=$("$TRAIND" --message-id TD-JOB-FAIL)
+check "traind --message-id prints 32 hex digits" eval '[[ "$mid" =~ ^[0-9a-f]{32}$ ]]'
+expect_eq "and the same one again" "$("$TRAIND" --message-id TD-JOB-FAIL)" "$mid"
+
 stop_daemon
 ctl info >/dev/null 2>"$WORK/err"
 expect_eq "no daemon at the socket: exit 3" "$?" 3
