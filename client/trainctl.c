@@ -922,24 +922,47 @@ static int cmd_ledger(const struct opts *o, int argc, char **argv)
 /* ------------------------------------------------------------------------ */
 /* cache */
 
+static void human_cache(const void *m)
+{
+	const Traind__CacheReply *r = m;
+	const char *dir = r->dir && *r->dir ? r->dir : "(no cache dir)";
+	char b[32], t[64];
+	if (r->has_removed) { /* clear */
+		printf("module cache cleared: %llu entries, %llu files in %s\n",
+		       (unsigned long long)r->removed, (unsigned long long)r->files_removed, dir);
+		return;
+	}
+	if (r->n_entries) { /* list */
+		printf("%-16s %-7s %-10s %-6s %-19s %s\n", "KEY", "ARCH", "SIZE", "HITS", "LAST USED",
+		       "PATH");
+		for (size_t i = 0; i < r->n_entries; i++) {
+			const Traind__CacheEntry *e = r->entries[i];
+			printf("%-16.16s %-7s %-10s %-6llu %-19s %s\n", e->key ? e->key : "",
+			       e->arch ? e->arch : "", fmt_bytes(e->size_bytes, b, sizeof(b)),
+			       (unsigned long long)e->hits, fmt_time(e->used, t, sizeof(t)),
+			       e->path ? e->path : "");
+		}
+		printf("\n");
+	}
+	printf("%llu module%s, %s, %llu load%s from the cache; in %s\n", (unsigned long long)r->count,
+	       r->count == 1 ? "" : "s", fmt_bytes(r->bytes, b, sizeof(b)), (unsigned long long)r->hits,
+	       r->hits == 1 ? "" : "s", dir);
+}
+
 static int cmd_cache(const struct opts *o, int argc, char **argv)
 {
 	Traind__CacheRequest cr = TRAIND__CACHE_REQUEST__INIT;
 	const char *op = argc ? argv[0] : "list";
 	if (argc > 1)
 		return fail(CTL_USAGE, "cache %s: unexpected argument '%s'", op, argv[1]);
-	if (strcmp(op, "list") == 0 || strcmp(op, "ls") == 0) {
-		cr.op_case = TRAIND__CACHE_REQUEST__OP_LIST;
-		cr.list = true;
-	} else if (strcmp(op, "stats") == 0) {
-		cr.op_case = TRAIND__CACHE_REQUEST__OP_STATS;
-		cr.stats = true;
-	} else if (strcmp(op, "clear") == 0) {
-		cr.op_case = TRAIND__CACHE_REQUEST__OP_CLEAR;
-		cr.clear = true;
-	} else {
+	if (strcmp(op, "list") == 0 || strcmp(op, "ls") == 0)
+		cr.op_case = TRAIND__CACHE_REQUEST__OP_LIST, cr.list = true;
+	else if (strcmp(op, "stats") == 0)
+		cr.op_case = TRAIND__CACHE_REQUEST__OP_STATS, cr.stats = true;
+	else if (strcmp(op, "clear") == 0)
+		cr.op_case = TRAIND__CACHE_REQUEST__OP_CLEAR, cr.clear = true;
+	else
 		return fail(CTL_USAGE, "cache: unknown operation '%s' (list, stats, clear)", op);
-	}
 	Traind__Request req = TRAIND__REQUEST__INIT;
 	req.call_case = TRAIND__REQUEST__CALL_CACHE;
 	req.cache = &cr;
@@ -947,36 +970,10 @@ static int cmd_cache(const struct opts *o, int argc, char **argv)
 	int rc = call(o, &req, &resp);
 	if (rc != CTL_OK)
 		return rc;
-	const Traind__CacheReply *r = resp->cache;
-	char b[32], t[64];
-	if (!r) {
+	if (!resp->cache)
 		rc = fail(CTL_FAILED, "cache: the daemon sent nothing");
-	} else if (o->json) {
-		struct json_object *js = ctl_json(&r->base);
-		ctl_json_print(stdout, js, true);
-		json_object_put(js);
-	} else if (cr.op_case == TRAIND__CACHE_REQUEST__OP_CLEAR) {
-		printf("module cache cleared: %llu entries, %llu files in %s\n",
-		       (unsigned long long)r->removed, (unsigned long long)r->files_removed,
-		       r->dir && *r->dir ? r->dir : "(no cache dir)");
-	} else {
-		if (cr.op_case == TRAIND__CACHE_REQUEST__OP_LIST && r->n_entries) {
-			printf("%-16s %-7s %-10s %-6s %-19s %s\n", "KEY", "ARCH", "SIZE", "HITS",
-			       "LAST USED", "PATH");
-			for (size_t i = 0; i < r->n_entries; i++) {
-				const Traind__CacheEntry *e = r->entries[i];
-				printf("%-16.16s %-7s %-10s %-6llu %-19s %s\n", e->key ? e->key : "",
-				       e->arch ? e->arch : "", fmt_bytes(e->size_bytes, b, sizeof(b)),
-				       (unsigned long long)e->hits, fmt_time(e->used, t, sizeof(t)),
-				       e->path ? e->path : "");
-			}
-			printf("\n");
-		}
-		printf("%llu module%s, %s, %llu load%s from the cache; in %s\n",
-		       (unsigned long long)r->count, r->count == 1 ? "" : "s",
-		       fmt_bytes(r->bytes, b, sizeof(b)), (unsigned long long)r->hits,
-		       r->hits == 1 ? "" : "s", r->dir && *r->dir ? r->dir : "(no cache dir)");
-	}
+	else
+		print_result(o, &resp->cache->base, human_cache);
 	rpc_response_free(resp);
 	return rc;
 }
