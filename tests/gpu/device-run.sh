@@ -1,7 +1,8 @@
 #!/bin/bash
 # On the GPU machine: the gpu suite and the training benchmark beside the
-# PyTorch peer, in one call. Expects .gpu-run/ (binaries and the CUDA module,
-# see tests/gpu/README.md) and .gpu-libs/lib (bundle-libs.sh) in the repo root.
+# PyTorch peer, in one call. Expects .gpu-run/ (binaries and the CUDA module)
+# and .gpu-libs/lib (bundle-libs.sh) in the repo root: tests/gpu/bundle.sh
+# makes them.
 # usage: tests/gpu/device-run.sh [tests|bench|faults|all]
 # Prepare here: see the comment at the end of this file.
 set -u
@@ -78,9 +79,6 @@ exit $status
 
 # Preparing the bundle on the development machine (the build folder is not
 # carried; these binaries and the Debian libraries they need are):
-#   mkdir -p .gpu-run && cp build/daemon/traind build/client/trainctl \
-#     build/tests/parity build/tests/gpu/test_cuda_ops build/tests/bench/bench_train \
-#     build/tests/bench/bench_tokenizer build/gpu/cuda/libtraind-cuda.so .gpu-run/
-#   ../shared/device/bundle-libs.sh .gpu-libs .gpu-run/*
-#   cp ../shared/bench/peer_hf.py .gpu-libs/
-# and run with carry [".gpu-run", ".gpu-libs"].
+#   ninja -C build && tests/gpu/bundle.sh
+# and run with carry [".gpu-pack.tar.xz"] and the command
+#   tar xJf .gpu-pack.tar.xz; tests/gpu/device-run.sh all

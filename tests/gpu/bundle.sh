@@ -1,0 +1,24 @@
+#!/bin/bash
+# Packs what tests/gpu/device-run.sh needs on a GPU machine that has none of
+# this project's build: the binaries and the CUDA module (.gpu-run/), the
+# Debian libraries they load (.gpu-libs/lib, by ../shared/device/bundle-libs.sh)
+# and peer_hf.py, stripped and xz-compressed into .gpu-pack.tar.xz (the
+# uncompressed pair is over the device tool's 64 MiB carry). Run from the
+# repo root after `ninja -C build`; then, on the device, with carry
+# [".gpu-pack.tar.xz"]:
+#   tar xJf .gpu-pack.tar.xz; tests/gpu/device-run.sh [tests|bench|faults|all]
+# Libraries the GPU machine has itself (libsystemd, libcrypto, sqlite, ...)
+# are left out.
+set -eu
+cd "$(dirname "$0")/../.."
+rm -rf .gpu-run .gpu-libs .gpu-pack.tar.xz
+mkdir -p .gpu-run
+cp build/daemon/traind build/client/trainctl build/tests/parity build/tests/gpu/test_cuda_ops \
+	build/tests/bench/bench_train build/tests/bench/bench_tokenizer \
+	build/gpu/cuda/libtraind-cuda.so .gpu-run/
+../shared/device/bundle-libs.sh .gpu-libs .gpu-run/* >/dev/null
+cp ../shared/bench/peer_hf.py .gpu-libs/
+strip --strip-unneeded .gpu-libs/lib/* .gpu-run/* 2>/dev/null || true
+rm -f .gpu-libs/lib/{libsystemd,libgcrypt,libgpg-error,liblz4,liblzma,libzstd,libcap,libsqlite3,libcrypto}*
+tar cf - .gpu-run .gpu-libs | xz -T2 -6 >.gpu-pack.tar.xz
+ls -la .gpu-pack.tar.xz
