@@ -5,7 +5,8 @@
  * shared/bench/peer_hf.py's lines, so the two compare line by line) and
  * asserts nothing about the numbers.
  *
- *   bench_train [--backend cpu|cuda] [--shape fixture|25m|qwen2-0.5b|qwen3-0.6b]
+ *   bench_train [--backend cpu|cuda]
+ *               [--shape fixture|25m|qwen2-0.5b|qwen3-0.6b|qwen2-1.5b|llama3-8b-4l]
  *               [--batch B] [--seq T] [--steps N] [--warm N] [--lora-rank R]
  *               [--lora-targets qv|all] [--precision fp32|bf16] [--phases]
  *
@@ -78,6 +79,21 @@ static const struct {
 	 "\"num_key_value_heads\":8,\"head_dim\":128,\"rope_theta\":1000000.0,"
 	 "\"rms_norm_eps\":1e-6,\"tie_word_embeddings\":true,\"max_position_embeddings\":40960}",
 	 8, 1024},
+	/* Qwen2-1.5B (Qwen/Qwen2-1.5B's config.json): head size 128, 12/2 heads. */
+	{"qwen2-1.5b",
+	 "{\"model_type\":\"qwen2\",\"vocab_size\":151936,\"hidden_size\":1536,"
+	 "\"intermediate_size\":8960,\"num_hidden_layers\":28,\"num_attention_heads\":12,"
+	 "\"num_key_value_heads\":2,\"rope_theta\":1000000.0,\"rms_norm_eps\":1e-6,"
+	 "\"tie_word_embeddings\":true,\"max_position_embeddings\":32768}",
+	 4, 1024},
+	/* Llama-3-8B's shapes (meta-llama/Meta-Llama-3-8B's config.json) with 4 of its 32
+	 * layers: the big GEMMs, 32/8 heads of 128, the 128k vocabulary, untied head. */
+	{"llama3-8b-4l",
+	 "{\"model_type\":\"llama\",\"vocab_size\":128256,\"hidden_size\":4096,"
+	 "\"intermediate_size\":14336,\"num_hidden_layers\":4,\"num_attention_heads\":32,"
+	 "\"num_key_value_heads\":8,\"rope_theta\":500000.0,\"rms_norm_eps\":1e-5,"
+	 "\"tie_word_embeddings\":false,\"max_position_embeddings\":8192}",
+	 2, 2048},
 };
 
 int main(int argc, char **argv)
@@ -114,7 +130,7 @@ int main(int argc, char **argv)
 	while (si < sizeof(shapes) / sizeof(shapes[0]) && strcmp(shapes[si].name, shape))
 		si++;
 	if (si == sizeof(shapes) / sizeof(shapes[0])) {
-		fprintf(stderr, "bench_train: unknown shape %s (fixture, 25m, qwen2-0.5b, qwen3-0.6b)\n", shape);
+		fprintf(stderr, "bench_train: unknown shape %s (fixture, 25m, qwen2-0.5b, qwen3-0.6b, qwen2-1.5b, llama3-8b-4l)\n", shape);
 		return 2;
 	}
 	if (!B) B = shapes[si].B;
