@@ -887,8 +887,13 @@ td_err tr_model_forward_distill(struct tr_model *m, const int32_t *ids, const in
 	td_err e = causal_forward(m, ids, labels, &valid, eb);
 	if (e != TD_OK)
 		return e;
-	gpu_distill_forward(be, m->kl, m->losses, m->logits, teacher_logits, m->targets, temperature,
-			    N, V);
+	for (int r0 = 0, R = m->plan.logits_rows; r0 < N; r0 += R) {
+		int n = N - r0 < R ? N - r0 : R;
+		if (R != N)
+			head_chunk(m, r0, n);
+		gpu_distill_forward(be, m->kl + r0, m->losses + r0, m->logits,
+				    teacher_logits + (size_t)r0 * V, m->targets + r0, temperature, n, V);
+	}
 	gpu_download(be, m->host_losses, m->losses, (size_t)N * sizeof(float));
 	gpu_download(be, m->host_kl, m->kl, (size_t)N * sizeof(float));
 	double ce = 0, kl = 0;
@@ -1028,10 +1033,16 @@ static void head_backward(struct tr_model *m, float dloss)
 		gpu_embedding_backward(be, m->dln, m->dpooled, m->pool_idx, B, C);
 		break;
 	case HEAD_DISTILL:
-		gpu_distill_backward(be, m->logits, m->logits, m->teacher_logits, m->targets, dloss,
-				     m->alpha, m->temperature, N, V);
-		gpu_matmul_backward(be, m->dln, m->dlm_head, NULL, m->logits, NULL, m->lnf_out, NULL,
-				    m->lm_head, N, C, V, true);
+		for (int r0 = 0, R = m->plan.logits_rows; r0 < N; r0 += R) {
+			int n = N - r0 < R ? N - r0 : R;
+			if (R != N)
+				head_chunk(m, r0, n); /* recomputed: the forward kept only losses */
+			gpu_distill_backward(be, m->logits, m->logits, m->teacher_logits + (size_t)r0 * V,
+					     m->targets + r0, dloss, m->alpha, m->temperature, n, V);
+			gpu_matmul_backward(be, m->dln + (size_t)r0 * C, m->dlm_head, NULL, m->logits,
+					    NULL, m->lnf_out + (size_t)r0 * C, NULL, m->lm_head, n, C, V,
+					    true);
+		}
 		break;
 	case HEAD_CAUSAL:
 		for (int r0 = 0, R = m->plan.logits_rows; r0 < N; r0 += R) {

@@ -356,10 +356,12 @@ td_err tr_plan_build(struct tr_plan *p, const struct tr_model_config *cfg,
 
 	const size_t NL = (size_t)o->num_labels, R = (size_t)o->lora_rank;
 	const bool train = !o->inference, classify = NL > 0;
-	/* Plain causal training only: distillation and a teacher need whole logits. */
+	/* Training a causal head (plain or a distillation student) takes its
+	 * logits in chunks of rows; a teacher (inference) keeps them whole, as the
+	 * student reads them. */
 	const size_t chunk = o->logits_chunk_floats ? o->logits_chunk_floats : TR_LOGITS_CHUNK_FLOATS;
 	p->logits_rows = (int)N;
-	if (train && !classify && !o->distill && N * V > chunk)
+	if (train && !classify && N * V > chunk)
 		p->logits_rows = (int)(chunk / V > 0 ? chunk / V : 1);
 	NAMED("params");
 	BUF(TR_ARENA_PARAMS, f32_bytes(p->numel_f32, 1, 1));

@@ -721,6 +721,63 @@ static void test_distill_limits(void)
 	gpu_backend_free(be);
 }
 
+/* A distillation student whose logits come in chunks of 5 rows (48 = 9 x 5 +
+ * 3) gives the losses and every gradient of the whole-logits student. */
+static void test_distill_chunked(void)
+{
+	struct td_errbuf eb = {{0}};
+	struct gpu_backend *be = NULL;
+	CHECK_EQ_INT(gpu_cpu_backend_new(&be, &eb), TD_OK);
+	struct batch b;
+	load_batch(&b);
+	char base[PATH_MAX], tdir[PATH_MAX];
+	snprintf(base, sizeof(base), "%s/qwen2", fx);
+	snprintf(tdir, sizeof(tdir), "%s/distill/teacher", fx);
+	struct tr_model_config tc;
+	char cpath[PATH_MAX + 16];
+	snprintf(cpath, sizeof(cpath), "%s/config.json", tdir);
+	CHECK_EQ_INT(tr_config_load(&tc, cpath, &eb), TD_OK);
+	struct tr_plan_opts to = {.B = b.B, .T = b.T, .inference = true};
+	struct tr_model *t = new_model(be, &tc, &to, tdir, NULL);
+	CHECK_EQ_INT(tr_model_forward_logits(t, b.ids, &eb), TD_OK);
+	struct tr_distill_sums ds[2];
+	float *g[2];
+	size_t numel = 0;
+	for (int v = 0; v < 2; v++) {
+		struct tr_plan_opts so = {.B = b.B, .T = b.T, .distill = true,
+					  .logits_chunk_floats = v ? 5 * (size_t)qwen2.vocab_size : 0};
+		struct tr_model *s = new_model(be, &qwen2, &so, base, NULL);
+		const struct tr_plan *p = tr_model_plan(s);
+		CHECK_EQ_INT(p->logits_rows, v ? 5 : b.B * b.T);
+		CHECK_EQ_INT(tr_model_forward_distill(s, b.ids, b.labels, tr_model_logits_device(t), 2.0f,
+						      0.5f, &ds[v], &eb),
+			     TD_OK);
+		tr_model_zero_grad(s);
+		tr_model_backward(s, (float)(1.0 / (double)ds[v].n_valid));
+		numel = p->numel_trainable;
+		g[v] = malloc(numel * sizeof(float));
+		for (size_t i = 0; i < p->nparams; i++)
+			if (p->params[i].trainable)
+				tr_model_get_grad(s, &p->params[i], g[v] + p->params[i].goffset);
+		tr_model_free(s);
+	}
+	CHECK_EQ_INT(ds[1].n_valid, ds[0].n_valid);
+	CHECK_NEAR(ds[1].kl_sum, ds[0].kl_sum, 1e-9 * fabs(ds[0].kl_sum) + 1e-12);
+	CHECK_NEAR(ds[1].ce_sum, ds[0].ce_sum, 1e-9 * fabs(ds[0].ce_sum));
+	double maxd = 0, maxg = 0;
+	for (size_t i = 0; i < numel; i++) {
+		maxd = fmax(maxd, fabs((double)g[1][i] - g[0][i]));
+		maxg = fmax(maxg, fabs((double)g[0][i]));
+	}
+	/* Only the summation order of the head's weight gradient differs. */
+	CHECK_MSG(maxd <= 1e-6 * maxg, "chunked student: gradients differ by %.3g (max |g| %.3g)", maxd,
+		  maxg);
+	free(g[0]);
+	free(g[1]);
+	tr_model_free(t);
+	gpu_backend_free(be);
+}
+
 /* --------------------------------------------------------------- jobs -- */
 
 static Traind__JobSpec *spec(const char *name, const char *method, const char *data,
@@ -999,6 +1056,7 @@ int main(void)
 	test_dropout_gradient();
 	test_classify();
 	test_distill_limits();
+	test_distill_chunked();
 	test_jobs();
 	test_classify_job();
 	nftw(tmp, rm_one, 16, FTW_DEPTH | FTW_PHYS);
