@@ -39,6 +39,7 @@ if [ "$what" != bench ]; then
 	tests/gpu/loss_curve.sh "$bin/traind" "$fx" bf16 || status=1
 	tests/gpu/loss_curve.sh "$bin/traind" "$fx" bf16 lora-dropout || status=1
 	tests/gpu/loss_curve.sh "$bin/traind" "$fx" bf16 qlora || status=1
+	tests/gpu/loss_curve.sh "$bin/traind" "$fx" bf16 distill || status=1
 	echo "== resume on the GPU, compile counter"
 	tests/gpu/resume_cuda.sh "$bin/traind" "$fx" || status=1
 	echo "== the daemon places a job on the GPU"

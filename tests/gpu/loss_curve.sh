@@ -8,14 +8,15 @@
 # there is no GPU. METHOD: full (default); lora-dropout (LoRA r=8 on all seven
 # projections with dropout 0.1: the masks are the same on both backends, and
 # the bf16 mode keeps fp32 inputs for them); qlora (an NF4 base with LoRA on
-# q and v).
-# usage: loss_curve.sh TRAIND FIXTURES [fp32|bf16] [full|lora-dropout|qlora]
+# q and v); distill (from the distillation fixture's teacher).
+# usage: loss_curve.sh TRAIND FIXTURES [fp32|bf16] [full|lora-dropout|qlora|distill]
 set -eu
 traind=$1 fx=$2 prec=${3:-fp32} method=${4:-full}
 case $method in
 full) M="" ;;
 lora-dropout) M='method: METHOD_LORA lora { rank: 8 dropout: 0.1 target_modules: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"] }' ;;
 qlora) M='method: METHOD_QLORA lora { rank: 8 }' ;;
+distill) M="method: METHOD_DISTILL distill { teacher_dir: \"$fx/distill/teacher\" temperature: 2 alpha: 0.5 }" ;;
 *) echo "bad method $method"; exit 2 ;;
 esac
 case $prec in fp32) bound=1e-3 P=PRECISION_FP32 ;; bf16) bound=2e-2 P=PRECISION_BF16 ;; *) echo "bad precision $prec"; exit 2 ;; esac
