@@ -579,8 +579,8 @@ static int run_distill(struct run *r, const char *student_rel, const char *teach
 			cmp_ref(r, g_teacher, "teacher_logits", r->got, nl);
 		}
 		struct tr_distill_sums s;
-		if ((e = tr_model_forward_distill(r->m, r->ids, r->labels, tr_model_logits_device(r->teacher),
-						  temp, alpha, &s, &eb)) != TD_OK)
+		if ((e = tr_model_forward_distill(r->m, r->ids, r->labels, r->teacher, temp, alpha, &s,
+						  &eb)) != TD_OK)
 			return parity_die("student forward", e, &eb);
 		double n = s.n_valid ? (double)s.n_valid : 1.0;
 		if (step == 1) {

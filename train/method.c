@@ -115,6 +115,7 @@ static void teacher_opts(const Traind__JobSpec *spec, int B, int T, struct tr_pl
 	po->B = B;
 	po->T = T;
 	po->inference = true;
+	po->teacher_rows = true; /* its logits come a chunk at a time, with the student's */
 	po->gemm_bf16 = job_bf16(spec);
 	if (spec->distill->teacher_nf4) {
 		po->base_quant = TR_QUANT_NF4;
@@ -480,13 +481,13 @@ td_err tr_method_forward(struct tr_method *mt, const int32_t *ids, const int32_t
 	}
 	if (!mt->teacher)
 		return tr_model_forward(mt->m, ids, labels, loss_sum, n_valid, eb);
-	td_err e = tr_model_forward_logits(mt->teacher, ids, eb);
+	td_err e = tr_model_forward_trunk(mt->teacher, ids, eb);
 	if (e != TD_OK)
 		return e;
 	struct tr_distill_sums s;
 	const Traind__DistillSpec *d = mt->spec->distill;
-	e = tr_model_forward_distill(mt->m, ids, labels, tr_model_logits_device(mt->teacher),
-				     (float)d->temperature, (float)d->alpha, &s, eb);
+	e = tr_model_forward_distill(mt->m, ids, labels, mt->teacher, (float)d->temperature,
+				     (float)d->alpha, &s, eb);
 	if (e != TD_OK)
 		return e;
 	*loss_sum = s.loss_sum;

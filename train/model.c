@@ -99,7 +99,7 @@ struct tr_model {
 	float fuse_dloss;
 	bool head_loaded;
 	enum head_kind last_head;        /* of the last forward */
-	const float *teacher_logits;     /* of the last distillation forward */
+	struct tr_model *teacher;        /* of the last distillation forward */
 	float temperature, alpha;
 	int pad_id;
 	uint64_t dropout_seed;
@@ -131,12 +131,6 @@ void tr_model_set_dropout_seed(struct tr_model *m, uint64_t seed)
 {
 	m->dropout_seed = seed;
 	m->dropout_armed = true;
-}
-
-const float *tr_model_logits_device(const struct tr_model *m)
-{
-	assert(m->logits_valid);
-	return m->logits;
 }
 
 static void *buf(struct tr_model *m, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -872,14 +866,45 @@ td_err tr_model_forward_logits(struct tr_model *m, const int32_t *ids, struct td
 	return TD_OK;
 }
 
+td_err tr_model_forward_trunk(struct tr_model *m, const int32_t *ids, struct td_errbuf *eb)
+{
+	int64_t valid;
+	td_err e = causal_forward(m, ids, NULL, &valid, eb);
+	if (e == TD_OK)
+		e = gpu_sync(m->be, eb);
+	if (e != TD_OK)
+		return e;
+	/* whole logits (causal_forward computed them) or none yet */
+	m->logits_valid = m->plan.logits_rows == m->plan.opts.B * m->plan.opts.T;
+	m->last_head = HEAD_CAUSAL;
+	return TD_OK;
+}
+
+const float *tr_model_teacher_rows(struct tr_model *m, int r0, int n)
+{
+	const int V = m->plan.cfg.vocab_size;
+	if (m->plan.logits_rows == m->plan.opts.B * m->plan.opts.T)
+		return m->logits + (size_t)r0 * V;
+	assert(n <= m->plan.logits_rows);
+	head_chunk(m, r0, n);
+	return m->logits;
+}
+
 td_err tr_model_forward_distill(struct tr_model *m, const int32_t *ids, const int32_t *labels,
-				const float *teacher_logits, float temperature, float alpha,
+				struct tr_model *teacher, float temperature, float alpha,
 				struct tr_distill_sums *out, struct td_errbuf *eb)
 {
 	struct gpu_backend *be = m->be;
 	const int N = m->plan.opts.B * m->plan.opts.T, V = m->plan.cfg.vocab_size;
 	if (!m->plan.opts.distill)
 		return td_fail(eb, TD_EINVAL, "model: not planned as a distillation student");
+	if (teacher->plan.cfg.vocab_size != V ||
+	    (teacher->plan.logits_rows < N && teacher->plan.logits_rows < m->plan.logits_rows))
+		return td_fail(eb, TD_EINVAL,
+			       "distill: the teacher's vocabulary (%d) or logits chunk (%d rows) does "
+			       "not fit the student's (%d, %d rows)",
+			       teacher->plan.cfg.vocab_size, teacher->plan.logits_rows, V,
+			       m->plan.logits_rows);
 	if (!(temperature > 0) || !(alpha >= 0 && alpha <= 1))
 		return td_fail(eb, TD_EINVAL, "distill: temperature %g must be > 0 and alpha %g in [0, 1]",
 			       (double)temperature, (double)alpha);
@@ -892,7 +917,8 @@ td_err tr_model_forward_distill(struct tr_model *m, const int32_t *ids, const in
 		if (R != N)
 			head_chunk(m, r0, n);
 		gpu_distill_forward(be, m->kl + r0, m->losses + r0, m->logits,
-				    teacher_logits + (size_t)r0 * V, m->targets + r0, temperature, n, V);
+				    tr_model_teacher_rows(teacher, r0, n), m->targets + r0, temperature,
+				    n, V);
 	}
 	gpu_download(be, m->host_losses, m->losses, (size_t)N * sizeof(float));
 	gpu_download(be, m->host_kl, m->kl, (size_t)N * sizeof(float));
@@ -902,7 +928,7 @@ td_err tr_model_forward_distill(struct tr_model *m, const int32_t *ids, const in
 		return e;
 	m->logits_valid = true;
 	m->last_head = HEAD_DISTILL;
-	m->teacher_logits = teacher_logits;
+	m->teacher = teacher;
 	m->temperature = temperature;
 	m->alpha = alpha;
 	out->kl_sum = kl;
@@ -1037,8 +1063,9 @@ static void head_backward(struct tr_model *m, float dloss)
 			int n = N - r0 < R ? N - r0 : R;
 			if (R != N)
 				head_chunk(m, r0, n); /* recomputed: the forward kept only losses */
-			gpu_distill_backward(be, m->logits, m->logits, m->teacher_logits + (size_t)r0 * V,
-					     m->targets + r0, dloss, m->alpha, m->temperature, n, V);
+			gpu_distill_backward(be, m->logits, m->logits,
+					     tr_model_teacher_rows(m->teacher, r0, n), m->targets + r0,
+					     dloss, m->alpha, m->temperature, n, V);
 			gpu_matmul_backward(be, m->dln + (size_t)r0 * C, m->dlm_head, NULL, m->logits,
 					    NULL, m->lnf_out + (size_t)r0 * C, NULL, m->lm_head, n, C, V,
 					    true);

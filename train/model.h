@@ -72,24 +72,30 @@ void tr_model_get_hidden(struct tr_model *m, int i, float *dst);
 /* The forward up to the logits, without a loss (a teacher). */
 td_err tr_model_forward_logits(struct tr_model *m, const int32_t *ids, struct td_errbuf *eb);
 
-/* The logits of the last forward on the device (B, T, V), for a teacher whose
- * logits feed a student on the same backend. Valid until m's next forward or
- * backward. */
-const float *tr_model_logits_device(const struct tr_model *m);
+/* A teacher planned with opts.teacher_rows: the forward without its head
+ * (tr_model_forward_logits computes the head when the logits fit whole). */
+td_err tr_model_forward_trunk(struct tr_model *m, const int32_t *ids, struct td_errbuf *eb);
+/* The teacher's logits of rows [r0, r0 + n) of its last forward, on the
+ * device: computed into its chunk (n <= plan.logits_rows), or a view of its
+ * whole logits. Valid until the next call or forward. */
+const float *tr_model_teacher_rows(struct tr_model *m, int r0, int n);
 
 /* Distillation (a plan with opts.distill): the forward of tr_model_forward
  * plus, over the same shifted positions whose label is not -100, the terms of
  *   loss = alpha*T^2*KL(softmax(t/T) || softmax(s/T)) + (1-alpha)*CE(s)
- * with t the teacher's logits for the same ids (tr_model_logits_device of a
- * model with the same vocabulary on the same backend; it must stay valid until
- * tr_model_backward). Sums over positions, in double; loss_sum/n_valid is the
- * loss, kl_sum/n_valid the mean KL and ce_sum/n_valid the CE. */
+ * with t the teacher's logits for the same ids (a model with the same
+ * vocabulary on the same backend, after tr_model_forward_logits or
+ * tr_model_forward_trunk on them; read through tr_model_teacher_rows, chunk
+ * by chunk with the student's, here and again in tr_model_backward, before
+ * which the teacher must not run again). Sums over positions, in double;
+ * loss_sum/n_valid is the loss, kl_sum/n_valid the mean KL and ce_sum/n_valid
+ * the CE. */
 struct tr_distill_sums {
 	double loss_sum, kl_sum, ce_sum;
 	int64_t n_valid;
 };
 td_err tr_model_forward_distill(struct tr_model *m, const int32_t *ids, const int32_t *labels,
-				const float *teacher_logits, float temperature, float alpha,
+				struct tr_model *teacher, float temperature, float alpha,
 				struct tr_distill_sums *out, struct td_errbuf *eb);
 
 /* Classification (a plan with opts.num_labels): logits (B, num_labels) from

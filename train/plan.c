@@ -357,11 +357,11 @@ td_err tr_plan_build(struct tr_plan *p, const struct tr_model_config *cfg,
 	const size_t NL = (size_t)o->num_labels, R = (size_t)o->lora_rank;
 	const bool train = !o->inference, classify = NL > 0;
 	/* Training a causal head (plain or a distillation student) takes its
-	 * logits in chunks of rows; a teacher (inference) keeps them whole, as the
-	 * student reads them. */
+	 * logits in chunks of rows, and so does a teacher asked for rows
+	 * (tr_model_teacher_rows); any other forward-only model keeps them whole. */
 	const size_t chunk = o->logits_chunk_floats ? o->logits_chunk_floats : TR_LOGITS_CHUNK_FLOATS;
 	p->logits_rows = (int)N;
-	if (train && !classify && N * V > chunk)
+	if ((train || o->teacher_rows) && !classify && N * V > chunk)
 		p->logits_rows = (int)(chunk / V > 0 ? chunk / V : 1);
 	NAMED("params");
 	BUF(TR_ARENA_PARAMS, f32_bytes(p->numel_f32, 1, 1));

@@ -119,6 +119,7 @@ struct tr_plan_opts {
 	int num_labels;
 	bool distill;          /* the student of a distillation: room for the KL terms */
 	bool inference;        /* forward only (a teacher): everything frozen, no backward buffers */
+	bool teacher_rows;     /* a teacher whose logits a student asks for by rows (chunked) */
 	size_t logits_chunk_floats; /* the chunked head's bound (see logits_rows); 0: TR_LOGITS_CHUNK_FLOATS */
 	/* Attention is fused (gpu/backend.h: gpu_attention_flash): att and datt
 	 * are B*NH*T row statistics instead of (B,NH,T,T) probabilities.

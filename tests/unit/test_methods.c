@@ -680,7 +680,7 @@ static void test_distill_limits(void)
 	struct tr_model *t = new_model(be, &qwen2, &to, base, NULL); /* the student's twin */
 	CHECK_EQ_INT(tr_model_forward_logits(t, b.ids, &eb), TD_OK);
 	struct tr_distill_sums ds;
-	CHECK_EQ_INT(tr_model_forward_distill(s, b.ids, b.labels, tr_model_logits_device(t), 2.0f, 0.0f, &ds, &eb),
+	CHECK_EQ_INT(tr_model_forward_distill(s, b.ids, b.labels, t, 2.0f, 0.0f, &ds, &eb),
 		     TD_OK);
 	double ls;
 	int64_t nv;
@@ -707,7 +707,7 @@ static void test_distill_limits(void)
 	CHECK_MSG(maxd <= 1e-5 * maxr, "alpha 0: gradients differ from CE's by %g (max %g)", maxd, maxr);
 	/* alpha = 1 against itself: zero loss, zero gradient. */
 	CHECK_EQ_INT(tr_model_forward_logits(t, b.ids, &eb), TD_OK);
-	CHECK_EQ_INT(tr_model_forward_distill(s, b.ids, b.labels, tr_model_logits_device(t), 2.0f, 1.0f, &ds, &eb),
+	CHECK_EQ_INT(tr_model_forward_distill(s, b.ids, b.labels, t, 2.0f, 1.0f, &ds, &eb),
 		     TD_OK);
 	CHECK_NEAR(ds.loss_sum, 0, 1e-4);
 	tr_model_zero_grad(s);
@@ -722,7 +722,8 @@ static void test_distill_limits(void)
 }
 
 /* A distillation student whose logits come in chunks of 5 rows (48 = 9 x 5 +
- * 3) gives the losses and every gradient of the whole-logits student. */
+ * 3) gives the losses and every gradient of the whole-logits student, with
+ * the teacher's logits whole or in chunks of the same rows. */
 static void test_distill_chunked(void)
 {
 	struct td_errbuf eb = {{0}};
@@ -739,18 +740,24 @@ static void test_distill_chunked(void)
 	CHECK_EQ_INT(tr_config_load(&tc, cpath, &eb), TD_OK);
 	struct tr_plan_opts to = {.B = b.B, .T = b.T, .inference = true};
 	struct tr_model *t = new_model(be, &tc, &to, tdir, NULL);
-	CHECK_EQ_INT(tr_model_forward_logits(t, b.ids, &eb), TD_OK);
-	struct tr_distill_sums ds[2];
-	float *g[2];
+	/* the teacher as the trainer plans it: logits by rows */
+	struct tr_plan_opts tro = {.B = b.B, .T = b.T, .inference = true, .teacher_rows = true,
+				   .logits_chunk_floats = 5 * (size_t)qwen2.vocab_size};
+	struct tr_model *tr = new_model(be, &tc, &tro, tdir, NULL);
+	CHECK_EQ_INT(tr_model_plan(tr)->logits_rows, 5);
+	struct tr_distill_sums ds[3];
+	float *g[3];
 	size_t numel = 0;
-	for (int v = 0; v < 2; v++) {
+	for (int v = 0; v < 3; v++) {
 		struct tr_plan_opts so = {.B = b.B, .T = b.T, .distill = true,
 					  .logits_chunk_floats = v ? 5 * (size_t)qwen2.vocab_size : 0};
 		struct tr_model *s = new_model(be, &qwen2, &so, base, NULL);
+		struct tr_model *teacher = v == 2 ? tr : t;
+		CHECK_EQ_INT(tr_model_forward_trunk(teacher, b.ids, &eb), TD_OK);
 		const struct tr_plan *p = tr_model_plan(s);
 		CHECK_EQ_INT(p->logits_rows, v ? 5 : b.B * b.T);
-		CHECK_EQ_INT(tr_model_forward_distill(s, b.ids, b.labels, tr_model_logits_device(t), 2.0f,
-						      0.5f, &ds[v], &eb),
+		CHECK_EQ_INT(tr_model_forward_distill(s, b.ids, b.labels, teacher, 2.0f, 0.5f, &ds[v],
+						      &eb),
 			     TD_OK);
 		tr_model_zero_grad(s);
 		tr_model_backward(s, (float)(1.0 / (double)ds[v].n_valid));
@@ -761,19 +768,32 @@ static void test_distill_chunked(void)
 				tr_model_get_grad(s, &p->params[i], g[v] + p->params[i].goffset);
 		tr_model_free(s);
 	}
-	CHECK_EQ_INT(ds[1].n_valid, ds[0].n_valid);
-	CHECK_NEAR(ds[1].kl_sum, ds[0].kl_sum, 1e-9 * fabs(ds[0].kl_sum) + 1e-12);
-	CHECK_NEAR(ds[1].ce_sum, ds[0].ce_sum, 1e-9 * fabs(ds[0].ce_sum));
-	double maxd = 0, maxg = 0;
-	for (size_t i = 0; i < numel; i++) {
-		maxd = fmax(maxd, fabs((double)g[1][i] - g[0][i]));
-		maxg = fmax(maxg, fabs((double)g[0][i]));
+	for (int v = 1; v < 3; v++) {
+		CHECK_EQ_INT(ds[v].n_valid, ds[0].n_valid);
+		CHECK_NEAR(ds[v].kl_sum, ds[0].kl_sum, 1e-9 * fabs(ds[0].kl_sum) + 1e-12);
+		CHECK_NEAR(ds[v].ce_sum, ds[0].ce_sum, 1e-9 * fabs(ds[0].ce_sum));
+		double maxd = 0, maxg = 0;
+		for (size_t i = 0; i < numel; i++) {
+			maxd = fmax(maxd, fabs((double)g[v][i] - g[0][i]));
+			maxg = fmax(maxg, fabs((double)g[0][i]));
+		}
+		/* Only the summation order of the head's weight gradient differs. */
+		CHECK_MSG(maxd <= 1e-6 * maxg,
+			  "chunked student (teacher %s): gradients differ by %.3g (max |g| %.3g)",
+			  v == 2 ? "chunked" : "whole", maxd, maxg);
 	}
-	/* Only the summation order of the head's weight gradient differs. */
-	CHECK_MSG(maxd <= 1e-6 * maxg, "chunked student: gradients differ by %.3g (max |g| %.3g)", maxd,
-		  maxg);
-	free(g[0]);
-	free(g[1]);
+	/* a student whose chunks the teacher's cannot serve is refused */
+	struct tr_plan_opts wo = {.B = b.B, .T = b.T, .distill = true};
+	struct tr_model *w = new_model(be, &qwen2, &wo, base, NULL);
+	CHECK_EQ_INT(tr_model_forward_trunk(tr, b.ids, &eb), TD_OK);
+	struct tr_distill_sums dw;
+	CHECK_EQ_INT(tr_model_forward_distill(w, b.ids, b.labels, tr, 2.0f, 0.5f, &dw, &eb),
+		     TD_EINVAL);
+	CHECK_CONTAINS(eb.msg, "logits chunk");
+	tr_model_free(w);
+	for (int v = 0; v < 3; v++)
+		free(g[v]);
+	tr_model_free(tr);
 	tr_model_free(t);
 	gpu_backend_free(be);
 }
