@@ -7,6 +7,8 @@
 #ifndef TESTS_CHECK_H
 #define TESTS_CHECK_H
 
+#include <errno.h>
+#include <ftw.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -73,6 +75,25 @@ static inline int check_skip(const char *why)
 {
 	fprintf(stderr, "SKIP: %s\n", why);
 	return 77;
+}
+
+/* Removes a test's own temporary tree, deepest first and without following
+ * links; "" does nothing. What will not go is reported, not fatal. */
+static inline int check_rm_entry_(const char *path, const struct stat *st, int flag,
+				  struct FTW *ftw)
+{
+	(void)st;
+	(void)flag;
+	(void)ftw;
+	if (remove(path) != 0)
+		fprintf(stderr, "warning: could not remove %s: %s\n", path, strerror(errno));
+	return 0;
+}
+
+static inline void check_rm_tree(const char *dir)
+{
+	if (dir && *dir)
+		nftw(dir, check_rm_entry_, 16, FTW_DEPTH | FTW_PHYS);
 }
 
 #endif

@@ -21,6 +21,7 @@
 #include <unistd.h>
 
 #include "gpu/select.h"
+#include "tests/check.h"
 #include "tests/parity.h"
 #include "train/lora.h"
 #include "train/merge.h"
@@ -247,14 +248,6 @@ static void grads_and_step(struct run *r, int step, struct json_object *train,
 
 /* --- LoRA --- */
 
-static int rm_one(const char *path, const struct stat *sb, int flag, struct FTW *ftw)
-{
-	(void)sb;
-	(void)flag;
-	(void)ftw;
-	return remove(path);
-}
-
 /* Every tensor of file a against file b (same names, shapes, values). */
 static void cmp_files(struct run *r, int g, const char *what, struct tr_weights *a,
 		      const struct tr_st_file *b, const char *skip_absent)
@@ -462,7 +455,7 @@ static int run_lora(struct run *r, const char *base_rel)
 		tr_weights_close(merged);
 		tr_st_close(mref);
 	}
-	nftw(tmp, rm_one, 16, FTW_DEPTH | FTW_PHYS);
+	check_rm_tree(tmp);
 	return close_common(r);
 }
 

@@ -34,23 +34,6 @@ static const char *write_tmp(const char *name, const void *data, size_t len)
 	return path;
 }
 
-static int rm_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw)
-{
-	(void)st;
-	(void)flag;
-	(void)ftw;
-	if (remove(path) != 0)
-		fprintf(stderr, "warning: could not remove %s: %s\n", path, strerror(errno));
-	return 0;
-}
-
-/* Removes only what this test wrote, in its own fresh directory. */
-static void rm_tmpdir(void)
-{
-	if (tmpdir[0])
-		nftw(tmpdir, rm_entry, 8, FTW_DEPTH | FTW_PHYS);
-}
-
 /* ------------------------------------------------------------------------ */
 /* Building specs in C */
 
@@ -1254,6 +1237,6 @@ int main(void)
 	} else {
 		fprintf(stderr, "SKIP: the example spec (%s) needs protoc\n", "proto/example-job.txtpb");
 	}
-	rm_tmpdir();
+	check_rm_tree(tmpdir);
 	return check_status();
 }

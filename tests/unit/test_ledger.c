@@ -26,22 +26,6 @@
 static char tmpdir[64];
 static char dbpath[128];
 
-static int rm_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw)
-{
-	(void)st;
-	(void)flag;
-	(void)ftw;
-	if (remove(path) != 0)
-		fprintf(stderr, "warning: could not remove %s: %s\n", path, strerror(errno));
-	return 0;
-}
-
-static void rm_tmpdir(void)
-{
-	if (tmpdir[0])
-		nftw(tmpdir, rm_entry, 8, FTW_DEPTH | FTW_PHYS);
-}
-
 static struct st_db *open_db(void)
 {
 	struct st_db *db = NULL;
@@ -470,6 +454,6 @@ int main(void)
 	test_release();
 	test_expiry();
 	test_reap();
-	rm_tmpdir();
+	check_rm_tree(tmpdir);
 	return check_status();
 }

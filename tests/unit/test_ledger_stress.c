@@ -48,22 +48,6 @@ static char tmpdir[64];
 static char dbpath[128];
 static struct shared *sh;
 
-static int rm_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw)
-{
-	(void)st;
-	(void)flag;
-	(void)ftw;
-	if (remove(path) != 0)
-		fprintf(stderr, "warning: could not remove %s: %s\n", path, strerror(errno));
-	return 0;
-}
-
-static void rm_tmpdir(void)
-{
-	if (tmpdir[0])
-		nftw(tmpdir, rm_entry, 8, FTW_DEPTH | FTW_PHYS);
-}
-
 static uint64_t xorshift(uint64_t *s)
 {
 	uint64_t x = *s;
@@ -264,6 +248,6 @@ int main(void)
 		NPROC, PER_PROC, secs, (unsigned long long)atomic_load(&sh->refused),
 		(unsigned long long)(atomic_load(&sh->max_held) / MiB),
 		(unsigned long long)(LIMIT / MiB));
-	rm_tmpdir();
+	check_rm_tree(tmpdir);
 	return check_status();
 }

@@ -342,14 +342,6 @@ static void test_save_load_init_merge(void)
 	gpu_backend_free(be);
 }
 
-static int rm_one(const char *path, const struct stat *sb, int flag, struct FTW *ftw)
-{
-	(void)sb;
-	(void)flag;
-	(void)ftw;
-	return remove(path);
-}
-
 int main(void)
 {
 	fx = getenv("TD_FIXTURES");
@@ -367,6 +359,6 @@ int main(void)
 	}
 	test_bad_adapters();
 	test_save_load_init_merge();
-	nftw(tmp, rm_one, 16, FTW_DEPTH | FTW_PHYS);
+	check_rm_tree(tmp);
 	return check_status();
 }

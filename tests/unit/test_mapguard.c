@@ -180,9 +180,6 @@ int main(void)
 	test_token_file();
 	test_safetensors();
 	test_unguarded_still_dies();
-	char cmd[600];
-	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
-	if (system(cmd) != 0)
-		fprintf(stderr, "test_mapguard: could not remove %s\n", dir);
+	check_rm_tree(dir);
 	return check_status();
 }

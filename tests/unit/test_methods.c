@@ -1044,14 +1044,6 @@ static void test_classify_job(void)
 	rpc_jobspec_free(s);
 }
 
-static int rm_one(const char *path, const struct stat *sb, int flag, struct FTW *ftw)
-{
-	(void)sb;
-	(void)flag;
-	(void)ftw;
-	return remove(path);
-}
-
 int main(void)
 {
 	fx = getenv("TD_FIXTURES");
@@ -1079,6 +1071,6 @@ int main(void)
 	test_distill_chunked();
 	test_jobs();
 	test_classify_job();
-	nftw(tmp, rm_one, 16, FTW_DEPTH | FTW_PHYS);
+	check_rm_tree(tmp);
 	return check_status();
 }

@@ -18,16 +18,6 @@
 
 static char tmpdir[128];
 
-static int rm_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw)
-{
-	(void)st;
-	(void)flag;
-	(void)ftw;
-	if (remove(path) != 0)
-		fprintf(stderr, "warning: could not remove %s: %s\n", path, strerror(errno));
-	return 0;
-}
-
 static void hex_of(char *out, const unsigned char *d)
 {
 	cu_hex(out, d);
@@ -340,6 +330,6 @@ int main(void)
 	test_sha256();
 	test_key();
 	test_files();
-	nftw(tmpdir, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
+	check_rm_tree(tmpdir);
 	return check_status();
 }

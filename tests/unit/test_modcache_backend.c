@@ -27,15 +27,6 @@ typedef void (*free_fn)(struct gpu_backend *be);
 static char tmpdir[128], logpath[256], cache[256], mdir[300];
 static new_opts_fn backend_new;
 
-static int rm_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw)
-{
-	(void)st;
-	(void)flag;
-	(void)ftw;
-	remove(path);
-	return 0;
-}
-
 /* Creates a backend (which fails at cuBLAS on the fake) and returns the
  * driver calls it made, one per line, in log (cap bytes). */
 static void create(const char *cache_dir, char *log, size_t cap)
@@ -222,6 +213,6 @@ int main(int argc, char **argv)
 	}
 
 	unsetenv("TD_CUDA_FORCE_PTX");
-	nftw(tmpdir, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
+	check_rm_tree(tmpdir);
 	return check_status();
 }

@@ -16,12 +16,6 @@
 
 static char tmpdir[] = "/tmp/td-test-md-XXXXXX";
 
-static int rm_one(const char *path, const struct stat *st, int flag, struct FTW *ftw)
-{
-	(void)st, (void)flag, (void)ftw;
-	return remove(path);
-}
-
 static const char *tmp_path(const char *name)
 {
 	static char buf[8][512];
@@ -346,6 +340,6 @@ int main(void)
 		test_broken(fixture, &m);
 		free_model(&m);
 	}
-	nftw(tmpdir, rm_one, 16, FTW_DEPTH | FTW_PHYS);
+	check_rm_tree(tmpdir);
 	return check_status();
 }

@@ -16,12 +16,6 @@
 
 static char tmpdir[] = "/tmp/td-test-st-XXXXXX";
 
-static int rm_one(const char *path, const struct stat *st, int flag, struct FTW *ftw)
-{
-	(void)st, (void)flag, (void)ftw;
-	return remove(path);
-}
-
 static const char *tmp_path(const char *name)
 {
 	static char buf[4][512];
@@ -495,6 +489,6 @@ int main(void)
 	test_malformed();
 	test_mutations();
 	test_fixture();
-	nftw(tmpdir, rm_one, 16, FTW_DEPTH | FTW_PHYS);
+	check_rm_tree(tmpdir);
 	return check_status();
 }

@@ -26,23 +26,6 @@
 
 static char tmpdir[64];
 
-static int rm_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw)
-{
-	(void)st;
-	(void)flag;
-	(void)ftw;
-	if (remove(path) != 0)
-		fprintf(stderr, "warning: could not remove %s: %s\n", path, strerror(errno));
-	return 0;
-}
-
-/* Removes only what this test wrote, in its own fresh directory. */
-static void rm_tmpdir(void)
-{
-	if (tmpdir[0])
-		nftw(tmpdir, rm_entry, 8, FTW_DEPTH | FTW_PHYS);
-}
-
 /* tmpdir/name (static storage, one at a time per slot). */
 static const char *tpath(const char *name)
 {
@@ -1017,6 +1000,6 @@ int main(void)
 	test_list_and_queue();
 	test_cache();
 	test_threads();
-	rm_tmpdir();
+	check_rm_tree(tmpdir);
 	return check_status();
 }
