@@ -216,6 +216,16 @@ static inline bool gpu_touches_params(const struct gpu_backend *be, const void *
 	return a < b + be->params_count * sizeof(float) && b < a + bytes;
 }
 
+/* Where the n floats at x sit in the parameters' bf16 copy: NULL unless they
+ * lie wholly inside the parameters. */
+static inline uint16_t *gpu_params_bf16_at(const struct gpu_backend *be, const float *x, size_t n)
+{
+	if (!gpu_touches_params(be, x, n * sizeof(float)) || x < be->params ||
+	    x + n > be->params + be->params_count)
+		return NULL;
+	return (uint16_t *)be->params_bf16 + (x - be->params);
+}
+
 /* Asserts that every op of the table is set; called by each backend's
  * constructor once (a missing op is a bug, not an input error). */
 void gpu_backend_check_ops(const struct gpu_backend_ops *ops);

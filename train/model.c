@@ -799,19 +799,39 @@ static void head_chunk(struct tr_model *m, int r0, int n)
 			   m->lm_head, NULL, n, c->hidden_size, c->vocab_size);
 }
 
+/* The rows of the logits chunk that starts at row r0, its logits in the
+ * logits buffer: computed here when the plan chunks them (whole logits were
+ * formed by causal_forward). Loops step r0 by plan.logits_rows. */
+static int logits_chunk(struct tr_model *m, int r0)
+{
+	const int N = m->plan.opts.B * m->plan.opts.T, R = m->plan.logits_rows;
+	const int n = N - r0 < R ? N - r0 : R;
+	if (R != N)
+		head_chunk(m, r0, n);
+	return n;
+}
+
+/* dln rows [r0, r0 + n) (overwritten) and the lm_head's gradient from the
+ * logits' gradient of those rows (dl fp32, or its bf16 twin dl16). */
+static void head_weight_grad(struct tr_model *m, int r0, int n, const float *dl,
+			     const gpu_bf16 *dl16)
+{
+	const struct tr_model_config *c = &m->plan.cfg;
+	const int C = c->hidden_size, V = c->vocab_size;
+	gpu_matmul_backward(m->be, m->dln + (size_t)r0 * C, m->dlm_head, NULL, dl, dl16,
+			    m->lnf_out + (size_t)r0 * C, NULL, m->lm_head, n, C, V, true);
+}
+
 /* The causal head's backward over rows [r0, r0 + n), whose logits are in the
  * logits buffer: the loss gradient (in place over the logits; in the bf16
  * mode into its bf16 twin only), then dln and the lm_head's gradient.
  * losses: NULL, or also the forward's losses of those rows. */
 static void head_grad_chunk(struct tr_model *m, int r0, int n, float *losses, float dloss)
 {
-	const struct tr_model_config *c = &m->plan.cfg;
-	const int C = c->hidden_size, V = c->vocab_size;
 	float *dl = m->dlogits16 ? NULL : m->logits;
 	gpu_crossentropy_backward(m->be, losses, dl, m->dlogits16, m->logits, m->targets + r0, dloss,
-				  n, V);
-	gpu_matmul_backward(m->be, m->dln + (size_t)r0 * C, m->dlm_head, NULL, dl, m->dlogits16,
-			    m->lnf_out + (size_t)r0 * C, NULL, m->lm_head, n, C, V, true);
+				  n, m->plan.cfg.vocab_size);
+	head_weight_grad(m, r0, n, dl, m->dlogits16);
 }
 
 td_err tr_model_forward(struct tr_model *m, const int32_t *ids, const int32_t *labels,
@@ -826,11 +846,8 @@ td_err tr_model_forward(struct tr_model *m, const int32_t *ids, const int32_t *l
 	td_err e = causal_forward(m, ids, labels, &valid, eb);
 	if (e != TD_OK)
 		return e;
-	const int R = m->plan.logits_rows;
-	for (int r0 = 0; r0 < N; r0 += R) {
-		int n = N - r0 < R ? N - r0 : R;
-		if (R != N)
-			head_chunk(m, r0, n);
+	for (int r0 = 0; r0 < N; r0 += m->plan.logits_rows) {
+		const int n = logits_chunk(m, r0);
 		if (!fuse) {
 			gpu_crossentropy_forward(be, m->losses + r0, m->logits, m->targets + r0, n, V);
 			continue;
@@ -912,10 +929,8 @@ td_err tr_model_forward_distill(struct tr_model *m, const int32_t *ids, const in
 	td_err e = causal_forward(m, ids, labels, &valid, eb);
 	if (e != TD_OK)
 		return e;
-	for (int r0 = 0, R = m->plan.logits_rows; r0 < N; r0 += R) {
-		int n = N - r0 < R ? N - r0 : R;
-		if (R != N)
-			head_chunk(m, r0, n);
+	for (int r0 = 0; r0 < N; r0 += m->plan.logits_rows) {
+		const int n = logits_chunk(m, r0);
 		gpu_distill_forward(be, m->kl + r0, m->losses + r0, m->logits,
 				    tr_model_teacher_rows(teacher, r0, n), m->targets + r0, temperature,
 				    n, V);
@@ -1059,23 +1074,17 @@ static void head_backward(struct tr_model *m, float dloss)
 		gpu_embedding_backward(be, m->dln, m->dpooled, m->pool_idx, B, C);
 		break;
 	case HEAD_DISTILL:
-		for (int r0 = 0, R = m->plan.logits_rows; r0 < N; r0 += R) {
-			int n = N - r0 < R ? N - r0 : R;
-			if (R != N)
-				head_chunk(m, r0, n); /* recomputed: the forward kept only losses */
+		for (int r0 = 0; r0 < N; r0 += m->plan.logits_rows) {
+			const int n = logits_chunk(m, r0); /* recomputed: the forward kept losses */
 			gpu_distill_backward(be, m->logits, m->logits,
 					     tr_model_teacher_rows(m->teacher, r0, n), m->targets + r0,
 					     dloss, m->alpha, m->temperature, n, V);
-			gpu_matmul_backward(be, m->dln + (size_t)r0 * C, m->dlm_head, NULL, m->logits,
-					    NULL, m->lnf_out + (size_t)r0 * C, NULL, m->lm_head, n, C, V,
-					    true);
+			head_weight_grad(m, r0, n, m->logits, NULL);
 		}
 		break;
 	case HEAD_CAUSAL:
-		for (int r0 = 0, R = m->plan.logits_rows; r0 < N; r0 += R) {
-			int n = N - r0 < R ? N - r0 : R;
-			if (R != N)
-				head_chunk(m, r0, n); /* recomputed: the forward kept only losses */
+		for (int r0 = 0; r0 < N; r0 += m->plan.logits_rows) {
+			const int n = logits_chunk(m, r0); /* recomputed: the forward kept losses */
 			head_grad_chunk(m, r0, n, NULL, dloss);
 		}
 		break;

@@ -186,16 +186,13 @@ static const uint16_t *bf16_operand(struct cu_backend *cb, const float *x, size_
 				    uint16_t *slot)
 {
 	struct gpu_backend *be = &cb->base;
-	if (gpu_touches_params(be, x, n * sizeof(float)) && x >= be->params &&
-	    x + n <= be->params + be->params_count) {
-		uint16_t *copy = be->params_bf16;
+	const uint16_t *at = gpu_params_bf16_at(be, x, n);
+	if (at) {
 		if (be->params_bf16_stale) {
-			const float *all = be->params;
-			size_t count = be->params_count;
-			launch_cast(cb, copy, all, count);
+			launch_cast(cb, be->params_bf16, be->params, be->params_count);
 			be->params_bf16_stale = false;
 		}
-		return copy + (x - be->params);
+		return at;
 	}
 	launch_cast(cb, slot, x, n);
 	return slot;
@@ -613,14 +610,18 @@ static bool flash_copies(struct cu_backend *cb, int B, int T, int NH, int NKV, i
 	return true;
 }
 
-/* q, k, v rounded into their copies. */
-static void flash_cast_qkv(struct cu_backend *cb, const struct flash_copies *fc, const float *q,
+/* The copies placed (false, the stream failed: no room) and q, k, v rounded
+ * into theirs; dout's is flash_rowdot's to write. */
+static bool flash_cast_qkv(struct cu_backend *cb, struct flash_copies *fc, const float *q,
 			   const float *k, const float *v, int B, int T, int NH, int NKV, int HS)
 {
+	if (!flash_copies(cb, B, T, NH, NKV, HS, fc))
+		return false;
 	size_t n = (size_t)B * T * HS;
 	launch_cast(cb, fc->q, q, n * NH);
 	launch_cast(cb, fc->k, k, n * NKV);
 	launch_cast(cb, fc->v, v, n * NKV);
+	return true;
 }
 
 static void cu_attention_forward(struct gpu_backend *be, float *out, gpu_bf16 *out16, float *att,
@@ -634,9 +635,8 @@ static void cu_attention_forward(struct gpu_backend *be, float *out, gpu_bf16 *o
 	if (cu_attention_flash(be, HS)) {
 		/* att: the (B,NH,T) row statistics */
 		struct flash_copies fc;
-		if (!flash_copies(cb, B, T, NH, NKV, HS, &fc))
+		if (!flash_cast_qkv(cb, &fc, q, k, v, B, T, NH, NKV, HS))
 			return;
-		flash_cast_qkv(cb, &fc, q, k, v, B, T, NH, NKV, HS);
 		enum cu_kernel f, d1, d2;
 		flash_kernels(HS, &f, &d1, &d2);
 		void *args[] = {&out, &out16, &att, &fc.q, &fc.k, &fc.v, &T, &NH, &NKV};
@@ -688,9 +688,8 @@ static void cu_attention_backward(struct gpu_backend *be, float *dq, float *dk, 
 		 * dK, dV (or their partials) and dQ per query head, each owned
 		 * by one block; the partials added in head order (no atomics). */
 		struct flash_copies fc;
-		if (!flash_copies(cb, B, T, NH, NKV, HS, &fc))
+		if (!flash_cast_qkv(cb, &fc, q, k, v, B, T, NH, NKV, HS))
 			return;
-		flash_cast_qkv(cb, &fc, q, k, v, B, T, NH, NKV, HS);
 		enum cu_kernel f, kdkdv, kdq;
 		flash_kernels(HS, &f, &kdkdv, &kdq);
 		size_t warps = (size_t)B * T * NH;
@@ -806,13 +805,9 @@ static void cu_adamw_update(struct gpu_backend *be, float *param, const float *g
 	/* Inside the parameters: their bf16 copy gets the new values as they
 	 * are written (it stays as fresh as it was); a range that only
 	 * overlaps them makes it stale. */
-	uint16_t *param16 = NULL;
-	if (gpu_touches_params(be, param, n * sizeof(float))) {
-		if (param >= be->params && param + n <= be->params + be->params_count)
-			param16 = (uint16_t *)be->params_bf16 + (param - be->params);
-		else
-			be->params_bf16_stale = true;
-	}
+	uint16_t *param16 = gpu_params_bf16_at(be, param, n);
+	if (!param16 && gpu_touches_params(be, param, n * sizeof(float)))
+		be->params_bf16_stale = true;
 	float decay = (float)(1.0 - (double)lr * weight_decay);
 	float one_minus_b1 = (float)(1.0 - (double)beta1);
 	float one_minus_b2 = (float)(1.0 - (double)beta2);

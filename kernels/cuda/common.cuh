@@ -35,6 +35,25 @@ static __device__ __forceinline__ uint2 cu_pack_bf16x4(float4 v)
 	return u;
 }
 
+/* An output written in fp32 (p), as a bf16 twin (p16), or both; either may be
+ * NULL. cu_put4 takes index i in units of four values (16-byte aligned p,
+ * 8-byte aligned p16). */
+static __device__ __forceinline__ void cu_put(float *p, __nv_bfloat16 *p16, size_t i, float v)
+{
+	if (p)
+		p[i] = v;
+	if (p16)
+		p16[i] = __float2bfloat16_rn(v);
+}
+
+static __device__ __forceinline__ void cu_put4(float *p, __nv_bfloat16 *p16, size_t i, float4 v)
+{
+	if (p)
+		reinterpret_cast<float4 *>(p)[i] = v;
+	if (p16)
+		reinterpret_cast<uint2 *>(p16)[i] = cu_pack_bf16x4(v);
+}
+
 template <typename T> static __device__ __forceinline__ T cu_warp_sum(T v)
 {
 	for (int o = 16; o > 0; o >>= 1)

@@ -83,14 +83,6 @@ static __device__ __forceinline__ float ce_grad(float x, float m, float inv, flo
  * forward's losses (the target's logit is read before the row's barrier, so
  * before any thread overwrites it in place). dlogits16: the gradient's bf16
  * twin, or NULL; dlogits may be NULL when it is not. */
-static __device__ __forceinline__ void ce_put(float *d, __nv_bfloat16 *d16, size_t i, float v)
-{
-	if (d)
-		d[i] = v;
-	if (d16)
-		d16[i] = __float2bfloat16_rn(v);
-}
-
 extern "C" __global__ void crossentropy_backward_f32(float *losses, float *dlogits,
 						     __nv_bfloat16 *dlogits16, const float *logits,
 						     const int32_t *targets, float dloss, int N, int V)
@@ -103,7 +95,7 @@ extern "C" __global__ void crossentropy_backward_f32(float *losses, float *dlogi
 			if (losses && threadIdx.x == 0)
 				losses[n] = 0.0f;
 			for (int i = threadIdx.x; i < V; i += blockDim.x)
-				ce_put(d, d16, i, 0.0f);
+				cu_put(d, d16, i, 0.0f);
 			continue;
 		}
 		const float *x = logits + (size_t)n * V;
@@ -125,14 +117,11 @@ extern "C" __global__ void crossentropy_backward_f32(float *losses, float *dlogi
 							     ce_grad(a.y, m, inv, dloss, j + 1, tgt),
 							     ce_grad(a.z, m, inv, dloss, j + 2, tgt),
 							     ce_grad(a.w, m, inv, dloss, j + 3, tgt));
-				if (d)
-					reinterpret_cast<float4 *>(d)[i] = g;
-				if (d16)
-					reinterpret_cast<uint2 *>(d16)[i] = cu_pack_bf16x4(g);
+				cu_put4(d, d16, i, g);
 			}
 			i = V / 4 * 4 + threadIdx.x;
 		}
 		for (; i < V; i += blockDim.x)
-			ce_put(d, d16, i, ce_grad(x[i], m, inv, dloss, i, tgt));
+			cu_put(d, d16, i, ce_grad(x[i], m, inv, dloss, i, tgt));
 	}
 }

@@ -59,23 +59,7 @@ static __device__ __forceinline__ float cu_swiglu(float x, float u)
 }
 
 /* out16, dgate16, dup16: bf16 twins, or NULL; an fp32 output may be NULL
- * when its twin is not. */
-static __device__ __forceinline__ void cu_put(float *p, __nv_bfloat16 *p16, size_t i, float v)
-{
-	if (p)
-		p[i] = v;
-	if (p16)
-		p16[i] = __float2bfloat16_rn(v);
-}
-
-static __device__ __forceinline__ void cu_put4(float *p, __nv_bfloat16 *p16, size_t i, float4 v)
-{
-	if (p)
-		cu_st4(p, i, v);
-	if (p16)
-		reinterpret_cast<uint2 *>(p16)[i] = cu_pack_bf16x4(v);
-}
-
+ * when its twin is not (common.cuh: cu_put, cu_put4). */
 /* gate, up: fp32, or (those NULL) bf16 in gate16, up16: a product kept in
  * bf16 only. Four at a time from either. */
 static __device__ __forceinline__ float4 cu_in4(const float *p, const __nv_bfloat16 *p16, size_t i)

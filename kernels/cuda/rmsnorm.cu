@@ -17,15 +17,6 @@
 
 #define RMS_VEC 4 /* float4s a thread keeps in registers on the vector path */
 
-static __device__ __forceinline__ void rms_put4(float *out, __nv_bfloat16 *out16, size_t i,
-						float4 y)
-{
-	if (out)
-		reinterpret_cast<float4 *>(out)[i] = y;
-	if (out16)
-		reinterpret_cast<uint2 *>(out16)[i] = cu_pack_bf16x4(y);
-}
-
 /* rstd[n] = 1/sqrt(mean(inp[n]^2) + eps); out = weight * (inp * rstd).
  * out (N,C), rstd (N) overwrite; out may not alias inp. Rounding as the CPU
  * op: x*r rounded before the multiply by weight (the _rn intrinsics keep
@@ -73,16 +64,13 @@ extern "C" __global__ void rmsnorm_forward_f32(float *out, __nv_bfloat16 *out16,
 								     __fmul_rn(w.y, __fmul_rn(xv[k].y, r)),
 								     __fmul_rn(w.z, __fmul_rn(xv[k].z, r)),
 								     __fmul_rn(w.w, __fmul_rn(xv[k].w, r)));
-					rms_put4(out, out16, row4 + i, y);
+					cu_put4(out, out16, row4 + i, y);
 				}
 			}
 		} else {
 			for (int c = threadIdx.x; c < C; c += blockDim.x) {
-				const float y = __fmul_rn(weight[c], __fmul_rn(x[c], r));
-				if (out)
-					out[(size_t)n * C + c] = y;
-				if (out16)
-					out16[(size_t)n * C + c] = __float2bfloat16_rn(y);
+				cu_put(out, out16, (size_t)n * C + c,
+				       __fmul_rn(weight[c], __fmul_rn(x[c], r)));
 			}
 		}
 		if (threadIdx.x == 0)
