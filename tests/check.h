@@ -77,6 +77,24 @@ static inline int check_skip(const char *why)
 	return 77;
 }
 
+/* Float32 arithmetic, for tolerances derived from it. F32_U is the unit
+ * roundoff of round-to-nearest float32 (2^-24): one rounding moves a value by
+ * at most u times its magnitude. f32_gamma(n) = n u / (1 - n u) bounds a
+ * float32 sum or dot product of n terms, in any order and with or without
+ * FMA: |computed - exact| <= gamma_n * sum |term| (Higham, Accuracy and
+ * Stability of Numerical Algorithms, 2nd ed., section 3.1). Two orders of
+ * the same sum therefore differ by at most 2 gamma_n sum |term|. */
+#define F32_U 0x1p-24
+/* The same float32 forward (logits, hidden states, loss) computed in another
+ * summation order, e.g. with GEMMs of other shapes or another BLAS: the shared
+ * fixtures' float32 bound for logits, hidden states and losses against
+ * PyTorch (tests/fixtures/README.md), which is this situation exactly. */
+#define F32_FORWARD_RTOL 1e-5
+static inline double f32_gamma(double n)
+{
+	return n * F32_U / (1.0 - n * F32_U);
+}
+
 /* Removes a test's own temporary tree, deepest first and without following
  * links; "" does nothing. What will not go is reported, not fatal. */
 static inline int check_rm_entry_(const char *path, const struct stat *st, int flag,

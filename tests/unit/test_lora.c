@@ -325,7 +325,9 @@ static void test_save_load_init_merge(void)
 		maxd = fmax(maxd, fabs((double)la[i] - lb[i]));
 		maxr = fmax(maxr, fabs((double)lb[i]));
 	}
-	CHECK_MSG(maxd / maxr < 1e-5, "merged logits differ from the adapted model's: %g normwise", maxd / maxr);
+	/* W + s B A rounded into one float32 matrix computes the adapted
+	 * model's x W^T + s (x A^T) B^T in another order */
+	CHECK_MSG(maxd / maxr < F32_FORWARD_RTOL, "merged logits differ from the adapted model's: %g normwise", maxd / maxr);
 	/* and differ from the base (the adapter does something). */
 	CHECK_EQ_INT(tr_model_load(plain, w, &eb), TD_OK);
 	CHECK_EQ_INT(tr_model_forward_logits(plain, ids, &eb), TD_OK);

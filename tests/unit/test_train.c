@@ -148,8 +148,12 @@ static void test_grad_accum(const char *model, const char *data)
 	struct td_errbuf eb = {{0}};
 	CHECK_EQ_INT(train(big, 0, &r1, &eb), TD_OK);
 	CHECK_EQ_INT(train(acc, 0, &r2, &eb), TD_OK);
-	CHECK_NEAR(r1.first_loss, r2.first_loss, 1e-6 * r1.first_loss);
-	CHECK_NEAR(r1.last_loss, r2.last_loss, 1e-5 * r1.last_loss);
+	/* The same forward in GEMMs of 2 and of 1 sequence(s). The second
+	 * step's parameters differ too, but only where a gradient within
+	 * rounding of zero made Adam step differently, and such a parameter
+	 * moves the loss by its (rounding-sized) gradient times the step. */
+	CHECK_NEAR(r1.first_loss, r2.first_loss, F32_FORWARD_RTOL * r1.first_loss);
+	CHECK_NEAR(r1.last_loss, r2.last_loss, F32_FORWARD_RTOL * r1.last_loss);
 	char a[512], b[512];
 	snprintf(a, sizeof(a), "%s/big", tmp);
 	snprintf(b, sizeof(b), "%s/acc", tmp);
@@ -352,7 +356,9 @@ static void test_schedules(void)
 	};
 	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
 		h.schedule = cases[i].sched;
-		CHECK_NEAR(tr_lr_at(&h, cases[i].s, 10), cases[i].want, 1e-9);
+		/* tr_lr_at computes in double; the wanted values are written
+		 * to 12 significant digits */
+		CHECK_NEAR(tr_lr_at(&h, cases[i].s, 10), cases[i].want, 1e-12);
 	}
 }
 
