@@ -49,10 +49,13 @@ eval_line=$(ctl logs "$id" | grep -E ' log +eval +40 ' | head -n 1)
 log_eval=$(printf '%s\n' "$eval_line" | sed -n 's/.* loss \([0-9.]*\).*/\1/p')
 tf_eval=$(printf '%s\n' "$tf_out" | sed -n 's/.*last_eval=\([0-9.]*\).*/\1/p')
 check "the trainer's eval line is in the logs ($eval_line)" test -n "$log_eval"
+# The log line prints 4 decimals (half a unit: 5e-5) of the float32 that the
+# event file holds exactly (its own rounding: 2^-24 of a loss < 10, 6e-7).
 check "TensorBoard's eval loss ($tf_eval) is the trainer's ($log_eval)" \
 	awk -v a="$tf_eval" -v b="$log_eval" 'BEGIN { d = a - b; exit !(d < 1e-4 && d > -1e-4) }'
 expect_contains "the eval loss is in the metrics" "$(ctl --json logs "$id")" "\"eval_loss\""
 tf_loss=$(printf '%s\n' "$tf_out" | sed -n 's/.*last_loss=\([0-9.]*\).*/\1/p')
+# traind --run prints the loss to 4 decimals: the same bound.
 check "TensorBoard's last loss ($tf_loss) matches ($ref_loss) to float precision" \
 	awk -v a="$tf_loss" -v b="$ref_loss" 'BEGIN { d = a - b; exit !(d < 1e-4 && d > -1e-4) }'
 
