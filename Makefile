@@ -12,7 +12,7 @@ ASAN_BUILD ?= build-asan
 MESONFLAGS ?=
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: all deps build demo test sanitize bench clean
+.PHONY: all deps build demo test test-blas sanitize bench clean
 
 all: build
 
@@ -51,6 +51,16 @@ sanitize: deps
 		-Db_sanitize=address,undefined -Db_lundef=false -Dbuildtype=debug -Dcuda=disabled
 	ninja -C $(ASAN_BUILD)
 	meson test -C $(ASAN_BUILD) --print-errorlogs --num-processes 2 --no-suite slow --no-suite gpu
+
+# The suites under each BLAS split the tolerances must hold for: 1, 2 and 4
+# OpenBLAS threads, with OPENBLAS_CORETYPE=Haswell and without it.
+test-blas: build
+	@fail=0; for ct in Haswell ""; do for t in 1 2 4; do \
+		echo "== OPENBLAS_NUM_THREADS=$$t OPENBLAS_CORETYPE=$${ct:-(unset)}"; \
+		if [ -n "$$ct" ]; then set -- env OPENBLAS_CORETYPE=$$ct; else set -- env -u OPENBLAS_CORETYPE; fi; \
+		"$$@" OPENBLAS_NUM_THREADS=$$t meson test -C $(BUILD) --no-suite gpu --num-processes 2 \
+			--print-errorlogs --logbase blas-$$t-$${ct:-none} || fail=1; \
+	done; done; exit $$fail
 
 bench: build
 	meson test -C $(BUILD) --benchmark --verbose
