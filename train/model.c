@@ -15,8 +15,12 @@
  * Every projection goes through linear_forward/linear_backward, where the
  * methods live: an NF4 weight is dequantized into scratch for each use, and a
  * LoRA adapter adds scale * (dropout(x) A^T) B^T (PEFT's order of operations).
- * Everything the backward pass reads is kept in the acts arena; the backward
- * pass walks the same list in reverse with the scratch arena's buffers. */
+ * The step is the plan's list of stages (train/plan.h: struct tr_stage):
+ * embedding, layer l, final norm, head chunks, then the head's backward
+ * chunks, final norm, layer l's backward from the last, embedding, and the
+ * optimizer; every entry point walks that list (forward_walk,
+ * tr_model_backward). What a layer's backward reads is kept in the acts
+ * arena; the backward uses the scratch arena's buffers. */
 #include "train/model.h"
 
 #include <math.h>
@@ -668,8 +672,9 @@ static void linear_backward(struct tr_model *m, int l, int k, float *dinp, bool 
 
 /* --- forward --- */
 
-static void layer_forward(struct tr_model *m, int l)
+static void layer_forward(struct tr_model *m, int l, bool recompute)
 {
+	assert(!recompute); /* no plan recomputes yet */
 	struct gpu_backend *be = m->be;
 	const struct tr_model_config *c = &m->plan.cfg;
 	const int B = m->plan.opts.B, T = m->plan.opts.T, N = B * T;
@@ -739,21 +744,6 @@ static td_err check_inputs(struct tr_model *m, const int32_t *ids, const int32_t
 	return TD_OK;
 }
 
-/* Embedding, the layers and the final norm over ids already on the device. */
-static void trunk_forward(struct tr_model *m)
-{
-	struct gpu_backend *be = m->be;
-	const struct tr_model_config *c = &m->plan.cfg;
-	const int N = m->plan.opts.B * m->plan.opts.T, C = c->hidden_size;
-	m->dropout_used = m->dropout_armed && m->plan.opts.lora_dropout > 0.0f;
-	m->dropout_armed = false;
-	gpu_embedding_forward(be, m->res[0], m->ids, m->embed, N, C);
-	for (int l = 0; l < c->num_layers; l++)
-		layer_forward(m, l);
-	gpu_rmsnorm_forward(be, m->lnf_out, NULL, m->lnf_rstd, m->res[c->num_layers], m->lnf, N, C,
-			    (float)c->rms_norm_eps);
-}
-
 /* Sum of n host floats in double, which must be finite. */
 static td_err host_sum(const float *x, int n, const char *what, double *out, struct td_errbuf *eb)
 {
@@ -766,49 +756,13 @@ static td_err host_sum(const float *x, int n, const char *what, double *out, str
 	return TD_OK;
 }
 
-static td_err causal_forward(struct tr_model *m, const int32_t *ids, const int32_t *labels,
-			     int64_t *n_valid, struct td_errbuf *eb)
-{
-	struct gpu_backend *be = m->be;
-	const struct tr_model_config *c = &m->plan.cfg;
-	const int N = m->plan.opts.B * m->plan.opts.T;
-	if (m->plan.opts.num_labels > 0)
-		return td_fail(eb, TD_EINVAL, "model: a classifier has no causal head; use "
-			       "tr_model_forward_classify");
-	m->logits_valid = false;
-	td_err e = check_inputs(m, ids, labels, n_valid, eb);
-	if (e != TD_OK)
-		return e;
-	gpu_upload(be, m->ids, ids, (size_t)N * sizeof(int32_t));
-	gpu_upload(be, m->targets, m->host_targets, (size_t)N * sizeof(int32_t));
-	trunk_forward(m);
-	/* A chunked head (plan.logits_rows < N) computes its logits chunk by
-	 * chunk in tr_model_forward and again in the backward pass. */
-	if (m->plan.logits_rows == N)
-		gpu_matmul_forward(be, m->logits, NULL, m->lnf_out, NULL, m->lm_head, NULL, N,
-				   c->hidden_size, c->vocab_size);
-	return TD_OK;
-}
-
 /* Logits of rows [r0, r0 + n) of the final hidden state into the logits
- * buffer (n <= plan.logits_rows). */
+ * buffer (n <= plan.logits_rows; the whole logits when n is every row). */
 static void head_chunk(struct tr_model *m, int r0, int n)
 {
 	const struct tr_model_config *c = &m->plan.cfg;
 	gpu_matmul_forward(m->be, m->logits, NULL, m->lnf_out + (size_t)r0 * c->hidden_size, NULL,
 			   m->lm_head, NULL, n, c->hidden_size, c->vocab_size);
-}
-
-/* The rows of the logits chunk that starts at row r0, its logits in the
- * logits buffer: computed here when the plan chunks them (whole logits were
- * formed by causal_forward). Loops step r0 by plan.logits_rows. */
-static int logits_chunk(struct tr_model *m, int r0)
-{
-	const int N = m->plan.opts.B * m->plan.opts.T, R = m->plan.logits_rows;
-	const int n = N - r0 < R ? N - r0 : R;
-	if (R != N)
-		head_chunk(m, r0, n);
-	return n;
 }
 
 /* dln rows [r0, r0 + n) (overwritten) and the lm_head's gradient from the
@@ -834,32 +788,126 @@ static void head_grad_chunk(struct tr_model *m, int r0, int n, float *losses, fl
 	head_weight_grad(m, r0, n, dl, m->dlogits16);
 }
 
+/* What the head stages of a forward walk do. */
+enum head_op {
+	HEAD_OP_LOGITS,   /* logits only, and only whole ones (a chunked teacher's come by rows) */
+	HEAD_OP_CAUSAL,   /* cross-entropy per row (fused: and the head's backward) */
+	HEAD_OP_DISTILL,  /* the KL and CE terms against the teacher's rows */
+	HEAD_OP_CLASSIFY, /* pool, score, cross-entropy per sequence */
+};
+
+struct head_args {
+	enum head_op op;
+	bool fused;                 /* HEAD_OP_CAUSAL: tr_model_fuse_head_backward's */
+	float dloss;
+	struct tr_model *teacher;   /* HEAD_OP_DISTILL */
+	float temperature;
+};
+
+/* A forward stage TR_STAGE_HEAD: rows [s->r0, s->r0 + s->rows). */
+static void head_forward(struct tr_model *m, const struct tr_stage *s, const struct head_args *h)
+{
+	struct gpu_backend *be = m->be;
+	const struct tr_model_config *c = &m->plan.cfg;
+	const struct tr_plan_opts *o = &m->plan.opts;
+	const int N = o->B * o->T, V = c->vocab_size, r0 = s->r0, n = s->rows;
+	switch (h->op) {
+	case HEAD_OP_LOGITS:
+		if (m->plan.logits_rows == N)
+			head_chunk(m, r0, n);
+		break;
+	case HEAD_OP_CAUSAL:
+		head_chunk(m, r0, n);
+		if (h->fused)
+			head_grad_chunk(m, r0, n, m->losses + r0, h->dloss);
+		else
+			gpu_crossentropy_forward(be, m->losses + r0, m->logits, m->targets + r0, n, V);
+		break;
+	case HEAD_OP_DISTILL:
+		head_chunk(m, r0, n);
+		gpu_distill_forward(be, m->kl + r0, m->losses + r0, m->logits,
+				    tr_model_teacher_rows(h->teacher, r0, n), m->targets + r0,
+				    h->temperature, n, V);
+		break;
+	case HEAD_OP_CLASSIFY:
+		/* Pooling is a gather of rows: the embedding op with row indices as ids. */
+		gpu_embedding_forward(be, m->pooled, m->pool_idx, m->lnf_out, o->B, c->hidden_size);
+		gpu_matmul_forward(be, m->logits, NULL, m->pooled, NULL, m->score, NULL, o->B,
+				   c->hidden_size, o->num_labels);
+		gpu_crossentropy_forward(be, m->losses, m->logits, m->targets, o->B, o->num_labels);
+		break;
+	}
+}
+
+/* The plan's forward stages over inputs already on the device. */
+static void forward_walk(struct tr_model *m, const struct head_args *h)
+{
+	struct gpu_backend *be = m->be;
+	const struct tr_plan *p = &m->plan;
+	const struct tr_model_config *c = &p->cfg;
+	const int N = p->opts.B * p->opts.T, C = c->hidden_size;
+	m->dropout_used = m->dropout_armed && p->opts.lora_dropout > 0.0f;
+	m->dropout_armed = false;
+	for (size_t i = 0; i < p->nforward; i++) {
+		const struct tr_stage *s = &p->stages[i];
+		switch (s->kind) {
+		case TR_STAGE_EMBED:
+			gpu_embedding_forward(be, m->res[0], m->ids, m->embed, N, C);
+			break;
+		case TR_STAGE_LAYER:
+			layer_forward(m, s->layer, false);
+			break;
+		case TR_STAGE_FINAL_NORM:
+			gpu_rmsnorm_forward(be, m->lnf_out, NULL, m->lnf_rstd, m->res[c->num_layers], m->lnf,
+					    N, C, (float)c->rms_norm_eps);
+			break;
+		case TR_STAGE_HEAD:
+			head_forward(m, s, h);
+			break;
+		default:
+			assert(!"a backward stage among the forward's");
+		}
+	}
+}
+
+/* Checks and uploads the inputs of a causal forward (ids, and the shifted
+ * labels), then walks the forward. */
+static td_err causal_forward(struct tr_model *m, const int32_t *ids, const int32_t *labels,
+			     int64_t *n_valid, const struct head_args *h, struct td_errbuf *eb)
+{
+	struct gpu_backend *be = m->be;
+	const int N = m->plan.opts.B * m->plan.opts.T;
+	if (m->plan.opts.num_labels > 0)
+		return td_fail(eb, TD_EINVAL, "model: a classifier has no causal head; use "
+			       "tr_model_forward_classify");
+	m->logits_valid = false;
+	td_err e = check_inputs(m, ids, labels, n_valid, eb);
+	if (e != TD_OK)
+		return e;
+	gpu_upload(be, m->ids, ids, (size_t)N * sizeof(int32_t));
+	gpu_upload(be, m->targets, m->host_targets, (size_t)N * sizeof(int32_t));
+	forward_walk(m, h);
+	return TD_OK;
+}
+
 td_err tr_model_forward(struct tr_model *m, const int32_t *ids, const int32_t *labels,
 			double *loss_sum, int64_t *n_valid, struct td_errbuf *eb)
 {
 	struct gpu_backend *be = m->be;
-	const int N = m->plan.opts.B * m->plan.opts.T, V = m->plan.cfg.vocab_size;
+	const int N = m->plan.opts.B * m->plan.opts.T;
 	int64_t valid;
-	const bool fuse = m->fuse_head; /* armed for this forward only, even a failed one */
-	const float dloss = m->fuse_dloss;
+	/* armed for this forward only, even a failed one */
+	const struct head_args h = {.op = HEAD_OP_CAUSAL, .fused = m->fuse_head, .dloss = m->fuse_dloss};
 	m->fuse_head = false;
-	td_err e = causal_forward(m, ids, labels, &valid, eb);
+	td_err e = causal_forward(m, ids, labels, &valid, &h, eb);
 	if (e != TD_OK)
 		return e;
-	for (int r0 = 0; r0 < N; r0 += m->plan.logits_rows) {
-		const int n = logits_chunk(m, r0);
-		if (!fuse) {
-			gpu_crossentropy_forward(be, m->losses + r0, m->logits, m->targets + r0, n, V);
-			continue;
-		}
-		head_grad_chunk(m, r0, n, m->losses + r0, dloss);
-	}
 	gpu_download(be, m->host_losses, m->losses, (size_t)N * sizeof(float));
 	double sum = 0;
 	if ((e = gpu_sync(be, eb)) != TD_OK || (e = host_sum(m->host_losses, N, "loss", &sum, eb)))
 		return e;
-	m->logits_valid = !fuse;
-	m->head_done = fuse;
+	m->logits_valid = !h.fused;
+	m->head_done = h.fused;
 	m->last_head = HEAD_CAUSAL;
 	*loss_sum = sum;
 	*n_valid = valid;
@@ -873,7 +921,8 @@ td_err tr_model_forward_logits(struct tr_model *m, const int32_t *ids, struct td
 		return td_fail(eb, TD_EUNSUPPORTED,
 			       "model: this plan computes its logits in chunks of %d rows; whole logits "
 			       "need an inference or distillation plan", m->plan.logits_rows);
-	td_err e = causal_forward(m, ids, NULL, &valid, eb);
+	const struct head_args h = {.op = HEAD_OP_LOGITS};
+	td_err e = causal_forward(m, ids, NULL, &valid, &h, eb);
 	if (e == TD_OK)
 		e = gpu_sync(m->be, eb);
 	if (e != TD_OK)
@@ -886,12 +935,13 @@ td_err tr_model_forward_logits(struct tr_model *m, const int32_t *ids, struct td
 td_err tr_model_forward_trunk(struct tr_model *m, const int32_t *ids, struct td_errbuf *eb)
 {
 	int64_t valid;
-	td_err e = causal_forward(m, ids, NULL, &valid, eb);
+	const struct head_args h = {.op = HEAD_OP_LOGITS};
+	td_err e = causal_forward(m, ids, NULL, &valid, &h, eb);
 	if (e == TD_OK)
 		e = gpu_sync(m->be, eb);
 	if (e != TD_OK)
 		return e;
-	/* whole logits (causal_forward computed them) or none yet */
+	/* whole logits (the head stage computed them) or none yet */
 	m->logits_valid = m->plan.logits_rows == m->plan.opts.B * m->plan.opts.T;
 	m->last_head = HEAD_CAUSAL;
 	return TD_OK;
@@ -926,15 +976,10 @@ td_err tr_model_forward_distill(struct tr_model *m, const int32_t *ids, const in
 		return td_fail(eb, TD_EINVAL, "distill: temperature %g must be > 0 and alpha %g in [0, 1]",
 			       (double)temperature, (double)alpha);
 	int64_t valid;
-	td_err e = causal_forward(m, ids, labels, &valid, eb);
+	const struct head_args h = {.op = HEAD_OP_DISTILL, .teacher = teacher, .temperature = temperature};
+	td_err e = causal_forward(m, ids, labels, &valid, &h, eb);
 	if (e != TD_OK)
 		return e;
-	for (int r0 = 0; r0 < N; r0 += m->plan.logits_rows) {
-		const int n = logits_chunk(m, r0);
-		gpu_distill_forward(be, m->kl + r0, m->losses + r0, m->logits,
-				    tr_model_teacher_rows(teacher, r0, n), m->targets + r0, temperature,
-				    n, V);
-	}
 	gpu_download(be, m->host_losses, m->losses, (size_t)N * sizeof(float));
 	gpu_download(be, m->host_kl, m->kl, (size_t)N * sizeof(float));
 	double ce = 0, kl = 0;
@@ -958,7 +1003,7 @@ td_err tr_model_forward_classify(struct tr_model *m, const int32_t *ids, const i
 {
 	struct gpu_backend *be = m->be;
 	const struct tr_plan_opts *o = &m->plan.opts;
-	const int B = o->B, T = o->T, N = B * T, NL = o->num_labels, C = m->plan.cfg.hidden_size;
+	const int B = o->B, T = o->T, N = B * T, NL = o->num_labels;
 	if (NL <= 0)
 		return td_fail(eb, TD_EINVAL, "model: not planned as a classifier");
 	m->logits_valid = false;
@@ -989,11 +1034,8 @@ td_err tr_model_forward_classify(struct tr_model *m, const int32_t *ids, const i
 	gpu_upload(be, m->ids, ids, (size_t)N * sizeof(int32_t));
 	gpu_upload(be, m->targets, class_ids, (size_t)B * sizeof(int32_t));
 	gpu_upload(be, m->pool_idx, m->host_pool, (size_t)B * sizeof(int32_t));
-	trunk_forward(m);
-	/* Pooling is a gather of rows: the embedding op with row indices as ids. */
-	gpu_embedding_forward(be, m->pooled, m->pool_idx, m->lnf_out, B, C);
-	gpu_matmul_forward(be, m->logits, NULL, m->pooled, NULL, m->score, NULL, B, C, NL);
-	gpu_crossentropy_forward(be, m->losses, m->logits, m->targets, B, NL);
+	const struct head_args h = {.op = HEAD_OP_CLASSIFY};
+	forward_walk(m, &h);
 	gpu_download(be, m->host_losses, m->losses, (size_t)B * sizeof(float));
 	double sum = 0;
 	if ((e = gpu_sync(be, eb)) != TD_OK || (e = host_sum(m->host_losses, B, "loss", &sum, eb)))
@@ -1004,7 +1046,6 @@ td_err tr_model_forward_classify(struct tr_model *m, const int32_t *ids, const i
 	*n_valid = valid;
 	return TD_OK;
 }
-
 /* --- backward --- */
 
 static void layer_backward(struct tr_model *m, int l)
@@ -1055,14 +1096,17 @@ void tr_model_fuse_head_backward(struct tr_model *m, float dloss)
 	m->fuse_dloss = dloss;
 }
 
-/* The head's backward: dln (overwritten) and the head's weight gradients
- * from the logits of the last forward. */
-static void head_backward(struct tr_model *m, float dloss)
+/* A backward stage TR_STAGE_HEAD_BACKWARD: dln of rows [s->r0, s->r0 +
+ * s->rows) (overwritten; a classifier: every row) and the head's weight
+ * gradients, from the logits of the last forward (recomputed chunk by chunk
+ * where the plan chunks them: the forward kept only the losses). */
+static void head_backward(struct tr_model *m, const struct tr_stage *s, float dloss)
 {
 	struct gpu_backend *be = m->be;
 	const struct tr_model_config *c = &m->plan.cfg;
 	const struct tr_plan_opts *o = &m->plan.opts;
 	const int B = o->B, N = B * o->T, C = c->hidden_size, V = c->vocab_size;
+	const int r0 = s->r0, n = s->rows;
 	switch (m->last_head) {
 	case HEAD_CLASSIFY:
 		gpu_crossentropy_backward(be, NULL, m->logits, NULL, m->logits, m->targets, dloss, B,
@@ -1074,60 +1118,87 @@ static void head_backward(struct tr_model *m, float dloss)
 		gpu_embedding_backward(be, m->dln, m->dpooled, m->pool_idx, B, C);
 		break;
 	case HEAD_DISTILL:
-		for (int r0 = 0; r0 < N; r0 += m->plan.logits_rows) {
-			const int n = logits_chunk(m, r0); /* recomputed: the forward kept losses */
-			gpu_distill_backward(be, m->logits, m->logits,
-					     tr_model_teacher_rows(m->teacher, r0, n), m->targets + r0,
-					     dloss, m->alpha, m->temperature, n, V);
-			head_weight_grad(m, r0, n, m->logits, NULL);
-		}
+		if (m->plan.logits_rows != N)
+			head_chunk(m, r0, n);
+		gpu_distill_backward(be, m->logits, m->logits, tr_model_teacher_rows(m->teacher, r0, n),
+				     m->targets + r0, dloss, m->alpha, m->temperature, n, V);
+		head_weight_grad(m, r0, n, m->logits, NULL);
 		break;
 	case HEAD_CAUSAL:
-		for (int r0 = 0; r0 < N; r0 += m->plan.logits_rows) {
-			const int n = logits_chunk(m, r0); /* recomputed: the forward kept losses */
-			head_grad_chunk(m, r0, n, NULL, dloss);
-		}
+		if (m->plan.logits_rows != N)
+			head_chunk(m, r0, n);
+		head_grad_chunk(m, r0, n, NULL, dloss);
 		break;
 	}
 }
 
-void tr_model_backward(struct tr_model *m, float dloss)
+/* A backward stage TR_STAGE_EMBED_BACKWARD: dres holds d(res[0]). */
+static void embed_backward(struct tr_model *m)
 {
 	struct gpu_backend *be = m->be;
 	const struct tr_model_config *c = &m->plan.cfg;
-	const struct tr_plan_opts *o = &m->plan.opts;
-	const int N = o->B * o->T, C = c->hidden_size, L = c->num_layers;
+	const int N = m->plan.opts.B * m->plan.opts.T, C = c->hidden_size;
+	if (!m->dembed)
+		return;
+	/* transformers' embedding has padding_idx = pad_token_id: the pad
+	 * token's row gets no gradient from the input side (a tied lm_head
+	 * still gives it one). Pad positions come in runs (padding). */
+	int pad = c->pad_token_id;
+	for (int n = 0; pad >= 0 && n < N;) {
+		if (m->host_ids[n] != pad) {
+			n++;
+			continue;
+		}
+		int end = n;
+		while (end < N && m->host_ids[end] == pad)
+			end++;
+		gpu_zero(be, m->dres + (size_t)n * C, (size_t)(end - n) * C * sizeof(float));
+		n = end;
+	}
+	gpu_embedding_backward(be, m->dembed, m->dres, m->ids, N, C);
+}
 
-	assert((m->logits_valid || m->head_done) && !o->inference);
+/* The plan's backward stages, up to the optimizer (the trainer's). */
+void tr_model_backward(struct tr_model *m, float dloss)
+{
+	struct gpu_backend *be = m->be;
+	const struct tr_plan *p = &m->plan;
+	const struct tr_model_config *c = &p->cfg;
+	const int N = p->opts.B * p->opts.T, C = c->hidden_size, L = c->num_layers;
+
+	assert((m->logits_valid || m->head_done) && !p->opts.inference);
 	/* Fused: the logits buffer becomes its own gradient. */
 	m->logits_valid = false;
 	const bool head_done = m->head_done;
 	m->head_done = false;
 	/* the forward ran the head's backward (tr_model_fuse_head_backward) */
 	assert(!head_done || (m->last_head == HEAD_CAUSAL && dloss == m->fuse_dloss));
-	if (!head_done)
-		head_backward(m, dloss);
-	gpu_zero(be, m->dres, (size_t)N * C * sizeof(float));
-	gpu_rmsnorm_backward(be, m->dres, m->dlnf, m->dln, m->res[L], m->lnf, m->lnf_rstd, N, C);
-	for (int l = L - 1; l >= 0; l--)
-		layer_backward(m, l);
-	if (m->dembed) {
-		/* transformers' embedding has padding_idx = pad_token_id: the pad
-		 * token's row gets no gradient from the input side (a tied lm_head
-		 * still gives it one). Pad positions come in runs (padding). */
-		int pad = c->pad_token_id;
-		for (int n = 0; pad >= 0 && n < N;) {
-			if (m->host_ids[n] != pad) {
-				n++;
-				continue;
-			}
-			int end = n;
-			while (end < N && m->host_ids[end] == pad)
-				end++;
-			gpu_zero(be, m->dres + (size_t)n * C, (size_t)(end - n) * C * sizeof(float));
-			n = end;
+	for (size_t i = p->nforward; i < p->nstages; i++) {
+		const struct tr_stage *s = &p->stages[i];
+		switch (s->kind) {
+		case TR_STAGE_HEAD_BACKWARD:
+			if (!head_done)
+				head_backward(m, s, dloss);
+			break;
+		case TR_STAGE_FINAL_NORM_BACKWARD:
+			gpu_zero(be, m->dres, (size_t)N * C * sizeof(float));
+			gpu_rmsnorm_backward(be, m->dres, m->dlnf, m->dln, m->res[L], m->lnf, m->lnf_rstd,
+					     N, C);
+			break;
+		case TR_STAGE_LAYER_RECOMPUTE:
+			layer_forward(m, s->layer, true);
+			break;
+		case TR_STAGE_LAYER_BACKWARD:
+			layer_backward(m, s->layer);
+			break;
+		case TR_STAGE_EMBED_BACKWARD:
+			embed_backward(m);
+			break;
+		case TR_STAGE_OPTIMIZER:
+			return; /* tr_model_clip_grads and tr_model_adamw, called by the trainer */
+		default:
+			assert(!"a forward stage among the backward's");
 		}
-		gpu_embedding_backward(be, m->dembed, m->dres, m->ids, N, C);
 	}
 }
 

@@ -311,6 +311,67 @@ static size_t gemm_elems(size_t rows, size_t in, size_t out)
 	return max_sz(max_sz(w + rows * in, w + d), x + d);
 }
 
+/* --- the schedule --- */
+
+const char *tr_stage_name(enum tr_stage_kind k)
+{
+	static const char *const names[TR_STAGE_KIND_COUNT] = {
+		"embed",    "layer",           "final_norm",     "head",           "head_backward",
+		"final_norm_backward", "layer_recompute", "layer_backward", "embed_backward", "optimizer"};
+	return k < TR_STAGE_KIND_COUNT ? names[k] : "?";
+}
+
+static td_err add_stage(struct tr_plan *p, size_t *cap, enum tr_stage_kind kind, int layer, int r0,
+			int rows, struct td_errbuf *eb)
+{
+	if (p->nstages == *cap) {
+		size_t ncap = *cap ? *cap * 2 : 64;
+		struct tr_stage *ns = realloc(p->stages, ncap * sizeof(*ns));
+		if (!ns)
+			return td_fail(eb, TD_ENOMEM, "plan: out of memory");
+		p->stages = ns;
+		*cap = ncap;
+	}
+	p->stages[p->nstages++] = (struct tr_stage){.kind = kind, .layer = layer, .r0 = r0, .rows = rows};
+	return TD_OK;
+}
+
+/* The forward: embedding, the layers, the final norm, the head in chunks of
+ * logits_rows (a classifier's head is one stage over every row). The
+ * backward: the head's chunks in the same order, the final norm, the layers
+ * from the last (each recomputed first where the plan did not keep its
+ * activations), the embedding, and the optimizer. */
+static td_err build_stages(struct tr_plan *p, struct td_errbuf *eb)
+{
+	const int L = p->cfg.num_layers, N = p->opts.B * p->opts.T;
+	const int R = p->opts.num_labels > 0 ? N : p->logits_rows;
+	size_t cap = 0;
+	td_err e;
+#define STAGE(kind, layer, r0, rows)                                                  \
+	do {                                                                          \
+		if ((e = add_stage(p, &cap, (kind), (layer), (r0), (rows), eb)) != TD_OK) \
+			return e;                                                     \
+	} while (0)
+	STAGE(TR_STAGE_EMBED, -1, 0, 0);
+	for (int l = 0; l < L; l++)
+		STAGE(TR_STAGE_LAYER, l, 0, 0);
+	STAGE(TR_STAGE_FINAL_NORM, -1, 0, 0);
+	for (int r0 = 0; r0 < N; r0 += R)
+		STAGE(TR_STAGE_HEAD, -1, r0, N - r0 < R ? N - r0 : R);
+	p->nforward = p->nstages;
+	if (p->opts.inference)
+		return TD_OK;
+	for (int r0 = 0; r0 < N; r0 += R)
+		STAGE(TR_STAGE_HEAD_BACKWARD, -1, r0, N - r0 < R ? N - r0 : R);
+	STAGE(TR_STAGE_FINAL_NORM_BACKWARD, -1, 0, 0);
+	for (int l = L - 1; l >= 0; l--)
+		STAGE(TR_STAGE_LAYER_BACKWARD, l, 0, 0);
+	STAGE(TR_STAGE_EMBED_BACKWARD, -1, 0, 0);
+	STAGE(TR_STAGE_OPTIMIZER, -1, 0, 0);
+#undef STAGE
+	return TD_OK;
+}
+
 td_err tr_plan_build(struct tr_plan *p, const struct tr_model_config *cfg,
 		     const struct tr_plan_opts *o, struct td_errbuf *eb)
 {
@@ -556,6 +617,10 @@ td_err tr_plan_build(struct tr_plan *p, const struct tr_model_config *cfg,
 	}
 #undef BUF
 #undef NAMED
+	if ((e = build_stages(p, eb)) != TD_OK) {
+		tr_plan_fini(p);
+		return e;
+	}
 	return TD_OK;
 }
 
@@ -563,9 +628,11 @@ void tr_plan_fini(struct tr_plan *p)
 {
 	free(p->params);
 	free(p->bufs);
+	free(p->stages);
 	p->params = NULL;
 	p->bufs = NULL;
-	p->nparams = p->nbufs = p->capbufs = 0;
+	p->stages = NULL;
+	p->nparams = p->nbufs = p->capbufs = p->nstages = p->nforward = 0;
 }
 
 size_t tr_plan_total_bytes(const struct tr_plan *p)

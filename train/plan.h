@@ -91,6 +91,35 @@ struct tr_param {
 	size_t q_scales;   /* floats into nf4.absmax_scale (double quantization) */
 };
 
+/* The step as a schedule of stages (issue 11, step 0): the plan lists them,
+ * the model walks them (train/model.c), and what later runs per layer — a
+ * layer's recompute before its backward, the all-gathers and
+ * reduce-scatters of several GPUs — hooks in at a stage, not inside one long
+ * forward or backward. Forward stages come first (plan.nforward of them),
+ * then the backward's, then the optimizer. */
+enum tr_stage_kind {
+	TR_STAGE_EMBED,           /* ids -> res[0] */
+	TR_STAGE_LAYER,           /* layer l's forward: res[l] -> res[l+1], keeping what the plan keeps */
+	TR_STAGE_FINAL_NORM,      /* res[L] -> lnf */
+	TR_STAGE_HEAD,            /* rows [r0, r0 + rows) of the head: logits and loss (a classifier: all rows) */
+	TR_STAGE_HEAD_BACKWARD,   /* the head's backward of those rows: d(lnf), the head's gradients */
+	TR_STAGE_FINAL_NORM_BACKWARD, /* d(lnf) -> d(res[L]) */
+	TR_STAGE_LAYER_RECOMPUTE, /* layer l's activations that the plan did not keep, regenerated */
+	TR_STAGE_LAYER_BACKWARD,  /* d(res[l+1]) -> d(res[l]), layer l's gradients */
+	TR_STAGE_EMBED_BACKWARD,  /* d(res[0]) -> the embedding's gradient */
+	TR_STAGE_OPTIMIZER,       /* clip and AdamW: the trainer's (tr_model_clip_grads, tr_model_adamw) */
+	TR_STAGE_KIND_COUNT
+};
+
+struct tr_stage {
+	enum tr_stage_kind kind;
+	int layer;         /* TR_STAGE_LAYER*: the decoder layer; -1 otherwise */
+	int r0, rows;      /* TR_STAGE_HEAD*: the rows of the chunk; 0, 0 otherwise */
+};
+
+/* "layer", "head_backward" ...; "?" out of range. */
+const char *tr_stage_name(enum tr_stage_kind k);
+
 struct tr_plan_buf {
 	char name[64];     /* "acts.layers.3.att" */
 	enum tr_arena arena;
@@ -157,6 +186,11 @@ struct tr_plan {
 	struct tr_plan_buf *bufs;
 	size_t nbufs, capbufs;
 	size_t arena_bytes[TR_ARENA_COUNT];
+
+	/* The step's schedule: stages[0, nforward) the forward, the rest the
+	 * backward (none in a forward-only plan) ending with the optimizer. */
+	struct tr_stage *stages;
+	size_t nstages, nforward;
 };
 
 /* Builds the plan. Validates that B, T and the config give sizes that fit
