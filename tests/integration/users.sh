@@ -34,17 +34,24 @@ for u in "$A" "$B"; do
 	chown -R "$u:$u" "$d"
 	chmod 700 "$d"
 done
+# What the two users run and read comes from $WORK (0755), never from the
+# checkout or the build dir: those may sit where other users cannot enter
+# (a clone under /root, mode 0700). trainctl, the job file and the .proto
+# that trainctl hands protoc to parse it.
+mkdir -p "$WORK/shared"
+cp "$TRAINCTL" "$WORK/shared/trainctl"
+cp tests/integration/job.txtpb proto/traind.proto "$WORK/shared/"
+chmod -R a+rX "$WORK/shared"
+UCTL=$WORK/shared/trainctl
+JOB=$WORK/shared/job.txtpb
 as() {
 	local u=$1
 	shift
-	(cd "$WORK" && setpriv --reuid="$u" --regid="$u" --init-groups "$@")
+	(cd "$WORK" && TD_PROTO_PATH="$WORK/shared/traind.proto" \
+		setpriv --reuid="$u" --regid="$u" --init-groups "$@")
 }
-ctlA() { as "$A" "$TRAINCTL" --socket "$SOCK" "$@"; }
-ctlB() { as "$B" "$TRAINCTL" --socket "$SOCK" "$@"; }
-job_args() { # USER: the user's own model and data
-	echo tests/integration/job.txtpb --model "$WORK/$1/model" --data "$WORK/$1/data.tokens"
-}
-JOB=$TD_SRC/tests/integration/job.txtpb
+ctlA() { as "$A" "$UCTL" --socket "$SOCK" "$@"; }
+ctlB() { as "$B" "$UCTL" --socket "$SOCK" "$@"; }
 
 start_daemon --system --cpu-slots 1
 check "the socket admits every user (0666)" test "$(stat -c %a "$SOCK")" = 666
