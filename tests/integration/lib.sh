@@ -69,6 +69,27 @@ expect_contains() {
 
 ctl() { "$TRAINCTL" --socket "$SOCK" "$@"; }
 
+# For tests that act as other users: what those users run and read comes
+# from $WORK (0755), never from the checkout or the build dir, which may sit
+# where other users cannot enter (a clone under /root, mode 0700). Copies
+# trainctl, the test job file and the .proto that trainctl hands protoc into
+# $WORK/shared and sets UCTL and UJOB to them; as_user USER CMD... runs CMD
+# in $WORK as USER, with trainctl reading that .proto.
+share_with_users() {
+	mkdir -p "$WORK/shared" || return 1
+	cp "$TRAINCTL" "$WORK/shared/trainctl" &&
+		cp "$TD_SRC/tests/integration/job.txtpb" "$TD_SRC/proto/traind.proto" "$WORK/shared/" &&
+		chmod -R a+rX "$WORK/shared" || return 1
+	UCTL=$WORK/shared/trainctl
+	UJOB=$WORK/shared/job.txtpb
+}
+as_user() {
+	local u=$1
+	shift
+	(cd "$WORK" && TD_PROTO_PATH="$WORK/shared/traind.proto" \
+		setpriv --reuid="$u" --regid="$u" --init-groups "$@")
+}
+
 # json_field JSON NAME: the value of "NAME" in trainctl's --json output (a
 # flat lookup, enough for the scalar fields the tests read).
 json_field() {

@@ -68,8 +68,9 @@ printf 'cpu_slots = 0\n' >"$CONF"
 start_daemon --system --config "$CONF"
 a1=$(ctl submit "$JOB" --output "$WORK/a1")
 a2=$(ctl submit "$JOB" --output "$WORK/a2")
-b1=$(cd "$WORK" && setpriv --reuid="$U" --regid="$U" --init-groups "$TRAINCTL" --socket "$SOCK" \
-	submit "$JOB" --model "$WORK/$U/model" --data "$WORK/$U/data.tokens" --output "$WORK/$U/b1")
+share_with_users || exit 1
+b1=$(as_user "$U" "$UCTL" --socket "$SOCK" submit "$UJOB" --model "$WORK/$U/model" \
+	--data "$WORK/$U/data.tokens" --output "$WORK/$U/b1")
 check "the second user submits" test -n "$b1"
 reset_log
 printf 'cpu_slots = 2\n' >"$CONF"

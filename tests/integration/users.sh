@@ -34,24 +34,10 @@ for u in "$A" "$B"; do
 	chown -R "$u:$u" "$d"
 	chmod 700 "$d"
 done
-# What the two users run and read comes from $WORK (0755), never from the
-# checkout or the build dir: those may sit where other users cannot enter
-# (a clone under /root, mode 0700). trainctl, the job file and the .proto
-# that trainctl hands protoc to parse it.
-mkdir -p "$WORK/shared"
-cp "$TRAINCTL" "$WORK/shared/trainctl"
-cp tests/integration/job.txtpb proto/traind.proto "$WORK/shared/"
-chmod -R a+rX "$WORK/shared"
-UCTL=$WORK/shared/trainctl
-JOB=$WORK/shared/job.txtpb
-as() {
-	local u=$1
-	shift
-	(cd "$WORK" && TD_PROTO_PATH="$WORK/shared/traind.proto" \
-		setpriv --reuid="$u" --regid="$u" --init-groups "$@")
-}
-ctlA() { as "$A" "$UCTL" --socket "$SOCK" "$@"; }
-ctlB() { as "$B" "$UCTL" --socket "$SOCK" "$@"; }
+share_with_users || exit 1
+JOB=$UJOB
+ctlA() { as_user "$A" "$UCTL" --socket "$SOCK" "$@"; }
+ctlB() { as_user "$B" "$UCTL" --socket "$SOCK" "$@"; }
 
 start_daemon --system --cpu-slots 1
 check "the socket admits every user (0666)" test "$(stat -c %a "$SOCK")" = 666
@@ -96,7 +82,7 @@ check "nothing of B's appeared in A's dir" test ! -e "$WORK/$A/from-b"
 idB=$(ctlB submit "$JOB" --model "$WORK/$B/model" --data "$WORK/$B/data.tokens" --output "$WORK/$B/out")
 check "B submits a job of its own" test -n "$idB"
 expect_eq "it waits behind A's (one CPU slot)" "$(job_state "$idB")" QUEUED
-as "$B" ln -sf "$WORK/$A/data.tokens" "$WORK/$B/data.tokens"
+as_user "$B" ln -sf "$WORK/$A/data.tokens" "$WORK/$B/data.tokens"
 ctlA cancel "$idA" >/dev/null
 expect_eq "A cancels its own job" "$?" 0
 check "A's job ends CANCELLED" wait_for 30 job_is "$idA" CANCELLED
