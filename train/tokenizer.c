@@ -1726,6 +1726,20 @@ static td_err normalize_with(const struct tr_tokenizer *t, const uint8_t *s, siz
 	return TD_OK;
 }
 
+td_err tr_tokenizer_normalize(const struct tr_tokenizer *t, const char *text, size_t len, char **out,
+			      size_t *out_len, struct td_errbuf *eb)
+{
+	uint8_t *r = NULL;
+	size_t n = 0;
+	td_err e = normalize_with(t, (const uint8_t *)text, len, &r, &n);
+	if (e != TD_OK)
+		return td_fail(eb, e, "%s: %s", t->origin,
+			       e == TD_ENOMEM ? "out of memory" : "normalization failed: not valid UTF-8");
+	*out = (char *)r;
+	*out_len = n;
+	return TD_OK;
+}
+
 /* Whether form leaves s unchanged for sure, without running it: code points
  * below U+0300 are all NFC-stable (lead bytes < 0xCC), ASCII is stable under
  * every form. */

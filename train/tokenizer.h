@@ -107,6 +107,14 @@ td_err tr_pretokenize(struct tr_encoder *e, const char *text, size_t len, unsign
 		      void (*fn)(void *ctx, const char *piece, size_t len, int32_t id), void *ctx,
 		      struct td_errbuf *eb);
 
+/* The tokenizer's normalizer (none, or its forms in order) applied to text:
+ * a new NUL-terminated string in *out (malloc'd; *out_len bytes before the
+ * NUL). What decode(encode(text)) gives back for text without added tokens.
+ * TD_EFORMAT for text that is not valid UTF-8 under a normalizer, TD_ENOMEM;
+ * *out is written only on success. */
+td_err tr_tokenizer_normalize(const struct tr_tokenizer *t, const char *text, size_t len, char **out,
+			      size_t *out_len, struct td_errbuf *eb);
+
 /* Decodes ids to a new NUL-terminated UTF-8 string (*out, malloc'd; *out_len
  * bytes before the NUL) as tokenizers' ByteLevel decoder does: bytes that do
  * not form valid UTF-8 become U+FFFD, one per maximal invalid subsequence.
