@@ -675,9 +675,10 @@ static void draw_bar(const Traind__JobInfo *j)
 	fflush(stdout);
 }
 
-/* Follows a job's events and metrics until it ends (follow) or once. */
-static int follow(const struct opts *o, uint64_t id, bool until_final, bool bar, bool events_too,
-		  bool metric_lines)
+/* Follows a job's events and metrics until it ends (follow) or once.
+ * command: "watch" or "logs", which the daemon's errors name. */
+static int follow(const struct opts *o, const char *command, uint64_t id, bool until_final, bool bar,
+		  bool events_too, bool metric_lines)
 {
 	char sock[256];
 	const char *path = o->socket ? o->socket : ctl_default_socket(sock, sizeof(sock));
@@ -698,6 +699,7 @@ static int follow(const struct opts *o, uint64_t id, bool until_final, bool bar,
 		w.after_event = after_ev;
 		w.has_after_step = true;
 		w.after_step = after_step;
+		w.command = (char *)command;
 		Traind__Request req = TRAIND__REQUEST__INIT;
 		req.call_case = TRAIND__REQUEST__CALL_WATCH;
 		req.watch = &w;
@@ -779,7 +781,7 @@ static int cmd_watch(const struct opts *o, int argc, char **argv)
 		return fail(CTL_USAGE, "watch: give one job id (`trainctl ls` lists them)");
 	bool tty = isatty(STDOUT_FILENO);
 	setvbuf(stdout, NULL, _IOLBF, 0);
-	return follow(o, id, true, tty, true, !tty);
+	return follow(o, "watch", id, true, tty, true, !tty);
 }
 
 static int cmd_logs(const struct opts *o, int argc, char **argv)
@@ -798,7 +800,7 @@ static int cmd_logs(const struct opts *o, int argc, char **argv)
 	if (!idarg || !job_id_arg(idarg, &id))
 		return fail(CTL_USAGE, "logs: give one job id (`trainctl ls` lists them)");
 	setvbuf(stdout, NULL, _IOLBF, 0);
-	int rc = follow(o, id, fol, false, true, true);
+	int rc = follow(o, "logs", id, fol, false, true, true);
 	/* logs prints what there is; the job's outcome is watch's business. */
 	return fol || rc == CTL_NODAEMON || rc >= CTL_USAGE ? rc : CTL_OK;
 }

@@ -853,11 +853,16 @@ static td_err shared_checks(struct dmn_call *c, const struct rpc_entry *ent, uin
 		if (e != TD_OK)
 			return e;
 		c->has_job = true;
-		if (c->job.uid != c->peer.uid && !c->admin)
+		if (c->job.uid != c->peer.uid && !c->admin) {
+			/* trainctl logs reads through watch: say what the user ran */
+			bool logs = c->req->call_case == TRAIND__REQUEST__CALL_WATCH &&
+				    c->req->watch->command && strcmp(c->req->watch->command, "logs") == 0;
 			return td_fail(&c->eb, TD_EPERM,
 				       "job %llu belongs to another user; only its owner, root and the "
-				       "admin group may %s it",
-				       (unsigned long long)job_id, ent->name);
+				       "admin group may %s %s",
+				       (unsigned long long)job_id, logs ? "read" : ent->name,
+				       logs ? "its logs" : "it");
+		}
 	}
 	return TD_OK;
 }

@@ -53,10 +53,12 @@ expect_eq "B: show A's job: exit 4" "$?" 4
 expect_contains "B: show's error" "$(cat "$WORK/err")" "belongs to another user"
 ctlB cancel "$idA" >/dev/null 2>&1
 expect_eq "B: cancel A's job: exit 4" "$?" 4
-ctlB watch "$idA" >/dev/null 2>&1
+ctlB watch "$idA" >/dev/null 2>"$WORK/err"
 expect_eq "B: watch A's job: exit 4" "$?" 4
-ctlB logs "$idA" >/dev/null 2>&1
+expect_contains "B: watch's error" "$(cat "$WORK/err")" "may watch it"
+ctlB logs "$idA" >/dev/null 2>"$WORK/err"
 expect_eq "B: logs of A's job: exit 4" "$?" 4
+expect_contains "B: logs' error says logs" "$(cat "$WORK/err")" "may read its logs"
 expect_contains "B: ls shows none of A's jobs" "$(ctlB ls)" "no jobs"
 ctlB ls --all >/dev/null 2>&1
 expect_eq "B: ls --all: exit 4" "$?" 4
