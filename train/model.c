@@ -151,6 +151,15 @@ static void *buf(struct tr_model *m, const char *fmt, ...)
 	return (char *)m->arena[b->arena] + b->offset;
 }
 
+/* Layer l's activation what: its own (acts.layers.l.what), or the working
+ * set's that every layer shares where the plan recomputes it
+ * (acts.work.what); NULL when the plan has neither. */
+static void *act(struct tr_model *m, int l, const char *what)
+{
+	void *p = buf(m, "acts.layers.%d.%s", l, what);
+	return p ? p : buf(m, "acts.work.%s", what);
+}
+
 static float *param_ptr(struct tr_model *m, const struct tr_param *p, bool grad)
 {
 	if (!p || p->nf4)
@@ -193,8 +202,10 @@ static void bind_lin(struct tr_model *m, int l, int k)
 	L->dA = param_ptr(m, ap, true);
 	L->B = param_ptr(m, bp2, false);
 	L->dB = param_ptr(m, bp2, true);
-	L->u = buf(m, "acts.layers.%d.lora_u.%s", l, tr_lin_name(k));
-	L->xd = buf(m, "acts.layers.%d.lora_x.%s", l, tr_lin_name(k));
+	snprintf(name, sizeof(name), "lora_u.%s", tr_lin_name(k));
+	L->u = act(m, l, name);
+	snprintf(name, sizeof(name), "lora_x.%s", tr_lin_name(k));
+	L->xd = act(m, l, name);
 	assert(!L->A == !L->B && (!L->A || L->u));
 }
 
@@ -249,7 +260,7 @@ static void bind(struct tr_model *m)
 			*a = m->a[0]; /* forward only: one set of buffers for every layer */
 			continue;
 		}
-#define A(f) a->f = buf(m, "acts.layers.%d." #f, l)
+#define A(f) a->f = act(m, l, #f)
 		A(ln1);
 		A(ln1_16);
 		A(y16);
@@ -609,6 +620,34 @@ static uint64_t dropout_seed(const struct tr_model *m, int l, int k)
 	return mix64(m->dropout_seed ^ mix64(((uint64_t)l << 8 | (uint64_t)k) + 1));
 }
 
+/* What projection k's adapter keeps of its input inp (N, in) for the
+ * backward: xd = dropout(inp) where the forward has dropout (its mask a
+ * function of the seed, the layer and the projection: regenerated, not
+ * stored) and, with u, u = scale * (x A^T) with x the input after dropout.
+ * Nothing without an adapter. */
+static void lora_input(struct tr_model *m, int l, int k, const float *inp, const gpu_bf16 *inp16,
+		       bool u)
+{
+	struct gpu_backend *be = m->be;
+	const struct lin *L = &m->lin[l][k];
+	const int N = m->plan.opts.B * m->plan.opts.T, R = m->plan.opts.lora_rank;
+	if (!L->A)
+		return;
+	const float *x = inp;
+	const gpu_bf16 *x16 = inp16;
+	if (m->dropout_used) {
+		assert(inp); /* the plan keeps fp32 inputs where there is dropout */
+		gpu_dropout(be, L->xd, inp, m->plan.opts.lora_dropout, dropout_seed(m, l, k),
+			    (size_t)N * L->in);
+		x = L->xd;
+		x16 = NULL;
+	}
+	if (!u)
+		return;
+	gpu_matmul_forward(be, L->u, NULL, x, x16, L->A, NULL, N, L->in, R);
+	gpu_scale(be, L->u, m->plan.lora_scale, (size_t)N * R);
+}
+
 /* out (N, out) = inp @ W^T + b [+ scale * (dropout(inp) A^T) B^T]. inp16:
  * inp's bf16 twin or NULL (inp may then be NULL: gpu/backend.h). out16: the
  * product in bf16 instead of out (no bias, no adapter: train/plan.c). */
@@ -623,17 +662,7 @@ static void linear_forward(struct tr_model *m, int l, int k, float *out, gpu_bf1
 			   L->out);
 	if (!L->A)
 		return;
-	const float *x = inp;
-	const gpu_bf16 *x16 = inp16;
-	if (m->dropout_used) {
-		assert(inp); /* the plan keeps fp32 inputs where there is dropout */
-		gpu_dropout(be, L->xd, inp, m->plan.opts.lora_dropout, dropout_seed(m, l, k),
-			    (size_t)N * L->in);
-		x = L->xd;
-		x16 = NULL;
-	}
-	gpu_matmul_forward(be, L->u, NULL, x, x16, L->A, NULL, N, L->in, R);
-	gpu_scale(be, L->u, m->plan.lora_scale, (size_t)N * R);
+	lora_input(m, l, k, inp, inp16, true);
 	gpu_matmul_forward(be, m->lora_tmp, NULL, L->u, NULL, L->B, NULL, N, R, L->out);
 	gpu_residual_forward(be, out, out, m->lora_tmp, (size_t)N * L->out);
 }
@@ -672,9 +701,32 @@ static void linear_backward(struct tr_model *m, int l, int k, float *dinp, bool 
 
 /* --- forward --- */
 
+/* Projection k of layer l as the pass needs it: the whole product where
+ * prod (the forward, a full recompute), else only what its adapter keeps and
+ * the plan does not (a selective recompute: its dropout mask applied). */
+static void project(struct tr_model *m, int l, int k, bool prod, float *out, gpu_bf16 *out16,
+		    const float *inp, const gpu_bf16 *inp16)
+{
+	if (prod)
+		linear_forward(m, l, k, out, out16, inp, inp16);
+	else
+		lora_input(m, l, k, inp, inp16, false);
+}
+
+/* Layer l's forward (recompute false): res[l] -> res[l+1], every activation
+ * the backward reads written where the plan keeps it. Its recompute (true),
+ * before its backward: the same ops on the same inputs again, for what the
+ * plan's policy did not keep, so the backward reads the forward's bits.
+ * FULL runs every op but the down projection's product and the last
+ * residual add (res[l+1] is kept; the down adapter's u and x are not);
+ * SELECTIVE reruns no product (each adapter's dropout mask is applied again)
+ * and runs the norms, SwiGLU, RoPE under q/k norms (without them RoPE was
+ * applied in place to the kept product) and the attention where it is not
+ * fused (its probabilities and output are not kept; the fused attention's
+ * output and statistics are). The recompute uses dln as its scratch: the
+ * layer's backward has not started, and its d(res[l+1]) is in dres. */
 static void layer_forward(struct tr_model *m, int l, bool recompute)
 {
-	assert(!recompute); /* no plan recomputes yet */
 	struct gpu_backend *be = m->be;
 	const struct tr_model_config *c = &m->plan.cfg;
 	const int B = m->plan.opts.B, T = m->plan.opts.T, N = B * T;
@@ -685,29 +737,40 @@ static void layer_forward(struct tr_model *m, int l, bool recompute)
 	/* att was sized for the attention the backend ran when the model was
 	 * built; a precision switched since would overrun it (a caller's bug). */
 	assert(gpu_attention_flash(be, HS) == m->plan.opts.attention_lse);
+	assert(!recompute || m->plan.opts.recompute != TR_RECOMPUTE_NONE);
 	struct layer_a *a = &m->a[l];
+	/* The products run in the forward and in a full recompute. */
+	const bool prod = !recompute || m->plan.opts.recompute == TR_RECOMPUTE_FULL;
 
 	gpu_rmsnorm_forward(be, a->ln1, a->ln1_16, a->ln1_rstd, m->res[l], w->ln1, N, C, eps);
 	if (c->qk_norm) {
-		linear_forward(m, l, TR_LIN_Q, a->qraw, NULL, a->ln1, a->ln1_16);
-		linear_forward(m, l, TR_LIN_K, a->kraw, NULL, a->ln1, a->ln1_16);
+		project(m, l, TR_LIN_Q, prod, a->qraw, NULL, a->ln1, a->ln1_16);
+		project(m, l, TR_LIN_K, prod, a->kraw, NULL, a->ln1, a->ln1_16);
 		gpu_rmsnorm_forward(be, a->q, NULL, a->q_rstd, a->qraw, w->qn, N * NH, HS, eps);
 		gpu_rmsnorm_forward(be, a->k, NULL, a->k_rstd, a->kraw, w->kn, N * NKV, HS, eps);
 	} else {
-		linear_forward(m, l, TR_LIN_Q, a->q, NULL, a->ln1, a->ln1_16);
-		linear_forward(m, l, TR_LIN_K, a->k, NULL, a->ln1, a->ln1_16);
+		project(m, l, TR_LIN_Q, prod, a->q, NULL, a->ln1, a->ln1_16);
+		project(m, l, TR_LIN_K, prod, a->k, NULL, a->ln1, a->ln1_16);
 	}
-	linear_forward(m, l, TR_LIN_V, a->v, NULL, a->ln1, a->ln1_16);
-	gpu_rope_forward(be, a->q, a->q, m->rope_cos, m->rope_sin, B, T, NH, HS);
-	gpu_rope_forward(be, a->k, a->k, m->rope_cos, m->rope_sin, B, T, NKV, HS);
-	gpu_attention_forward(be, a->y, a->y16, a->att, a->q, a->k, a->v, B, T, NH, NKV, HS);
-	linear_forward(m, l, TR_LIN_O, m->dln, NULL, a->y, a->y16);
-	gpu_residual_forward(be, a->res_mid, m->res[l], m->dln, (size_t)N * C);
+	project(m, l, TR_LIN_V, prod, a->v, NULL, a->ln1, a->ln1_16);
+	if (prod || c->qk_norm) {
+		gpu_rope_forward(be, a->q, a->q, m->rope_cos, m->rope_sin, B, T, NH, HS);
+		gpu_rope_forward(be, a->k, a->k, m->rope_cos, m->rope_sin, B, T, NKV, HS);
+	}
+	if (prod || !m->plan.opts.attention_lse)
+		gpu_attention_forward(be, a->y, a->y16, a->att, a->q, a->k, a->v, B, T, NH, NKV, HS);
+	project(m, l, TR_LIN_O, prod, m->dln, NULL, a->y, a->y16);
+	if (prod)
+		gpu_residual_forward(be, a->res_mid, m->res[l], m->dln, (size_t)N * C);
 
 	gpu_rmsnorm_forward(be, a->ln2, a->ln2_16, a->ln2_rstd, a->res_mid, w->ln2, N, C, eps);
-	linear_forward(m, l, TR_LIN_GATE, a->gate, a->gate16, a->ln2, a->ln2_16);
-	linear_forward(m, l, TR_LIN_UP, a->up, a->up16, a->ln2, a->ln2_16);
+	project(m, l, TR_LIN_GATE, prod, a->gate, a->gate16, a->ln2, a->ln2_16);
+	project(m, l, TR_LIN_UP, prod, a->up, a->up16, a->ln2, a->ln2_16);
 	gpu_swiglu_forward(be, a->h, a->h16, a->gate, a->up, a->gate16, a->up16, (size_t)N * I);
+	if (recompute) {
+		lora_input(m, l, TR_LIN_DOWN, a->h, a->h16, prod);
+		return;
+	}
 	linear_forward(m, l, TR_LIN_DOWN, m->dln, NULL, a->h, a->h16);
 	gpu_residual_forward(be, m->res[l + 1], a->res_mid, m->dln, (size_t)N * C);
 }

@@ -254,6 +254,8 @@ static td_err check_opts(const struct tr_plan_opts *o, const struct tr_model_con
 		return td_fail(eb, TD_EINVAL, "plan: %d labels (a classifier needs >= 2)", o->num_labels);
 	if (o->num_labels > 0 && o->distill)
 		return td_fail(eb, TD_EINVAL, "plan: distillation trains a causal LM, not a classifier");
+	if ((unsigned)o->recompute >= TR_RECOMPUTE_COUNT)
+		return td_fail(eb, TD_EINVAL, "plan: unknown recompute policy %d", (int)o->recompute);
 	if (o->inference && o->distill)
 		return td_fail(eb, TD_EINVAL, "plan: a distillation student trains; it is not forward-only");
 	return TD_OK;
@@ -313,6 +315,12 @@ static size_t gemm_elems(size_t rows, size_t in, size_t out)
 
 /* --- the schedule --- */
 
+const char *tr_recompute_name(enum tr_recompute r)
+{
+	static const char *const names[TR_RECOMPUTE_COUNT] = {"none", "selective", "full"};
+	return (unsigned)r < TR_RECOMPUTE_COUNT ? names[r] : "?";
+}
+
 const char *tr_stage_name(enum tr_stage_kind k)
 {
 	static const char *const names[TR_STAGE_KIND_COUNT] = {
@@ -364,8 +372,12 @@ static td_err build_stages(struct tr_plan *p, struct td_errbuf *eb)
 	for (int r0 = 0; r0 < N; r0 += R)
 		STAGE(TR_STAGE_HEAD_BACKWARD, -1, r0, N - r0 < R ? N - r0 : R);
 	STAGE(TR_STAGE_FINAL_NORM_BACKWARD, -1, 0, 0);
-	for (int l = L - 1; l >= 0; l--)
+	for (int l = L - 1; l >= 0; l--) {
+		/* the last layer's working set is still the forward's */
+		if (p->opts.recompute != TR_RECOMPUTE_NONE && l < L - 1)
+			STAGE(TR_STAGE_LAYER_RECOMPUTE, l, 0, 0);
 		STAGE(TR_STAGE_LAYER_BACKWARD, l, 0, 0);
+	}
 	STAGE(TR_STAGE_EMBED_BACKWARD, -1, 0, 0);
 	STAGE(TR_STAGE_OPTIMIZER, -1, 0, 0);
 #undef STAGE
@@ -384,6 +396,8 @@ td_err tr_plan_build(struct tr_plan *p, const struct tr_model_config *cfg,
 	td_err e = check_opts(o, cfg, eb);
 	if (e != TD_OK)
 		return e;
+	if (o->inference)
+		p->opts.recompute = TR_RECOMPUTE_NONE; /* nothing is kept for a backward */
 	if (o->lora_rank > 0)
 		p->lora_scale = (float)(o->lora_rslora ? o->lora_alpha / sqrt((double)o->lora_rank)
 						       : o->lora_alpha / (double)o->lora_rank);
@@ -474,42 +488,70 @@ td_err tr_plan_build(struct tr_plan *p, const struct tr_model_config *cfg,
 	/* The MLP's gate and up products too, where no adapter adds to them. */
 	const unsigned mlp_lin = 1u << TR_LIN_GATE | 1u << TR_LIN_UP;
 	const bool mlp32 = !twins || (R && (o->lora_targets & mlp_lin));
-	/* Forward only, nothing is kept for a backward pass: every layer reuses
-	 * layer 0's buffers (train/model.c binds them so). */
-	for (int l = 0; l < (train ? cfg->num_layers : 1); l++) {
-		const struct {
-			const char *what;
-			size_t bytes;
-			bool on;
-		} acts[] = {
-			{"ln1", f32_bytes(N, C, 1), keep32},
-			{"ln1_16", f32_bytes(N, C, 1) / 2, twins},
-			{"ln1_rstd", f32_bytes(N, 1, 1), true},
-			{"qraw", f32_bytes(N, H, 1), cfg->qk_norm},
-			{"q_rstd", f32_bytes(N, NH, 1), cfg->qk_norm},
-			{"kraw", f32_bytes(N, KV, 1), cfg->qk_norm},
-			{"k_rstd", f32_bytes(N, NKV, 1), cfg->qk_norm},
-			{"q", f32_bytes(N, H, 1), true},
-			{"k", f32_bytes(N, KV, 1), true},
-			{"v", f32_bytes(N, KV, 1), true},
-			{"att", o->attention_lse ? f32_bytes(B * NH, T, 1) : f32_bytes(B * NH, T, T), true},
-			{"y", f32_bytes(N, H, 1), true},
-			{"y16", f32_bytes(N, H, 1) / 2, twins},
-			{"res_mid", f32_bytes(N, C, 1), true},
-			{"ln2", f32_bytes(N, C, 1), keep32},
-			{"ln2_16", f32_bytes(N, C, 1) / 2, twins},
-			{"ln2_rstd", f32_bytes(N, 1, 1), true},
-			{"gate", f32_bytes(N, I, 1), mlp32},
-			{"up", f32_bytes(N, I, 1), mlp32},
-			{"gate16", f32_bytes(N, I, 1) / 2, !mlp32},
-			{"up16", f32_bytes(N, I, 1) / 2, !mlp32},
-			{"h", f32_bytes(N, I, 1), keep32},
-			{"h16", f32_bytes(N, I, 1) / 2, twins},
-		};
+	/* Where a layer's activations live. Forward only, nothing is kept for a
+	 * backward pass: every layer reuses layer 0's buffers. Training, each
+	 * layer keeps what the recompute policy keeps (acts.layers.L.*) and the
+	 * rest lives once, in acts.work.*, for the layer being computed or
+	 * recomputed (train/model.c binds both so). KEEP_SEL: kept under
+	 * SELECTIVE too — the products (GEMM outputs: q, k, v or the q/k norms'
+	 * inputs, gate, up, the adapters' x A^T), the residual stream after
+	 * attention, and the fused attention's output and row statistics;
+	 * KEEP_NONE: recomputed under SELECTIVE — the norms' outputs and their
+	 * statistics, RoPE'd q and k under q/k norms, SwiGLU's output, the
+	 * adapters' dropout, and the unfused attention's probabilities and
+	 * output. FULL keeps only the residual stream (acts.res.L). */
+	enum { KEEP_SEL, KEEP_NONE };
+	const enum tr_recompute rc = train ? o->recompute : TR_RECOMPUTE_NONE;
+	const bool lse = o->attention_lse;
+	const int qk = cfg->qk_norm ? KEEP_NONE : KEEP_SEL; /* without q/k norms, RoPE runs in place on the product */
+	const int att = lse ? KEEP_SEL : KEEP_NONE;
+	const struct {
+		const char *what;
+		size_t bytes;
+		bool on;
+		int keep;
+	} acts[] = {
+		{"ln1", f32_bytes(N, C, 1), keep32, KEEP_NONE},
+		{"ln1_16", f32_bytes(N, C, 1) / 2, twins, KEEP_NONE},
+		{"ln1_rstd", f32_bytes(N, 1, 1), true, KEEP_NONE},
+		{"qraw", f32_bytes(N, H, 1), cfg->qk_norm, KEEP_SEL},
+		{"q_rstd", f32_bytes(N, NH, 1), cfg->qk_norm, KEEP_NONE},
+		{"kraw", f32_bytes(N, KV, 1), cfg->qk_norm, KEEP_SEL},
+		{"k_rstd", f32_bytes(N, NKV, 1), cfg->qk_norm, KEEP_NONE},
+		{"q", f32_bytes(N, H, 1), true, qk},
+		{"k", f32_bytes(N, KV, 1), true, qk},
+		{"v", f32_bytes(N, KV, 1), true, KEEP_SEL},
+		{"att", lse ? f32_bytes(B * NH, T, 1) : f32_bytes(B * NH, T, T), true, att},
+		{"y", f32_bytes(N, H, 1), true, att},
+		{"y16", f32_bytes(N, H, 1) / 2, twins, att},
+		{"res_mid", f32_bytes(N, C, 1), true, KEEP_SEL},
+		{"ln2", f32_bytes(N, C, 1), keep32, KEEP_NONE},
+		{"ln2_16", f32_bytes(N, C, 1) / 2, twins, KEEP_NONE},
+		{"ln2_rstd", f32_bytes(N, 1, 1), true, KEEP_NONE},
+		{"gate", f32_bytes(N, I, 1), mlp32, KEEP_SEL},
+		{"up", f32_bytes(N, I, 1), mlp32, KEEP_SEL},
+		{"gate16", f32_bytes(N, I, 1) / 2, !mlp32, KEEP_SEL},
+		{"up16", f32_bytes(N, I, 1) / 2, !mlp32, KEEP_SEL},
+		{"h", f32_bytes(N, I, 1), keep32, KEEP_NONE},
+		{"h16", f32_bytes(N, I, 1) / 2, twins, KEEP_NONE},
+	};
+	const int nl = train ? cfg->num_layers : 1;
+	for (int l = 0; l <= nl; l++) {
+		const bool work = l == nl; /* the working set, after the layers' own */
+		if (work && rc == TR_RECOMPUTE_NONE)
+			break;
+#define KEPT(keep) (rc == TR_RECOMPUTE_NONE || (rc == TR_RECOMPUTE_SELECTIVE && (keep) == KEEP_SEL))
+#define ACT_NAME(what)                                        \
+	do {                                                  \
+		if (work)                                     \
+			NAMED("acts.work.%s", (what));        \
+		else                                          \
+			NAMED("acts.layers.%d.%s", l, (what)); \
+	} while (0)
 		for (size_t i = 0; i < sizeof(acts) / sizeof(acts[0]); i++) {
-			if (!acts[i].on)
+			if (!acts[i].on || KEPT(acts[i].keep) == work)
 				continue;
-			NAMED("acts.layers.%d.%s", l, acts[i].what);
+			ACT_NAME(acts[i].what);
 			BUF(TR_ARENA_ACTS, acts[i].bytes);
 		}
 		/* LoRA keeps scale * (x A^T) per adapter, and x after dropout when
@@ -519,13 +561,20 @@ td_err tr_plan_build(struct tr_plan *p, const struct tr_model_config *cfg,
 				continue;
 			int in, out;
 			tr_lin_dims(cfg, lin, &in, &out);
-			NAMED("acts.layers.%d.lora_u.%s", l, lin_names[lin]);
-			BUF(TR_ARENA_ACTS, f32_bytes(N, R, 1));
-			if (o->lora_dropout > 0.0f) {
-				NAMED("acts.layers.%d.lora_x.%s", l, lin_names[lin]);
+			char what[32];
+			if (KEPT(KEEP_SEL) != work) {
+				snprintf(what, sizeof(what), "lora_u.%s", lin_names[lin]);
+				ACT_NAME(what);
+				BUF(TR_ARENA_ACTS, f32_bytes(N, R, 1));
+			}
+			if (o->lora_dropout > 0.0f && KEPT(KEEP_NONE) != work) {
+				snprintf(what, sizeof(what), "lora_x.%s", lin_names[lin]);
+				ACT_NAME(what);
 				BUF(TR_ARENA_ACTS, f32_bytes(N, (size_t)in, 1));
 			}
 		}
+#undef KEPT
+#undef ACT_NAME
 	}
 	NAMED("acts.lnf");
 	BUF(TR_ARENA_ACTS, f32_bytes(N, C, 1));
@@ -717,4 +766,31 @@ void tr_plan_print(const struct tr_plan *p, FILE *f)
 	}
 	size_t total = tr_plan_total_bytes(p);
 	fprintf(f, "total      %s (%zu bytes)\n", tr_fmt_bytes(b1, sizeof(b1), total), total);
+	size_t acts[TR_RECOMPUTE_COUNT], totals[TR_RECOMPUTE_COUNT];
+	if (o->inference || tr_plan_recompute_bytes(&p->cfg, o, acts, totals, NULL) != TD_OK)
+		return;
+	fprintf(f, "recompute  %s; by policy, acts and total:", tr_recompute_name(o->recompute));
+	for (int r = 0; r < TR_RECOMPUTE_COUNT; r++)
+		fprintf(f, "%s %s %s (%zu bytes), %s", r ? ";" : "", tr_recompute_name(r),
+			tr_fmt_bytes(b1, sizeof(b1), acts[r]), acts[r],
+			tr_fmt_bytes(b2, sizeof(b2), totals[r]));
+	fprintf(f, "\n");
+}
+
+td_err tr_plan_recompute_bytes(const struct tr_model_config *cfg, const struct tr_plan_opts *o,
+			       size_t acts[TR_RECOMPUTE_COUNT], size_t total[TR_RECOMPUTE_COUNT],
+			       struct td_errbuf *eb)
+{
+	for (int r = 0; r < TR_RECOMPUTE_COUNT; r++) {
+		struct tr_plan q;
+		struct tr_plan_opts po = *o;
+		po.recompute = (enum tr_recompute)r;
+		td_err e = tr_plan_build(&q, cfg, &po, eb);
+		if (e != TD_OK)
+			return e;
+		acts[r] = q.arena_bytes[TR_ARENA_ACTS];
+		total[r] = tr_plan_total_bytes(&q);
+		tr_plan_fini(&q);
+	}
+	return TD_OK;
 }

@@ -127,6 +127,29 @@ struct tr_plan_buf {
 	size_t bytes;
 };
 
+/* Activation recompute (gradient checkpointing), per layer: what each
+ * layer keeps from its forward for its backward, and what the backward
+ * regenerates first (a TR_STAGE_LAYER_RECOMPUTE before the layer's
+ * TR_STAGE_LAYER_BACKWARD) by running the forward's ops again on the same
+ * inputs, so that gradients are the same bits as without recompute. What is
+ * not kept lives once, for the layer being computed or recomputed
+ * (acts.work.*); the last layer's is still there after the forward, so it
+ * is never recomputed. A forward-only plan ignores the policy. */
+enum tr_recompute {
+	TR_RECOMPUTE_NONE,      /* every layer keeps everything its backward reads */
+	TR_RECOMPUTE_SELECTIVE, /* keeps the products (GEMM outputs), the residual
+				 * stream and the fused attention's output and row
+				 * statistics; recomputes the norms, RoPE (under q/k
+				 * norms), SwiGLU, LoRA dropout and the unfused
+				 * attention (its T x T probabilities) */
+	TR_RECOMPUTE_FULL,      /* keeps each layer's input (the residual stream)
+				 * only; recomputes the layer but its last product */
+	TR_RECOMPUTE_COUNT
+};
+
+/* "none", "selective", "full"; "?" out of range. */
+const char *tr_recompute_name(enum tr_recompute r);
+
 /* All zero past B and T: full fine-tuning of a causal LM. */
 struct tr_plan_opts {
 	int B;             /* micro-batch rows */
@@ -159,6 +182,7 @@ struct tr_plan_opts {
 	 * holds (gpu/backend.h: gpu_gemm_bf16; scratch.gemm_bf16). Set like
 	 * attention_lse. */
 	bool gemm_bf16;
+	enum tr_recompute recompute; /* TR_RECOMPUTE_NONE (0): keep everything */
 };
 
 struct tr_plan {
@@ -207,7 +231,14 @@ size_t tr_plan_total_bytes(const struct tr_plan *p);
 const struct tr_plan_buf *tr_plan_find(const struct tr_plan *p, const char *name);
 const struct tr_param *tr_plan_param(const struct tr_plan *p, const char *name);
 
-/* Human-readable plan: per arena, the largest buffers, and totals. */
+/* The acts arena's bytes and the plan's total for (cfg, o) under each
+ * recompute policy (o->recompute is not read), indexed by enum tr_recompute. */
+td_err tr_plan_recompute_bytes(const struct tr_model_config *cfg, const struct tr_plan_opts *o,
+			       size_t acts[TR_RECOMPUTE_COUNT], size_t total[TR_RECOMPUTE_COUNT],
+			       struct td_errbuf *eb);
+
+/* Human-readable plan: per arena, the largest buffers, and totals; for a
+ * training plan, the recompute policy and the acts and total of each. */
 void tr_plan_print(const struct tr_plan *p, FILE *f);
 
 /* Bytes as "1.23 GiB" into buf (returns buf). */
