@@ -183,21 +183,22 @@ static void test_loss_falls(const char *model, const char *data)
 static void test_plan_equals_allocation(void)
 {
 	static const char *const models[] = {"qwen2", "llama", "qwen3"};
-	for (size_t i = 0; i < 3; i++) {
+	for (size_t i = 0; i < 3 * TR_RECOMPUTE_COUNT; i++) {
+		const enum tr_recompute rc = (enum tr_recompute)(i / 3);
 		char path[512];
-		snprintf(path, sizeof(path), "%s/%s/config.json", fx, models[i]);
+		snprintf(path, sizeof(path), "%s/%s/config.json", fx, models[i % 3]);
 		struct tr_model_config cfg;
 		struct td_errbuf eb = {{0}};
 		CHECK_EQ_INT(tr_config_load(&cfg, path, &eb), TD_OK);
 		struct gpu_backend *be = NULL;
 		CHECK_EQ_INT(gpu_cpu_backend_new(&be, &eb), TD_OK);
 		struct tr_model *m = NULL;
-		struct tr_plan_opts po = {.B = 3, .T = 20};
+		struct tr_plan_opts po = {.B = 3, .T = 20, .recompute = rc};
 		CHECK_EQ_INT(tr_model_new(&m, be, &cfg, &po, &eb), TD_OK);
 		const struct tr_plan *p = tr_model_plan(m);
 		CHECK_EQ_INT(be->bytes_in_use, tr_plan_total_bytes(p));
 		/* A whole step allocates nothing beyond the plan. */
-		snprintf(path, sizeof(path), "%s/%s", fx, models[i]);
+		snprintf(path, sizeof(path), "%s/%s", fx, models[i % 3]);
 		struct tr_weights *w = NULL;
 		CHECK_EQ_INT(tr_weights_open(&w, path, &eb), TD_OK);
 		CHECK_EQ_INT(tr_model_load(m, w, &eb), TD_OK);

@@ -1,0 +1,454 @@
+/* Activation recompute (train/plan.h: enum tr_recompute) on the CPU backend:
+ * SELECTIVE and FULL give NONE's losses, gradients, hidden states and
+ * updated parameters bit for bit, for every method; each policy's plan is
+ * what the backend allocates, and FULL < SELECTIVE < NONE in activations;
+ * the step's stage list has its recompute stages where the policy says.
+ *
+ * Why equal bits: a recompute runs the forward's own ops (the same backend
+ * entry points, the same shapes, the same inputs, the same dropout seeds) into
+ * other buffers, and the backward then reads those bits; on the CPU backend
+ * an op's result does not depend on where its buffers are. Nothing is
+ * compared within a tolerance here.
+ *
+ * Cases: the qwen2, llama and qwen3 fixtures (2 layers: only layer 0 is
+ * recomputed, the last layer's working set being the forward's) and
+ * 4-layer qwen2- and qwen3-shaped models with random weights (three
+ * recomputes reusing one working set); full fine-tuning (whole and chunked
+ * logits, the head's backward fused), LoRA with and without dropout, QLoRA,
+ * classification and distillation. */
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "gpu/backend.h"
+#include "tests/check.h"
+#include "train/lora.h"
+#include "train/model.h"
+#include "train/modeldir.h"
+
+static const char *fx;
+
+#define QV (1u << TR_LIN_Q | 1u << TR_LIN_V)
+#define ALL_LIN ((1u << TR_LIN_COUNT) - 1)
+#define B_ 2
+#define T_ 24
+#define N_ (B_ * T_)
+
+static void load_config(struct tr_model_config *c, const char *dir)
+{
+	char path[512];
+	struct td_errbuf eb = {{0}};
+	snprintf(path, sizeof(path), "%s/%s/config.json", fx, dir);
+	if (tr_config_load(c, path, &eb) != TD_OK) {
+		fprintf(stderr, "%s\n", eb.msg);
+		exit(2);
+	}
+}
+
+/* A deterministic value in [-a, a) for element i of tensor k. */
+static float noise(size_t k, size_t i, float a)
+{
+	uint64_t z = (k * 0x9e3779b97f4a7c15ULL) ^ (i * 0xbf58476d1ce4e5b9ULL);
+	z ^= z >> 31;
+	z *= 0x94d049bb133111ebULL;
+	z ^= z >> 29;
+	return a * (float)((double)(z >> 11) * 0x1p-53 * 2.0 - 1.0);
+}
+
+/* A model of cfg on be with the plan opts po: weights from the fixture dir
+ * wdir, or random (norms near 1) when wdir is NULL; adapters initialised
+ * with lora_B nonzero too (PEFT's zero B would give the adapters' A no
+ * gradient), and a classifier's head. */
+static struct tr_model *new_model(struct gpu_backend *be, const struct tr_model_config *cfg,
+				  const struct tr_plan_opts *po, const char *wdir)
+{
+	struct td_errbuf eb = {{0}};
+	struct tr_model *m = NULL;
+	if (tr_model_new(&m, be, cfg, po, &eb) != TD_OK) {
+		fprintf(stderr, "model: %s\n", eb.msg);
+		exit(2);
+	}
+	if (wdir) {
+		char path[512];
+		snprintf(path, sizeof(path), "%s/%s", fx, wdir);
+		struct tr_weights *w = NULL;
+		if (tr_weights_open(&w, path, &eb) != TD_OK || tr_model_load(m, w, &eb) != TD_OK) {
+			fprintf(stderr, "%s: %s\n", path, eb.msg);
+			exit(2);
+		}
+		tr_weights_close(w);
+	}
+	if (po->lora_rank && tr_lora_init(m, 5, &eb) != TD_OK) {
+		fprintf(stderr, "lora: %s\n", eb.msg);
+		exit(2);
+	}
+	const struct tr_plan *p = tr_model_plan(m);
+	for (size_t k = 0; k < p->nparams; k++) {
+		const struct tr_param *t = &p->params[k];
+		bool base = t->kind == TR_P_BASE;
+		if (base && wdir)
+			continue;
+		if (t->kind == TR_P_LORA_A)
+			continue; /* tr_lora_init's */
+		float *v = malloc(t->numel * sizeof(float));
+		bool norm = base && t->ndim == 1 && strstr(t->name, "norm");
+		for (size_t i = 0; i < t->numel; i++)
+			v[i] = norm ? 1.0f + noise(k, i, 0.1f) : noise(k, i, base ? 0.08f : 0.05f);
+		CHECK_EQ_INT(tr_model_set_param(m, t, v), TD_OK);
+		free(v);
+	}
+	return m;
+}
+
+enum method { M_CAUSAL, M_CLASSIFY, M_DISTILL };
+
+struct rc_case {
+	const char *name;
+	const char *model;   /* fixture dir */
+	int layers;          /* > 0: this many layers and random weights */
+	enum method method;
+	struct tr_plan_opts po;
+	bool fuse;           /* the head's backward fused into the forward */
+};
+
+/* What a run gives: every forward's loss terms, the gradients of the
+ * second step, the hidden states of the last forward and the parameters
+ * after two AdamW steps. */
+struct result {
+	double loss[4][3];
+	size_t ngrad, nparam, nhidden;
+	float *grad, *param, *hidden;
+	size_t plan_bytes, acts_bytes, alloc_bytes, peak_bytes; /* the last two: the model's alone */
+};
+
+static void result_free(struct result *r)
+{
+	free(r->grad);
+	free(r->param);
+	free(r->hidden);
+}
+
+/* The batch of micro-batch a of step s: ids and labels (some -100), with a
+ * padded tail for the classifier; class ids. */
+static void batch(int s, int a, int V, int32_t *ids, int32_t *labels, int32_t *cls)
+{
+	for (int i = 0; i < N_; i++) {
+		ids[i] = (int32_t)((i * 131 + 7 + 37 * (2 * s + a)) % V);
+		labels[i] = i % 7 == 3 ? -100 : (int32_t)((i * 17 + 3 + s + a) % V);
+	}
+	for (int t = T_ - 4; t < T_; t++)
+		ids[T_ + t] = 5; /* row 1 padded with the classifier's pad id */
+	cls[0] = (int32_t)(s + a) % 3;
+	cls[1] = 2;
+}
+
+static void run(const struct rc_case *c, enum tr_recompute rc, struct result *r)
+{
+	struct td_errbuf eb = {{0}};
+	struct gpu_backend *be = NULL;
+	memset(r, 0, sizeof(*r));
+	if (gpu_cpu_backend_new(&be, &eb) != TD_OK) {
+		fprintf(stderr, "%s\n", eb.msg);
+		exit(2);
+	}
+	struct tr_model_config cfg;
+	load_config(&cfg, c->model);
+	if (c->layers)
+		cfg.num_layers = c->layers;
+	const char *wdir = c->layers ? NULL : c->model;
+	struct tr_model *teacher = NULL;
+	if (c->method == M_DISTILL) {
+		struct tr_model_config tc;
+		load_config(&tc, "distill/teacher");
+		struct tr_plan_opts to = {.B = B_, .T = T_, .inference = true, .teacher_rows = true,
+					  .logits_chunk_floats = c->po.logits_chunk_floats};
+		teacher = new_model(be, &tc, &to, "distill/teacher");
+	}
+	struct tr_plan_opts po = c->po;
+	po.B = B_;
+	po.T = T_;
+	po.recompute = rc;
+	size_t before = be->bytes_in_use;
+	struct tr_model *m = new_model(be, &cfg, &po, wdir);
+	const struct tr_plan *p = tr_model_plan(m);
+	r->plan_bytes = tr_plan_total_bytes(p);
+	r->acts_bytes = p->arena_bytes[TR_ARENA_ACTS];
+	r->alloc_bytes = be->bytes_in_use - before;
+	if (c->method == M_CLASSIFY)
+		tr_model_set_pad_id(m, 5);
+	const int V = cfg.vocab_size;
+	int32_t ids[N_], labels[N_], cls[B_];
+	for (int s = 0; s < 2; s++) {
+		tr_model_zero_grad(m);
+		for (int a = 0; a < 2; a++) {
+			batch(s, a, V, ids, labels, cls);
+			double *l = r->loss[2 * s + a];
+			int64_t nv = 0;
+			const float dloss = 1.0f / 64.0f;
+			tr_model_set_dropout_seed(m, (uint64_t)(100 + 2 * s + a));
+			td_err e = TD_OK;
+			switch (c->method) {
+			case M_CAUSAL:
+				if (c->fuse)
+					tr_model_fuse_head_backward(m, dloss);
+				e = tr_model_forward(m, ids, labels, &l[0], &nv, &eb);
+				break;
+			case M_CLASSIFY:
+				e = tr_model_forward_classify(m, ids, cls, &l[0], &nv, &eb);
+				break;
+			case M_DISTILL: {
+				struct tr_distill_sums ds;
+				e = tr_model_forward_trunk(teacher, ids, &eb);
+				if (e == TD_OK)
+					e = tr_model_forward_distill(m, ids, labels, teacher, 2.0f, 0.5f, &ds,
+								     &eb);
+				l[0] = ds.loss_sum;
+				l[1] = ds.kl_sum;
+				nv = ds.n_valid;
+				break;
+			}
+			}
+			CHECK_MSG(e == TD_OK, "%s (%s): forward: %s", c->name, tr_recompute_name(rc), eb.msg);
+			l[2] = (double)nv;
+			tr_model_backward(m, dloss);
+		}
+		if (s == 1)
+			break; /* the second step's gradients, before its update */
+		tr_model_clip_grads(m, 1.0);
+		struct tr_adamw h = {0.9f, 0.999f, 1e-8f, 0.01f};
+		tr_model_adamw(m, &h, 1e-3f, s + 1);
+	}
+	r->ngrad = p->numel_trainable;
+	r->grad = malloc((r->ngrad + 1) * sizeof(float));
+	for (size_t k = 0; k < p->nparams; k++)
+		if (p->params[k].trainable)
+			tr_model_get_grad(m, &p->params[k], r->grad + p->params[k].goffset);
+	size_t C = (size_t)cfg.hidden_size;
+	r->nhidden = (size_t)(cfg.num_layers + 1) * N_ * C;
+	r->hidden = malloc(r->nhidden * sizeof(float));
+	for (int i = 0; i <= cfg.num_layers; i++)
+		tr_model_get_hidden(m, i, r->hidden + (size_t)i * N_ * C);
+	tr_model_clip_grads(m, 1.0);
+	struct tr_adamw h = {0.9f, 0.999f, 1e-8f, 0.01f};
+	tr_model_adamw(m, &h, 1e-3f, 2);
+	r->nparam = p->numel_trainable;
+	r->param = malloc((r->nparam + 1) * sizeof(float));
+	for (size_t k = 0; k < p->nparams; k++)
+		if (p->params[k].trainable)
+			tr_model_get_param(m, &p->params[k], r->param + p->params[k].goffset);
+	CHECK_EQ_INT(gpu_sync(be, &eb), TD_OK);
+	r->peak_bytes = be->bytes_peak - before;
+	tr_model_free(m);
+	tr_model_free(teacher);
+	CHECK_EQ_INT(be->bytes_in_use, 0);
+	gpu_backend_free(be);
+}
+
+/* Index of the first element where a and b differ, or n. */
+static size_t first_diff(const float *a, const float *b, size_t n)
+{
+	for (size_t i = 0; i < n; i++)
+		if (memcmp(a + i, b + i, sizeof(float)) != 0)
+			return i;
+	return n;
+}
+
+static void test_same_bits(void)
+{
+	const struct rc_case cases[] = {
+		{"qwen2 full", "qwen2", 0, M_CAUSAL, {0}, false},
+		{"llama full", "llama", 0, M_CAUSAL, {0}, false},
+		{"qwen3 full", "qwen3", 0, M_CAUSAL, {0}, false},
+		{"qwen2 full, chunked head fused", "qwen2", 0, M_CAUSAL,
+		 {.logits_chunk_floats = 5 * 512}, true},
+		{"qwen3 4 layers full", "qwen3", 4, M_CAUSAL, {0}, false},
+		{"qwen2 4 layers full, head fused", "qwen2", 4, M_CAUSAL, {0}, true},
+		{"qwen2 lora q,v", "qwen2", 0, M_CAUSAL,
+		 {.lora_rank = 4, .lora_alpha = 8, .lora_targets = QV}, false},
+		{"llama lora all + dropout", "llama", 0, M_CAUSAL,
+		 {.lora_rank = 4, .lora_alpha = 8, .lora_targets = ALL_LIN, .lora_dropout = 0.2f}, false},
+		{"qwen3 lora all + dropout, head fused", "qwen3", 0, M_CAUSAL,
+		 {.lora_rank = 4, .lora_alpha = 8, .lora_targets = ALL_LIN, .lora_dropout = 0.2f}, true},
+		{"qwen3 4 layers lora all + dropout", "qwen3", 4, M_CAUSAL,
+		 {.lora_rank = 4, .lora_alpha = 8, .lora_targets = ALL_LIN, .lora_dropout = 0.1f}, false},
+		{"qwen2 qlora all + dropout", "qwen2", 0, M_CAUSAL,
+		 {.lora_rank = 4, .lora_alpha = 8, .lora_targets = ALL_LIN, .lora_dropout = 0.1f,
+		  .base_quant = TR_QUANT_NF4, .nf4_double_quant = true}, false},
+		{"llama 4 layers qlora all", "llama", 4, M_CAUSAL,
+		 {.lora_rank = 4, .lora_alpha = 8, .lora_targets = ALL_LIN, .base_quant = TR_QUANT_NF4},
+		 false},
+		{"qwen2 classify full", "qwen2-classify", 0, M_CLASSIFY, {.num_labels = 3}, false},
+		{"qwen2 classify lora all + dropout", "qwen2-classify", 0, M_CLASSIFY,
+		 {.num_labels = 3, .lora_rank = 2, .lora_alpha = 4, .lora_targets = ALL_LIN,
+		  .lora_dropout = 0.3f}, false},
+		{"qwen2 distill", "qwen2", 0, M_DISTILL, {.distill = true}, false},
+		{"qwen2 distill chunked", "qwen2", 0, M_DISTILL,
+		 {.distill = true, .logits_chunk_floats = 5 * 512}, false},
+	};
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+		const struct rc_case *c = &cases[i];
+		struct result r[TR_RECOMPUTE_COUNT];
+		for (int rc = 0; rc < TR_RECOMPUTE_COUNT; rc++) {
+			run(c, (enum tr_recompute)rc, &r[rc]);
+			/* the plan is what the backend allocates, and all it ever holds */
+			CHECK_MSG(r[rc].alloc_bytes == r[rc].plan_bytes,
+				  "%s (%s): allocated %zu bytes, plan %zu", c->name,
+				  tr_recompute_name(rc), r[rc].alloc_bytes, r[rc].plan_bytes);
+			CHECK_MSG(r[rc].peak_bytes == r[rc].plan_bytes, "%s (%s): peak %zu bytes, plan %zu",
+				  c->name, tr_recompute_name(rc), r[rc].peak_bytes, r[rc].plan_bytes);
+		}
+		CHECK_MSG(r[TR_RECOMPUTE_FULL].acts_bytes < r[TR_RECOMPUTE_SELECTIVE].acts_bytes &&
+				  r[TR_RECOMPUTE_SELECTIVE].acts_bytes < r[TR_RECOMPUTE_NONE].acts_bytes,
+			  "%s: acts full %zu, selective %zu, none %zu", c->name,
+			  r[TR_RECOMPUTE_FULL].acts_bytes, r[TR_RECOMPUTE_SELECTIVE].acts_bytes,
+			  r[TR_RECOMPUTE_NONE].acts_bytes);
+		printf("%-40s acts none %7zu  selective %7zu  full %7zu bytes\n", c->name,
+		       r[0].acts_bytes, r[1].acts_bytes, r[2].acts_bytes);
+		const struct result *n = &r[TR_RECOMPUTE_NONE];
+		for (int rc = 1; rc < TR_RECOMPUTE_COUNT; rc++) {
+			const struct result *x = &r[rc];
+			const char *pol = tr_recompute_name(rc);
+			CHECK_MSG(memcmp(x->loss, n->loss, sizeof(n->loss)) == 0,
+				  "%s (%s): losses %.17g %.17g, none's %.17g %.17g", c->name, pol,
+				  x->loss[0][0], x->loss[3][0], n->loss[0][0], n->loss[3][0]);
+			const struct {
+				const char *what;
+				const float *a, *b;
+				size_t n;
+			} arrays[] = {
+				{"gradient", x->grad, n->grad, n->ngrad},
+				{"hidden state", x->hidden, n->hidden, n->nhidden},
+				{"parameter after AdamW", x->param, n->param, n->nparam},
+			};
+			for (size_t k = 0; k < sizeof(arrays) / sizeof(arrays[0]); k++) {
+				size_t d = first_diff(arrays[k].a, arrays[k].b, arrays[k].n);
+				CHECK_MSG(d == arrays[k].n, "%s (%s): %s %zu of %zu is %.9g, none's %.9g",
+					  c->name, pol, arrays[k].what, d, arrays[k].n,
+					  d < arrays[k].n ? (double)arrays[k].a[d] : 0.0,
+					  d < arrays[k].n ? (double)arrays[k].b[d] : 0.0);
+			}
+		}
+		for (int rc = 0; rc < TR_RECOMPUTE_COUNT; rc++)
+			result_free(&r[rc]);
+	}
+}
+
+/* The stage list: the forward, then the head's chunks backward, the final
+ * norm, layer by layer from the last (recomputed first, but the last, where
+ * the policy recomputes), the embedding and the optimizer. */
+static void test_stages(void)
+{
+	struct tr_model_config cfg;
+	load_config(&cfg, "qwen2");
+	cfg.num_layers = 3;
+	for (int rc = 0; rc < TR_RECOMPUTE_COUNT; rc++) {
+		for (int inf = 0; inf < 2; inf++) {
+			struct tr_plan p;
+			struct td_errbuf eb = {{0}};
+			struct tr_plan_opts po = {.B = B_, .T = T_, .logits_chunk_floats = 20 * 512,
+						  .recompute = (enum tr_recompute)rc, .inference = inf,
+						  .teacher_rows = inf};
+			CHECK_EQ_INT(tr_plan_build(&p, &cfg, &po, &eb), TD_OK);
+			CHECK_EQ_INT(p.logits_rows, 20);
+			char got[1024] = "", want[1024] = "";
+			size_t g = 0, w = 0;
+			for (size_t i = 0; i < p.nstages; i++) {
+				const struct tr_stage *s = &p.stages[i];
+				g += (size_t)snprintf(got + g, sizeof(got) - g, "%s%s", i ? " " : "",
+						      tr_stage_name(s->kind));
+				if (s->layer >= 0)
+					g += (size_t)snprintf(got + g, sizeof(got) - g, "%d", s->layer);
+				if (s->rows)
+					g += (size_t)snprintf(got + g, sizeof(got) - g, "[%d+%d]", s->r0,
+							      s->rows);
+				if (i + 1 == p.nforward)
+					g += (size_t)snprintf(got + g, sizeof(got) - g, " |");
+			}
+			w += (size_t)snprintf(want + w, sizeof(want) - w,
+					      "embed layer0 layer1 layer2 final_norm head[0+20] head[20+20] "
+					      "head[40+8] |");
+			if (!inf) {
+				w += (size_t)snprintf(want + w, sizeof(want) - w,
+						      " head_backward[0+20] head_backward[20+20] "
+						      "head_backward[40+8] final_norm_backward layer_backward2");
+				for (int l = 1; l >= 0; l--) {
+					if (rc)
+						w += (size_t)snprintf(want + w, sizeof(want) - w,
+								      " layer_recompute%d", l);
+					w += (size_t)snprintf(want + w, sizeof(want) - w, " layer_backward%d", l);
+				}
+				w += (size_t)snprintf(want + w, sizeof(want) - w, " embed_backward optimizer");
+			}
+			CHECK_MSG(strcmp(got, want) == 0, "%s%s stages:\n  got  %s\n  want %s",
+				  tr_recompute_name(rc), inf ? " (inference)" : "", got, want);
+			CHECK_EQ_INT(p.nforward, 8);
+			tr_plan_fini(&p);
+		}
+	}
+}
+
+/* Real shapes, from their configs alone, in the precision a GPU job runs
+ * (bf16 GEMMs, fused attention) and the CPU's (fp32, stored probabilities):
+ * FULL < SELECTIVE < NONE in activations, and the bytes are printed. */
+static void test_real_shapes(void)
+{
+	static const struct {
+		const char *name, *json;
+		struct tr_plan_opts po;
+	} cases[] = {
+		{"Qwen2-0.5B full B8 x T1024",
+		 "{\"model_type\":\"qwen2\",\"vocab_size\":151936,\"hidden_size\":896,\"intermediate_size\":4864,"
+		 "\"num_hidden_layers\":24,\"num_attention_heads\":14,\"num_key_value_heads\":2,"
+		 "\"rope_theta\":1000000.0,\"rms_norm_eps\":1e-6,\"tie_word_embeddings\":true,"
+		 "\"max_position_embeddings\":32768,\"torch_dtype\":\"bfloat16\"}",
+		 {.B = 8, .T = 1024}},
+		{"Llama-3-8B LoRA q,v r16 B4 x T2048",
+		 "{\"model_type\":\"llama\",\"vocab_size\":128256,\"hidden_size\":4096,\"intermediate_size\":14336,"
+		 "\"num_hidden_layers\":32,\"num_attention_heads\":32,\"num_key_value_heads\":8,"
+		 "\"rope_theta\":500000.0,\"rms_norm_eps\":1e-5,\"tie_word_embeddings\":false,"
+		 "\"max_position_embeddings\":8192,\"torch_dtype\":\"bfloat16\"}",
+		 {.B = 4, .T = 2048, .lora_rank = 16, .lora_alpha = 32, .lora_targets = QV}},
+	};
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+		struct tr_model_config cfg;
+		struct td_errbuf eb = {{0}};
+		CHECK_EQ_INT(tr_config_parse(&cfg, cases[i].json, "case", &eb), TD_OK);
+		for (int bf16 = 1; bf16 >= 0; bf16--) {
+			struct tr_plan_opts po = cases[i].po;
+			po.gemm_bf16 = po.attention_lse = bf16;
+			size_t acts[TR_RECOMPUTE_COUNT], total[TR_RECOMPUTE_COUNT];
+			CHECK_EQ_INT(tr_plan_recompute_bytes(&cfg, &po, acts, total, &eb), TD_OK);
+			CHECK(acts[TR_RECOMPUTE_FULL] < acts[TR_RECOMPUTE_SELECTIVE] &&
+			      acts[TR_RECOMPUTE_SELECTIVE] < acts[TR_RECOMPUTE_NONE]);
+			for (int rc = 0; rc < TR_RECOMPUTE_COUNT; rc++) {
+				/* the other arenas do not depend on the policy */
+				CHECK_EQ_INT(total[rc] - acts[rc], total[0] - acts[0]);
+				char b1[32], b2[32];
+				printf("%-36s %-4s %-9s acts %10s  total %10s  (%zu / %zu bytes)\n",
+				       cases[i].name, bf16 ? "bf16" : "fp32", tr_recompute_name(rc),
+				       tr_fmt_bytes(b1, sizeof(b1), acts[rc]),
+				       tr_fmt_bytes(b2, sizeof(b2), total[rc]), acts[rc], total[rc]);
+			}
+		}
+	}
+	/* An unknown policy is refused, naming it. */
+	struct tr_model_config cfg;
+	load_config(&cfg, "qwen2");
+	struct tr_plan p;
+	struct td_errbuf eb = {{0}};
+	struct tr_plan_opts bad = {.B = 1, .T = 4, .recompute = (enum tr_recompute)7};
+	CHECK_EQ_INT(tr_plan_build(&p, &cfg, &bad, &eb), TD_EINVAL);
+	CHECK_CONTAINS(eb.msg, "unknown recompute policy 7");
+}
+
+int main(void)
+{
+	fx = getenv("TD_FIXTURES");
+	if (!fx)
+		return check_skip("TD_FIXTURES is not set (run through meson test)");
+	test_stages();
+	test_real_shapes();
+	test_same_bits();
+	return check_status();
+}
