@@ -185,10 +185,76 @@ static td_err plan_opts(const Traind__JobSpec *spec, const struct tr_model_confi
 	return TD_OK;
 }
 
+/* memory.recompute into po (the rest of po set), held to memory.max_bytes
+ * when that is set: the job's plan, this model's and a teacher's, must fit.
+ * AUTO is NONE, or with a bound the least recompute that fits it. */
+static td_err choose_recompute(const Traind__JobSpec *spec, const struct tr_model_config *cfg,
+			       struct tr_plan_opts *po, struct td_errbuf *eb)
+{
+	const Traind__MemorySpec *ms = spec->memory;
+	Traind__Recompute r = ms && ms->has_recompute ? ms->recompute
+						      : TRAIND__RECOMPUTE__RECOMPUTE_UNSPECIFIED;
+	uint64_t max = ms && ms->has_max_bytes ? ms->max_bytes : 0;
+	bool aut = false;
+	switch (r) {
+	case TRAIND__RECOMPUTE__RECOMPUTE_UNSPECIFIED:
+	case TRAIND__RECOMPUTE__RECOMPUTE_AUTO:
+		aut = true;
+		po->recompute = TR_RECOMPUTE_NONE;
+		break;
+	case TRAIND__RECOMPUTE__RECOMPUTE_NONE:
+		po->recompute = TR_RECOMPUTE_NONE;
+		break;
+	case TRAIND__RECOMPUTE__RECOMPUTE_SELECTIVE:
+		po->recompute = TR_RECOMPUTE_SELECTIVE;
+		break;
+	case TRAIND__RECOMPUTE__RECOMPUTE_FULL:
+		po->recompute = TR_RECOMPUTE_FULL;
+		break;
+	default:
+		return td_fail(eb, TD_EINVAL, "memory.recompute: unknown value %d", (int)r);
+	}
+	if (!max)
+		return TD_OK;
+	size_t teacher = 0, acts[TR_RECOMPUTE_COUNT], total[TR_RECOMPUTE_COUNT];
+	td_err e;
+	if (method_of(spec) == TRAIND__METHOD__METHOD_DISTILL) {
+		struct tr_model_config tcfg;
+		struct tr_plan_opts to;
+		struct tr_plan tp;
+		teacher_opts(spec, po->B, po->T, &to);
+		if ((e = teacher_config(spec, &tcfg, eb)) != TD_OK ||
+		    (e = tr_plan_build(&tp, &tcfg, &to, eb)) != TD_OK)
+			return e;
+		teacher = tr_plan_total_bytes(&tp);
+		tr_plan_fini(&tp);
+	}
+	if ((e = tr_plan_recompute_bytes(cfg, po, acts, total, eb)) != TD_OK)
+		return e;
+	for (int k = aut ? 0 : (int)po->recompute; k < (aut ? TR_RECOMPUTE_COUNT : (int)po->recompute + 1);
+	     k++) {
+		if (total[k] + teacher <= max) {
+			po->recompute = (enum tr_recompute)k;
+			return TD_OK;
+		}
+	}
+	const int k = aut ? TR_RECOMPUTE_FULL : (int)po->recompute;
+	char b1[32], b2[32];
+	return td_fail(eb, TD_ERANGE,
+		       "memory.max_bytes: %s (%llu bytes), but the job's plan needs %s (%zu bytes) with "
+		       "recompute %s at micro-batch %d x sequence %d",
+		       tr_fmt_bytes(b1, sizeof(b1), max), (unsigned long long)max,
+		       tr_fmt_bytes(b2, sizeof(b2), total[k] + teacher), total[k] + teacher,
+		       tr_recompute_name((enum tr_recompute)k), po->B, po->T);
+}
+
 td_err tr_method_plan_opts(const Traind__JobSpec *spec, const struct tr_model_config *cfg, int B,
 			   int T, struct tr_plan_opts *po, struct td_errbuf *eb)
 {
-	return plan_opts(spec, cfg, B, T, po, false, eb);
+	td_err e = plan_opts(spec, cfg, B, T, po, false, eb);
+	if (e == TD_OK)
+		e = choose_recompute(spec, cfg, po, eb);
+	return e;
 }
 
 /* --- checks from configs --- */
@@ -244,6 +310,8 @@ td_err tr_method_check(const Traind__JobSpec *spec, const struct tr_model_config
 {
 	struct tr_plan_opts po;
 	td_err e = plan_opts(spec, cfg, 1, 2, &po, true, eb);
+	if (e == TD_OK) /* the policy's value; its bound is checked at the job's shape */
+		e = choose_recompute(spec, cfg, &po, eb);
 	if (e != TD_OK)
 		return e;
 	if (method_of(spec) == TRAIND__METHOD__METHOD_DISTILL) {

@@ -432,11 +432,37 @@ static void test_real_shapes(void)
 			}
 		}
 	}
-	/* An unknown policy is refused, naming it. */
+	/* The printed plan (traind --plan) names the policy and gives every
+	 * policy's activations and total; a forward-only plan has none. */
 	struct tr_model_config cfg;
 	load_config(&cfg, "qwen2");
 	struct tr_plan p;
 	struct td_errbuf eb = {{0}};
+	for (int inf = 0; inf < 2; inf++) {
+		struct tr_plan_opts po = {.B = 2, .T = 8, .recompute = TR_RECOMPUTE_SELECTIVE,
+					  .inference = inf};
+		CHECK_EQ_INT(tr_plan_build(&p, &cfg, &po, &eb), TD_OK);
+		size_t acts[TR_RECOMPUTE_COUNT], total[TR_RECOMPUTE_COUNT];
+		CHECK_EQ_INT(tr_plan_recompute_bytes(&cfg, &po, acts, total, &eb), TD_OK);
+		char *text = NULL, want[256];
+		size_t len = 0;
+		FILE *f = open_memstream(&text, &len);
+		tr_plan_print(&p, f);
+		fclose(f);
+		if (inf) {
+			CHECK(text && !strstr(text, "recompute"));
+		} else {
+			CHECK_CONTAINS(text, "recompute  selective; by policy, acts and total: none ");
+			snprintf(want, sizeof(want), "full %s (%zu bytes)",
+				 tr_fmt_bytes((char[32]){0}, 32, acts[TR_RECOMPUTE_FULL]),
+				 acts[TR_RECOMPUTE_FULL]);
+			CHECK_CONTAINS(text, want);
+			CHECK_EQ_INT(p.arena_bytes[TR_ARENA_ACTS], acts[TR_RECOMPUTE_SELECTIVE]);
+		}
+		free(text);
+		tr_plan_fini(&p);
+	}
+	/* An unknown policy is refused, naming it. */
 	struct tr_plan_opts bad = {.B = 1, .T = 4, .recompute = (enum tr_recompute)7};
 	CHECK_EQ_INT(tr_plan_build(&p, &cfg, &bad, &eb), TD_EINVAL);
 	CHECK_CONTAINS(eb.msg, "unknown recompute policy 7");

@@ -17,6 +17,7 @@
 #include "tests/check.h"
 #include "tests/unit/rowmatmul.h"
 #include "train/data.h"
+#include "train/method.h"
 #include "train/model.h"
 #include "train/modeldir.h"
 #include "train/trainer.h"
@@ -34,9 +35,10 @@ static void write_file(const char *path, const void *data, size_t n)
 	fclose(f);
 }
 
-/* A text spec with the given extra hyper/data/output lines, loaded, defaulted, validated. */
-static Traind__JobSpec *spec(const char *name, const char *model, const char *data,
-			     const char *hyper, const char *output)
+/* A text spec with the given extra hyper/data/output lines and top-level
+ * fields, loaded, defaulted, validated. */
+static Traind__JobSpec *spec_with(const char *name, const char *model, const char *data,
+				  const char *hyper, const char *output, const char *top)
 {
 	char path[512], text[4096];
 	snprintf(path, sizeof(path), "%s/%s.txtpb", tmp, name);
@@ -44,8 +46,8 @@ static Traind__JobSpec *spec(const char *name, const char *model, const char *da
 		 "name: \"%s\"\nmodel_dir: \"%s\"\n"
 		 "data { train_file: \"%s\" format: DATA_FORMAT_TOKENS seq_len: 16 }\n"
 		 "hyper { schedule: SCHEDULE_CONSTANT weight_decay: 0.01 seed: 7 %s }\n"
-		 "output { dir: \"%s/%s\" %s }\nresources { device: DEVICE_CPU }\n",
-		 name, model, data, hyper, tmp, name, output);
+		 "output { dir: \"%s/%s\" %s }\nresources { device: DEVICE_CPU }\n%s\n",
+		 name, model, data, hyper, tmp, name, output, top);
 	write_file(path, text, strlen(text));
 	Traind__JobSpec *s = NULL;
 	struct td_errbuf eb = {{0}};
@@ -59,6 +61,12 @@ static Traind__JobSpec *spec(const char *name, const char *model, const char *da
 		exit(2);
 	}
 	return s;
+}
+
+static Traind__JobSpec *spec(const char *name, const char *model, const char *data,
+			     const char *hyper, const char *output)
+{
+	return spec_with(name, model, data, hyper, output, "");
 }
 
 static td_err train(const Traind__JobSpec *s, uint64_t stop_after, struct tr_train_result *r,
@@ -167,6 +175,53 @@ static void test_grad_accum(const char *model, const char *data)
 	CHECK_NEAR(md, 0, 5e-5);
 	rpc_jobspec_free(big);
 	rpc_jobspec_free(acc);
+}
+
+/* memory.recompute through the job spec: SELECTIVE and FULL train the
+ * same bits as NONE (test_recompute holds every method to it op by op);
+ * memory.max_bytes picks the least recompute that fits, or fails the job
+ * naming it. */
+static void test_recompute_job(const char *model, const char *data)
+{
+	static const struct {
+		const char *name, *memory;
+		td_err code;
+		enum tr_recompute rc;
+	} cases[] = {
+		{"rc-none", "memory { recompute: RECOMPUTE_NONE }", TD_OK, TR_RECOMPUTE_NONE},
+		{"rc-selective", "memory { recompute: RECOMPUTE_SELECTIVE }", TD_OK, TR_RECOMPUTE_SELECTIVE},
+		{"rc-full", "memory { recompute: RECOMPUTE_FULL }", TD_OK, TR_RECOMPUTE_FULL},
+		{"rc-tiny", "memory { max_bytes: 1000 }", TD_ERANGE, 0},
+	};
+	char cfgpath[512];
+	snprintf(cfgpath, sizeof(cfgpath), "%s/config.json", model);
+	struct tr_model_config cfg;
+	struct td_errbuf eb0 = {{0}};
+	CHECK_EQ_INT(tr_config_load(&cfg, cfgpath, &eb0), TD_OK);
+	struct tr_train_result r[4];
+	for (size_t i = 0; i < 4; i++) {
+		Traind__JobSpec *s = spec_with(cases[i].name, model, data,
+					       "lr: 1e-3 max_steps: 3 micro_batch: 2 grad_accum: 2", "",
+					       cases[i].memory);
+		struct td_errbuf eb = {{0}};
+		struct tr_plan_opts po;
+		CHECK_EQ_INT(tr_method_plan_opts(s, &cfg, 2, 16, &po, &eb), cases[i].code);
+		if (cases[i].code == TD_OK)
+			CHECK_EQ_INT(po.recompute, cases[i].rc);
+		CHECK_EQ_INT(train(s, 0, &r[i], &eb), cases[i].code);
+		if (cases[i].code != TD_OK)
+			CHECK_CONTAINS(eb.msg, "memory.max_bytes: 1000 B (1000 bytes), but the job's plan needs");
+		rpc_jobspec_free(s);
+	}
+	for (size_t i = 1; i < 3; i++) {
+		CHECK_MSG(r[i].last_loss == r[0].last_loss, "%s: loss %.17g, none's %.17g", cases[i].name,
+			  r[i].last_loss, r[0].last_loss);
+		char a[512], b[512];
+		snprintf(a, sizeof(a), "%s/%s", tmp, cases[i].name);
+		snprintf(b, sizeof(b), "%s/%s", tmp, cases[0].name);
+		double md;
+		CHECK_EQ_INT(diff_models(a, b, &md), 0);
+	}
 }
 
 static void test_loss_falls(const char *model, const char *data)
@@ -519,6 +574,7 @@ int main(void)
 	test_bad_weights(model);
 	test_grad_accum(model, data);
 	test_resume_bit_identical(model, data);
+	test_recompute_job(model, data);
 	test_loss_falls(model, data);
 
 	char cmd[600];
