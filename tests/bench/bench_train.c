@@ -6,9 +6,10 @@
  * asserts nothing about the numbers.
  *
  *   bench_train [--backend cpu|cuda]
- *               [--shape fixture|25m|qwen2-0.5b|qwen3-0.6b|qwen2-1.5b|llama3-8b-4l]
+ *               [--shape fixture|25m|qwen2-0.5b|qwen3-0.6b|qwen2-1.5b|llama3-8b-4l|llama3-8b]
  *               [--batch B] [--seq T] [--steps N] [--warm N] [--lora-rank R]
  *               [--lora-targets qv|all] [--precision fp32|bf16] [--phases]
+ *               [--recompute none|selective|full]
  *
  * Memory: reserve_gib is the memory plan plus the backend's fixed bytes
  * (workspaces, allocated at its creation); the daemon's lease adds its
@@ -94,6 +95,14 @@ static const struct {
 	 "\"num_key_value_heads\":8,\"rope_theta\":500000.0,\"rms_norm_eps\":1e-5,"
 	 "\"tie_word_embeddings\":false,\"max_position_embeddings\":8192}",
 	 2, 2048},
+	/* All 32 layers of Llama-3-8B, at peer_big.py's B4 x T2048 (the memory
+	 * issue's shape: LoRA r16 on the seven projections). */
+	{"llama3-8b",
+	 "{\"model_type\":\"llama\",\"vocab_size\":128256,\"hidden_size\":4096,"
+	 "\"intermediate_size\":14336,\"num_hidden_layers\":32,\"num_attention_heads\":32,"
+	 "\"num_key_value_heads\":8,\"rope_theta\":500000.0,\"rms_norm_eps\":1e-5,"
+	 "\"tie_word_embeddings\":false,\"max_position_embeddings\":8192}",
+	 4, 2048},
 };
 
 int main(int argc, char **argv)
@@ -101,6 +110,7 @@ int main(int argc, char **argv)
 	const char *backend = "cpu", *shape = "25m", *targets = "qv";
 	int B = 0, T = 0, steps = 10, warm = 2, rank = 0;
 	bool bf16 = false, phases = false;
+	enum tr_recompute recompute = TR_RECOMPUTE_NONE;
 	for (int i = 1; i < argc; i++) {
 		const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
 		if (!strcmp(a, "--phases")) {
@@ -121,6 +131,16 @@ int main(int argc, char **argv)
 		else if (!strcmp(a, "--lora-rank")) rank = atoi(v);
 		else if (!strcmp(a, "--lora-targets")) targets = v;
 		else if (!strcmp(a, "--precision")) bf16 = !strcmp(v, "bf16");
+		else if (!strcmp(a, "--recompute")) {
+			int r = 0;
+			while (r < TR_RECOMPUTE_COUNT && strcmp(tr_recompute_name((enum tr_recompute)r), v))
+				r++;
+			if (r == TR_RECOMPUTE_COUNT) {
+				fprintf(stderr, "bench_train: --recompute none|selective|full, not %s\n", v);
+				return 2;
+			}
+			recompute = (enum tr_recompute)r;
+		}
 		else {
 			fprintf(stderr, "bench_train: unknown option %s\n", a);
 			return 2;
@@ -130,7 +150,7 @@ int main(int argc, char **argv)
 	while (si < sizeof(shapes) / sizeof(shapes[0]) && strcmp(shapes[si].name, shape))
 		si++;
 	if (si == sizeof(shapes) / sizeof(shapes[0])) {
-		fprintf(stderr, "bench_train: unknown shape %s (fixture, 25m, qwen2-0.5b, qwen3-0.6b, qwen2-1.5b, llama3-8b-4l)\n", shape);
+		fprintf(stderr, "bench_train: unknown shape %s (fixture, 25m, qwen2-0.5b, qwen3-0.6b, qwen2-1.5b, llama3-8b-4l, llama3-8b)\n", shape);
 		return 2;
 	}
 	if (!B) B = shapes[si].B;
@@ -155,7 +175,7 @@ int main(int argc, char **argv)
 	gpu_mem_info(be, &free0, &total);
 	free_min = free0;
 
-	struct tr_plan_opts po = {.B = B, .T = T};
+	struct tr_plan_opts po = {.B = B, .T = T, .recompute = recompute};
 	if (rank > 0) {
 		po.lora_rank = rank;
 		po.lora_alpha = 2.0 * rank;
@@ -168,17 +188,25 @@ int main(int argc, char **argv)
 		return 1;
 	}
 	const struct tr_plan *p = tr_model_plan(m);
+	/* Random init from a pool of normals, read at a different offset per
+	 * tensor: drawing 8e9 of them one by one would take minutes. */
+	enum { POOL = 1 << 20 };
+	float *pool = malloc(POOL * sizeof(float));
+	for (int k = 0; k < POOL; k++)
+		pool[k] = 0.02f * normal();
 	for (size_t i = 0; i < p->nparams; i++) {
 		const struct tr_param *pp = &p->params[i];
 		float *h = malloc(pp->numel * sizeof(float));
+		const size_t off = (size_t)(uniform() * POOL);
 		for (size_t k = 0; k < pp->numel; k++)
-			h[k] = pp->ndim == 1 ? 1.0f : 0.02f * normal();
+			h[k] = pp->ndim == 1 ? 1.0f : pool[(k + off) & (POOL - 1)];
 		if (tr_model_set_param(m, pp, h) != TD_OK) {
 			fprintf(stderr, "bench_train: cannot set %s\n", pp->name);
 			return 1;
 		}
 		free(h);
 	}
+	free(pool);
 	int32_t *ids = malloc((size_t)B * T * sizeof(int32_t));
 	struct tr_adamw hp = {0.9f, 0.999f, 1e-8f, 0.01f};
 	double t0 = now_s(), loss = 0;
@@ -240,11 +268,12 @@ int main(int argc, char **argv)
 		fprintf(stderr, "bench_train: %s\n", eb.msg);
 		return 1;
 	}
-	printf("{\"name\": \"traind-%s%s\", \"precision\": \"%s\", \"backend\": \"%s\", \"device\": \"%s\", \"batch\": %d, \"seq\": %d, "
+	printf("{\"name\": \"traind-%s%s\", \"precision\": \"%s\", \"recompute\": \"%s\", \"backend\": \"%s\", \"device\": \"%s\", \"batch\": %d, \"seq\": %d, "
 	       "\"layers\": %d, \"params_total\": %zu, \"params_trainable\": %zu, \"ms_per_step\": %.2f, "
 	       "\"tokens_per_s\": %.1f, \"plan_gib\": %.3f, \"reserve_gib\": %.3f, \"used_gib\": %.3f, "
 	       "\"loss\": %.4f}\n",
-	       rank ? "lora-" : "full-", rank ? targets : bf16 ? "bf16" : "fp32", bf16 ? "bf16" : "fp32", be->ops->name, be->device, B, T,
+	       rank ? "lora-" : "full-", rank ? targets : bf16 ? "bf16" : "fp32", bf16 ? "bf16" : "fp32",
+	       tr_recompute_name(recompute), be->ops->name, be->device, B, T,
 	       cfg.num_layers, p->numel_params, p->numel_trainable, dt * 1e3, (double)B * T / dt,
 	       (double)tr_plan_total_bytes(p) / (1 << 30),
 	       (double)(tr_plan_total_bytes(p) + be->fixed_bytes) / (1 << 30),
