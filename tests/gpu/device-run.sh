@@ -3,7 +3,10 @@
 # PyTorch peer, in one call. Expects .gpu-run/ (binaries and the CUDA module)
 # and .gpu-libs/lib (bundle-libs.sh) in the repo root: tests/gpu/bundle.sh
 # makes them.
-# usage: tests/gpu/device-run.sh [tests|bench|faults|all]
+# usage: tests/gpu/device-run.sh [tests|bench|faults|memory|all]
+# memory: each recompute policy's tokens/s and peak for Qwen2-0.5B full and
+# Llama-3-8B LoRA (all 32 layers), beside peer_big.py (PEFT with and without
+# gradient checkpointing); wants the memory of an H200 for the policy NONE.
 # Prepare here: see the comment at the end of this file.
 set -u
 what=${1:-all}
@@ -16,6 +19,37 @@ fx=$root/tests/fixtures
 out=${OUT:-/tmp}
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 status=0
+# bench_train with the process's whole footprint (context included) as
+# nvidia-smi sees it, appended to the JSON line; one line to $out/$1.
+bench_peak() {
+	local file=$1
+	shift
+	"$bin/bench_train" --backend cuda "$@" >"$out/one.json" &
+	local pid=$! peak=0 m
+	while kill -0 $pid 2>/dev/null; do
+		m=$(nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader,nounits |
+			awk -F', ' -v p=$pid '$1 == p {print $2}')
+		[ -n "$m" ] && [ "$m" -gt "$peak" ] && peak=$m
+		sleep 0.2
+	done
+	wait $pid || status=1
+	sed "s/}\$/, \"nvidia_smi_peak_mib\": $peak}/" "$out/one.json" | tee -a "$out/$file"
+}
+if [ "$what" = memory ]; then
+	echo "== memory: Qwen2-0.5B full bf16, B8 x T1024, per recompute policy"
+	for r in none selective full; do
+		bench_peak bench_memory.jsonl --shape qwen2-0.5b --precision bf16 --recompute $r --steps 6 --warm 2
+	done
+	echo "== memory: Llama-3-8B (32 layers) LoRA r16 on all seven, bf16, B4 x T2048"
+	for r in ${MEM_POLICIES:-full selective none}; do
+		bench_peak bench_memory.jsonl --shape llama3-8b --lora-rank 16 --lora-targets all \
+			--precision bf16 --recompute $r --steps 4 --warm 2
+	done
+	echo "== memory: peer (PEFT, with and without gradient checkpointing)"
+	PYTHONUNBUFFERED=1 RUNS=${PEER_RUNS:-lora-8b-gc,lora-8b} timeout 500 python3 "$root/.gpu-libs/peer_big.py" 2>&1 |
+		grep '^{' | tee -a "$out/bench_memory.jsonl"
+	exit $status
+fi
 if [ "$what" = faults ]; then
 	# The device paths that a fault or a resume touch, alone.
 	tests/gpu/resume_cuda.sh "$bin/traind" "$fx" || status=1
@@ -60,17 +94,7 @@ if [ "$what" != tests ]; then
 	echo "== bench: traind"
 	for args in "--shape qwen2-0.5b" "--shape qwen2-0.5b --precision bf16" \
 		"--shape qwen2-0.5b --lora-rank 16 --lora-targets qv --precision bf16"; do
-		"$bin/bench_train" --backend cuda $args --steps 8 --warm 2 >"$out/one.json" &
-		pid=$! peak=0
-		# The process's whole footprint (context included), as nvidia-smi sees it.
-		while kill -0 $pid 2>/dev/null; do
-			m=$(nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader,nounits |
-				awk -F', ' -v p=$pid '$1 == p {print $2}')
-			[ -n "$m" ] && [ "$m" -gt "$peak" ] && peak=$m
-			sleep 0.2
-		done
-		wait $pid || status=1
-		sed "s/}\$/, \"nvidia_smi_peak_mib\": $peak}/" "$out/one.json" | tee -a "$out/bench_traind.jsonl"
+		bench_peak bench_traind.jsonl $args --steps 8 --warm 2
 	done
 	echo "== bench: peer (PyTorch + transformers + PEFT)"
 	PYTHONUNBUFFERED=1 ONLY=${PEER_ONLY:-sdpa} OUT=$out timeout 400 python3 "$root/.gpu-libs/peer_hf.py" 2>&1 |
