@@ -74,6 +74,15 @@ if [ "$what" != bench ]; then
 	tests/gpu/loss_curve.sh "$bin/traind" "$fx" bf16 lora-dropout || status=1
 	tests/gpu/loss_curve.sh "$bin/traind" "$fx" bf16 qlora || status=1
 	tests/gpu/loss_curve.sh "$bin/traind" "$fx" bf16 distill || status=1
+	echo "== recompute: SELECTIVE and FULL against NONE on the CUDA backend, and their curves"
+	for prec in fp32 bf16; do
+		"$bin/test_recompute" --backend cuda --precision $prec 2>&1 | tail -n 4 || status=1
+	done
+	for r in selective full; do
+		tests/gpu/loss_curve.sh "$bin/traind" "$fx" bf16 full $r || status=1
+		tests/gpu/loss_curve.sh "$bin/traind" "$fx" bf16 lora-dropout $r || status=1
+	done
+	tests/gpu/loss_curve.sh "$bin/traind" "$fx" fp32 full full || status=1
 	echo "== resume on the GPU, compile counter"
 	tests/gpu/resume_cuda.sh "$bin/traind" "$fx" || status=1
 	echo "== the daemon places a job on the GPU"
