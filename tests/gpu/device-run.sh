@@ -76,7 +76,7 @@ if [ "$what" != bench ]; then
 	tests/gpu/loss_curve.sh "$bin/traind" "$fx" bf16 distill || status=1
 	echo "== recompute: SELECTIVE and FULL against NONE on the CUDA backend, and their curves"
 	for prec in fp32 bf16; do
-		"$bin/test_recompute" --backend cuda --precision $prec 2>&1 | tail -n 4 || status=1
+		TD_FIXTURES=$fx "$bin/test_recompute" --backend cuda --precision $prec 2>&1 | tail -n 4 || status=1
 	done
 	for r in selective full; do
 		tests/gpu/loss_curve.sh "$bin/traind" "$fx" bf16 full $r || status=1
