@@ -8,7 +8,7 @@
 # Llama-3-8B LoRA (all 32 layers), beside peer_big.py (PEFT with and without
 # gradient checkpointing); wants the memory of an H200 for the policy NONE.
 # Prepare here: see the comment at the end of this file.
-set -u
+set -u -o pipefail  # a failing program before | tail fails the run
 what=${1:-all}
 root=$(pwd)
 export LD_LIBRARY_PATH=$root/.gpu-libs/lib
