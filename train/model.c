@@ -20,7 +20,10 @@
  * chunks, final norm, layer l's backward from the last, embedding, and the
  * optimizer; every entry point walks that list (forward_walk,
  * tr_model_backward). What a layer's backward reads is kept in the acts
- * arena; the backward uses the scratch arena's buffers. */
+ * arena, per layer or, where the plan's recompute policy does not keep it,
+ * in one working set that a "layer l recompute" stage refills before layer
+ * l's backward (layer_forward with recompute); the backward uses the scratch
+ * arena's buffers. */
 #include "train/model.h"
 
 #include <math.h>

@@ -114,7 +114,10 @@ void tr_model_set_pad_id(struct tr_model *m, int pad_id);
  * forward that was not armed (evaluation, a teacher) has no dropout. */
 void tr_model_set_dropout_seed(struct tr_model *m, uint64_t seed);
 
-/* Backward of the last forward (causal, distillation or classification) with
+/* Backward of the last forward (causal, distillation or classification): the
+ * plan's backward stages up to the optimizer's, recomputing each layer's
+ * activations first where the plan's policy did not keep them (the same ops
+ * on the same inputs: the same bits as without recompute). With
  * d(loss)/d(loss_sum) = dloss (1/n_valid for a mean over one batch; 1/total
  * over accumulated micro-batches). Gradients accumulate (+=) into the grads
  * arena; frozen tensors get none. Not for a forward-only plan. */
