@@ -257,8 +257,10 @@ td_err st__ledger_delete_job_locked(struct st_db *db, int64_t job, size_t *n, st
 /* ------------------------------------------------------------------------ */
 /* Reserve, renew, release, reap */
 
-td_err st_ledger_reserve(struct st_db *db, const struct st_lease_req *r,
-			 const struct st_device_cap *cap, int64_t *lease_id, struct td_errbuf *eb)
+/* Checks one request of a reservation and its device's cap; *limit gets the
+ * share the ledger may hand out on that device, floor(total × factor). */
+static td_err check_req(const struct st_lease_req *r, const struct st_device_cap *cap,
+			uint64_t *limit, struct td_errbuf *eb)
 {
 	if (!r || !cap)
 		return td_fail(eb, TD_EINVAL, "ledger reserve: no request");
@@ -275,68 +277,22 @@ td_err st_ledger_reserve(struct st_db *db, const struct st_lease_req *r,
 			       r->gpu_uuid, cap->total_bytes);
 	if (r->ttl_ms < 0)
 		return td_fail(eb, TD_EINVAL, "ledger reserve on %s: negative ttl", r->gpu_uuid);
-	struct st_holder h;
-	td_err e = st_holder_of(r->pid, &h, eb);
+	uint64_t l = (uint64_t)((long double)cap->total_bytes * (long double)cap->factor);
+	*limit = l > cap->total_bytes ? cap->total_bytes : l;
+	return TD_OK;
+}
+
+/* Inserts the lease of r held by h inside the caller's transaction. */
+static td_err insert_locked(struct st_db *db, const struct st_lease_req *r,
+			    const struct st_holder *h, int64_t now, int64_t *id, struct td_errbuf *eb)
+{
+	sqlite3_stmt *st;
+	td_err e = st__prepare(db,
+			       "INSERT INTO ledger (gpu_uuid, bytes, job, uid, pid, pid_start, boot_id, label,"
+			       " created_ms, heartbeat_ms, expires_ms) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+			       &st, eb);
 	if (e)
 		return e;
-
-	/* floor(total × factor): the share the ledger may hand out. */
-	uint64_t limit = (uint64_t)((long double)cap->total_bytes * (long double)cap->factor);
-	if (limit > cap->total_bytes)
-		limit = cap->total_bytes;
-
-	st__lock(db);
-	sqlite3_stmt *st = NULL;
-	e = st__begin(db, eb);
-	if (e)
-		goto out;
-	size_t reaped = 0;
-	if ((e = reap_locked(db, &reaped, eb)))
-		goto fail;
-	if (r->job_id) {
-		bool exists = false;
-		if ((e = st__job_exists_locked(db, r->job_id, &exists, eb)))
-			goto fail;
-		if (!exists) {
-			e = td_fail(eb, TD_ENOENT, "ledger reserve on %s: job %lld does not exist",
-				    r->gpu_uuid, (long long)r->job_id);
-			goto fail;
-		}
-	}
-	uint64_t reserved = 0;
-	uint32_t nleases = 0;
-	if ((e = sum_locked(db, r->gpu_uuid, &reserved, &nleases, eb)))
-		goto fail;
-	uint64_t avail = limit > reserved ? limit - reserved : 0;
-	char b1[32], b2[32], b3[32], b4[32];
-	if (r->bytes > avail || r->bytes > cap->free_bytes_now) {
-		if (r->bytes > avail)
-			e = td_fail(eb, TD_EBUSY,
-				    "%s: %s requested, %s available (%s \u00d7 %.2f \u2212 %s reserved by "
-				    "%u lease%s)",
-				    r->gpu_uuid, fmt_bytes(r->bytes, b1, sizeof(b1)),
-				    fmt_bytes(avail, b2, sizeof(b2)),
-				    fmt_bytes(cap->total_bytes, b3, sizeof(b3)), cap->factor,
-				    fmt_bytes(reserved, b4, sizeof(b4)), nleases, nleases == 1 ? "" : "s");
-		else
-			e = td_fail(eb, TD_EBUSY,
-				    "%s: %s requested, but the device has only %s free (memory used "
-				    "outside the ledger)",
-				    r->gpu_uuid, fmt_bytes(r->bytes, b1, sizeof(b1)),
-				    fmt_bytes(cap->free_bytes_now, b2, sizeof(b2)));
-		/* Keep what the reaping freed: commit it, then report the refusal. */
-		struct td_errbuf ceb;
-		if (reaped && st__commit(db, &ceb) == TD_OK)
-			goto out;
-		goto fail;
-	}
-	int64_t now = st_now_ms();
-	e = st__prepare(db,
-			"INSERT INTO ledger (gpu_uuid, bytes, job, uid, pid, pid_start, boot_id, label,"
-			" created_ms, heartbeat_ms, expires_ms) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-			&st, eb);
-	if (e)
-		goto fail;
 	sqlite3_bind_text(st, 1, r->gpu_uuid, -1, SQLITE_STATIC);
 	sqlite3_bind_int64(st, 2, (int64_t)r->bytes);
 	if (r->job_id)
@@ -344,39 +300,138 @@ td_err st_ledger_reserve(struct st_db *db, const struct st_lease_req *r,
 	else
 		sqlite3_bind_null(st, 3);
 	sqlite3_bind_int64(st, 4, r->uid);
-	sqlite3_bind_int64(st, 5, h.pid);
-	sqlite3_bind_int64(st, 6, (int64_t)h.start_time);
-	sqlite3_bind_text(st, 7, h.boot_id, -1, SQLITE_STATIC);
+	sqlite3_bind_int64(st, 5, h->pid);
+	sqlite3_bind_int64(st, 6, (int64_t)h->start_time);
+	sqlite3_bind_text(st, 7, h->boot_id, -1, SQLITE_STATIC);
 	sqlite3_bind_text(st, 8, r->label ? r->label : "", -1, SQLITE_STATIC);
 	sqlite3_bind_int64(st, 9, now);
 	sqlite3_bind_int64(st, 10, now);
 	sqlite3_bind_int64(st, 11, r->ttl_ms > 0 ? now + r->ttl_ms : 0);
 	int rc = sqlite3_step(st);
-	if (rc != SQLITE_DONE) {
+	if (rc == SQLITE_DONE)
+		*id = sqlite3_last_insert_rowid(db->h);
+	else
 		e = ST_SQLFAIL(db, rc, eb, "insert lease on %s", r->gpu_uuid);
+	sqlite3_finalize(st);
+	return e;
+}
+
+td_err st_ledger_reserve(struct st_db *db, const struct st_lease_req *r,
+			 const struct st_device_cap *cap, int64_t *lease_id, struct td_errbuf *eb)
+{
+	return st_ledger_reserve_gang(db, r, cap, 1, lease_id, eb);
+}
+
+td_err st_ledger_reserve_gang(struct st_db *db, const struct st_lease_req *r,
+			      const struct st_device_cap *cap, size_t n, int64_t *lease_ids,
+			      struct td_errbuf *eb)
+{
+	if (!r || !cap || n == 0)
+		return td_fail(eb, TD_EINVAL, "ledger reserve: no request");
+	if (n > ST_LEDGER_GANG_MAX)
+		return td_fail(eb, TD_EINVAL, "ledger reserve: %zu leases at once, more than %d", n,
+			       ST_LEDGER_GANG_MAX);
+	uint64_t limit[ST_LEDGER_GANG_MAX];
+	struct st_holder h[ST_LEDGER_GANG_MAX];
+	td_err e;
+	for (size_t i = 0; i < n; i++) {
+		if ((e = check_req(&r[i], &cap[i], &limit[i], eb)))
+			return e;
+		/* One lease per GPU: a second one would be checked against a sum
+		 * that does not hold the first. */
+		for (size_t k = 0; k < i; k++)
+			if (strcmp(r[k].gpu_uuid, r[i].gpu_uuid) == 0)
+				return td_fail(eb, TD_EINVAL, "ledger reserve: %s is named twice in one "
+					       "reservation", r[i].gpu_uuid);
+	}
+	for (size_t i = 0; i < n; i++) {
+		if (i && r[i].pid == r[i - 1].pid) {
+			h[i] = h[i - 1];
+			continue;
+		}
+		if ((e = st_holder_of(r[i].pid, &h[i], eb)))
+			return e;
+	}
+	char gang[48] = "";
+	if (n > 1)
+		snprintf(gang, sizeof(gang), "gang of %zu GPUs, none granted: ", n);
+
+	st__lock(db);
+	e = st__begin(db, eb);
+	if (e)
+		goto out;
+	size_t reaped = 0;
+	if ((e = reap_locked(db, &reaped, eb)))
+		goto fail;
+	for (size_t i = 0; i < n; i++) {
+		if (!r[i].job_id || (i && r[i].job_id == r[i - 1].job_id))
+			continue;
+		bool exists = false;
+		if ((e = st__job_exists_locked(db, r[i].job_id, &exists, eb)))
+			goto fail;
+		if (!exists) {
+			e = td_fail(eb, TD_ENOENT, "ledger reserve on %s: job %lld does not exist",
+				    r[i].gpu_uuid, (long long)r[i].job_id);
+			goto fail;
+		}
+	}
+	/* Every GPU's own check before any insert: all or none. */
+	for (size_t i = 0; i < n; i++) {
+		uint64_t reserved = 0;
+		uint32_t nleases = 0;
+		if ((e = sum_locked(db, r[i].gpu_uuid, &reserved, &nleases, eb)))
+			goto fail;
+		uint64_t avail = limit[i] > reserved ? limit[i] - reserved : 0;
+		if (r[i].bytes <= avail && r[i].bytes <= cap[i].free_bytes_now)
+			continue;
+		char b1[32], b2[32], b3[32], b4[32];
+		if (r[i].bytes > avail)
+			e = td_fail(eb, TD_EBUSY,
+				    "%s%s: %s requested, %s available (%s \u00d7 %.2f \u2212 %s reserved by "
+				    "%u lease%s)",
+				    gang, r[i].gpu_uuid, fmt_bytes(r[i].bytes, b1, sizeof(b1)),
+				    fmt_bytes(avail, b2, sizeof(b2)),
+				    fmt_bytes(cap[i].total_bytes, b3, sizeof(b3)), cap[i].factor,
+				    fmt_bytes(reserved, b4, sizeof(b4)), nleases, nleases == 1 ? "" : "s");
+		else
+			e = td_fail(eb, TD_EBUSY,
+				    "%s%s: %s requested, but the device has only %s free (memory used "
+				    "outside the ledger)",
+				    gang, r[i].gpu_uuid, fmt_bytes(r[i].bytes, b1, sizeof(b1)),
+				    fmt_bytes(cap[i].free_bytes_now, b2, sizeof(b2)));
+		/* Keep what the reaping freed: commit it, then report the refusal. */
+		struct td_errbuf ceb;
+		if (reaped && st__commit(db, &ceb) == TD_OK)
+			goto out;
 		goto fail;
 	}
-	int64_t id = sqlite3_last_insert_rowid(db->h);
+	int64_t now = st_now_ms();
+	int64_t ids[ST_LEDGER_GANG_MAX];
+	for (size_t i = 0; i < n; i++)
+		if ((e = insert_locked(db, &r[i], &h[i], now, &ids[i], eb)))
+			goto fail;
 	/* The invariant, checked where it must hold: inside the transaction that
-	 * would break it. */
-	uint64_t after = 0;
-	if ((e = sum_locked(db, r->gpu_uuid, &after, NULL, eb)))
-		goto fail;
-	if (after > limit) {
-		td_err_log("TD-ST-LEDGER-INVARIANT", "%s: %s oversubscribed: %" PRIu64 " > %" PRIu64,
-			   db->path, r->gpu_uuid, after, limit);
-		e = td_fail(eb, TD_EINTERNAL, "%s: ledger invariant broken (%" PRIu64 " > %" PRIu64 ")",
-			    r->gpu_uuid, after, limit);
-		goto fail;
+	 * would break it, on every GPU of the reservation. */
+	for (size_t i = 0; i < n; i++) {
+		uint64_t after = 0;
+		if ((e = sum_locked(db, r[i].gpu_uuid, &after, NULL, eb)))
+			goto fail;
+		if (after > limit[i]) {
+			td_err_log("TD-ST-LEDGER-INVARIANT", "%s: %s oversubscribed: %" PRIu64 " > %" PRIu64,
+				   db->path, r[i].gpu_uuid, after, limit[i]);
+			e = td_fail(eb, TD_EINTERNAL,
+				    "%s: ledger invariant broken (%" PRIu64 " > %" PRIu64 ")",
+				    r[i].gpu_uuid, after, limit[i]);
+			goto fail;
+		}
 	}
 	e = st__commit(db, eb);
 	if (!e)
-		*lease_id = id;
+		memcpy(lease_ids, ids, n * sizeof(*ids));
 	goto out;
 fail:
 	st__rollback(db);
 out:
-	sqlite3_finalize(st);
 	st__unlock(db);
 	return e;
 }
@@ -497,8 +552,9 @@ td_err st_ledger_reap(struct st_db *db, size_t *n, struct td_errbuf *eb)
 /* ------------------------------------------------------------------------ */
 /* Reading */
 
-td_err st_ledger_list(struct st_db *db, const char *gpu_uuid, struct st_lease **out, size_t *n,
-		      struct td_errbuf *eb)
+/* Leases on gpu_uuid (NULL: any) of job (0: any). */
+static td_err list_leases(struct st_db *db, const char *gpu_uuid, int64_t job,
+			  struct st_lease **out, size_t *n, struct td_errbuf *eb)
 {
 	st__lock(db);
 	sqlite3_stmt *st;
@@ -507,12 +563,14 @@ td_err st_ledger_list(struct st_db *db, const char *gpu_uuid, struct st_lease **
 	td_err e = st__prepare(db,
 			       "SELECT id, gpu_uuid, bytes, coalesce(job, 0), uid, pid, pid_start, boot_id,"
 			       " label, created_ms, heartbeat_ms, expires_ms FROM ledger"
-			       " WHERE ?1 IS NULL OR gpu_uuid = ?1 ORDER BY id",
+			       " WHERE (?1 IS NULL OR gpu_uuid = ?1) AND (?2 IS NULL OR job = ?2) ORDER BY id",
 			       &st, eb);
 	if (e)
 		goto out;
 	if (gpu_uuid)
 		sqlite3_bind_text(st, 1, gpu_uuid, -1, SQLITE_STATIC);
+	if (job)
+		sqlite3_bind_int64(st, 2, job);
 	int rc;
 	while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
 		if (cnt == cap) {
@@ -552,6 +610,20 @@ out:
 	*out = arr;
 	*n = cnt;
 	return TD_OK;
+}
+
+td_err st_ledger_list(struct st_db *db, const char *gpu_uuid, struct st_lease **out, size_t *n,
+		      struct td_errbuf *eb)
+{
+	return list_leases(db, gpu_uuid, 0, out, n, eb);
+}
+
+td_err st_ledger_list_job(struct st_db *db, int64_t job, struct st_lease **out, size_t *n,
+			  struct td_errbuf *eb)
+{
+	if (job <= 0)
+		return td_fail(eb, TD_EINVAL, "ledger: job %lld is not a job id", (long long)job);
+	return list_leases(db, NULL, job, out, n, eb);
 }
 
 td_err st_ledger_reserved(struct st_db *db, const char *gpu_uuid, uint64_t *bytes,

@@ -429,6 +429,26 @@ struct st_device_cap {
 td_err st_ledger_reserve(struct st_db *db, const struct st_lease_req *r,
 			 const struct st_device_cap *cap, int64_t *lease_id, struct td_errbuf *eb);
 
+/* The most leases one st_ledger_reserve_gang grants at once. */
+#define ST_LEDGER_GANG_MAX 64
+
+/* Reserves a gang: n leases, r[i] on cap[i]'s device, granted all in ONE
+ * BEGIN IMMEDIATE transaction or none (a job that needs several GPUs never
+ * holds part of its set while it waits, so two such jobs cannot deadlock).
+ * Each GPU is checked on its own as st_ledger_reserve checks one (its share
+ * total × factor minus its live leases, and its free memory now), every check
+ * before any insert; after the inserts each GPU's sum is checked again before
+ * commit. The r[i].gpu_uuid must differ (TD_EINVAL otherwise); job, uid, pid,
+ * label and ttl are per request (a daemon's gang names the same job in each).
+ * lease_ids[0 .. n) get the ids, in the order of r, only on success.
+ *
+ * Errors as st_ledger_reserve; the TD_EBUSY message names the first GPU that
+ * does not fit, prefixed for n > 1 by "gang of N GPUs, none granted: ".
+ * st_ledger_reserve is this call with n = 1. */
+td_err st_ledger_reserve_gang(struct st_db *db, const struct st_lease_req *r,
+			      const struct st_device_cap *cap, size_t n, int64_t *lease_ids,
+			      struct td_errbuf *eb);
+
 /* Renews a lease: heartbeat = now, expiry = now + ttl_ms (ttl_ms 0: no expiry).
  * Only the holder uid or root (caller_uid 0) or an admin may renew.
  * Errors: TD_ENOENT (no such lease, or already reaped: the caller must reserve
@@ -443,8 +463,9 @@ td_err st_ledger_heartbeat(struct st_db *db, int64_t lease_id, int64_t ttl_ms, u
 td_err st_ledger_release(struct st_db *db, int64_t lease_id, uid_t caller_uid,
 			 bool caller_is_admin, struct td_errbuf *eb);
 
-/* Releases every lease of job (the daemon, when a job ends). *n (may be NULL)
- * gets how many. Not an error if there were none. */
+/* Releases every lease of job (the daemon, when a job ends), a gang's all
+ * together: one DELETE in one transaction. *n (may be NULL) gets how many.
+ * Not an error if there were none. */
 td_err st_ledger_release_job(struct st_db *db, int64_t job, size_t *n, struct td_errbuf *eb);
 
 /* Reaps dead leases (holder gone, pid reused, other boot, expired), one
@@ -468,6 +489,11 @@ struct st_lease {
  * *out is malloc'd (free()), NULL when n = 0. */
 td_err st_ledger_list(struct st_db *db, const char *gpu_uuid, struct st_lease **out, size_t *n,
 		      struct td_errbuf *eb);
+
+/* The leases of job (> 0; TD_EINVAL otherwise), every GPU, ascending id: all
+ * of a gang's leases, as st_ledger_reserve_gang granted them. *out as above. */
+td_err st_ledger_list_job(struct st_db *db, int64_t job, struct st_lease **out, size_t *n,
+			  struct td_errbuf *eb);
 
 /* Sum of the bytes of leases on gpu_uuid (dead ones not yet reaped included). */
 td_err st_ledger_reserved(struct st_db *db, const char *gpu_uuid, uint64_t *bytes,

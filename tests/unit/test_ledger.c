@@ -2,8 +2,9 @@
  * /proc, the admission arithmetic (total × factor − reserved, and the device's
  * free memory), refusals that say why, release and renew permissions, expiry,
  * and reaping of holders that exited (zombie or reaped), whose pid was reused,
- * or that ran in another boot. The multi-process stress test is
- * test_ledger_stress.c.
+ * or that ran in another boot; gangs (several GPUs' leases granted together
+ * or not at all), also from several processes at once. The multi-process
+ * stress test of one GPU is test_ledger_stress.c.
  *
  * Expected values are computed here from the test's own bookkeeping. */
 #include "state/state.h"
@@ -14,7 +15,9 @@
 #include <ftw.h>
 #include <signal.h>
 #include <sqlite3.h>
+#include <stdatomic.h>
 #include <stdint.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -306,6 +309,228 @@ static void test_release(void)
 	st_close(db);
 }
 
+/* Gangs: several GPUs' leases in one transaction, all or none. */
+static void test_gang(void)
+{
+	struct st_db *db = open_db();
+	struct td_errbuf eb = {{0}};
+	static const char *const gpu[] = {"GPU-g0", "GPU-g1", "GPU-g2", "GPU-g3"};
+	struct st_device_cap cap[4];
+	for (int i = 0; i < 4; i++)
+		cap[i] = (struct st_device_cap){.total_bytes = GiB, .factor = 1.0,
+						.free_bytes_now = UINT64_MAX};
+	struct st_job_new nj = {.name = "gang", .uid = 1000, .spec = "x", .spec_len = 1};
+	int64_t ja, jb;
+	CHECK_EQ_INT(st_job_submit(db, &nj, &ja, &eb), TD_OK);
+	CHECK_EQ_INT(st_job_submit(db, &nj, &jb, &eb), TD_OK);
+	struct st_lease_req r[4];
+	for (int i = 0; i < 4; i++)
+		r[i] = (struct st_lease_req){.gpu_uuid = gpu[i], .bytes = 600 * MiB, .uid = 1000,
+					     .pid = getpid(), .label = "gang", .job_id = ja};
+	int64_t ids[4] = {-7, -7, -7, -7};
+
+	/* Job A on GPUs 0 and 1. */
+	CHECK_EQ_INT(st_ledger_reserve_gang(db, r, cap, 2, ids, &eb), TD_OK);
+	CHECK(ids[0] > 0 && ids[1] > ids[0]);
+	struct st_lease *l = NULL;
+	size_t n = 0;
+	CHECK_EQ_INT(st_ledger_list_job(db, ja, &l, &n, &eb), TD_OK);
+	CHECK_EQ_INT(n, 2);
+	if (n == 2) {
+		CHECK_STR_EQ(l[0].gpu_uuid, "GPU-g0");
+		CHECK_STR_EQ(l[1].gpu_uuid, "GPU-g1");
+		CHECK_EQ_INT(l[0].job_id, ja);
+		CHECK_EQ_INT(l[1].bytes, 600 * MiB);
+	}
+	free(l);
+	CHECK_EQ_INT(st_ledger_list_job(db, jb, &l, &n, &eb), TD_OK);
+	CHECK_EQ_INT(n, 0);
+	free(l);
+	CHECK_EQ_INT(st_ledger_list_job(db, 0, &l, &n, &eb), TD_EINVAL);
+
+	/* Job B on GPUs 1 and 2: GPU 1 is full, so GPU 2 gets nothing either. */
+	for (int i = 0; i < 4; i++)
+		r[i].job_id = jb;
+	int64_t idb[2] = {-7, -7};
+	memset(&eb, 0, sizeof(eb));
+	CHECK_EQ_INT(st_ledger_reserve_gang(db, r + 1, cap + 1, 2, idb, &eb), TD_EBUSY);
+	CHECK_CONTAINS(eb.msg, "gang of 2 GPUs, none granted: GPU-g1: 600.0 MiB requested");
+	CHECK_EQ_INT(idb[0], -7);
+	CHECK_EQ_INT(reserved(db, "GPU-g2"), 0);
+	CHECK_EQ_INT(lease_count(db, NULL), 2);
+	/* The same with the full GPU last: the first is not granted alone. */
+	struct st_lease_req rr[2] = {r[2], r[1]};
+	struct st_device_cap cc[2] = {cap[2], cap[1]};
+	CHECK_EQ_INT(st_ledger_reserve_gang(db, rr, cc, 2, idb, &eb), TD_EBUSY);
+	CHECK_EQ_INT(reserved(db, "GPU-g2"), 0);
+	/* Each GPU's free memory is checked too. */
+	cc[1] = cap[3];
+	rr[1] = r[3];
+	cc[1].free_bytes_now = 100 * MiB;
+	memset(&eb, 0, sizeof(eb));
+	CHECK_EQ_INT(st_ledger_reserve_gang(db, rr, cc, 2, idb, &eb), TD_EBUSY);
+	CHECK_CONTAINS(eb.msg, "GPU-g3: 600.0 MiB requested, but the device has only 100.0 MiB free");
+	CHECK_EQ_INT(lease_count(db, NULL), 2);
+	/* Job B on GPUs 2 and 3. */
+	CHECK_EQ_INT(st_ledger_reserve_gang(db, r + 2, cap + 2, 2, idb, &eb), TD_OK);
+	CHECK_EQ_INT(lease_count(db, NULL), 4);
+
+	/* Bad gangs: none, too many, a GPU twice, a job that does not exist
+	 * (in the second request only): nothing is inserted. */
+	CHECK_EQ_INT(st_ledger_reserve_gang(db, r, cap, 0, ids, &eb), TD_EINVAL);
+	CHECK_EQ_INT(st_ledger_reserve_gang(db, r, cap, ST_LEDGER_GANG_MAX + 1, ids, &eb), TD_EINVAL);
+	rr[0] = r[3];
+	rr[1] = r[3];
+	rr[0].bytes = rr[1].bytes = 1;
+	cc[0] = cc[1] = cap[3];
+	memset(&eb, 0, sizeof(eb));
+	CHECK_EQ_INT(st_ledger_reserve_gang(db, rr, cc, 2, ids, &eb), TD_EINVAL);
+	CHECK_CONTAINS(eb.msg, "GPU-g3 is named twice");
+	rr[0] = r[0];
+	rr[1] = r[1];
+	rr[0].bytes = rr[1].bytes = 1;
+	rr[0].job_id = 0;
+	rr[1].job_id = 999999;
+	memset(&eb, 0, sizeof(eb));
+	CHECK_EQ_INT(st_ledger_reserve_gang(db, rr, cap, 2, ids, &eb), TD_ENOENT);
+	CHECK_CONTAINS(eb.msg, "job 999999");
+	CHECK_EQ_INT(lease_count(db, NULL), 4);
+
+	/* A gang's leases go together: released by job, and by the job leaving
+	 * the active states (admission undone). */
+	CHECK_EQ_INT(st_ledger_release_job(db, ja, &n, &eb), TD_OK);
+	CHECK_EQ_INT(n, 2);
+	CHECK_EQ_INT(lease_count(db, NULL), 2);
+	CHECK_EQ_INT(st_job_transition(db, jb, ST_QUEUED, ST_ADMITTED, NULL, "GPU-g2,GPU-g3", &eb),
+		     TD_OK);
+	CHECK_EQ_INT(lease_count(db, NULL), 2);
+	CHECK_EQ_INT(st_job_transition(db, jb, ST_ADMITTED, ST_QUEUED, "undone", NULL, &eb), TD_OK);
+	CHECK_EQ_INT(lease_count(db, NULL), 0);
+
+	/* A dead holder's lease is reaped inside the gang's transaction. */
+	pid_t kid = fork();
+	if (kid == 0) {
+		struct st_db *cdb = NULL;
+		struct td_errbuf ceb;
+		struct st_lease_req cr = {.gpu_uuid = "GPU-g1", .bytes = 900 * MiB, .uid = 1000,
+					  .pid = getpid(), .label = "dead"};
+		int64_t id;
+		_exit(st_open(&cdb, dbpath, NULL, &ceb) == TD_OK &&
+				      st_ledger_reserve(cdb, &cr, &cap[1], &id, &ceb) == TD_OK
+			      ? 0
+			      : 1);
+	}
+	int status = -1;
+	waitpid(kid, &status, 0);
+	CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+	CHECK_EQ_INT(reserved(db, "GPU-g1"), 900 * MiB);
+	r[0].job_id = r[1].job_id = ja;
+	CHECK_EQ_INT(st_ledger_reserve_gang(db, r, cap, 4, ids, &eb), TD_OK);
+	CHECK_EQ_INT(reserved(db, "GPU-g1"), 600 * MiB);
+	CHECK_EQ_INT(st_ledger_release_job(db, ja, &n, &eb), TD_OK);
+	CHECK_EQ_INT(n, 2);
+	CHECK_EQ_INT(st_ledger_release_job(db, jb, &n, &eb), TD_OK);
+	CHECK_EQ_INT(n, 2);
+	CHECK_EQ_INT(lease_count(db, NULL), 0);
+	st_close(db);
+}
+
+/* Gangs of 1, 2 and 4 of 4 GPUs from several processes at once, each lease
+ * more than half a GPU: at most one holder per GPU at any time, which a
+ * counter per GPU in shared memory checks (raised after a grant, lowered
+ * before the release); every process gets its grants (no deadlock: a gang
+ * never holds part of its set). */
+enum { GANG_PROCS = 4, GANG_GRANTS = 40 };
+struct gang_shared {
+	_Atomic int held[4];
+	_Atomic int violations;
+	_Atomic int granted;
+	_Atomic int refused;
+};
+
+static int gang_worker(struct gang_shared *sh, int index)
+{
+	struct st_db *db = NULL;
+	struct td_errbuf eb;
+	if (st_open(&db, dbpath, NULL, &eb) != TD_OK)
+		return 1;
+	static const char *const gpu[] = {"GPU-c0", "GPU-c1", "GPU-c2", "GPU-c3"};
+	struct st_device_cap cap[4];
+	for (int i = 0; i < 4; i++)
+		cap[i] = (struct st_device_cap){.total_bytes = GiB, .factor = 1.0,
+						.free_bytes_now = UINT64_MAX};
+	static const int sizes[] = {1, 2, 4, 2};
+	int granted = 0, tries = 0, rc = 0;
+	while (granted < GANG_GRANTS && rc == 0 && tries++ < 200000) {
+		int k = sizes[(index + tries) % 4], first = (index + tries) % 4;
+		struct st_lease_req r[4];
+		int g[4];
+		for (int i = 0; i < k; i++) {
+			/* Each process walks the GPUs in its own direction. */
+			g[i] = (first + (index % 2 ? -i + 4 : i)) % 4;
+			r[i] = (struct st_lease_req){.gpu_uuid = gpu[g[i]], .bytes = 600 * MiB,
+						     .uid = getuid(), .pid = getpid()};
+		}
+		int64_t ids[4];
+		td_err e = st_ledger_reserve_gang(db, r, cap, (size_t)k, ids, &eb);
+		if (e == TD_EBUSY) {
+			atomic_fetch_add(&sh->refused, 1);
+			struct timespec ts = {0, 100000};
+			nanosleep(&ts, NULL);
+			continue;
+		}
+		if (e != TD_OK) {
+			fprintf(stderr, "gang worker %d: %s\n", index, eb.msg);
+			rc = 1;
+			break;
+		}
+		granted++;
+		atomic_fetch_add(&sh->granted, 1);
+		for (int i = 0; i < k; i++)
+			if (atomic_fetch_add(&sh->held[g[i]], 1) != 0)
+				atomic_fetch_add(&sh->violations, 1);
+		struct timespec ts = {0, 200000};
+		nanosleep(&ts, NULL);
+		for (int i = 0; i < k; i++) {
+			atomic_fetch_sub(&sh->held[g[i]], 1);
+			if (st_ledger_release(db, ids[i], getuid(), false, &eb) != TD_OK)
+				rc = 1;
+		}
+	}
+	st_close(db);
+	return rc || granted < GANG_GRANTS;
+}
+
+static void test_gang_contention(void)
+{
+	struct gang_shared *sh = mmap(NULL, sizeof(*sh), PROT_READ | PROT_WRITE,
+				      MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+	CHECK(sh != MAP_FAILED);
+	if (sh == MAP_FAILED)
+		return;
+	memset(sh, 0, sizeof(*sh));
+	pid_t kids[GANG_PROCS];
+	for (int i = 0; i < GANG_PROCS; i++) {
+		kids[i] = fork();
+		if (kids[i] == 0)
+			_exit(gang_worker(sh, i));
+	}
+	for (int i = 0; i < GANG_PROCS; i++) {
+		int status = -1;
+		waitpid(kids[i], &status, 0);
+		CHECK_MSG(WIFEXITED(status) && WEXITSTATUS(status) == 0, "gang worker %d status 0x%x",
+			  i, status);
+	}
+	CHECK_EQ_INT(atomic_load(&sh->violations), 0);
+	CHECK_EQ_INT(atomic_load(&sh->granted), GANG_PROCS * GANG_GRANTS);
+	/* Contention really happened: otherwise the test proves nothing. */
+	CHECK(atomic_load(&sh->refused) > 0);
+	struct st_db *db = open_db();
+	CHECK_EQ_INT(lease_count(db, NULL), 0);
+	st_close(db);
+	munmap(sh, sizeof(*sh));
+}
+
 /* Expiry and heartbeats. */
 static void test_expiry(void)
 {
@@ -452,6 +677,8 @@ int main(void)
 	test_holder();
 	test_fit();
 	test_release();
+	test_gang();
+	test_gang_contention();
 	test_expiry();
 	test_reap();
 	check_rm_tree(tmpdir);
