@@ -11,6 +11,7 @@
  * position and the settings a resume must agree with. */
 #include "train/trainer.h"
 
+#include <assert.h>
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -582,6 +583,10 @@ td_err tr_train(const Traind__JobSpec *spec, const struct tr_train_opts *opts,
 		if (e != TD_OK)
 			break;
 		loss = valid ? loss_sum / (double)valid : 0;
+		/* The step's last stage (train/plan.h: TR_STAGE_OPTIMIZER), after
+		 * each micro-batch's forward and backward stages. */
+		assert(tr_model_plan(j.m)->stages[tr_model_plan(j.m)->nstages - 1].kind ==
+		       TR_STAGE_OPTIMIZER);
 		double norm = tr_model_clip_grads(j.m, spec->hyper->clip_norm);
 		if (!isfinite(norm)) {
 			/* A device fault makes the reduction NaN too: report the
