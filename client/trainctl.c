@@ -182,6 +182,16 @@ static void print_job(const Traind__JobInfo *j)
 		printf("output:      %s\n", j->output_dir);
 	if (j->device && *j->device)
 		printf("device:      %s\n", j->device);
+	if (j->spec && j->spec->resources && j->spec->resources->gpus > 1)
+		printf("gpus:        %u (a gang: all at once or none; data parallel is not implemented "
+		       "yet, it trains on the first)\n",
+		       j->spec->resources->gpus);
+	for (size_t i = 0; i < j->n_leases; i++) {
+		const Traind__Lease *l = j->leases[i];
+		char b[32];
+		printf("%s lease %llu on %s, %s\n", i ? "            " : "leases:     ",
+		       (unsigned long long)l->id, l->gpu ? l->gpu : "", fmt_bytes(l->bytes, b, sizeof(b)));
+	}
 	printf("progress:    %s", fmt_progress(j, a, sizeof(a)));
 	if (j->has_loss)
 		printf("  loss %.4f", j->loss);
@@ -425,6 +435,9 @@ static int cmd_submit(const struct opts *o, int argc, char **argv)
 				s->resources->has_priority = true;
 				s->resources->priority = (int32_t)p;
 			}
+		} else if (strcmp(a, "--gpus") == 0 && (ok = parse_u64(v, &u) && u >= 1 && u <= UINT32_MAX)) {
+			s->resources->has_gpus = true;
+			s->resources->gpus = (uint32_t)u;
 		} else if (strcmp(a, "--device") == 0) {
 			s->resources->has_device = true;
 			if (strcasecmp(v, "cpu") == 0)
@@ -815,6 +828,7 @@ static void print_devices(Traind__GpuDevice **d, size_t n)
 		return;
 	}
 	printf("%-4s %-40s %-12s %-12s %-12s %s\n", "GPU", "UUID", "TOTAL", "FREE", "RESERVED", "NAME");
+	bool links = false;
 	for (size_t i = 0; i < n; i++) {
 		char a[32], b[32] = "?", r[32];
 		if (d[i]->has_free_bytes)
@@ -822,6 +836,16 @@ static void print_devices(Traind__GpuDevice **d, size_t n)
 		printf("%-4d %-40s %-12s %-12s %-12s %s\n", d[i]->index, d[i]->uuid ? d[i]->uuid : "",
 		       fmt_bytes(d[i]->total_bytes, a, sizeof(a)), b,
 		       fmt_bytes(d[i]->reserved_bytes, r, sizeof(r)), d[i]->name ? d[i]->name : "");
+		links = links || d[i]->n_nvlink;
+	}
+	/* Each pair once. */
+	if (links) {
+		printf("NVLink:     ");
+		for (size_t i = 0; i < n; i++)
+			for (size_t k = 0; k < d[i]->n_nvlink; k++)
+				if (d[i]->nvlink[k] > d[i]->index)
+					printf(" %d-%d", d[i]->index, d[i]->nvlink[k]);
+		printf("\n");
 	}
 }
 
@@ -1036,7 +1060,8 @@ static const struct command {
 	 "submit JOB.pb|JOB.txtpb [FLAGS] [--watch]\n"
 	 "  submit --model DIR --data FILE --output DIR [--method full|lora|qlora|distill|classify]\n"
 	 "         [--steps N] [--lr X] [--batch N] [--seq-len N] [--checkpoint-every N]\n"
-	 "         [--eval FILE] [--name NAME] [--priority N] [--device cpu|gpu|any] [--watch]\n"
+	 "         [--eval FILE] [--name NAME] [--priority N] [--device cpu|gpu|any] [--gpus N]\n"
+	 "         [--watch]\n"
 	 "      queue a job (flags override the file; relative paths are taken from here);\n"
 	 "      prints its id"},
 	{"ls", cmd_ls, "ls [--all] [--limit N]      your jobs, newest first (--all: everyone's; admins)"},

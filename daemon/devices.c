@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "gpu/select.h"
+#include "gpu/topo.h"
 #include "proto/log.h"
 
 static td_err parse_bytes(const char *s, uint64_t *out)
@@ -136,4 +137,114 @@ uint64_t dmn_gpu_free_bytes(const struct dmn_gpu *g)
 		return UINT64_MAX;
 	}
 	return fr;
+}
+
+const char *dmn_devices_mask_str(uint32_t mask, char *buf, size_t cap)
+{
+	size_t n = 0;
+	buf[0] = 0;
+	for (int i = 0; i < 32 && n < cap; i++)
+		if (mask >> i & 1)
+			n += (size_t)snprintf(buf + n, cap - n, "%s%d", n ? "+" : "", i);
+	return buf;
+}
+
+/* The links of the simulated GPUs from the setting (dmn_devices_links). */
+static td_err fake_links(struct dmn_devices *d, const char *spec, struct td_errbuf *eb)
+{
+	const char *p = spec ? spec : "";
+	while (*p) {
+		size_t len = strcspn(p, ",");
+		char item[160];
+		if (len >= sizeof(item))
+			return td_fail(eb, TD_EINVAL, "fake_nvlink: entry '%.*s...' is too long", 40, p);
+		memcpy(item, p, len);
+		item[len] = 0;
+		p += len + (p[len] == ',');
+		if (!len)
+			continue;
+		uint32_t group = 0;
+		int count = 0;
+		for (char *q = item, *tok; (tok = strsep(&q, "+"));) {
+			char *end;
+			errno = 0;
+			long idx = strtol(tok, &end, 10);
+			if (!*tok || *end || errno || idx < 0 || idx >= d->n || !d->gpu[idx].fake)
+				return td_fail(eb, TD_EINVAL,
+					       "fake_nvlink: '%s' is not the index of a simulated GPU "
+					       "(fake_gpus lists %d; groups look like 0+1,2+3)",
+					       tok, d->n - d->nreal);
+			group |= (uint32_t)1 << idx;
+			count++;
+		}
+		if (count < 2 || __builtin_popcount(group) != count)
+			return td_fail(eb, TD_EINVAL,
+				       "fake_nvlink: '%s' does not name two or more different GPUs",
+				       item);
+		for (int i = 0; i < d->n; i++)
+			if (group >> i & 1)
+				d->nvlink[i] |= group & ~((uint32_t)1 << i);
+	}
+	return TD_OK;
+}
+
+td_err dmn_devices_links(struct dmn_devices *d, const char *fake_nvlink, struct td_errbuf *eb)
+{
+	memset(d->nvlink, 0, sizeof(d->nvlink));
+	d->topo_note[0] = 0;
+	td_err e = fake_links(d, fake_nvlink, eb);
+	if (e != TD_OK)
+		return e;
+	if (d->nreal > 1) {
+		const char *uuid[DMN_MAX_GPUS];
+		int idx[DMN_MAX_GPUS], n = 0;
+		for (int i = 0; i < d->n; i++) {
+			if (!d->gpu[i].fake) {
+				idx[n] = i;
+				uuid[n++] = d->gpu[i].uuid;
+			}
+		}
+		uint32_t links[DMN_MAX_GPUS];
+		struct td_errbuf teb = {{0}};
+		if (gpu_topo_nvlink(uuid, n, links, &teb) == TD_OK) {
+			for (int a = 0; a < n; a++)
+				for (int b = 0; b < n; b++)
+					if (links[a] >> b & 1)
+						d->nvlink[idx[a]] |= (uint32_t)1 << idx[b];
+			snprintf(d->topo_note, sizeof(d->topo_note), "NVLink read through NVML");
+		} else {
+			snprintf(d->topo_note, sizeof(d->topo_note), "%s", teb.msg);
+		}
+	}
+	char buf[128];
+	for (int i = 0; i < d->n; i++)
+		if (d->nvlink[i] >> (i + 1))
+			td_info("TD-GPU-TOPO", "GPU %d is joined by NVLink to GPU %s", i,
+				dmn_devices_mask_str(d->nvlink[i], buf, sizeof(buf)));
+	if (d->topo_note[0])
+		td_info("TD-GPU-TOPO", "%s", d->topo_note);
+	return TD_OK;
+}
+
+td_err dmn_devices_check_gpus(const struct dmn_devices *d, unsigned n, struct td_errbuf *eb)
+{
+	if (n <= 1)
+		return TD_OK;
+	if (!d->n)
+		return td_fail(eb, TD_EINVAL, "resources.gpus: %u GPUs asked for; this host has none", n);
+	if ((int)n > d->n)
+		return td_fail(eb, TD_EINVAL,
+			       "resources.gpus: %u GPUs asked for; this host has %d (`trainctl info` "
+			       "lists them)",
+			       n, d->n);
+	int ok = 0;
+	for (int i = 0; i < d->n; i++)
+		ok += dmn_gpu_gang_ok(&d->gpu[i], n);
+	if ((int)n > ok)
+		return td_fail(eb, TD_EINVAL,
+			       "resources.gpus: %u: training on several CUDA GPUs (data parallel) is not "
+			       "implemented yet, and a job would hold %u GPUs to train on one; ask for "
+			       "gpus: 1%s",
+			       n, n, ok > 1 ? " (gangs run on the simulated GPUs only)" : "");
+	return TD_OK;
 }

@@ -12,11 +12,17 @@
  * The device query retains each real GPU's primary CUDA context in the daemon
  * for its lifetime (one context per device, shared by the jobs' backends).
  *
+ * Topology: which GPUs are joined by NVLink, for placing jobs that need
+ * several GPUs (a gang). Real GPUs' links come from NVML (gpu/topo.h);
+ * simulated GPUs' from the test-only `fake_nvlink` setting. A real and a
+ * simulated GPU are never joined.
+ *
  * Loop thread only. */
 #ifndef DAEMON_DEVICES_H
 #define DAEMON_DEVICES_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include "proto/err.h"
@@ -38,6 +44,10 @@ struct dmn_devices {
 	int n;
 	int nreal;
 	char why_none[512];  /* no real GPU: why (no module, no driver, ...); else "" */
+	/* nvlink[i] bit j: GPUs i and j are joined by NVLink (symmetric, never
+	 * bit i); all 0 until dmn_devices_links. */
+	uint32_t nvlink[DMN_MAX_GPUS];
+	char topo_note[512]; /* how the links were learned, or why the real ones are unknown */
 };
 
 /* Builds the list. fake_spec is the fake_gpus setting ("uuid:bytes,..."; bytes
@@ -47,6 +57,31 @@ td_err dmn_devices_init(struct dmn_devices *d, const char *fake_spec, struct td_
 
 /* As dmn_devices_init without the real GPUs (tests of placement). */
 td_err dmn_devices_init_fake(struct dmn_devices *d, const char *fake_spec, struct td_errbuf *eb);
+
+/* Reads the links: the real GPUs' through NVML (not an error when NVML is
+ * absent: topo_note says why, and no real link is known) and the simulated
+ * GPUs' from fake_nvlink, the setting: groups of indices joined by '+' and
+ * separated by ',' ("0+1,2+3": 0 and 1 are joined, 2 and 3 are; "0+1+2+3":
+ * every pair of the four). TD_EINVAL names a bad entry, an index that is not
+ * a simulated GPU, or a group of one. */
+td_err dmn_devices_links(struct dmn_devices *d, const char *fake_nvlink, struct td_errbuf *eb);
+
+/* Whether g may be one of the GPUs of a job that needs n of them. Training
+ * on several GPUs (data parallel) is not implemented yet: a gang of n > 1 is
+ * placed on simulated GPUs only, so that the ledger and the scheduler can be
+ * exercised end to end, and never holds n real GPUs to train on one. */
+static inline bool dmn_gpu_gang_ok(const struct dmn_gpu *g, unsigned n)
+{
+	return n <= 1 || g->fake;
+}
+
+/* Whether this host can ever run a job that needs n GPUs: n of them that
+ * dmn_gpu_gang_ok allows. TD_EINVAL naming resources.gpus and the reason
+ * (the host has fewer GPUs; or several real GPUs and no data parallel). */
+td_err dmn_devices_check_gpus(const struct dmn_devices *d, unsigned n, struct td_errbuf *eb);
+
+/* "0+1" for the GPUs of mask (bit i: GPU i), into buf. */
+const char *dmn_devices_mask_str(uint32_t mask, char *buf, size_t cap);
 
 /* The device called uuid, or the index given as a decimal string; NULL if
  * none. */

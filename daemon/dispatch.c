@@ -294,6 +294,16 @@ static td_err fill_devices(struct dmn_call *c, Traind__GpuDevice ***out, size_t 
 		uint64_t res = 0;
 		if (st_ledger_reserved(c->env->db, g->uuid, &res, NULL) == TD_OK)
 			SETF(&gd[i], reserved_bytes, res);
+		uint32_t links = d->nvlink[i];
+		if (links) {
+			int32_t *peers = cz(c, (size_t)__builtin_popcount(links) * sizeof(*peers));
+			if (!peers)
+				return td_fail(&c->eb, TD_ENOMEM, "out of memory");
+			for (int j = 0; j < d->n; j++)
+				if (links >> j & 1)
+					peers[gd[i].n_nvlink++] = j;
+			gd[i].nvlink = peers;
+		}
 		arr[i] = &gd[i];
 	}
 	*out = arr;
@@ -372,6 +382,7 @@ static td_err h_submit(struct dmn_call *c)
 		return td_fail(&c->eb, e, "submit: out of memory");
 	if ((e = rpc_jobspec_apply_defaults(c->spec, &c->eb)) != TD_OK ||
 	    (e = rpc_jobspec_validate(c->spec, &c->eb)) != TD_OK ||
+	    (e = dmn_devices_check_gpus(c->env->dev, c->spec->resources->gpus, &c->eb)) != TD_OK ||
 	    (e = dmn_spec_check_paths(c->spec, &c->eb)) != TD_OK)
 		return e;
 	if ((e = dmn_sched_claim_output(c->env->sched, c->spec->output->dir, &c->claim, &c->eb)) != TD_OK)
@@ -423,7 +434,24 @@ static td_err h_list(struct dmn_call *c)
 
 static td_err h_show(struct dmn_call *c)
 {
-	return set_job_result(c, &c->job, true);
+	td_err e = set_job_result(c, &c->job, true);
+	if (e != TD_OK)
+		return e;
+	/* Every lease the job holds: one per GPU, a gang's all. */
+	size_t n = 0;
+	if ((e = st_ledger_list_job(c->env->db, c->job.id, &c->leases, &n, &c->eb)) != TD_OK)
+		return e;
+	Traind__Lease **arr = cz(c, (n + 1) * sizeof(*arr));
+	Traind__Lease *ls = cz(c, (n + 1) * sizeof(*ls));
+	if (!arr || !ls)
+		return td_fail(&c->eb, TD_ENOMEM, "out of memory");
+	for (size_t i = 0; i < n; i++) {
+		fill_lease(&ls[i], &c->leases[i]);
+		arr[i] = &ls[i];
+	}
+	c->resp.job->leases = arr;
+	c->resp.job->n_leases = n;
+	return TD_OK;
 }
 
 static td_err h_cancel(struct dmn_call *c)

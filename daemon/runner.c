@@ -37,7 +37,9 @@ struct dmn_runner {
 	gid_t gid;
 	int32_t attempts;
 	bool on_gpu;
-	char device[96];
+	char device[DMN_MAX_GPUS * 97]; /* as dmn_run_request.device */
+	int ngpus;
+	struct dmn_run_gpu gpu[DMN_MAX_GPUS];
 	char backend[16];
 	int cuda_device;  /* the CUDA ordinal; -1: none */
 	char cache_dir[PATH_MAX]; /* the module cache's root; "": none */
@@ -389,7 +391,19 @@ static enum st_job_state run_job(struct dmn_runner *rn, char *reason, size_t cap
 		snprintf(reason, cap, "the daemon stopped before the job started");
 		return ST_INTERRUPTED;
 	}
-	if (rn->cuda_device >= 0)
+	if (rn->ngpus > 1) {
+		char leases[DMN_MAX_GPUS * 24];
+		size_t len = 0;
+		for (int k = 0; k < rn->ngpus; k++)
+			len += (size_t)snprintf(leases + len, sizeof(leases) - len, "%s%lld",
+						k ? ", " : "", (long long)rn->gpu[k].lease);
+		event(rn, "info",
+		      "gang of %d GPUs (%s; leases %s): data parallel not yet implemented, training on "
+		      "GPU %d (%s) with the %s backend%s; attempt %d, as uid %u",
+		      rn->ngpus, rn->device, leases, rn->gpu[0].index, rn->gpu[0].uuid, rn->backend,
+		      rn->gpu[0].fake ? ", as a simulated GPU's job does" : "", rn->attempts + 1,
+		      (unsigned)rn->uid);
+	} else if (rn->cuda_device >= 0)
 		event(rn, "info", "running on %s (%s backend, CUDA device %d), attempt %d, as uid %u",
 		      rn->device, rn->backend, rn->cuda_device, rn->attempts + 1, (unsigned)rn->uid);
 	else
@@ -614,6 +628,8 @@ td_err dmn_runners_start(struct dmn_runners *r, struct dmn_run_request *req, str
 	snprintf(rn->device, sizeof(rn->device), "%s", req->device);
 	snprintf(rn->backend, sizeof(rn->backend), "%s", req->backend);
 	rn->cuda_device = req->cuda_device;
+	rn->ngpus = req->ngpus > 0 && req->ngpus <= DMN_MAX_GPUS ? req->ngpus : 0;
+	memcpy(rn->gpu, req->gpu, (size_t)rn->ngpus * sizeof(rn->gpu[0]));
 	if (req->cache_dir)
 		snprintf(rn->cache_dir, sizeof(rn->cache_dir), "%s", req->cache_dir);
 	td_err e = dmn_fscreds_of(&rn->creds, req->uid, req->gid, eb);

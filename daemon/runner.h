@@ -23,12 +23,23 @@
 #include <sys/types.h>
 #include <uv.h>
 
+#include "daemon/devices.h"
 #include "proto/err.h"
 #include "state/state.h"
 #include "train/trainer.h"
 #include "traind.pb-c.h"
 
 struct dmn_runners;
+
+/* One of a job's GPUs, with its lease. */
+struct dmn_run_gpu {
+	char uuid[96];
+	int index;      /* in the daemon's device list */
+	int ordinal;    /* real: the CUDA ordinal; simulated: -1 */
+	bool fake;
+	int64_t lease;  /* its ledger lease */
+	uint64_t bytes; /* the lease's bytes */
+};
 
 /* What the scheduler decided for one job. */
 struct dmn_run_request {
@@ -37,11 +48,17 @@ struct dmn_run_request {
 	gid_t gid;
 	int32_t attempts;           /* runs before this one */
 	Traind__JobSpec *spec;      /* defaults applied, precision resolved; taken on success */
-	const char *device;         /* "cpu" or the GPU's uuid */
+	const char *device;         /* "cpu", the GPU's uuid, or a gang's uuids joined by ',' */
 	bool on_gpu;                /* counts against a GPU (its lease), not a CPU slot */
 	const char *backend;        /* for tr_train: "cpu" or "cuda" */
 	int cuda_device;            /* "cuda": the device ordinal; -1 otherwise (set it) */
 	const char *cache_dir;      /* the module cache's root (setting cache_dir); NULL: none */
+	/* The job's GPUs (on_gpu), each with its lease. A gang (ngpus > 1)
+	 * holds them all; data parallel is not implemented yet, so the job
+	 * trains on gpu[0] (cuda_device is its ordinal) and says so in its
+	 * events. */
+	int ngpus;
+	struct dmn_run_gpu gpu[DMN_MAX_GPUS];
 };
 
 /* Called on the loop thread after a runner thread ended and was joined.

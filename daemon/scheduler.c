@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include "daemon/identity.h"
+#include "daemon/placement.h"
 #include "daemon/preflight.h"
 #include "gpu/select.h"
 #include "proto/jobspec.h"
@@ -53,6 +54,14 @@ struct dmn_sched {
 	size_t plans_in_flight;
 	uint32_t queued;
 	uint64_t reset_failed; /* lost CUDA ordinals whose reset failed: retried each tick */
+	/* The GPUs held for the first job that waits for GPUs (see pass): no
+	 * other job of its priority or lower is placed on them. 0: none. */
+	int64_t hold_job;
+	int32_t hold_prio;
+	uint32_t hold_mask;
+	/* This pass's view of the ledger: each GPU's reserved bytes (UINT64_MAX:
+	 * unknown, the GPU is skipped) and free memory (dmn_gpu_free_bytes). */
+	uint64_t reserved[DMN_MAX_GPUS], free_now[DMN_MAX_GPUS];
 };
 
 /* ------------------------------------------------------------------------ */
@@ -272,6 +281,189 @@ uint64_t dmn_sched_lease_bytes(const struct dmn_config *cfg, const struct dmn_gp
 
 enum place { PLACE_WAIT, PLACE_STARTED, PLACE_ENDED };
 
+/* floor(total × factor), as the ledger computes a device's share. */
+static uint64_t share_of(const struct dmn_config *cfg, const struct dmn_gpu *g)
+{
+	uint64_t l = (uint64_t)((long double)g->total_bytes * (long double)cfg->vram_factor);
+	return l > g->total_bytes ? g->total_bytes : l;
+}
+
+/* Reads every GPU's reserved bytes and free memory for this pass. */
+static void snapshot(struct dmn_sched *s)
+{
+	for (int i = 0; i < s->dev->n; i++) {
+		const struct dmn_gpu *g = &s->dev->gpu[i];
+		struct td_errbuf eb = {{0}};
+		if (st_ledger_reserved(s->db, g->uuid, &s->reserved[i], &eb) != TD_OK) {
+			td_warn("TD-SCHED-LEDGER", "%s: %s", g->uuid, eb.msg);
+			s->reserved[i] = UINT64_MAX;
+		}
+		s->free_now[i] = dmn_gpu_free_bytes(g);
+	}
+}
+
+/* What each GPU offers job q (plan_bytes, want GPUs). holds: whether the
+ * GPUs held for another job are closed to it; lost: whether GPUs whose
+ * context is being reset are. */
+static void offer(struct dmn_sched *s, const struct st_queued *q, uint64_t plan_bytes,
+		  unsigned want, bool holds, bool lost, struct dmn_place_gpu *pg)
+{
+	for (int i = 0; i < s->dev->n; i++) {
+		const struct dmn_gpu *g = &s->dev->gpu[i];
+		uint64_t share = share_of(s->cfg, g);
+		uint64_t avail = s->reserved[i] == UINT64_MAX ? 0
+				 : share > s->reserved[i]	      ? share - s->reserved[i]
+								      : 0;
+		if (avail > s->free_now[i])
+			avail = s->free_now[i];
+		bool held = holds && (s->hold_mask >> i & 1) && s->hold_job != q->id &&
+			    q->priority <= s->hold_prio;
+		pg[i] = (struct dmn_place_gpu){
+			.usable = dmn_gpu_gang_ok(g, want) && !held &&
+				  !(lost && !g->fake && dmn_runners_lost(s->run, g->ordinal)),
+			.need = dmn_sched_lease_bytes(s->cfg, g, plan_bytes),
+			.avail = avail,
+			.share = share,
+		};
+	}
+}
+
+static void hold_clear(struct dmn_sched *s)
+{
+	s->hold_job = 0;
+	s->hold_mask = 0;
+	s->hold_prio = 0;
+}
+
+/* q waits for GPUs: none of its kind has room for it now. If it could never
+ * fit (its plan exceeds a GPU's share, on every set of `want`) it fails,
+ * unless the CPU may take it. Otherwise, if no job holds GPUs, or it has a
+ * higher priority than the one that does, the GPUs it waits for are held
+ * for it: the set it fits once they drain (NVLink first, the nearest to
+ * fitting next), closed to every other job of its priority or lower. Held
+ * GPUs only lose leases (their jobs end; none of those jobs is placed there),
+ * so the holder starts in finite time, however many small jobs queue behind
+ * it: no starvation of a gang by a stream of single-GPU jobs. */
+static enum place wait_for_gpus(struct dmn_sched *s, const struct st_queued *q, uint64_t plan_bytes,
+				unsigned want, bool allow_cpu)
+{
+	struct dmn_place_gpu pg[DMN_MAX_GPUS];
+	offer(s, q, plan_bytes, want, false, false, pg);
+	if (!dmn_place_pick(pg, s->dev->n, s->dev->nvlink, (int)want, DMN_PLACE_EMPTY)) {
+		if (allow_cpu)
+			return PLACE_WAIT; /* for a CPU slot */
+		uint64_t most = 0, need = 0;
+		for (int i = 0; i < s->dev->n; i++) {
+			if (!dmn_gpu_gang_ok(&s->dev->gpu[i], want))
+				continue;
+			if (pg[i].share > most)
+				most = pg[i].share, need = pg[i].need;
+		}
+		char reason[400];
+		snprintf(reason, sizeof(reason),
+			 "resources: the job needs %.1f MiB on each of %u GPU%s, and no %s of this host's "
+			 "GPUs can ever grant that much (the most one grants is %.1f MiB: its memory "
+			 "\u00d7 vram_factor %.2f)",
+			 (double)need / (1 << 20), want, want == 1 ? "" : "s", want == 1 ? "one" : "set",
+			 (double)most / (1 << 20), s->cfg->vram_factor);
+		if (s->hold_job == q->id)
+			hold_clear(s);
+		fail_job(s, q->id, reason);
+		return PLACE_ENDED;
+	}
+	if (s->hold_job && s->hold_job != q->id && q->priority <= s->hold_prio)
+		return PLACE_WAIT;
+	offer(s, q, plan_bytes, want, false, true, pg);
+	if (s->hold_job == q->id) {
+		/* Keep the set while it still can take the job (vram_factor may have
+		 * changed, a GPU may be lost). */
+		bool still = true;
+		for (int i = 0; i < s->dev->n; i++)
+			if (s->hold_mask >> i & 1)
+				still = still && pg[i].usable && pg[i].need <= pg[i].share;
+		if (still)
+			return PLACE_WAIT;
+	}
+	uint32_t mask = dmn_place_pick(pg, s->dev->n, s->dev->nvlink, (int)want, DMN_PLACE_EMPTY);
+	if (!mask)
+		return PLACE_WAIT; /* its GPUs are being reset */
+	int64_t before = s->hold_job;
+	s->hold_job = q->id;
+	s->hold_prio = q->priority;
+	s->hold_mask = mask;
+	char gpus[64];
+	dmn_devices_mask_str(mask, gpus, sizeof(gpus));
+	if (before && before != q->id)
+		td_info("TD-SCHED-HOLD", "job %lld (priority %d) takes the GPUs held for job %lld",
+			(long long)q->id, q->priority, (long long)before);
+	td_info("TD-SCHED-HOLD", "job %lld waits for GPU %s, held for it", (long long)q->id, gpus);
+	st_event_addf(s->db, q->id, "info", NULL,
+		      "waiting for GPU %s: held for this job, no job of priority %d or lower is "
+		      "placed there until it starts",
+		      gpus, q->priority);
+	return PLACE_WAIT;
+}
+
+/* Leases on every GPU of mask for q, in one transaction. */
+static td_err reserve_gpus(struct dmn_sched *s, const struct st_queued *q, uint32_t mask,
+			   const struct dmn_place_gpu *pg, struct dmn_run_request *rr,
+			   struct td_errbuf *eb)
+{
+	struct st_lease_req lr[DMN_MAX_GPUS];
+	struct st_device_cap cap[DMN_MAX_GPUS];
+	char label[DMN_MAX_GPUS][64];
+	int n = __builtin_popcount(mask), k = 0;
+	for (int i = 0; i < s->dev->n; i++) {
+		if (!(mask >> i & 1))
+			continue;
+		const struct dmn_gpu *g = &s->dev->gpu[i];
+		if (n > 1)
+			snprintf(label[k], sizeof(label[k]), "job %lld, GPU %d of %d", (long long)q->id,
+				 k + 1, n);
+		else
+			snprintf(label[k], sizeof(label[k]), "job %lld", (long long)q->id);
+		lr[k] = (struct st_lease_req){
+			.gpu_uuid = g->uuid,
+			.bytes = pg[i].need,
+			.job_id = q->id,
+			.uid = q->uid,
+			.pid = getpid(),
+			.label = label[k],
+		};
+		cap[k] = (struct st_device_cap){
+			.total_bytes = g->total_bytes,
+			.factor = s->cfg->vram_factor,
+			.free_bytes_now = s->free_now[i],
+		};
+		rr->gpu[k] = (struct dmn_run_gpu){.index = i, .ordinal = g->ordinal, .fake = g->fake,
+						  .bytes = pg[i].need};
+		snprintf(rr->gpu[k].uuid, sizeof(rr->gpu[k].uuid), "%s", g->uuid);
+		k++;
+	}
+	int64_t ids[DMN_MAX_GPUS];
+	td_err e = st_ledger_reserve_gang(s->db, lr, cap, (size_t)n, ids, eb);
+	if (e != TD_OK)
+		return e;
+	rr->ngpus = n;
+	for (k = 0; k < n; k++) {
+		rr->gpu[k].lease = ids[k];
+		int i = rr->gpu[k].index;
+		s->reserved[i] += pg[i].need;
+		if (!s->dev->gpu[i].fake && s->free_now[i] != UINT64_MAX)
+			s->free_now[i] = s->free_now[i] > pg[i].need ? s->free_now[i] - pg[i].need : 0;
+	}
+	return TD_OK;
+}
+
+static void release_gpus(struct dmn_sched *s, const struct dmn_run_request *rr)
+{
+	for (int k = 0; k < rr->ngpus; k++) {
+		st_ledger_release(s->db, rr->gpu[k].lease, 0, true, NULL);
+		int i = rr->gpu[k].index;
+		s->reserved[i] = s->reserved[i] > rr->gpu[k].bytes ? s->reserved[i] - rr->gpu[k].bytes : 0;
+	}
+}
+
 /* Tries to start q now. */
 static enum place try_place(struct dmn_sched *s, const struct st_queued *q)
 {
@@ -286,19 +478,29 @@ static enum place try_place(struct dmn_sched *s, const struct st_queued *q)
 		return PLACE_ENDED;
 	}
 	Traind__Device want = spec->resources->device;
-	bool allow_cpu = want == TRAIND__DEVICE__DEVICE_CPU || spec->resources->allow_cpu;
+	unsigned ngpus = spec->resources->gpus ? spec->resources->gpus : 1;
+	/* A gang never runs on the CPU: it asked for several GPUs. */
+	bool allow_cpu = ngpus == 1 && (want == TRAIND__DEVICE__DEVICE_CPU || spec->resources->allow_cpu);
 	bool gpu_ok = want != TRAIND__DEVICE__DEVICE_CPU && s->dev->n > 0;
 	if (!gpu_ok && !allow_cpu) {
 		rpc_jobspec_free(spec);
 		fail_job(s, q->id,
-			 "resources.device: the job needs a GPU and this host has none; set "
-			 "resources.allow_cpu: true (or device: DEVICE_CPU) to run it on the CPU");
+			 ngpus > 1 ? "resources.gpus: the job needs several GPUs and this host has none"
+				   : "resources.device: the job needs a GPU and this host has none; set "
+				     "resources.allow_cpu: true (or device: DEVICE_CPU) to run it on the CPU");
+		return PLACE_ENDED;
+	}
+	if (gpu_ok && dmn_devices_check_gpus(s->dev, ngpus, &eb) != TD_OK) {
+		/* Submitted to a daemon with other GPUs (restarted since). */
+		rpc_jobspec_free(spec);
+		char reason[1100];
+		snprintf(reason, sizeof(reason), "%s", eb.msg);
+		fail_job(s, q->id, reason);
 		return PLACE_ENDED;
 	}
 
-	const struct dmn_gpu *gpu = NULL;
-	int64_t lease = 0;
-	uint64_t lease_bytes = 0;
+	struct dmn_run_request rr = {0};
+	uint64_t plan_bytes = 0;
 	if (gpu_ok) {
 		struct plan *p = plan_find(s, q->id);
 		if (!p || p->state == 0) {
@@ -317,95 +519,108 @@ static enum place try_place(struct dmn_sched *s, const struct st_queued *q)
 			fail_job(s, q->id, reason);
 			return PLACE_ENDED;
 		}
-		for (int i = 0; i < s->dev->n && !gpu; i++) {
-			const struct dmn_gpu *g = &s->dev->gpu[i];
-			if (!g->fake && dmn_runners_lost(s->run, g->ordinal))
-				continue; /* its context is being reset (reset_lost) */
-			char label[64];
-			snprintf(label, sizeof(label), "job %lld", (long long)q->id);
-			uint64_t bytes = dmn_sched_lease_bytes(s->cfg, g, p->bytes);
-			struct st_lease_req lr = {
-				.gpu_uuid = g->uuid,
-				.bytes = bytes,
-				.job_id = q->id,
-				.uid = q->uid,
-				.pid = getpid(),
-				.label = label,
-			};
-			struct st_device_cap cap = {
-				.total_bytes = g->total_bytes,
-				.factor = s->cfg->vram_factor,
-				.free_bytes_now = dmn_gpu_free_bytes(g),
-			};
-			td_err e = st_ledger_reserve(s->db, &lr, &cap, &lease, &eb);
-			if (e == TD_OK) {
-				gpu = g;
-				lease_bytes = bytes;
-			} else if (e != TD_EBUSY)
-				td_warn("TD-SCHED-LEDGER", "job %lld on %s: %s", (long long)q->id, g->uuid,
-					eb.msg);
+		plan_bytes = p->bytes;
+		struct dmn_place_gpu pg[DMN_MAX_GPUS];
+		offer(s, q, plan_bytes, ngpus, true, true, pg);
+		uint32_t mask = dmn_place_pick(pg, s->dev->n, s->dev->nvlink, (int)ngpus, DMN_PLACE_NOW);
+		if (mask) {
+			td_err e = reserve_gpus(s, q, mask, pg, &rr, &eb);
+			if (e != TD_OK && e != TD_EBUSY)
+				td_warn("TD-SCHED-LEDGER", "job %lld: %s", (long long)q->id, eb.msg);
+			else if (e == TD_EBUSY)
+				td_debug("TD-SCHED-LEDGER", "job %lld: %s", (long long)q->id, eb.msg);
 		}
 	}
+	const struct dmn_gpu *gpu = rr.ngpus ? &s->dev->gpu[rr.gpu[0].index] : NULL;
 	bool cpu = false;
 	if (!gpu) {
 		if (!allow_cpu || (long)dmn_runners_count_cpu(s->run) >= s->cfg->cpu_slots) {
+			enum place w = gpu_ok ? wait_for_gpus(s, q, plan_bytes, ngpus, allow_cpu)
+					      : PLACE_WAIT;
 			rpc_jobspec_free(spec);
-			return PLACE_WAIT;
+			return w;
 		}
 		cpu = true;
 	}
+	if (s->hold_job == q->id)
+		hold_clear(s);
 
 	/* Fixes the precision for where the job goes; simulated GPUs run on
 	 * the CPU backend. */
 	bool real_gpu = gpu && !gpu->fake;
 	if (rpc_jobspec_resolve_precision(spec, real_gpu, &eb) != TD_OK) {
-		if (lease)
-			st_ledger_release(s->db, lease, 0, true, NULL);
+		release_gpus(s, &rr);
 		rpc_jobspec_free(spec);
 		char reason[1100];
 		snprintf(reason, sizeof(reason), "%s", eb.msg);
 		fail_job(s, q->id, reason);
 		return PLACE_ENDED;
 	}
-	const char *device = cpu ? "cpu" : gpu->uuid;
-	char reason[400];
-	if (real_gpu)
+	/* The job's device: "cpu", its GPU's uuid, or a gang's uuids joined by ','. */
+	char device[DMN_MAX_GPUS * 97] = "cpu";
+	if (!cpu) {
+		size_t len = 0;
+		for (int k = 0; k < rr.ngpus; k++)
+			len += (size_t)snprintf(device + len, sizeof(device) - len, "%s%s", k ? "," : "",
+						rr.gpu[k].uuid);
+	}
+	char reason[1400];
+	uint64_t lease_bytes = rr.ngpus ? rr.gpu[0].bytes : 0;
+	if (rr.ngpus > 1) {
+		uint32_t mask = 0;
+		size_t len = 0;
+		char ids[DMN_MAX_GPUS * 24] = "";
+		for (int k = 0; k < rr.ngpus; k++) {
+			mask |= (uint32_t)1 << rr.gpu[k].index;
+			len += (size_t)snprintf(ids + len, sizeof(ids) - len, "%s%lld", k ? ", " : "",
+						(long long)rr.gpu[k].lease);
+		}
+		char gpus[64];
+		int pairs = dmn_place_nvlink_pairs(mask, s->dev->nvlink, s->dev->n);
+		int all = rr.ngpus * (rr.ngpus - 1) / 2;
+		snprintf(reason, sizeof(reason),
+			 "placed on a gang of %d %sGPUs, GPU %s (%s)%s: leases %s of %.1f MiB each", rr.ngpus,
+			 gpu->fake ? "simulated " : "", dmn_devices_mask_str(mask, gpus, sizeof(gpus)),
+			 device,
+			 pairs == all ? ", all joined by NVLink"
+			 : pairs	  ? ", partly joined by NVLink"
+				  : "",
+			 ids, (double)lease_bytes / (1 << 20));
+	} else if (real_gpu) {
 		snprintf(reason, sizeof(reason),
 			 "placed on %s (GPU %d, %s): lease %lld of %.1f MiB (plan %.1f MiB + CUDA "
 			 "backend %.1f MiB + context %ld MiB)",
-			 device, gpu->index, gpu->name, (long long)lease, (double)lease_bytes / (1 << 20),
+			 device, gpu->index, gpu->name, (long long)rr.gpu[0].lease,
+			 (double)lease_bytes / (1 << 20),
 			 (double)(lease_bytes - (uint64_t)GPU_CUDA_FIXED_BYTES -
 				  ((uint64_t)s->cfg->cuda_context_mib << 20)) / (1 << 20),
 			 (double)GPU_CUDA_FIXED_BYTES / (1 << 20), s->cfg->cuda_context_mib);
-	else
+	} else {
 		snprintf(reason, sizeof(reason), "placed on %s%s", device,
 			 gpu && gpu->fake ? " (simulated)" : "");
+	}
 	td_err e = st_job_transition(s->db, q->id, ST_QUEUED, ST_ADMITTED, reason, device, &eb);
 	if (e != TD_OK) {
 		/* Cancelled since the queue was read: nothing to do. */
-		if (lease)
-			st_ledger_release(s->db, lease, 0, true, NULL);
+		release_gpus(s, &rr);
 		rpc_jobspec_free(spec);
 		return PLACE_ENDED;
 	}
-	struct dmn_run_request rr = {
-		.job_id = q->id,
-		.uid = q->uid,
-		.gid = q->gid,
-		.attempts = q->attempts,
-		.spec = spec,
-		.device = device,
-		.on_gpu = gpu != NULL,
-		.backend = real_gpu ? "cuda" : "cpu",
-		.cuda_device = real_gpu ? gpu->ordinal : -1,
-		.cache_dir = s->cfg->cache_dir,
-	};
+	rr.job_id = q->id;
+	rr.uid = q->uid;
+	rr.gid = q->gid;
+	rr.attempts = q->attempts;
+	rr.spec = spec;
+	rr.device = device;
+	rr.on_gpu = gpu != NULL;
+	rr.backend = real_gpu ? "cuda" : "cpu";
+	rr.cuda_device = real_gpu ? gpu->ordinal : -1;
+	rr.cache_dir = s->cfg->cache_dir;
 	if ((e = dmn_runners_start(s->run, &rr, &eb)) != TD_OK) {
 		td_err_log("TD-SCHED-START", "job %lld: %s", (long long)q->id, eb.msg);
 		struct td_errbuf eb2 = {{0}};
 		st_job_transition(s->db, q->id, ST_ADMITTED, ST_QUEUED, "could not start a runner; queued again", NULL, &eb2);
-		if (lease)
-			st_ledger_release(s->db, lease, 0, true, NULL);
+		release_gpus(s, &rr);
 		rpc_jobspec_free(spec);
 		return PLACE_WAIT;
 	}
@@ -450,6 +665,14 @@ static void pass(struct dmn_sched *s, bool from_tick)
 		return;
 	}
 	s->queued = (uint32_t)n;
+	if (s->dev->n)
+		snapshot(s);
+	/* The held GPUs' job left the queue (placed, cancelled, failed). */
+	bool holder_queued = false;
+	for (size_t i = 0; i < n && s->hold_job; i++)
+		holder_queued = holder_queued || q[i].id == s->hold_job;
+	if (s->hold_job && !holder_queued)
+		hold_clear(s);
 	enum { MAXU = 256 };
 	struct user_count uc[MAXU];
 	size_t nuc = 0;
@@ -485,8 +708,12 @@ static void pass(struct dmn_sched *s, bool from_tick)
 		const struct st_queued *c = &q[best];
 		uint32_t *st = started_for(uc, &nuc, MAXU, c->uid);
 		if (s->cfg->max_running_per_user &&
-		    (long)(c->user_active + (st ? *st : 0)) >= s->cfg->max_running_per_user)
+		    (long)(c->user_active + (st ? *st : 0)) >= s->cfg->max_running_per_user) {
+			/* Waiting for its user's own jobs, not for GPUs: it holds none. */
+			if (s->hold_job == c->id)
+				hold_clear(s);
 			continue;
+		}
 		if (try_place(s, c) == PLACE_STARTED && st)
 			(*st)++;
 	}
@@ -650,6 +877,8 @@ struct dmn_runners *dmn_sched_runners(struct dmn_sched *s)
 
 void dmn_sched_job_ended(struct dmn_sched *s, int64_t job_id)
 {
+	if (s->hold_job == job_id)
+		hold_clear(s);
 	claim_remove(s, job_id);
 	plan_remove(s, job_id);
 	dmn_sched_kick(s);

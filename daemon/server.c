@@ -459,7 +459,8 @@ static td_err start(struct server *srv, struct td_errbuf *eb)
 	if ((e = st_jobs_recover(srv->db, NULL, eb)) != TD_OK)
 		return e;
 	st_ledger_reap(srv->db, NULL, NULL);
-	if ((e = dmn_devices_init(&srv->dev, cfg->fake_gpus, eb)) != TD_OK)
+	if ((e = dmn_devices_init(&srv->dev, cfg->fake_gpus, eb)) != TD_OK ||
+	    (e = dmn_devices_links(&srv->dev, cfg->fake_nvlink, eb)) != TD_OK)
 		return e;
 
 	int rv = uv_loop_init(&srv->loop);

@@ -57,6 +57,9 @@ static const struct setting settings[] = {
 	{"fake_gpus", T_STR, F(fake_gpus), "", 0, 0, NULL, false,
 	 "testing only: simulated GPUs 'uuid:bytes[,uuid:bytes...]' for the ledger and the "
 	 "scheduler; their jobs run on the CPU backend"},
+	{"fake_nvlink", T_STR, F(fake_nvlink), "", 0, 0, NULL, false,
+	 "testing only: which simulated GPUs are joined by NVLink, as groups of their indices "
+	 "'0+1,2+3' (a real GPU's links come from NVML)"},
 	{"admin_group", T_STR, F(admin_group), "traind-admin", 0, 0, NULL, true,
 	 "members see and cancel every job (root always does); empty: nobody but root"},
 	{"cpu_slots", T_INT, F(cpu_slots), "1", 0, 1024, NULL, true,

@@ -37,6 +37,7 @@ struct dmn_config {
 	long rpc_contexts;          /* requests in flight at once */
 	long max_request_bytes;
 	char fake_gpus[1024];       /* testing: "uuid:bytes[,uuid:bytes]" */
+	char fake_nvlink[256];      /* testing: "0+1,2+3": simulated GPUs joined by NVLink */
 	/* mutable: SIGHUP reloads them */
 	char admin_group[64];
 	long cpu_slots;             /* CPU jobs at once */

@@ -1089,6 +1089,11 @@ static td_err check_resources(const Traind__JobSpec *s, struct td_errbuf *eb)
 	const Traind__Resources *r = s->resources;
 	TRY(check_enum(eb, "resources.device", &traind__device__descriptor, r->device));
 	TRY(check_int(eb, "resources.priority", r->priority, -100, 100));
+	/* 16: the daemon's DMN_MAX_GPUS; the host's own count is checked at submit. */
+	TRY(check_int(eb, "resources.gpus", r->gpus, 1, 16));
+	if (r->device == TRAIND__DEVICE__DEVICE_CPU && r->gpus > 1)
+		return td_fail(eb, TD_EINVAL, "resources.gpus: %u GPUs, but resources.device is CPU",
+			       r->gpus);
 	if (r->device == TRAIND__DEVICE__DEVICE_CPU && !r->allow_cpu)
 		return td_fail(eb, TD_EINVAL, "resources.allow_cpu: false, but resources.device is CPU");
 	if (r->device == TRAIND__DEVICE__DEVICE_CPU && s->hyper->precision == TRAIND__PRECISION__PRECISION_BF16)
@@ -1301,5 +1306,6 @@ void rpc_jobspec_print(const Traind__JobSpec *s, FILE *f)
 	p_enum(f, "resources.device", &traind__device__descriptor, r->device);
 	p_bool(f, "resources.allow_cpu", r->allow_cpu);
 	fprintf(f, "resources.priority: %d\n", r->priority);
+	fprintf(f, "resources.gpus: %u\n", r->gpus);
 	rpc_jobspec_free(c);
 }

@@ -166,11 +166,62 @@ static void test_lease_bytes(void)
 	CHECK(dmn_sched_lease_bytes(&cfg, &real, UINT64_MAX - 5) == UINT64_MAX);
 }
 
+/* Links of the simulated GPUs (the fake_nvlink setting), and which jobs of
+ * several GPUs a host can take. */
+static void test_links(void)
+{
+	struct dmn_devices d;
+	struct td_errbuf eb = {{0}};
+	CHECK_EQ_INT(dmn_devices_init_fake(&d, "GPU-l0:1G,GPU-l1:1G,GPU-l2:1G,GPU-l3:1G", &eb), TD_OK);
+	CHECK_EQ_INT(dmn_devices_links(&d, "0+1,2+3", &eb), TD_OK);
+	CHECK_EQ_INT(d.nvlink[0], 0x2);
+	CHECK_EQ_INT(d.nvlink[1], 0x1);
+	CHECK_EQ_INT(d.nvlink[2], 0x8);
+	CHECK_EQ_INT(d.nvlink[3], 0x4);
+	CHECK_EQ_INT(dmn_devices_links(&d, "0+1+2,", &eb), TD_OK);
+	CHECK_EQ_INT(d.nvlink[0], 0x6);
+	CHECK_EQ_INT(d.nvlink[2], 0x3);
+	CHECK_EQ_INT(d.nvlink[3], 0);
+	CHECK_EQ_INT(dmn_devices_links(&d, "", &eb), TD_OK);
+	CHECK_EQ_INT(d.nvlink[0], 0);
+	static const char *const bad[] = {"0+4", "0", "1+1", "0+x", "-1+2", "0+1,3"};
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+		memset(&eb, 0, sizeof(eb));
+		CHECK_MSG(dmn_devices_links(&d, bad[i], &eb) == TD_EINVAL, "fake_nvlink '%s'", bad[i]);
+		CHECK_CONTAINS(eb.msg, "fake_nvlink: ");
+	}
+	char buf[64];
+	CHECK_STR_EQ(dmn_devices_mask_str(0x2d, buf, sizeof(buf)), "0+2+3+5");
+
+	CHECK_EQ_INT(dmn_devices_check_gpus(&d, 1, &eb), TD_OK);
+	CHECK_EQ_INT(dmn_devices_check_gpus(&d, 4, &eb), TD_OK);
+	memset(&eb, 0, sizeof(eb));
+	CHECK_EQ_INT(dmn_devices_check_gpus(&d, 5, &eb), TD_EINVAL);
+	CHECK_CONTAINS(eb.msg, "resources.gpus: 5 GPUs asked for; this host has 4");
+	/* Real GPUs take no gang: data parallel is not implemented. */
+	d.gpu[2].fake = d.gpu[3].fake = false;
+	CHECK_EQ_INT(dmn_devices_check_gpus(&d, 2, &eb), TD_OK);
+	memset(&eb, 0, sizeof(eb));
+	CHECK_EQ_INT(dmn_devices_check_gpus(&d, 3, &eb), TD_EINVAL);
+	CHECK_CONTAINS(eb.msg, "resources.gpus: 3: training on several CUDA GPUs (data parallel) is not "
+			       "implemented yet");
+	CHECK(dmn_gpu_gang_ok(&d.gpu[2], 1));
+	CHECK(!dmn_gpu_gang_ok(&d.gpu[2], 2));
+	CHECK(dmn_gpu_gang_ok(&d.gpu[0], 2));
+	struct dmn_devices none;
+	CHECK_EQ_INT(dmn_devices_init_fake(&none, "", &eb), TD_OK);
+	CHECK_EQ_INT(dmn_devices_check_gpus(&none, 1, &eb), TD_OK);
+	memset(&eb, 0, sizeof(eb));
+	CHECK_EQ_INT(dmn_devices_check_gpus(&none, 2, &eb), TD_EINVAL);
+	CHECK_CONTAINS(eb.msg, "this host has none");
+}
+
 int main(void)
 {
 	test_bad_args();
 	test_no_driver();
 	test_host();
 	test_lease_bytes();
+	test_links();
 	return check_status();
 }

@@ -272,6 +272,8 @@ static void test_defaults_minimal(void)
 	CHECK_EQ_INT(r->allow_cpu, 1);
 	CHECK(r->has_priority);
 	CHECK_EQ_INT(r->priority, 0);
+	CHECK(r->has_gpus);
+	CHECK_EQ_INT(r->gpus, 1);
 
 	CHECK_EQ_INT(rpc_jobspec_validate(s, &eb), TD_OK);
 
@@ -454,6 +456,9 @@ M(m_prio_hi, SET(re(s), priority, 101))
 M(m_prio_lo, SET(re(s), priority, -101))
 M(m_device, SET(re(s), device, (Traind__Device)9))
 M(m_cpu_noallow, SET(re(s), device, TRAIND__DEVICE__DEVICE_CPU); SET(re(s), allow_cpu, 0))
+M(m_gpus0, SET(re(s), gpus, 0))
+M(m_gpus17, SET(re(s), gpus, 17))
+M(m_gpus_cpu, SET(re(s), device, TRAIND__DEVICE__DEVICE_CPU); SET(re(s), gpus, 2))
 M(m_cpu_bf16, SET(re(s), device, TRAIND__DEVICE__DEVICE_CPU);
   SET(hy(s), precision, TRAIND__PRECISION__PRECISION_BF16))
 M(m_rank0, SET(s, method, TRAIND__METHOD__METHOD_LORA); SET(lo(s), rank, 0))
@@ -540,6 +545,9 @@ static const struct bad_case bad_cases[] = {
 	{ m_prio_lo, "resources.priority: must be in -100 .. 100 (got -101)" },
 	{ m_device, "resources.device: unknown value 9" },
 	{ m_cpu_noallow, "resources.allow_cpu:" },
+	{ m_gpus0, "resources.gpus: must be in 1 .. 16 (got 0)" },
+	{ m_gpus17, "resources.gpus: must be in 1 .. 16 (got 17)" },
+	{ m_gpus_cpu, "resources.gpus: 2 GPUs, but resources.device is CPU" },
 	{ m_cpu_bf16, "hyper.precision: BF16 needs a GPU" },
 	{ m_rank0, "lora.rank: must be >= 1 (got 0)" },
 	{ m_lora_alpha_nan, "lora.alpha:" },
@@ -707,6 +715,7 @@ static void test_roundtrip(void)
 	CHECK_CONTAINS(text, "classify.label_names[2]: \"c\"\n");
 	CHECK_CONTAINS(text, "data.format: jsonl\n");
 	CHECK_CONTAINS(text, "resources.priority: -7\n");
+	CHECK_CONTAINS(text, "resources.gpus: 1\n");
 	CHECK_CONTAINS(text, "output.shard_bytes: 5368709120\n");
 	CHECK(text && strstr(text, "lora.") == NULL);
 	free(text);
