@@ -142,8 +142,15 @@ static void *map_file(const char *path, size_t *len)
 	return m;
 }
 
-/* True when both files are there and agree with key and with each other. */
-static bool cache_map(struct tr__cache *c, const char *tok_path, const char *row_path, const uint64_t key[2])
+/* True when both files are there and agree with key, with each other and
+ * with the job: the rows tile the tokens, every id is below o->vocab, every
+ * class is in o's label set (classification, kind) or -1 (the other kinds).
+ * The files lie in the job's output dir, which its user can write: what
+ * fails any of this is rebuilt, never served (an id past the vocabulary
+ * would index past the embedding, a class past the label set past the
+ * classifier's logits). */
+static bool cache_map(struct tr__cache *c, const struct tr_data_opts *o, enum tr_rows kind, const char *tok_path,
+		      const char *row_path, const uint64_t key[2])
 {
 	memset(c, 0, sizeof(*c));
 	c->row_map = map_file(row_path, &c->row_map_len);
@@ -159,23 +166,29 @@ static bool cache_map(struct tr__cache *c, const char *tok_path, const char *row
 		return false;
 	}
 	bool ok = c->row_map_len >= sizeof(*h) && memcmp(h->magic, CACHE_MAGIC, 8) == 0 && h->key[0] == key[0] &&
-		  h->key[1] == key[1] && h->nrow > 0 &&
+		  h->key[1] == key[1] && h->kind == (uint32_t)kind && h->nrow > 0 &&
 		  (c->row_map_len - sizeof(*h)) / sizeof(struct tr__rowent) == h->nrow &&
 		  (c->row_map_len - sizeof(*h)) % sizeof(struct tr__rowent) == 0;
 	if (ok)
 		c->tok_map = map_file(tok_path, &c->tok_map_len);
-	ok = ok && c->tok_map && c->tok_map_len == h->ntok * 4;
+	/* ntok * 4 could wrap: compare in the other direction. */
+	ok = ok && c->tok_map && c->tok_map_len % 4 == 0 && c->tok_map_len / 4 == h->ntok;
 	if (ok) {
 		c->row = (const struct tr__rowent *)(h + 1);
 		c->nrow = h->nrow;
 		c->tok = c->tok_map;
 		c->ntok = h->ntok;
 		uint64_t at = 0;
+		bool classify = kind == TR_ROWS_CLASSIFY;
 		for (uint64_t i = 0; i < c->nrow && ok; i++) {
-			ok = c->row[i].off == at && c->row[i].len > 0;
+			int32_t cls = c->row[i].cls;
+			ok = c->row[i].off == at && c->row[i].len > 0 &&
+			     (classify ? cls >= 0 && cls < o->num_labels : cls == -1);
 			at += c->row[i].len;
 		}
 		ok = ok && at == c->ntok;
+		for (uint64_t i = 0; i < c->ntok && ok; i++)
+			ok = (c->tok[i] & ~TR__NOLOSS) < (uint32_t)o->vocab;
 	}
 	tr_map_guard_pop(&g);
 	if (!ok) {
@@ -595,7 +608,7 @@ static td_err build(struct tr__cache *c, const struct tr_data_opts *o, struct tr
 	free(w);
 	if (e)
 		return e;
-	if (!cache_map(c, tok_path, row_path, key))
+	if (!cache_map(c, o, fmt->kind, tok_path, row_path, key))
 		return td_fail(eb, TD_EIO, "%s: the token cache just written does not read back", row_path);
 	double mbs = (double)size / 1e6 / (secs > 0 ? secs : 1e-9);
 	if (o->log)
@@ -668,7 +681,7 @@ td_err tr__cache_open(struct tr__cache *c, const struct tr_data_opts *o, struct 
 			 (unsigned long long)key[1]);
 		snprintf(row_path, sizeof(row_path), "%s/%016llx%016llx.rows", o->cache_dir, (unsigned long long)key[0],
 			 (unsigned long long)key[1]);
-		if (cache_map(c, tok_path, row_path, key)) {
+		if (cache_map(c, o, fmt.kind, tok_path, row_path, key)) {
 			if (o->log)
 				fprintf(o->log, "data: %s: token cache %s (%llu rows, %llu tokens)\n", o->path, tok_path,
 					(unsigned long long)c->nrow, (unsigned long long)c->ntok);

@@ -643,6 +643,96 @@ static void test_cache(void)
 	free(logbuf);
 }
 
+/* The one file in dir ending in suffix, into path (512). */
+static bool find_file(const char *dir, const char *suffix, char *path)
+{
+	DIR *d = opendir(dir);
+	struct dirent *de;
+	bool found = false;
+	while (d && !found && (de = readdir(d))) {
+		size_t l = strlen(de->d_name), k = strlen(suffix);
+		if (l > k && strcmp(de->d_name + l - k, suffix) == 0) {
+			snprintf(path, 512, "%s/%s", dir, de->d_name);
+			found = true;
+		}
+	}
+	if (d)
+		closedir(d);
+	return found;
+}
+
+/* A cache whose key matches but whose contents do not fit the job: the user
+ * can write their output dir, so this is what a forged (or damaged) cache
+ * looks like. Each is rebuilt, never served: an id past the vocabulary would
+ * be read past the embedding, a class past the label set past the logits.
+ * The first case is fuzz_tokcache's crash, minimized: one byte of row 2's
+ * class changed, making it -3585. Offsets: the .rows header is 56 bytes
+ * (magic, key, nrow, ntok, source bytes, kind, reserved), then 16 a row
+ * (offset, length, class); .tokens is 4 bytes a token. */
+static const struct {
+	const char *what, *suffix;
+	long at;
+	uint32_t value;
+} forged[] = {
+	{ "row 2's class -3585 (fuzz_tokcache)", ".rows", 56 + 16 * 2 + 12, 0xfffff1ffu },
+	{ "row 0's class 3 of 3 labels", ".rows", 56 + 12, 3 },
+	{ "row 1's class -1 in a classification cache", ".rows", 56 + 16 + 12, 0xffffffffu },
+	{ "token 1 is 512, past the vocabulary", ".tokens", 4, 512 },
+	{ "token 0 is 600 with the no-loss bit", ".tokens", 0, 0x80000000u | 600 },
+	{ "the header's kind is text", ".rows", 48, TR_ROWS_TEXT },
+	{ "ntok * 4 wraps to the file's size", ".rows", 36, 0x40000000u },
+};
+
+static void test_cache_forged(void)
+{
+	char path[512], dir[512];
+	snprintf(path, sizeof(path), "%s", tmp_path("forged.jsonl"));
+	write_file(path, "{\"text\": \"Hello, world!\", \"label\": \"food\"}\n"
+			 "{\"text\": \"To teach is to learn.\", \"label\": 0}\n"
+			 "{\"label\": \"science\", \"text\": \"The cat sat.\"}\n");
+	char *names[] = { "computers", "science", "food" };
+	static const int classes[] = { 2, 0, 1 };
+	for (size_t i = 0; i < sizeof(forged) / sizeof(forged[0]); i++) {
+		snprintf(dir, sizeof(dir), "%s/cache-forged-%zu", tmp, i);
+		struct tr_data_opts o = jopts(path, 8);
+		o.rows = TR_ROWS_CLASSIFY;
+		o.label_names = names;
+		o.n_label_names = 3;
+		o.num_labels = 3;
+		o.truncate = true;
+		o.cache_dir = dir;
+		struct tr_data *d = open_ok(&o);
+		tr_data_close(d);
+		char file[512];
+		CHECK_MSG(find_file(o.cache_dir, forged[i].suffix, file), "%s: no %s file", forged[i].what,
+			  forged[i].suffix);
+		FILE *f = fopen(file, "r+b");
+		CHECK(f && fseek(f, forged[i].at, SEEK_SET) == 0 && fwrite(&forged[i].value, 4, 1, f) == 1);
+		if (f)
+			fclose(f);
+
+		char *logbuf = NULL;
+		size_t loglen = 0;
+		FILE *log = open_memstream(&logbuf, &loglen);
+		o.log = log;
+		d = open_ok(&o);
+		fclose(log);
+		CHECK_MSG(logbuf && strstr(logbuf, "tokenizing"), "%s: the cache was not rebuilt: %s", forged[i].what,
+			  logbuf ? logbuf : "");
+		for (uint64_t s = 0; d && s < tr_data_num_sequences(d); s++) {
+			int32_t ids[8], labels[8], cls = -7;
+			sequence(d, s, ids, labels, &cls);
+			CHECK_MSG(cls == classes[s], "%s: sequence %llu: class %d, want %d", forged[i].what,
+				  (unsigned long long)s, cls, classes[s]);
+			for (int t = 0; t < 8; t++)
+				CHECK_MSG(ids[t] >= 0 && ids[t] < 512, "%s: sequence %llu: id %d", forged[i].what,
+					  (unsigned long long)s, ids[t]);
+		}
+		tr_data_close(d);
+		free(logbuf);
+	}
+}
+
 /* ------------------------------------------------------------------------ */
 /* The trainer on JSONL */
 
@@ -957,6 +1047,7 @@ int main(void)
 	test_errors();
 	test_order();
 	test_cache();
+	test_cache_forged();
 	test_trainer();
 	test_spec();
 
