@@ -1002,6 +1002,10 @@ static td_err load_post_processor(struct load *L, struct json_object *p, const c
 		return load_cls_sep(L, p, path);
 	if (type && strcmp(type, "Sequence") == 0) {
 		struct json_object *list = jget(p, "processors");
+		/* json-c's array calls on another type read it as an array. */
+		if (list && !json_object_is_type(list, json_type_array))
+			return td_fail(L->eb, TD_EFORMAT, "%s: %s.processors: expected an array (got %s)", L->origin, path,
+				       jtype_name(list));
 		for (size_t i = 0; list && i < json_object_array_length(list); i++) {
 			char sub[96];
 			snprintf(sub, sizeof(sub), "%s.processors[%zu]", path, i);
@@ -1025,6 +1029,9 @@ static td_err load_decoder(struct load *L, struct json_object *d)
 		return TD_OK;
 	if (type && strcmp(type, "Sequence") == 0) {
 		struct json_object *list = jget(d, "decoders");
+		if (list && !json_object_is_type(list, json_type_array))
+			return td_fail(L->eb, TD_EFORMAT, "%s: decoder.decoders: expected an array (got %s)", L->origin,
+				       jtype_name(list));
 		for (size_t i = 0; list && i < json_object_array_length(list); i++) {
 			const char *st = jstr(json_object_array_get_idx(list, i), "type");
 			if (!st || strcmp(st, "ByteLevel") != 0)
@@ -1064,6 +1071,13 @@ static td_err build_id_tables(struct load *L)
 	for (size_t i = 0; i < t->nadded; i++) {
 		t->added_of[t->added[i].id] = (int32_t)i;
 		t->special[t->added[i].id] = t->added[i].special;
+	}
+	/* Below the vocabulary size is not enough: an id in a gap of the
+	 * vocabulary would be put in every sequence and decode to nothing. */
+	for (size_t i = 0; i < t->npre + t->npost; i++) {
+		int32_t id = i < t->npre ? t->pre[i] : t->post[i - t->npre];
+		if (t->added_of[id] < 0 && (id >= t->nmodel || t->len[id] == UINT32_MAX))
+			return td_fail(L->eb, TD_EFORMAT, "%s: post_processor: id %d has no token", L->origin, id);
 	}
 	uint32_t cp[256];
 	byte_level_table(cp);

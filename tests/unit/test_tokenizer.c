@@ -610,6 +610,20 @@ static void test_refused(void)
 		  "\"post_processor\":{\"type\":\"TemplateProcessing\",\"single\":[{\"SpecialToken\":{\"id\":\"<s>\"}}],"
 		  "\"special_tokens\":{}}}",
 		  TD_EFORMAT, "special token <s> is not in special_tokens" },
+		/* fuzz_tokenizer's crashes, minimized. A Sequence whose list is not
+		 * an array: json-c read the boolean as an array (type confusion). */
+		{ "{\"pre_tokenizer\":{\"type\":\"ByteLevel\"},\"post_processor\":{\"type\":\"Sequence\","
+		  "\"processors\":true},\"model\":{\"type\":\"BPE\",\"vocab\":{}}}",
+		  TD_EFORMAT, "post_processor.processors: expected an array (got boolean)" },
+		{ "{\"pre_tokenizer\":{\"type\":\"ByteLevel\"},\"decoder\":{\"type\":\"Sequence\",\"decoders\":{}},"
+		  "\"model\":{\"type\":\"BPE\",\"vocab\":{}}}",
+		  TD_EFORMAT, "decoder.decoders: expected an array (got object)" },
+		/* A post-processor id in a gap of the vocabulary (below its size):
+		 * encode put it in every sequence and decode refused it. */
+		{ "{\"pre_tokenizer\":{\"type\":\"Sequence\",\"pretokenizers\":[{\"type\":\"ByteLevel\"}]},"
+		  "\"post_processor\":{\"type\":\"Sequence\",\"processors\":[{\"type\":\"RobertaProcessing\","
+		  "\"cls\":[\"\",0],\"sep\":[\"\",1]}]},\"model\":{\"vocab\":{\"\":8},\"merges\":[]}}",
+		  TD_EFORMAT, "post_processor: id 0 has no token" },
 		{ "{\"model\": {", TD_EFORMAT, "not valid JSON" },
 		{ "[1, 2]", TD_EFORMAT, "expected a JSON object" },
 	};
