@@ -12,7 +12,7 @@ ASAN_BUILD ?= build-asan
 MESONFLAGS ?=
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: all deps build demo test test-blas sanitize bench clean
+.PHONY: all deps build demo test test-blas sanitize fuzz bench clean
 
 all: build
 
@@ -61,6 +61,30 @@ test-blas: build
 		"$$@" OPENBLAS_NUM_THREADS=$$t meson test -C $(BUILD) --no-suite gpu --num-processes 2 \
 			--print-errorlogs --logbase blas-$$t-$${ct:-none} || fail=1; \
 	done; done; exit $$fail
+
+# Each libFuzzer target (tests/fuzz/) under ASan and UBSan, one at a time,
+# from its seeds: FUZZ_RUNS executions each, or FUZZ_SECONDS if that comes
+# first; then the count and time of each. The slowest (jobspec, which runs
+# protoc for its text inputs, and jsonl) take about half an hour for 10^6 on
+# one core of a 2-core machine; the others a few minutes. A crash stops the
+# run with its report; its input is in $(FUZZ_BUILD)/fuzz-artifacts/.
+FUZZ_BUILD ?= build-fuzz
+FUZZ_TARGETS ?= request jobspec config safetensors tokenizer jsonl tokcache
+FUZZ_RUNS ?= 1000000
+FUZZ_SECONDS ?= 3600
+fuzz: deps
+	[ -f $(FUZZ_BUILD)/build.ninja ] || meson setup $(FUZZ_BUILD) $(MESONFLAGS) -Dcuda=disabled
+	ninja -C $(FUZZ_BUILD) $(addprefix tests/fuzz/fuzz_,$(FUZZ_TARGETS))
+	@mkdir -p $(FUZZ_BUILD)/fuzz-artifacts; : >$(FUZZ_BUILD)/fuzz-summary; fail=0; \
+	for t in $(FUZZ_TARGETS); do \
+		echo "== fuzz_$$t: $(FUZZ_RUNS) runs or $(FUZZ_SECONDS) s"; \
+		FUZZ_ARTIFACTS=$(CURDIR)/$(FUZZ_BUILD)/fuzz-artifacts/ tests/fuzz/run_fuzz.sh $$t \
+			$(FUZZ_BUILD)/tests/fuzz/fuzz_$$t $(FUZZ_SECONDS) -runs=$(FUZZ_RUNS) >$(FUZZ_BUILD)/fuzz-$$t.log 2>&1 \
+			|| fail=1; \
+		tail -n 1 $(FUZZ_BUILD)/fuzz-$$t.log | tee -a $(FUZZ_BUILD)/fuzz-summary; \
+		if [ $$fail -ne 0 ]; then tail -n 80 $(FUZZ_BUILD)/fuzz-$$t.log; break; fi; \
+	done; \
+	echo "== executions per target ($(FUZZ_BUILD)/fuzz-summary)"; cat $(FUZZ_BUILD)/fuzz-summary; exit $$fail
 
 bench: build
 	meson test -C $(BUILD) --benchmark --verbose
