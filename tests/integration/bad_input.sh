@@ -4,7 +4,10 @@
 # size limit, one without the protocol field, specs with invalid or missing
 # fields or relative paths, a model dir that does not exist, a job file that
 # does not parse. One far over the limit is dropped by nng without a reply.
-# A token file truncated under its running job fails that job alone.
+# A token file truncated under its running job fails that job alone. A model
+# whose safetensors header lies (a header length past the end of the file,
+# a tensor's offsets past the end, two tensors that overlap) fails its job
+# with an error naming the file (and the tensors) before the model is built.
 . "$(dirname "$0")/lib.sh"
 cd "$TD_SRC" || exit 1
 : "${RPC_RAW:?}"
@@ -66,5 +69,49 @@ if check "the job is training" wait_for 30 stepped; then
 	nid=$(ctl submit tests/integration/job.txtpb --output "$WORK/after")
 	check "the next job runs to the end" wait_for 60 job_is "$nid" SUCCEEDED
 fi
+
+# A corrupt model.safetensors in a copy of the fixture: the job fails, its
+# error names the file and what is wrong there (the tensors, where it names
+# any), and the daemon serves on. The weights are opened before the backend
+# and the model: nothing is allocated for a model whose header lies.
+# bad_model WHAT KIND NEEDLE...: KIND is hlen, truncate or overlap.
+bad_model() {
+	local what=$1 kind=$2 dir=$WORK/m-$2
+	shift 2
+	rm -rf "$dir" && cp -r tests/fixtures/qwen2 "$dir" && chmod -R u+w "$dir" || return 1
+	local st=$dir/model.safetensors hlen
+	hlen=$(od -An -t u8 -N 8 "$st" | tr -d ' ')
+	case $kind in
+	hlen) printf '\377\377\377\377\0\0\0\0' | dd of="$st" bs=1 count=8 conv=notrunc status=none ;;
+	truncate) truncate -s -100 "$st" ;;
+	overlap) # input_layernorm's offsets moved back into the embedding's, same length
+		{ head -c $((8 + hlen)) "$st" |
+			sed 's/"data_offsets":\[131072,131328\]/"data_offsets":[131000,131256]/'
+		  tail -c +$((9 + hlen)) "$st"; } >"$st.new" && mv "$st.new" "$st" ;;
+	esac
+	local id
+	id=$(ctl submit tests/integration/job.txtpb --model "$dir" --output "$WORK/out-$kind" --name "$kind")
+	check "$what: submitted" [ -n "$id" ] || return 1
+	check "$what: the job fails" wait_for 60 job_is "$id" FAILED
+	local shown
+	shown=$(ctl show "$id")
+	expect_contains "$what: the error names the file" "$shown" "$st"
+	for needle in "$@"; do
+		expect_contains "$what: and says" "$shown" "$needle"
+	done
+	check "$what: the daemon serves on" ctl info >/dev/null
+}
+bad_model "a header length past the end of the file" hlen \
+	"header length 4294967295 exceeds the file size (504680 bytes)"
+bad_model "offsets past the end of the file" truncate \
+	"tensor 'model.norm.weight': data_offsets [501760, 502016] exceed the data section (501916 bytes)"
+bad_model "overlapping tensors" overlap \
+	"tensors 'model.embed_tokens.weight' [0, 131072] and 'model.layers.0.input_layernorm.weight' [131000, 131256] overlap"
+for c in hlen truncate overlap; do
+	check "no model was written for the $c job" [ ! -e "$WORK/out-$c/model.safetensors" ]
+done
+nid=$(ctl submit tests/integration/job.txtpb --output "$WORK/after-models")
+check "and a good job after them runs to the end" wait_for 60 job_is "$nid" SUCCEEDED
+
 stop_daemon
 finish
