@@ -62,6 +62,7 @@ struct dmn_sched {
 	/* This pass's view of the ledger: each GPU's reserved bytes (UINT64_MAX:
 	 * unknown, the GPU is skipped) and free memory (dmn_gpu_free_bytes). */
 	uint64_t reserved[DMN_MAX_GPUS], free_now[DMN_MAX_GPUS];
+	bool pass_blocked; /* a job of this pass waits for GPUs (wait_for_gpus) */
 };
 
 /* ------------------------------------------------------------------------ */
@@ -343,7 +344,10 @@ static void hold_clear(struct dmn_sched *s)
  * fitting next), closed to every other job of its priority or lower. Held
  * GPUs only lose leases (their jobs end; none of those jobs is placed there),
  * so the holder starts in finite time, however many small jobs queue behind
- * it: no starvation of a gang by a stream of single-GPU jobs. */
+ * it: no starvation of a gang by a stream of single-GPU jobs. Only the
+ * first job of a pass's order that waits for GPUs may take a free hold, so
+ * that the hold follows the order (priority, fair share, age) and a job that
+ * waited on another's hold is next. */
 static enum place wait_for_gpus(struct dmn_sched *s, const struct st_queued *q, uint64_t plan_bytes,
 				unsigned want, bool allow_cpu)
 {
@@ -371,6 +375,8 @@ static enum place wait_for_gpus(struct dmn_sched *s, const struct st_queued *q, 
 		fail_job(s, q->id, reason);
 		return PLACE_ENDED;
 	}
+	bool first = !s->pass_blocked;
+	s->pass_blocked = true;
 	if (s->hold_job && s->hold_job != q->id && q->priority <= s->hold_prio)
 		return PLACE_WAIT;
 	offer(s, q, plan_bytes, want, false, true, pg);
@@ -383,6 +389,11 @@ static enum place wait_for_gpus(struct dmn_sched *s, const struct st_queued *q, 
 				still = still && pg[i].usable && pg[i].need <= pg[i].share;
 		if (still)
 			return PLACE_WAIT;
+	} else if (!first) {
+		/* A job before it in this pass's order waits for GPUs too (the
+		 * hold it waited on went to a job placed since): the hold is that
+		 * job's, at the next pass, which comes before any other placement. */
+		return PLACE_WAIT;
 	}
 	uint32_t mask = dmn_place_pick(pg, s->dev->n, s->dev->nvlink, (int)want, DMN_PLACE_EMPTY);
 	if (!mask)
@@ -667,6 +678,7 @@ static void pass(struct dmn_sched *s, bool from_tick)
 	s->queued = (uint32_t)n;
 	if (s->dev->n)
 		snapshot(s);
+	s->pass_blocked = false;
 	/* The held GPUs' job left the queue (placed, cancelled, failed). */
 	bool holder_queued = false;
 	for (size_t i = 0; i < n && s->hold_job; i++)
