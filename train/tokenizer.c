@@ -264,6 +264,17 @@ static bool grow(void **p, size_t *cap, size_t need, size_t elem)
 	return true;
 }
 
+/* n bytes and a NUL: a JSON string may hold U+0000, where strndup would stop. */
+static char *memdup_z(const void *p, size_t n)
+{
+	char *s = malloc(n + 1);
+	if (s) {
+		memcpy(s, p, n);
+		s[n] = '\0';
+	}
+	return s;
+}
+
 /* GPT-2's bytes_to_unicode: printable Latin-1 bytes map to themselves, the
  * others to 256, 257, ... in byte order. */
 static void byte_level_table(uint32_t cp[256])
@@ -906,7 +917,7 @@ static td_err load_added(struct load *L, struct json_object *list)
 		ad->rstrip = jbool(a, "rstrip", false);
 		const uint8_t *c = (const uint8_t *)json_object_get_string(cv);
 		size_t cl = (size_t)json_object_get_string_len(cv);
-		if (!(ad->orig = strndup((const char *)c, cl)))
+		if (!(ad->orig = memdup_z(c, cl)))
 			return td_fail(L->eb, TD_ENOMEM, "%s: out of memory", L->origin);
 		ad->orig_len = cl;
 		if (ad->normalized && t->nnorms) {
@@ -918,7 +929,7 @@ static td_err load_added(struct load *L, struct json_object *list)
 			ad->content = (char *)nc;
 			ad->len = nl;
 		} else {
-			ad->content = strndup((const char *)c, cl);
+			ad->content = memdup_z(c, cl);
 			ad->len = cl;
 		}
 		if (!ad->content)

@@ -414,6 +414,37 @@ static void test_added_tokens(void)
 	tr_tokenizer_free(t);
 }
 
+/* fuzz_tokenizer's crash, minimized: an added token whose content holds
+ * U+0000 was copied with strndup, which stops there, and then read to its
+ * JSON length (a heap overflow in the trie, and in decode). It is matched
+ * and decoded whole. */
+static void test_added_nul(void)
+{
+	static const char json[] = "{\"added_tokens\":[{\"id\":1,\"content\":\"\\u0000>\"}],"
+				   "\"pre_tokenizer\":{\"type\":\"ByteLevel\"},\"model\":{\"type\":\"BPE\",\"vocab\":{}}}";
+	struct tr_tokenizer *t = NULL;
+	struct td_errbuf eb = { { 0 } };
+	CHECK_MSG(tr_tokenizer_parse(&t, json, sizeof(json) - 1, "nul.json", &eb) == TD_OK, "%s", eb.msg);
+	if (!t)
+		return;
+	size_t len = 0;
+	const char *spell = tr_tokenizer_token(t, 1, &len);
+	CHECK(spell && len == 2 && memcmp(spell, "\0>", 2) == 0);
+	struct tr_encoder *e = NULL;
+	CHECK(tr_encoder_new(&e, t, &eb) == TD_OK);
+	struct tr_ids ids = { 0 };
+	CHECK_MSG(tr_encode(e, "\0>", 2, TR_ENC_SPECIALS, &ids, &eb) == TD_OK, "%s", eb.msg);
+	CHECK(ids.n == 1 && ids.v[0] == 1);
+	char *text = NULL;
+	size_t n = 0;
+	CHECK_MSG(tr_decode(t, (const int32_t[]){ 1 }, 1, false, &text, &n, &eb) == TD_OK, "%s", eb.msg);
+	CHECK(text && n == 2 && memcmp(text, "\0>", 2) == 0);
+	free(text);
+	tr_ids_fini(&ids);
+	tr_encoder_free(e);
+	tr_tokenizer_free(t);
+}
+
 /* ------------------------------------------------------------------------ */
 /* The fixture tokenizer: NFC, specials, decode, the cache */
 
@@ -652,6 +683,7 @@ int main(void)
 	test_split_behaviors();
 	test_bpe();
 	test_added_tokens();
+	test_added_nul();
 	test_fixture();
 	test_refused();
 	return check_status();
