@@ -34,10 +34,12 @@ struct gpu_backend;
 /* A bf16 value as the bf16 mode's GEMMs read it: the upper half of the fp32,
  * rounded to nearest even. A "twin" argument (x16 beside x) is the same
  * tensor in bf16: ops that produce a GEMM operand can write it, and the
- * matmuls read it instead of rounding x again. Twins are for a backend whose
- * gpu_gemm_bf16 is true (the CUDA backend in bf16 mode); elsewhere they are
- * NULL. Where an op says so, the fp32 tensor may then be NULL too (stored
- * only as bf16). */
+ * matmuls read it instead of rounding x again. A weight's twin is its bf16
+ * copy (a trainable weight's, rounded at each update) or the weight itself
+ * where it is stored in bf16 only (a frozen one: train/plan.h frozen_bf16).
+ * Twins are for a backend whose gpu_gemm_bf16 is true (the CUDA backend in
+ * bf16 mode); elsewhere they are NULL. Where an op says so, the fp32 tensor
+ * may then be NULL too (stored only as bf16). */
 typedef uint16_t gpu_bf16;
 
 struct gpu_backend_ops {
@@ -60,8 +62,10 @@ struct gpu_backend_ops {
 	td_err (*set_bf16)(struct gpu_backend *be, bool bf16, struct td_errbuf *eb);
 
 	/* Math: see kernels/cpu/ops.h for each op's contract. */
+	/* wte16: the table's twin, or NULL; wte may be NULL when it is not
+	 * (the rows are widened exactly). */
 	void (*embedding_forward)(struct gpu_backend *be, float *out, const int32_t *ids,
-				  const float *wte, int N, int C);
+				  const float *wte, const gpu_bf16 *wte16, int N, int C);
 	void (*embedding_backward)(struct gpu_backend *be, float *dwte, const float *dout,
 				   const int32_t *ids, int N, int C);
 	/* out16: twin of out, or NULL; out may be NULL when out16 is not. */
@@ -70,19 +74,20 @@ struct gpu_backend_ops {
 	void (*rmsnorm_backward)(struct gpu_backend *be, float *dinp, float *dweight,
 				 const float *dout, const float *inp, const float *weight,
 				 const float *rstd, int N, int C);
-	/* inp16, dout16: twins of inp, dout, or NULL; inp (dout) may be NULL
-	 * when its twin is not (dout only without dbias). out16: NULL, or the
-	 * product written in bf16 instead of fp32 (out NULL, no bias).
-	 * dinp_set: matmul_backward overwrites dinp instead of adding to it (no
-	 * zeroing pass, no read of the old values); dweight and dbias always
-	 * accumulate. */
+	/* inp16, dout16, weight16: twins of inp, dout, weight, or NULL; each
+	 * fp32 tensor may be NULL when its twin is not (dout only without
+	 * dbias). out16: NULL, or the product written in bf16 instead of fp32
+	 * (out NULL, no bias). Operands without a twin are rounded into
+	 * gemm_scratch (gpu_matmul_scratch_elems). dinp_set: matmul_backward
+	 * overwrites dinp instead of adding to it (no zeroing pass, no read of
+	 * the old values); dweight and dbias always accumulate. */
 	void (*matmul_forward)(struct gpu_backend *be, float *out, gpu_bf16 *out16,
 			       const float *inp, const gpu_bf16 *inp16, const float *weight,
-			       const float *bias, int N, int C, int OC);
+			       const gpu_bf16 *weight16, const float *bias, int N, int C, int OC);
 	void (*matmul_backward)(struct gpu_backend *be, float *dinp, float *dweight, float *dbias,
 				const float *dout, const gpu_bf16 *dout16, const float *inp,
-				const gpu_bf16 *inp16, const float *weight, int N, int C, int OC,
-				bool dinp_set);
+				const gpu_bf16 *inp16, const float *weight,
+				const gpu_bf16 *weight16, int N, int C, int OC, bool dinp_set);
 	void (*rope_forward)(struct gpu_backend *be, float *out, const float *inp, const float *cos,
 			     const float *sin, int B, int T, int NH, int HS);
 	void (*rope_backward)(struct gpu_backend *be, float *dinp, const float *dout,
@@ -128,17 +133,27 @@ struct gpu_backend_ops {
 	void (*crossentropy_backward)(struct gpu_backend *be, float *losses, float *dlogits,
 				      gpu_bf16 *dlogits16, const float *logits,
 				      const int32_t *targets, float dloss, int N, int V);
-	void (*adamw_update)(struct gpu_backend *be, float *param, const float *grad, float *m,
-			     float *v, size_t n, float lr, float beta1, float beta2, float eps,
-			     float weight_decay, int t);
+	/* param16: param's twin (its bf16 copy), or NULL: written with the
+	 * new values as param is. */
+	void (*adamw_update)(struct gpu_backend *be, float *param, gpu_bf16 *param16,
+			     const float *grad, float *m, float *v, size_t n, float lr, float beta1,
+			     float beta2, float eps, float weight_decay, int t);
 	/* Blocking: sum of squares of x (n values), accumulated in double. */
 	double (*sumsq)(struct gpu_backend *be, const float *x, size_t n);
 	void (*scale)(struct gpu_backend *be, float *x, float s, size_t n);
 
+	/* bf16 conversions (kernels/cpu/ops.h: bf16_round, bf16_widen): a
+	 * trainable weight's copy rounded after an upload; a weight stored in
+	 * bf16 widened for a backend whose GEMMs read fp32. Any backend. */
+	void (*bf16_round)(struct gpu_backend *be, gpu_bf16 *out, const float *in, size_t n);
+	void (*bf16_widen)(struct gpu_backend *be, float *out, const gpu_bf16 *in, size_t n);
+
 	/* Methods (LoRA, QLoRA, distillation, classification): kernels/cpu/ops.h.
-	 * codes, absmax, q, scale: device buffers the engine uploaded at load. */
-	void (*nf4_dequantize)(struct gpu_backend *be, float *out, const uint8_t *codes,
-			       const float *absmax, size_t n);
+	 * codes, absmax, q, scale: device buffers the engine uploaded at load.
+	 * nf4_dequantize's out16: the values rounded to bf16 instead of out (a
+	 * twin; out NULL). */
+	void (*nf4_dequantize)(struct gpu_backend *be, float *out, gpu_bf16 *out16,
+			       const uint8_t *codes, const float *absmax, size_t n);
 	void (*absmax_dequantize)(struct gpu_backend *be, float *absmax, const int8_t *q,
 				  const float *scale, size_t nblocks);
 	void (*distill_forward)(struct gpu_backend *be, float *kl, float *ce, const float *logits,
@@ -183,47 +198,42 @@ struct gpu_backend {
 	/* Op tracing (a profiler's hook): called before (end false) and after
 	 * (end true) every math op with the op's name; NULL when off. */
 	void (*trace)(struct gpu_backend *be, const char *op, bool end);
-	/* Device scratch for the bf16 GEMM operands (gemm_bf16) and the fused
-	 * attention's bf16 copies (gpu_flash_scratch_bytes), set by the model
-	 * that planned it (train/plan.c: scratch.gemm_bf16); NULL: none.
-	 * Fused attention without room for its copies fails the stream
-	 * (TD_EDEVICE at the next sync, naming it).
-	 * A GEMM whose operands do not fit takes the slower path that reads the
-	 * fp32 operands directly: never a fault, never an allocation. */
+	/* Device scratch for the bf16 GEMM operands that come without a twin
+	 * (gpu_matmul_scratch_elems) and the fused attention's bf16 copies
+	 * (gpu_flash_scratch_bytes), set by the model that planned it
+	 * (train/plan.c: scratch.gemm_bf16); NULL: none. Fused attention
+	 * without room for its copies fails the stream (TD_EDEVICE at the next
+	 * sync, naming it). A GEMM whose operands do not fit takes the slower
+	 * path that reads the fp32 operands directly where they all exist, and
+	 * fails the stream where one is bf16 only: never a fault, never an
+	 * allocation. */
 	void *gemm_scratch;
 	size_t gemm_scratch_bytes;
-	/* A bf16 copy of the model's fp32 parameters (train/plan.c:
-	 * scratch.params_bf16), set with gemm_scratch: a GEMM operand that lies
-	 * in [params, params + params_count) is read from the copy at the same
-	 * index instead of being rounded again for every product. The backend
-	 * owns params_bf16_stale: set here when the copy is attached and by
-	 * every write into the range through upload or zero (adamw_update, the
-	 * only op that writes parameters, writes the copy too); the next GEMM
-	 * that reads a stale copy re-rounds it whole first. params_bf16 NULL:
-	 * none. */
-	const float *params;
-	size_t params_count;
-	void *params_bf16;
-	bool params_bf16_stale;
 };
 
-/* Whether [p, p + bytes) overlaps be's parameters (params above). */
-static inline bool gpu_touches_params(const struct gpu_backend *be, const void *p, size_t bytes)
+/* The bf16 mode's GEMM operand scratch, as the CUDA backend lays it out
+ * (gpu/cuda/cuda_ops.c) and the memory plan sizes it (train/plan.c): only
+ * the operands without a twin are rounded into it, the first at element 0
+ * and the second after the first's slot (rounded up to 128 elements). */
+static inline size_t gpu_gemm_slot(size_t n)
 {
-	if (!be->params_bf16 || !bytes)
-		return false;
-	const char *a = (const char *)p, *b = (const char *)be->params;
-	return a < b + be->params_count * sizeof(float) && b < a + bytes;
+	return (n + 127) / 128 * 128;
 }
 
-/* Where the n floats at x sit in the parameters' bf16 copy: NULL unless they
- * lie wholly inside the parameters. */
-static inline uint16_t *gpu_params_bf16_at(const struct gpu_backend *be, const float *x, size_t n)
+/* bf16 elements of gemm_scratch a matmul of N rows, C -> OC needs in the bf16
+ * mode. Forward (backward false): the weight (OC*C) unless w16, then the
+ * input (N*C) unless x16. Backward: one slot for the weight (when dinp is
+ * wanted, unless w16) and then the input (when dweight is, unless x16),
+ * one after the other, and the output gradient (N*OC) after it unless d16. */
+static inline size_t gpu_matmul_scratch_elems(size_t N, size_t C, size_t OC, bool backward,
+					      bool dinp, bool dweight, bool w16, bool x16,
+					      bool d16)
 {
-	if (!gpu_touches_params(be, x, n * sizeof(float)) || x < be->params ||
-	    x + n > be->params + be->params_count)
-		return NULL;
-	return (uint16_t *)be->params_bf16 + (x - be->params);
+	size_t w = (backward ? dinp : true) && !w16 ? OC * C : 0;
+	size_t x = (backward ? dweight : true) && !x16 ? N * C : 0;
+	if (!backward)
+		return gpu_gemm_slot(w) + x;
+	return gpu_gemm_slot(w > x ? w : x) + (d16 ? 0 : N * OC);
 }
 
 /* Asserts that every op of the table is set; called by each backend's
@@ -285,9 +295,9 @@ static inline td_err gpu_mem_info(struct gpu_backend *be, size_t *free_bytes, si
 	} while (0)
 
 static inline void gpu_embedding_forward(struct gpu_backend *be, float *out, const int32_t *ids,
-					 const float *wte, int N, int C)
+					 const float *wte, const gpu_bf16 *wte16, int N, int C)
 {
-	GPU_OP_(embedding_forward, out, ids, wte, N, C);
+	GPU_OP_(embedding_forward, out, ids, wte, wte16, N, C);
 }
 static inline void gpu_embedding_backward(struct gpu_backend *be, float *dwte, const float *dout,
 					  const int32_t *ids, int N, int C)
@@ -308,17 +318,19 @@ static inline void gpu_rmsnorm_backward(struct gpu_backend *be, float *dinp, flo
 }
 static inline void gpu_matmul_forward(struct gpu_backend *be, float *out, gpu_bf16 *out16,
 				      const float *inp, const gpu_bf16 *inp16, const float *weight,
-				      const float *bias, int N, int C, int OC)
+				      const gpu_bf16 *weight16, const float *bias, int N, int C,
+				      int OC)
 {
-	GPU_OP_(matmul_forward, out, out16, inp, inp16, weight, bias, N, C, OC);
+	GPU_OP_(matmul_forward, out, out16, inp, inp16, weight, weight16, bias, N, C, OC);
 }
 static inline void gpu_matmul_backward(struct gpu_backend *be, float *dinp, float *dweight,
 				       float *dbias, const float *dout, const gpu_bf16 *dout16,
 				       const float *inp, const gpu_bf16 *inp16, const float *weight,
-				       int N, int C, int OC, bool dinp_set)
+				       const gpu_bf16 *weight16, int N, int C, int OC,
+				       bool dinp_set)
 {
-	GPU_OP_(matmul_backward, dinp, dweight, dbias, dout, dout16, inp, inp16, weight, N, C, OC,
-		dinp_set);
+	GPU_OP_(matmul_backward, dinp, dweight, dbias, dout, dout16, inp, inp16, weight, weight16,
+		N, C, OC, dinp_set);
 }
 static inline void gpu_rope_forward(struct gpu_backend *be, float *out, const float *inp,
 				    const float *cos, const float *sin, int B, int T, int NH, int HS)
@@ -420,11 +432,11 @@ static inline void gpu_crossentropy_backward(struct gpu_backend *be, float *loss
 {
 	GPU_OP_(crossentropy_backward, losses, dlogits, dlogits16, logits, targets, dloss, N, V);
 }
-static inline void gpu_adamw_update(struct gpu_backend *be, float *param, const float *grad,
-				    float *m, float *v, size_t n, float lr, float beta1, float beta2,
-				    float eps, float weight_decay, int t)
+static inline void gpu_adamw_update(struct gpu_backend *be, float *param, gpu_bf16 *param16,
+				    const float *grad, float *m, float *v, size_t n, float lr,
+				    float beta1, float beta2, float eps, float weight_decay, int t)
 {
-	GPU_OP_(adamw_update, param, grad, m, v, n, lr, beta1, beta2, eps, weight_decay, t);
+	GPU_OP_(adamw_update, param, param16, grad, m, v, n, lr, beta1, beta2, eps, weight_decay, t);
 }
 static inline double gpu_sumsq(struct gpu_backend *be, const float *x, size_t n)
 {
@@ -441,10 +453,20 @@ static inline void gpu_scale(struct gpu_backend *be, float *x, float s, size_t n
 	GPU_OP_(scale, x, s, n);
 }
 
-static inline void gpu_nf4_dequantize(struct gpu_backend *be, float *out, const uint8_t *codes,
-				      const float *absmax, size_t n)
+static inline void gpu_bf16_round(struct gpu_backend *be, gpu_bf16 *out, const float *in,
+				  size_t n)
 {
-	GPU_OP_(nf4_dequantize, out, codes, absmax, n);
+	GPU_OP_(bf16_round, out, in, n);
+}
+static inline void gpu_bf16_widen(struct gpu_backend *be, float *out, const gpu_bf16 *in,
+				  size_t n)
+{
+	GPU_OP_(bf16_widen, out, in, n);
+}
+static inline void gpu_nf4_dequantize(struct gpu_backend *be, float *out, gpu_bf16 *out16,
+				      const uint8_t *codes, const float *absmax, size_t n)
+{
+	GPU_OP_(nf4_dequantize, out, out16, codes, absmax, n);
 }
 static inline void gpu_absmax_dequantize(struct gpu_backend *be, float *absmax, const int8_t *q,
 					 const float *scale, size_t nblocks)

@@ -84,9 +84,12 @@ static void cpu_destroy(struct gpu_backend *be)
 }
 
 /* Adapters: drop the backend argument. */
+/* fp32 only: gpu_gemm_bf16 is false here, so every twin is NULL (a weight
+ * stored in bf16 is widened by the engine, bf16_widen, before its use). */
 static void cpu_embedding_forward(struct gpu_backend *be, float *out, const int32_t *ids,
-				  const float *wte, int N, int C)
+				  const float *wte, const gpu_bf16 *wte16, int N, int C)
 {
+	assert(wte && !wte16);
 	embedding_forward(out, ids, wte, N, C);
 }
 static void cpu_embedding_backward(struct gpu_backend *be, float *dwte, const float *dout,
@@ -94,7 +97,6 @@ static void cpu_embedding_backward(struct gpu_backend *be, float *dwte, const fl
 {
 	embedding_backward(dwte, dout, ids, N, C);
 }
-/* fp32 only: gpu_gemm_bf16 is false here, so every twin is NULL. */
 static void cpu_rmsnorm_forward(struct gpu_backend *be, float *out, gpu_bf16 *out16, float *rstd,
 				const float *inp, const float *weight, int N, int C, float eps)
 {
@@ -109,17 +111,17 @@ static void cpu_rmsnorm_backward(struct gpu_backend *be, float *dinp, float *dwe
 }
 static void cpu_matmul_forward(struct gpu_backend *be, float *out, gpu_bf16 *out16,
 			       const float *inp, const gpu_bf16 *inp16, const float *weight,
-			       const float *bias, int N, int C, int OC)
+			       const gpu_bf16 *weight16, const float *bias, int N, int C, int OC)
 {
-	assert(out && inp && !out16 && !inp16);
+	assert(out && inp && weight && !out16 && !inp16 && !weight16);
 	matmul_forward(out, inp, weight, bias, N, C, OC);
 }
 static void cpu_matmul_backward(struct gpu_backend *be, float *dinp, float *dweight, float *dbias,
 				const float *dout, const gpu_bf16 *dout16, const float *inp,
-				const gpu_bf16 *inp16, const float *weight, int N, int C, int OC,
-				bool dinp_set)
+				const gpu_bf16 *inp16, const float *weight, const gpu_bf16 *weight16,
+				int N, int C, int OC, bool dinp_set)
 {
-	assert(dout && inp && !dout16 && !inp16);
+	assert(dout && inp && !dout16 && !inp16 && !weight16 && (weight || !dinp));
 	if (dinp && dinp_set && N > 0 && C > 0)
 		memset(dinp, 0, sizeof(float) * (size_t)N * (size_t)C);
 	matmul_backward(dinp, dweight, dbias, dout, inp, weight, N, C, OC);
@@ -192,10 +194,11 @@ static void cpu_crossentropy_backward(struct gpu_backend *be, float *losses, flo
 		crossentropy_forward(losses, logits, targets, N, V);
 	crossentropy_backward(dlogits, logits, targets, dloss, N, V);
 }
-static void cpu_adamw_update(struct gpu_backend *be, float *param, const float *grad, float *m,
-			     float *v, size_t n, float lr, float beta1, float beta2, float eps,
-			     float weight_decay, int t)
+static void cpu_adamw_update(struct gpu_backend *be, float *param, gpu_bf16 *param16,
+			     const float *grad, float *m, float *v, size_t n, float lr, float beta1,
+			     float beta2, float eps, float weight_decay, int t)
 {
+	assert(!param16);
 	adamw_update(param, grad, m, v, n, lr, beta1, beta2, eps, weight_decay, t);
 }
 static double cpu_sumsq(struct gpu_backend *be, const float *x, size_t n)
@@ -207,9 +210,19 @@ static void cpu_scale(struct gpu_backend *be, float *x, float s, size_t n)
 	scale_inplace(x, s, n);
 }
 
-static void cpu_nf4_dequantize(struct gpu_backend *be, float *out, const uint8_t *codes,
-			       const float *absmax, size_t n)
+static void cpu_bf16_round(struct gpu_backend *be, gpu_bf16 *out, const float *in, size_t n)
 {
+	bf16_round(out, in, n);
+}
+static void cpu_bf16_widen(struct gpu_backend *be, float *out, const gpu_bf16 *in, size_t n)
+{
+	bf16_widen(out, in, n);
+}
+
+static void cpu_nf4_dequantize(struct gpu_backend *be, float *out, gpu_bf16 *out16,
+			       const uint8_t *codes, const float *absmax, size_t n)
+{
+	assert(out && !out16);
 	nf4_dequantize(out, codes, absmax, n);
 }
 static void cpu_absmax_dequantize(struct gpu_backend *be, float *absmax, const int8_t *q,
@@ -266,6 +279,8 @@ static const struct gpu_backend_ops cpu_ops = {
 	.adamw_update = cpu_adamw_update,
 	.sumsq = cpu_sumsq,
 	.scale = cpu_scale,
+	.bf16_round = cpu_bf16_round,
+	.bf16_widen = cpu_bf16_widen,
 	.nf4_dequantize = cpu_nf4_dequantize,
 	.absmax_dequantize = cpu_absmax_dequantize,
 	.distill_forward = cpu_distill_forward,

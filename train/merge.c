@@ -62,7 +62,7 @@ static td_err merge_one(struct merge *g, float *w, const float *A, const float *
 	gpu_upload(be, g->w, w, wb);
 	gpu_upload(be, g->b, Bm, (size_t)out * r * sizeof(float));
 	gpu_upload(be, g->at, at, (size_t)in * r * sizeof(float));
-	gpu_matmul_forward(be, g->delta, NULL, g->b, NULL, g->at, NULL, out, r, in);
+	gpu_matmul_forward(be, g->delta, NULL, g->b, NULL, g->at, NULL, NULL, out, r, in);
 	gpu_scale(be, g->delta, scale, (size_t)out * in);
 	gpu_residual_forward(be, g->w, g->w, g->delta, (size_t)out * in);
 	gpu_download(be, w, g->w, wb);

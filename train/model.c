@@ -15,6 +15,11 @@
  * Every projection goes through linear_forward/linear_backward, where the
  * methods live: an NF4 weight is dequantized into scratch for each use, and a
  * LoRA adapter adds scale * (dropout(x) A^T) B^T (PEFT's order of operations).
+ * Every weight reaches an op through weight_of, as the backend's GEMMs read
+ * it: in the bf16 mode its bf16 twin (a trainable weight's copy, rounded at
+ * each update; a frozen weight's own bf16 storage; an NF4 weight dequantized
+ * to bf16), elsewhere fp32 (a bf16-stored frozen weight widened into
+ * scratch, exactly).
  * The step is the plan's list of stages (train/plan.h: struct tr_stage):
  * embedding, layer l, final norm, head chunks, then the head's backward
  * chunks, final norm, layer l's backward from the last, embedding, and the
@@ -40,12 +45,13 @@
 _Static_assert(TR_NF4_BLOCK == NF4_BLOCK && TR_NF4_DQ_BLOCK == NF4_DQ_BLOCK,
 	       "train/plan.h and kernels/cpu/ops.h disagree on the NF4 geometry");
 
-/* One projection of one layer: weight (fp32 or NF4), bias, adapter. */
+/* One projection of one layer: weight (fp32, bf16 or NF4), bias, adapter. */
 struct lin {
-	const struct tr_param *wp;  /* the weight's entry in the plan */
-	float *w, *b;               /* w NULL when NF4; b NULL without bias */
+	const struct tr_param *wp;  /* the weight's entry in the plan (weight_of) */
+	float *b;                   /* NULL without bias */
 	float *dw, *db;             /* NULL where frozen */
 	float *A, *B, *dA, *dB;     /* LoRA (A NULL: no adapter); d* NULL in a forward-only plan */
+	gpu_bf16 *A16, *B16;        /* the adapter's bf16 copies (bf16 mode), else NULL */
 	float *u;                   /* acts: scale * (x A^T), (N, R) */
 	float *xd;                  /* acts: dropout(x), (N, in); NULL without dropout */
 	int in, out;
@@ -73,17 +79,23 @@ struct tr_model {
 	void *arena[TR_ARENA_COUNT];
 
 	float *params, *grads, *m1, *m2;
-	float *embed, *lnf, *lm_head;    /* lm_head == embed when tied; NULL for a classifier */
+	gpu_bf16 *params16;              /* frozen tensors stored in bf16 (plan.opts.frozen_bf16) */
+	gpu_bf16 *copy16;                /* bf16 mode: the trainable prefix of params, rounded */
+	/* lm_head == embed when tied; NULL for a classifier (weights: weight_of) */
+	const struct tr_param *embed, *lm_head, *score;
+	float *lnf;
 	float *dembed, *dlnf, *dlm_head; /* NULL where frozen */
-	float *score, *dscore;           /* classifier head (NL, C) */
+	float *dscore;                   /* classifier head (NL, C) */
 	struct layer_w *w, *g;           /* [L] */
 	struct lin (*lin)[TR_LIN_COUNT]; /* [L][TR_LIN_COUNT] */
 
-	/* NF4 storage and its dequantization scratch. */
+	/* NF4 storage; the scratch a frozen weight is materialised in for one
+	 * use (fp32, or an NF4 one in bf16 in the bf16 mode) and NF4's absmax. */
 	uint8_t *nf4_codes;
 	float *nf4_absmax, *nf4_scale;
 	int8_t *nf4_absmax_q;
-	float *deq, *deq_absmax;
+	void *deq;
+	float *deq_absmax;
 
 	int32_t *ids, *targets, *pool_idx;
 	float *rope_cos, *rope_sin;
@@ -92,7 +104,7 @@ struct tr_model {
 	float *lnf_out, *lnf_rstd, *pooled;
 	float *logits, *losses, *kl, *dres, *dln, *dq, *dk, *dv, *dqraw, *dkraw, *dy, *datt, *dh,
 		*dgate, *dup, *dpooled, *lora_tmp, *lora_du, *lora_dx, *gemm_bf16;
-	void *params_bf16;
+	size_t gemm_bf16_bytes;
 	gpu_bf16 *dgate16, *dup16, *dlogits16; /* bf16 mode: the gradients the products read */
 
 	int32_t *host_targets;           /* (N) */
@@ -163,16 +175,18 @@ static void *act(struct tr_model *m, int l, const char *what)
 	return p ? p : buf(m, "acts.work.%s", what);
 }
 
+/* The fp32 tensor (or gradient) of p: NULL when p is absent, frozen (a
+ * gradient), or stored otherwise (NF4, bf16: weight_of). */
 static float *param_ptr(struct tr_model *m, const struct tr_param *p, bool grad)
 {
-	if (!p || p->nf4)
+	if (!p || p->nf4 || p->bf16)
 		return NULL;
 	if (grad)
 		return p->trainable ? m->grads + p->goffset : NULL;
 	return m->params + p->offset;
 }
 
-/* Parameter (or gradient) pointer by name; NULL when absent / frozen / NF4. */
+/* Parameter (or gradient) pointer by name; NULL as param_ptr. */
 static float *pptr(struct tr_model *m, bool grad, const char *fmt, int l)
 {
 	char name[96];
@@ -189,7 +203,6 @@ static void bind_lin(struct tr_model *m, int l, int k)
 	snprintf(name, sizeof(name), "model.layers.%d.%s.weight", l, tr_lin_path(k));
 	L->wp = tr_plan_param(&m->plan, name);
 	assert(L->wp);
-	L->w = param_ptr(m, L->wp, false);
 	L->dw = param_ptr(m, L->wp, true);
 	snprintf(name, sizeof(name), "model.layers.%d.%s.bias", l, tr_lin_path(k));
 	const struct tr_param *bp = tr_plan_param(&m->plan, name);
@@ -205,6 +218,8 @@ static void bind_lin(struct tr_model *m, int l, int k)
 	L->dA = param_ptr(m, ap, true);
 	L->B = param_ptr(m, bp2, false);
 	L->dB = param_ptr(m, bp2, true);
+	L->A16 = ap && m->copy16 ? m->copy16 + ap->offset : NULL;
+	L->B16 = bp2 && m->copy16 ? m->copy16 + bp2->offset : NULL;
 	snprintf(name, sizeof(name), "lora_u.%s", tr_lin_name(k));
 	L->u = act(m, l, name);
 	snprintf(name, sizeof(name), "lora_x.%s", tr_lin_name(k));
@@ -216,6 +231,8 @@ static void bind(struct tr_model *m)
 {
 	const struct tr_model_config *c = &m->plan.cfg;
 	m->params = buf(m, "params");
+	m->params16 = buf(m, "params16");
+	m->copy16 = buf(m, "scratch.params_bf16");
 	m->grads = buf(m, "grads");
 	m->m1 = buf(m, "optim.m");
 	m->m2 = buf(m, "optim.v");
@@ -223,19 +240,20 @@ static void bind(struct tr_model *m)
 	m->nf4_absmax = buf(m, "nf4.absmax");
 	m->nf4_absmax_q = buf(m, "nf4.absmax_q");
 	m->nf4_scale = buf(m, "nf4.absmax_scale");
-	m->embed = pptr(m, false, "model.embed_tokens.weight", 0);
+	m->embed = tr_plan_param(&m->plan, "model.embed_tokens.weight");
 	m->lnf = pptr(m, false, "model.norm.weight", 0);
 	m->dembed = pptr(m, true, "model.embed_tokens.weight", 0);
 	m->dlnf = pptr(m, true, "model.norm.weight", 0);
-	m->score = pptr(m, false, "score.weight", 0);
+	m->score = tr_plan_param(&m->plan, "score.weight");
 	m->dscore = pptr(m, true, "score.weight", 0);
 	if (m->plan.opts.num_labels > 0) {
-		m->lm_head = m->dlm_head = NULL;
+		m->lm_head = NULL;
+		m->dlm_head = NULL;
 	} else if (c->tie_word_embeddings) {
 		m->lm_head = m->embed;
 		m->dlm_head = m->dembed;
 	} else {
-		m->lm_head = pptr(m, false, "lm_head.weight", 0);
+		m->lm_head = tr_plan_param(&m->plan, "lm_head.weight");
 		m->dlm_head = pptr(m, true, "lm_head.weight", 0);
 	}
 	for (int l = 0; l < c->num_layers; l++) {
@@ -314,11 +332,22 @@ static void bind(struct tr_model *m)
 	S(lora_du);
 	S(lora_dx);
 	S(gemm_bf16);
-	m->params_bf16 = buf(m, "scratch.params_bf16");
+	const struct tr_plan_buf *gb = tr_plan_find(&m->plan, "scratch.gemm_bf16");
+	m->gemm_bf16_bytes = gb ? gb->bytes : 0;
 	m->dgate16 = buf(m, "scratch.dgate16");
 	m->dup16 = buf(m, "scratch.dup16");
 	m->dlogits16 = buf(m, "scratch.dlogits16");
 #undef S
+}
+
+/* The backend's GEMMs round their operands into this model's scratch
+ * (gpu/backend.h: gemm_scratch) from now on: set by every entry point that
+ * runs ops, so that models sharing a backend (a distillation's student and
+ * teacher) each use the one their plan sized for their own products. */
+static void use_scratch(struct tr_model *m)
+{
+	m->be->gemm_scratch = m->gemm_bf16;
+	m->be->gemm_scratch_bytes = m->gemm_bf16_bytes;
 }
 
 td_err tr_model_new(struct tr_model **out, struct gpu_backend *be,
@@ -369,16 +398,7 @@ td_err tr_model_new(struct tr_model **out, struct gpu_backend *be,
 		}
 	}
 	bind(m);
-	if (m->gemm_bf16) {
-		/* The backend's GEMMs use it from now on (and until this model
-		 * is freed, or another model sets its own). */
-		be->gemm_scratch = m->gemm_bf16;
-		be->gemm_scratch_bytes = tr_plan_find(&m->plan, "scratch.gemm_bf16")->bytes;
-		be->params_bf16 = m->params_bf16;
-		be->params = m->params;
-		be->params_count = m->params_bf16 ? m->plan.numel_f32 : 0;
-		be->params_bf16_stale = true;
-	}
+	use_scratch(m);
 
 	/* RoPE tables are a function of (T, HS, theta) only: computed once here. */
 	int T = opts->T, HS = cfg->head_dim;
@@ -402,9 +422,6 @@ void tr_model_free(struct tr_model *m)
 	if (m->gemm_bf16 && m->be->gemm_scratch == m->gemm_bf16) {
 		m->be->gemm_scratch = NULL;
 		m->be->gemm_scratch_bytes = 0;
-		m->be->params_bf16 = NULL;
-		m->be->params = NULL;
-		m->be->params_count = 0;
 	}
 	for (int a = 0; a < TR_ARENA_COUNT; a++)
 		gpu_free(m->be, m->arena[a], m->plan.arena_bytes[a]);
@@ -460,20 +477,46 @@ out:
 	return e;
 }
 
-/* The fp32 weight of p: itself, or its NF4 form dequantized into scratch
- * (valid until the next dequantization). */
-static const float *weight_of(struct tr_model *m, const struct tr_param *p, const float *w)
+/* A weight as a matmul (or the embedding lookup) reads it: fp32 (f), its
+ * bf16 twin (h, gpu/backend.h), or both. */
+struct wref {
+	const float *f;
+	const gpu_bf16 *h;
+};
+
+/* Weight p as this backend's GEMMs read it. In the bf16 mode, always with a
+ * twin: a trainable weight's bf16 copy beside its fp32 master, a frozen
+ * weight's bf16 storage alone, an NF4 weight dequantized to bf16 into
+ * scratch.deq. Elsewhere fp32: the weight itself, or an NF4 weight
+ * dequantized, or a bf16 one widened (exactly), into scratch.deq. What lands
+ * in scratch.deq is valid until the next weight_of. */
+static struct wref weight_of(struct tr_model *m, const struct tr_param *p)
 {
-	if (!p->nf4)
-		return w;
-	const float *absmax = m->nf4_absmax + p->q_blocks;
-	if (m->plan.opts.nf4_double_quant) {
-		gpu_absmax_dequantize(m->be, m->deq_absmax, m->nf4_absmax_q + p->q_blocks,
-				      m->nf4_scale + p->q_scales, nf4_nblocks(p));
-		absmax = m->deq_absmax;
+	const bool g16 = m->plan.opts.gemm_bf16;
+	/* The plan was made for the precision the backend had at tr_model_new;
+	 * switching since is a caller's bug. */
+	assert(gpu_gemm_bf16(m->be) == g16);
+	if (p->nf4) {
+		const float *absmax = m->nf4_absmax + p->q_blocks;
+		if (m->plan.opts.nf4_double_quant) {
+			gpu_absmax_dequantize(m->be, m->deq_absmax, m->nf4_absmax_q + p->q_blocks,
+					      m->nf4_scale + p->q_scales, nf4_nblocks(p));
+			absmax = m->deq_absmax;
+		}
+		gpu_nf4_dequantize(m->be, g16 ? NULL : m->deq, g16 ? m->deq : NULL,
+				   m->nf4_codes + p->q_codes, absmax, p->numel);
+		return g16 ? (struct wref){NULL, m->deq} : (struct wref){m->deq, NULL};
 	}
-	gpu_nf4_dequantize(m->be, m->deq, m->nf4_codes + p->q_codes, absmax, p->numel);
-	return m->deq;
+	if (p->bf16) {
+		const gpu_bf16 *w16 = m->params16 + p->offset;
+		if (g16)
+			return (struct wref){NULL, w16};
+		gpu_bf16_widen(m->be, m->deq, w16, p->numel);
+		return (struct wref){m->deq, NULL};
+	}
+	/* fp32: in the bf16 mode only trainable weights (frozen ones are bf16). */
+	assert(!g16 || (p->trainable && m->copy16));
+	return (struct wref){m->params + p->offset, g16 ? m->copy16 + p->offset : NULL};
 }
 
 /* --- loading and host access --- */
@@ -487,6 +530,9 @@ static bool ignored_tensor(const struct tr_model *m, const struct tr_st_tensor *
 	       (c->tie_word_embeddings || m->plan.opts.num_labels > 0);
 }
 
+/* src (fp32) into p's storage: quantized to NF4, rounded to bf16 (once: a
+ * bf16 checkpoint's values come back unchanged), or fp32 and, in the bf16
+ * mode, its bf16 copy rounded from it. */
 static td_err upload_param(struct tr_model *m, const struct tr_param *p, const float *src,
 			   struct td_errbuf *eb)
 {
@@ -494,7 +540,19 @@ static td_err upload_param(struct tr_model *m, const struct tr_param *p, const f
 		m->head_loaded = true;
 	if (p->nf4)
 		return nf4_upload(m, p, src, eb);
+	if (p->bf16) {
+		gpu_bf16 *h = malloc(p->numel * sizeof(gpu_bf16));
+		if (!h)
+			return td_fail(eb, TD_ENOMEM, "model: out of memory converting '%s' to bf16",
+				       p->name);
+		bf16_round(h, src, p->numel);
+		gpu_upload(m->be, m->params16 + p->offset, h, p->numel * sizeof(gpu_bf16));
+		free(h); /* gpu_upload has taken the bytes (gpu/backend.h) */
+		return TD_OK;
+	}
 	gpu_upload(m->be, m->params + p->offset, src, p->numel * sizeof(float));
+	if (m->copy16 && p->trainable)
+		gpu_bf16_round(m->be, m->copy16 + p->offset, m->params + p->offset, p->numel);
 	return TD_OK;
 }
 
@@ -561,8 +619,21 @@ td_err tr_model_load(struct tr_model *m, const struct tr_weights *w, struct td_e
 
 void tr_model_get_param(struct tr_model *m, const struct tr_param *p, float *dst)
 {
-	const float *src = p->nf4 ? weight_of(m, p, NULL) : m->params + p->offset;
-	gpu_download(m->be, dst, src, p->numel * sizeof(float));
+	if (!p->nf4 && !p->bf16) {
+		gpu_download(m->be, dst, m->params + p->offset, p->numel * sizeof(float));
+		return;
+	}
+	struct wref w = weight_of(m, p);
+	if (w.f) {
+		gpu_download(m->be, dst, w.f, p->numel * sizeof(float));
+		return;
+	}
+	/* bf16 values into the second half of dst's bytes, widened in place
+	 * (kernels/cpu/ops.h: bf16_widen allows it); the download has waited
+	 * for them. */
+	gpu_bf16 *h = (gpu_bf16 *)dst + p->numel;
+	gpu_download(m->be, h, w.h, p->numel * sizeof(gpu_bf16));
+	bf16_widen(dst, h, p->numel);
 }
 
 td_err tr_model_set_param(struct tr_model *m, const struct tr_param *p, const float *src)
@@ -647,7 +718,7 @@ static void lora_input(struct tr_model *m, int l, int k, const float *inp, const
 	}
 	if (!u)
 		return;
-	gpu_matmul_forward(be, L->u, NULL, x, x16, L->A, NULL, N, L->in, R);
+	gpu_matmul_forward(be, L->u, NULL, x, x16, L->A, L->A16, NULL, N, L->in, R);
 	gpu_scale(be, L->u, m->plan.lora_scale, (size_t)N * R);
 }
 
@@ -661,12 +732,12 @@ static void linear_forward(struct tr_model *m, int l, int k, float *out, gpu_bf1
 	const struct lin *L = &m->lin[l][k];
 	const int N = m->plan.opts.B * m->plan.opts.T, R = m->plan.opts.lora_rank;
 	assert(!out16 || (!L->A && !L->b));
-	gpu_matmul_forward(be, out, out16, inp, inp16, weight_of(m, L->wp, L->w), L->b, N, L->in,
-			   L->out);
+	const struct wref w = weight_of(m, L->wp);
+	gpu_matmul_forward(be, out, out16, inp, inp16, w.f, w.h, L->b, N, L->in, L->out);
 	if (!L->A)
 		return;
 	lora_input(m, l, k, inp, inp16, true);
-	gpu_matmul_forward(be, m->lora_tmp, NULL, L->u, NULL, L->B, NULL, N, R, L->out);
+	gpu_matmul_forward(be, m->lora_tmp, NULL, L->u, NULL, L->B, L->B16, NULL, N, R, L->out);
 	gpu_residual_forward(be, out, out, m->lora_tmp, (size_t)N * L->out);
 }
 
@@ -682,21 +753,22 @@ static void linear_backward(struct tr_model *m, int l, int k, float *dinp, bool 
 	const struct lin *L = &m->lin[l][k];
 	const int N = m->plan.opts.B * m->plan.opts.T, R = m->plan.opts.lora_rank;
 	assert(dout || !L->db);
-	gpu_matmul_backward(be, dinp, L->dw, L->db, dout, dout16, inp, inp16,
-			    weight_of(m, L->wp, L->w), N, L->in, L->out, set);
+	const struct wref w = weight_of(m, L->wp);
+	gpu_matmul_backward(be, dinp, L->dw, L->db, dout, dout16, inp, inp16, w.f, w.h, N, L->in,
+			    L->out, set);
 	if (!L->A)
 		return;
 	/* With u = scale * x A^T kept: dB += dout^T u, du = scale * dout B. */
-	gpu_matmul_backward(be, m->lora_du, L->dB, NULL, dout, dout16, L->u, NULL, L->B, N, R,
-			    L->out, true);
+	gpu_matmul_backward(be, m->lora_du, L->dB, NULL, dout, dout16, L->u, NULL, L->B, L->B16, N,
+			    R, L->out, true);
 	gpu_scale(be, m->lora_du, m->plan.lora_scale, (size_t)N * R);
 	if (!m->dropout_used) {
-		gpu_matmul_backward(be, dinp, L->dA, NULL, m->lora_du, NULL, inp, inp16, L->A, N,
-				    L->in, R, false);
+		gpu_matmul_backward(be, dinp, L->dA, NULL, m->lora_du, NULL, inp, inp16, L->A, L->A16,
+				    N, L->in, R, false);
 		return;
 	}
-	gpu_matmul_backward(be, m->lora_dx, L->dA, NULL, m->lora_du, NULL, L->xd, NULL, L->A, N,
-			    L->in, R, true);
+	gpu_matmul_backward(be, m->lora_dx, L->dA, NULL, m->lora_du, NULL, L->xd, NULL, L->A,
+			    L->A16, N, L->in, R, true);
 	gpu_dropout(be, m->lora_dx, m->lora_dx, m->plan.opts.lora_dropout, dropout_seed(m, l, k),
 		    (size_t)N * L->in);
 	gpu_residual_forward(be, dinp, dinp, m->lora_dx, (size_t)N * L->in);
@@ -827,8 +899,9 @@ static td_err host_sum(const float *x, int n, const char *what, double *out, str
 static void head_chunk(struct tr_model *m, int r0, int n)
 {
 	const struct tr_model_config *c = &m->plan.cfg;
+	const struct wref w = weight_of(m, m->lm_head);
 	gpu_matmul_forward(m->be, m->logits, NULL, m->lnf_out + (size_t)r0 * c->hidden_size, NULL,
-			   m->lm_head, NULL, n, c->hidden_size, c->vocab_size);
+			   w.f, w.h, NULL, n, c->hidden_size, c->vocab_size);
 }
 
 /* dln rows [r0, r0 + n) (overwritten) and the lm_head's gradient from the
@@ -838,8 +911,9 @@ static void head_weight_grad(struct tr_model *m, int r0, int n, const float *dl,
 {
 	const struct tr_model_config *c = &m->plan.cfg;
 	const int C = c->hidden_size, V = c->vocab_size;
+	const struct wref w = weight_of(m, m->lm_head);
 	gpu_matmul_backward(m->be, m->dln + (size_t)r0 * C, m->dlm_head, NULL, dl, dl16,
-			    m->lnf_out + (size_t)r0 * C, NULL, m->lm_head, n, C, V, true);
+			    m->lnf_out + (size_t)r0 * C, NULL, w.f, w.h, n, C, V, true);
 }
 
 /* The causal head's backward over rows [r0, r0 + n), whose logits are in the
@@ -897,8 +971,9 @@ static void head_forward(struct tr_model *m, const struct tr_stage *s, const str
 		break;
 	case HEAD_OP_CLASSIFY:
 		/* Pooling is a gather of rows: the embedding op with row indices as ids. */
-		gpu_embedding_forward(be, m->pooled, m->pool_idx, m->lnf_out, o->B, c->hidden_size);
-		gpu_matmul_forward(be, m->logits, NULL, m->pooled, NULL, m->score, NULL, o->B,
+		gpu_embedding_forward(be, m->pooled, m->pool_idx, m->lnf_out, NULL, o->B, c->hidden_size);
+		const struct wref w = weight_of(m, m->score);
+		gpu_matmul_forward(be, m->logits, NULL, m->pooled, NULL, w.f, w.h, NULL, o->B,
 				   c->hidden_size, o->num_labels);
 		gpu_crossentropy_forward(be, m->losses, m->logits, m->targets, o->B, o->num_labels);
 		break;
@@ -912,14 +987,17 @@ static void forward_walk(struct tr_model *m, const struct head_args *h)
 	const struct tr_plan *p = &m->plan;
 	const struct tr_model_config *c = &p->cfg;
 	const int N = p->opts.B * p->opts.T, C = c->hidden_size;
+	use_scratch(m);
 	m->dropout_used = m->dropout_armed && p->opts.lora_dropout > 0.0f;
 	m->dropout_armed = false;
 	for (size_t i = 0; i < p->nforward; i++) {
 		const struct tr_stage *s = &p->stages[i];
 		switch (s->kind) {
-		case TR_STAGE_EMBED:
-			gpu_embedding_forward(be, m->res[0], m->ids, m->embed, N, C);
+		case TR_STAGE_EMBED: {
+			const struct wref w = weight_of(m, m->embed);
+			gpu_embedding_forward(be, m->res[0], m->ids, w.f, w.h, N, C);
 			break;
+		}
 		case TR_STAGE_LAYER:
 			layer_forward(m, s->layer, false);
 			break;
@@ -1015,11 +1093,19 @@ td_err tr_model_forward_trunk(struct tr_model *m, const int32_t *ids, struct td_
 
 const float *tr_model_teacher_rows(struct tr_model *m, int r0, int n)
 {
+	struct gpu_backend *be = m->be;
 	const int V = m->plan.cfg.vocab_size;
 	if (m->plan.logits_rows == m->plan.opts.B * m->plan.opts.T)
 		return m->logits + (size_t)r0 * V;
 	assert(n <= m->plan.logits_rows);
+	/* Called from the student's head: the teacher's GEMM on the teacher's
+	 * scratch, then the student's back (stream order keeps them apart). */
+	void *scratch = be->gemm_scratch;
+	size_t bytes = be->gemm_scratch_bytes;
+	use_scratch(m);
 	head_chunk(m, r0, n);
+	be->gemm_scratch = scratch;
+	be->gemm_scratch_bytes = bytes;
 	return m->logits;
 }
 
@@ -1174,15 +1260,17 @@ static void head_backward(struct tr_model *m, const struct tr_stage *s, float dl
 	const int B = o->B, N = B * o->T, C = c->hidden_size, V = c->vocab_size;
 	const int r0 = s->r0, n = s->rows;
 	switch (m->last_head) {
-	case HEAD_CLASSIFY:
+	case HEAD_CLASSIFY: {
 		gpu_crossentropy_backward(be, NULL, m->logits, NULL, m->logits, m->targets, dloss, B,
 					  o->num_labels);
+		const struct wref w = weight_of(m, m->score);
 		gpu_matmul_backward(be, m->dpooled, m->dscore, NULL, m->logits, NULL, m->pooled, NULL,
-				    m->score, B, C, o->num_labels, true);
+				    w.f, w.h, B, C, o->num_labels, true);
 		/* The gather's transpose: scatter-add the pooled rows' gradient. */
 		gpu_zero(be, m->dln, (size_t)N * C * sizeof(float));
 		gpu_embedding_backward(be, m->dln, m->dpooled, m->pool_idx, B, C);
 		break;
+	}
 	case HEAD_DISTILL:
 		if (m->plan.logits_rows != N)
 			head_chunk(m, r0, n);
@@ -1233,6 +1321,7 @@ void tr_model_backward(struct tr_model *m, float dloss)
 	const int N = p->opts.B * p->opts.T, C = c->hidden_size, L = c->num_layers;
 
 	assert((m->logits_valid || m->head_done) && !p->opts.inference);
+	use_scratch(m);
 	/* Fused: the logits buffer becomes its own gradient. */
 	m->logits_valid = false;
 	const bool head_done = m->head_done;
@@ -1297,10 +1386,13 @@ void tr_model_adamw(struct tr_model *m, const struct tr_adamw *h, float lr, int 
 	const struct tr_plan *p = &m->plan;
 	size_t nd = p->numel_decay, nt = p->numel_trainable;
 	/* Trainable tensors sit in the arena decayed first (train/plan.c). */
+	/* In the bf16 mode the weights' bf16 copy is written with them. */
+	gpu_bf16 *c16 = m->copy16;
 	if (nd)
-		gpu_adamw_update(m->be, m->params, m->grads, m->m1, m->m2, nd, lr, h->beta1,
+		gpu_adamw_update(m->be, m->params, c16, m->grads, m->m1, m->m2, nd, lr, h->beta1,
 				 h->beta2, h->eps, h->weight_decay, t);
 	if (nt > nd)
-		gpu_adamw_update(m->be, m->params + nd, m->grads + nd, m->m1 + nd, m->m2 + nd,
-				 nt - nd, lr, h->beta1, h->beta2, h->eps, 0.0f, t);
+		gpu_adamw_update(m->be, m->params + nd, c16 ? c16 + nd : NULL, m->grads + nd,
+				 m->m1 + nd, m->m2 + nd, nt - nd, lr, h->beta1, h->beta2, h->eps, 0.0f,
+				 t);
 }

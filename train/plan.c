@@ -105,6 +105,7 @@ static td_err add_param(struct tr_plan *p, size_t *cap, const char *name, int ro
 	t->decay = t->trainable && t->ndim >= 2;
 	t->nf4 = !t->trainable && kind == TR_P_BASE && lin >= 0 && t->ndim == 2 &&
 		 o->base_quant == TR_QUANT_NF4;
+	t->bf16 = !t->trainable && t->ndim == 2 && !t->nf4 && o->frozen_bf16;
 	return TD_OK;
 }
 
@@ -173,14 +174,15 @@ static td_err build_params(struct tr_plan *p, struct td_errbuf *eb)
 
 	/* Arena order: trainable decayed tensors, trainable undecayed, frozen. The
 	 * optimizer then covers two contiguous ranges and the grads arena only the
-	 * trainable prefix. NF4 tensors have no fp32 copy: they live in the nf4.*
-	 * buffers, each tensor's blocks starting afresh. */
+	 * trainable prefix. NF4 and bf16 tensors have no fp32 copy: they live in
+	 * the nf4.* buffers, each tensor's blocks starting afresh, and in
+	 * params16, in the table's order. */
 	size_t off = 0;
 	for (int pass = 0; pass < 3; pass++) {
 		for (size_t i = 0; i < p->nparams; i++) {
 			struct tr_param *t = &p->params[i];
 			int group = !t->trainable ? 2 : t->decay ? 0 : 1;
-			if (group != pass || t->nf4)
+			if (group != pass || t->nf4 || t->bf16)
 				continue;
 			t->offset = off;
 			t->goffset = t->trainable ? off : 0;
@@ -198,6 +200,12 @@ static td_err build_params(struct tr_plan *p, struct td_errbuf *eb)
 		p->numel_params += t->numel;
 		if (!t->trainable)
 			p->numel_frozen += t->numel;
+		if (t->bf16) {
+			t->offset = p->numel_bf16;
+			p->numel_bf16 += t->numel;
+			if (t->numel > p->bf16_max_numel)
+				p->bf16_max_numel = t->numel;
+		}
 		if (!t->nf4)
 			continue;
 		size_t nb = (t->numel + TR_NF4_BLOCK - 1) / TR_NF4_BLOCK;
@@ -215,7 +223,8 @@ static td_err build_params(struct tr_plan *p, struct td_errbuf *eb)
 						    : p->nf4_blocks * sizeof(float));
 	if (!o->nf4_double_quant)
 		p->nf4_scales = 0;
-	p->frozen_bytes = (p->numel_frozen - p->nf4_numel) * sizeof(float) + p->nf4_bytes;
+	p->frozen_bytes = (p->numel_frozen - p->nf4_numel - p->numel_bf16) * sizeof(float) +
+			  p->numel_bf16 * sizeof(uint16_t) + p->nf4_bytes;
 	return TD_OK;
 }
 
@@ -301,16 +310,64 @@ static size_t max_sz(size_t a, size_t b)
 	return a > b ? a : b;
 }
 
-/* bf16 elements of the GEMM operand scratch that a product of rows x in ->
- * out needs, the largest of its three GEMMs: forward (weight, input),
- * input gradient (weight, output gradient), weight gradient (input, output
- * gradient); the first operand is padded to 128 elements, as the CUDA
- * backend lays them out (gpu/cuda/cuda_ops.c: sgemm_). */
-static size_t gemm_elems(size_t rows, size_t in, size_t out)
+/* bf16 elements of the GEMM operand scratch (scratch.gemm_bf16) that the
+ * products of train/model.c need in the bf16 mode: the most any one call
+ * rounds (gpu/backend.h: gpu_matmul_scratch_elems), with the twins each call
+ * has. Every weight comes with one (a trainable weight's bf16 copy, a frozen
+ * one's bf16 storage, an NF4 one dequantized to bf16), and so do the
+ * projections' inputs (ln1_16, y16, ln2_16, h16), the MLP's gradients
+ * (dgate16, dup16) and the causal head's (dlogits16). What is rounded: the
+ * attention's and the down projection's gradients (fp32), LoRA's x A^T and
+ * its gradient, the adapters' dropped-out inputs, the final norm's output
+ * for the head and a distillation student's logits gradient. Plus the
+ * fused attention's bf16 copies. */
+static size_t gemm_scratch_elems(const struct tr_plan *p)
 {
-	size_t w = (out * in + 127) / 128 * 128, x = (rows * in + 127) / 128 * 128;
-	size_t d = rows * out;
-	return max_sz(max_sz(w + rows * in, w + d), x + d);
+	const struct tr_model_config *c = &p->cfg;
+	const struct tr_plan_opts *o = &p->opts;
+	const size_t B = (size_t)o->B, N = B * (size_t)o->T, R = (size_t)o->lora_rank;
+	const size_t C = (size_t)c->hidden_size, V = (size_t)c->vocab_size;
+	const size_t NL = (size_t)o->num_labels, rows = (size_t)p->logits_rows;
+	const bool train = !o->inference, drop = R && o->lora_dropout > 0.0f;
+	size_t g = 0;
+#define FWD(n, in, out, x16) \
+	g = max_sz(g, gpu_matmul_scratch_elems((n), (in), (out), false, false, false, true, (x16), false))
+#define BWD(n, in, out, dinp, dw, x16, d16) \
+	g = max_sz(g, gpu_matmul_scratch_elems((n), (in), (out), true, (dinp), (dw), true, (x16), (d16)))
+	for (int lin = 0; lin < TR_LIN_COUNT; lin++) {
+		int in_, out_;
+		tr_lin_dims(c, lin, &in_, &out_);
+		const size_t in = (size_t)in_, out = (size_t)out_;
+		const bool d16 = lin == TR_LIN_GATE || lin == TR_LIN_UP;
+		FWD(N, in, out, true);
+		if (train)
+			BWD(N, in, out, true, !R, true, d16);
+		if (!R || !(o->lora_targets & (1u << lin)))
+			continue;
+		FWD(N, in, R, !drop);   /* u = x A^T */
+		FWD(N, R, out, false);  /* u B^T */
+		if (!train)
+			continue;
+		BWD(N, R, out, true, true, false, d16); /* du, dB */
+		BWD(N, in, R, true, true, !drop, false); /* dx, dA */
+	}
+	if (NL > 0) {
+		FWD(B, C, NL, false);
+		if (train)
+			BWD(B, C, NL, true, true, false, false);
+	} else {
+		FWD(rows, C, V, false);
+		const struct tr_param *head =
+			tr_plan_param(p, c->tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight");
+		if (train)
+			BWD(rows, C, V, true, head && head->trainable, false, !o->distill);
+	}
+#undef FWD
+#undef BWD
+	if (o->attention_lse) /* the fused attention's bf16 copies */
+		g = max_sz(g, gpu_flash_scratch_bytes(o->B, o->T, c->num_heads, c->num_kv_heads,
+						      c->head_dim) / 2);
+	return g;
 }
 
 /* --- the schedule --- */
@@ -398,6 +455,8 @@ td_err tr_plan_build(struct tr_plan *p, const struct tr_model_config *cfg,
 		return e;
 	if (o->inference)
 		p->opts.recompute = TR_RECOMPUTE_NONE; /* nothing is kept for a backward */
+	if (o->gemm_bf16)
+		p->opts.frozen_bf16 = true; /* the bf16 GEMMs read frozen weights in bf16 */
 	if (o->lora_rank > 0)
 		p->lora_scale = (float)(o->lora_rslora ? o->lora_alpha / sqrt((double)o->lora_rank)
 						       : o->lora_alpha / (double)o->lora_rank);
@@ -440,6 +499,10 @@ td_err tr_plan_build(struct tr_plan *p, const struct tr_model_config *cfg,
 		p->logits_rows = (int)(chunk / V > 0 ? chunk / V : 1);
 	NAMED("params");
 	BUF(TR_ARENA_PARAMS, f32_bytes(p->numel_f32, 1, 1));
+	if (p->numel_bf16) {
+		NAMED("params16"); /* frozen tensors in bf16 */
+		BUF(TR_ARENA_PARAMS, f32_bytes(p->numel_bf16, 1, 1) / 2);
+	}
 	if (p->nf4_numel) {
 		/* Every NF4 tensor's codes, then its absmax values (fp32, or int8
 		 * with an fp32 scale per TR_NF4_DQ_BLOCK and an offset). */
@@ -598,23 +661,12 @@ td_err tr_plan_build(struct tr_plan *p, const struct tr_model_config *cfg,
 		}
 	}
 	/* The bf16 GEMM operands: the most any product of this model needs. */
-	size_t gemm = 0;
-	if (o->gemm_bf16) {
-		for (int lin = 0; lin < TR_LIN_COUNT; lin++) {
-			int in, out;
-			tr_lin_dims(cfg, lin, &in, &out);
-			gemm = max_sz(gemm, gemm_elems(N, (size_t)in, (size_t)out));
-			if (R && (o->lora_targets & (1u << lin))) {
-				gemm = max_sz(gemm, gemm_elems(N, (size_t)in, R));
-				gemm = max_sz(gemm, gemm_elems(N, R, (size_t)out));
-			}
-		}
-		gemm = max_sz(gemm, classify ? gemm_elems(B, C, NL)
-					     : gemm_elems((size_t)p->logits_rows, C, V));
-		if (o->attention_lse) /* the fused attention's bf16 copies */
-			gemm = max_sz(gemm, gpu_flash_scratch_bytes((int)B, (int)T, (int)NH, (int)NKV,
-								    (int)HS) / 2);
-	}
+	const size_t gemm = o->gemm_bf16 ? gemm_scratch_elems(p) : 0;
+	/* A frozen weight materialised for one use: an NF4 one dequantized (in
+	 * bf16 in the bf16 mode: the GEMM's operand) and, on a backend without
+	 * bf16 GEMMs, a bf16 one widened to fp32. */
+	const size_t deq = o->gemm_bf16 ? p->nf4_max_numel * sizeof(uint16_t)
+					: f32_bytes(max_sz(p->nf4_max_numel, p->bf16_max_numel), 1, 1);
 	const struct {
 		const char *what;
 		size_t bytes;
@@ -646,8 +698,8 @@ td_err tr_plan_build(struct tr_plan *p, const struct tr_model_config *cfg,
 		{"dlogits16", f32_bytes((size_t)p->logits_rows, V, 1) / 2,
 		 train && o->gemm_bf16 && !classify && !o->distill},
 		{"dpooled", f32_bytes(B, C, 1), train && classify},
-		/* an NF4 weight dequantized for one use (and its absmax values) */
-		{"deq", f32_bytes(p->nf4_max_numel, 1, 1), p->nf4_numel > 0},
+		/* a frozen weight for one use (and an NF4 one's absmax values) */
+		{"deq", deq, deq > 0},
 		{"deq_absmax", f32_bytes((p->nf4_max_numel + TR_NF4_BLOCK - 1) / TR_NF4_BLOCK, 1, 1),
 		 p->nf4_numel > 0 && o->nf4_double_quant},
 		/* LoRA: (x A^T) B^T before it is added; d(x A^T); d(x) through dropout */
@@ -655,8 +707,9 @@ td_err tr_plan_build(struct tr_plan *p, const struct tr_model_config *cfg,
 		{"lora_du", f32_bytes(N, R, 1), train && R > 0},
 		{"lora_dx", f32_bytes(N, lora_in, 1), train && R > 0 && o->lora_dropout > 0.0f},
 		{"gemm_bf16", gemm * 2, gemm > 0},
-		/* the parameters rounded once per update, not per product */
-		{"params_bf16", p->numel_f32 * 2, gemm > 0 && p->numel_f32 > 0},
+		/* the trainable weights rounded once per update, not per product
+		 * (the GEMMs' twins of them; frozen ones are stored in bf16) */
+		{"params_bf16", p->numel_trainable * 2, o->gemm_bf16 && p->numel_trainable > 0},
 	};
 	for (size_t i = 0; i < sizeof(scratch) / sizeof(scratch[0]); i++) {
 		if (!scratch[i].on)
@@ -740,6 +793,9 @@ void tr_plan_print(const struct tr_plan *p, FILE *f)
 	if (p->numel_frozen) {
 		fprintf(f, "frozen     %zu parameters, %s as stored", p->numel_frozen,
 			tr_fmt_bytes(b1, sizeof(b1), p->frozen_bytes));
+		if (p->numel_bf16)
+			fprintf(f, "; %zu in bf16 only (%s, no fp32 copy)", p->numel_bf16,
+				tr_fmt_bytes(b2, sizeof(b2), p->numel_bf16 * 2));
 		if (p->nf4_numel)
 			fprintf(f, "; %zu in NF4%s: %s, %.2fx smaller than their %s in bf16",
 				p->nf4_numel, o->nf4_double_quant ? " (double-quantized absmax)" : "",

@@ -22,7 +22,8 @@
 #include "train/hfconfig.h"
 
 enum tr_arena {
-	TR_ARENA_PARAMS,  /* fp32 master weights, whole job */
+	TR_ARENA_PARAMS,  /* weights, whole job: fp32 (trainable ones: the master weights),
+			   * and frozen ones as stored (bf16, NF4) */
 	TR_ARENA_GRADS,   /* fp32 gradients of trainable tensors, whole job */
 	TR_ARENA_OPTIM,   /* AdamW m and v of trainable tensors, whole job */
 	TR_ARENA_ACTS,    /* per-step activations kept for backward, inputs, RoPE tables */
@@ -78,7 +79,8 @@ struct tr_param {
 	size_t numel;
 	bool trainable;
 	bool decay;        /* weight decay applies: trainable and ndim >= 2 */
-	size_t offset;     /* in floats, into the params buffer (unused when nf4) */
+	size_t offset;     /* in floats, into the params buffer; bf16: in bf16 values, into
+			    * params16; unused when nf4 */
 	size_t goffset;    /* in floats, into the grads arena (and each half of optim) */
 	enum tr_param_kind kind;
 	int layer;         /* decoder layer, -1 for embeddings, final norm and heads */
@@ -86,6 +88,8 @@ struct tr_param {
 	/* NF4 storage (frozen projection weights of a TR_QUANT_NF4 plan): offsets
 	 * into the nf4.* buffers of the params arena (train/nf4.h). */
 	bool nf4;
+	/* Stored in bf16 only (a frozen 2-D tensor of a frozen_bf16 plan, not NF4). */
+	bool bf16;
 	size_t q_codes;    /* bytes into nf4.codes */
 	size_t q_blocks;   /* absmax values before this tensor's (floats / bytes into nf4.absmax{,_q}) */
 	size_t q_scales;   /* floats into nf4.absmax_scale (double quantization) */
@@ -166,6 +170,14 @@ struct tr_plan_opts {
 	 * frozen base. Double quantization packs the absmax values to 8 bits. */
 	enum tr_quant base_quant;
 	bool nf4_double_quant;
+	/* Every other frozen matrix (the embedding, lm_head, the projections of
+	 * a frozen base not in NF4: every frozen tensor but the norms' and the
+	 * biases' vectors) stored in bf16 only, converted once at load; no fp32
+	 * copy. gemm_bf16 implies it (the bf16 mode's GEMMs read bf16 weights;
+	 * tr_plan_build sets it). Elsewhere (the CPU backend, the CUDA fp32
+	 * mode) each use widens the weight exactly into scratch.deq: the same
+	 * math as fp32 weights that were rounded to bf16. */
+	bool frozen_bf16;
 	/* > 0: sequence classification: a head score.weight [num_labels, C] on
 	 * the last non-pad token replaces lm_head. Trained even under LoRA. */
 	int num_labels;
@@ -194,9 +206,11 @@ struct tr_plan {
 	size_t numel_params;          /* every tensor */
 	size_t numel_trainable;       /* prefix of the grads arena */
 	size_t numel_decay;           /* the first numel_decay trainable floats decay */
-	size_t numel_f32;             /* floats of the params buffer (all but NF4 tensors) */
+	size_t numel_f32;             /* floats of the params buffer (all but NF4 and bf16 tensors) */
+	size_t numel_bf16;            /* bf16 values of the params16 buffer (opts.frozen_bf16) */
+	size_t bf16_max_numel;        /* the largest bf16 tensor */
 	size_t numel_frozen;          /* elements of frozen tensors */
-	size_t frozen_bytes;          /* frozen tensors as stored: fp32, or the NF4 buffers */
+	size_t frozen_bytes;          /* frozen tensors as stored: fp32, bf16 or the NF4 buffers */
 	size_t nf4_numel, nf4_bytes;  /* the NF4-stored part of the above */
 	/* Rows of logits (N, V) held at once. A causal training plan whose logits
 	 * would exceed TR_LOGITS_CHUNK_FLOATS computes the LM head and its loss in

@@ -171,8 +171,6 @@ static void cuda_upload(struct gpu_backend *be, void *dst, const void *src, size
 	struct cu_backend *cb = cu_of(be);
 	if (!bytes)
 		return;
-	if (gpu_touches_params(be, dst, bytes))
-		be->params_bf16_stale = true;
 	/* From pageable memory the call returns once src has been staged, so the
 	 * caller may reuse src at once. */
 	cu_check(cb, cb->drv.cuMemcpyHtoDAsync((CUdeviceptr)(uintptr_t)dst, src, bytes, cb->stream),
@@ -192,8 +190,6 @@ static void cuda_download(struct gpu_backend *be, void *dst, const void *src, si
 static void cuda_zero(struct gpu_backend *be, void *dst, size_t bytes)
 {
 	struct cu_backend *cb = cu_of(be);
-	if (gpu_touches_params(be, dst, bytes))
-		be->params_bf16_stale = true;
 	if (bytes)
 		cu_check(cb, cb->drv.cuMemsetD8Async((CUdeviceptr)(uintptr_t)dst, 0, bytes, cb->stream),
 			 "cuMemsetD8Async");

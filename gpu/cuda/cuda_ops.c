@@ -178,22 +178,10 @@ static void sgemm(struct cu_backend *cb, const char *what, cublasOperation_t ta,
 	cu_prof_end(cb, "%s %dx%dx%d", what, m, n, k);
 }
 
-/* The bf16 operands of the bf16 mode's GEMMs. A parameter is read from the
- * backend's bf16 copy (gpu/backend.h: params_bf16), re-rounded whole first
- * when a write made it stale; anything else is rounded into slot, a part of
- * be->gemm_scratch. */
-static const uint16_t *bf16_operand(struct cu_backend *cb, const float *x, size_t n,
-				    uint16_t *slot)
+/* A bf16 GEMM operand without a twin: x (n floats) rounded into slot, a
+ * part of be->gemm_scratch (gpu/backend.h lays the parts out). */
+static const uint16_t *round_into(struct cu_backend *cb, uint16_t *slot, const float *x, size_t n)
 {
-	struct gpu_backend *be = &cb->base;
-	const uint16_t *at = gpu_params_bf16_at(be, x, n);
-	if (at) {
-		if (be->params_bf16_stale) {
-			launch_cast(cb, be->params_bf16, be->params, be->params_count);
-			be->params_bf16_stale = false;
-		}
-		return at;
-	}
 	launch_cast(cb, slot, x, n);
 	return slot;
 }
@@ -204,17 +192,11 @@ static size_t operand_elems(cublasOperation_t op, int ld, int rows_if_t, int col
 	return (size_t)ld * (size_t)(op == CUBLAS_OP_N ? cols_if_n : rows_if_t);
 }
 
-/* Where the second operand starts in the scratch: after the first, padded to
- * 128 elements (train/plan.c's gemm_elems sizes the scratch the same way). */
-static size_t second_slot(size_t na)
+/* Whether the scratch holds elems bf16 values (none needed always fits). */
+static bool scratch_fits(const struct cu_backend *cb, size_t elems)
 {
-	return (na + 127) / 128 * 128;
-}
-
-/* Whether the scratch holds a first operand of na and a second of nb. */
-static bool scratch_fits(const struct cu_backend *cb, size_t na, size_t nb)
-{
-	return cb->base.gemm_scratch && 2 * (second_slot(na) + nb) <= cb->base.gemm_scratch_bytes;
+	return elems == 0 ||
+	       (cb->base.gemm_scratch && 2 * elems <= cb->base.gemm_scratch_bytes);
 }
 
 /* bf16 x bf16 -> C GEMM, fp32 accumulation; C fp32, or bf16 (C16) when C is
@@ -244,20 +226,24 @@ static void sgemm_(struct cu_backend *cb, const char *what, cublasOperation_t ta
 		   float beta, float *C, int ldc)
 {
 	if (cb->fp32_strict) {
-		assert(A && B);
+		if (!A || !B) { /* a bf16-only operand (a frozen weight) in fp32 mode: a caller's bug */
+			cu_check(cb, CUDA_ERROR_INVALID_VALUE, "GEMM: a bf16-only operand in fp32 mode");
+			return;
+		}
 		cu_check_blas(cb, cublasSgemm(cb->blas, ta, tb, m, n, k, &alpha, A, lda, B, ldb, &beta,
 					      C, ldc),
 			      what);
 		return;
 	}
-	/* bf16 operands (a twin, else bf16_operand), then a bf16 x bf16 ->
-	 * fp32 GEMM. Measured faster than FAST_16BF on fp32 operands (H200,
-	 * Qwen2-0.5B step 167 -> 149 ms). */
-	size_t na = operand_elems(ta, lda, m, k), nb = operand_elems(tb, ldb, k, n);
-	if (scratch_fits(cb, na, nb)) {
+	/* bf16 operands (a twin, else rounded into the scratch: the first at
+	 * element 0, the second after its slot, gpu_gemm_slot), then a bf16 x
+	 * bf16 -> fp32 GEMM. Measured faster than FAST_16BF on fp32 operands
+	 * (H200, Qwen2-0.5B step 167 -> 149 ms). */
+	size_t na = A16 ? 0 : operand_elems(ta, lda, m, k), nb = B16 ? 0 : operand_elems(tb, ldb, k, n);
+	if (scratch_fits(cb, gpu_gemm_slot(na) + nb)) {
 		uint16_t *slot = cb->base.gemm_scratch;
-		const uint16_t *a16 = A16 ? A16 : bf16_operand(cb, A, na, slot);
-		const uint16_t *b16 = B16 ? B16 : bf16_operand(cb, B, nb, slot + second_slot(na));
+		const uint16_t *a16 = A16 ? A16 : round_into(cb, slot, A, na);
+		const uint16_t *b16 = B16 ? B16 : round_into(cb, slot + gpu_gemm_slot(na), B, nb);
 		gemm16(cb, what, ta, tb, m, n, k, alpha, a16, lda, b16, ldb, beta, C, ldc);
 		return;
 	}
@@ -313,12 +299,13 @@ static void sgemm_batched_(struct cu_backend *cb, const char *what, cublasOperat
 
 /* -------------------------------------------------------------- embedding -- */
 
+/* wte16: a table stored in bf16 only (wte NULL), rows widened exactly. */
 static void cu_embedding_forward(struct gpu_backend *be, float *out, const int32_t *ids,
-				 const float *wte, int N, int C)
+				 const float *wte, const gpu_bf16 *wte16, int N, int C)
 {
 	if (C <= 0)
 		return;
-	void *args[] = {&out, &ids, &wte, &N, &C};
+	void *args[] = {&out, &ids, &wte, &wte16, &N, &C};
 	launch_rows(cu_of(be), CU_K_embedding_forward_f32, N, row_threads(C), args);
 }
 
@@ -366,32 +353,33 @@ static void cu_rmsnorm_backward(struct gpu_backend *be, float *dinp, float *dwei
 
 static void cu_matmul_forward(struct gpu_backend *be, float *out, gpu_bf16 *out16,
 			      const float *inp, const gpu_bf16 *inp16, const float *weight,
-			      const float *bias, int N, int C, int OC)
+			      const gpu_bf16 *weight16, const float *bias, int N, int C, int OC)
 {
 	struct cu_backend *cb = cu_of(be);
 	if (N <= 0 || OC <= 0)
 		return;
 	if (out16) {
-		/* the product in bf16 only: bf16 operands from the scratch */
-		size_t nw = (size_t)OC * C, nx = (size_t)N * C;
+		/* the product in bf16 only: bf16 operands, twins or rounded into the
+		 * scratch (gpu_matmul_scratch_elems) */
+		size_t nw = weight16 ? 0 : (size_t)OC * C, nx = inp16 ? 0 : (size_t)N * C;
 		assert(!out && !bias && C > 0);
-		if (cb->fp32_strict || !scratch_fits(cb, nw, nx)) {
+		if (cb->fp32_strict || !scratch_fits(cb, gpu_gemm_slot(nw) + nx)) {
 			cu_check(cb, CUDA_ERROR_INVALID_VALUE,
 				 "matmul_forward: a bf16 product needs the bf16 mode and gemm_scratch");
 			return;
 		}
 		uint16_t *slot = cb->base.gemm_scratch;
 		cu_prof_begin(cb);
-		const uint16_t *w16 = bf16_operand(cb, weight, nw, slot);
-		const uint16_t *x16 = inp16 ? inp16 : bf16_operand(cb, inp, nx, slot + second_slot(nw));
+		const uint16_t *w16 = weight16 ? weight16 : round_into(cb, slot, weight, nw);
+		const uint16_t *x16 = inp16 ? inp16 : round_into(cb, slot + gpu_gemm_slot(nw), inp, nx);
 		gemm16_(cb, "matmul_forward: cublasGemmEx (bf16 out)", OP_T, OP_N, OC, N, C, 1.0f, w16,
 			C, x16, C, 0.0f, NULL, out16, OC);
 		cu_prof_end(cb, "matmul_forward: cublasGemmEx (bf16 out) %dx%dx%d", OC, N, C);
 		return;
 	}
 	if (C > 0)
-		sgemm(cb, "matmul_forward: cublasSgemm", OP_T, OP_N, OC, N, C, 1.0f, weight, NULL, C,
-		      inp, inp16, C, 0.0f, out, OC);
+		sgemm(cb, "matmul_forward: cublasSgemm", OP_T, OP_N, OC, N, C, 1.0f, weight, weight16,
+		      C, inp, inp16, C, 0.0f, out, OC);
 	else
 		be->ops->zero(be, out, sizeof(float) * (size_t)N * (size_t)OC);
 	if (bias) {
@@ -405,8 +393,8 @@ static void cu_matmul_forward(struct gpu_backend *be, float *out, gpu_bf16 *out1
  * dbias (OC) += the column sums of dout (fp32 dout required). */
 static void cu_matmul_backward(struct gpu_backend *be, float *dinp, float *dweight, float *dbias,
 			       const float *dout, const gpu_bf16 *dout16, const float *inp,
-			       const gpu_bf16 *inp16, const float *weight, int N, int C, int OC,
-			       bool dinp_set)
+			       const gpu_bf16 *inp16, const float *weight, const gpu_bf16 *weight16,
+			       int N, int C, int OC, bool dinp_set)
 {
 	struct cu_backend *cb = cu_of(be);
 	if (dinp && dinp_set && N > 0 && C > 0 && OC <= 0)
@@ -414,30 +402,35 @@ static void cu_matmul_backward(struct gpu_backend *be, float *dinp, float *dweig
 	if (N <= 0 || OC <= 0)
 		return; /* nothing to add */
 	const float beta_in = dinp_set ? 0.0f : 1.0f; /* 0: cuBLAS never reads dinp */
+	const bool want_in = dinp && C > 0, want_w = dweight && C > 0;
 	size_t nd = (size_t)N * OC, nw = (size_t)OC * C, nx = (size_t)N * C;
-	if (dinp && dweight && C > 0 && !cb->fp32_strict &&
-	    scratch_fits(cb, nw > nx ? nw : nx, nd)) {
-		/* bf16: dout, the second operand of both products, rounded once
-		 * (or its twin). */
+	/* bf16: dout, the second operand of both products, rounded once (or
+	 * its twin) after one slot that the weight and then the input take in
+	 * turn where they have no twin (gpu_matmul_scratch_elems). */
+	size_t sw = want_in && !weight16 ? nw : 0, sx = want_w && !inp16 ? nx : 0;
+	size_t first = gpu_gemm_slot(sw > sx ? sw : sx);
+	if ((want_in || want_w) && !cb->fp32_strict && scratch_fits(cb, first + (dout16 ? 0 : nd))) {
 		uint16_t *slot = cb->base.gemm_scratch;
-		cu_prof_begin(cb);
-		const uint16_t *d16 =
-			dout16 ? dout16
-			       : bf16_operand(cb, dout, nd, slot + second_slot(nw > nx ? nw : nx));
-		const uint16_t *w16 = bf16_operand(cb, weight, nw, slot);
-		gemm16(cb, "matmul_backward (dinp): cublasGemmEx", OP_N, OP_N, C, N, OC, 1.0f, w16, C,
-		       d16, OC, beta_in, dinp, C);
-		cu_prof_end(cb, "matmul_backward (dinp): cublasGemmEx %dx%dx%d", C, N, OC);
-		cu_prof_begin(cb);
-		const uint16_t *x16 = inp16 ? inp16 : bf16_operand(cb, inp, nx, slot);
-		gemm16(cb, "matmul_backward (dweight): cublasGemmEx", OP_N, OP_T, C, OC, N, 1.0f, x16,
-		       C, d16, OC, 1.0f, dweight, C);
-		cu_prof_end(cb, "matmul_backward (dweight): cublasGemmEx %dx%dx%d", C, OC, N);
+		const uint16_t *d16 = dout16 ? dout16 : round_into(cb, slot + first, dout, nd);
+		if (want_in) {
+			cu_prof_begin(cb);
+			const uint16_t *w16 = weight16 ? weight16 : round_into(cb, slot, weight, nw);
+			gemm16(cb, "matmul_backward (dinp): cublasGemmEx", OP_N, OP_N, C, N, OC, 1.0f,
+			       w16, C, d16, OC, beta_in, dinp, C);
+			cu_prof_end(cb, "matmul_backward (dinp): cublasGemmEx %dx%dx%d", C, N, OC);
+		}
+		if (want_w) {
+			cu_prof_begin(cb);
+			const uint16_t *x16 = inp16 ? inp16 : round_into(cb, slot, inp, nx);
+			gemm16(cb, "matmul_backward (dweight): cublasGemmEx", OP_N, OP_T, C, OC, N,
+			       1.0f, x16, C, d16, OC, 1.0f, dweight, C);
+			cu_prof_end(cb, "matmul_backward (dweight): cublasGemmEx %dx%dx%d", C, OC, N);
+		}
 	} else {
-		if (dinp && C > 0)
+		if (want_in)
 			sgemm(cb, "matmul_backward (dinp): cublasSgemm", OP_N, OP_N, C, N, OC, 1.0f,
-			      weight, NULL, C, dout, dout16, OC, beta_in, dinp, C);
-		if (dweight && C > 0)
+			      weight, weight16, C, dout, dout16, OC, beta_in, dinp, C);
+		if (want_w)
 			sgemm(cb, "matmul_backward (dweight): cublasSgemm", OP_N, OP_T, C, OC, N, 1.0f,
 			      inp, inp16, C, dout, dout16, OC, 1.0f, dweight, C);
 	}
@@ -797,17 +790,11 @@ static void cu_crossentropy_backward(struct gpu_backend *be, float *losses, floa
 
 /* The scalars exactly as the CPU op forms them (double, then rounded to
  * float where torch hands a Python scalar to a float32 kernel). */
-static void cu_adamw_update(struct gpu_backend *be, float *param, const float *grad, float *m,
-			    float *v, size_t n, float lr, float beta1, float beta2, float eps,
-			    float weight_decay, int t)
+static void cu_adamw_update(struct gpu_backend *be, float *param, gpu_bf16 *param16,
+			    const float *grad, float *m, float *v, size_t n, float lr, float beta1,
+			    float beta2, float eps, float weight_decay, int t)
 {
 	assert(t >= 1);
-	/* Inside the parameters: their bf16 copy gets the new values as they
-	 * are written (it stays as fresh as it was); a range that only
-	 * overlaps them makes it stale. */
-	uint16_t *param16 = gpu_params_bf16_at(be, param, n);
-	if (!param16 && gpu_touches_params(be, param, n * sizeof(float)))
-		be->params_bf16_stale = true;
 	float decay = (float)(1.0 - (double)lr * weight_decay);
 	float one_minus_b1 = (float)(1.0 - (double)beta1);
 	float one_minus_b2 = (float)(1.0 - (double)beta2);
@@ -856,12 +843,27 @@ static void cu_scale(struct gpu_backend *be, float *x, float s, size_t n)
 	launch_n(cu_of(be), CU_K_scale_f32, n, args);
 }
 
+/* ------------------------------------------------------------------ bf16 -- */
+
+static void cu_bf16_round(struct gpu_backend *be, gpu_bf16 *out, const float *in, size_t n)
+{
+	launch_cast(cu_of(be), out, in, n);
+}
+
+static void cu_bf16_widen(struct gpu_backend *be, float *out, const gpu_bf16 *in, size_t n)
+{
+	void *args[] = {&out, &in, &n};
+	launch_n(cu_of(be), CU_K_cast_f32_bf16, n, args);
+}
+
 /* ---------------------------------------------------------------- methods -- */
 
-static void cu_nf4_dequantize(struct gpu_backend *be, float *out, const uint8_t *codes,
-			      const float *absmax, size_t n)
+/* out16: the values rounded to bf16 as cast_bf16_f32 rounds them (the
+ * same bits as out then a cast), for the bf16 mode's GEMMs. */
+static void cu_nf4_dequantize(struct gpu_backend *be, float *out, gpu_bf16 *out16,
+			      const uint8_t *codes, const float *absmax, size_t n)
 {
-	void *args[] = {&out, &codes, &absmax, &n};
+	void *args[] = {&out, &out16, &codes, &absmax, &n};
 	launch_n(cu_of(be), CU_K_nf4_dequantize_f32, n, args);
 }
 
@@ -926,6 +928,8 @@ void cu_ops_fill(struct gpu_backend_ops *ops)
 	ops->adamw_update = cu_adamw_update;
 	ops->sumsq = cu_sumsq;
 	ops->scale = cu_scale;
+	ops->bf16_round = cu_bf16_round;
+	ops->bf16_widen = cu_bf16_widen;
 	ops->nf4_dequantize = cu_nf4_dequantize;
 	ops->absmax_dequantize = cu_absmax_dequantize;
 	ops->distill_forward = cu_distill_forward;

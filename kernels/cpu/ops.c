@@ -394,6 +394,27 @@ void scale_inplace(float *restrict x, float s, size_t n)
 		x[i] *= s;
 }
 
+void bf16_round(uint16_t *restrict out, const float *restrict in, size_t n)
+{
+	for (size_t i = 0; i < n; i++) {
+		uint32_t u;
+		memcpy(&u, &in[i], sizeof(u));
+		if ((u & 0x7fffffffu) > 0x7f800000u) /* NaN: the canonical quiet NaN, as CUDA's */
+			out[i] = 0x7fffu;
+		else /* nearest even; a carry out of the mantissa is the right rounding too */
+			out[i] = (uint16_t)((u + 0x7fffu + (u >> 16 & 1u)) >> 16);
+	}
+}
+
+/* No restrict: the in-place use of the contract aliases in and out. */
+void bf16_widen(float *out, const uint16_t *in, size_t n)
+{
+	for (size_t i = 0; i < n; i++) {
+		uint32_t u = (uint32_t)in[i] << 16;
+		memcpy(&out[i], &u, sizeof(u));
+	}
+}
+
 /* -------------------------------------------------------------- helpers -- */
 
 static float row_max(const float *restrict x, int n)

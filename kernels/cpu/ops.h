@@ -93,6 +93,17 @@ void crossentropy_backward(float *dlogits, const float *logits, const int32_t *t
 void adamw_update(float *param, const float *grad, float *m, float *v, size_t n, float lr,
 		  float beta1, float beta2, float eps, float weight_decay, int t);
 
+/* bf16, the bf16 mode's storage of frozen weights and of the GEMMs' operands:
+ * the upper 16 bits of an fp32. bf16_round: out (n) = in rounded to nearest
+ * even (a NaN becomes the quiet NaN 0x7fff; infinities stay); the same bits
+ * as CUDA's __float2bfloat16_rn. bf16_widen: out (n) = in exactly (a
+ * bf16 is an fp32 with 16 zero low bits). Overwrite. bf16_widen may run in
+ * place over the second half of out's bytes (in == (uint16_t *)out + n):
+ * element i is read before out[i] is written, and out[i] ends before in[i+1]
+ * begins. */
+void bf16_round(uint16_t *out, const float *in, size_t n);
+void bf16_widen(float *out, const uint16_t *in, size_t n);
+
 /* Sum of squares, accumulated in double. */
 double sumsq(const float *x, size_t n);
 /* x *= s over n values. */

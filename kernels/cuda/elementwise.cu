@@ -160,3 +160,11 @@ extern "C" __global__ void cast_bf16_f32(__nv_bfloat16 *out, const float *in, si
 	for (size_t j = done + i; j < n; j += stride)
 		out[j] = __float2bfloat16_rn(in[j]);
 }
+
+/* out (n) = in (bf16) widened to fp32, exactly. Overwrite. */
+extern "C" __global__ void cast_f32_bf16(float *out, const __nv_bfloat16 *in, size_t n)
+{
+	for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+	     i += (size_t)gridDim.x * blockDim.x)
+		out[i] = __bfloat162float(in[i]);
+}

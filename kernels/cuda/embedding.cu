@@ -1,5 +1,6 @@
 /* Embedding lookup and its gradient, fp32: the CUDA twins of
- * embedding_forward / embedding_backward in kernels/cpu/ops.h.
+ * embedding_forward / embedding_backward in kernels/cpu/ops.h. The lookup
+ * also reads a table stored in bf16 (a frozen embedding in the bf16 mode).
  *
  * The backward pass is deterministic without sorting and without float
  * atomics: the block that owns row n first checks that n is the first
@@ -16,13 +17,20 @@
  * over rows, blockDim a multiple of 32 and at most 1024. */
 #include "common.cuh"
 
-/* out (N,C) = wte[ids[n]]. Overwrite. */
+/* out (N,C) = wte[ids[n]], from wte16 (a table stored in bf16 only, each
+ * value widened exactly) when it is not NULL. Overwrite. */
 extern "C" __global__ void embedding_forward_f32(float *out, const int32_t *ids, const float *wte,
-						 int N, int C)
+						 const __nv_bfloat16 *wte16, int N, int C)
 {
 	for (int n = blockIdx.x; n < N; n += gridDim.x) {
-		const float *src = wte + (size_t)ids[n] * C;
 		float *dst = out + (size_t)n * C;
+		if (wte16) { /* grid-uniform */
+			const __nv_bfloat16 *src = wte16 + (size_t)ids[n] * C;
+			for (int c = threadIdx.x; c < C; c += blockDim.x)
+				dst[c] = __bfloat162float(src[c]);
+			continue;
+		}
+		const float *src = wte + (size_t)ids[n] * C;
 		for (int c = threadIdx.x; c < C; c += blockDim.x)
 			dst[c] = src[c];
 	}

@@ -46,15 +46,16 @@ __constant__ float cu_nf4_code[16] = {
 };
 
 /* out (n) = code(i) * absmax[i / 64]; element 2i is the high nibble of
- * codes[i], 2i+1 the low one. Overwrite. */
-extern "C" __global__ void nf4_dequantize_f32(float *out, const uint8_t *codes,
-					      const float *absmax, size_t n)
+ * codes[i], 2i+1 the low one. Overwrite. out16 (or both): the same values
+ * rounded to bf16 (nearest even), the bf16 mode's GEMM operand. */
+extern "C" __global__ void nf4_dequantize_f32(float *out, __nv_bfloat16 *out16,
+					      const uint8_t *codes, const float *absmax, size_t n)
 {
 	for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
 	     i += (size_t)gridDim.x * blockDim.x) {
 		const unsigned byte = codes[i / 2];
 		const unsigned k = i % 2 ? byte & 15u : byte >> 4;
-		out[i] = __fmul_rn(cu_nf4_code[k], absmax[i / CU_NF4_BLOCK]);
+		cu_put(out, out16, i, __fmul_rn(cu_nf4_code[k], absmax[i / CU_NF4_BLOCK]));
 	}
 }
 

@@ -298,8 +298,19 @@ static void test_embedding(void)
 		float *out = fvec(nout);
 		embedding_forward(out, ids, wte, N, C);
 		float *d_out = dnan(nout);
-		gpu_embedding_forward(be, d_out, d_ids, dputf(wte, nw), N, C);
+		gpu_embedding_forward(be, d_out, d_ids, dputf(wte, nw), NULL, N, C);
 		expect_exact("out", hget(d_out, nout), out, nout);
+
+		/* A table stored in bf16 only: its rows widened exactly. */
+		uint16_t *wte16 = hmem(nw * sizeof(uint16_t));
+		float *wide = fvec(nw);
+		bf16_round(wte16, wte, nw);
+		bf16_widen(wide, wte16, nw);
+		embedding_forward(out, ids, wide, N, C);
+		d_out = dnan(nout);
+		gpu_embedding_forward(be, d_out, d_ids, NULL, dput(wte16, nw * sizeof(uint16_t)), N,
+				      C);
+		expect_exact("out (bf16 table)", hget(d_out, nout), out, nout);
 
 		/* Accumulates into random values, in the CPU's order. */
 		float *dout = frand(nout, 1.0, 0.0);
@@ -386,8 +397,8 @@ static void test_matmul(void)
 			float *out = fvec(nout);
 			matmul_forward(out, inp, weight, with_bias ? bias : NULL, N, C, OC);
 			float *d_out = dnan(nout);
-			gpu_matmul_forward(be, d_out, NULL, d_inp, NULL, d_weight, with_bias ? d_bias : NULL, N, C,
-					   OC);
+			gpu_matmul_forward(be, d_out, NULL, d_inp, NULL, d_weight, NULL,
+					   with_bias ? d_bias : NULL, N, C, OC);
 			expect_red(with_bias ? "out (bias)" : "out", hget(d_out, nout), out, nout, C);
 		}
 
@@ -406,7 +417,8 @@ static void test_matmul(void)
 			float *d_dinp = dputf(dinp0, nin), *d_dw = dputf(dw0, nw);
 			float *d_db = dputf(db0, (size_t)OC);
 			gpu_matmul_backward(be, want_in ? d_dinp : NULL, want_w ? d_dw : NULL,
-					    want_b ? d_db : NULL, d_dout, NULL, d_inp, NULL, d_weight, N, C, OC, false);
+					    want_b ? d_db : NULL, d_dout, NULL, d_inp, NULL, d_weight, NULL, N,
+					    C, OC, false);
 			/* A NULL output is left alone: it still equals its start. */
 			char what[64];
 			snprintf(what, sizeof(what), "dinp (mask %d)", mask);
@@ -425,8 +437,8 @@ static void test_matmul(void)
 		float *dset = ffill(nin, 0.0f), *dw_set = fcopy(dw0, nw);
 		matmul_backward(dset, dw_set, NULL, dout, inp, weight, N, C, OC);
 		float *d_dset = dnan(nin), *d_dw_set = dputf(dw0, nw);
-		gpu_matmul_backward(be, d_dset, d_dw_set, NULL, d_dout, NULL, d_inp, NULL, d_weight, N,
-				    C, OC, true);
+		gpu_matmul_backward(be, d_dset, d_dw_set, NULL, d_dout, NULL, d_inp, NULL, d_weight,
+				    NULL, N, C, OC, true);
 		expect_red("dinp (set)", hget(d_dset, nin), dset, nin, OC);
 		expect_red("dweight (with dinp set: still added)", hget(d_dw_set, nw), dw_set, nw, N);
 		case_end();
@@ -435,7 +447,7 @@ static void test_matmul(void)
 }
 
 /* x rounded to bf16, nearest even, back as a float (finite x). */
-static float bf16_round(float x)
+static float round_bf16(float x)
 {
 	uint32_t u;
 	memcpy(&u, &x, sizeof(u));
@@ -449,99 +461,14 @@ static float *bf16_rounded(const float *x, size_t n)
 {
 	float *y = fvec(n);
 	for (size_t i = 0; i < n; i++)
-		y[i] = bf16_round(x[i]);
+		y[i] = round_bf16(x[i]);
 	return y;
-}
-
-/* The bf16 mode's GEMMs (gpu/cuda/cuda_ops.c: sgemm_, bf16_operand): with a
- * gemm_scratch, operands rounded to bf16 (nearest even), products exact in
- * fp32, fp32 accumulation; so the reference is the CPU op on operands rounded
- * on the host, held to the fp32 reduction tolerance (only the order of the
- * additions differs). The weight sits in a registered parameter range
- * (be->params), so its bf16 copy is used; the copy must follow an upload and
- * an adamw_update into the range, and a weight outside the range is rounded
- * per call. matmul_backward's shared rounding of dout is checked the same way. */
-static void test_matmul_bf16(void)
-{
-	static const struct { int N, C, OC; } cases[] = {
-		{ 5, 8, 16 }, { 7, 67, 33 }, { 300, 896, 1152 }, { 1024, 256, 512 },
-	};
-	struct td_errbuf eb = {{0}};
-	CHECK_EQ_INT(gpu_set_bf16(be, true, &eb), TD_OK);
-	op_begin();
-	for (size_t ci = 0; ci < COUNT(cases); ci++) {
-		int N = cases[ci].N, C = cases[ci].C, OC = cases[ci].OC;
-		size_t nin = (size_t)N * C, nout = (size_t)N * OC, nw = (size_t)OC * C;
-		snprintf(where, sizeof(where), "bf16 matmul (N=%d C=%d OC=%d)", N, C, OC);
-		/* parameters: 4 floats of something else, then the weight */
-		size_t np = 4 + nw;
-		float *params = frand(np, 1.0, 0.0), *weight = params + 4;
-		float *d_params = dputf(params, np), *d_weight = d_params + 4;
-		be->params = d_params;
-		be->params_count = np;
-		be->params_bf16 = dmem(np * 2);
-		be->params_bf16_stale = true;
-		size_t big = nw > nin ? nw : nin;
-		be->gemm_scratch_bytes = 2 * ((big + 127) / 128 * 128 + (nin > nout ? nin : nout));
-		be->gemm_scratch = dmem(be->gemm_scratch_bytes);
-
-		float *inp = frand(nin, 1.0, 0.0), *d_inp = dputf(inp, nin);
-		float *out = fvec(nout), *d_out = dnan(nout);
-		matmul_forward(out, bf16_rounded(inp, nin), bf16_rounded(weight, nw), NULL, N, C, OC);
-		gpu_matmul_forward(be, d_out, NULL, d_inp, NULL, d_weight, NULL, N, C, OC);
-		expect_red("out (parameter copy)", hget(d_out, nout), out, nout, C);
-
-		/* new weight values uploaded into the range: the copy follows */
-		float *w2 = frand(nw, 1.0, 0.0);
-		gpu_upload(be, d_weight, w2, nw * sizeof(float));
-		matmul_forward(out, bf16_rounded(inp, nin), bf16_rounded(w2, nw), NULL, N, C, OC);
-		gpu_matmul_forward(be, d_out, NULL, d_inp, NULL, d_weight, NULL, N, C, OC);
-		expect_red("out (after upload)", hget(d_out, nout), out, nout, C);
-
-		/* an optimizer step on the range: the copy follows */
-		float *g = frand(np, 1.0, 0.0), *zeros = ffill(np, 0.0f);
-		float *d_g = dputf(g, np), *d_m = dputf(zeros, np), *d_v = dputf(zeros, np);
-		gpu_adamw_update(be, d_params, d_g, d_m, d_v, np, 1e-2f, 0.9f, 0.999f, 1e-8f, 0.0f, 1);
-		float *w3 = hget(d_weight, nw);
-		CHECK_MSG(memcmp(w3, w2, nw * sizeof(float)) != 0, "%s: adamw changed nothing", where);
-		matmul_forward(out, bf16_rounded(inp, nin), bf16_rounded(w3, nw), NULL, N, C, OC);
-		gpu_matmul_forward(be, d_out, NULL, d_inp, NULL, d_weight, NULL, N, C, OC);
-		expect_red("out (after adamw)", hget(d_out, nout), out, nout, C);
-
-		/* a weight outside the range: rounded per call */
-		float *d_w3 = dputf(w3, nw);
-		gpu_matmul_forward(be, d_out, NULL, d_inp, NULL, d_w3, NULL, N, C, OC);
-		expect_red("out (not a parameter)", hget(d_out, nout), out, nout, C);
-
-		/* backward: dinp and dweight share dout's rounding */
-		float *dout = frand(nout, 1.0, 0.0), *d_dout = dputf(dout, nout);
-		float *dinp = ffill(nin, 0.5f), *dw = ffill(nw, 0.25f);
-		matmul_backward(dinp, dw, NULL, bf16_rounded(dout, nout), bf16_rounded(inp, nin),
-				bf16_rounded(w3, nw), N, C, OC);
-		for (int param = 1; param >= 0; param--) {
-			float *d_dinp = dputf(ffill(nin, 0.5f), nin), *d_dw = dputf(ffill(nw, 0.25f), nw);
-			gpu_matmul_backward(be, d_dinp, d_dw, NULL, d_dout, NULL, d_inp, NULL,
-					    param ? d_weight : d_w3, N, C, OC, false);
-			expect_red(param ? "dinp (parameter copy)" : "dinp", hget(d_dinp, nin), dinp,
-				   nin, OC);
-			expect_red(param ? "dweight (parameter copy)" : "dweight", hget(d_dw, nw), dw,
-				   nw, N);
-		}
-		be->params = NULL;
-		be->params_count = 0;
-		be->params_bf16 = NULL;
-		be->gemm_scratch = NULL;
-		be->gemm_scratch_bytes = 0;
-		case_end();
-	}
-	op_report("bf16 matmul");
-	CHECK_EQ_INT(gpu_set_bf16(be, false, &eb), TD_OK);
 }
 
 /* bf16 bits of x (nearest even), as the twins hold them. */
 static uint16_t bf16_bits(float x)
 {
-	float r = bf16_round(x);
+	float r = round_bf16(x);
 	uint32_t u;
 	memcpy(&u, &r, sizeof(u));
 	return (uint16_t)(u >> 16);
@@ -574,6 +501,107 @@ static gpu_bf16 *dnan16(size_t n)
 	for (size_t i = 0; i < n; i++)
 		h[i] = 0x7fc1; /* a NaN */
 	return dput(h, n * sizeof(uint16_t));
+}
+
+/* The bf16 mode's GEMMs (gpu/cuda/cuda_ops.c: sgemm_, round_into): operands
+ * rounded to bf16 (nearest even), products exact in fp32, fp32 accumulation;
+ * so the reference is the CPU op on operands rounded on the host, held to the
+ * fp32 reduction tolerance (only the order of the additions differs). The
+ * weight comes three ways: fp32 alone (rounded into the scratch per call),
+ * fp32 with its twin (a trainable weight's copy, made by bf16_round and kept
+ * by adamw_update's param16), and bf16 only (a frozen weight: weight NULL).
+ * The scratch is exactly what gpu_matmul_scratch_elems says each call needs
+ * (at least 1 element): a bf16-only weight has no fallback, so a layout that
+ * needed more would fail the stream. */
+static void test_matmul_bf16(void)
+{
+	static const struct { int N, C, OC; } cases[] = {
+		{ 5, 8, 16 }, { 7, 67, 33 }, { 300, 896, 1152 }, { 1024, 256, 512 },
+	};
+	struct td_errbuf eb = {{0}};
+	CHECK_EQ_INT(gpu_set_bf16(be, true, &eb), TD_OK);
+	op_begin();
+	for (size_t ci = 0; ci < COUNT(cases); ci++) {
+		int N = cases[ci].N, C = cases[ci].C, OC = cases[ci].OC;
+		size_t nin = (size_t)N * C, nout = (size_t)N * OC, nw = (size_t)OC * C;
+		snprintf(where, sizeof(where), "bf16 matmul (N=%d C=%d OC=%d)", N, C, OC);
+		size_t most = gpu_matmul_scratch_elems(N, C, OC, true, true, true, false, false, false);
+		void *scratch = dmem(2 * most);
+		float *weight = frand(nw, 1.0, 0.0), *d_weight = dputf(weight, nw);
+		float *inp = frand(nin, 1.0, 0.0), *d_inp = dputf(inp, nin);
+		float *out = fvec(nout), *d_out = dnan(nout);
+		gpu_bf16 *d_w16 = dnan16(nw);
+		gpu_bf16_round(be, d_w16, d_weight, nw);
+		expect_twin("bf16_round (the weight's copy)", d_w16, weight, nw);
+		/* the exact scratch for each call */
+#define SCRATCH(bwd, dinp, dw, w16, x16, d16)                                                     \
+	do {                                                                                      \
+		be->gemm_scratch = scratch;                                                       \
+		size_t e_ = gpu_matmul_scratch_elems(N, C, OC, (bwd), (dinp), (dw), (w16), (x16), \
+						     (d16));                                       \
+		be->gemm_scratch_bytes = 2 * (e_ ? e_ : 1);                                       \
+	} while (0)
+		matmul_forward(out, bf16_rounded(inp, nin), bf16_rounded(weight, nw), NULL, N, C, OC);
+		SCRATCH(false, false, false, false, false, false);
+		gpu_matmul_forward(be, d_out, NULL, d_inp, NULL, d_weight, NULL, NULL, N, C, OC);
+		expect_red("out (weight rounded per call)", hget(d_out, nout), out, nout, C);
+		SCRATCH(false, false, false, true, false, false);
+		gpu_matmul_forward(be, d_out, NULL, d_inp, NULL, d_weight, d_w16, NULL, N, C, OC);
+		expect_red("out (the weight's copy)", hget(d_out, nout), out, nout, C);
+		gpu_matmul_forward(be, d_out, NULL, d_inp, NULL, NULL, d_w16, NULL, N, C, OC);
+		expect_red("out (bf16-only weight)", hget(d_out, nout), out, nout, C);
+		gpu_bf16 *d_inp16 = dput16(inp, nin);
+		SCRATCH(false, false, false, true, true, false);
+		float *d_out2 = dnan(nout);
+		gpu_matmul_forward(be, d_out2, NULL, NULL, d_inp16, NULL, d_w16, NULL, N, C, OC);
+		expect_same_bits("out (both twins, no scratch)", hget(d_out2, nout), hget(d_out, nout),
+				 nout);
+
+		/* an optimizer step writes the weight's copy with the new values */
+		float *g = frand(nw, 1.0, 0.0), *zeros = ffill(nw, 0.0f);
+		float *d_g = dputf(g, nw), *d_m = dputf(zeros, nw), *d_v = dputf(zeros, nw);
+		gpu_adamw_update(be, d_weight, d_w16, d_g, d_m, d_v, nw, 1e-2f, 0.9f, 0.999f, 1e-8f,
+				 0.0f, 1);
+		float *w2 = hget(d_weight, nw);
+		CHECK_MSG(memcmp(w2, weight, nw * sizeof(float)) != 0, "%s: adamw changed nothing", where);
+		expect_twin("adamw_update's param16", d_w16, w2, nw);
+		SCRATCH(false, false, false, true, false, false);
+		matmul_forward(out, bf16_rounded(inp, nin), bf16_rounded(w2, nw), NULL, N, C, OC);
+		gpu_matmul_forward(be, d_out, NULL, d_inp, NULL, d_weight, d_w16, NULL, N, C, OC);
+		expect_red("out (after adamw)", hget(d_out, nout), out, nout, C);
+
+		/* backward: dinp and dweight share dout's rounding; the weight
+		 * rounded per call, its copy, or bf16 only (dinp alone: frozen) */
+		float *dout = frand(nout, 1.0, 0.0), *d_dout = dputf(dout, nout);
+		float *dinp = ffill(nin, 0.5f), *dw = ffill(nw, 0.25f), *dinp_only = ffill(nin, 0.5f);
+		matmul_backward(dinp, dw, NULL, bf16_rounded(dout, nout), bf16_rounded(inp, nin),
+				bf16_rounded(w2, nw), N, C, OC);
+		matmul_backward(dinp_only, NULL, NULL, bf16_rounded(dout, nout), bf16_rounded(inp, nin),
+				bf16_rounded(w2, nw), N, C, OC);
+		for (int how = 0; how < 3; how++) {
+			static const char *const hows[] = {"rounded per call", "copy", "bf16 only"};
+			float *d_dinp = dputf(ffill(nin, 0.5f), nin), *d_dw = dputf(ffill(nw, 0.25f), nw);
+			bool frozen = how == 2;
+			SCRATCH(true, true, !frozen, how > 0, false, false);
+			gpu_matmul_backward(be, d_dinp, frozen ? NULL : d_dw, NULL, d_dout, NULL, d_inp, NULL,
+					    frozen ? NULL : d_weight, how ? d_w16 : NULL, N, C, OC,
+					    false);
+			char what[64];
+			snprintf(what, sizeof(what), "dinp (%s)", hows[how]);
+			expect_red(what, hget(d_dinp, nin), frozen ? dinp_only : dinp, nin, OC);
+			if (!frozen) {
+				snprintf(what, sizeof(what), "dweight (%s)", hows[how]);
+				expect_red(what, hget(d_dw, nw), dw, nw, N);
+			}
+		}
+#undef SCRATCH
+		synced("bf16 matmul");
+		be->gemm_scratch = NULL;
+		be->gemm_scratch_bytes = 0;
+		case_end();
+	}
+	op_report("bf16 matmul");
+	CHECK_EQ_INT(gpu_set_bf16(be, false, &eb), TD_OK);
 }
 
 /* The bf16 twins (gpu/backend.h): each producer's twin is its fp32 output
@@ -648,14 +676,14 @@ static void test_twins(void)
 	float *d_wt = dputf(wt, nw), *d_dout = dputf(dout, nd);
 	gpu_bf16 *d_x16 = dput16(x, nx), *d_dout16 = dput16(dout, nd);
 	float *d_y1 = dnan(nd), *d_y2 = dnan(nd);
-	gpu_matmul_forward(be, d_y1, NULL, d_x, NULL, d_wt, NULL, N, C, OC);
-	gpu_matmul_forward(be, d_y2, NULL, NULL, d_x16, d_wt, NULL, N, C, OC);
+	gpu_matmul_forward(be, d_y1, NULL, d_x, NULL, d_wt, NULL, NULL, N, C, OC);
+	gpu_matmul_forward(be, d_y2, NULL, NULL, d_x16, d_wt, NULL, NULL, N, C, OC);
 	float *y1 = hget(d_y1, nd);
 	expect_same_bits("matmul_forward (inp16)", hget(d_y2, nd), y1, nd);
 	/* the product in bf16: the fp32 product rounded, to within one bf16
 	 * step (the output type may pick another kernel, another order) */
 	gpu_bf16 *d_y16 = dnan16(nd);
-	gpu_matmul_forward(be, NULL, d_y16, NULL, d_x16, d_wt, NULL, N, C, OC);
+	gpu_matmul_forward(be, NULL, d_y16, NULL, d_x16, d_wt, NULL, NULL, N, C, OC);
 	uint16_t *y16 = hmem(nd * sizeof(uint16_t));
 	gpu_download(be, y16, d_y16, nd * sizeof(uint16_t));
 	float *y16f = fvec(nd);
@@ -666,8 +694,10 @@ static void test_twins(void)
 	expect_close_scaled("matmul_forward (bf16 out)", y16f, y1, nd, 0.0, 1.0 / 128, 1e-3);
 	float *zx = ffill(nx, 0.5f), *zw = ffill(nw, 0.25f);
 	float *d_dx1 = dputf(zx, nx), *d_dx2 = dputf(zx, nx), *d_dw1 = dputf(zw, nw), *d_dw2 = dputf(zw, nw);
-	gpu_matmul_backward(be, d_dx1, d_dw1, NULL, d_dout, NULL, d_x, NULL, d_wt, N, C, OC, false);
-	gpu_matmul_backward(be, d_dx2, d_dw2, NULL, NULL, d_dout16, NULL, d_x16, d_wt, N, C, OC, false);
+	gpu_matmul_backward(be, d_dx1, d_dw1, NULL, d_dout, NULL, d_x, NULL, d_wt, NULL, N, C, OC,
+			    false);
+	gpu_matmul_backward(be, d_dx2, d_dw2, NULL, NULL, d_dout16, NULL, d_x16, d_wt, NULL, N, C,
+			    OC, false);
 	expect_same_bits("matmul_backward dinp (twins)", hget(d_dx2, nx), hget(d_dx1, nx), nx);
 	expect_same_bits("matmul_backward dweight (twins)", hget(d_dw2, nw), hget(d_dw1, nw), nw);
 	case_end();
@@ -1022,8 +1052,12 @@ static void test_adamw(void)
 		float *d_param = dputf(param, n), *d_grad = dputf(grad, n);
 		float *d_m = dputf(m, n), *d_v = dputf(v, n);
 		adamw_update(param, grad, m, v, n, lr, beta1, beta2, eps, wd, t);
-		gpu_adamw_update(be, d_param, d_grad, d_m, d_v, n, lr, beta1, beta2, eps, wd, t);
+		gpu_bf16 *d_param16 = ci % 2 ? dnan16(n) : NULL; /* with a bf16 copy, and without */
+		gpu_adamw_update(be, d_param, d_param16, d_grad, d_m, d_v, n, lr, beta1, beta2, eps, wd,
+				 t);
 		expect_exact("param", hget(d_param, n), param, n);
+		if (d_param16)
+			expect_twin("param16", d_param16, param, n);
 		expect_exact("m", hget(d_m, n), m, n);
 		expect_exact("v", hget(d_v, n), v, n);
 		case_end();
@@ -1057,6 +1091,36 @@ static void test_sumsq(void)
 	op_report("sumsq");
 }
 
+/* bf16_round and bf16_widen: the CPU ops' bits (kernels/cpu/ops.h), NaN,
+ * infinities, ties and overflow to infinity included. */
+static void test_bf16_convert(void)
+{
+	static const size_t sizes[] = { 1, 3, 4, 1001, (1u << 20) + 5 };
+	op_begin();
+	for (size_t ci = 0; ci < COUNT(sizes); ci++) {
+		size_t n = sizes[ci];
+		snprintf(where, sizeof(where), "bf16 convert (n=%zu)", n);
+		float *x = frand(n, 1000.0, 0.0);
+		static const uint32_t special[] = { 0x7fc00000u, 0xffc00001u, 0x7f800000u, 0xff800000u,
+						    0x3f808000u, 0x3f818000u, 0x7f7fffffu, 0x00000001u };
+		for (size_t i = 0; i < n && i < COUNT(special); i++)
+			memcpy(&x[i], &special[i], sizeof(float));
+		uint16_t *h = hmem(n * sizeof(uint16_t)), *g = hmem(n * sizeof(uint16_t));
+		bf16_round(h, x, n);
+		gpu_bf16 *d16 = dnan16(n);
+		gpu_bf16_round(be, d16, dputf(x, n), n);
+		gpu_download(be, g, d16, n * sizeof(uint16_t));
+		CHECK_MSG(memcmp(g, h, n * sizeof(uint16_t)) == 0, "%s: bf16_round differs from the CPU's",
+			  where);
+		float *w = fvec(n), *d_w = dnan(n);
+		bf16_widen(w, h, n);
+		gpu_bf16_widen(be, d_w, d16, n);
+		expect_same_bits("bf16_widen", hget(d_w, n), w, n);
+		case_end();
+	}
+	op_report("bf16 convert");
+}
+
 static void test_nf4(void)
 {
 	/* Sizes around the 64-value block and the 256-absmax block, and odd n
@@ -1075,8 +1139,13 @@ static void test_nf4(void)
 		nf4_dequantize(out, codes, absmax, n);
 		float *d_out = dnan(n);
 		float *d_absmax = dputf(absmax, nb);
-		gpu_nf4_dequantize(be, d_out, dput(codes, (n + 1) / 2), d_absmax, n);
+		uint8_t *d_codes = dput(codes, (n + 1) / 2);
+		gpu_nf4_dequantize(be, d_out, NULL, d_codes, d_absmax, n);
 		expect_exact("nf4 out", hget(d_out, n), out, n);
+		/* in bf16 (the bf16 mode's GEMM operand): out rounded */
+		gpu_bf16 *d_out16 = dnan16(n);
+		gpu_nf4_dequantize(be, NULL, d_out16, d_codes, d_absmax, n);
+		expect_twin("nf4 out16", d_out16, out, n);
 
 		int8_t *q = hmem(nb);
 		float *scale = fvec(ns + 1);
@@ -1186,6 +1255,7 @@ int main(void)
 	test_crossentropy();
 	test_adamw();
 	test_sumsq();
+	test_bf16_convert();
 	test_nf4();
 	test_dropout();
 	test_distill();

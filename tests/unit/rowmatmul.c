@@ -10,11 +10,11 @@
 /* out (N,OC) = inp (N,C) @ weight (OC,C)^T + bias: each element one sum over
  * c in order, then the bias. */
 static void row_forward(struct gpu_backend *be, float *out, gpu_bf16 *out16, const float *inp,
-			const gpu_bf16 *inp16, const float *weight, const float *bias, int N, int C,
-			int OC)
+			const gpu_bf16 *inp16, const float *weight, const gpu_bf16 *weight16,
+			const float *bias, int N, int C, int OC)
 {
 	(void)be;
-	assert(out && inp && !out16 && !inp16);
+	assert(out && inp && weight && !out16 && !inp16 && !weight16);
 	for (int n = 0; n < N; n++)
 		for (int o = 0; o < OC; o++) {
 			const float *x = inp + (size_t)n * C, *w = weight + (size_t)o * C;
@@ -30,11 +30,11 @@ static void row_forward(struct gpu_backend *be, float *out, gpu_bf16 *out16, con
  * contribution added before row n+1's. */
 static void row_backward(struct gpu_backend *be, float *dinp, float *dweight, float *dbias,
 			 const float *dout, const gpu_bf16 *dout16, const float *inp,
-			 const gpu_bf16 *inp16, const float *weight, int N, int C, int OC,
-			 bool dinp_set)
+			 const gpu_bf16 *inp16, const float *weight, const gpu_bf16 *weight16,
+			 int N, int C, int OC, bool dinp_set)
 {
 	(void)be;
-	assert(dout && inp && !dout16 && !inp16);
+	assert(dout && inp && !dout16 && !inp16 && !weight16);
 	for (int n = 0; n < N; n++) {
 		const float *d = dout + (size_t)n * OC, *x = inp + (size_t)n * C;
 		if (dinp)

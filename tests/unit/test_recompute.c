@@ -188,8 +188,8 @@ static void run(const struct rc_case *c, enum tr_recompute rc, struct result *r)
 	r->plan_bytes = tr_plan_total_bytes(p);
 	r->acts_bytes = p->arena_bytes[TR_ARENA_ACTS];
 	r->alloc_bytes = be->bytes_in_use - before;
-	/* The teacher after the student, as train/method.c builds them (the
-	 * last model built lends the backend its bf16 GEMM scratch). */
+	/* The teacher after the student, as train/method.c builds them (each
+	 * model's ops use its own bf16 GEMM scratch, whatever the order). */
 	struct tr_model *teacher = NULL;
 	size_t teacher_bytes = be->bytes_in_use;
 	if (c->method == M_DISTILL) {
