@@ -2,12 +2,24 @@
  *
  * Order: priority (higher first), then fair share (the user with the least
  * running work first, counting what this pass already started), then age.
- * A job that cannot start now does not block the ones behind it that can.
- * Placement: a GPU where the ledger grants the plan's bytes (contract 7,
- * st_ledger_reserve checks the device's total × vram_factor and its free
- * memory), else the CPU if the spec allows it and a CPU slot is free (CPU jobs
- * need no lease). Per-user limits: max_running_per_user here, and
- * max_queued_per_user at submit (st_job_submit).
+ * Placement: resources.gpus GPUs (a gang when more than one) where the ledger
+ * grants the plan's lease on each, all in one transaction or none
+ * (st_ledger_reserve_gang checks each device's total × vram_factor and free
+ * memory, contract 7), chosen by daemon/placement.h (NVLink-joined GPUs
+ * first, then the lowest indices); else, for a job of one GPU, the CPU if the
+ * spec allows it and a CPU slot is free (CPU jobs need no lease). A gang is
+ * placed on simulated GPUs only until data parallel exists
+ * (dmn_gpu_gang_ok). A plan larger than every GPU's share fails the job.
+ *
+ * Waiting: a job that cannot start now does not block the ones behind it
+ * that can, except on the GPUs held for the first job of the order that
+ * waits for GPUs: the set it fits once they drain, closed to every other job
+ * of its priority or lower until it starts. Held GPUs only drain, so the
+ * holder starts in finite time (unless higher-priority work, which may take
+ * the hold over, or programs reserving outside traind keep coming): no job,
+ * a gang of 4 behind a stream of 1-GPU jobs included, is starved. Per-user
+ * limits: max_running_per_user here, and max_queued_per_user at submit
+ * (st_job_submit).
  *
  * It owns the runner set (daemon/runner.h) and hears from it when a job ends.
  * It also keeps which output dirs belong to jobs that have not ended, so that
