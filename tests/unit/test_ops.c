@@ -11,6 +11,7 @@
 #include "kernels/cpu/ops.h"
 #include "tests/check.h"
 
+#include <stdbool.h>
 #include <stdint.h>
 
 /* Tolerances. The matmuls (OpenBLAS: its summation order depends on shape,
@@ -866,8 +867,70 @@ static void test_adamw(void)
 	}
 }
 
+/* bf16_round and bf16_widen: every bf16 value survives widening and rounding
+ * unchanged (a bf16 checkpoint loads without rounding); ties go to even,
+ * carries ripple into the exponent (to infinity at the top), NaNs become
+ * the canonical 0x7fff (CUDA's cvt.rn.bf16.f32), and widening runs in place
+ * over the second half of its output as the contract allows. */
+static void test_bf16(void)
+{
+	uint16_t *h = malloc(65536 * sizeof(uint16_t)), *back = malloc(65536 * sizeof(uint16_t));
+	float *w = malloc(65536 * sizeof(float));
+	for (uint32_t i = 0; i < 65536; i++)
+		h[i] = (uint16_t)i;
+	bf16_widen(w, h, 65536);
+	bf16_round(back, w, 65536);
+	size_t bad = 0;
+	for (uint32_t i = 0; i < 65536; i++) {
+		uint32_t u;
+		memcpy(&u, &w[i], sizeof(u));
+		bool nan = (i & 0x7fffu) > 0x7f80u;
+		bad += u != i << 16 || back[i] != (nan ? 0x7fffu : i);
+	}
+	CHECK_EQ_INT(bad, 0);
+	static const struct {
+		uint32_t in;
+		uint16_t out;
+	} cases[] = {
+		{0x3f808000u, 0x3f80u}, /* a tie, even below: down */
+		{0x3f818000u, 0x3f82u}, /* a tie, odd below: up */
+		{0x3f808001u, 0x3f81u}, /* above the tie: up */
+		{0x3f807fffu, 0x3f80u}, /* below it: down */
+		{0x3fffffffu, 0x4000u}, /* the carry reaches the exponent */
+		{0x7f7fffffu, 0x7f80u}, /* the largest float: infinity */
+		{0xff7fffffu, 0xff80u},
+		{0x7f800000u, 0x7f80u},
+		{0x00000001u, 0x0000u}, /* the smallest subnormal: zero */
+		{0x80008000u, 0x8000u}, /* -0 and a subnormal tie */
+		{0x7fc00000u, 0x7fffu},
+		{0xffc00001u, 0x7fffu},
+	};
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+		float x;
+		uint16_t r;
+		memcpy(&x, &cases[i].in, sizeof(x));
+		bf16_round(&r, &x, 1);
+		CHECK_MSG(r == cases[i].out, "bf16_round(%#x) = %#x, want %#x", cases[i].in, r,
+			  cases[i].out);
+	}
+	/* in place: the bf16 values in the upper half of the output's bytes */
+	memcpy((uint16_t *)w + 65536, h, 65536 * sizeof(uint16_t));
+	bf16_widen(w, (uint16_t *)w + 65536, 65536);
+	bad = 0;
+	for (uint32_t i = 0; i < 65536; i++) {
+		uint32_t u;
+		memcpy(&u, &w[i], sizeof(u));
+		bad += u != i << 16;
+	}
+	CHECK_EQ_INT(bad, 0);
+	free(h);
+	free(back);
+	free(w);
+}
+
 int main(void)
 {
+	test_bf16();
 	test_embedding();
 	test_rmsnorm();
 	test_matmul();
