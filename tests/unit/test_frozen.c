@@ -14,11 +14,13 @@
  * mode) a bf16 weight is widened, exactly, into scratch for each use, so
  * every op sees the same fp32 values as in the rounded fp32 model.
  *
- * test_frozen [--backend cpu|cuda] [--precision fp32|bf16]: the same on
- * another backend. In the bf16 mode every frozen matrix is stored in bf16
+ * test_frozen [--backend cpu|cuda|emu16] [--precision fp32|bf16]: the same
+ * on another backend. In the bf16 mode every frozen matrix is stored in bf16
  * whatever the options (gemm_bf16 implies it), so that run holds the model
  * to the CPU's rounded-fp32 reference within the bf16 mode's error instead
- * (loss, and the gradient's direction), besides the plan checks. 77
+ * (loss, and the gradient's direction), besides the plan checks. emu16
+ * (tests/unit/emu16.h, bf16 only) plays the CUDA bf16 mode on the CPU and
+ * checks that no GEMM outgrows the planned scratch and no twin is stale. 77
  * (skipped) where the backend is not available. */
 #include <math.h>
 #include <stdint.h>
@@ -30,6 +32,7 @@
 #include "gpu/select.h"
 #include "kernels/cpu/ops.h"
 #include "tests/check.h"
+#include "tests/unit/emu16.h"
 #include "train/lora.h"
 #include "train/model.h"
 #include "train/modeldir.h"
@@ -42,7 +45,8 @@ static struct gpu_backend *open_backend(const char *name, bool b16)
 {
 	struct td_errbuf eb = {{0}};
 	struct gpu_backend *be = NULL;
-	td_err e = gpu_backend_open(&be, name, &eb);
+	td_err e = strcmp(name, "emu16") == 0 ? emu16_backend_new(&be, &eb)
+					      : gpu_backend_open(&be, name, &eb);
 	if (e == TD_OK && (e = gpu_set_bf16(be, b16, &eb)) != TD_OK)
 		gpu_backend_free(be);
 	if (e != TD_OK) {
@@ -500,14 +504,14 @@ int main(int argc, char **argv)
 			   (strcmp(argv[i + 1], "fp32") == 0 || strcmp(argv[i + 1], "bf16") == 0)) {
 			bf16 = strcmp(argv[++i], "bf16") == 0;
 		} else {
-			fprintf(stderr, "usage: test_frozen [--backend cpu|cuda] [--precision fp32|bf16]\n");
+			fprintf(stderr, "usage: test_frozen [--backend cpu|cuda|emu16] [--precision fp32|bf16]\n");
 			return 2;
 		}
 	}
 	fx = getenv("TD_FIXTURES");
 	if (!fx)
 		return check_skip("TD_FIXTURES is not set (run through meson test)");
-	if (strcmp(backend, "cpu") != 0) {
+	if (strcmp(backend, "cpu") != 0 && strcmp(backend, "emu16") != 0) {
 		struct gpu_backend *be = NULL;
 		struct td_errbuf eb = {{0}};
 		td_err e = gpu_backend_open(&be, backend, &eb);
@@ -520,5 +524,7 @@ int main(int argc, char **argv)
 		test_bf16_mode();
 	else
 		test_same_bits();
+	/* the emulator's checks: scratch always enough, twins never stale */
+	CHECK_EQ_INT(emu16_violations(), 0);
 	return check_status();
 }

@@ -22,8 +22,11 @@
  * both precisions: its fp32 attention stores the probabilities, its bf16
  * attention is fused and keeps row statistics, so both of SELECTIVE's
  * attention paths run). Equal bits there need the backend's ops to be
- * deterministic, which NONE run twice checks first. 77 (skipped) where the
- * backend is not available. */
+ * deterministic, which NONE run twice checks first. --backend emu16
+ * --precision bf16 (tests/unit/emu16.h): the CPU playing the CUDA bf16 mode
+ * (twins, bf16 weights, the GEMM scratch; stored probabilities), which also
+ * checks that no GEMM outgrows the planned scratch and no twin is stale. 77
+ * (skipped) where the backend is not available. */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -32,6 +35,7 @@
 #include "gpu/backend.h"
 #include "gpu/select.h"
 #include "tests/check.h"
+#include "tests/unit/emu16.h"
 #include "train/lora.h"
 #include "train/model.h"
 #include "train/modeldir.h"
@@ -44,7 +48,8 @@ static struct gpu_backend *open_backend(void)
 {
 	struct td_errbuf eb = {{0}};
 	struct gpu_backend *be = NULL;
-	td_err e = gpu_backend_open(&be, backend, &eb);
+	td_err e = strcmp(backend, "emu16") == 0 ? emu16_backend_new(&be, &eb)
+						 : gpu_backend_open(&be, backend, &eb);
 	if (e == TD_OK && (e = gpu_set_bf16(be, bf16, &eb)) != TD_OK)
 		gpu_backend_free(be);
 	if (e != TD_OK) {
@@ -514,14 +519,14 @@ int main(int argc, char **argv)
 			   (strcmp(argv[i + 1], "fp32") == 0 || strcmp(argv[i + 1], "bf16") == 0)) {
 			bf16 = strcmp(argv[++i], "bf16") == 0;
 		} else {
-			fprintf(stderr, "usage: test_recompute [--backend cpu|cuda] [--precision fp32|bf16]\n");
+			fprintf(stderr, "usage: test_recompute [--backend cpu|cuda|emu16] [--precision fp32|bf16]\n");
 			return 2;
 		}
 	}
 	fx = getenv("TD_FIXTURES");
 	if (!fx)
 		return check_skip("TD_FIXTURES is not set (run through meson test)");
-	if (strcmp(backend, "cpu") != 0) {
+	if (strcmp(backend, "cpu") != 0 && strcmp(backend, "emu16") != 0) {
 		/* No GPU here: the gpu suite reports itself skipped, not passed. */
 		struct gpu_backend *be = NULL;
 		struct td_errbuf eb = {{0}};
@@ -533,5 +538,7 @@ int main(int argc, char **argv)
 	test_stages();
 	test_real_shapes();
 	test_same_bits();
+	/* the emulator's checks: scratch always enough, twins never stale */
+	CHECK_EQ_INT(emu16_violations(), 0);
 	return check_status();
 }

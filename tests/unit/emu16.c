@@ -1,0 +1,266 @@
+/* The bf16-mode emulator of tests/unit/emu16.h: the CPU backend's table with
+ * the ops that take twins replaced. */
+#include "tests/unit/emu16.h"
+
+#include <assert.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/cpu/ops.h"
+
+static size_t violations;
+
+size_t emu16_violations(void)
+{
+	return violations;
+}
+
+static void violation(const char *fmt, const char *what, size_t a, size_t b)
+{
+	if (violations++ < 10) {
+		fprintf(stderr, "emu16: ");
+		fprintf(stderr, fmt, what, a, b);
+		fputc('\n', stderr);
+	}
+}
+
+static void *xmalloc(size_t bytes)
+{
+	void *p = malloc(bytes ? bytes : 1);
+	if (!p) {
+		fprintf(stderr, "emu16: out of memory\n");
+		abort();
+	}
+	return p;
+}
+
+/* n floats: x16 widened, else x rounded to bf16 and widened (a GEMM operand
+ * as the tensor cores read it). A twin beside its fp32 tensor must be that
+ * tensor rounded. */
+static float *operand(const char *what, const float *x, const gpu_bf16 *x16, size_t n)
+{
+	float *r = xmalloc(n * sizeof(float));
+	gpu_bf16 *h = xmalloc(n * sizeof(gpu_bf16));
+	if (x) {
+		bf16_round(h, x, n);
+		if (x16) {
+			size_t stale = 0;
+			for (size_t i = 0; i < n; i++)
+				stale += h[i] != x16[i];
+			if (stale)
+				violation("%s: twin is not its fp32 tensor rounded (%zu of %zu values)", what,
+					  stale, n);
+		}
+	}
+	bf16_widen(r, x16 ? x16 : h, n);
+	free(h);
+	return r;
+}
+
+/* n floats for an op that reads fp32: x, or its twin widened. */
+static const float *input(const float *x, const gpu_bf16 *x16, size_t n, float **tmp)
+{
+	*tmp = NULL;
+	if (x)
+		return x;
+	*tmp = xmalloc(n * sizeof(float));
+	bf16_widen(*tmp, x16, n);
+	return *tmp;
+}
+
+/* An output: into out, or a temporary when only its twin is wanted; then
+ * finish writes the twin. */
+static float *output(float *out, size_t n, float **tmp)
+{
+	*tmp = out ? NULL : xmalloc(n * sizeof(float));
+	return out ? out : *tmp;
+}
+
+static void finish(gpu_bf16 *out16, const float *v, size_t n, float *tmp)
+{
+	if (out16)
+		bf16_round(out16, v, n);
+	free(tmp);
+}
+
+static void check_scratch(struct gpu_backend *be, const char *what, size_t need)
+{
+	size_t have = be->gemm_scratch ? be->gemm_scratch_bytes / 2 : 0;
+	if (need > have)
+		violation("%s: needs %zu bf16 values of gemm_scratch, has %zu", what, need, have);
+}
+
+static td_err emu_set_bf16(struct gpu_backend *be, bool bf16, struct td_errbuf *eb)
+{
+	if (!bf16)
+		return td_fail(eb, TD_EUNSUPPORTED, "emu16: the bf16 mode only");
+	return TD_OK;
+}
+
+static bool emu_true(struct gpu_backend *be)
+{
+	return true;
+}
+
+static bool emu_no_flash(struct gpu_backend *be, int HS)
+{
+	return false;
+}
+
+static void emu_embedding_forward(struct gpu_backend *be, float *out, const int32_t *ids,
+				  const float *wte, const gpu_bf16 *wte16, int N, int C)
+{
+	if (wte) {
+		embedding_forward(out, ids, wte, N, C);
+		return;
+	}
+	for (int n = 0; n < N; n++)
+		bf16_widen(out + (size_t)n * C, wte16 + (size_t)ids[n] * C, (size_t)C);
+}
+
+static void emu_rmsnorm_forward(struct gpu_backend *be, float *out, gpu_bf16 *out16, float *rstd,
+				const float *inp, const float *weight, int N, int C, float eps)
+{
+	float *tmp;
+	float *o = output(out, (size_t)N * C, &tmp);
+	rmsnorm_forward(o, rstd, inp, weight, N, C, eps);
+	finish(out16, o, (size_t)N * C, tmp);
+}
+
+static void emu_matmul_forward(struct gpu_backend *be, float *out, gpu_bf16 *out16,
+			       const float *inp, const gpu_bf16 *inp16, const float *weight,
+			       const gpu_bf16 *weight16, const float *bias, int N, int C, int OC)
+{
+	check_scratch(be, "matmul_forward",
+		      gpu_matmul_scratch_elems((size_t)N, (size_t)C, (size_t)OC, false, false, false,
+					       weight16, inp16, false));
+	assert(!out16 || (!out && !bias));
+	float *x = operand("matmul_forward inp", inp, inp16, (size_t)N * C);
+	float *w = operand("matmul_forward weight", weight, weight16, (size_t)OC * C);
+	float *tmp;
+	float *o = output(out, (size_t)N * OC, &tmp);
+	matmul_forward(o, x, w, bias, N, C, OC);
+	finish(out16, o, (size_t)N * OC, tmp);
+	free(x);
+	free(w);
+}
+
+static void emu_matmul_backward(struct gpu_backend *be, float *dinp, float *dweight, float *dbias,
+				const float *dout, const gpu_bf16 *dout16, const float *inp,
+				const gpu_bf16 *inp16, const float *weight, const gpu_bf16 *weight16,
+				int N, int C, int OC, bool dinp_set)
+{
+	check_scratch(be, "matmul_backward",
+		      gpu_matmul_scratch_elems((size_t)N, (size_t)C, (size_t)OC, true, dinp, dweight,
+					       weight16, inp16, dout16));
+	assert(dout || !dbias);
+	float *d = operand("matmul_backward dout", dout, dout16, (size_t)N * OC);
+	float *x = dweight ? operand("matmul_backward inp", inp, inp16, (size_t)N * C) : NULL;
+	float *w = dinp ? operand("matmul_backward weight", weight, weight16, (size_t)OC * C) : NULL;
+	if (dinp && dinp_set)
+		memset(dinp, 0, (size_t)N * C * sizeof(float));
+	/* dweight and dinp from the bf16 operands; dbias from the fp32 dout */
+	matmul_backward(dinp, dweight, NULL, d, x ? x : d, w ? w : d, N, C, OC);
+	if (dbias)
+		matmul_backward(NULL, NULL, dbias, dout, d, d, N, C, OC);
+	free(d);
+	free(x);
+	free(w);
+}
+
+static void emu_attention_forward(struct gpu_backend *be, float *out, gpu_bf16 *out16, float *att,
+				  const float *q, const float *k, const float *v, int B, int T,
+				  int NH, int NKV, int HS)
+{
+	attention_forward(out, att, q, k, v, B, T, NH, NKV, HS);
+	finish(out16, out, (size_t)B * T * NH * HS, NULL);
+}
+
+static void emu_swiglu_forward(struct gpu_backend *be, float *out, gpu_bf16 *out16,
+			       const float *gate, const float *up, const gpu_bf16 *gate16,
+			       const gpu_bf16 *up16, size_t n)
+{
+	float *tg, *tu, *tmp;
+	const float *g = input(gate, gate16, n, &tg), *u = input(up, up16, n, &tu);
+	float *o = output(out, n, &tmp);
+	swiglu_forward(o, g, u, n);
+	finish(out16, o, n, tmp);
+	free(tg);
+	free(tu);
+}
+
+static void emu_swiglu_backward(struct gpu_backend *be, float *dgate, float *dup,
+				gpu_bf16 *dgate16, gpu_bf16 *dup16, const float *dout,
+				const float *gate, const float *up, const gpu_bf16 *gate16,
+				const gpu_bf16 *up16, size_t n)
+{
+	float *tg, *tu, *t1, *t2;
+	const float *g = input(gate, gate16, n, &tg), *u = input(up, up16, n, &tu);
+	float *dg = output(dgate, n, &t1), *du = output(dup, n, &t2);
+	swiglu_backward(dg, du, dout, g, u, n);
+	finish(dgate16, dg, n, t1);
+	finish(dup16, du, n, t2);
+	free(tg);
+	free(tu);
+}
+
+static void emu_crossentropy_backward(struct gpu_backend *be, float *losses, float *dlogits,
+				      gpu_bf16 *dlogits16, const float *logits,
+				      const int32_t *targets, float dloss, int N, int V)
+{
+	if (losses)
+		crossentropy_forward(losses, logits, targets, N, V);
+	float *tmp;
+	float *d = output(dlogits, (size_t)N * V, &tmp);
+	crossentropy_backward(d, logits, targets, dloss, N, V);
+	finish(dlogits16, d, (size_t)N * V, tmp);
+}
+
+static void emu_adamw_update(struct gpu_backend *be, float *param, gpu_bf16 *param16,
+			     const float *grad, float *m, float *v, size_t n, float lr, float beta1,
+			     float beta2, float eps, float weight_decay, int t)
+{
+	adamw_update(param, grad, m, v, n, lr, beta1, beta2, eps, weight_decay, t);
+	if (param16)
+		bf16_round(param16, param, n);
+}
+
+static void emu_nf4_dequantize(struct gpu_backend *be, float *out, gpu_bf16 *out16,
+			       const uint8_t *codes, const float *absmax, size_t n)
+{
+	float *tmp;
+	float *o = output(out, n, &tmp);
+	nf4_dequantize(o, codes, absmax, n);
+	finish(out16, o, n, tmp);
+}
+
+td_err emu16_backend_new(struct gpu_backend **out, struct td_errbuf *eb)
+{
+	static struct gpu_backend_ops ops;
+	struct gpu_backend *be = NULL;
+	td_err e = gpu_cpu_backend_new(&be, eb);
+	if (e != TD_OK)
+		return e;
+	ops = *be->ops;
+	ops.name = "emu16";
+	ops.set_bf16 = emu_set_bf16;
+	ops.gemm_bf16 = emu_true;
+	ops.attention_flash = emu_no_flash;
+	ops.embedding_forward = emu_embedding_forward;
+	ops.rmsnorm_forward = emu_rmsnorm_forward;
+	ops.matmul_forward = emu_matmul_forward;
+	ops.matmul_backward = emu_matmul_backward;
+	ops.attention_forward = emu_attention_forward;
+	ops.swiglu_forward = emu_swiglu_forward;
+	ops.swiglu_backward = emu_swiglu_backward;
+	ops.crossentropy_backward = emu_crossentropy_backward;
+	ops.adamw_update = emu_adamw_update;
+	ops.nf4_dequantize = emu_nf4_dequantize;
+	gpu_backend_check_ops(&ops);
+	be->ops = &ops;
+	snprintf(be->device, sizeof(be->device), "emu16");
+	*out = be;
+	return TD_OK;
+}
