@@ -6,7 +6,8 @@
 # (contract 7); a job with device GPU is placed on device 0 with a lease of
 # plan + 36 MiB (CUDA backend) + 768 MiB (cuda_context_mib, its default), is run with the
 # CUDA backend on ordinal 0 — which fails there, the fake driver runs nothing —
-# and leaves no lease behind.
+# and leaves no lease behind; a job asking for both GPUs is refused (no data
+# parallel yet).
 # usage: fake_driver.sh LIBFAKECUDA (environment as tests/integration/lib.sh)
 . "$(dirname "$0")/../integration/lib.sh"
 cd "$TD_SRC" || exit 1
@@ -59,6 +60,11 @@ check "run with the CUDA backend on ordinal 0" has "(cuda backend, CUDA device 0
 expect_eq "the fake driver cannot run it" "$(job_state "$id")" FAILED
 check "the failure is the driver's" has "CUDA_ERROR_NOT_SUPPORTED"
 expect_contains "no lease is left" "$(ctl ledger)" "no reservations"
+# Issue 12: no data parallel yet, so no gang holds two real GPUs.
+ctl submit "$WORK/job.txtpb" --gpus 2 --output "$WORK/out2" >/dev/null 2>"$WORK/err"
+expect_eq "a gang of 2 real GPUs: exit 2" "$?" 2
+expect_contains "the refusal names the field and why" "$(cat "$WORK/err")" \
+	"resources.gpus: 2: training on several CUDA GPUs (data parallel) is not implemented yet"
 [ "$FAILS" -eq 0 ] || printf '%s\n' "$logs"
 stop_daemon
 finish
