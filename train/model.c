@@ -329,6 +329,8 @@ static void bind(struct tr_model *m)
 	S(deq);
 	S(deq_absmax);
 	S(lora_tmp);
+	if (!m->lora_tmp)
+		m->lora_tmp = m->dh; /* a training plan's: see train/plan.c */
 	S(lora_du);
 	S(lora_dx);
 	S(gemm_bf16);

@@ -310,6 +310,11 @@ static size_t max_sz(size_t a, size_t b)
 	return a > b ? a : b;
 }
 
+static size_t min_sz(size_t a, size_t b)
+{
+	return a < b ? a : b;
+}
+
 /* bf16 elements of the GEMM operand scratch (scratch.gemm_bf16) that the
  * products of train/model.c need in the bf16 mode: the most any one call
  * rounds (gpu/backend.h: gpu_matmul_scratch_elems), with the twins each call
@@ -494,9 +499,12 @@ td_err tr_plan_build(struct tr_plan *p, const struct tr_model_config *cfg,
 	 * logits in chunks of rows, and so does a teacher asked for rows
 	 * (tr_model_teacher_rows); any other forward-only model keeps them whole. */
 	const size_t chunk = o->logits_chunk_floats ? o->logits_chunk_floats : TR_LOGITS_CHUNK_FLOATS;
+	size_t rows = chunk / V > 0 ? chunk / V : 1;
+	if (train && !o->distill)
+		rows = min_sz(rows, (TR_LOGITS_CHUNK_INPUTS + C - 1) / C);
 	p->logits_rows = (int)N;
-	if ((train || o->teacher_rows) && !classify && N * V > chunk)
-		p->logits_rows = (int)(chunk / V > 0 ? chunk / V : 1);
+	if ((train || o->teacher_rows) && !classify && N > rows)
+		p->logits_rows = (int)rows;
 	NAMED("params");
 	BUF(TR_ARENA_PARAMS, f32_bytes(p->numel_f32, 1, 1));
 	if (p->numel_bf16) {
@@ -689,7 +697,10 @@ td_err tr_plan_build(struct tr_plan *p, const struct tr_model_config *cfg,
 								     (int)HS), 1, 1)
 				  : f32_bytes(B * NH, T, T),
 		 train},
-		{"dh", f32_bytes(N, I, 1), train},
+		/* d(h), and in a training plan also LoRA's (x A^T) B^T before it is
+		 * added (lora_tmp below): a product's forward, or its recompute,
+		 * never overlaps the MLP's backward (train/model.c) */
+		{"dh", f32_bytes(N, R ? max_sz(I, lora_out) : I, 1), train},
 		{"dgate", f32_bytes(N, I, 1), train && !o->gemm_bf16},
 		{"dup", f32_bytes(N, I, 1), train && !o->gemm_bf16},
 		{"dgate16", f32_bytes(N, I, 1) / 2, train && o->gemm_bf16},
@@ -702,8 +713,9 @@ td_err tr_plan_build(struct tr_plan *p, const struct tr_model_config *cfg,
 		{"deq", deq, deq > 0},
 		{"deq_absmax", f32_bytes((p->nf4_max_numel + TR_NF4_BLOCK - 1) / TR_NF4_BLOCK, 1, 1),
 		 p->nf4_numel > 0 && o->nf4_double_quant},
-		/* LoRA: (x A^T) B^T before it is added; d(x A^T); d(x) through dropout */
-		{"lora_tmp", f32_bytes(N, lora_out, 1), R > 0},
+		/* LoRA: (x A^T) B^T before it is added (in dh when training);
+		 * d(x A^T); d(x) through dropout */
+		{"lora_tmp", f32_bytes(N, lora_out, 1), R > 0 && !train},
 		{"lora_du", f32_bytes(N, R, 1), train && R > 0},
 		{"lora_dx", f32_bytes(N, lora_in, 1), train && R > 0 && o->lora_dropout > 0.0f},
 		{"gemm_bf16", gemm * 2, gemm > 0},

@@ -67,6 +67,13 @@ enum tr_param_kind {
  * head runs in ceil(N / (this / V)) chunks, and fewer, larger GEMMs are
  * faster (Qwen2-0.5B at B8 T1024: 5 chunks of 1766 rows). */
 #define TR_LOGITS_CHUNK_FLOATS ((size_t)256 << 20)
+/* ...but a causal training plan (not a distillation's) takes no more rows a
+ * chunk than give the head's GEMM this many inputs (rows x C): past that a
+ * chunk's product is big enough for the device (rows x C x V multiply-adds,
+ * ~0.5 T at V = 128k), and more rows only make the logits bigger. Llama-3-8B
+ * (C 4096): 512 rows, 250 MiB of logits instead of 1 GiB; Qwen2-0.5B (C 896)
+ * keeps its 1766. */
+#define TR_LOGITS_CHUNK_INPUTS ((size_t)2 << 20)
 
 /* Offsets inside an arena are multiples of this (enough for any vector load). */
 #define TR_PLAN_ALIGN 256
@@ -213,9 +220,12 @@ struct tr_plan {
 	size_t frozen_bytes;          /* frozen tensors as stored: fp32, bf16 or the NF4 buffers */
 	size_t nf4_numel, nf4_bytes;  /* the NF4-stored part of the above */
 	/* Rows of logits (N, V) held at once. A causal training plan whose logits
-	 * would exceed TR_LOGITS_CHUNK_FLOATS computes the LM head and its loss in
-	 * chunks of this many rows, forward and (recomputing them) backward, so
-	 * the full N x V tensor never exists; otherwise N. */
+	 * would exceed TR_LOGITS_CHUNK_FLOATS (or, not a distillation's, whose
+	 * rows exceed TR_LOGITS_CHUNK_INPUTS / C) computes the LM head and its
+	 * loss in chunks of this many rows, forward and (recomputing them)
+	 * backward, so the full N x V tensor never exists; otherwise N. A
+	 * distillation's student and teacher chunk by the floats alone: the same
+	 * rows whatever their hidden sizes. */
 	int logits_rows;
 	size_t nf4_blocks, nf4_scales;/* absmax values; double-quantization floats */
 	size_t nf4_max_numel;         /* the largest NF4 tensor (the dequantization scratch) */
