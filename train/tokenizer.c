@@ -37,6 +37,10 @@
 #define MAX_SPLITS 8      /* Split steps in a pre-tokenizer Sequence */
 #define MAX_NORMS 8       /* forms in a normalizer Sequence */
 #define MAX_ID (1 << 30)  /* ids beyond this are refused: no real vocabulary is near */
+/* Tables are kept per id (17 bytes each), so ids are held to the tokens the
+ * file lists plus this many unused ones: real vocabularies are dense, and a
+ * few bytes of JSON naming id 2^30 - 1 must not cost gigabytes. */
+#define MAX_ID_GAP 65536
 #define CACHE_SLOTS (1u << 17)
 #define CACHE_MAX_ENTRIES (CACHE_SLOTS / 2)
 #define CACHE_MAX_WORD 128 /* bytes; longer words are not cached */
@@ -439,6 +443,10 @@ static td_err load_vocab(struct load *L, struct json_object *vocab)
 	}
 	size_t n = (size_t)(maxid + 1);
 	size_t count = (size_t)json_object_object_length(vocab);
+	if (n > count + MAX_ID_GAP)
+		return td_fail(L->eb, TD_EFORMAT,
+			       "%s: model.vocab: id %lld is far past its %zu tokens (more than %d ids unused)", L->origin,
+			       (long long)maxid, count, MAX_ID_GAP);
 	t->nmodel = (int)n;
 	t->strs = malloc(bytes ? bytes : 1);
 	t->off = malloc((n ? n : 1) * sizeof(uint32_t));
@@ -1063,6 +1071,13 @@ static td_err build_id_tables(struct load *L)
 	for (size_t i = 0; i < t->nadded; i++)
 		if (t->added[i].id + 1 > vs)
 			vs = t->added[i].id + 1;
+	/* An added token may sit past the model's ids, but not far past them
+	 * (MAX_ID_GAP): the tables below are per id. */
+	if ((uint64_t)vs > (uint64_t)t->nmodel + t->nadded + MAX_ID_GAP)
+		return td_fail(L->eb, TD_EFORMAT,
+			       "%s: added_tokens: id %lld is far past the %d model ids and %zu added tokens "
+			       "(more than %d ids unused)",
+			       L->origin, (long long)vs - 1, t->nmodel, t->nadded, MAX_ID_GAP);
 	for (size_t i = 0; i < t->npre; i++)
 		if (t->pre[i] >= vs)
 			return td_fail(L->eb, TD_EFORMAT, "%s: post_processor: id %d has no token", L->origin, t->pre[i]);

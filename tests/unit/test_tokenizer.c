@@ -655,6 +655,13 @@ static void test_refused(void)
 		  "\"post_processor\":{\"type\":\"Sequence\",\"processors\":[{\"type\":\"RobertaProcessing\","
 		  "\"cls\":[\"\",0],\"sep\":[\"\",1]}]},\"model\":{\"vocab\":{\"\":8},\"merges\":[]}}",
 		  TD_EFORMAT, "post_processor: id 0 has no token" },
+		/* fuzz_tokenizer's out-of-memory, minimized: 47 bytes naming id
+		 * 1055555558 cost 17 bytes of tables per id up to it (18 GB). */
+		{ "{\"model\":{\"vocab\":{\"\":1055555558},\"merges\":[]}}", TD_EFORMAT,
+		  "model.vocab: id 1055555558 is far past its 1 tokens (more than 65536 ids unused)" },
+		{ "{\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0},\"merges\":[]},\"pre_tokenizer\":{\"type\":\"ByteLevel\"},"
+		  "\"added_tokens\":[{\"id\":1073741823,\"content\":\"x\"}]}",
+		  TD_EFORMAT, "added_tokens: id 1073741823 is far past the 1 model ids and 1 added tokens" },
 		{ "{\"model\": {", TD_EFORMAT, "not valid JSON" },
 		{ "[1, 2]", TD_EFORMAT, "expected a JSON object" },
 	};
@@ -668,8 +675,15 @@ static void test_refused(void)
 		CHECK(t == NULL);
 		tr_tokenizer_free(t);
 	}
+	/* A gap of unused ids within MAX_ID_GAP still loads. */
+	static const char gap[] = "{\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0,\"b\":65536},\"merges\":[]},"
+				  "\"pre_tokenizer\":{\"type\":\"ByteLevel\"},\"added_tokens\":[{\"id\":131073,\"content\":\"x\"}]}";
 	struct tr_tokenizer *t = NULL;
 	struct td_errbuf eb = { { 0 } };
+	CHECK_MSG(tr_tokenizer_parse(&t, gap, sizeof(gap) - 1, "gap.json", &eb) == TD_OK, "%s", eb.msg);
+	CHECK(t && tr_tokenizer_vocab_size(t) == 131074);
+	tr_tokenizer_free(t);
+	t = NULL;
 	CHECK_EQ_INT(tr_tokenizer_load(&t, "/nonexistent/tokenizer.json", &eb), TD_ENOENT);
 	CHECK_CONTAINS(eb.msg, "/nonexistent/tokenizer.json");
 }
