@@ -8,6 +8,7 @@
 
 #include "gpu/backend.h"
 
+#include <assert.h>
 #include <inttypes.h>
 #include <math.h>
 #include <stdlib.h>
@@ -291,6 +292,27 @@ static td_err add_buf(struct tr_plan *p, enum tr_arena a, const char *name, size
 	size_t end = b->offset + ((bytes + TR_PLAN_ALIGN - 1) / TR_PLAN_ALIGN) * TR_PLAN_ALIGN;
 	if (end < b->offset)
 		return td_fail(eb, TD_ERANGE, "plan: %s overflows", name);
+	p->arena_bytes[a] = end;
+	return TD_OK;
+}
+
+/* Bytes rounded up to TR_PLAN_ALIGN, as add_buf places buffers. */
+static size_t aligned(size_t bytes)
+{
+	return (bytes + TR_PLAN_ALIGN - 1) / TR_PLAN_ALIGN * TR_PLAN_ALIGN;
+}
+
+/* A buffer inside one the plan already placed (a region that buffers whose
+ * lifetimes never overlap share): bytes at offset, the arena unchanged. */
+static td_err add_view(struct tr_plan *p, enum tr_arena a, const char *name, size_t offset,
+		       size_t bytes, struct td_errbuf *eb)
+{
+	size_t end = p->arena_bytes[a];
+	td_err e = add_buf(p, a, name, bytes, eb);
+	if (e != TD_OK)
+		return e;
+	p->bufs[p->nbufs - 1].offset = offset;
+	assert(offset + bytes <= end);
 	p->arena_bytes[a] = end;
 	return TD_OK;
 }
@@ -679,55 +701,81 @@ td_err tr_plan_build(struct tr_plan *p, const struct tr_model_config *cfg,
 		const char *what;
 		size_t bytes;
 		bool on;
+		int phase; /* 0: its own bytes; 1, 2: a place in scratch.layer_backward */
 	} scratch[] = {
 		/* the CE gradient overwrites the logits in place */
-		{"logits", classify ? f32_bytes(B, NL, 1) : f32_bytes((size_t)p->logits_rows, V, 1), true},
-		{"losses", f32_bytes(N, 1, 1), true},
-		{"kl", f32_bytes(N, 1, 1), o->distill},
-		{"dres", f32_bytes(N, C, 1), train},
-		{"dln", f32_bytes(N, C, 1), true}, /* also the forward's projection output */
-		{"dq", f32_bytes(N, H, 1), train},
-		{"dk", f32_bytes(N, KV, 1), train},
-		{"dv", f32_bytes(N, KV, 1), train},
-		{"dqraw", f32_bytes(N, H, 1), train && cfg->qk_norm},
-		{"dkraw", f32_bytes(N, KV, 1), train && cfg->qk_norm},
-		{"dy", f32_bytes(N, H, 1), train},
+		{"logits", classify ? f32_bytes(B, NL, 1) : f32_bytes((size_t)p->logits_rows, V, 1), true, 0},
+		{"losses", f32_bytes(N, 1, 1), true, 0},
+		{"kl", f32_bytes(N, 1, 1), o->distill, 0},
+		{"dres", f32_bytes(N, C, 1), train, 0},
+		{"dln", f32_bytes(N, C, 1), true, 0}, /* also the forward's projection output */
+		/* A layer's backward in two phases that share one region
+		 * (scratch.layer_backward): the MLP's (phase 2) runs first and is
+		 * done before the attention's (phase 1) starts. */
+		{"dq", f32_bytes(N, H, 1), train, 1},
+		{"dk", f32_bytes(N, KV, 1), train, 1},
+		{"dv", f32_bytes(N, KV, 1), train, 1},
+		{"dqraw", f32_bytes(N, H, 1), train && cfg->qk_norm, 1},
+		{"dkraw", f32_bytes(N, KV, 1), train && cfg->qk_norm, 1},
+		{"dy", f32_bytes(N, H, 1), train, 1},
 		{"datt",
 		 o->attention_lse ? f32_bytes(gpu_flash_datt_floats((int)B, (int)T, (int)NH, (int)NKV,
 								     (int)HS), 1, 1)
 				  : f32_bytes(B * NH, T, T),
-		 train},
+		 train, 1},
 		/* d(h), and in a training plan also LoRA's (x A^T) B^T before it is
 		 * added (lora_tmp below): a product's forward, or its recompute,
-		 * never overlaps the MLP's backward (train/model.c) */
-		{"dh", f32_bytes(N, R ? max_sz(I, lora_out) : I, 1), train},
-		{"dgate", f32_bytes(N, I, 1), train && !o->gemm_bf16},
-		{"dup", f32_bytes(N, I, 1), train && !o->gemm_bf16},
-		{"dgate16", f32_bytes(N, I, 1) / 2, train && o->gemm_bf16},
-		{"dup16", f32_bytes(N, I, 1) / 2, train && o->gemm_bf16},
+		 * never overlaps a layer's backward (train/model.c) */
+		{"dh", f32_bytes(N, R ? max_sz(I, lora_out) : I, 1), train, 2},
+		{"dgate", f32_bytes(N, I, 1), train && !o->gemm_bf16, 2},
+		{"dup", f32_bytes(N, I, 1), train && !o->gemm_bf16, 2},
+		{"dgate16", f32_bytes(N, I, 1) / 2, train && o->gemm_bf16, 2},
+		{"dup16", f32_bytes(N, I, 1) / 2, train && o->gemm_bf16, 2},
 		/* the causal head's loss gradient, bf16 only in the bf16 mode */
 		{"dlogits16", f32_bytes((size_t)p->logits_rows, V, 1) / 2,
-		 train && o->gemm_bf16 && !classify && !o->distill},
-		{"dpooled", f32_bytes(B, C, 1), train && classify},
+		 train && o->gemm_bf16 && !classify && !o->distill, 0},
+		{"dpooled", f32_bytes(B, C, 1), train && classify, 0},
 		/* a frozen weight for one use (and an NF4 one's absmax values) */
-		{"deq", deq, deq > 0},
+		{"deq", deq, deq > 0, 0},
 		{"deq_absmax", f32_bytes((p->nf4_max_numel + TR_NF4_BLOCK - 1) / TR_NF4_BLOCK, 1, 1),
-		 p->nf4_numel > 0 && o->nf4_double_quant},
+		 p->nf4_numel > 0 && o->nf4_double_quant, 0},
 		/* LoRA: (x A^T) B^T before it is added (in dh when training);
 		 * d(x A^T); d(x) through dropout */
-		{"lora_tmp", f32_bytes(N, lora_out, 1), R > 0 && !train},
-		{"lora_du", f32_bytes(N, R, 1), train && R > 0},
-		{"lora_dx", f32_bytes(N, lora_in, 1), train && R > 0 && o->lora_dropout > 0.0f},
-		{"gemm_bf16", gemm * 2, gemm > 0},
+		{"lora_tmp", f32_bytes(N, lora_out, 1), R > 0 && !train, 0},
+		{"lora_du", f32_bytes(N, R, 1), train && R > 0, 0},
+		{"lora_dx", f32_bytes(N, lora_in, 1), train && R > 0 && o->lora_dropout > 0.0f, 0},
+		{"gemm_bf16", gemm * 2, gemm > 0, 0},
 		/* the trainable weights rounded once per update, not per product
 		 * (the GEMMs' twins of them; frozen ones are stored in bf16) */
-		{"params_bf16", p->numel_trainable * 2, o->gemm_bf16 && p->numel_trainable > 0},
+		{"params_bf16", p->numel_trainable * 2, o->gemm_bf16 && p->numel_trainable > 0, 0},
 	};
-	for (size_t i = 0; i < sizeof(scratch) / sizeof(scratch[0]); i++) {
+	const size_t nscratch = sizeof(scratch) / sizeof(scratch[0]);
+	size_t phase_bytes[3] = {0, 0, 0}, at[3] = {0, 0, 0};
+	for (size_t i = 0; i < nscratch; i++)
+		if (scratch[i].on)
+			phase_bytes[scratch[i].phase] += aligned(scratch[i].bytes);
+	size_t region = 0; /* the region's offset, placed with its first member */
+	bool placed = false;
+	for (size_t i = 0; i < nscratch; i++) {
 		if (!scratch[i].on)
 			continue;
+		const int ph = scratch[i].phase;
+		if (ph && !placed) {
+			placed = true;
+			region = p->arena_bytes[TR_ARENA_SCRATCH];
+			NAMED("scratch.layer_backward");
+			BUF(TR_ARENA_SCRATCH, max_sz(phase_bytes[1], phase_bytes[2]));
+		}
 		NAMED("scratch.%s", scratch[i].what);
-		BUF(TR_ARENA_SCRATCH, scratch[i].bytes);
+		if (!ph) {
+			BUF(TR_ARENA_SCRATCH, scratch[i].bytes);
+			continue;
+		}
+		if ((e = add_view(p, TR_ARENA_SCRATCH, nm, region + at[ph], scratch[i].bytes, eb))) {
+			tr_plan_fini(p);
+			return e;
+		}
+		at[ph] += aligned(scratch[i].bytes);
 	}
 #undef BUF
 #undef NAMED
