@@ -2,11 +2,13 @@
  *
  *   method    trained model                         first weights            output
  *   FULL      every tensor                          model_dir                model dir
- *   LORA      adapters (base frozen, fp32)          model_dir + adapter      PEFT adapter
+ *   LORA      adapters (base frozen, bf16 or fp32)  model_dir + adapter      PEFT adapter
  *   QLORA     adapters (base frozen, NF4)           model_dir + adapter      PEFT adapter
  *   DISTILL   student, full or LoRA; + teacher      model_dir, teacher_dir   model dir / adapter
  *   CLASSIFY  full or LoRA, + head score            model_dir (+ new head)   classifier dir / adapter
- * "adapter" is lora.init_adapter, or PEFT's initialisation from hyper.seed. */
+ * "adapter" is lora.init_adapter, or PEFT's initialisation from hyper.seed. A
+ * frozen base (and a teacher) is stored in bf16 only in the bf16 mode, fp32
+ * on the CPU (train/plan.h: frozen_bf16); QLoRA's embedding and lm_head too. */
 #include "train/method.h"
 
 #include <json-c/json.h>
