@@ -476,6 +476,29 @@ static void test_real_shapes(void)
 		fclose(f);
 		CHECK_CONTAINS(text, "in bf16 only");
 		free(text);
+		/* The head's chunk: no more rows than TR_LOGITS_CHUNK_INPUTS / C
+		 * (Llama-3-8B: 512), Qwen2-0.5B's 1766 by the floats bound. */
+		CHECK_EQ_INT(p.logits_rows, cfg.hidden_size == 4096 ? 512 : 1766);
+		/* A layer's backward: the MLP's and the attention's buffers share
+		 * one region, as big as the larger phase, each inside it. */
+		const struct tr_plan_buf *lb = tr_plan_find(&p, "scratch.layer_backward");
+		CHECK(lb != NULL);
+		static const char *const attn[] = {"scratch.dy", "scratch.dq", "scratch.dk", "scratch.dv",
+						   "scratch.datt"};
+		static const char *const mlp[] = {"scratch.dh", "scratch.dgate16", "scratch.dup16"};
+		size_t sum[2] = {0, 0};
+		for (int ph = 0; ph < 2 && lb; ph++) {
+			const char *const *names = ph ? mlp : attn;
+			size_t n = ph ? 3 : 5;
+			for (size_t k = 0; k < n; k++) {
+				const struct tr_plan_buf *b = tr_plan_find(&p, names[k]);
+				CHECK_MSG(b && b->offset >= lb->offset && b->offset + b->bytes <= lb->offset + lb->bytes,
+					  "%s: %s is not inside scratch.layer_backward", shapes[i].name, names[k]);
+				sum[ph] += b ? (b->bytes + TR_PLAN_ALIGN - 1) / TR_PLAN_ALIGN * TR_PLAN_ALIGN : 0;
+			}
+		}
+		CHECK(!lb || lb->bytes == (sum[0] > sum[1] ? sum[0] : sum[1]));
+		CHECK(!tr_plan_find(&p, "scratch.lora_tmp")); /* LoRA's product is in dh */
 		tr_plan_fini(&p);
 		/* the same, stored fp32 (what an fp32 backend plans) */
 		po.gemm_bf16 = po.attention_lse = false;
