@@ -62,8 +62,8 @@ struct gpu_backend_ops {
 	td_err (*set_bf16)(struct gpu_backend *be, bool bf16, struct td_errbuf *eb);
 
 	/* Math: see kernels/cpu/ops.h for each op's contract. */
-	/* wte16: the table's twin, or NULL; wte may be NULL when it is not
-	 * (the rows are widened exactly). */
+	/* wte16: a table stored in bf16 only (wte NULL; the rows are widened
+	 * exactly), else NULL. */
 	void (*embedding_forward)(struct gpu_backend *be, float *out, const int32_t *ids,
 				  const float *wte, const gpu_bf16 *wte16, int N, int C);
 	void (*embedding_backward)(struct gpu_backend *be, float *dwte, const float *dout,

@@ -996,8 +996,9 @@ static void forward_walk(struct tr_model *m, const struct head_args *h)
 		const struct tr_stage *s = &p->stages[i];
 		switch (s->kind) {
 		case TR_STAGE_EMBED: {
+			/* a lookup, not a GEMM: the fp32 rows where there are */
 			const struct wref w = weight_of(m, m->embed);
-			gpu_embedding_forward(be, m->res[0], m->ids, w.f, w.h, N, C);
+			gpu_embedding_forward(be, m->res[0], m->ids, w.f, w.f ? NULL : w.h, N, C);
 			break;
 		}
 		case TR_STAGE_LAYER:

@@ -17,14 +17,14 @@
  * over rows, blockDim a multiple of 32 and at most 1024. */
 #include "common.cuh"
 
-/* out (N,C) = wte[ids[n]], from wte16 (a table stored in bf16 only, each
- * value widened exactly) when it is not NULL. Overwrite. */
+/* out (N,C) = wte[ids[n]], or from wte16 (a table stored in bf16 only, each
+ * value widened exactly) when wte is NULL. Overwrite. */
 extern "C" __global__ void embedding_forward_f32(float *out, const int32_t *ids, const float *wte,
 						 const __nv_bfloat16 *wte16, int N, int C)
 {
 	for (int n = blockIdx.x; n < N; n += gridDim.x) {
 		float *dst = out + (size_t)n * C;
-		if (wte16) { /* grid-uniform */
+		if (!wte) { /* grid-uniform */
 			const __nv_bfloat16 *src = wte16 + (size_t)ids[n] * C;
 			for (int c = threadIdx.x; c < C; c += blockDim.x)
 				dst[c] = __bfloat162float(src[c]);

@@ -112,6 +112,9 @@ static bool emu_no_flash(struct gpu_backend *be, int HS)
 static void emu_embedding_forward(struct gpu_backend *be, float *out, const int32_t *ids,
 				  const float *wte, const gpu_bf16 *wte16, int N, int C)
 {
+	if (wte && wte16)
+		violation("%s: both a table and its bf16 form (%zu x %zu)", "embedding_forward",
+			  (size_t)N, (size_t)C);
 	if (wte) {
 		embedding_forward(out, ids, wte, N, C);
 		return;
