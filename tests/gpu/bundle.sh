@@ -15,6 +15,7 @@ rm -rf .gpu-run .gpu-libs .gpu-pack.tar.xz
 mkdir -p .gpu-run
 cp build/daemon/traind build/client/trainctl build/tests/parity build/tests/gpu/test_cuda_ops \
 	build/tests/bench/bench_train build/tests/bench/bench_tokenizer build/tests/unit/test_recompute \
+	build/tests/unit/test_frozen \
 	build/gpu/cuda/libtraind-cuda.so .gpu-run/
 ../shared/device/bundle-libs.sh .gpu-libs .gpu-run/* >/dev/null
 cp ../shared/bench/peer_hf.py ../shared/bench/peer_big.py .gpu-libs/
