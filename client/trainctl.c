@@ -335,6 +335,7 @@ static bool ensure_sections(Traind__JobSpec *s)
 	SUBMSG(s, hyper, Traind__Hyper, traind__hyper__init);
 	SUBMSG(s, output, Traind__OutputSpec, traind__output_spec__init);
 	SUBMSG(s, resources, Traind__Resources, traind__resources__init);
+	SUBMSG(s, memory, Traind__MemorySpec, traind__memory_spec__init);
 	return true;
 }
 
@@ -435,6 +436,23 @@ static int cmd_submit(const struct opts *o, int argc, char **argv)
 				s->resources->has_priority = true;
 				s->resources->priority = (int32_t)p;
 			}
+		} else if (strcmp(a, "--recompute") == 0) {
+			static const struct { const char *name; Traind__Recompute r; } rc_names[] = {
+				{"auto", TRAIND__RECOMPUTE__RECOMPUTE_AUTO},
+				{"none", TRAIND__RECOMPUTE__RECOMPUTE_NONE},
+				{"selective", TRAIND__RECOMPUTE__RECOMPUTE_SELECTIVE},
+				{"full", TRAIND__RECOMPUTE__RECOMPUTE_FULL},
+			};
+			ok = false;
+			for (size_t k = 0; k < sizeof(rc_names) / sizeof(rc_names[0]); k++)
+				if (strcasecmp(v, rc_names[k].name) == 0) {
+					s->memory->has_recompute = true;
+					s->memory->recompute = rc_names[k].r;
+					ok = true;
+				}
+		} else if (strcmp(a, "--max-memory") == 0 && (ok = parse_bytes(v, &u))) {
+			s->memory->has_max_bytes = true;
+			s->memory->max_bytes = u;
 		} else if (strcmp(a, "--gpus") == 0 && (ok = parse_u64(v, &u) && u >= 1 && u <= UINT32_MAX)) {
 			s->resources->has_gpus = true;
 			s->resources->gpus = (uint32_t)u;
@@ -1061,7 +1079,7 @@ static const struct command {
 	 "  submit --model DIR --data FILE --output DIR [--method full|lora|qlora|distill|classify]\n"
 	 "         [--steps N] [--lr X] [--batch N] [--seq-len N] [--checkpoint-every N]\n"
 	 "         [--eval FILE] [--name NAME] [--priority N] [--device cpu|gpu|any] [--gpus N]\n"
-	 "         [--watch]\n"
+	 "         [--recompute auto|none|selective|full] [--max-memory BYTES[K|M|G|T]] [--watch]\n"
 	 "      queue a job (flags override the file; relative paths are taken from here);\n"
 	 "      prints its id"},
 	{"ls", cmd_ls, "ls [--all] [--limit N]      your jobs, newest first (--all: everyone's; admins)"},

@@ -58,7 +58,7 @@ struct dmn_call {
 	/* submit, across its worker */
 	uv_work_t work;
 	Traind__JobSpec *spec;
-	uint64_t plan_bytes;
+	struct dmn_plan_bytes plan;
 	td_err werr;
 	struct td_errbuf web;
 	int64_t claim;
@@ -320,7 +320,7 @@ static void submit_work(uv_work_t *req)
 	struct dmn_fscreds creds;
 	c->werr = dmn_fscreds_of(&creds, c->peer.uid, c->peer.gid, &c->web);
 	if (c->werr == TD_OK)
-		c->werr = dmn_preflight(c->spec, &creds, &c->plan_bytes, &c->web);
+		c->werr = dmn_preflight(c->spec, &creds, &c->plan, &c->web);
 }
 
 static void submit_done(uv_work_t *req, int status)
@@ -361,10 +361,20 @@ static void submit_done(uv_work_t *req, int status)
 		return;
 	}
 	dmn_sched_claim_bind(env->sched, c->claim, id);
-	dmn_sched_set_plan(env->sched, id, c->plan_bytes);
-	st_event_addf(env->db, id, "info", NULL, "plan: %llu bytes; %s job on %s",
-		      (unsigned long long)c->plan_bytes, rpc_method_name(c->spec->method),
-		      c->spec->model_dir);
+	dmn_sched_set_plan(env->sched, id, &c->plan);
+	if (c->plan.auto_policy)
+		st_event_addf(env->db, id, "info", NULL,
+			      "plan: %llu bytes with recompute none, %llu selective, %llu full "
+			      "(memory.recompute AUTO: the fastest that fits where the job is "
+			      "placed); %s job on %s",
+			      (unsigned long long)c->plan.by_policy[TR_RECOMPUTE_NONE],
+			      (unsigned long long)c->plan.by_policy[TR_RECOMPUTE_SELECTIVE],
+			      (unsigned long long)c->plan.by_policy[TR_RECOMPUTE_FULL],
+			      rpc_method_name(c->spec->method), c->spec->model_dir);
+	else
+		st_event_addf(env->db, id, "info", NULL, "plan: %llu bytes; %s job on %s",
+			      (unsigned long long)c->plan.bytes, rpc_method_name(c->spec->method),
+			      c->spec->model_dir);
 	td_info("TD-JOB-SUBMIT", "job %lld submitted by uid %u: %s", (long long)id,
 		(unsigned)c->peer.uid, c->spec->name);
 	dmn_sched_kick(env->sched);

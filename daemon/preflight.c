@@ -111,7 +111,18 @@ static td_err need_writable(const char *field, const char *path, struct td_errbu
 	}
 }
 
-static td_err checks(const Traind__JobSpec *s, uint64_t *plan_bytes, struct td_errbuf *eb)
+bool dmn_recompute_is_auto(const Traind__JobSpec *spec)
+{
+	const Traind__MemorySpec *m = spec->memory;
+	if (!m)
+		return true;
+	if (m->has_max_bytes && m->max_bytes)
+		return false;
+	return !m->has_recompute || m->recompute == TRAIND__RECOMPUTE__RECOMPUTE_UNSPECIFIED ||
+	       m->recompute == TRAIND__RECOMPUTE__RECOMPUTE_AUTO;
+}
+
+static td_err checks(const Traind__JobSpec *s, struct dmn_plan_bytes *out, struct td_errbuf *eb)
 {
 	td_err e = need_dir("model_dir", s->model_dir, eb);
 	if (e)
@@ -147,8 +158,20 @@ static td_err checks(const Traind__JobSpec *s, uint64_t *plan_bytes, struct td_e
 	if ((e = tr_method_plan_opts(s, &cfg, B, T, &po, eb)) != TD_OK ||
 	    (e = tr_plan_build(&p, &cfg, &po, eb)) != TD_OK)
 		return e;
-	uint64_t bytes = tr_plan_total_bytes(&p);
+	struct dmn_plan_bytes pb = {.bytes = tr_plan_total_bytes(&p),
+				    .auto_policy = dmn_recompute_is_auto(s)};
 	tr_plan_fini(&p);
+	/* AUTO: every policy's plan, for the scheduler to choose from where it
+	 * places the job (the method chose NONE here, AUTO's choice without a
+	 * bound). */
+	for (int k = 0; pb.auto_policy && k < TR_RECOMPUTE_COUNT; k++) {
+		po.recompute = (enum tr_recompute)k;
+		if ((e = tr_plan_build(&p, &cfg, &po, eb)) != TD_OK)
+			return e;
+		pb.by_policy[k] = tr_plan_total_bytes(&p);
+		tr_plan_fini(&p);
+	}
+	uint64_t teacher = 0;
 	if (s->method == TRAIND__METHOD__METHOD_DISTILL) {
 		/* The teacher runs forward only. Planned in fp32 even when the
 		 * method stores it in NF4: never below what the job uses
@@ -160,20 +183,23 @@ static td_err checks(const Traind__JobSpec *s, uint64_t *plan_bytes, struct td_e
 		if ((e = tr_config_load(&tcfg, tpath, eb)) != TD_OK ||
 		    (e = tr_plan_build(&p, &tcfg, &to, eb)) != TD_OK)
 			return e;
-		bytes += tr_plan_total_bytes(&p);
+		teacher = tr_plan_total_bytes(&p);
 		tr_plan_fini(&p);
 	}
-	*plan_bytes = bytes;
+	pb.bytes += teacher;
+	for (int k = 0; pb.auto_policy && k < TR_RECOMPUTE_COUNT; k++)
+		pb.by_policy[k] += teacher;
+	*out = pb;
 	return TD_OK;
 }
 
 td_err dmn_preflight(const Traind__JobSpec *spec, const struct dmn_fscreds *creds,
-		     uint64_t *plan_bytes, struct td_errbuf *eb)
+		     struct dmn_plan_bytes *plan, struct td_errbuf *eb)
 {
 	td_err e = dmn_fscreds_enter(creds, eb);
 	if (e != TD_OK)
 		return e;
-	e = checks(spec, plan_bytes, eb);
+	e = checks(spec, plan, eb);
 	dmn_fscreds_leave(creds);
 	return e;
 }

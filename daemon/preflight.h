@@ -13,19 +13,38 @@
 #ifndef DAEMON_PREFLIGHT_H
 #define DAEMON_PREFLIGHT_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "daemon/identity.h"
 #include "proto/err.h"
+#include "train/plan.h"
 #include "traind.pb-c.h"
+
+/* A job's memory plan as admission sees it (contract 1). With
+ * memory.recompute AUTO (or unset) and no memory.max_bytes the scheduler
+ * chooses the recompute policy where it places the job — the fastest whose
+ * plan the GPU can grant — so the plan's total is known per policy:
+ * by_policy[k] under enum tr_recompute k (teacher included), and bytes is
+ * NONE's. Otherwise auto_policy is false and bytes is the plan of the
+ * policy the spec fixes (or that memory.max_bytes chose). */
+struct dmn_plan_bytes {
+	uint64_t bytes;
+	bool auto_policy;
+	uint64_t by_policy[TR_RECOMPUTE_COUNT];
+};
+
+/* Whether spec leaves the recompute policy to placement: memory.recompute
+ * AUTO or unset, and no memory.max_bytes. */
+bool dmn_recompute_is_auto(const Traind__JobSpec *spec);
 
 /* spec has defaults applied. TD_EINVAL naming the first relative path. */
 td_err dmn_spec_check_paths(const Traind__JobSpec *spec, struct td_errbuf *eb);
 
 /* Blocking (file system, NSS); any thread but the loop. Switches the calling
- * thread to creds for the checks and back. *plan_bytes gets the plan's total
- * (contract 1) on success. */
+ * thread to creds for the checks and back. *plan gets the plan's bytes on
+ * success. */
 td_err dmn_preflight(const Traind__JobSpec *spec, const struct dmn_fscreds *creds,
-		     uint64_t *plan_bytes, struct td_errbuf *eb);
+		     struct dmn_plan_bytes *plan, struct td_errbuf *eb);
 
 #endif

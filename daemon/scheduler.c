@@ -20,7 +20,7 @@ struct claim {
 
 struct plan {
 	int64_t job_id;
-	uint64_t bytes;
+	struct dmn_plan_bytes pb;
 	int state;    /* PLAN_* */
 	char err[512];
 };
@@ -33,7 +33,7 @@ struct plan_work {
 	uid_t uid;
 	gid_t gid;
 	Traind__JobSpec *spec;
-	uint64_t bytes;
+	struct dmn_plan_bytes pb;
 	td_err err;
 	struct td_errbuf eb;
 };
@@ -176,11 +176,11 @@ static void plan_remove(struct dmn_sched *s, int64_t job_id)
 		*p = s->plans[--s->nplans];
 }
 
-void dmn_sched_set_plan(struct dmn_sched *s, int64_t job_id, uint64_t bytes)
+void dmn_sched_set_plan(struct dmn_sched *s, int64_t job_id, const struct dmn_plan_bytes *plan)
 {
 	struct plan *p = plan_get(s, job_id);
 	if (p) {
-		p->bytes = bytes;
+		p->pb = *plan;
 		p->state = PLAN_DONE;
 	}
 }
@@ -191,7 +191,7 @@ static void plan_work(uv_work_t *req)
 	struct dmn_fscreds creds;
 	w->err = dmn_fscreds_of(&creds, w->uid, w->gid, &w->eb);
 	if (w->err == TD_OK)
-		w->err = dmn_preflight(w->spec, &creds, &w->bytes, &w->eb);
+		w->err = dmn_preflight(w->spec, &creds, &w->pb, &w->eb);
 }
 
 static void plan_done(uv_work_t *req, int status)
@@ -203,7 +203,7 @@ static void plan_done(uv_work_t *req, int status)
 	if (p) {
 		if (status == 0 && w->err == TD_OK) {
 			p->state = PLAN_DONE;
-			p->bytes = w->bytes;
+			p->pb = w->pb;
 		} else {
 			p->state = PLAN_FAILED;
 			snprintf(p->err, sizeof(p->err), "%s",
@@ -349,13 +349,13 @@ static void hold_clear(struct dmn_sched *s)
  * that the hold follows the order (priority, fair share, age) and a job that
  * waited on another's hold is next. */
 static enum place wait_for_gpus(struct dmn_sched *s, const struct st_queued *q, uint64_t plan_bytes,
-				unsigned want, bool allow_cpu)
+				unsigned want, bool allow_cpu, bool smallest)
 {
 	struct dmn_place_gpu pg[DMN_MAX_GPUS];
 	offer(s, q, plan_bytes, want, false, false, pg);
 	if (!dmn_place_pick(pg, s->dev->n, s->dev->nvlink, (int)want, DMN_PLACE_EMPTY)) {
-		if (allow_cpu)
-			return PLACE_WAIT; /* for a CPU slot */
+		if (allow_cpu && s->cfg->cpu_slots > 0)
+			return PLACE_WAIT; /* for a CPU slot (a host without any never gives one) */
 		uint64_t most = 0, need = 0;
 		for (int i = 0; i < s->dev->n; i++) {
 			if (!dmn_gpu_gang_ok(&s->dev->gpu[i], want))
@@ -363,13 +363,16 @@ static enum place wait_for_gpus(struct dmn_sched *s, const struct st_queued *q, 
 			if (pg[i].share > most)
 				most = pg[i].share, need = pg[i].need;
 		}
-		char reason[400];
+		char reason[600];
 		snprintf(reason, sizeof(reason),
-			 "resources: the job needs %.1f MiB on each of %u GPU%s, and no %s of this host's "
-			 "GPUs can ever grant that much (the most one grants is %.1f MiB: its memory "
-			 "\u00d7 vram_factor %.2f)",
-			 (double)need / (1 << 20), want, want == 1 ? "" : "s", want == 1 ? "one" : "set",
-			 (double)most / (1 << 20), s->cfg->vram_factor);
+			 "resources: the job needs %.1f MiB on each of %u GPU%s%s, and no %s of this "
+			 "host's GPUs can ever grant that much (the most one grants is %.1f MiB: its "
+			 "memory \u00d7 vram_factor %.2f)",
+			 (double)need / (1 << 20), want, want == 1 ? "" : "s",
+			 smallest ? " with its smallest plan (memory.recompute AUTO tried none, "
+				    "selective and full; full's is the smallest)"
+				  : "",
+			 want == 1 ? "one" : "set", (double)most / (1 << 20), s->cfg->vram_factor);
 		if (s->hold_job == q->id)
 			hold_clear(s);
 		fail_job(s, q->id, reason);
@@ -512,8 +515,10 @@ static enum place try_place(struct dmn_sched *s, const struct st_queued *q)
 
 	struct dmn_run_request rr = {0};
 	uint64_t plan_bytes = 0;
+	int policy = -1; /* AUTO's choice (enum tr_recompute) where it placed the job */
+	const struct plan *p = NULL;
 	if (gpu_ok) {
-		struct plan *p = plan_find(s, q->id);
+		p = plan_find(s, q->id);
 		if (!p || p->state == 0) {
 			plan_request(s, q, spec);
 			rpc_jobspec_free(spec);
@@ -530,10 +535,20 @@ static enum place try_place(struct dmn_sched *s, const struct st_queued *q)
 			fail_job(s, q->id, reason);
 			return PLACE_ENDED;
 		}
-		plan_bytes = p->bytes;
+		/* memory.recompute AUTO: the fastest policy whose plan a GPU grants
+		 * now — NONE, then SELECTIVE, then FULL (each keeps less and
+		 * recomputes more). Not placed, it waits with the smallest plan,
+		 * FULL's, which fits soonest. */
+		const int npol = p->pb.auto_policy ? TR_RECOMPUTE_COUNT : 1;
 		struct dmn_place_gpu pg[DMN_MAX_GPUS];
-		offer(s, q, plan_bytes, ngpus, true, true, pg);
-		uint32_t mask = dmn_place_pick(pg, s->dev->n, s->dev->nvlink, (int)ngpus, DMN_PLACE_NOW);
+		uint32_t mask = 0;
+		for (int k = 0; k < npol && !mask; k++) {
+			plan_bytes = p->pb.auto_policy ? p->pb.by_policy[k] : p->pb.bytes;
+			offer(s, q, plan_bytes, ngpus, true, true, pg);
+			mask = dmn_place_pick(pg, s->dev->n, s->dev->nvlink, (int)ngpus, DMN_PLACE_NOW);
+			if (mask && p->pb.auto_policy)
+				policy = k;
+		}
 		if (mask) {
 			td_err e = reserve_gpus(s, q, mask, pg, &rr, &eb);
 			if (e != TD_OK && e != TD_EBUSY)
@@ -546,7 +561,8 @@ static enum place try_place(struct dmn_sched *s, const struct st_queued *q)
 	bool cpu = false;
 	if (!gpu) {
 		if (!allow_cpu || (long)dmn_runners_count_cpu(s->run) >= s->cfg->cpu_slots) {
-			enum place w = gpu_ok ? wait_for_gpus(s, q, plan_bytes, ngpus, allow_cpu)
+			enum place w = gpu_ok ? wait_for_gpus(s, q, plan_bytes, ngpus, allow_cpu,
+							      p && p->pb.auto_policy)
 					      : PLACE_WAIT;
 			rpc_jobspec_free(spec);
 			return w;
@@ -566,6 +582,32 @@ static enum place try_place(struct dmn_sched *s, const struct st_queued *q)
 		snprintf(reason, sizeof(reason), "%s", eb.msg);
 		fail_job(s, q->id, reason);
 		return PLACE_ENDED;
+	}
+	/* AUTO's choice goes into the spec the runner trains: the trainer's
+	 * method would take NONE (AUTO without a bound). */
+	char chose[320] = "";
+	if (gpu && policy >= 0) {
+		if (!spec->memory) {
+			spec->memory = malloc(sizeof(*spec->memory));
+			if (!spec->memory) {
+				release_gpus(s, &rr);
+				rpc_jobspec_free(spec);
+				return PLACE_WAIT; /* out of memory: the next pass */
+			}
+			traind__memory_spec__init(spec->memory);
+		}
+		spec->memory->has_recompute = true;
+		spec->memory->recompute = (Traind__Recompute)(TRAIND__RECOMPUTE__RECOMPUTE_NONE + policy);
+		if (policy > 0)
+			snprintf(chose, sizeof(chose),
+				 "; memory.recompute AUTO chose %s: its plan of %.1f MiB fits, none's "
+				 "%.1f MiB does not",
+				 tr_recompute_name((enum tr_recompute)policy), (double)plan_bytes / (1 << 20),
+				 (double)p->pb.by_policy[TR_RECOMPUTE_NONE] / (1 << 20));
+		else
+			snprintf(chose, sizeof(chose),
+				 "; memory.recompute AUTO chose none: its plan of %.1f MiB fits",
+				 (double)plan_bytes / (1 << 20));
 	}
 	/* The job's device: "cpu", its GPU's uuid, or a gang's uuids joined by ','. */
 	char device[DMN_MAX_GPUS * 97] = "cpu";
@@ -610,6 +652,8 @@ static enum place try_place(struct dmn_sched *s, const struct st_queued *q)
 		snprintf(reason, sizeof(reason), "placed on %s%s", device,
 			 gpu && gpu->fake ? " (simulated)" : "");
 	}
+	size_t rl = strlen(reason);
+	snprintf(reason + rl, sizeof(reason) - rl, "%s", chose);
 	td_err e = st_job_transition(s->db, q->id, ST_QUEUED, ST_ADMITTED, reason, device, &eb);
 	if (e != TD_OK) {
 		/* Cancelled since the queue was read: nothing to do. */

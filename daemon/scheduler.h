@@ -36,6 +36,7 @@
 
 #include "daemon/settings.h"
 #include "daemon/devices.h"
+#include "daemon/preflight.h"
 #include "daemon/runner.h"
 #include "proto/err.h"
 #include "state/state.h"
@@ -62,8 +63,9 @@ void dmn_sched_kick(struct dmn_sched *s);
 /* The housekeeping tick: reaps dead leases, then a pass. */
 void dmn_sched_tick(struct dmn_sched *s);
 
-/* The plan's bytes of a job (from its submit-time preflight). */
-void dmn_sched_set_plan(struct dmn_sched *s, int64_t job_id, uint64_t bytes);
+/* The plan's bytes of a job (from its submit-time preflight), per recompute
+ * policy where the spec leaves the policy to placement (preflight.h). */
+void dmn_sched_set_plan(struct dmn_sched *s, int64_t job_id, const struct dmn_plan_bytes *plan);
 
 /* What a job whose memory plan is plan_bytes reserves on g: the plan on a
  * simulated GPU; on a real one the plan + GPU_CUDA_FIXED_BYTES (the CUDA

@@ -1,0 +1,78 @@
+#!/bin/bash
+# memory.recompute AUTO chooses where the job is placed: the fastest policy
+# whose plan the GPU grants (NONE, then SELECTIVE, then FULL).
+# 1. A daemon whose one simulated GPU is too small for any plan: the job
+#    fails naming its smallest plan; its submit event gives every policy's
+#    plan, which sizes the GPUs of:
+# 2. A daemon with GPU 1 between SELECTIVE's plan and NONE's, GPU 0 between
+#    FULL's and SELECTIVE's (vram_factor 1: a simulated GPU's share is its
+#    size). Three jobs submitted together: one goes to GPU 1 with SELECTIVE,
+#    one to GPU 0 with FULL, the third waits and runs after them; each says
+#    its choice in its events and trains. A policy the spec fixes is kept
+#    (NONE, which no GPU can grant, fails). --max-memory bounds the plan at
+#    submit; an unknown policy is refused.
+. "$(dirname "$0")/lib.sh"
+cd "$TD_SRC" || exit 1
+JOB=tests/integration/job.txtpb
+U0=GPU-00000000-0000-0000-0000-000000000000
+U1=GPU-11111111-1111-1111-1111-111111111111
+
+submit() {
+	ctl submit "$JOB" --device any --steps 150 --checkpoint-every 0 --output "$WORK/$1" --name "$1" "${@:2}"
+}
+all_succeeded() {
+	for j in "$@"; do job_is "$j" SUCCEEDED || return 1; done
+}
+
+# --- 1: no GPU can take even the smallest plan ---
+start_daemon --user --cpu-slots 0 --vram-factor 1 --fake-gpus "$U0:4096"
+jp=$(submit probe)
+check "a job whose smallest plan fits no GPU fails" wait_for 30 job_is "$jp" FAILED
+ev=$(ctl logs "$jp")
+expect_contains "naming the smallest plan" "$ev" "with its smallest plan"
+line=$(printf '%s\n' "$ev" | grep 'plan: [0-9]* bytes with recompute none')
+none=$(printf '%s\n' "$line" | sed -n 's/.*plan: \([0-9]*\) bytes with recompute none, \([0-9]*\) selective, \([0-9]*\) full.*/\1/p')
+sel=$(printf '%s\n' "$line" | sed -n 's/.*plan: \([0-9]*\) bytes with recompute none, \([0-9]*\) selective, \([0-9]*\) full.*/\2/p')
+full=$(printf '%s\n' "$line" | sed -n 's/.*plan: \([0-9]*\) bytes with recompute none, \([0-9]*\) selective, \([0-9]*\) full.*/\3/p')
+if [ -z "$none" ] || [ -z "$sel" ] || [ -z "$full" ]; then
+	bad "the submit event gives every policy's plan: '$line'"
+	finish
+	exit 1
+fi
+note "plans: none $none, selective $sel, full $full bytes"
+check "FULL < SELECTIVE < NONE" test "$full" -lt "$sel" -a "$sel" -lt "$none"
+stop_daemon
+
+# --- 2: each GPU grants one job, with a different policy ---
+rm -rf "$STATE"
+g1=$(((sel + none) / 2))
+g0=$(((full + sel) / 2))
+start_daemon --user --cpu-slots 0 --vram-factor 1 --fake-gpus "$U0:$g0,$U1:$g1"
+j1=$(submit a1)
+j2=$(submit a2)
+j3=$(submit a3)
+check "all three finish" wait_for 120 all_succeeded "$j1" "$j2" "$j3"
+ev1=$(ctl logs "$j1")
+ev2=$(ctl logs "$j2")
+expect_contains "job 1 on GPU 1" "$ev1" "placed on $U1"
+expect_contains "job 1: AUTO chose selective" "$ev1" "memory.recompute AUTO chose selective"
+expect_contains "job 2 on GPU 0" "$ev2" "placed on $U0"
+expect_contains "job 2: AUTO chose full" "$ev2" "memory.recompute AUTO chose full"
+# and the trainer built that plan (its plan print, in the job's log lines)
+expect_contains "job 1 trained with selective" "$ev1" "recompute  selective;"
+expect_contains "job 2 trained with full" "$ev2" "recompute  full;"
+expect_contains "job 3 waited, then ran" "$(ctl logs "$j3")" "memory.recompute AUTO chose"
+
+# A fixed policy is the user's: NONE fits no GPU here, ever.
+jn=$(submit fixed --recompute none)
+check "a fixed NONE fails" wait_for 30 job_is "$jn" FAILED
+expect_contains "naming what it needs" "$(ctl logs "$jn")" "can ever grant"
+# --max-memory: the bound is checked at submit, before anything is queued.
+ctl submit "$JOB" --device any --max-memory 1K --output "$WORK/m" >/dev/null 2>"$WORK/err"
+expect_eq "a bound below every plan: refused" "$?" 2
+expect_contains "naming memory.max_bytes" "$(cat "$WORK/err")" "memory.max_bytes"
+ctl submit "$JOB" --device any --recompute sometimes --output "$WORK/m" >/dev/null 2>"$WORK/err"
+expect_eq "an unknown policy: exit 2" "$?" 2
+expect_contains "naming the flag" "$(cat "$WORK/err")" "--recompute"
+stop_daemon
+finish
