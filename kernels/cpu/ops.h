@@ -95,8 +95,9 @@ void adamw_update(float *param, const float *grad, float *m, float *v, size_t n,
 
 /* bf16, the bf16 mode's storage of frozen weights and of the GEMMs' operands:
  * the upper 16 bits of an fp32. bf16_round: out (n) = in rounded to nearest
- * even (a NaN becomes the quiet NaN 0x7fff; infinities stay); the same bits
- * as CUDA's __float2bfloat16_rn. bf16_widen: out (n) = in exactly (a
+ * even (a NaN becomes the quiet NaN 0x7fff, as CUDA's host code makes it;
+ * infinities stay); the same bits as CUDA's __float2bfloat16_rn for every
+ * number. bf16_widen: out (n) = in exactly (a
  * bf16 is an fp32 with 16 zero low bits). Overwrite. bf16_widen may run in
  * place over the second half of out's bytes (in == (uint16_t *)out + n):
  * element i is read before out[i] is written, and out[i] ends before in[i+1]
