@@ -37,7 +37,9 @@ const struct tr_plan *tr_model_plan(const struct tr_model *m);
 struct gpu_backend *tr_model_backend(const struct tr_model *m);
 
 /* Loads every base parameter from w (converting to fp32; NF4 tensors are
- * quantized on the host and uploaded packed), checking that each is present
+ * quantized on the host and uploaded packed, tensors the plan stores in bf16
+ * rounded once, to nearest even: a bf16 checkpoint's values unchanged),
+ * checking that each is present
  * with the shape the config implies; tensors in w the model does not use are
  * an error too (naming them), except `lm_head.weight` of a tied model and the
  * causal head of a model loaded as a classifier (transformers drops it too).
@@ -47,8 +49,11 @@ td_err tr_model_load(struct tr_model *m, const struct tr_weights *w, struct td_e
 bool tr_model_head_loaded(const struct tr_model *m);
 
 /* Host copies of a parameter / its gradient / its AdamW moments (numel floats).
- * An NF4 tensor comes back dequantized and is quantized when set (which can
- * fail, TD_ENOMEM, with no message: the caller names the tensor). */
+ * An NF4 tensor comes back dequantized (in the bf16 mode as its GEMMs read
+ * it, rounded to bf16) and is quantized when set; a tensor stored in bf16
+ * comes back widened and is rounded when set (either can fail, TD_ENOMEM,
+ * with no message: the caller names the tensor). In the bf16 mode, setting a
+ * trainable tensor also rounds its bf16 copy. */
 void tr_model_get_param(struct tr_model *m, const struct tr_param *p, float *dst);
 td_err tr_model_set_param(struct tr_model *m, const struct tr_param *p, const float *src);
 void tr_model_get_grad(struct tr_model *m, const struct tr_param *p, float *dst);
