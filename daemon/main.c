@@ -16,8 +16,12 @@
 
 #include "config.h"
 #include "daemon/journal.h"
+#include "daemon/preflight.h"
 #include "daemon/settings.h"
 #include "daemon/server.h"
+#include "gpu/select.h"
+#include "train/hfconfig.h"
+#include "train/method.h"
 #include "proto/err.h"
 #include "proto/jobspec.h"
 #include "proto/log.h"
@@ -169,6 +173,67 @@ static const char *default_cache_dir(char *buf, size_t cap)
 	return n > 0 && (size_t)n < cap ? buf : NULL;
 }
 
+/* traind --plan's last lines: what memory.recompute AUTO takes on each GPU
+ * of this host, as the scheduler would place the job now — the fastest
+ * policy whose lease (plan + backend + context allowance) the GPU grants
+ * (its memory x vram_factor, and what is free now). The settings are the
+ * daemon's (config file, environment); a teacher's plan is not counted. */
+static void print_auto_on_host(Traind__JobSpec *spec, FILE *out)
+{
+	if (!dmn_recompute_is_auto(spec)) {
+		fprintf(out, "auto       memory.recompute is fixed by the spec (or bounded by memory.max_bytes)\n");
+		return;
+	}
+	struct td_errbuf eb = {{0}};
+	struct dmn_config cfg;
+	char *noargs[] = {NULL};
+	if (dmn_config_load(&cfg, 0, noargs, &eb) != TD_OK) {
+		fprintf(out, "auto       (the daemon's settings cannot be read: %s)\n", eb.msg);
+		return;
+	}
+	struct gpu_device_info dev[16];
+	int n = 0;
+	if (gpu_devices_query(dev, 16, &n, &eb) != TD_OK || n == 0) {
+		char why[512];
+		gpu_devices_why(why, sizeof(why));
+		fprintf(out, "auto       no CUDA GPU on this host (%s): on the CPU the policy is none\n",
+			why[0] ? why : eb.msg);
+		return;
+	}
+	char path[4096];
+	snprintf(path, sizeof(path), "%s/config.json", spec->model_dir);
+	struct tr_model_config mc;
+	struct tr_plan_opts po;
+	size_t acts[TR_RECOMPUTE_COUNT], total[TR_RECOMPUTE_COUNT];
+	if (rpc_jobspec_resolve_precision(spec, true, &eb) != TD_OK ||
+	    tr_config_load(&mc, path, &eb) != TD_OK ||
+	    tr_method_plan_opts(spec, &mc, (int)spec->hyper->micro_batch, (int)spec->data->seq_len,
+				&po, &eb) != TD_OK ||
+	    tr_plan_recompute_bytes(&mc, &po, acts, total, &eb) != TD_OK) {
+		fprintf(out, "auto       (%s)\n", eb.msg);
+		return;
+	}
+	const uint64_t extra = (uint64_t)GPU_CUDA_FIXED_BYTES + ((uint64_t)cfg.cuda_context_mib << 20);
+	for (int i = 0; i < n; i++) {
+		uint64_t share = (uint64_t)((long double)dev[i].total_bytes * (long double)cfg.vram_factor);
+		uint64_t avail = share < dev[i].free_bytes ? share : dev[i].free_bytes;
+		int k = 0;
+		while (k < TR_RECOMPUTE_COUNT && total[k] + extra > avail)
+			k++;
+		fprintf(out, "auto       GPU %d (%s): grants %.2f GiB now (%.2f GiB x vram_factor %.2f, "
+			"%.2f GiB free): ",
+			dev[i].index, dev[i].name, (double)avail / (1 << 30),
+			(double)dev[i].total_bytes / (1 << 30), cfg.vram_factor,
+			(double)dev[i].free_bytes / (1 << 30));
+		if (k < TR_RECOMPUTE_COUNT)
+			fprintf(out, "%s (lease %.2f GiB)\n", tr_recompute_name((enum tr_recompute)k),
+				(double)(total[k] + extra) / (1 << 30));
+		else
+			fprintf(out, "nothing fits (full's lease is %.2f GiB)\n",
+				(double)(total[TR_RECOMPUTE_FULL] + extra) / (1 << 30));
+	}
+}
+
 static int run_oneshot(int argc, char **argv)
 {
 	const char *run = NULL, *plan = NULL, *check = NULL, *backend = NULL;
@@ -246,6 +311,8 @@ static int run_oneshot(int argc, char **argv)
 		td_err e = tr_train_plan(spec, stdout, &eb);
 		if (e != TD_OK)
 			fprintf(stderr, "traind: %s: %s\n", plan, eb.msg[0] ? eb.msg : td_strerror(e));
+		else
+			print_auto_on_host(spec, stdout);
 		rpc_jobspec_free(spec);
 		return e == TD_OK ? 0 : 2;
 	}
