@@ -9,7 +9,10 @@
  *               [--shape fixture|25m|qwen2-0.5b|qwen3-0.6b|qwen2-1.5b|llama3-8b-4l|llama3-8b]
  *               [--batch B] [--seq T] [--steps N] [--warm N] [--lora-rank R]
  *               [--lora-targets qv|all] [--precision fp32|bf16] [--phases]
- *               [--recompute none|selective|full]
+ *               [--recompute none|selective|full] [--qlora]
+ *
+ * --qlora: with --lora-rank, the frozen projections in NF4 with double
+ * quantization (QLoRA).
  *
  * Memory: reserve_gib is the memory plan plus the backend's fixed bytes
  * (workspaces, allocated at its creation); the daemon's lease adds its
@@ -109,12 +112,16 @@ int main(int argc, char **argv)
 {
 	const char *backend = "cpu", *shape = "25m", *targets = "qv";
 	int B = 0, T = 0, steps = 10, warm = 2, rank = 0;
-	bool bf16 = false, phases = false;
+	bool bf16 = false, phases = false, qlora = false;
 	enum tr_recompute recompute = TR_RECOMPUTE_NONE;
 	for (int i = 1; i < argc; i++) {
 		const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
 		if (!strcmp(a, "--phases")) {
 			phases = true;
+			continue;
+		}
+		if (!strcmp(a, "--qlora")) {
+			qlora = true;
 			continue;
 		}
 		if (!v) {
@@ -181,6 +188,13 @@ int main(int argc, char **argv)
 		po.lora_alpha = 2.0 * rank;
 		po.lora_targets = strcmp(targets, "all") == 0 ? (1u << TR_LIN_COUNT) - 1
 							      : (1u << TR_LIN_Q) | (1u << TR_LIN_V);
+		if (qlora) {
+			po.base_quant = TR_QUANT_NF4;
+			po.nf4_double_quant = true;
+		}
+	} else if (qlora) {
+		fprintf(stderr, "bench_train: --qlora needs --lora-rank\n");
+		return 2;
 	}
 	struct tr_model *m = NULL;
 	if (tr_model_new(&m, be, &cfg, &po, &eb) != TD_OK) {
@@ -272,7 +286,7 @@ int main(int argc, char **argv)
 	       "\"layers\": %d, \"params_total\": %zu, \"params_trainable\": %zu, \"ms_per_step\": %.2f, "
 	       "\"tokens_per_s\": %.1f, \"plan_gib\": %.3f, \"reserve_gib\": %.3f, \"used_gib\": %.3f, "
 	       "\"loss\": %.4f}\n",
-	       rank ? "lora-" : "full-", rank ? targets : bf16 ? "bf16" : "fp32", bf16 ? "bf16" : "fp32",
+	       rank ? (qlora ? "qlora-" : "lora-") : "full-", rank ? targets : bf16 ? "bf16" : "fp32", bf16 ? "bf16" : "fp32",
 	       tr_recompute_name(recompute), be->ops->name, be->device, B, T,
 	       cfg.num_layers, p->numel_params, p->numel_trainable, dt * 1e3, (double)B * T / dt,
 	       (double)tr_plan_total_bytes(p) / (1 << 30),

@@ -45,6 +45,11 @@ if [ "$what" = memory ]; then
 		bench_peak bench_memory.jsonl --shape llama3-8b --lora-rank 16 --lora-targets all \
 			--precision bf16 --recompute $r --steps 4 --warm 2
 	done
+	echo "== memory: Llama-3-8B (32 layers) QLoRA (NF4 base) r16 on all seven, bf16, B4 x T2048"
+	for r in ${MEM_QLORA_POLICIES:-full}; do
+		bench_peak bench_memory.jsonl --shape llama3-8b --lora-rank 16 --lora-targets all --qlora \
+			--precision bf16 --recompute $r --steps 4 --warm 2
+	done
 	echo "== memory: peer (PEFT, with and without gradient checkpointing)"
 	PYTHONUNBUFFERED=1 RUNS=${PEER_RUNS:-lora-8b-gc,lora-8b} timeout 500 python3 "$root/.gpu-libs/peer_big.py" 2>&1 |
 		grep '^{' | tee -a "$out/bench_memory.jsonl"
@@ -77,6 +82,10 @@ if [ "$what" != bench ]; then
 	echo "== recompute: SELECTIVE and FULL against NONE on the CUDA backend, and their curves"
 	for prec in fp32 bf16; do
 		TD_FIXTURES=$fx "$bin/test_recompute" --backend cuda --precision $prec 2>&1 | tail -n 4 || status=1
+	done
+	echo "== frozen bases stored in bf16 (and NF4): the CUDA backend against the rounded reference"
+	for prec in fp32 bf16; do
+		TD_FIXTURES=$fx "$bin/test_frozen" --backend cuda --precision $prec 2>&1 | tail -n 3 || status=1
 	done
 	for r in selective full; do
 		tests/gpu/loss_curve.sh "$bin/traind" "$fx" bf16 full $r || status=1
