@@ -121,6 +121,24 @@ static td_err decode_named(Traind__JobSpec **out, const uint8_t *buf, size_t len
 	Traind__JobSpec *s = traind__job_spec__unpack(NULL, len, buf ? buf : empty);
 	if (!s)
 		return td_fail(eb, TD_EFORMAT, "%s: not a valid traind.JobSpec protobuf (%zu bytes)", what, len);
+	/* protobuf-c keeps unknown fields as they came and accepts a tag written
+	 * in more bytes than it needs (field 0 as 0x80 0x00), which it refuses
+	 * once written back canonically: such a spec would load, then fail when
+	 * trainctl sends it or the daemon copies it. Refused here, as
+	 * rpc_request_decode refuses such a request (fuzz_jobspec found it). */
+	uint8_t *again = NULL;
+	size_t n = 0;
+	td_err e = rpc_jobspec_encode(s, &again, &n);
+	Traind__JobSpec *t = e == TD_OK ? traind__job_spec__unpack(NULL, n, again) : NULL;
+	free(again);
+	rpc_jobspec_free(t);
+	if (!t) {
+		rpc_jobspec_free(s);
+		return e != TD_OK ? td_fail(eb, e, "%s: out of memory", what)
+				  : td_fail(eb, TD_EFORMAT,
+					    "%s: malformed field tags (%zu bytes; an unknown field with an invalid number?)",
+					    what, len);
+	}
 	*out = s;
 	return TD_OK;
 }

@@ -744,6 +744,10 @@ static const struct bytes_case bytes_cases[] = {
 	{ "overlong varint", { 0x10, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x01 }, 12, TD_EFORMAT },
 	{ "group wire type", { 0x0b, 0x0c }, 2, TD_EFORMAT },
 	{ "field number 0", { 0x00, 0x01 }, 2, TD_EFORMAT },
+	/* fuzz_jobspec's crash: field 0 in two bytes, which protobuf-c takes and
+	 * writes back as 0x00, which it refuses; at the top and in data. */
+	{ "field number 0 written in two bytes", { 0x80, 0x00, 0x00 }, 3, TD_EFORMAT },
+	{ "field number 0 in two bytes inside data", { 0x22, 0x03, 0x80, 0x00, 0x00 }, 5, TD_EFORMAT },
 	{ "unknown field is kept", { 0xf8, 0x06, 0x01 }, 3, TD_OK },
 	{ "unknown enum value", { 0x10, 0x63 }, 2, TD_OK },
 	{ "valid model_dir", { 0x1a, 0x02, '/', 'm' }, 4, TD_OK },
@@ -773,6 +777,9 @@ static void exercise(const uint8_t *b, size_t n, td_err *rc_out)
 	uint8_t *e;
 	size_t en;
 	CHECK_EQ_INT(rpc_jobspec_encode(s, &e, &en), TD_OK);
+	Traind__JobSpec *again = NULL;
+	CHECK_EQ_INT(rpc_jobspec_decode(&again, e, en, &eb), TD_OK); /* what decoded decodes again */
+	rpc_jobspec_free(again);
 	free(e);
 	rpc_jobspec_free(s);
 }
@@ -862,6 +869,9 @@ static void test_bad_bytes(void)
 	Traind__JobSpec *f = NULL;
 	CHECK_EQ_INT(rpc_jobspec_load(&f, p, &eb), TD_EFORMAT);
 	CHECK_CONTAINS(eb.msg, "junk.pb");
+	p = write_tmp("tag0.pb", (const uint8_t[]){ 0x80, 0x00, 0x00 }, 3);
+	CHECK_EQ_INT(rpc_jobspec_load(&f, p, &eb), TD_EFORMAT);
+	CHECK_CONTAINS(eb.msg, "tag0.pb: malformed field tags");
 
 	/* Over the size limit, in a buffer and in a file. */
 	uint8_t *big = calloc(RPC_JOBSPEC_MAX_BYTES + 1, 1);
