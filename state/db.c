@@ -86,6 +86,34 @@ static const char *const migrations[] = {
 	"  used_ms INTEGER NOT NULL,"
 	"  hits INTEGER NOT NULL DEFAULT 0"
 	") STRICT;",
+
+	/* 2: operating a shared host (issue 14): holds, dependencies, and the
+	 * accounting. A job's usage is accrued into hourly buckets (usage) up
+	 * to jobs.acct_ms, on every state change and on the housekeeping tick;
+	 * a database of version 1 gets acct_ms 0, which the next accrual sets
+	 * without counting the time before it. */
+	"ALTER TABLE jobs ADD COLUMN held INTEGER NOT NULL DEFAULT 0 CHECK (held IN (0, 1));"
+	"ALTER TABLE jobs ADD COLUMN acct_ms INTEGER NOT NULL DEFAULT 0;"
+	"CREATE TABLE job_deps ("
+	"  job INTEGER NOT NULL REFERENCES jobs(id) ON DELETE CASCADE,"
+	"  dep INTEGER NOT NULL REFERENCES jobs(id) ON DELETE CASCADE,"
+	"  PRIMARY KEY (job, dep)"
+	") STRICT, WITHOUT ROWID;"
+	"CREATE INDEX job_deps_by_dep ON job_deps(dep);"
+	"CREATE TABLE usage ("
+	"  job INTEGER NOT NULL REFERENCES jobs(id) ON DELETE CASCADE,"
+	"  hour INTEGER NOT NULL,"
+	"  uid INTEGER NOT NULL,"
+	"  queued_ms INTEGER NOT NULL DEFAULT 0,"
+	"  run_ms INTEGER NOT NULL DEFAULT 0,"
+	"  gpu_ms INTEGER NOT NULL DEFAULT 0,"
+	"  cpu_ms INTEGER NOT NULL DEFAULT 0,"
+	"  gpu_mem_bs REAL NOT NULL DEFAULT 0,"
+	"  tokens INTEGER NOT NULL DEFAULT 0,"
+	"  PRIMARY KEY (job, hour)"
+	") STRICT, WITHOUT ROWID;"
+	"CREATE INDEX usage_by_uid ON usage(uid, hour);"
+	"CREATE INDEX usage_by_hour ON usage(hour);",
 };
 _Static_assert(sizeof(migrations) / sizeof(migrations[0]) == ST_SCHEMA_VERSION,
 	       "one migration per schema version");

@@ -51,6 +51,10 @@ td_err st__event_insert_locked(struct st_db *db, int64_t job, int64_t now, const
 /* Whether job exists (TD_OK and *exists) inside the caller's transaction. */
 td_err st__job_exists_locked(struct st_db *db, int64_t job, bool *exists, struct td_errbuf *eb);
 
+/* Accrues the usage of job (0: every QUEUED and active job) up to now and
+ * moves its acct_ms there (state/usage.c), inside the caller's transaction. */
+td_err st__usage_accrue_locked(struct st_db *db, int64_t job, int64_t now, struct td_errbuf *eb);
+
 /* Ledger rows of jobs in `ids` removed; used by st_jobs_recover. */
 td_err st__ledger_delete_job_locked(struct st_db *db, int64_t job, size_t *n,
 				    struct td_errbuf *eb);

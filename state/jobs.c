@@ -97,9 +97,10 @@ void st_jobs_free(struct st_job *jobs, size_t n)
 
 #define JOB_COLS                                                                             \
 	"id, name, uid, gid, state, reason, priority, submit_ms, start_ms, end_ms, updated_ms, " \
-	"device, ckpt_path, ckpt_step, attempts, cancel_requested"
+	"device, ckpt_path, ckpt_step, attempts, cancel_requested, held"
+#define JOB_COL_SPEC 17
 
-/* Fills j from a row selected with JOB_COLS (then optionally spec at column 16). */
+/* Fills j from a row selected with JOB_COLS (then optionally spec at JOB_COL_SPEC). */
 static td_err job_from_row(struct st_db *db, sqlite3_stmt *st, bool with_spec, struct st_job *j,
 			   struct td_errbuf *eb)
 {
@@ -125,10 +126,11 @@ static td_err job_from_row(struct st_db *db, sqlite3_stmt *st, bool with_spec, s
 	j->ckpt_step = sqlite3_column_int64(st, 13);
 	j->attempts = sqlite3_column_int(st, 14);
 	j->cancel_requested = sqlite3_column_int(st, 15) != 0;
+	j->held = sqlite3_column_int(st, 16) != 0;
 	bool oom = !j->name || !j->reason || !j->device || !j->ckpt_path;
 	if (with_spec && !oom) {
-		int len = sqlite3_column_bytes(st, 16);
-		const void *b = sqlite3_column_blob(st, 16);
+		int len = sqlite3_column_bytes(st, JOB_COL_SPEC);
+		const void *b = sqlite3_column_blob(st, JOB_COL_SPEC);
 		j->spec = malloc(len > 0 ? (size_t)len : 1);
 		oom = !j->spec;
 		if (!oom && len > 0)
@@ -217,6 +219,18 @@ td_err st_job_submit(struct st_db *db, const struct st_job_new *n, int64_t *id_o
 		return td_fail(eb, TD_EINVAL, "submit: the job has no spec");
 	if (n->spec_len > (size_t)INT32_MAX)
 		return td_fail(eb, TD_ERANGE, "submit: spec of %zu bytes is too large", n->spec_len);
+	if (n->nafter > ST_DEPS_MAX)
+		return td_fail(eb, TD_EINVAL, "submit --after: %zu jobs, more than the %d allowed",
+			       n->nafter, ST_DEPS_MAX);
+	for (size_t i = 0; i < n->nafter; i++) {
+		if (n->after[i] <= 0)
+			return td_fail(eb, TD_EINVAL, "submit --after: %lld is not a job id",
+				       (long long)n->after[i]);
+		for (size_t k = 0; k < i; k++)
+			if (n->after[k] == n->after[i])
+				return td_fail(eb, TD_EINVAL, "submit --after: job %lld named twice",
+					       (long long)n->after[i]);
+	}
 	sqlite3_stmt *st = NULL;
 	int64_t now = st_now_ms();
 	st__lock(db);
@@ -247,9 +261,30 @@ td_err st_job_submit(struct st_db *db, const struct st_job_new *n, int64_t *id_o
 			goto fail;
 		}
 	}
+	/* Dependencies: each exists and can still succeed. */
+	char deps[ST_DEPS_MAX * 22 + 1] = "";
+	size_t dlen = 0;
+	for (size_t i = 0; i < n->nafter; i++) {
+		enum st_job_state ds;
+		if ((e = job_state_locked(db, n->after[i], &ds, NULL, eb)) != TD_OK) {
+			if (e == TD_ENOENT)
+				td_fail(eb, TD_ENOENT, "submit --after: job %lld does not exist",
+					(long long)n->after[i]);
+			goto fail;
+		}
+		if (ds == ST_FAILED || ds == ST_CANCELLED) {
+			e = td_fail(eb, TD_ESTATE,
+				    "submit --after: job %lld is %s, so this job could never start; "
+				    "requeue it first (trainctl requeue %lld)",
+				    (long long)n->after[i], state_names[ds], (long long)n->after[i]);
+			goto fail;
+		}
+		dlen += (size_t)snprintf(deps + dlen, sizeof(deps) - dlen, "%s%lld", i ? ", " : "",
+					 (long long)n->after[i]);
+	}
 	e = st__prepare(db,
-			"INSERT INTO jobs (name, spec, uid, gid, state, priority, submit_ms, updated_ms) "
-			"VALUES (?, ?, ?, ?, 'QUEUED', ?, ?, ?)",
+			"INSERT INTO jobs (name, spec, uid, gid, state, priority, submit_ms, updated_ms,"
+			" held, acct_ms) VALUES (?, ?, ?, ?, 'QUEUED', ?, ?, ?, ?, ?)",
 			&st, eb);
 	if (e)
 		goto fail;
@@ -260,15 +295,33 @@ td_err st_job_submit(struct st_db *db, const struct st_job_new *n, int64_t *id_o
 	sqlite3_bind_int(st, 5, n->priority);
 	sqlite3_bind_int64(st, 6, now);
 	sqlite3_bind_int64(st, 7, now);
+	sqlite3_bind_int(st, 8, n->held);
+	sqlite3_bind_int64(st, 9, now);
 	int rc = sqlite3_step(st);
 	if (rc != SQLITE_DONE) {
 		e = ST_SQLFAIL(db, rc, eb, "insert job");
 		goto fail;
 	}
 	int64_t id = sqlite3_last_insert_rowid(db->h);
-	char msg[256];
-	snprintf(msg, sizeof(msg), "submitted by uid %u (priority %d)", (unsigned)n->uid,
-		 (int)n->priority);
+	sqlite3_finalize(st);
+	st = NULL;
+	if (n->nafter) {
+		if ((e = st__prepare(db, "INSERT INTO job_deps (job, dep) VALUES (?, ?)", &st, eb)))
+			goto fail;
+		for (size_t i = 0; i < n->nafter; i++) {
+			sqlite3_reset(st);
+			sqlite3_bind_int64(st, 1, id);
+			sqlite3_bind_int64(st, 2, n->after[i]);
+			if ((rc = sqlite3_step(st)) != SQLITE_DONE) {
+				e = ST_SQLFAIL(db, rc, eb, "record the dependencies of job %lld", (long long)id);
+				goto fail;
+			}
+		}
+	}
+	char msg[sizeof(deps) + 256];
+	snprintf(msg, sizeof(msg), "submitted by uid %u (priority %d)%s%s%s", (unsigned)n->uid,
+		 (int)n->priority, n->nafter ? "; starts after job(s) " : "", deps,
+		 n->held ? "; held" : "");
 	e = st__event_insert_locked(db, id, now, "submitted", msg, eb);
 	if (e)
 		goto fail;
@@ -392,17 +445,30 @@ td_err st_job_count(struct st_db *db, uid_t uid, unsigned mask, uint32_t *count,
 /* ------------------------------------------------------------------------ */
 /* State changes */
 
-/* Moves job id from `cur` to `to` inside the caller's transaction: the row,
- * its "state" event, and, when `to` is not an active state, the release of its
- * leases (*leases gets how many; may be NULL). */
+/* set_state_locked's flags. */
+enum {
+	SS_NO_ACCRUE = 1,  /* the time since the last accrual is not counted (a dead daemon's) */
+	SS_NO_CASCADE = 2, /* the caller fails the dependents itself */
+};
+
+static td_err fail_dependents_locked(struct st_db *db, int64_t id, enum st_job_state how,
+				     int64_t now, struct td_errbuf *eb);
+
+/* Moves job id from `cur` to `to` inside the caller's transaction: its usage
+ * accrued up to now, the row, its "state" event, and, when `to` is not an
+ * active state, the release of its leases (*leases gets how many; may be
+ * NULL); FAILED and CANCELLED fail the jobs waiting on it. */
 static td_err set_state_locked(struct st_db *db, int64_t id, enum st_job_state cur,
 			       enum st_job_state to, const char *reason, const char *device,
-			       int64_t now, size_t *leases, struct td_errbuf *eb)
+			       int64_t now, size_t *leases, int flags, struct td_errbuf *eb)
 {
 	sqlite3_stmt *st;
-	td_err e = st__prepare(
+	td_err e = TD_OK;
+	if (!(flags & SS_NO_ACCRUE) && (e = st__usage_accrue_locked(db, id, now, eb)))
+		return e;
+	e = st__prepare(
 		db,
-		"UPDATE jobs SET state = ?2, reason = ?3, updated_ms = ?4,"
+		"UPDATE jobs SET state = ?2, reason = ?3, updated_ms = ?4, acct_ms = ?4,"
 		" device = CASE WHEN ?5 THEN '' ELSE coalesce(?6, device) END,"
 		" attempts = attempts + ?7,"
 		" start_ms = CASE WHEN ?8 THEN ?4 ELSE start_ms END,"
@@ -439,6 +505,68 @@ static td_err set_state_locked(struct st_db *db, int64_t id, enum st_job_state c
 			db->path, (long long)id, state_names[to], freed);
 	if (!e && leases)
 		*leases = freed;
+	if (!e && !(flags & SS_NO_CASCADE) && (to == ST_FAILED || to == ST_CANCELLED))
+		e = fail_dependents_locked(db, id, to, now, eb);
+	return e;
+}
+
+/* Fails, inside the caller's transaction, every QUEUED or INTERRUPTED job
+ * that waits on job id, which just ended `how`, and the jobs waiting on
+ * those in turn (a work list, not recursion: a chain may be long). */
+static td_err fail_dependents_locked(struct st_db *db, int64_t id, enum st_job_state how,
+				     int64_t now, struct td_errbuf *eb)
+{
+	struct item {
+		int64_t id;
+		enum st_job_state how;
+	};
+	struct item *work = malloc(sizeof(*work));
+	size_t nw = 0, cap = 1;
+	if (!work)
+		return td_fail(eb, TD_ENOMEM, "%s: out of memory", db->path);
+	work[nw++] = (struct item){id, how};
+	sqlite3_stmt *st = NULL;
+	td_err e = st__prepare(db,
+			       "SELECT j.id, j.state FROM job_deps d JOIN jobs j ON j.id = d.job"
+			       " WHERE d.dep = ? AND j.state IN ('QUEUED','INTERRUPTED') ORDER BY j.id",
+			       &st, eb);
+	while (!e && nw) {
+		struct item x = work[--nw];
+		/* Read the dependents first; they change below. */
+		struct item *deps = NULL;
+		size_t nd = 0, capd = 0;
+		sqlite3_reset(st);
+		sqlite3_bind_int64(st, 1, x.id);
+		int rc;
+		while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
+			enum st_job_state cur;
+			if (!st_job_state_parse((const char *)sqlite3_column_text(st, 1), &cur))
+				continue;
+			if (!grow((void **)&deps, &capd, nd, sizeof(*deps))) {
+				e = td_fail(eb, TD_ENOMEM, "%s: out of memory", db->path);
+				break;
+			}
+			deps[nd++] = (struct item){sqlite3_column_int64(st, 0), cur};
+		}
+		if (!e && rc != SQLITE_DONE)
+			e = ST_SQLFAIL(db, rc, eb, "read the jobs waiting on job %lld", (long long)x.id);
+		for (size_t i = 0; i < nd && !e; i++) {
+			char why[160];
+			snprintf(why, sizeof(why),
+				 "dependency: job %lld ended %s, and this job starts only after it "
+				 "succeeds (requeue job %lld, then this one)",
+				 (long long)x.id, state_names[x.how], (long long)x.id);
+			e = set_state_locked(db, deps[i].id, deps[i].how, ST_FAILED, why, NULL, now, NULL,
+					     SS_NO_CASCADE, eb);
+			if (!e && grow((void **)&work, &cap, nw, sizeof(*work)))
+				work[nw++] = (struct item){deps[i].id, ST_FAILED};
+			else if (!e)
+				e = td_fail(eb, TD_ENOMEM, "%s: out of memory", db->path);
+		}
+		free(deps);
+	}
+	sqlite3_finalize(st);
+	free(work);
 	return e;
 }
 
@@ -471,7 +599,7 @@ td_err st_job_transition(struct st_db *db, int64_t id, enum st_job_state from,
 			    state_names[cur], state_names[to]);
 		goto fail;
 	}
-	e = set_state_locked(db, id, cur, to, reason, device, st_now_ms(), NULL, eb);
+	e = set_state_locked(db, id, cur, to, reason, device, st_now_ms(), NULL, 0, eb);
 	if (e)
 		goto fail;
 	e = st__commit(db, eb);
@@ -509,7 +637,7 @@ td_err st_job_cancel(struct st_db *db, int64_t id, const char *reason,
 	if (cur == ST_QUEUED || cur == ST_INTERRUPTED) {
 		after = ST_CANCELLED;
 		e = set_state_locked(db, id, cur, ST_CANCELLED,
-				     reason && *reason ? reason : "cancelled", NULL, now, NULL, eb);
+				     reason && *reason ? reason : "cancelled", NULL, now, NULL, 0, eb);
 	} else if (!requested) {
 		sqlite3_stmt *st;
 		e = st__prepare(db, "UPDATE jobs SET cancel_requested = 1, updated_ms = ? WHERE id = ?",
@@ -543,6 +671,241 @@ fail:
 out:
 	st__unlock(db);
 	return e;
+}
+
+/* Runs one UPDATE of job id with a text (may be NULL) and an int64 bound as
+ * ?2 and ?3, ?1 being the id; inside the caller's transaction. */
+static td_err update_locked(struct st_db *db, const char *sql, int64_t id, const char *text,
+			    int64_t v, const char *what, struct td_errbuf *eb)
+{
+	sqlite3_stmt *st;
+	td_err e = st__prepare(db, sql, &st, eb);
+	if (e)
+		return e;
+	sqlite3_bind_int64(st, 1, id);
+	if (text)
+		sqlite3_bind_text(st, 2, text, -1, SQLITE_STATIC);
+	else
+		sqlite3_bind_null(st, 2);
+	sqlite3_bind_int64(st, 3, v);
+	int rc = sqlite3_step(st);
+	sqlite3_finalize(st);
+	if (rc != SQLITE_DONE)
+		return ST_SQLFAIL(db, rc, eb, "%s of job %lld", what, (long long)id);
+	return TD_OK;
+}
+
+td_err st_job_hold(struct st_db *db, int64_t id, bool hold, const char *who, bool *changed,
+		   struct td_errbuf *eb)
+{
+	st__lock(db);
+	int64_t now = st_now_ms();
+	enum st_job_state cur;
+	bool did = false;
+	td_err e = st__begin(db, eb);
+	if (e)
+		goto out;
+	if ((e = job_state_locked(db, id, &cur, NULL, eb)))
+		goto fail;
+	sqlite3_stmt *st;
+	if ((e = st__prepare(db, "SELECT held FROM jobs WHERE id = ?", &st, eb)))
+		goto fail;
+	sqlite3_bind_int64(st, 1, id);
+	bool held = sqlite3_step(st) == SQLITE_ROW && sqlite3_column_int(st, 0) != 0;
+	sqlite3_finalize(st);
+	if (hold && !held && cur != ST_QUEUED && cur != ST_INTERRUPTED) {
+		e = td_fail(eb, TD_ESTATE,
+			    "job %lld is %s; only a queued job can be held (trainctl cancel stops a "
+			    "running one)",
+			    (long long)id, state_names[cur]);
+		goto fail;
+	}
+	if (hold != held) {
+		if ((e = update_locked(db, "UPDATE jobs SET held = ?3 WHERE id = ?1", id, NULL, hold,
+				       "hold", eb)) ||
+		    (e = update_locked(db, "UPDATE jobs SET updated_ms = ?3 WHERE id = ?1", id, NULL,
+				       now, "hold", eb)))
+			goto fail;
+		char msg[256];
+		snprintf(msg, sizeof(msg), "%s by %s%s", hold ? "held" : "released",
+			 who && *who ? who : "?",
+			 hold ? "; not admitted until released (trainctl release)" : "");
+		if ((e = st__event_insert_locked(db, id, now, "hold", msg, eb)))
+			goto fail;
+		did = true;
+	}
+	if ((e = st__commit(db, eb)))
+		goto out;
+	if (changed)
+		*changed = did;
+	goto out;
+fail:
+	st__rollback(db);
+out:
+	st__unlock(db);
+	return e;
+}
+
+td_err st_job_requeue(struct st_db *db, int64_t id, const char *reason, struct td_errbuf *eb)
+{
+	st__lock(db);
+	int64_t now = st_now_ms();
+	enum st_job_state cur;
+	td_err e = st__begin(db, eb);
+	if (e)
+		goto out;
+	if ((e = job_state_locked(db, id, &cur, NULL, eb)))
+		goto fail;
+	if (cur != ST_FAILED && cur != ST_CANCELLED) {
+		e = td_fail(eb, TD_ESTATE, "job %lld is %s; only a FAILED or CANCELLED job can be "
+					   "requeued%s",
+			    (long long)id, state_names[cur],
+			    cur == ST_SUCCEEDED ? " (submit a new job to train again)"
+						: " (it has not ended)");
+		goto fail;
+	}
+	sqlite3_stmt *st;
+	if ((e = st__prepare(db,
+			     "SELECT j.id, j.state FROM job_deps d JOIN jobs j ON j.id = d.dep"
+			     " WHERE d.job = ? AND j.state IN ('FAILED','CANCELLED') ORDER BY j.id LIMIT 1",
+			     &st, eb)))
+		goto fail;
+	sqlite3_bind_int64(st, 1, id);
+	if (sqlite3_step(st) == SQLITE_ROW) {
+		long long dep = sqlite3_column_int64(st, 0);
+		e = td_fail(eb, TD_ESTATE,
+			    "job %lld starts only after job %lld succeeds, and job %lld is %s; requeue "
+			    "job %lld first",
+			    (long long)id, dep, dep, (const char *)sqlite3_column_text(st, 1), dep);
+	}
+	sqlite3_finalize(st);
+	if (e)
+		goto fail;
+	char why[ST_EVENT_MAX];
+	int64_t step = 0;
+	char ckpt[1024] = "";
+	if ((e = st__prepare(db, "SELECT ckpt_path, ckpt_step FROM jobs WHERE id = ?", &st, eb)))
+		goto fail;
+	sqlite3_bind_int64(st, 1, id);
+	if (sqlite3_step(st) == SQLITE_ROW) {
+		st__col_copy(st, 0, ckpt, sizeof(ckpt));
+		step = sqlite3_column_int64(st, 1);
+	}
+	sqlite3_finalize(st);
+	if (step > 0)
+		snprintf(why, sizeof(why), "%s; resumes from checkpoint %s (step %lld)",
+			 reason && *reason ? reason : "requeued", ckpt, (long long)step);
+	else
+		snprintf(why, sizeof(why), "%s; resumes from the newest checkpoint in its output dir, "
+					   "if any",
+			 reason && *reason ? reason : "requeued");
+	if ((e = set_state_locked(db, id, cur, ST_QUEUED, why, NULL, now, NULL, 0, eb)) ||
+	    (e = update_locked(db, "UPDATE jobs SET cancel_requested = 0, end_ms = 0 WHERE id = ?1",
+			       id, NULL, 0, "requeue", eb)))
+		goto fail;
+	e = st__commit(db, eb);
+	goto out;
+fail:
+	st__rollback(db);
+out:
+	st__unlock(db);
+	return e;
+}
+
+td_err st_job_set_priority(struct st_db *db, int64_t id, int32_t priority, const void *spec,
+			   size_t spec_len, const char *who, struct td_errbuf *eb)
+{
+	if (spec && (spec_len == 0 || spec_len > (size_t)INT32_MAX))
+		return td_fail(eb, TD_EINVAL, "job %lld: priority: a spec of %zu bytes", (long long)id,
+			       spec_len);
+	st__lock(db);
+	int64_t now = st_now_ms();
+	enum st_job_state cur;
+	sqlite3_stmt *st = NULL;
+	td_err e = st__begin(db, eb);
+	if (e)
+		goto out;
+	if ((e = job_state_locked(db, id, &cur, NULL, eb)))
+		goto fail;
+	if (st_job_state_terminal(cur)) {
+		e = td_fail(eb, TD_ESTATE, "job %lld already %s; its priority no longer matters",
+			    (long long)id, state_names[cur]);
+		goto fail;
+	}
+	if ((e = st__prepare(db, "SELECT priority FROM jobs WHERE id = ?", &st, eb)))
+		goto fail;
+	sqlite3_bind_int64(st, 1, id);
+	int old = sqlite3_step(st) == SQLITE_ROW ? sqlite3_column_int(st, 0) : 0;
+	sqlite3_finalize(st);
+	if ((e = st__prepare(db,
+			     "UPDATE jobs SET priority = ?2, spec = coalesce(?3, spec), updated_ms = ?4"
+			     " WHERE id = ?1",
+			     &st, eb)))
+		goto fail;
+	sqlite3_bind_int64(st, 1, id);
+	sqlite3_bind_int(st, 2, priority);
+	if (spec)
+		sqlite3_bind_blob(st, 3, spec, (int)spec_len, SQLITE_STATIC);
+	else
+		sqlite3_bind_null(st, 3);
+	sqlite3_bind_int64(st, 4, now);
+	int rc = sqlite3_step(st);
+	sqlite3_finalize(st);
+	if (rc != SQLITE_DONE) {
+		e = ST_SQLFAIL(db, rc, eb, "set the priority of job %lld", (long long)id);
+		goto fail;
+	}
+	char msg[256];
+	snprintf(msg, sizeof(msg), "priority %d → %d by %s", old, (int)priority,
+		 who && *who ? who : "?");
+	if ((e = st__event_insert_locked(db, id, now, "priority", msg, eb)))
+		goto fail;
+	e = st__commit(db, eb);
+	goto out;
+fail:
+	st__rollback(db);
+out:
+	st__unlock(db);
+	return e;
+}
+
+td_err st_job_deps(struct st_db *db, int64_t job, struct st_dep **out, size_t *n,
+		   struct td_errbuf *eb)
+{
+	st__lock(db);
+	sqlite3_stmt *st;
+	struct st_dep *arr = NULL;
+	size_t cnt = 0, cap = 0;
+	td_err e = st__prepare(db,
+			       "SELECT j.id, j.state FROM job_deps d JOIN jobs j ON j.id = d.dep"
+			       " WHERE d.job = ? ORDER BY j.id",
+			       &st, eb);
+	if (e)
+		goto out;
+	sqlite3_bind_int64(st, 1, job);
+	int rc;
+	while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
+		if (!grow((void **)&arr, &cap, cnt, sizeof(*arr))) {
+			e = td_fail(eb, TD_ENOMEM, "%s: out of memory", db->path);
+			break;
+		}
+		arr[cnt].id = sqlite3_column_int64(st, 0);
+		if (!st_job_state_parse((const char *)sqlite3_column_text(st, 1), &arr[cnt].state))
+			arr[cnt].state = ST_QUEUED;
+		cnt++;
+	}
+	if (!e && rc != SQLITE_DONE)
+		e = ST_SQLFAIL(db, rc, eb, "read the dependencies of job %lld", (long long)job);
+	sqlite3_finalize(st);
+out:
+	st__unlock(db);
+	if (e) {
+		free(arr);
+		return e;
+	}
+	*out = arr;
+	*n = cnt;
+	return TD_OK;
 }
 
 td_err st_job_set_checkpoint(struct st_db *db, int64_t id, const char *path, int64_t step,
@@ -652,7 +1015,10 @@ td_err st_jobs_recover(struct st_db *db, struct st_recover_stats *stats, struct 
 		char why[64];
 		snprintf(why, sizeof(why), "daemon stopped while %s", state_names[cur]);
 		size_t nl = 0;
-		if ((e = set_state_locked(db, ids[i], cur, ST_INTERRUPTED, why, NULL, now, &nl, eb)))
+		/* The time since the last accrual includes the time the daemon
+		 * was down: not counted. */
+		if ((e = set_state_locked(db, ids[i], cur, ST_INTERRUPTED, why, NULL, now, &nl,
+					  SS_NO_ACCRUE, eb)))
 			goto fail;
 		s.interrupted++;
 		s.leases += nl;
@@ -691,7 +1057,7 @@ td_err st_jobs_recover(struct st_db *db, struct st_recover_stats *stats, struct 
 		sqlite3_finalize(st);
 		size_t nl = 0;
 		e = set_state_locked(db, ids[i], ST_INTERRUPTED, cancel ? ST_CANCELLED : ST_QUEUED, why,
-				     NULL, now, &nl, eb);
+				     NULL, now, &nl, 0, eb);
 		if (e)
 			goto fail;
 		s.leases += nl;
@@ -737,7 +1103,11 @@ td_err st_job_queue(struct st_db *db, struct st_queued **out, size_t *n, struct 
 		"             WHERE state IN ('ADMITTED','PREPARING','RUNNING') GROUP BY uid),"
 		"     q AS (SELECT uid, count(*) AS n FROM jobs WHERE state = 'QUEUED' GROUP BY uid)"
 		" SELECT j.id, j.uid, j.gid, j.priority, j.submit_ms, j.attempts, j.ckpt_step,"
-		"        coalesce(act.n, 0) AS active, q.n, j.spec"
+		"        coalesce(act.n, 0) AS active, q.n, j.spec, j.held,"
+		"        (SELECT count(*) FROM job_deps d JOIN jobs p ON p.id = d.dep"
+		"         WHERE d.job = j.id AND p.state <> 'SUCCEEDED'),"
+		"        (SELECT min(d.dep) FROM job_deps d JOIN jobs p ON p.id = d.dep"
+		"         WHERE d.job = j.id AND p.state <> 'SUCCEEDED')"
 		" FROM jobs j JOIN q ON q.uid = j.uid LEFT JOIN act ON act.uid = j.uid"
 		" WHERE j.state = 'QUEUED'"
 		" ORDER BY j.priority DESC, active ASC, j.submit_ms ASC, j.id ASC";
@@ -765,6 +1135,9 @@ td_err st_job_queue(struct st_db *db, struct st_queued **out, size_t *n, struct 
 		q->ckpt_step = sqlite3_column_int64(st, 6);
 		q->user_active = (uint32_t)sqlite3_column_int64(st, 7);
 		q->user_queued = (uint32_t)sqlite3_column_int64(st, 8);
+		q->held = sqlite3_column_int(st, 10) != 0;
+		q->deps_pending = (uint32_t)sqlite3_column_int64(st, 11);
+		q->dep_waiting = sqlite3_column_int64(st, 12);
 		int len = sqlite3_column_bytes(st, 9);
 		const void *b = sqlite3_column_blob(st, 9);
 		q->spec = malloc(len > 0 ? (size_t)len : 1);

@@ -61,7 +61,7 @@
 /* The database */
 
 /* The schema version this build writes and understands (PRAGMA user_version). */
-#define ST_SCHEMA_VERSION 1
+#define ST_SCHEMA_VERSION 2
 #define ST_BUSY_TIMEOUT_MS 5000
 /* File name of the database inside the state directory. */
 #define ST_DB_FILE "traind.db"
@@ -124,7 +124,9 @@ int64_t st_now_ms(void);
  *   PREPARING   → RUNNING, FAILED, CANCELLED, INTERRUPTED
  *   RUNNING     → SUCCEEDED, FAILED, CANCELLED, INTERRUPTED
  *   INTERRUPTED → QUEUED (at restart, keeping the checkpoint), FAILED, CANCELLED
- *   SUCCEEDED, FAILED, CANCELLED: terminal. */
+ *   SUCCEEDED, FAILED, CANCELLED: terminal for st_job_transition; FAILED and
+ *   CANCELLED go back to QUEUED only through st_job_requeue (an operator's
+ *   decision, never a side effect). */
 enum st_job_state {
 	ST_QUEUED,
 	ST_ADMITTED,
@@ -173,6 +175,7 @@ struct st_job {
 	int64_t ckpt_step;                  /* its step; 0 if none */
 	int32_t attempts;                   /* times it entered PREPARING */
 	bool cancel_requested;              /* set by st_job_cancel on an active job */
+	bool held;                          /* st_job_hold: not admitted while set */
 	uint8_t *spec;                      /* encoded Traind__JobSpec */
 	size_t spec_len;
 };
@@ -192,11 +195,22 @@ struct st_job_new {
 	/* Per-user cap on QUEUED + INTERRUPTED jobs, checked in the same
 	 * transaction as the insert; 0 = no cap. */
 	uint32_t max_queued_per_user;
+	/* Jobs this one starts after (`submit --after`): it is admitted only
+	 * once every one of them SUCCEEDED, and fails when one of them ends
+	 * FAILED or CANCELLED (see st_job_transition). Whether the caller may
+	 * name them is the daemon's business. At most ST_DEPS_MAX. */
+	const int64_t *after;
+	size_t nafter;
+	bool held; /* submitted held (st_job_hold) */
 };
+#define ST_DEPS_MAX 64
 
 /* Persists a new job in QUEUED with an event "submitted". *id_out gets its id.
- * Errors: TD_EINVAL (no spec), TD_EBUSY ("user U has N queued jobs (limit N)",
- * or the database is locked past the busy timeout), sqlite errors as above. */
+ * Errors: TD_EINVAL (no spec, too many or repeated dependencies), TD_EBUSY
+ * ("user U has N queued jobs (limit N)", or the database is locked past the
+ * busy timeout), TD_ENOENT (a dependency does not exist), TD_ESTATE (a
+ * dependency already FAILED or CANCELLED: the job could never start),
+ * sqlite errors as above. */
 td_err st_job_submit(struct st_db *db, const struct st_job_new *n, int64_t *id_out,
 		     struct td_errbuf *eb);
 
@@ -222,7 +236,11 @@ td_err st_job_list(struct st_db *db, const struct st_job_filter *f, struct st_jo
  * reason becomes `reason` (NULL keeps ""), device is set if non-NULL, and an
  * event of kind "state" ("QUEUED → ADMITTED: reason") is appended. Side effects
  * by target: PREPARING increments attempts; RUNNING sets start_ms; a terminal
- * state sets end_ms; QUEUED clears device (cancel_requested is kept). Entering
+ * state sets end_ms; QUEUED clears device (cancel_requested is kept); the
+ * job's usage is accrued up to now (st_usage_accrue). FAILED and CANCELLED
+ * also fail, in the same transaction, every QUEUED or INTERRUPTED job that
+ * waits on this one (st_job_new.after), and theirs in turn, each with an
+ * event naming the dependency ("dependency: job 5 ended FAILED"). Entering
  * any state but ADMITTED/PREPARING/RUNNING also releases the job's ledger
  * leases in the same transaction — a safety net: the runner should release
  * (st_ledger_release_job) once its buffers are freed, before the final state,
@@ -236,6 +254,44 @@ td_err st_job_list(struct st_db *db, const struct st_job_filter *f, struct st_jo
 td_err st_job_transition(struct st_db *db, int64_t id, enum st_job_state from,
 			 enum st_job_state to, const char *reason, const char *device,
 			 struct td_errbuf *eb);
+
+/* Holds (hold) or releases a job, one transaction with an event of kind
+ * "hold" naming who (free text, e.g. "uid 1000"). A held job stays QUEUED
+ * (or INTERRUPTED) and the scheduler does not admit it until it is released;
+ * the flag survives restarts and requeues. Only a QUEUED or INTERRUPTED job
+ * may be held (TD_ESTATE names its state: a running job is stopped with
+ * cancel); any job may be released. Holding a held job, or releasing one that
+ * is not held, changes nothing and is not an error: *changed (may be NULL)
+ * says whether anything changed. Errors: TD_ENOENT, TD_ESTATE. */
+td_err st_job_hold(struct st_db *db, int64_t id, bool hold, const char *who, bool *changed,
+		   struct td_errbuf *eb);
+
+/* Requeues a FAILED or CANCELLED job, one transaction: it moves to QUEUED
+ * (the one way out of those states) with its spec, attempts and checkpoint
+ * (the trainer resumes from the newest checkpoint in its output dir),
+ * cancel_requested and end_ms cleared, and a "state" event with reason.
+ * Errors: TD_ENOENT; TD_ESTATE when the job is in another state ("job 12 is
+ * SUCCEEDED; ...") or one of its dependencies FAILED or was CANCELLED
+ * ("requeue job 5 first"). */
+td_err st_job_requeue(struct st_db *db, int64_t id, const char *reason, struct td_errbuf *eb);
+
+/* Changes a job's priority, one transaction: the priority column, the spec
+ * (spec/spec_len, the encoded spec with resources.priority changed: state/
+ * never decodes it; NULL keeps the stored spec) and an event of kind
+ * "priority" ("priority 0 -> 5 by WHO"). Errors: TD_ENOENT; TD_ESTATE for a
+ * job that ended (SUCCEEDED, FAILED, CANCELLED). */
+td_err st_job_set_priority(struct st_db *db, int64_t id, int32_t priority, const void *spec,
+			   size_t spec_len, const char *who, struct td_errbuf *eb);
+
+/* A job's dependency (st_job_new.after) and its state now. */
+struct st_dep {
+	int64_t id;
+	enum st_job_state state;
+};
+/* The dependencies of job, ascending id. *out is malloc'd (free()), NULL
+ * when n = 0. */
+td_err st_job_deps(struct st_db *db, int64_t job, struct st_dep **out, size_t *n,
+		   struct td_errbuf *eb);
 
 /* Cancels a job, one transaction. QUEUED or INTERRUPTED → CANCELLED at once;
  * ADMITTED/PREPARING/RUNNING → cancel_requested is set (the runner stops at its
@@ -281,6 +337,9 @@ struct st_queued {
 	int64_t ckpt_step;         /* > 0: resumes from a checkpoint */
 	uint32_t user_active;      /* this uid's ADMITTED+PREPARING+RUNNING jobs now */
 	uint32_t user_queued;      /* this uid's QUEUED jobs now */
+	bool held;                 /* st_job_hold: not to be admitted */
+	uint32_t deps_pending;     /* dependencies that have not SUCCEEDED yet */
+	int64_t dep_waiting;       /* the lowest of them (0: none) */
 	uint8_t *spec;
 	size_t spec_len;
 };
@@ -295,6 +354,49 @@ void st_queue_free(struct st_queued *q, size_t n);
 /* Counts jobs of uid in the states of mask (mask 0 = every state). */
 td_err st_job_count(struct st_db *db, uid_t uid, unsigned mask, uint32_t *count,
 		    struct td_errbuf *eb);
+
+/* ======================================================================== */
+/* Accounting (`trainctl usage`, fair share, the usage quota)
+ *
+ * What a job used, accrued into hourly buckets (one row per job and UTC hour,
+ * with its uid) so that any window can be summed to the hour: wall time
+ * QUEUED, wall time active (ADMITTED, PREPARING, RUNNING), GPU time (active
+ * time × the job's ledger leases: a gang of 4 counts 4 GPUs), CPU-slot time
+ * (active time without a lease), GPU memory time (active time × its leases'
+ * bytes, in byte-seconds) and tokens trained (added by the runner). A job is
+ * accrued up to now by every state change (same transaction) and by
+ * st_usage_accrue on the daemon's tick; time is counted in the bucket of the
+ * hour it is accrued in (one tick off at most). A daemon that dies loses the
+ * time since its last accrual of the jobs it ran (st_jobs_recover does not
+ * count the time it was down). */
+struct st_usage {
+	int64_t queued_ms, run_ms, gpu_ms, cpu_ms;
+	double gpu_mem_bs;  /* lease bytes × seconds */
+	int64_t tokens;
+	uint32_t jobs;      /* per user: jobs with usage in the window */
+};
+
+/* Accrues every QUEUED and active job's usage up to now_ms, one
+ * transaction. */
+td_err st_usage_accrue(struct st_db *db, int64_t now_ms, struct td_errbuf *eb);
+
+/* Adds tokens trained by job (the runner, as it records metrics). */
+td_err st_usage_add_tokens(struct st_db *db, int64_t job, int64_t tokens, struct td_errbuf *eb);
+
+struct st_usage_row {
+	uid_t uid;
+	int64_t job;        /* per job; 0 in per-user rows */
+	struct st_usage u;
+};
+/* Usage in the buckets from since_ms (rounded down to its hour; 0: all),
+ * summed per user (by_job false; ascending uid) or per job (ascending id),
+ * of every user (all_users) or of uid only. *out is malloc'd (free()), NULL
+ * when n = 0. */
+td_err st_usage_list(struct st_db *db, int64_t since_ms, bool by_job, bool all_users, uid_t uid,
+		     struct st_usage_row **out, size_t *n, struct td_errbuf *eb);
+
+/* The whole usage of one job (every bucket). TD_OK with zeros if none. */
+td_err st_usage_of_job(struct st_db *db, int64_t job, struct st_usage *out, struct td_errbuf *eb);
 
 /* ======================================================================== */
 /* Job events (`trainctl logs`, `watch`) */

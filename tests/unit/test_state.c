@@ -980,6 +980,223 @@ static void test_threads(void)
 	st_close(shared_db);
 }
 
+/* ------------------------------------------------------------------------ */
+/* Operating a shared host (issue 14): holds, requeue, priority, dependencies,
+ * the accounting, and a version-1 database opened by this build. */
+
+static bool has_event(struct st_db *db, int64_t id, const char *kind, const char *needle)
+{
+	struct st_event *ev = NULL;
+	size_t n = 0;
+	struct td_errbuf eb;
+	bool found = false;
+	if (st_event_list(db, id, 0, 0, &ev, &n, &eb) != TD_OK)
+		return false;
+	for (size_t i = 0; i < n; i++)
+		found = found || (strcmp(ev[i].kind, kind) == 0 && strstr(ev[i].message, needle));
+	st_events_free(ev, n);
+	return found;
+}
+
+static const struct st_queued *queued_find(const struct st_queued *q, size_t n, int64_t id)
+{
+	for (size_t i = 0; i < n; i++)
+		if (q[i].id == id)
+			return &q[i];
+	return NULL;
+}
+
+static void test_operations(void)
+{
+	struct st_db *db = open_db("ops.db");
+	struct td_errbuf eb = {{0}};
+	bool changed = false;
+
+	/* Hold and release. */
+	int64_t a = submit(db, "a", 1000, 0);
+	CHECK_EQ_INT(st_job_hold(db, a, true, "uid 1000", &changed, &eb), TD_OK);
+	CHECK(changed);
+	CHECK_EQ_INT(st_job_hold(db, a, true, "uid 1000", &changed, &eb), TD_OK);
+	CHECK(!changed);
+	CHECK(has_event(db, a, "hold", "held by uid 1000"));
+	struct st_job j;
+	CHECK_EQ_INT(st_job_get(db, a, &j, &eb), TD_OK);
+	CHECK(j.held && j.state == ST_QUEUED);
+	st_job_fini(&j);
+	struct st_queued *q;
+	size_t n;
+	CHECK_EQ_INT(st_job_queue(db, &q, &n, &eb), TD_OK);
+	CHECK(queued_find(q, n, a) && queued_find(q, n, a)->held);
+	st_queue_free(q, n);
+	CHECK_EQ_INT(st_job_hold(db, a, false, "uid 0", &changed, &eb), TD_OK);
+	CHECK(changed);
+	CHECK(has_event(db, a, "hold", "released by uid 0"));
+	drive_to(db, a, ST_RUNNING);
+	memset(&eb, 0, sizeof(eb));
+	CHECK_EQ_INT(st_job_hold(db, a, true, "uid 1000", NULL, &eb), TD_ESTATE);
+	CHECK_CONTAINS(eb.msg, "is RUNNING; only a queued job can be held");
+
+	/* Priority: column, spec and event; refused once ended. */
+	static const uint8_t spec2[] = {0x0a, 0x01, 'z'};
+	CHECK_EQ_INT(st_job_set_priority(db, a, 7, spec2, sizeof(spec2), "uid 0", &eb), TD_OK);
+	CHECK_EQ_INT(st_job_get(db, a, &j, &eb), TD_OK);
+	CHECK_EQ_INT(j.priority, 7);
+	CHECK(j.spec_len == sizeof(spec2) && memcmp(j.spec, spec2, sizeof(spec2)) == 0);
+	st_job_fini(&j);
+	CHECK(has_event(db, a, "priority", "priority 0 \u2192 7 by uid 0"));
+
+	/* Dependencies: b and c wait on a; d on c; a chain fails as a whole. */
+	int64_t after_a[] = {a};
+	struct st_job_new nb = {.name = "b", .uid = 1000, .spec = spec_bytes,
+				.spec_len = sizeof(spec_bytes), .after = after_a, .nafter = 1};
+	int64_t b = 0, c = 0, d = 0;
+	CHECK_EQ_INT(st_job_submit(db, &nb, &b, &eb), TD_OK);
+	CHECK_EQ_INT(st_job_submit(db, &nb, &c, &eb), TD_OK);
+	int64_t after_c[] = {c};
+	nb.after = after_c;
+	CHECK_EQ_INT(st_job_submit(db, &nb, &d, &eb), TD_OK);
+	CHECK(has_event(db, d, "submitted", "starts after job(s) "));
+	CHECK_EQ_INT(st_job_queue(db, &q, &n, &eb), TD_OK);
+	CHECK(queued_find(q, n, b) && queued_find(q, n, b)->deps_pending == 1 &&
+	      queued_find(q, n, b)->dep_waiting == a);
+	st_queue_free(q, n);
+	struct st_dep *deps;
+	CHECK_EQ_INT(st_job_deps(db, d, &deps, &n, &eb), TD_OK);
+	CHECK(n == 1 && deps[0].id == c && deps[0].state == ST_QUEUED);
+	free(deps);
+	/* Bad dependencies at submit. */
+	int64_t bad[] = {999999};
+	nb.after = bad;
+	memset(&eb, 0, sizeof(eb));
+	int64_t x = 0;
+	CHECK_EQ_INT(st_job_submit(db, &nb, &x, &eb), TD_ENOENT);
+	CHECK_CONTAINS(eb.msg, "job 999999 does not exist");
+	int64_t twice[] = {a, a};
+	nb.after = twice;
+	nb.nafter = 2;
+	CHECK_EQ_INT(st_job_submit(db, &nb, &x, &eb), TD_EINVAL);
+	nb.nafter = 1;
+
+	/* a fails: b, c and (through c) d fail with it, in one transaction. */
+	CHECK_EQ_INT(st_job_transition(db, a, ST_RUNNING, ST_FAILED, "boom", NULL, &eb), TD_OK);
+	CHECK_EQ_INT(state_of(db, b), ST_FAILED);
+	CHECK_EQ_INT(state_of(db, c), ST_FAILED);
+	CHECK_EQ_INT(state_of(db, d), ST_FAILED);
+	CHECK(has_event(db, d, "state", "dependency: job"));
+	nb.after = after_a;
+	memset(&eb, 0, sizeof(eb));
+	CHECK_EQ_INT(st_job_submit(db, &nb, &x, &eb), TD_ESTATE);
+	CHECK_CONTAINS(eb.msg, "is FAILED, so this job could never start");
+
+	/* Requeue: b refused while a is FAILED; a, then b, then b waits again. */
+	memset(&eb, 0, sizeof(eb));
+	CHECK_EQ_INT(st_job_requeue(db, b, "requeued by uid 1000", &eb), TD_ESTATE);
+	CHECK_CONTAINS(eb.msg, "requeue job");
+	CHECK_EQ_INT(st_job_requeue(db, a, "requeued by uid 1000", &eb), TD_OK);
+	CHECK_EQ_INT(st_job_get(db, a, &j, &eb), TD_OK);
+	CHECK(j.state == ST_QUEUED && j.end_ms == 0 && !j.cancel_requested && j.attempts == 1);
+	st_job_fini(&j);
+	CHECK_EQ_INT(st_job_requeue(db, b, "requeued by uid 1000", &eb), TD_OK);
+	memset(&eb, 0, sizeof(eb));
+	CHECK_EQ_INT(st_job_requeue(db, b, "again", &eb), TD_ESTATE);
+	CHECK_CONTAINS(eb.msg, "is QUEUED");
+	drive_to(db, a, ST_SUCCEEDED);
+	memset(&eb, 0, sizeof(eb));
+	CHECK_EQ_INT(st_job_requeue(db, a, "again", &eb), TD_ESTATE);
+	CHECK_CONTAINS(eb.msg, "submit a new job");
+	CHECK_EQ_INT(st_job_queue(db, &q, &n, &eb), TD_OK);
+	CHECK(queued_find(q, n, b) && queued_find(q, n, b)->deps_pending == 0);
+	st_queue_free(q, n);
+	CHECK_EQ_INT(st_job_set_priority(db, a, 1, NULL, 0, "uid 0", &eb), TD_ESTATE);
+	/* A cancelled job is requeued too; a cancel request is forgotten. */
+	int64_t e1 = submit(db, "e", 1000, 0);
+	CHECK_EQ_INT(st_job_cancel(db, e1, "by me", NULL, &eb), TD_OK);
+	CHECK_EQ_INT(st_job_requeue(db, e1, "requeued", &eb), TD_OK);
+	CHECK_EQ_INT(state_of(db, e1), ST_QUEUED);
+	st_close(db);
+}
+
+static void test_usage(void)
+{
+	struct st_db *db = open_db("usage.db");
+	struct td_errbuf eb = {{0}};
+	/* Two jobs of two users; one holds two leases (a gang) of 1 MiB. */
+	int64_t a = submit(db, "a", 1000, 0), b = submit(db, "b", 1001, 0);
+	int64_t t0 = st_now_ms();
+	CHECK_EQ_INT(st_usage_accrue(db, t0 + 1000, &eb), TD_OK); /* 1 s queued each (about) */
+	drive_to(db, a, ST_ADMITTED);
+	int64_t lease[2];
+	struct st_lease_req lr[2] = {
+		{.gpu_uuid = "GPU-u0", .bytes = 1 << 20, .job_id = a, .uid = 1000, .pid = getpid()},
+		{.gpu_uuid = "GPU-u1", .bytes = 1 << 20, .job_id = a, .uid = 1000, .pid = getpid()},
+	};
+	struct st_device_cap cap[2] = {{.total_bytes = 1u << 30, .factor = 1, .free_bytes_now = UINT64_MAX},
+				       {.total_bytes = 1u << 30, .factor = 1, .free_bytes_now = UINT64_MAX}};
+	CHECK_EQ_INT(st_ledger_reserve_gang(db, lr, cap, 2, lease, &eb), TD_OK);
+	drive_to(db, b, ST_ADMITTED); /* b: a CPU job, no lease */
+	int64_t t1 = st_now_ms();
+	CHECK_EQ_INT(st_usage_accrue(db, t1 + 10000, &eb), TD_OK);
+	CHECK_EQ_INT(st_usage_add_tokens(db, a, 4096, &eb), TD_OK);
+	CHECK_EQ_INT(st_usage_add_tokens(db, 424242, 1, &eb), TD_ENOENT);
+	struct st_usage u;
+	CHECK_EQ_INT(st_usage_of_job(db, a, &u, &eb), TD_OK);
+	/* About 10 s active (from the transition to the accrual), × 2 GPUs. */
+	CHECK_MSG(u.run_ms >= 9900 && u.run_ms <= 10100, "run_ms %lld", (long long)u.run_ms);
+	CHECK_EQ_INT(u.gpu_ms, 2 * u.run_ms);
+	CHECK_EQ_INT(u.cpu_ms, 0);
+	CHECK_NEAR(u.gpu_mem_bs, (double)u.run_ms / 1000.0 * 2 * (1 << 20), 1.0);
+	CHECK_EQ_INT(u.tokens, 4096);
+	CHECK(u.queued_ms >= 1000);
+	CHECK_EQ_INT(st_usage_of_job(db, b, &u, &eb), TD_OK);
+	CHECK_EQ_INT(u.gpu_ms, 0);
+	CHECK_EQ_INT(u.cpu_ms, u.run_ms);
+	/* Per user, per job, one user, a window from the future. */
+	struct st_usage_row *r;
+	size_t n;
+	CHECK_EQ_INT(st_usage_list(db, 0, false, true, 0, &r, &n, &eb), TD_OK);
+	CHECK(n == 2 && r[0].uid == 1000 && r[1].uid == 1001 && r[0].u.jobs == 1 && r[0].u.gpu_ms > 0);
+	free(r);
+	CHECK_EQ_INT(st_usage_list(db, 0, true, false, 1001, &r, &n, &eb), TD_OK);
+	CHECK(n == 1 && r[0].job == b && r[0].uid == 1001);
+	free(r);
+	CHECK_EQ_INT(st_usage_list(db, t1 + 7200 * 1000, false, true, 0, &r, &n, &eb), TD_OK);
+	CHECK_EQ_INT(n, 0);
+	free(r);
+	/* The end accrues in the transition's own transaction: no time is
+	 * counted after it. */
+	CHECK_EQ_INT(st_job_transition(db, a, ST_ADMITTED, ST_FAILED, "x", NULL, &eb), TD_OK);
+	struct st_usage u1, u2;
+	CHECK_EQ_INT(st_usage_of_job(db, a, &u1, &eb), TD_OK);
+	CHECK_EQ_INT(st_usage_accrue(db, st_now_ms() + 60000, &eb), TD_OK);
+	CHECK_EQ_INT(st_usage_of_job(db, a, &u2, &eb), TD_OK);
+	CHECK_EQ_INT(u2.run_ms, u1.run_ms);
+	st_close(db);
+
+	/* A version-1 database (this build's schema less migration 2) opens,
+	 * keeps its jobs, and accrues from its first accrual on. */
+	db = open_db("v1.db");
+	int64_t old = submit(db, "old", 1000, 0);
+	st_close(db);
+	CHECK_EQ_INT(raw_exec(tpath("v1.db"),
+			      "DROP TABLE usage; DROP TABLE job_deps; ALTER TABLE jobs DROP COLUMN held;"
+			      " ALTER TABLE jobs DROP COLUMN acct_ms; PRAGMA user_version = 1"),
+		     SQLITE_OK);
+	CHECK_EQ_INT(raw_int(tpath("v1.db"), "PRAGMA user_version"), 1);
+	db = open_db("v1.db");
+	CHECK_EQ_INT(st_schema_version(db), ST_SCHEMA_VERSION);
+	struct st_job j;
+	CHECK_EQ_INT(st_job_get(db, old, &j, &eb), TD_OK);
+	CHECK(j.state == ST_QUEUED && !j.held && strcmp(j.name, "old") == 0);
+	st_job_fini(&j);
+	CHECK_EQ_INT(st_usage_accrue(db, st_now_ms(), &eb), TD_OK);
+	CHECK_EQ_INT(st_usage_of_job(db, old, &u, &eb), TD_OK);
+	CHECK_EQ_INT(u.queued_ms, 0); /* acct_ms 0: nothing before the first accrual */
+	CHECK_EQ_INT(st_usage_accrue(db, st_now_ms() + 5000, &eb), TD_OK);
+	CHECK_EQ_INT(st_usage_of_job(db, old, &u, &eb), TD_OK);
+	CHECK(u.queued_ms >= 4900);
+	st_close(db);
+}
+
 int main(void)
 {
 	const char *base = getenv("TMPDIR");
@@ -1000,6 +1217,8 @@ int main(void)
 	test_list_and_queue();
 	test_cache();
 	test_threads();
+	test_operations();
+	test_usage();
 	check_rm_tree(tmpdir);
 	return check_status();
 }
