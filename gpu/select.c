@@ -74,6 +74,18 @@ static td_err open_cuda(struct gpu_backend **out, int device, const char *cache_
 	return fn(out, device, eb);
 }
 
+void *gpu_cuda_module_sym(const char *name, struct td_errbuf *eb)
+{
+	void *h = open_module(eb);
+	if (!h)
+		return NULL;
+	/* The module stays loaded (dlopen counts: a backend holds it too). */
+	void *f = dlsym(h, name);
+	if (!f)
+		td_fail(eb, TD_EUNSUPPORTED, "libtraind-cuda.so has no %s (an older module?)", name);
+	return f;
+}
+
 td_err gpu_backend_open(struct gpu_backend **out, const char *name, struct td_errbuf *eb)
 {
 	return gpu_backend_open_on(out, name, -1, eb);

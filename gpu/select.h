@@ -36,6 +36,12 @@ struct gpu_open_opts {
 td_err gpu_backend_open_opts(struct gpu_backend **out, const struct gpu_open_opts *o,
 			     struct td_errbuf *eb);
 
+/* A symbol the CUDA backend module exports beside its backends (the side
+ * streams of gpu/comm.c: gpu/cuda/cuda_side.c), from the module
+ * gpu_backend_open loads. NULL, with the reason in eb, when the module or
+ * the symbol is missing. Any thread. */
+void *gpu_cuda_module_sym(const char *name, struct td_errbuf *eb);
+
 /* Device bytes the CUDA backend allocates at creation whatever the job, i.e.
  * its struct gpu_backend's fixed_bytes: the reduction scratch (512K doubles,
  * 4 MiB, see cu_backend.reduce_buf) and cuBLAS's workspace (32 MiB, handed to

@@ -124,6 +124,8 @@ struct tr_model {
 	uint64_t dropout_seed;
 	bool dropout_armed;              /* the next forward applies LoRA dropout */
 	bool dropout_used;               /* the last forward did */
+	tr_stage_hook stage_hook;        /* data parallel: after each backward stage */
+	void *stage_ctx;
 };
 
 const struct tr_plan *tr_model_plan(const struct tr_model *m)
@@ -1357,7 +1359,20 @@ void tr_model_backward(struct tr_model *m, float dloss)
 		default:
 			assert(!"a forward stage among the backward's");
 		}
+		if (m->stage_hook)
+			m->stage_hook(m->stage_ctx, s);
 	}
+}
+
+float *tr_model_grads(struct tr_model *m)
+{
+	return m->grads;
+}
+
+void tr_model_set_stage_hook(struct tr_model *m, tr_stage_hook fn, void *ctx)
+{
+	m->stage_hook = fn;
+	m->stage_ctx = ctx;
 }
 
 /* --- optimizer --- */

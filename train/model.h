@@ -136,6 +136,15 @@ void tr_model_backward(struct tr_model *m, float dloss);
  * tr_model_backward that follows must pass the same dloss. */
 void tr_model_fuse_head_backward(struct tr_model *m, float dloss);
 void tr_model_zero_grad(struct tr_model *m);
+/* Data parallel (train/ddp.h): the gradients arena on the device
+ * (plan.numel_trainable floats; a trainable tensor's at its goffset), which
+ * the ranks sum; and a hook that tr_model_backward calls (fn(ctx, s), on the
+ * calling thread) after each backward stage it runs, so that a layer's
+ * gradients, final after its TR_STAGE_LAYER_BACKWARD, are summed while the
+ * layers below run. fn NULL: none. */
+float *tr_model_grads(struct tr_model *m);
+typedef void (*tr_stage_hook)(void *ctx, const struct tr_stage *s);
+void tr_model_set_stage_hook(struct tr_model *m, tr_stage_hook fn, void *ctx);
 /* Global L2 norm of all gradients (blocking). */
 double tr_model_grad_norm(struct tr_model *m);
 /* PyTorch's clip_grad_norm_: scale by max_norm / (norm + 1e-6) when that is < 1.

@@ -1,0 +1,453 @@
+/* The gang and the comms of data parallel (gpu/comm.h).
+ *
+ * Locking: the gang's mutex guards its barrier, its slots and its first
+ * failure; `failed` is also an atomic, read without the lock by the polls.
+ * A comm belongs to its rank's thread. */
+#include "gpu/comm.h"
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "gpu/nccl.h"
+#include "gpu/select.h"
+
+struct gpu_gang {
+	int n;
+	int timeout_ms;
+	pthread_mutex_t mu;
+	pthread_cond_t cv;
+	int arrived;
+	uint64_t gen;
+	atomic_bool failed;
+	td_err err;
+	int err_rank;
+	char err_msg[1024];
+	/* host comms: each rank's staging buffer, published before a barrier */
+	float *slot[GPU_GANG_MAX];
+	/* nccl: rank 0's unique id, published before a barrier */
+	struct gpu_nccl_id id;
+	bool id_ok;
+};
+
+td_err gpu_gang_new(struct gpu_gang **out, int nranks, int timeout_ms, struct td_errbuf *eb)
+{
+	if (nranks < 1 || nranks > GPU_GANG_MAX)
+		return td_fail(eb, TD_EINVAL, "a gang of %d ranks (1 to %d)", nranks, GPU_GANG_MAX);
+	struct gpu_gang *g = calloc(1, sizeof(*g));
+	if (!g)
+		return td_fail(eb, TD_ENOMEM, "gang: out of memory");
+	g->n = nranks;
+	g->timeout_ms = timeout_ms > 0 ? timeout_ms : GPU_COMM_TIMEOUT_MS;
+	pthread_mutex_init(&g->mu, NULL);
+	pthread_cond_init(&g->cv, NULL);
+	atomic_init(&g->failed, false);
+	*out = g;
+	return TD_OK;
+}
+
+void gpu_gang_free(struct gpu_gang *g)
+{
+	if (!g)
+		return;
+	pthread_cond_destroy(&g->cv);
+	pthread_mutex_destroy(&g->mu);
+	free(g);
+}
+
+int gpu_gang_size(const struct gpu_gang *g)
+{
+	return g->n;
+}
+
+void gpu_gang_fail(struct gpu_gang *g, int rank, td_err e, const char *msg)
+{
+	pthread_mutex_lock(&g->mu);
+	if (!atomic_load(&g->failed)) {
+		g->err = e != TD_OK ? e : TD_EINTERNAL;
+		g->err_rank = rank;
+		snprintf(g->err_msg, sizeof(g->err_msg), "%s", msg && *msg ? msg : td_strerror(g->err));
+		atomic_store(&g->failed, true);
+	}
+	pthread_cond_broadcast(&g->cv);
+	pthread_mutex_unlock(&g->mu);
+}
+
+bool gpu_gang_failed(const struct gpu_gang *g)
+{
+	return atomic_load(&((struct gpu_gang *)g)->failed);
+}
+
+td_err gpu_gang_error(struct gpu_gang *g, int *rank, struct td_errbuf *eb)
+{
+	pthread_mutex_lock(&g->mu);
+	td_err e = atomic_load(&g->failed) ? g->err : TD_OK;
+	if (e != TD_OK) {
+		if (rank)
+			*rank = g->err_rank;
+		if (eb)
+			snprintf(eb->msg, sizeof(eb->msg), "%s", g->err_msg);
+	}
+	pthread_mutex_unlock(&g->mu);
+	return e;
+}
+
+/* The failure as rank `rank` reports it; with the gang's mutex held. */
+static td_err stopped_locked(struct gpu_gang *g, int rank, struct td_errbuf *eb)
+{
+	if (rank == g->err_rank)
+		return td_fail(eb, g->err, "%s", g->err_msg);
+	return td_fail(eb, g->err, "rank %d of %d stopped: rank %d failed: %s", rank, g->n,
+		       g->err_rank, g->err_msg);
+}
+
+static td_err gang_stopped(struct gpu_gang *g, int rank, struct td_errbuf *eb)
+{
+	pthread_mutex_lock(&g->mu);
+	td_err e = stopped_locked(g, rank, eb);
+	pthread_mutex_unlock(&g->mu);
+	return e;
+}
+
+td_err gpu_gang_barrier(struct gpu_gang *g, int rank, struct td_errbuf *eb)
+{
+	pthread_mutex_lock(&g->mu);
+	td_err e = TD_OK;
+	if (atomic_load(&g->failed)) {
+		e = stopped_locked(g, rank, eb);
+	} else if (++g->arrived == g->n) {
+		g->arrived = 0;
+		g->gen++;
+		pthread_cond_broadcast(&g->cv);
+	} else {
+		uint64_t gen = g->gen;
+		while (gen == g->gen && !atomic_load(&g->failed))
+			pthread_cond_wait(&g->cv, &g->mu);
+		if (gen == g->gen)
+			e = stopped_locked(g, rank, eb);
+	}
+	pthread_mutex_unlock(&g->mu);
+	return e;
+}
+
+bool gpu_comm_kind_parse(const char *s, enum gpu_comm_kind *out)
+{
+	static const char *const names[] = {"auto", "host", "nccl"};
+	for (int k = 0; k < 3; k++)
+		if (s && strcmp(s, names[k]) == 0) {
+			*out = (enum gpu_comm_kind)k;
+			return true;
+		}
+	return false;
+}
+
+/* ------------------------------------------------------------------------ */
+/* The comm */
+
+/* The CUDA module's side streams (gpu/cuda/cuda_side.c). */
+struct cu_side;
+struct side_fns {
+	td_err (*new_)(struct gpu_backend *be, struct cu_side **out, struct td_errbuf *eb);
+	void *(*stream)(struct cu_side *s);
+	void (*fork)(struct cu_side *s);
+	int (*query)(struct cu_side *s);
+	td_err (*error)(struct cu_side *s, struct td_errbuf *eb);
+	void (*free_)(struct cu_side *s);
+};
+
+struct gpu_comm {
+	enum gpu_comm_kind kind; /* HOST or NCCL */
+	struct gpu_gang *g;
+	int rank;
+	struct gpu_backend *be;
+	char name[32];
+	struct gpu_comm_stats stats;
+	/* host */
+	float *buf;
+	size_t cap;
+	/* nccl */
+	const struct gpu_nccl *nc;
+	gpu_nccl_comm comm;
+	struct side_fns side_fn;
+	struct cu_side *side;
+	bool pending; /* sums enqueued since the last wait */
+};
+
+static int64_t mono_us(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
+}
+
+/* This rank's own failure: the gang hears of it (the first one is the job's
+ * error) and the error goes back to the caller. */
+static td_err rank_fail(struct gpu_comm *c, td_err e, struct td_errbuf *eb)
+{
+	gpu_gang_fail(c->g, c->rank, e, eb ? eb->msg : NULL);
+	return e;
+}
+
+static void nccl_abort(struct gpu_comm *c)
+{
+	if (c->comm) {
+		c->nc->comm_abort(c->comm);
+		c->comm = NULL;
+	}
+}
+
+/* Polls until the communicator has nothing in progress and (side) the side
+ * stream is done: NCCL's nonblocking calls, and the completion of the sums.
+ * On the gang's failure, an error, or the timeout: aborts this rank's
+ * communicator (which drains its stream), fails the gang, returns the error. */
+static td_err nccl_poll(struct gpu_comm *c, bool side, const char *what, struct td_errbuf *eb)
+{
+	int64_t start = mono_us();
+	long sleep_ns = 2000;
+	for (;;) {
+		if (gpu_gang_failed(c->g)) {
+			nccl_abort(c);
+			return gang_stopped(c->g, c->rank, eb);
+		}
+		if (!c->comm)
+			return rank_fail(c, td_fail(eb, TD_EDEVICE, "%s: rank %d: the communicator was aborted",
+						    what, c->rank), eb);
+		gpu_nccl_result_t async = GPU_NCCL_SUCCESS;
+		gpu_nccl_result_t r = c->nc->comm_get_async_error(c->comm, &async);
+		if (r != GPU_NCCL_SUCCESS || (async != GPU_NCCL_SUCCESS && async != GPU_NCCL_IN_PROGRESS)) {
+			char where[160];
+			snprintf(where, sizeof(where), "%s, rank %d of %d", what, c->rank, c->g->n);
+			td_err e = gpu_nccl_check(c->nc, r != GPU_NCCL_SUCCESS ? r : async, c->comm, where, eb);
+			nccl_abort(c);
+			return rank_fail(c, e, eb);
+		}
+		bool pending = async == GPU_NCCL_IN_PROGRESS;
+		if (!pending && side) {
+			int d = c->side_fn.query(c->side);
+			if (d < 0) {
+				char err[sizeof(eb->msg)];
+				struct td_errbuf why = {{0}};
+				td_err e = c->side_fn.error(c->side, &why);
+				snprintf(err, sizeof(err), "%s", why.msg);
+				nccl_abort(c);
+				return rank_fail(c, td_fail(eb, e, "%s, rank %d of %d: %s", what, c->rank, c->g->n,
+							    err), eb);
+			}
+			pending = d == 0;
+		}
+		if (!pending)
+			return TD_OK;
+		if (mono_us() - start >= (int64_t)c->g->timeout_ms * 1000) {
+			nccl_abort(c);
+			return rank_fail(c, td_fail(eb, TD_EDEVICE,
+						    "%s, rank %d of %d: no progress in %d ms (a rank is stuck); "
+						    "its communicator was aborted",
+						    what, c->rank, c->g->n, c->g->timeout_ms), eb);
+		}
+		struct timespec ts = {0, sleep_ns};
+		nanosleep(&ts, NULL);
+		if (sleep_ns < 250000)
+			sleep_ns *= 2;
+	}
+}
+
+static td_err side_resolve(struct side_fns *f, struct td_errbuf *eb)
+{
+	static const char *const names[] = {"gpu_cuda_side_new",   "gpu_cuda_side_stream",
+					    "gpu_cuda_side_fork",  "gpu_cuda_side_query",
+					    "gpu_cuda_side_error", "gpu_cuda_side_free"};
+	void *p[6];
+	for (int k = 0; k < 6; k++)
+		if (!(p[k] = gpu_cuda_module_sym(names[k], eb)))
+			return TD_EUNSUPPORTED;
+	/* Function pointers all share one representation on this ABI. */
+	memcpy(&f->new_, &p[0], sizeof(p[0]));
+	memcpy(&f->stream, &p[1], sizeof(p[1]));
+	memcpy(&f->fork, &p[2], sizeof(p[2]));
+	memcpy(&f->query, &p[3], sizeof(p[3]));
+	memcpy(&f->error, &p[4], sizeof(p[4]));
+	memcpy(&f->free_, &p[5], sizeof(p[5]));
+	return TD_OK;
+}
+
+/* The NCCL end of rank c->rank; collective (the id goes from rank 0 to the
+ * others through the gang). */
+static td_err nccl_new(struct gpu_comm *c, struct td_errbuf *eb)
+{
+	struct gpu_gang *g = c->g;
+	td_err e = TD_OK;
+	if (strcmp(c->be->ops->name, "cuda") != 0)
+		e = td_fail(eb, TD_EUNSUPPORTED, "NCCL collectives need the CUDA backend, not %s",
+			    c->be->ops->name);
+	if (e == TD_OK)
+		e = gpu_nccl_get(&c->nc, eb);
+	if (e == TD_OK)
+		e = side_resolve(&c->side_fn, eb);
+	if (e == TD_OK)
+		e = c->side_fn.new_(c->be, &c->side, eb);
+	if (e == TD_OK && c->rank == 0) {
+		pthread_mutex_lock(&g->mu);
+		e = gpu_nccl_check(c->nc, c->nc->get_unique_id(&g->id), NULL, "ncclGetUniqueId", eb);
+		g->id_ok = e == TD_OK;
+		pthread_mutex_unlock(&g->mu);
+	}
+	if (e != TD_OK)
+		return rank_fail(c, e, eb);
+	if ((e = gpu_gang_barrier(g, c->rank, eb)) != TD_OK)
+		return e;
+	snprintf(c->name, sizeof(c->name), "nccl %d.%d.%d", c->nc->version / 10000,
+		 c->nc->version / 100 % 100, c->nc->version % 100);
+	pthread_mutex_lock(&g->mu);
+	struct gpu_nccl_id id = g->id;
+	pthread_mutex_unlock(&g->mu);
+	struct gpu_nccl_config cfg = gpu_nccl_config_init(false);
+	gpu_nccl_result_t r = c->nc->comm_init_rank_config(&c->comm, g->n, id, c->rank, &cfg);
+	if (r != GPU_NCCL_SUCCESS && r != GPU_NCCL_IN_PROGRESS) {
+		char where[96];
+		snprintf(where, sizeof(where), "ncclCommInitRankConfig, rank %d of %d", c->rank, g->n);
+		e = gpu_nccl_check(c->nc, r, NULL, where, eb);
+		c->comm = NULL;
+		return rank_fail(c, e, eb);
+	}
+	if ((e = nccl_poll(c, false, "NCCL communicator set-up", eb)) != TD_OK)
+		return e;
+	/* Every rank's communicator is ready before any sum is enqueued. */
+	return gpu_gang_barrier(g, c->rank, eb);
+}
+
+td_err gpu_comm_new(struct gpu_comm **out, struct gpu_gang *g, int rank, struct gpu_backend *be,
+		    enum gpu_comm_kind kind, struct td_errbuf *eb)
+{
+	struct gpu_comm *c = calloc(1, sizeof(*c));
+	if (!c) {
+		td_err e = td_fail(eb, TD_ENOMEM, "comm: out of memory");
+		gpu_gang_fail(g, rank, e, eb ? eb->msg : NULL);
+		return e;
+	}
+	if (kind == GPU_COMM_AUTO)
+		kind = strcmp(be->ops->name, "cuda") == 0 ? GPU_COMM_NCCL : GPU_COMM_HOST;
+	c->kind = kind;
+	c->g = g;
+	c->rank = rank;
+	c->be = be;
+	snprintf(c->name, sizeof(c->name), "host");
+	td_err e = kind == GPU_COMM_NCCL ? nccl_new(c, eb) : gpu_gang_barrier(g, rank, eb);
+	if (e != TD_OK) {
+		gpu_comm_free(c);
+		return e;
+	}
+	*out = c;
+	return TD_OK;
+}
+
+void gpu_comm_free(struct gpu_comm *c)
+{
+	if (!c)
+		return;
+	/* Every sum was waited for, or the job failed: an abort frees the
+	 * communicator without a rendezvous with peers that may be gone. */
+	nccl_abort(c);
+	if (c->side)
+		c->side_fn.free_(c->side);
+	free(c->buf);
+	free(c);
+}
+
+const char *gpu_comm_name(const struct gpu_comm *c)
+{
+	return c->name;
+}
+
+bool gpu_comm_async(const struct gpu_comm *c)
+{
+	return c->kind == GPU_COMM_NCCL;
+}
+
+void gpu_comm_stats(const struct gpu_comm *c, struct gpu_comm_stats *out)
+{
+	*out = c->stats;
+}
+
+/* Host: download, sum slices in rank order, upload. */
+static td_err host_all_reduce(struct gpu_comm *c, float *x, size_t n, struct td_errbuf *eb)
+{
+	struct gpu_gang *g = c->g;
+	if (n > c->cap) {
+		float *b = realloc(c->buf, n * sizeof(float));
+		if (!b)
+			return rank_fail(c, td_fail(eb, TD_ENOMEM, "all-reduce: out of memory for %zu floats", n),
+					 eb);
+		c->buf = b;
+		c->cap = n;
+	}
+	gpu_download(c->be, c->buf, x, n * sizeof(float));
+	pthread_mutex_lock(&g->mu);
+	g->slot[c->rank] = c->buf;
+	pthread_mutex_unlock(&g->mu);
+	td_err e = gpu_gang_barrier(g, c->rank, eb);
+	if (e != TD_OK)
+		return e;
+	/* This rank's slice of every buffer; the others' slices are theirs. */
+	size_t lo = n * (size_t)c->rank / (size_t)g->n, hi = n * (size_t)(c->rank + 1) / (size_t)g->n;
+	float *s[GPU_GANG_MAX];
+	for (int j = 0; j < g->n; j++)
+		s[j] = g->slot[j];
+	for (size_t i = lo; i < hi; i++) {
+		float v = s[0][i];
+		for (int j = 1; j < g->n; j++)
+			v += s[j][i];
+		for (int j = 0; j < g->n; j++)
+			s[j][i] = v;
+	}
+	if ((e = gpu_gang_barrier(g, c->rank, eb)) != TD_OK)
+		return e;
+	gpu_upload(c->be, x, c->buf, n * sizeof(float));
+	return TD_OK;
+}
+
+td_err gpu_comm_all_reduce_sum(struct gpu_comm *c, float *x, size_t n, struct td_errbuf *eb)
+{
+	if (gpu_gang_failed(c->g)) {
+		nccl_abort(c);
+		return gang_stopped(c->g, c->rank, eb);
+	}
+	c->stats.calls++;
+	c->stats.floats += n;
+	if (c->kind == GPU_COMM_HOST)
+		return host_all_reduce(c, x, n, eb);
+	if (!c->comm)
+		return rank_fail(c, td_fail(eb, TD_EDEVICE, "all-reduce, rank %d: no communicator",
+					    c->rank), eb);
+	c->side_fn.fork(c->side);
+	gpu_nccl_result_t r = c->nc->all_reduce(x, x, n, GPU_NCCL_FLOAT32, GPU_NCCL_SUM, c->comm,
+						c->side_fn.stream(c->side));
+	c->pending = true;
+	if (r == GPU_NCCL_IN_PROGRESS) /* complete the call before the next one */
+		return nccl_poll(c, false, "all-reduce", eb);
+	if (r != GPU_NCCL_SUCCESS) {
+		char where[96];
+		snprintf(where, sizeof(where), "all-reduce of %zu floats, rank %d of %d", n, c->rank,
+			 c->g->n);
+		td_err e = gpu_nccl_check(c->nc, r, c->comm, where, eb);
+		nccl_abort(c);
+		return rank_fail(c, e, eb);
+	}
+	return TD_OK;
+}
+
+td_err gpu_comm_wait(struct gpu_comm *c, struct td_errbuf *eb)
+{
+	if (gpu_gang_failed(c->g)) {
+		nccl_abort(c);
+		return gang_stopped(c->g, c->rank, eb);
+	}
+	if (c->kind == GPU_COMM_HOST || !c->pending)
+		return TD_OK;
+	td_err e = nccl_poll(c, true, "all-reduce of gradients", eb);
+	if (e == TD_OK)
+		c->pending = false;
+	return e;
+}

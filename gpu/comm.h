@@ -1,0 +1,125 @@
+/* Collectives among the ranks of one data-parallel job (issue 12): N threads
+ * of this process, each with its own backend on its own device, that sum
+ * their gradients before every optimizer step.
+ *
+ * A gang is what the ranks share: a barrier, the NCCL unique id and the
+ * first failure. A rank that fails calls gpu_gang_fail; from then on every
+ * barrier and every collective wait of every rank returns that failure at
+ * once, and a rank blocked in NCCL aborts its communicator, so no rank
+ * waits for one that will never come: the job fails on every rank in
+ * bounded time and the process serves on.
+ *
+ * A comm is one rank's end of the reduction. Two kinds:
+ *   host  in-process, through host memory: each rank downloads its buffer,
+ *         the ranks sum slices of the N buffers in rank order (x0 + x1 + ...
+ *         from the left, in fp32: the same bits on every rank, whatever the
+ *         bucketing) and upload the sums. Any backend (the CPU's, simulated
+ *         GPUs), blocking; for tests and for checking the NCCL path.
+ *   nccl  ncclAllReduce (fp32, sum) on a stream of its own beside the
+ *         backend's (the CUDA module's side stream: it waits for the
+ *         backend's work enqueued so far), nonblocking communicators, every
+ *         wait polled against the gang's failure, NCCL's asynchronous error,
+ *         the stream's error and a timeout. The CUDA backend only.
+ * Summing, not averaging: the trainer scales each rank's loss gradient by
+ * 1 / (the global batch's valid tokens), so the sum is the mean gradient.
+ *
+ * Not here: which buffers are reduced and when (train/ddp.h), the ranks'
+ * threads (train/trainer.c). */
+#ifndef GPU_COMM_H
+#define GPU_COMM_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "gpu/backend.h"
+#include "proto/err.h"
+
+/* The most ranks of one gang (the daemon's DMN_MAX_GPUS is larger; a host
+ * with more GPUs than this runs gangs of at most this many). */
+#define GPU_GANG_MAX 16
+
+/* Default bound of one collective wait, and of the communicators' set-up:
+ * ranks run the same work between two collectives, so a wait this long
+ * means a rank is stuck (a hung device), not slow. */
+#define GPU_COMM_TIMEOUT_MS 300000
+
+/* What NCCL allocates on each GPU of a gang beside the job's plan (its
+ * channels' buffers for the peers, its kernels): an allowance the daemon
+ * adds to each lease of a gang on real GPUs (contract 1). An estimate, held
+ * to the peak tests/gpu/ddp.sh measures on the GPU machine. */
+#define GPU_NCCL_RESERVE_BYTES ((uint64_t)1 << 30)
+
+struct gpu_gang;
+struct gpu_comm;
+
+/* A gang of nranks (1 .. GPU_GANG_MAX). timeout_ms bounds every NCCL wait
+ * (0: GPU_COMM_TIMEOUT_MS). Free it after every rank has freed its comm and
+ * left the barriers. */
+td_err gpu_gang_new(struct gpu_gang **out, int nranks, int timeout_ms, struct td_errbuf *eb);
+/* gpu_gang_free(NULL) is a no-op. */
+void gpu_gang_free(struct gpu_gang *g);
+int gpu_gang_size(const struct gpu_gang *g);
+
+/* Rank `rank` failed with e and message msg. The first failure is kept (the
+ * job's error); later calls only wake the waiters. Any thread. */
+void gpu_gang_fail(struct gpu_gang *g, int rank, td_err e, const char *msg);
+/* Whether a rank failed. Any thread, lock-free. */
+bool gpu_gang_failed(const struct gpu_gang *g);
+/* The first failure: its code (TD_OK when none), its rank (*rank, may be
+ * NULL) and message (into eb, may be NULL). */
+td_err gpu_gang_error(struct gpu_gang *g, int *rank, struct td_errbuf *eb);
+
+/* Blocks until every rank has called it (the calls pair up by order), or
+ * until the gang fails: then returns the first failure's code with "rank R
+ * of N stopped: rank K failed: ..." in eb. No timeout of its own: every rank
+ * either arrives or fails the gang (train/trainer.c holds to that). A gang
+ * that failed never passes a barrier again. */
+td_err gpu_gang_barrier(struct gpu_gang *g, int rank, struct td_errbuf *eb);
+
+enum gpu_comm_kind {
+	GPU_COMM_AUTO, /* nccl on the CUDA backend, host elsewhere */
+	GPU_COMM_HOST,
+	GPU_COMM_NCCL,
+};
+
+/* "auto", "host", "nccl" -> *out; false if none of them. */
+bool gpu_comm_kind_parse(const char *s, enum gpu_comm_kind *out);
+
+/* Rank `rank`'s comm on backend be. Collective: every rank of g calls it,
+ * each on its own thread (the one that created be: its device is current
+ * there), and it returns once all have made theirs (or one failed; then it
+ * fails the gang too). TD_EUNSUPPORTED: NCCL asked for on another backend,
+ * or its library or the CUDA module's side streams are missing (named). */
+td_err gpu_comm_new(struct gpu_comm **out, struct gpu_gang *g, int rank, struct gpu_backend *be,
+		    enum gpu_comm_kind kind, struct td_errbuf *eb);
+/* Frees the comm (aborting a communicator with work in flight).
+ * gpu_comm_free(NULL) is a no-op. Not collective. */
+void gpu_comm_free(struct gpu_comm *c);
+/* "host", or "nccl 2.28.9". */
+const char *gpu_comm_name(const struct gpu_comm *c);
+/* Whether gpu_comm_all_reduce_sum returns before the sum is done, so that
+ * the backend's later work overlaps it (NCCL); false: it blocks (host). */
+bool gpu_comm_async(const struct gpu_comm *c);
+
+/* Sums n floats at x (on the comm's backend) over the ranks, in place.
+ * Every rank makes the same calls, in the same order, with the same n. x
+ * is read as the work enqueued on the backend so far leaves it. Async: the
+ * call returns once the sum is enqueued, and the backend must neither read
+ * nor write x before gpu_comm_wait returns. Errors fail the gang. */
+td_err gpu_comm_all_reduce_sum(struct gpu_comm *c, float *x, size_t n, struct td_errbuf *eb);
+
+/* Blocks until every sum this rank started is complete: work enqueued on
+ * the backend from then on sees them. Bounded: another rank's failure, an
+ * NCCL error (asynchronous, of a peer too), an error of the stream or no
+ * completion within the gang's timeout aborts this rank's communicator,
+ * fails the gang and returns the error. */
+td_err gpu_comm_wait(struct gpu_comm *c, struct td_errbuf *eb);
+
+/* Reductions since the comm was made: calls and floats summed. */
+struct gpu_comm_stats {
+	uint64_t calls, floats;
+};
+void gpu_comm_stats(const struct gpu_comm *c, struct gpu_comm_stats *out);
+
+#endif
