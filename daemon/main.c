@@ -19,6 +19,7 @@
 #include "daemon/preflight.h"
 #include "daemon/settings.h"
 #include "daemon/server.h"
+#include "gpu/comm.h"
 #include "gpu/select.h"
 #include "train/hfconfig.h"
 #include "train/method.h"
@@ -48,7 +49,7 @@ static void usage(FILE *f)
 		"usage: traind [--system | --user] [--config FILE] [SETTINGS...]   serve trainctl\n"
 		"       traind --dump-config [SETTINGS...]   print the effective settings\n"
 		"       traind --run JOB [--backend cpu|cuda|auto] [--stop-after N] [--quiet]\n"
-		"                [--cache-dir DIR]\n"
+		"                [--cache-dir DIR] [--gpus N] [--devices I,J,...]\n"
 		"       traind --plan JOB\n"
 		"       traind --check JOB\n"
 		"       traind --merge BASE ADAPTER OUT [--backend cpu|cuda|auto]   (default cpu: fp32)\n"
@@ -62,6 +63,10 @@ static void usage(FILE *f)
 		"with the same spec to resume from the newest checkpoint. SIGINT/SIGTERM\n"
 		"checkpoint and stop at the next step boundary (exit 3).\n"
 		"--stop-after N stops the same way after N steps of this run.\n"
+		"--gpus N trains data parallel on N GPUs (default: the job's resources.gpus),\n"
+		"CUDA devices 0 .. N-1 or --devices; each runs its share of a step's\n"
+		"hyper.grad_accum micro-batches (so grad_accum >= N). With --backend cpu\n"
+		"the N ranks run on the CPU (for tests).\n"
 		"--cache-dir DIR keeps the kernels compiled on this host (the module cache;\n"
 		"default $XDG_CACHE_HOME/traind, else ~/.cache/traind; \"\" for none).\n"
 		"--merge writes BASE (an HF model dir) with the PEFT LoRA adapter ADAPTER\n"
@@ -242,6 +247,7 @@ static int run_oneshot(int argc, char **argv)
 	const char *merge[3] = {NULL, NULL, NULL}; /* BASE ADAPTER OUT */
 	unsigned long long stop_after = 0;
 	bool quiet = false;
+	int gpus = 0, devices[GPU_GANG_MAX], ndevices = 0;
 	for (int i = 1; i < argc; i++) {
 		const char *a = argv[i];
 		if (strcmp(a, "--run") == 0 && i + 1 < argc)
@@ -266,6 +272,28 @@ static int run_oneshot(int argc, char **argv)
 		else if (strcmp(a, "--cache-dir") == 0 && i + 1 < argc) {
 			cache_dir = argv[++i];
 			has_cache_dir = true;
+		} else if (strcmp(a, "--gpus") == 0 && i + 1 < argc) {
+			char *end;
+			long v = strtol(argv[++i], &end, 10);
+			if (*end || v < 1 || v > GPU_GANG_MAX) {
+				fprintf(stderr, "traind: --gpus: '%s' is not a count of 1 to %d\n", argv[i],
+					GPU_GANG_MAX);
+				return 2;
+			}
+			gpus = (int)v;
+		} else if (strcmp(a, "--devices") == 0 && i + 1 < argc) {
+			char *p = argv[++i], *end;
+			for (ndevices = 0; *p;) {
+				long v = strtol(p, &end, 10);
+				if (end == p || v < 0 || v > 1024 || ndevices == GPU_GANG_MAX ||
+				    (*end && *end != ',')) {
+					fprintf(stderr, "traind: --devices: '%s' is not a list of CUDA "
+							"ordinals (0,1,...)\n", argv[i]);
+					return 2;
+				}
+				devices[ndevices++] = (int)v;
+				p = *end ? end + 1 : end;
+			}
 		} else if (strcmp(a, "--stop-after") == 0 && i + 1 < argc)
 			stop_after = strtoull(argv[++i], NULL, 10);
 		else if (strcmp(a, "--quiet") == 0 || strcmp(a, "-q") == 0)
@@ -329,6 +357,21 @@ static int run_oneshot(int argc, char **argv)
 				     .log = quiet ? NULL : stdout,
 				     .stop_after = stop_after,
 				     .cache_dir = cache_dir && *cache_dir ? cache_dir : NULL};
+	/* Data parallel: --gpus, else the job's resources.gpus. */
+	if (!gpus)
+		gpus = ndevices ? ndevices : spec->resources->gpus > 1 ? (int)spec->resources->gpus : 1;
+	if (ndevices && ndevices != gpus) {
+		fprintf(stderr, "traind: --devices names %d devices for %d GPUs\n", ndevices, gpus);
+		rpc_jobspec_free(spec);
+		return 2;
+	}
+	if (gpus > GPU_GANG_MAX) {
+		fprintf(stderr, "traind: resources.gpus %d: at most %d\n", gpus, GPU_GANG_MAX);
+		rpc_jobspec_free(spec);
+		return 2;
+	}
+	opts.ranks = gpus;
+	opts.devices = ndevices ? devices : NULL;
 	struct tr_hooks hooks = {.should_stop = should_stop};
 	struct tr_train_result res;
 	td_err e = tr_train(spec, &opts, &hooks, &res, &eb);

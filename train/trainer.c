@@ -19,15 +19,18 @@
 #include <json-c/json.h>
 #include <limits.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
+#include "gpu/comm.h"
 #include "gpu/select.h"
 #include "proto/log.h"
 #include "train/data.h"
+#include "train/ddp.h"
 #include "train/method.h"
 #include "train/model.h"
 #include "train/modeldir.h"
@@ -441,37 +444,111 @@ static void close_job(struct job *j)
 	tr_data_close(j->eval);
 }
 
-td_err tr_train(const Traind__JobSpec *spec, const struct tr_train_opts *opts,
-		const struct tr_hooks *hooks, struct tr_train_result *res, struct td_errbuf *eb)
+/* --- data parallel: what the ranks of one job share --- */
+
+struct rank;
+
+struct gang {
+	struct gpu_gang *g;
+	int n;
+	enum gpu_comm_kind comm;
+	size_t bucket_floats;
+	bool overlap;           /* bucket even where the comm is not asynchronous */
+	/* Written before a step's closing barrier, read after it, by step
+	 * parity: a rank may be writing the next step's while another still
+	 * reads these (never two steps ahead: it would have passed a barrier
+	 * the reader has not reached). */
+	double *ls;             /* [2][grad_accum]: each micro-batch's loss sum, by the rank that ran it */
+	bool stop[2];           /* rank 0's decision at a step's end */
+	struct rank *ranks;     /* [n] */
+	/* TD_DDP_FAIL_AT=RANK:STEP[:stall], a test hook: that rank fails (or
+	 * stalls, as on a hung device, until the others give up) in that step,
+	 * before its gradients are summed. fail_rank -1: off. */
+	int fail_rank;
+	uint64_t fail_step;
+	bool fail_stall;
+};
+
+struct rank {
+	struct gang *gang;
+	int r;
+	int device;             /* CUDA ordinal, or -1 */
+	bool cuda;              /* its backend is CUDA's (device is its GPU) */
+	const Traind__JobSpec *spec;
+	const struct tr_train_opts *opts;
+	struct tr_train_result res;
+	struct td_errbuf eb;
+	td_err e;
+	pthread_t thread;
+};
+
+/* The test hook's failure, in rank r at step `step` (1-based). */
+static td_err injected_failure(struct gang *G, int r, uint64_t step, struct td_errbuf *eb)
+{
+	if (!G || G->fail_rank != r || G->fail_step != step)
+		return TD_OK;
+	td_warn("TD-DDP-FAIL-INJECT", "TD_DDP_FAIL_AT: rank %d %s at step %llu (test hook)", r,
+		G->fail_stall ? "stalls" : "fails", (unsigned long long)step);
+	if (G->fail_stall) {
+		/* A rank that never arrives: the others must give up on it. */
+		while (!gpu_gang_failed(G->g))
+			nanosleep(&(struct timespec){.tv_nsec = 10 * 1000 * 1000}, NULL);
+		return gpu_gang_barrier(G->g, r, eb);
+	}
+	return td_fail(eb, TD_EDEVICE, "TD_DDP_FAIL_AT: rank %d failed at step %llu (test hook)", r,
+		       (unsigned long long)step);
+}
+
+/* One rank's run (the whole job when G is NULL): rank 0 alone logs, calls
+ * the hooks, evaluates and writes checkpoints and the output; every rank
+ * reads every micro-batch of a step (the loss is a mean over the valid
+ * tokens of all of them) and runs its share. Any failure fails the gang,
+ * which every other rank's next barrier or collective wait returns. */
+static td_err train_rank(const Traind__JobSpec *spec, const struct tr_train_opts *opts,
+			 const struct tr_hooks *hooks, struct tr_train_result *res, struct gang *G,
+			 int r, struct td_errbuf *eb)
 {
 	struct job j = {0};
-	FILE *log = opts ? opts->log : NULL;
+	const bool lead = r == 0;
+	FILE *log = lead && opts ? opts->log : NULL;
+	struct gpu_comm *comm = NULL;
+	struct tr_ddp *ddp = NULL;
+	int32_t *ids = NULL, *labels = NULL, *cls = NULL;
 	memset(res, 0, sizeof(*res));
 	snprintf(res->output_dir, sizeof(res->output_dir), "%s", spec->output->dir);
+	res->eval_loss = NAN;
 	double t_start = now_s();
 	td_err e = open_job(&j, spec, eb);
 	if (e != TD_OK)
-		return e;
+		goto out;
 
 	/* A finished output is never silently overwritten or trained again. */
 	char path[PATH_MAX];
 	snprintf(path, sizeof(path), "%s/trainer_state.json", spec->output->dir);
-	struct json_object *done = json_object_from_file(path);
+	struct json_object *done = lead ? json_object_from_file(path) : NULL;
 	if (done) {
 		struct json_object *v;
 		bool final = json_object_object_get_ex(done, "final", &v) && json_object_get_boolean(v);
 		json_object_put(done);
-		if (final)
-			return td_fail(eb, TD_ESTATE,
-				       "output.dir: %s already holds a finished run; choose another "
-				       "output dir or remove it",
-				       spec->output->dir);
+		if (final) {
+			e = td_fail(eb, TD_ESTATE,
+				    "output.dir: %s already holds a finished run; choose another "
+				    "output dir or remove it",
+				    spec->output->dir);
+			goto out;
+		}
 	}
 
-	/* Data first: a bad row fails the job before any model memory exists. */
-	res->eval_loss = NAN;
+	/* Data first: a bad row fails the job before any model memory exists.
+	 * Rank 0 opens it first (a JSONL file is tokenized into the cache
+	 * once); the others then map what it wrote. Only rank 0 evaluates. */
+	if (G && !lead && (e = gpu_gang_barrier(G->g, r, eb)) != TD_OK)
+		goto out;
 	if ((e = tr_data_open_job(&j.data, spec, &j.cfg, false, log, eb)) != TD_OK ||
-	    (spec->data->eval_file && (e = tr_data_open_job(&j.eval, spec, &j.cfg, true, log, eb)) != TD_OK))
+	    (lead && spec->data->eval_file &&
+	     (e = tr_data_open_job(&j.eval, spec, &j.cfg, true, log, eb)) != TD_OK))
+		goto out;
+	if (G && lead && (e = gpu_gang_barrier(G->g, r, eb)) != TD_OK)
 		goto out;
 	uint64_t per_step = (uint64_t)j.B * (uint64_t)j.accum;
 	if (spec->hyper->has_max_steps && spec->hyper->max_steps)
@@ -485,13 +562,16 @@ td_err tr_train(const Traind__JobSpec *spec, const struct tr_train_opts *opts,
 	struct tr_weights *w = NULL;
 	if ((e = tr_weights_open(&w, spec->model_dir, eb)) != TD_OK)
 		goto out;
-	int device = opts && opts->has_device && opts->device_index >= 0 ? opts->device_index : -1;
+	int device = G ? G->ranks[r].device
+		       : opts && opts->has_device && opts->device_index >= 0 ? opts->device_index : -1;
 	struct gpu_open_opts bo = {.name = backend_for(spec, opts), .device = device,
 				   .cache_dir = opts ? opts->cache_dir : NULL};
 	if ((e = gpu_backend_open_opts(&j.be, &bo, eb)) != TD_OK) {
 		tr_weights_close(w);
 		goto out;
 	}
+	if (G)
+		G->ranks[r].cuda = strcmp(j.be->ops->name, "cuda") == 0;
 	/* Precision: as asked; unset means bf16 on a GPU and fp32 on the CPU.
 	 * Set before the model is built: its plan follows the attention the
 	 * backend runs in this precision. */
@@ -515,6 +595,9 @@ td_err tr_train(const Traind__JobSpec *spec, const struct tr_train_opts *opts,
 		tr_method_print(j.meth, log);
 	}
 
+	/* Every rank loads the same weights (the checkpoint's, or the model
+	 * dir's and the method's seeded initialisation): identical from the
+	 * start, and the same sums and updates keep them so. */
 	uint64_t steps[4096];
 	size_t nck = list_checkpoints(j.ckpt_root, steps, 4096);
 	if (nck) {
@@ -535,6 +618,22 @@ td_err tr_train(const Traind__JobSpec *spec, const struct tr_train_opts *opts,
 			goto out;
 	}
 
+	/* This rank's micro-batches of each step, and its end of the sums. */
+	int a0 = 0, a1 = j.accum;
+	if (G) {
+		tr_ddp_share(j.accum, G->n, r, &a0, &a1);
+		if ((e = gpu_comm_new(&comm, G->g, r, j.be, G->comm, eb)) != TD_OK ||
+		    (e = tr_ddp_new(&ddp, j.m, comm, G->bucket_floats, G->overlap, eb)) != TD_OK)
+			goto out;
+		if (log)
+			fprintf(log, "data parallel: %d ranks (%s), %d micro-batches of each step's %d on "
+				     "each%s; gradients summed over %s%s\n",
+				G->n, j.be->ops->name, a1 - a0, j.accum,
+				j.accum % G->n ? " or one more (grad_accum is not a multiple of the ranks)" : "",
+				gpu_comm_name(comm),
+				gpu_comm_async(comm) ? ", by buckets during the backward" : "");
+	}
+
 	struct tr_adamw hp = {
 		.beta1 = (float)spec->hyper->beta1,
 		.beta2 = (float)spec->hyper->beta2,
@@ -542,13 +641,10 @@ td_err tr_train(const Traind__JobSpec *spec, const struct tr_train_opts *opts,
 		.weight_decay = (float)spec->hyper->weight_decay,
 	};
 	size_t rows = (size_t)j.B * (size_t)j.T;
-	int32_t *ids = malloc(rows * (size_t)j.accum * sizeof(int32_t));
-	int32_t *labels = malloc(rows * (size_t)j.accum * sizeof(int32_t));
-	int32_t *cls = malloc((size_t)j.B * (size_t)j.accum * sizeof(int32_t));
+	ids = malloc(rows * (size_t)j.accum * sizeof(int32_t));
+	labels = malloc(rows * (size_t)j.accum * sizeof(int32_t));
+	cls = malloc((size_t)j.B * (size_t)j.accum * sizeof(int32_t));
 	if (!ids || !labels || !cls) {
-		free(ids);
-		free(labels);
-		free(cls);
 		e = td_fail(eb, TD_ENOMEM, "trainer: out of memory");
 		goto out;
 	}
@@ -556,7 +652,8 @@ td_err tr_train(const Traind__JobSpec *spec, const struct tr_train_opts *opts,
 	uint64_t start_step = j.step, ckpt_every = spec->output->checkpoint_every;
 	while (j.step < j.total) {
 		/* All micro-batches first: the loss is a mean over every valid
-		 * token of the step, so their count must be known before backward. */
+		 * token of the step, so their count must be known before backward.
+		 * Every rank reads them all (and so keeps the data position). */
 		int64_t valid = 0;
 		for (int a = 0; a < j.accum && e == TD_OK; a++) {
 			e = tr_data_next(j.data, &j.pos, ids + a * rows, labels + a * rows, cls + (size_t)a * j.B,
@@ -569,20 +666,28 @@ td_err tr_train(const Traind__JobSpec *spec, const struct tr_train_opts *opts,
 		tr_model_zero_grad(j.m);
 		double loss_sum = 0;
 		const float dloss = valid ? (float)(1.0 / (double)valid) : 0.0f;
-		for (int a = 0; a < j.accum && e == TD_OK; a++) {
+		for (int a = a0; a < a1 && e == TD_OK; a++) {
 			double ls;
 			int64_t nv;
 			tr_method_fuse_head(j.meth, dloss);
 			e = tr_method_forward(j.meth, ids + a * rows, labels + a * rows, cls + (size_t)a * j.B,
 					      j.step * (uint64_t)j.accum + (uint64_t)a, &ls, &nv, eb);
+			if (e == TD_OK && a == a1 - 1)
+				e = injected_failure(G, r, j.step + 1, eb);
 			if (e == TD_OK) {
 				loss_sum += ls;
+				if (G)
+					G->ls[(j.step & 1) * (uint64_t)j.accum + (uint64_t)a] = ls;
+				if (ddp && a == a1 - 1)
+					tr_ddp_arm(ddp); /* its layers' sums overlap the layers below */
 				tr_model_backward(j.m, dloss);
 			}
 		}
+		/* The ranks' gradients summed: every rank holds the step's. */
+		if (e == TD_OK && ddp)
+			e = tr_ddp_finish(ddp, eb);
 		if (e != TD_OK)
 			break;
-		loss = valid ? loss_sum / (double)valid : 0;
 		/* The step's last stage (train/plan.h: TR_STAGE_OPTIMIZER), after
 		 * each micro-batch's forward and backward stages. */
 		assert(tr_model_plan(j.m)->stages[tr_model_plan(j.m)->nstages - 1].kind ==
@@ -601,6 +706,23 @@ td_err tr_train(const Traind__JobSpec *spec, const struct tr_train_opts *opts,
 		if ((e = gpu_sync(j.be, eb)) != TD_OK)
 			break;
 		j.step++;
+
+		/* Rank 0 asks whether to stop; the ranks agree at the step's end
+		 * (and learn the other ranks' losses there). */
+		bool stop = lead && ((hooks && hooks->should_stop && hooks->should_stop(hooks->ctx)) ||
+				     (opts && opts->stop_after && j.step - start_step >= opts->stop_after));
+		if (G) {
+			uint64_t par = (j.step - 1) & 1;
+			if (lead)
+				G->stop[par] = stop;
+			if ((e = gpu_gang_barrier(G->g, r, eb)) != TD_OK)
+				break;
+			stop = G->stop[par];
+			loss_sum = 0; /* in micro-batch order, as one device sums them */
+			for (int a = 0; a < j.accum; a++)
+				loss_sum += G->ls[par * (uint64_t)j.accum + (uint64_t)a];
+		}
+		loss = valid ? loss_sum / (double)valid : 0;
 		if (j.step == start_step + 1) {
 			res->first_loss = loss;
 			res->first_step_s = now_s() - t_start;
@@ -622,40 +744,53 @@ td_err tr_train(const Traind__JobSpec *spec, const struct tr_train_opts *opts,
 			fprintf(log, "step %6llu/%llu  loss %.4f  lr %.3e  grad_norm %.3f  tok/s %.0f  eta %.0fs\n",
 				(unsigned long long)pr.step, (unsigned long long)pr.total_steps, pr.loss,
 				pr.lr, pr.grad_norm, pr.tokens_per_s, pr.eta_s);
-		if (hooks && hooks->on_step)
+		if (lead && hooks && hooks->on_step)
 			hooks->on_step(hooks->ctx, &pr);
 		uint64_t eval_every = spec->data->eval_every ? spec->data->eval_every : ckpt_every;
-		if (j.eval && ((eval_every && j.step % eval_every == 0) || j.step == j.total) &&
-		    (e = evaluate(&j, ids, labels, log, &res->eval_loss, eb)) != TD_OK)
-			break;
-
-		bool stop = (hooks && hooks->should_stop && hooks->should_stop(hooks->ctx)) ||
-			    (opts && opts->stop_after && j.step - start_step >= opts->stop_after);
-		if ((ckpt_every && j.step % ckpt_every == 0) || (stop && j.step < j.total)) {
-			if ((e = tr__mkdir_p(j.ckpt_root, eb)) != TD_OK ||
-			    (e = write_checkpoint(&j, loss, eb)) != TD_OK)
-				break;
-			prune_checkpoints(&j);
-			if (log)
-				fprintf(log, "checkpoint %s/step-%08llu\n", j.ckpt_root,
-					(unsigned long long)j.step);
-			if (hooks && hooks->on_checkpoint) {
-				snprintf(path, sizeof(path), "%s/step-%08llu", j.ckpt_root,
-					 (unsigned long long)j.step);
-				hooks->on_checkpoint(hooks->ctx, j.step, path);
+		bool eval_due = spec->data->eval_file && ((eval_every && j.step % eval_every == 0) ||
+							  j.step == j.total);
+		bool ckpt_due = (ckpt_every && j.step % ckpt_every == 0) || (stop && j.step < j.total);
+		if (lead && eval_due)
+			e = evaluate(&j, ids, labels, log, &res->eval_loss, eb);
+		if (lead && ckpt_due && e == TD_OK) {
+			if ((e = tr__mkdir_p(j.ckpt_root, eb)) == TD_OK &&
+			    (e = write_checkpoint(&j, loss, eb)) == TD_OK) {
+				prune_checkpoints(&j);
+				if (log)
+					fprintf(log, "checkpoint %s/step-%08llu\n", j.ckpt_root,
+						(unsigned long long)j.step);
+				if (hooks && hooks->on_checkpoint) {
+					snprintf(path, sizeof(path), "%s/step-%08llu", j.ckpt_root,
+						 (unsigned long long)j.step);
+					hooks->on_checkpoint(hooks->ctx, j.step, path);
+				}
 			}
 		}
+		/* The others wait for rank 0's evaluation and checkpoint here, not
+		 * in a collective wait (which has a timeout). */
+		if (G && e != TD_OK)
+			gpu_gang_fail(G->g, r, e, eb->msg);
+		if (G && (eval_due || ckpt_due) && e == TD_OK)
+			e = gpu_gang_barrier(G->g, r, eb);
+		if (e != TD_OK)
+			break;
 		if (stop && j.step < j.total) {
 			res->stopped = true;
 			break;
 		}
 	}
-	free(ids);
-	free(labels);
-	free(cls);
 	res->steps_done = j.step;
 	res->total_steps = j.total;
-	if (e == TD_OK && !res->stopped) {
+	if (ddp && log && e == TD_OK) {
+		struct tr_ddp_stats st;
+		tr_ddp_get_stats(ddp, &st);
+		if (st.steps)
+			fprintf(log, "data parallel: %.1f sums a step during the backward, %.1f after it, "
+				     "%.1f M floats a step\n",
+				(double)st.overlapped / (double)st.steps, (double)st.at_finish / (double)st.steps,
+				(double)st.floats / (double)st.steps / 1e6);
+	}
+	if (lead && e == TD_OK && !res->stopped) {
 		if ((e = save_params(&j, spec->output->dir, j.cfg.dtype, eb)) != TD_OK ||
 		    (e = gpu_sync(j.be, eb)) != TD_OK) /* a device error: not a finished model */
 			goto out;
@@ -668,6 +803,13 @@ td_err tr_train(const Traind__JobSpec *spec, const struct tr_train_opts *opts,
 				tr_dtype_name(j.cfg.dtype), (unsigned long long)j.step, loss);
 	}
 out:
+	if (G && e != TD_OK)
+		gpu_gang_fail(G->g, r, e, eb->msg);
+	free(ids);
+	free(labels);
+	free(cls);
+	tr_ddp_free(ddp);
+	gpu_comm_free(comm); /* aborts a communicator with sums in flight */
 	if (j.be) {
 		snprintf(res->device, sizeof(res->device), "%s", j.be->device);
 		res->compiles = j.be->compiles;
@@ -679,5 +821,132 @@ out:
 				(long long)res->compiles_after_seal, res->first_step_s);
 	}
 	close_job(&j);
+	return e;
+}
+
+static void *rank_main(void *arg)
+{
+	struct rank *rk = arg;
+	rk->e = train_rank(rk->spec, rk->opts, NULL, &rk->res, rk->gang, rk->r, &rk->eb);
+	return NULL;
+}
+
+/* $name as a decimal count, or def. */
+static long long env_count(const char *name, long long def)
+{
+	const char *v = getenv(name);
+	char *end;
+	long long x = v && *v ? strtoll(v, &end, 10) : -1;
+	return v && *v && !*end && x >= 0 ? x : def;
+}
+
+td_err tr_train(const Traind__JobSpec *spec, const struct tr_train_opts *opts,
+		const struct tr_hooks *hooks, struct tr_train_result *res, struct td_errbuf *eb)
+{
+	int n = opts && opts->ranks > 1 ? opts->ranks : 1;
+	if (n == 1) {
+		td_err e = train_rank(spec, opts, hooks, res, NULL, 0, eb);
+		res->ranks = 1;
+		res->failed_rank = e != TD_OK ? 0 : -1;
+		res->failed_device = e != TD_OK && opts && opts->has_device ? opts->device_index : -1;
+		return e;
+	}
+	memset(res, 0, sizeof(*res));
+	res->failed_rank = res->failed_device = -1;
+	res->eval_loss = NAN;
+	snprintf(res->output_dir, sizeof(res->output_dir), "%s", spec->output->dir);
+	if (n > GPU_GANG_MAX)
+		return td_fail(eb, TD_EINVAL, "resources.gpus: %d; data parallel runs at most %d ranks", n,
+			       GPU_GANG_MAX);
+	uint32_t accum = spec->hyper->grad_accum ? spec->hyper->grad_accum : 1;
+	if (accum < (uint32_t)n)
+		return td_fail(eb, TD_EINVAL,
+			       "hyper.grad_accum: %u micro-batches a step cannot be shared by %d GPUs "
+			       "(resources.gpus): each runs at least one, so the step is one GPU's; set "
+			       "grad_accum to a multiple of %d",
+			       accum, n, n);
+
+	struct gang G = {.n = n, .fail_rank = -1};
+	G.comm = opts->comm == GPU_COMM_HOST || opts->comm == GPU_COMM_NCCL ? (enum gpu_comm_kind)opts->comm
+									    : GPU_COMM_AUTO;
+	const char *ck = getenv("TD_DDP_COMM");
+	enum gpu_comm_kind k;
+	if (G.comm == GPU_COMM_AUTO && ck && *ck && gpu_comm_kind_parse(ck, &k))
+		G.comm = k;
+	long long bf = env_count("TD_DDP_BUCKET_FLOATS", 0);
+	G.bucket_floats = opts->bucket_floats ? opts->bucket_floats : (size_t)bf;
+	G.overlap = bf > 0 && !opts->bucket_floats;
+	const char *fa = getenv("TD_DDP_FAIL_AT");
+	if (fa && *fa) {
+		unsigned long long st = 0;
+		char how[16] = "";
+		if (sscanf(fa, "%d:%llu:%15s", &G.fail_rank, &st, how) < 2 || st == 0)
+			return td_fail(eb, TD_EINVAL, "TD_DDP_FAIL_AT: '%s' is not RANK:STEP[:stall]", fa);
+		G.fail_step = st;
+		G.fail_stall = strcmp(how, "stall") == 0;
+	}
+	int timeout = opts->comm_timeout_ms > 0 ? opts->comm_timeout_ms
+						: (int)env_count("TD_DDP_TIMEOUT_MS", 0);
+	G.ls = calloc(2 * (size_t)accum, sizeof(double));
+	G.ranks = calloc((size_t)n, sizeof(*G.ranks));
+	td_err e = TD_OK;
+	if (!G.ls || !G.ranks)
+		e = td_fail(eb, TD_ENOMEM, "data parallel: out of memory");
+	if (e == TD_OK)
+		e = gpu_gang_new(&G.g, n, timeout, eb);
+	if (e != TD_OK) {
+		free(G.ls);
+		free(G.ranks);
+		return e;
+	}
+	for (int r = 0; r < n; r++)
+		G.ranks[r] = (struct rank){.gang = &G, .r = r, .spec = spec, .opts = opts,
+					   .device = opts->devices ? opts->devices[r] : r};
+	/* Ranks 1.. on threads of their own (which inherit this thread's file
+	 * credentials: a daemon's runner has taken the submitter's), rank 0
+	 * here. */
+	int started = 1;
+	for (int r = 1; r < n; r++, started++) {
+		int rv = pthread_create(&G.ranks[r].thread, NULL, rank_main, &G.ranks[r]);
+		if (rv != 0) {
+			char msg[160];
+			snprintf(msg, sizeof(msg), "data parallel: cannot start rank %d's thread: %s", r,
+				 strerror(rv));
+			gpu_gang_fail(G.g, r, TD_EINTERNAL, msg);
+			break;
+		}
+	}
+	td_err e0 = train_rank(spec, opts, hooks, res, &G, 0, eb);
+	for (int r = 1; r < started; r++)
+		pthread_join(G.ranks[r].thread, NULL);
+	res->failed_rank = res->failed_device = -1;
+	int fr = -1;
+	e = gpu_gang_error(G.g, &fr, eb);
+	if (e == TD_OK)
+		e = e0;
+	else if (fr >= 0 && fr < n) {
+		char msg[sizeof(eb->msg)];
+		snprintf(msg, sizeof(msg), "%s", eb->msg);
+		res->failed_rank = fr;
+		res->failed_device = G.ranks[fr].cuda ? G.ranks[fr].device : -1;
+		if (fr == 0)
+			td_fail(eb, e, "%s", msg);
+		else if (res->failed_device >= 0)
+			td_fail(eb, e, "rank %d of %d (CUDA device %d): %s", fr, n, res->failed_device, msg);
+		else
+			td_fail(eb, e, "rank %d of %d: %s", fr, n, msg);
+	}
+	res->ranks = n;
+	for (int r = 1; r < started; r++) {
+		res->compiles += G.ranks[r].res.compiles;
+		res->compiles_after_seal += G.ranks[r].res.compiles_after_seal;
+	}
+	if (res->device[0]) {
+		size_t l = strlen(res->device);
+		snprintf(res->device + l, sizeof(res->device) - l, " (x%d)", n);
+	}
+	gpu_gang_free(G.g);
+	free(G.ls);
+	free(G.ranks);
 	return e;
 }

@@ -54,6 +54,28 @@ struct tr_train_opts {
 	 * kernels the CUDA backend compiles on this host are kept there for the
 	 * next job and process. NULL: no cache, PTX is compiled every time. */
 	const char *cache_dir;
+	/* Data parallel (issue 12): ranks > 1 trains on that many devices at
+	 * once, one thread, backend and model each (rank 0 is the calling
+	 * thread: it alone logs, calls the hooks, evaluates and writes the
+	 * checkpoints and the output). The step's hyper.grad_accum micro-batches
+	 * are split between the ranks (train/ddp.h: tr_ddp_share; at least one
+	 * each, so grad_accum >= ranks), so the global batch, the data order and
+	 * the loss's normalisation are one device's with the same spec; the
+	 * gradients are summed (gpu/comm.h) and every rank steps AdamW alike.
+	 * devices: the ranks' CUDA ordinals (NULL: 0 .. ranks - 1); the CPU
+	 * backend runs every rank on the CPU. comm: GPU_COMM_AUTO (NCCL on the
+	 * CUDA backend, in-process elsewhere), or forced; $TD_DDP_COMM=host|nccl
+	 * overrides AUTO. bucket_floats: 0 for TR_DDP_BUCKET_FLOATS
+	 * ($TD_DDP_BUCKET_FLOATS sets it, and makes even the in-process comm sum
+	 * by buckets during the backward: a test hook). comm_timeout_ms: each
+	 * collective wait's bound (0: $TD_DDP_TIMEOUT_MS, else
+	 * GPU_COMM_TIMEOUT_MS). A checkpoint of ranks > 1 is the same as one
+	 * device's: it resumes on any number of ranks. */
+	int ranks;
+	const int *devices;
+	int comm;               /* enum gpu_comm_kind */
+	size_t bucket_floats;
+	int comm_timeout_ms;
 };
 
 struct tr_train_result {
@@ -69,6 +91,10 @@ struct tr_train_result {
 	int64_t compiles_after_seal; /* of those, after the kernel table was sealed: 0 (contract 2) */
 	struct gpu_cache_entry cache; /* the module-cache entry the backend used; key "" if none */
 	char output_dir[4096];
+	int ranks;              /* data parallel: how many ranks trained (1: one device) */
+	/* A failed job of several ranks: the rank whose error is returned (the
+	 * first to fail) and its CUDA ordinal (-1: none, or not on a GPU). */
+	int failed_rank, failed_device;
 };
 
 /* spec must have had rpc_jobspec_apply_defaults and pass rpc_jobspec_validate. */

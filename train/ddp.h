@@ -1,0 +1,69 @@
+/* Data parallel's gradient reduction for one rank (issue 12, item 2): the
+ * gradients arena of the rank's model summed over the ranks (gpu/comm.h)
+ * in buckets, each as soon as the backward has made it final, so that the
+ * sums overlap the layers still to run.
+ *
+ * A bucket is a run of trainable tensors adjacent in the arena. A tensor of
+ * decoder layer l is final after the TR_STAGE_LAYER_BACKWARD of l (of the
+ * step's last micro-batch: tr_ddp_arm before that backward only); the
+ * others (embedding, final norm, heads) only at the end. After each stage
+ * the runs of final tensors not yet summed are summed, each run that holds
+ * at least bucket_floats floats; tr_ddp_finish sums the rest and waits. The
+ * buckets follow from the plan alone, so every rank makes the same calls in
+ * the same order (NCCL's requirement). A comm that is not asynchronous
+ * (host) gets one sum of the whole arena at tr_ddp_finish unless buckets
+ * are asked for (overlap: tests check that bucketing changes nothing).
+ *
+ * How the step is split is the trainer's (tr_ddp_share); not thread-safe:
+ * one per rank thread. */
+#ifndef TRAIN_DDP_H
+#define TRAIN_DDP_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "gpu/comm.h"
+#include "proto/err.h"
+#include "train/model.h"
+
+/* Default bucket size: a layer of a 0.5B model (Qwen2-0.5B: 14.9M floats)
+ * is one bucket, a small layer's tensors wait for more. */
+#define TR_DDP_BUCKET_FLOATS ((size_t)4 << 20)
+
+struct tr_ddp;
+
+struct tr_ddp_stats {
+	uint64_t steps;
+	uint64_t overlapped;   /* buckets summed during a backward */
+	uint64_t at_finish;    /* buckets summed by tr_ddp_finish */
+	uint64_t floats;       /* floats summed, all steps */
+};
+
+/* For model m (its plan and gradients) over comm c. bucket_floats: 0 for
+ * TR_DDP_BUCKET_FLOATS; overlap: bucket even where c is not asynchronous.
+ * Installs m's stage hook (tr_ddp_free removes it). */
+td_err tr_ddp_new(struct tr_ddp **out, struct tr_model *m, struct gpu_comm *c, size_t bucket_floats,
+		  bool overlap, struct td_errbuf *eb);
+/* tr_ddp_free(NULL) is a no-op. */
+void tr_ddp_free(struct tr_ddp *d);
+
+/* The next tr_model_backward on the model is the step's last on this rank:
+ * its buckets are summed as they become final. */
+void tr_ddp_arm(struct tr_ddp *d);
+/* Sums the buckets not summed yet (all of them without an armed backward),
+ * then waits until every sum is done: the gradients are the ranks' sum.
+ * Errors (the comm's, another rank's failure) come back here. */
+td_err tr_ddp_finish(struct tr_ddp *d, struct td_errbuf *eb);
+void tr_ddp_get_stats(const struct tr_ddp *d, struct tr_ddp_stats *out);
+
+/* Rank r's share of a step's `accum` micro-batches over n ranks: [*a0, *a1),
+ * contiguous, in order, sizes differing by at most one (the later ranks get
+ * the larger). Every rank has one when accum >= n. */
+static inline void tr_ddp_share(int accum, int n, int r, int *a0, int *a1)
+{
+	*a0 = (int)((long long)accum * r / n);
+	*a1 = (int)((long long)accum * (r + 1) / n);
+}
+
+#endif
