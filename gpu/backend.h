@@ -10,7 +10,8 @@
  * Ops take the arguments of kernels/cpu/ops.h (outputs, inputs, sizes; the
  * shape letters are explained there) after the backend. Ops are enqueued on the
  * backend's stream in order and may run asynchronously; gpu_download,
- * gpu_sumsq and gpu_sync block until all earlier work is done. An op cannot
+ * gpu_sumsq and gpu_sync block until all earlier work is done (gpu_sync also
+ * until every copy of the copy stream, below, is). An op cannot
  * fail by itself: a device error is sticky and is reported by the next
  * blocking call (gpu_sync): TD_EDEVICE naming the driver's error, or
  * TD_EDEVICE_LOST when it corrupted the device's context for the whole
@@ -18,7 +19,9 @@
  * gpu_device_reset recovers it once none is left).
  *
  * This is not an allocator policy: the engine asks for whole arenas sized by
- * the memory plan (contract 1), one gpu_alloc per arena. */
+ * the memory plan (contract 1), one gpu_alloc per arena, and one
+ * gpu_host_alloc for the plan's host arena (pinned memory that a second,
+ * copy stream moves to and from the device beside the math: gpu_copy_*). */
 #ifndef GPU_BACKEND_H
 #define GPU_BACKEND_H
 
@@ -42,6 +45,10 @@ struct gpu_backend;
  * may then be NULL too (stored only as bf16). */
 typedef uint16_t gpu_bf16;
 
+/* The copies a backend tells apart (gpu_copy_to_host, gpu_copy_wait): copy
+ * k, 0 <= k < this, is the last one enqueued under that number. */
+#define GPU_COPY_SLOTS 4
+
 struct gpu_backend_ops {
 	const char *name;
 
@@ -60,6 +67,31 @@ struct gpu_backend_ops {
 	 * reference; no TF32), true = bf16 compute with fp32 storage and fp32
 	 * accumulation. TD_EUNSUPPORTED where the backend has no bf16 mode. */
 	td_err (*set_bf16)(struct gpu_backend *be, bool bf16, struct td_errbuf *eb);
+
+	/* Host memory for the copy stream (memory.recompute FULL_OFFLOAD,
+	 * train/plan.h). host_alloc: zeroed host memory that copy_async moves
+	 * at full speed (page-locked on a GPU: cuMemHostAlloc; the CPU backend:
+	 * malloc), counted in host_bytes_in_use, never in bytes_in_use;
+	 * TD_ENOMEM when the host cannot give it (the caller names the bytes).
+	 * The engine may read and write it directly while no copy that touches
+	 * it is in flight (after gpu_sync). host_free waits for every copy and
+	 * op, then frees. */
+	td_err (*host_alloc)(struct gpu_backend *be, size_t bytes, void **out);
+	void (*host_free)(struct gpu_backend *be, void *p, size_t bytes);
+	/* Enqueues on the backend's copy stream — after every op enqueued on its
+	 * stream so far, beside the ops enqueued after — a copy of bytes from
+	 * src to dst: device memory (alloc's) to host memory (host_alloc's)
+	 * where to_host, else host to device; it becomes copy k (0 <= k <
+	 * GPU_COPY_SLOTS), the last copy k before it is forgotten. Copies run
+	 * in the order they are enqueued. Never blocks. Until copy k is done
+	 * its source must not be written, and its destination neither read nor
+	 * written, by an op: only copy_wait(k) orders an op after it. */
+	void (*copy_async)(struct gpu_backend *be, void *dst, const void *src, size_t bytes,
+			   bool to_host, int k);
+	/* Ops enqueued from now on start once the last copy k (and every copy
+	 * enqueued before it) is done; at once where there was none. Never
+	 * blocks. */
+	void (*copy_wait)(struct gpu_backend *be, int k);
 
 	/* Math: see kernels/cpu/ops.h for each op's contract. */
 	/* wte16: a table stored in bf16 only (wte NULL; the rows are widened
@@ -183,6 +215,7 @@ struct gpu_backend {
 	const struct gpu_backend_ops *ops;
 	size_t bytes_in_use;  /* what alloc has handed out and free has not taken back */
 	size_t bytes_peak;    /* high-water mark of bytes_in_use */
+	size_t host_bytes_in_use, host_bytes_peak; /* the same for host_alloc */
 	int64_t op_count;     /* math ops enqueued (a cheap progress/sanity counter) */
 	/* Kernel compiles (PTX JIT, NVRTC) by this backend, and those after the
 	 * kernel table was sealed: contract 2 says the latter stays 0. */
@@ -282,6 +315,35 @@ static inline td_err gpu_set_bf16(struct gpu_backend *be, bool bf16, struct td_e
 static inline td_err gpu_mem_info(struct gpu_backend *be, size_t *free_bytes, size_t *total_bytes)
 {
 	return be->ops->mem_info(be, free_bytes, total_bytes);
+}
+static inline td_err gpu_host_alloc(struct gpu_backend *be, size_t bytes, void **out)
+{
+	return be->ops->host_alloc(be, bytes, out);
+}
+static inline void gpu_host_free(struct gpu_backend *be, void *p, size_t bytes)
+{
+	if (p)
+		be->ops->host_free(be, p, bytes);
+}
+/* host (host_alloc's) = dev, as copy k, after the ops enqueued so far. */
+static inline void gpu_copy_to_host(struct gpu_backend *be, void *host, const void *dev,
+				    size_t bytes, int k)
+{
+	assert(k >= 0 && k < GPU_COPY_SLOTS);
+	be->ops->copy_async(be, host, dev, bytes, true, k);
+}
+/* dev = host (host_alloc's), as copy k, after the ops enqueued so far. */
+static inline void gpu_copy_to_device(struct gpu_backend *be, void *dev, const void *host,
+				      size_t bytes, int k)
+{
+	assert(k >= 0 && k < GPU_COPY_SLOTS);
+	be->ops->copy_async(be, dev, host, bytes, false, k);
+}
+/* The ops enqueued from now on wait for copy k. */
+static inline void gpu_copy_wait(struct gpu_backend *be, int k)
+{
+	assert(k >= 0 && k < GPU_COPY_SLOTS);
+	be->ops->copy_wait(be, k);
 }
 
 #define GPU_OP_(name, ...)                          \

@@ -3,8 +3,9 @@
  * It is the reference the CUDA backend is checked against, and the backend of
  * hosts without a GPU. Everything runs synchronously on the calling thread
  * (OpenBLAS may use its own threads inside a GEMM), so sync never has a
- * deferred error to report. It counts the bytes it hands out, which is how the
- * tests hold the memory plan to what is really allocated. */
+ * deferred error to report, and a copy of the copy stream is done when it
+ * is enqueued. It counts the bytes it hands out, device and host apart, which
+ * is how the tests hold the memory plan to what is really allocated. */
 #include <assert.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -34,6 +35,46 @@ static void cpu_free(struct gpu_backend *be, void *p, size_t bytes)
 	assert(be->bytes_in_use >= bytes);
 	be->bytes_in_use -= bytes;
 	free(p);
+}
+
+/* Host memory (gpu_host_alloc) is plain memory here, counted apart. */
+static td_err cpu_host_alloc(struct gpu_backend *be, size_t bytes, void **out)
+{
+	size_t rounded = (bytes + 63) & ~(size_t)63;
+	void *p = aligned_alloc(64, rounded ? rounded : 64);
+	if (!p)
+		return TD_ENOMEM;
+	memset(p, 0, rounded ? rounded : 64);
+	be->host_bytes_in_use += bytes;
+	if (be->host_bytes_in_use > be->host_bytes_peak)
+		be->host_bytes_peak = be->host_bytes_in_use;
+	*out = p;
+	return TD_OK;
+}
+
+static void cpu_host_free(struct gpu_backend *be, void *p, size_t bytes)
+{
+	assert(be->host_bytes_in_use >= bytes);
+	be->host_bytes_in_use -= bytes;
+	free(p);
+}
+
+/* Synchronous: done before the next op is enqueued, so there is nothing to
+ * wait for. */
+static void cpu_copy_async(struct gpu_backend *be, void *dst, const void *src, size_t bytes,
+			   bool to_host, int k)
+{
+	(void)be;
+	(void)to_host;
+	(void)k;
+	if (bytes)
+		memcpy(dst, src, bytes);
+}
+
+static void cpu_copy_wait(struct gpu_backend *be, int k)
+{
+	(void)be;
+	(void)k;
 }
 
 static void cpu_copy(struct gpu_backend *be, void *dst, const void *src, size_t bytes)
@@ -79,7 +120,7 @@ static td_err cpu_set_bf16(struct gpu_backend *be, bool bf16, struct td_errbuf *
 
 static void cpu_destroy(struct gpu_backend *be)
 {
-	assert(be->bytes_in_use == 0);
+	assert(be->bytes_in_use == 0 && be->host_bytes_in_use == 0);
 	free(be);
 }
 
@@ -259,6 +300,10 @@ static const struct gpu_backend_ops cpu_ops = {
 	.destroy = cpu_destroy,
 	.mem_info = cpu_mem_info,
 	.set_bf16 = cpu_set_bf16,
+	.host_alloc = cpu_host_alloc,
+	.host_free = cpu_host_free,
+	.copy_async = cpu_copy_async,
+	.copy_wait = cpu_copy_wait,
 	.embedding_forward = cpu_embedding_forward,
 	.embedding_backward = cpu_embedding_backward,
 	.rmsnorm_forward = cpu_rmsnorm_forward,

@@ -28,7 +28,11 @@
  * arena, per layer or, where the plan's recompute policy does not keep it,
  * in one working set that a "layer l recompute" stage refills before layer
  * l's backward (layer_forward with recompute); the backward uses the scratch
- * arena's buffers. */
+ * arena's buffers. Under FULL_OFFLOAD the layer inputs res[l] live in the
+ * host arena, and on the device in a ring of TR_OFFLOAD_RING slots that the
+ * plan's offload and prefetch stages copy out of and back into (on the
+ * backend's copy stream, beside the math); a stage that writes a slot, or
+ * recomputes from one, first waits for the slot's copy. */
 #include "train/model.h"
 
 #include <math.h>
@@ -76,7 +80,7 @@ enum head_kind { HEAD_CAUSAL, HEAD_DISTILL, HEAD_CLASSIFY };
 struct tr_model {
 	struct gpu_backend *be;
 	struct tr_plan plan;
-	void *arena[TR_ARENA_COUNT];
+	void *arena[TR_ARENA_ALL];       /* [TR_ARENA_HOST]: pinned host memory (gpu_host_alloc) */
 
 	float *params, *grads, *m1, *m2;
 	gpu_bf16 *params16;              /* frozen tensors stored in bf16 (plan.opts.frozen_bf16) */
@@ -99,7 +103,8 @@ struct tr_model {
 
 	int32_t *ids, *targets, *pool_idx;
 	float *rope_cos, *rope_sin;
-	float **res;                     /* [L+1] */
+	float **res;                     /* [L+1]; FULL_OFFLOAD: res[l] is ring slot l % TR_OFFLOAD_RING */
+	float **res_host;                /* [L]: FULL_OFFLOAD's layer inputs in the host arena; else NULL */
 	struct layer_a *a;               /* [L] */
 	float *lnf_out, *lnf_rstd, *pooled;
 	float *logits, *losses, *kl, *dres, *dln, *dq, *dk, *dv, *dqraw, *dkraw, *dy, *datt, *dh,
@@ -275,8 +280,14 @@ static void bind(struct tr_model *m)
 	m->pooled = buf(m, "acts.pooled");
 	m->rope_cos = buf(m, "acts.rope_cos");
 	m->rope_sin = buf(m, "acts.rope_sin");
-	for (int l = 0; l <= c->num_layers; l++)
+	for (int l = 0; l <= c->num_layers; l++) {
 		m->res[l] = buf(m, "acts.res.%d", l);
+		if (m->res_host) {
+			m->res[l] = buf(m, "acts.res_ring.%d", l % TR_OFFLOAD_RING);
+			if (l < c->num_layers)
+				m->res_host[l] = buf(m, "host.res.%d", l);
+		}
+	}
 	for (int l = 0; l < c->num_layers; l++) {
 		struct layer_a *a = &m->a[l];
 		if (l > 0 && m->plan.opts.inference) {
@@ -379,13 +390,15 @@ td_err tr_model_new(struct tr_model **out, struct gpu_backend *be,
 	m->lin = calloc((size_t)L, sizeof(*m->lin));
 	m->a = calloc((size_t)L, sizeof(*m->a));
 	m->res = calloc((size_t)L + 1, sizeof(*m->res));
+	if (m->plan.arena_bytes[TR_ARENA_HOST])
+		m->res_host = calloc((size_t)L + 1, sizeof(*m->res_host));
 	m->host_targets = malloc(N * sizeof(int32_t));
 	m->host_ids = malloc(N * sizeof(int32_t));
 	m->host_losses = malloc(N * sizeof(float));
 	m->host_kl = malloc(N * sizeof(float));
 	m->host_pool = malloc((size_t)opts->B * sizeof(int32_t));
 	if (!m->w || !m->g || !m->lin || !m->a || !m->res || !m->host_targets || !m->host_ids || !m->host_losses ||
-	    !m->host_kl || !m->host_pool) {
+	    !m->host_kl || !m->host_pool || (m->plan.arena_bytes[TR_ARENA_HOST] && !m->res_host)) {
 		tr_model_free(m);
 		return td_fail(eb, TD_ENOMEM, "model: out of memory");
 	}
@@ -400,6 +413,15 @@ td_err tr_model_new(struct tr_model **out, struct gpu_backend *be,
 				       tr_arena_name(a), tr_fmt_bytes(b, sizeof(b), m->plan.arena_bytes[a]),
 				       be->ops->name);
 		}
+	}
+	const size_t host = m->plan.arena_bytes[TR_ARENA_HOST];
+	if (host && (e = gpu_host_alloc(be, host, &m->arena[TR_ARENA_HOST])) != TD_OK) {
+		char b[32];
+		tr_model_free(m);
+		return td_fail(eb, e,
+			       "model: cannot allocate %s (%zu bytes) of pinned host memory for the "
+			       "layer inputs that memory.recompute full-offload keeps on the host (%s)",
+			       tr_fmt_bytes(b, sizeof(b), host), host, be->ops->name);
 	}
 	bind(m);
 	use_scratch(m);
@@ -429,12 +451,14 @@ void tr_model_free(struct tr_model *m)
 	}
 	for (int a = 0; a < TR_ARENA_COUNT; a++)
 		gpu_free(m->be, m->arena[a], m->plan.arena_bytes[a]);
+	gpu_host_free(m->be, m->arena[TR_ARENA_HOST], m->plan.arena_bytes[TR_ARENA_HOST]);
 	tr_plan_fini(&m->plan);
 	free(m->w);
 	free(m->g);
 	free(m->lin);
 	free(m->a);
 	free(m->res);
+	free(m->res_host);
 	free(m->host_targets);
 	free(m->host_ids);
 	free(m->host_losses);
@@ -680,8 +704,16 @@ void tr_model_get_hidden(struct tr_model *m, int i, float *dst)
 	size_t N = (size_t)m->plan.opts.B * (size_t)m->plan.opts.T;
 	int L = m->plan.cfg.num_layers;
 	assert(i >= 0 && i <= L);
+	const size_t bytes = N * (size_t)m->plan.cfg.hidden_size * sizeof(float);
+	if (i < L && m->res_host) {
+		/* FULL_OFFLOAD: the forward copied every layer's input out; the
+		 * ring has only some. A failed copy is the next sync's to report. */
+		gpu_sync(m->be, NULL);
+		memcpy(dst, m->res_host[i], bytes);
+		return;
+	}
 	const float *src = i < L ? m->res[i] : m->lnf_out;
-	gpu_download(m->be, dst, src, N * (size_t)m->plan.cfg.hidden_size * sizeof(float));
+	gpu_download(m->be, dst, src, bytes);
 }
 
 /* --- projections --- */
@@ -792,6 +824,29 @@ static void project(struct tr_model *m, int l, int k, bool prod, float *out, gpu
 		lora_input(m, l, k, inp, inp16, false);
 }
 
+/* --- FULL_OFFLOAD's ring (train/plan.h: TR_OFFLOAD_RING) --- */
+
+/* The ring slot of res[l], and the number of the copy that moves it. */
+static int ring_slot(int l)
+{
+	return l % TR_OFFLOAD_RING;
+}
+
+static size_t res_bytes(const struct tr_model *m)
+{
+	return (size_t)m->plan.opts.B * (size_t)m->plan.opts.T * (size_t)m->plan.cfg.hidden_size *
+	       sizeof(float);
+}
+
+/* Before the forward writes res[l]: the copy out of the slot's last
+ * occupant, res[l - TR_OFFLOAD_RING] (or a copy back into it, from the last
+ * backward), is done. Nothing without offload. */
+static void ring_claim(struct tr_model *m, int l)
+{
+	if (m->res_host)
+		gpu_copy_wait(m->be, ring_slot(l));
+}
+
 /* Layer l's forward (recompute false): res[l] -> res[l+1], every activation
  * the backward reads written where the plan keeps it. Its recompute (true),
  * before its backward: the same ops on the same inputs again, for what the
@@ -819,7 +874,7 @@ static void layer_forward(struct tr_model *m, int l, bool recompute)
 	assert(!recompute || m->plan.opts.recompute != TR_RECOMPUTE_NONE);
 	struct layer_a *a = &m->a[l];
 	/* The products run in the forward and in a full recompute. */
-	const bool prod = !recompute || m->plan.opts.recompute == TR_RECOMPUTE_FULL;
+	const bool prod = !recompute || tr_recompute_full(m->plan.opts.recompute);
 
 	gpu_rmsnorm_forward(be, a->ln1, a->ln1_16, a->ln1_rstd, m->res[l], w->ln1, N, C, eps);
 	if (c->qk_norm) {
@@ -1000,11 +1055,17 @@ static void forward_walk(struct tr_model *m, const struct head_args *h)
 		case TR_STAGE_EMBED: {
 			/* a lookup, not a GEMM: the fp32 rows where there are */
 			const struct wref w = weight_of(m, m->embed);
+			ring_claim(m, 0);
 			gpu_embedding_forward(be, m->res[0], m->ids, w.f, w.f ? NULL : w.h, N, C);
 			break;
 		}
 		case TR_STAGE_LAYER:
+			ring_claim(m, s->layer + 1);
 			layer_forward(m, s->layer, false);
+			break;
+		case TR_STAGE_OFFLOAD:
+			gpu_copy_to_host(be, m->res_host[s->layer], m->res[s->layer], res_bytes(m),
+					 ring_slot(s->layer));
 			break;
 		case TR_STAGE_FINAL_NORM:
 			gpu_rmsnorm_forward(be, m->lnf_out, NULL, m->lnf_rstd, m->res[c->num_layers], m->lnf,
@@ -1346,7 +1407,13 @@ void tr_model_backward(struct tr_model *m, float dloss)
 					     N, C);
 			break;
 		case TR_STAGE_LAYER_RECOMPUTE:
+			if (m->res_host) /* res[l] copied back (TR_STAGE_PREFETCH) */
+				gpu_copy_wait(be, ring_slot(s->layer));
 			layer_forward(m, s->layer, true);
+			break;
+		case TR_STAGE_PREFETCH:
+			gpu_copy_to_device(be, m->res[s->layer], m->res_host[s->layer], res_bytes(m),
+					   ring_slot(s->layer));
 			break;
 		case TR_STAGE_LAYER_BACKWARD:
 			layer_backward(m, s->layer);

@@ -16,8 +16,8 @@
 
 const char *tr_arena_name(enum tr_arena a)
 {
-	static const char *names[TR_ARENA_COUNT] = {"params", "grads", "optim", "acts", "scratch"};
-	return a < TR_ARENA_COUNT ? names[a] : "?";
+	static const char *names[TR_ARENA_ALL] = {"params", "grads", "optim", "acts", "scratch", "host"};
+	return a < TR_ARENA_ALL ? names[a] : "?";
 }
 
 const char *tr_fmt_bytes(char *buf, size_t len, uint64_t bytes)
@@ -401,7 +401,8 @@ static size_t gemm_scratch_elems(const struct tr_plan *p)
 
 const char *tr_recompute_name(enum tr_recompute r)
 {
-	static const char *const names[TR_RECOMPUTE_COUNT] = {"none", "selective", "full"};
+	static const char *const names[TR_RECOMPUTE_COUNT] = {"none", "selective", "full",
+								 "full-offload"};
 	return (unsigned)r < TR_RECOMPUTE_COUNT ? names[r] : "?";
 }
 
@@ -409,7 +410,8 @@ const char *tr_stage_name(enum tr_stage_kind k)
 {
 	static const char *const names[TR_STAGE_KIND_COUNT] = {
 		"embed",    "layer",           "final_norm",     "head",           "head_backward",
-		"final_norm_backward", "layer_recompute", "layer_backward", "embed_backward", "optimizer"};
+		"final_norm_backward", "layer_recompute", "layer_backward", "embed_backward", "optimizer",
+		"offload",  "prefetch"};
 	return k < TR_STAGE_KIND_COUNT ? names[k] : "?";
 }
 
@@ -432,11 +434,16 @@ static td_err add_stage(struct tr_plan *p, size_t *cap, enum tr_stage_kind kind,
  * logits_rows (a classifier's head is one stage over every row). The
  * backward: the head's chunks in the same order, the final norm, the layers
  * from the last (each recomputed first where the plan did not keep its
- * activations), the embedding, and the optimizer. */
+ * activations), the embedding, and the optimizer. FULL_OFFLOAD: each layer's
+ * input copied out right after the stage that writes it, and copied back
+ * right after the stage that frees its ring slot (TR_OFFLOAD_RING layers
+ * before it is recomputed: the final norm's backward frees the slot of
+ * res[L], layer l's backward that of res[l]). */
 static td_err build_stages(struct tr_plan *p, struct td_errbuf *eb)
 {
 	const int L = p->cfg.num_layers, N = p->opts.B * p->opts.T;
 	const int R = p->opts.num_labels > 0 ? N : p->logits_rows;
+	const bool offload = p->opts.recompute == TR_RECOMPUTE_FULL_OFFLOAD; /* NONE when forward only */
 	size_t cap = 0;
 	td_err e;
 #define STAGE(kind, layer, r0, rows)                                                  \
@@ -445,8 +452,13 @@ static td_err build_stages(struct tr_plan *p, struct td_errbuf *eb)
 			return e;                                                     \
 	} while (0)
 	STAGE(TR_STAGE_EMBED, -1, 0, 0);
-	for (int l = 0; l < L; l++)
+	if (offload && L > 0)
+		STAGE(TR_STAGE_OFFLOAD, 0, 0, 0);
+	for (int l = 0; l < L; l++) {
 		STAGE(TR_STAGE_LAYER, l, 0, 0);
+		if (offload && l + 1 < L)
+			STAGE(TR_STAGE_OFFLOAD, l + 1, 0, 0);
+	}
 	STAGE(TR_STAGE_FINAL_NORM, -1, 0, 0);
 	for (int r0 = 0; r0 < N; r0 += R)
 		STAGE(TR_STAGE_HEAD, -1, r0, N - r0 < R ? N - r0 : R);
@@ -456,11 +468,15 @@ static td_err build_stages(struct tr_plan *p, struct td_errbuf *eb)
 	for (int r0 = 0; r0 < N; r0 += R)
 		STAGE(TR_STAGE_HEAD_BACKWARD, -1, r0, N - r0 < R ? N - r0 : R);
 	STAGE(TR_STAGE_FINAL_NORM_BACKWARD, -1, 0, 0);
+	if (offload && L - TR_OFFLOAD_RING >= 0)
+		STAGE(TR_STAGE_PREFETCH, L - TR_OFFLOAD_RING, 0, 0);
 	for (int l = L - 1; l >= 0; l--) {
 		/* the last layer's working set is still the forward's */
 		if (p->opts.recompute != TR_RECOMPUTE_NONE && l < L - 1)
 			STAGE(TR_STAGE_LAYER_RECOMPUTE, l, 0, 0);
 		STAGE(TR_STAGE_LAYER_BACKWARD, l, 0, 0);
+		if (offload && l - TR_OFFLOAD_RING >= 0)
+			STAGE(TR_STAGE_PREFETCH, l - TR_OFFLOAD_RING, 0, 0);
 	}
 	STAGE(TR_STAGE_EMBED_BACKWARD, -1, 0, 0);
 	STAGE(TR_STAGE_OPTIMIZER, -1, 0, 0);
@@ -568,9 +584,25 @@ td_err tr_plan_build(struct tr_plan *p, const struct tr_model_config *cfg,
 	BUF(TR_ARENA_ACTS, f32_bytes(T, HS / 2, 1));
 	NAMED("acts.rope_sin");
 	BUF(TR_ARENA_ACTS, f32_bytes(T, HS / 2, 1));
-	for (int l = 0; l <= cfg->num_layers; l++) {
-		NAMED("acts.res.%d", l); /* residual stream entering layer l (l = L: leaving the last) */
-		BUF(TR_ARENA_ACTS, f32_bytes(N, C, 1));
+	const enum tr_recompute rc = train ? o->recompute : TR_RECOMPUTE_NONE;
+	if (rc == TR_RECOMPUTE_FULL_OFFLOAD) {
+		/* The residual stream entering layer l in ring slot l %
+		 * TR_OFFLOAD_RING on the device, and every layer's input in the
+		 * host arena (train/plan.h: TR_RECOMPUTE_FULL_OFFLOAD). */
+		const int ring = (int)min_sz(TR_OFFLOAD_RING, (size_t)cfg->num_layers + 1);
+		for (int k = 0; k < ring; k++) {
+			NAMED("acts.res_ring.%d", k);
+			BUF(TR_ARENA_ACTS, f32_bytes(N, C, 1));
+		}
+		for (int l = 0; l < cfg->num_layers; l++) {
+			NAMED("host.res.%d", l);
+			BUF(TR_ARENA_HOST, f32_bytes(N, C, 1));
+		}
+	} else {
+		for (int l = 0; l <= cfg->num_layers; l++) {
+			NAMED("acts.res.%d", l); /* residual stream entering layer l (l = L: leaving the last) */
+			BUF(TR_ARENA_ACTS, f32_bytes(N, C, 1));
+		}
 	}
 	/* bf16 GEMMs (gemm_bf16): the products' inputs kept as bf16 twins
 	 * (gpu/backend.h), written by the ops that make them; the norms' outputs
@@ -592,9 +624,9 @@ td_err tr_plan_build(struct tr_plan *p, const struct tr_model_config *cfg,
 	 * KEEP_NONE: recomputed under SELECTIVE — the norms' outputs and their
 	 * statistics, RoPE'd q and k under q/k norms, SwiGLU's output, the
 	 * adapters' dropout, and the unfused attention's probabilities and
-	 * output. FULL keeps only the residual stream (acts.res.L). */
+	 * output. FULL keeps only the residual stream (acts.res.L), and
+	 * FULL_OFFLOAD the same in the host arena. */
 	enum { KEEP_SEL, KEEP_NONE };
-	const enum tr_recompute rc = train ? o->recompute : TR_RECOMPUTE_NONE;
 	const bool lse = o->attention_lse;
 	const int qk = cfg->qk_norm ? KEEP_NONE : KEEP_SEL; /* without q/k norms, RoPE runs in place on the product */
 	const int att = lse ? KEEP_SEL : KEEP_NONE;
@@ -805,6 +837,11 @@ size_t tr_plan_total_bytes(const struct tr_plan *p)
 	return t;
 }
 
+size_t tr_plan_host_bytes(const struct tr_plan *p)
+{
+	return p->arena_bytes[TR_ARENA_HOST];
+}
+
 const struct tr_plan_buf *tr_plan_find(const struct tr_plan *p, const char *name)
 {
 	for (size_t i = 0; i < p->nbufs; i++)
@@ -882,20 +919,33 @@ void tr_plan_print(const struct tr_plan *p, FILE *f)
 	}
 	size_t total = tr_plan_total_bytes(p);
 	fprintf(f, "total      %s (%zu bytes)\n", tr_fmt_bytes(b1, sizeof(b1), total), total);
-	size_t acts[TR_RECOMPUTE_COUNT], totals[TR_RECOMPUTE_COUNT];
-	if (o->inference || tr_plan_recompute_bytes(&p->cfg, o, acts, totals, NULL) != TD_OK)
+	const size_t host = tr_plan_host_bytes(p);
+	if (host) {
+		size_t n = 0;
+		for (size_t i = 0; i < p->nbufs; i++)
+			n += p->bufs[i].arena == TR_ARENA_HOST;
+		fprintf(f, "host       %s (%zu bytes) of pinned host memory beside the device's total, "
+			"not in its lease (%zu layer inputs, %s each)\n",
+			tr_fmt_bytes(b1, sizeof(b1), host), host, n,
+			tr_fmt_bytes(b2, sizeof(b2), n ? host / n : 0));
+	}
+	size_t acts[TR_RECOMPUTE_COUNT], totals[TR_RECOMPUTE_COUNT], hosts[TR_RECOMPUTE_COUNT];
+	if (o->inference || tr_plan_policy_bytes(&p->cfg, o, acts, totals, hosts, NULL) != TD_OK)
 		return;
 	fprintf(f, "recompute  %s; by policy, acts and total:", tr_recompute_name(o->recompute));
-	for (int r = 0; r < TR_RECOMPUTE_COUNT; r++)
+	for (int r = 0; r < TR_RECOMPUTE_COUNT; r++) {
 		fprintf(f, "%s %s %s (%zu bytes), %s", r ? ";" : "", tr_recompute_name(r),
 			tr_fmt_bytes(b1, sizeof(b1), acts[r]), acts[r],
 			tr_fmt_bytes(b2, sizeof(b2), totals[r]));
+		if (hosts[r])
+			fprintf(f, " + %s pinned on the host", tr_fmt_bytes(b1, sizeof(b1), hosts[r]));
+	}
 	fprintf(f, "\n");
 }
 
-td_err tr_plan_recompute_bytes(const struct tr_model_config *cfg, const struct tr_plan_opts *o,
-			       size_t acts[TR_RECOMPUTE_COUNT], size_t total[TR_RECOMPUTE_COUNT],
-			       struct td_errbuf *eb)
+td_err tr_plan_policy_bytes(const struct tr_model_config *cfg, const struct tr_plan_opts *o,
+			    size_t acts[TR_RECOMPUTE_COUNT], size_t total[TR_RECOMPUTE_COUNT],
+			    size_t host[TR_RECOMPUTE_COUNT], struct td_errbuf *eb)
 {
 	for (int r = 0; r < TR_RECOMPUTE_COUNT; r++) {
 		struct tr_plan q;
@@ -904,9 +954,20 @@ td_err tr_plan_recompute_bytes(const struct tr_model_config *cfg, const struct t
 		td_err e = tr_plan_build(&q, cfg, &po, eb);
 		if (e != TD_OK)
 			return e;
-		acts[r] = q.arena_bytes[TR_ARENA_ACTS];
-		total[r] = tr_plan_total_bytes(&q);
+		if (acts)
+			acts[r] = q.arena_bytes[TR_ARENA_ACTS];
+		if (total)
+			total[r] = tr_plan_total_bytes(&q);
+		if (host)
+			host[r] = tr_plan_host_bytes(&q);
 		tr_plan_fini(&q);
 	}
 	return TD_OK;
+}
+
+td_err tr_plan_recompute_bytes(const struct tr_model_config *cfg, const struct tr_plan_opts *o,
+			       size_t acts[TR_RECOMPUTE_COUNT], size_t total[TR_RECOMPUTE_COUNT],
+			       struct td_errbuf *eb)
+{
+	return tr_plan_policy_bytes(cfg, o, acts, total, NULL, eb);
 }

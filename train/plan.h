@@ -6,6 +6,8 @@
  * Buffers live in arenas by lifetime. The engine allocates each arena once, at
  * the plan's size, and points into it at the plan's offsets; nothing else is
  * allocated on the device, so the plan's bytes are the job's device bytes.
+ * One arena is host memory (TR_ARENA_HOST, pinned: FULL_OFFLOAD's layer
+ * inputs), planned the same way and reported beside the device total.
  * The plan also owns the parameter table (Hugging Face names, shapes, whether a
  * tensor trains and whether it decays).
  *
@@ -28,7 +30,13 @@ enum tr_arena {
 	TR_ARENA_OPTIM,   /* AdamW m and v of trainable tensors, whole job */
 	TR_ARENA_ACTS,    /* per-step activations kept for backward, inputs, RoPE tables */
 	TR_ARENA_SCRATCH, /* per-step temporaries: logits, backward buffers */
-	TR_ARENA_COUNT
+	TR_ARENA_COUNT,   /* the device arenas above: the plan's total, the job's lease */
+	/* Pinned host memory, whole job (gpu/backend.h: gpu_host_alloc): the
+	 * layer inputs TR_RECOMPUTE_FULL_OFFLOAD keeps off the device. Per
+	 * job, like the device arenas, but never in the device total nor in
+	 * the lease: tr_plan_host_bytes. */
+	TR_ARENA_HOST = TR_ARENA_COUNT,
+	TR_ARENA_ALL
 };
 
 const char *tr_arena_name(enum tr_arena a);
@@ -119,6 +127,14 @@ enum tr_stage_kind {
 	TR_STAGE_LAYER_BACKWARD,  /* d(res[l+1]) -> d(res[l]), layer l's gradients */
 	TR_STAGE_EMBED_BACKWARD,  /* d(res[0]) -> the embedding's gradient */
 	TR_STAGE_OPTIMIZER,       /* clip and AdamW: the trainer's (tr_model_clip_grads, tr_model_adamw) */
+	/* FULL_OFFLOAD (train/plan.h: TR_OFFLOAD_RING): res[l], just written (by
+	 * the embedding or layer l - 1), copied out to the host arena beside the
+	 * next layers; the stage that next writes its ring slot waits for it. */
+	TR_STAGE_OFFLOAD,
+	/* FULL_OFFLOAD: res[l] copied back from the host into its ring slot,
+	 * which the stage before it was the last to read; layer l's recompute
+	 * waits for it. */
+	TR_STAGE_PREFETCH,
 	TR_STAGE_KIND_COUNT
 };
 
@@ -155,11 +171,39 @@ enum tr_recompute {
 				 * attention (its T x T probabilities) */
 	TR_RECOMPUTE_FULL,      /* keeps each layer's input (the residual stream)
 				 * only; recomputes the layer but its last product */
+	TR_RECOMPUTE_FULL_OFFLOAD, /* FULL, with the layer inputs kept in pinned
+				 * host memory (the host arena) instead of the
+				 * device: the device holds a ring of
+				 * TR_OFFLOAD_RING of them. The forward copies each
+				 * layer's input out as soon as it is written (a
+				 * copy stream beside the math, gpu/backend.h:
+				 * gpu_copy_to_host) and writes a ring slot only
+				 * once the copy out of it is done; the backward
+				 * copies layer l's input back into its slot while
+				 * the layer above it recomputes and runs its
+				 * backward. Copies are exact: the same bits as
+				 * FULL, the device's acts smaller by L + 1 -
+				 * TR_OFFLOAD_RING residual streams, at the cost of
+				 * L of them in host memory */
 	TR_RECOMPUTE_COUNT
 };
 
-/* "none", "selective", "full"; "?" out of range. */
+/* The residual streams a FULL_OFFLOAD plan keeps on the device: layer l's
+ * input (and the last layer's output, l = L) lives in slot l % this. Two:
+ * a slot is written again two layers later, so each copy out overlaps a
+ * whole layer's forward and each copy back a layer's recompute and
+ * backward. The last TR_OFFLOAD_RING residual streams of a forward are still
+ * in the ring when the backward starts (never copied back). */
+#define TR_OFFLOAD_RING 2
+
+/* "none", "selective", "full", "full-offload"; "?" out of range. */
 const char *tr_recompute_name(enum tr_recompute r);
+/* Whether r keeps only each layer's input (FULL, FULL_OFFLOAD): a recompute
+ * reruns the whole layer but its last product. */
+static inline bool tr_recompute_full(enum tr_recompute r)
+{
+	return r == TR_RECOMPUTE_FULL || r == TR_RECOMPUTE_FULL_OFFLOAD;
+}
 
 /* All zero past B and T: full fine-tuning of a causal LM. */
 struct tr_plan_opts {
@@ -233,7 +277,7 @@ struct tr_plan {
 
 	struct tr_plan_buf *bufs;
 	size_t nbufs, capbufs;
-	size_t arena_bytes[TR_ARENA_COUNT];
+	size_t arena_bytes[TR_ARENA_ALL]; /* [TR_ARENA_HOST]: pinned host memory */
 
 	/* The step's schedule: stages[0, nforward) the forward, the rest the
 	 * backward (none in a forward-only plan) ending with the optimizer. */
@@ -249,8 +293,11 @@ td_err tr_plan_build(struct tr_plan *p, const struct tr_model_config *cfg,
 		     const struct tr_plan_opts *o, struct td_errbuf *eb);
 void tr_plan_fini(struct tr_plan *p);
 
-/* Sum over arenas. */
+/* Sum over the device arenas (not the host arena). */
 size_t tr_plan_total_bytes(const struct tr_plan *p);
+/* The host arena's bytes: pinned host memory the job holds beside its
+ * device bytes (FULL_OFFLOAD's layer inputs); 0 for every other plan. */
+size_t tr_plan_host_bytes(const struct tr_plan *p);
 /* The buffer called name, or NULL. */
 const struct tr_plan_buf *tr_plan_find(const struct tr_plan *p, const char *name);
 const struct tr_param *tr_plan_param(const struct tr_plan *p, const char *name);
@@ -260,9 +307,15 @@ const struct tr_param *tr_plan_param(const struct tr_plan *p, const char *name);
 td_err tr_plan_recompute_bytes(const struct tr_model_config *cfg, const struct tr_plan_opts *o,
 			       size_t acts[TR_RECOMPUTE_COUNT], size_t total[TR_RECOMPUTE_COUNT],
 			       struct td_errbuf *eb);
+/* The same with each policy's host arena (tr_plan_host_bytes): acts, total
+ * and host may each be NULL. */
+td_err tr_plan_policy_bytes(const struct tr_model_config *cfg, const struct tr_plan_opts *o,
+			    size_t acts[TR_RECOMPUTE_COUNT], size_t total[TR_RECOMPUTE_COUNT],
+			    size_t host[TR_RECOMPUTE_COUNT], struct td_errbuf *eb);
 
-/* Human-readable plan: per arena, the largest buffers, and totals; for a
- * training plan, the recompute policy and the acts and total of each. */
+/* Human-readable plan: per arena, the largest buffers, and totals (the host
+ * arena's apart); for a training plan, the recompute policy and the acts and
+ * total of each (and FULL_OFFLOAD's host bytes). */
 void tr_plan_print(const struct tr_plan *p, FILE *f);
 
 /* Bytes as "1.23 GiB" into buf (returns buf). */

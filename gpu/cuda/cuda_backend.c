@@ -5,7 +5,8 @@
  * This file is compiled into libtraind-cuda.so, a module the daemon and the
  * tests dlopen (gpu/select.c). libcuda.so.1 is itself opened here with dlopen,
  * so nothing links the driver. One primary context per device (the daemon
- * owns it), one stream per backend object (one per job). All kernels are
+ * owns it), one stream per backend object (one per job) and beside it a copy
+ * stream for the copies to and from pinned host memory. All kernels are
  * resolved when the backend is created — before any weight is uploaded —
  * and the table is sealed (contract 2). The math ops are in cuda_ops.c.
  *
@@ -160,10 +161,70 @@ static td_err cuda_alloc(struct gpu_backend *be, size_t bytes, void **out)
 static void cuda_free(struct gpu_backend *be, void *p, size_t bytes)
 {
 	struct cu_backend *cb = cu_of(be);
-	/* Work still queued may read p: finish it first. */
+	/* Work still queued may read p: finish it first (a copy too). */
 	cb->drv.cuStreamSynchronize(cb->stream);
+	cb->drv.cuStreamSynchronize(cb->copy_stream);
 	cb->drv.cuMemFree((CUdeviceptr)(uintptr_t)p);
 	be->bytes_in_use -= bytes;
+}
+
+/* Page-locked, so that the copy engines move it while the math runs (a
+ * copy from pageable memory is staged by the driver and serialised). */
+static td_err cuda_host_alloc(struct gpu_backend *be, size_t bytes, void **out)
+{
+	struct cu_backend *cb = cu_of(be);
+	void *p = NULL;
+	cb->drv.cuCtxSetCurrent(cb->ctx);
+	CUresult r = cb->drv.cuMemHostAlloc(&p, bytes ? bytes : 256, 0);
+	if (r != CUDA_SUCCESS)
+		return r == CUDA_ERROR_OUT_OF_MEMORY ? TD_ENOMEM
+		       : cu_sticky(r)		     ? TD_EDEVICE_LOST
+						     : TD_EDEVICE;
+	/* zeroed, as alloc's: nothing reads it before a copy writes it */
+	memset(p, 0, bytes);
+	be->host_bytes_in_use += bytes;
+	if (be->host_bytes_in_use > be->host_bytes_peak)
+		be->host_bytes_peak = be->host_bytes_in_use;
+	*out = p;
+	return TD_OK;
+}
+
+static void cuda_host_free(struct gpu_backend *be, void *p, size_t bytes)
+{
+	struct cu_backend *cb = cu_of(be);
+	cb->drv.cuStreamSynchronize(cb->stream);
+	cb->drv.cuStreamSynchronize(cb->copy_stream);
+	cb->drv.cuMemFreeHost(p);
+	be->host_bytes_in_use -= bytes;
+}
+
+/* copy_stream waits for what stream has so far (mark), copies, and marks
+ * the copy done[k]. Nothing here waits on the host. */
+static void cuda_copy_async(struct gpu_backend *be, void *dst, const void *src, size_t bytes,
+			    bool to_host, int k)
+{
+	struct cu_backend *cb = cu_of(be);
+	cu_check(cb, cb->drv.cuEventRecord(cb->copy_mark, cb->stream), "cuEventRecord (copy)");
+	cu_check(cb, cb->drv.cuStreamWaitEvent(cb->copy_stream, cb->copy_mark, 0),
+		 "cuStreamWaitEvent (copy after the ops before it)");
+	if (bytes && to_host)
+		cu_check(cb, cb->drv.cuMemcpyDtoHAsync(dst, (CUdeviceptr)(uintptr_t)src, bytes,
+						       cb->copy_stream),
+			 "cuMemcpyDtoHAsync (copy stream)");
+	else if (bytes)
+		cu_check(cb, cb->drv.cuMemcpyHtoDAsync((CUdeviceptr)(uintptr_t)dst, src, bytes,
+						       cb->copy_stream),
+			 "cuMemcpyHtoDAsync (copy stream)");
+	cu_check(cb, cb->drv.cuEventRecord(cb->copy_done[k], cb->copy_stream),
+		 "cuEventRecord (copy done)");
+}
+
+/* An event never recorded is complete: a wait on it passes at once. */
+static void cuda_copy_wait(struct gpu_backend *be, int k)
+{
+	struct cu_backend *cb = cu_of(be);
+	cu_check(cb, cb->drv.cuStreamWaitEvent(cb->stream, cb->copy_done[k], 0),
+		 "cuStreamWaitEvent (ops after a copy)");
 }
 
 static void cuda_upload(struct gpu_backend *be, void *dst, const void *src, size_t bytes)
@@ -199,6 +260,10 @@ static td_err cuda_sync(struct gpu_backend *be, struct td_errbuf *eb)
 {
 	struct cu_backend *cb = cu_of(be);
 	CUresult r = cb->drv.cuStreamSynchronize(cb->stream);
+	/* the copy stream's copies: enqueued after ops of stream, so waited for second */
+	CUresult rc = cb->drv.cuStreamSynchronize(cb->copy_stream);
+	if (r == CUDA_SUCCESS || (cu_sticky(rc) && !cu_sticky(r)))
+		r = rc;
 	/* A lost context outranks an earlier error it may have caused (a cuBLAS
 	 * status): it is what the daemon must act on. */
 	if (cu_sticky(r) && !cu_sticky(cb->first_error))
@@ -244,6 +309,15 @@ static void cuda_destroy(struct gpu_backend *be)
 			cb->drv.cuMemFree((CUdeviceptr)(uintptr_t)cb->blas_ws);
 		if (cb->module)
 			cb->drv.cuModuleUnload(cb->module);
+		if (cb->copy_stream) {
+			cb->drv.cuStreamSynchronize(cb->copy_stream);
+			cb->drv.cuStreamDestroy(cb->copy_stream);
+		}
+		if (cb->copy_mark)
+			cb->drv.cuEventDestroy(cb->copy_mark);
+		for (int k = 0; k < GPU_COPY_SLOTS; k++)
+			if (cb->copy_done[k])
+				cb->drv.cuEventDestroy(cb->copy_done[k]);
 		if (cb->stream)
 			cb->drv.cuStreamDestroy(cb->stream);
 		cb->drv.cuDevicePrimaryCtxRelease(cb->dev);
@@ -451,6 +525,10 @@ static struct gpu_backend_ops cuda_ops = {
 	.destroy = cuda_destroy,
 	.mem_info = cuda_mem_info,
 	.set_bf16 = cuda_set_bf16,
+	.host_alloc = cuda_host_alloc,
+	.host_free = cuda_host_free,
+	.copy_async = cuda_copy_async,
+	.copy_wait = cuda_copy_wait,
 };
 
 td_err cu_open_driver(struct cu_driver *d, struct td_errbuf *eb)
@@ -557,6 +635,21 @@ static td_err backend_new(struct gpu_backend **out, int ordinal, const char *cac
 		e = cu_err(cb, r, "cuCtxSetCurrent", eb);
 	if (e == TD_OK && (r = cb->drv.cuStreamCreate(&cb->stream, CU_STREAM_NON_BLOCKING)) != CUDA_SUCCESS)
 		e = cu_err(cb, r, "cuStreamCreate", eb);
+	if (e == TD_OK &&
+	    (r = cb->drv.cuStreamCreate(&cb->copy_stream, CU_STREAM_NON_BLOCKING)) != CUDA_SUCCESS) {
+		cb->copy_stream = NULL;
+		e = cu_err(cb, r, "cuStreamCreate (copy stream)", eb);
+	}
+	if (e == TD_OK &&
+	    (r = cb->drv.cuEventCreate(&cb->copy_mark, CU_EVENT_DISABLE_TIMING)) != CUDA_SUCCESS) {
+		cb->copy_mark = NULL;
+		e = cu_err(cb, r, "cuEventCreate (copy stream)", eb);
+	}
+	for (int k = 0; e == TD_OK && k < GPU_COPY_SLOTS; k++)
+		if ((r = cb->drv.cuEventCreate(&cb->copy_done[k], CU_EVENT_DISABLE_TIMING)) != CUDA_SUCCESS) {
+			cb->copy_done[k] = NULL;
+			e = cu_err(cb, r, "cuEventCreate (copy stream)", eb);
+		}
 	if (e == TD_OK)
 		e = load_kernels(cb, eb);
 	if (e == TD_OK)

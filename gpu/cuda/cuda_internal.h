@@ -48,7 +48,8 @@ enum cu_kernel {
 	X(cuGetErrorString) X(cuLinkCreate) X(cuLinkAddData)                  \
 	X(cuLinkComplete) X(cuLinkDestroy) X(cuEventCreate)                   \
 	X(cuEventRecord) X(cuEventSynchronize) X(cuEventElapsedTime)          \
-	X(cuEventDestroy)
+	X(cuEventDestroy) X(cuStreamWaitEvent) X(cuMemHostAlloc)              \
+	X(cuMemFreeHost)
 
 struct cu_driver {
 	void *lib;
@@ -67,6 +68,14 @@ struct cu_backend {
 	CUdevice dev;
 	CUcontext ctx;
 	CUstream stream;
+	/* The copy stream (gpu/backend.h: copy_async, copy_wait): copies
+	 * between the device and pinned host memory beside the math. mark is
+	 * recorded on stream at each copy and waited on by copy_stream (the
+	 * copy after the ops enqueued before it); done[k] is recorded on
+	 * copy_stream after copy k and waited on by stream (copy_wait). */
+	CUstream copy_stream;
+	CUevent copy_mark;
+	CUevent copy_done[GPU_COPY_SLOTS];
 	CUmodule module;
 	CUfunction fn[CU_K_COUNT_];
 	bool sealed;

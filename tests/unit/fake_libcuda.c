@@ -291,3 +291,21 @@ CUresult cuEventDestroy(CUevent e)
 	(void)e;
 	return CUDA_SUCCESS;
 }
+CUresult cuStreamWaitEvent(CUstream s, CUevent e, unsigned f)
+{
+	(void)s;
+	(void)e;
+	(void)f;
+	return CUDA_SUCCESS;
+}
+CUresult cuMemHostAlloc(void **p, size_t b, unsigned f)
+{
+	(void)f;
+	*p = malloc(b);
+	return *p ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
+}
+CUresult cuMemFreeHost(void *p)
+{
+	free(p);
+	return CUDA_SUCCESS;
+}

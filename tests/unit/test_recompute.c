@@ -378,7 +378,10 @@ static void test_same_bits(void)
 
 /* The stage list: the forward, then the head's chunks backward, the final
  * norm, layer by layer from the last (recomputed first, but the last, where
- * the policy recomputes), the embedding and the optimizer. */
+ * the policy recomputes), the embedding and the optimizer. FULL_OFFLOAD:
+ * each layer's input copied out after the stage that writes it (the last
+ * layer's output is not: nothing recomputes from it), and copied back after
+ * the stage that last reads its ring slot, TR_OFFLOAD_RING layers above. */
 static void test_stages(void)
 {
 	struct tr_model_config cfg;
@@ -407,13 +410,18 @@ static void test_stages(void)
 				if (i + 1 == p.nforward)
 					g += (size_t)snprintf(got + g, sizeof(got) - g, " |");
 			}
+			const bool off = rc == TR_RECOMPUTE_FULL_OFFLOAD && !inf;
+			_Static_assert(TR_OFFLOAD_RING == 2, "the stages below are a ring of two's");
+			w += (size_t)snprintf(want + w, sizeof(want) - w, "%s",
+					      off ? "embed offload0 layer0 offload1 layer1 offload2 layer2"
+						  : "embed layer0 layer1 layer2");
 			w += (size_t)snprintf(want + w, sizeof(want) - w,
-					      "embed layer0 layer1 layer2 final_norm head[0+20] head[20+20] "
-					      "head[40+8] |");
+					      " final_norm head[0+20] head[20+20] head[40+8] |");
 			if (!inf) {
 				w += (size_t)snprintf(want + w, sizeof(want) - w,
 						      " head_backward[0+20] head_backward[20+20] "
-						      "head_backward[40+8] final_norm_backward layer_backward2");
+						      "head_backward[40+8] final_norm_backward%s layer_backward2%s",
+						      off ? " prefetch1" : "", off ? " prefetch0" : "");
 				for (int l = 1; l >= 0; l--) {
 					if (rc)
 						w += (size_t)snprintf(want + w, sizeof(want) - w,
@@ -424,7 +432,7 @@ static void test_stages(void)
 			}
 			CHECK_MSG(strcmp(got, want) == 0, "%s%s stages:\n  got  %s\n  want %s",
 				  tr_recompute_name(rc), inf ? " (inference)" : "", got, want);
-			CHECK_EQ_INT(p.nforward, 8);
+			CHECK_EQ_INT(p.nforward, off ? 11 : 8);
 			tr_plan_fini(&p);
 		}
 	}
