@@ -1,8 +1,13 @@
 /* Activation recompute (train/plan.h: enum tr_recompute) on the CPU backend:
- * SELECTIVE and FULL give NONE's losses, gradients, hidden states and
- * updated parameters bit for bit, for every method; each policy's plan is
- * what the backend allocates, and FULL < SELECTIVE < NONE in activations;
- * the step's stage list has its recompute stages where the policy says.
+ * SELECTIVE, FULL and FULL_OFFLOAD give NONE's losses, gradients, hidden
+ * states and updated parameters bit for bit, for every method; each
+ * policy's plan is what the backend allocates, device and host apart, and
+ * FULL_OFFLOAD < FULL < SELECTIVE < NONE in activations; the step's stage
+ * list has its recompute, offload and prefetch stages where the policy says.
+ * FULL_OFFLOAD runs twice: with the CPU's copies, done when enqueued, and
+ * with copies done as late as the copy stream's contract allows
+ * (tests/unit/lazycopy.h), so that a copy the model does not wait for, or a
+ * ring slot it reuses too soon, changes the bits.
  *
  * Why equal bits: a recompute runs the forward's own ops (the same backend
  * entry points, the same shapes, the same inputs, the same dropout seeds) into
@@ -36,6 +41,7 @@
 #include "gpu/select.h"
 #include "tests/check.h"
 #include "tests/unit/emu16.h"
+#include "tests/unit/lazycopy.h"
 #include "train/lora.h"
 #include "train/model.h"
 #include "train/modeldir.h"
@@ -150,6 +156,8 @@ struct result {
 	size_t ngrad, nparam, nhidden;
 	float *grad, *param, *hidden;
 	size_t plan_bytes, acts_bytes, alloc_bytes, peak_bytes; /* the last two: the model's alone */
+	size_t host_plan, host_alloc, host_peak; /* the host arena (FULL_OFFLOAD) */
+	int layers;
 };
 
 static void result_free(struct result *r)
@@ -173,11 +181,14 @@ static void batch(int s, int a, int V, int32_t *ids, int32_t *labels, int32_t *c
 	cls[1] = 2;
 }
 
-static void run(const struct rc_case *c, enum tr_recompute rc, struct result *r)
+/* lazy: the copies as late as they may be (tests/unit/lazycopy.h). */
+static void run(const struct rc_case *c, enum tr_recompute rc, bool lazy, struct result *r)
 {
 	struct td_errbuf eb = {{0}};
 	memset(r, 0, sizeof(*r));
 	struct gpu_backend *be = open_backend();
+	if (lazy)
+		lazycopy_install(be);
 	struct tr_model_config cfg;
 	load_config(&cfg, c->model);
 	if (c->layers)
@@ -193,6 +204,9 @@ static void run(const struct rc_case *c, enum tr_recompute rc, struct result *r)
 	r->plan_bytes = tr_plan_total_bytes(p);
 	r->acts_bytes = p->arena_bytes[TR_ARENA_ACTS];
 	r->alloc_bytes = be->bytes_in_use - before;
+	r->host_plan = tr_plan_host_bytes(p);
+	r->layers = cfg.num_layers;
+	r->host_alloc = be->host_bytes_in_use;
 	/* The teacher after the student, as train/method.c builds them (each
 	 * model's ops use its own bf16 GEMM scratch, whatever the order). */
 	struct tr_model *teacher = NULL;
@@ -272,9 +286,11 @@ static void run(const struct rc_case *c, enum tr_recompute rc, struct result *r)
 	CHECK_EQ_INT(gpu_sync(be, &eb), TD_OK);
 out:
 	r->peak_bytes = be->bytes_peak - before - teacher_bytes;
+	r->host_peak = be->host_bytes_peak;
 	tr_model_free(m);
 	tr_model_free(teacher);
 	CHECK_EQ_INT(be->bytes_in_use, 0);
+	CHECK_EQ_INT(be->host_bytes_in_use, 0);
 	gpu_backend_free(be);
 }
 
@@ -319,34 +335,66 @@ static void test_same_bits(void)
 		{"qwen2 distill chunked", "qwen2", 0, M_DISTILL,
 		 {.distill = true, .logits_chunk_floats = 5 * 512}, false},
 	};
+	/* The late copies are the CPU's: a GPU backend's copies are its own. */
+	const bool cpu = strcmp(backend, "cpu") == 0 || strcmp(backend, "emu16") == 0;
+	enum { AGAIN = TR_RECOMPUTE_COUNT, LAZY, NRUNS };
 	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
 		const struct rc_case *c = &cases[i];
-		struct result r[TR_RECOMPUTE_COUNT + 1];
-		for (int rc = 0; rc <= TR_RECOMPUTE_COUNT; rc++) {
-			if (rc == TR_RECOMPUTE_COUNT) {
+		struct result r[NRUNS];
+		for (int rc = 0; rc < NRUNS; rc++) {
+			if (rc == AGAIN) {
 				/* NONE again: whether this backend repeats itself at all */
-				run(c, TR_RECOMPUTE_NONE, &r[rc]);
-				break;
+				run(c, TR_RECOMPUTE_NONE, false, &r[rc]);
+				continue;
 			}
-			run(c, (enum tr_recompute)rc, &r[rc]);
-			/* the plan is what the backend allocates, and all it ever holds */
+			if (rc == LAZY) {
+				if (cpu)
+					run(c, TR_RECOMPUTE_FULL_OFFLOAD, true, &r[rc]);
+				else
+					memset(&r[rc], 0, sizeof(r[rc]));
+				continue;
+			}
+			run(c, (enum tr_recompute)rc, false, &r[rc]);
+			/* the plan is what the backend allocates, and all it ever
+			 * holds, on the device and on the host */
 			CHECK_MSG(r[rc].alloc_bytes == r[rc].plan_bytes,
 				  "%s (%s): allocated %zu bytes, plan %zu", c->name,
 				  tr_recompute_name(rc), r[rc].alloc_bytes, r[rc].plan_bytes);
 			CHECK_MSG(r[rc].peak_bytes == r[rc].plan_bytes, "%s (%s): peak %zu bytes, plan %zu",
 				  c->name, tr_recompute_name(rc), r[rc].peak_bytes, r[rc].plan_bytes);
+			CHECK_MSG(r[rc].host_alloc == r[rc].host_plan && r[rc].host_peak == r[rc].host_plan,
+				  "%s (%s): host memory allocated %zu bytes, peak %zu, plan %zu", c->name,
+				  tr_recompute_name(rc), r[rc].host_alloc, r[rc].host_peak, r[rc].host_plan);
+			/* only FULL_OFFLOAD has host bytes: FULL's layer inputs but the last output */
+			CHECK_MSG((rc == TR_RECOMPUTE_FULL_OFFLOAD) == (r[rc].host_plan > 0),
+				  "%s (%s): host plan %zu bytes", c->name, tr_recompute_name(rc),
+				  r[rc].host_plan);
 		}
-		CHECK_MSG(r[TR_RECOMPUTE_FULL].acts_bytes < r[TR_RECOMPUTE_SELECTIVE].acts_bytes &&
+		CHECK_MSG(r[TR_RECOMPUTE_FULL_OFFLOAD].acts_bytes < r[TR_RECOMPUTE_FULL].acts_bytes &&
+				  r[TR_RECOMPUTE_FULL].acts_bytes < r[TR_RECOMPUTE_SELECTIVE].acts_bytes &&
 				  r[TR_RECOMPUTE_SELECTIVE].acts_bytes < r[TR_RECOMPUTE_NONE].acts_bytes,
-			  "%s: acts full %zu, selective %zu, none %zu", c->name,
-			  r[TR_RECOMPUTE_FULL].acts_bytes, r[TR_RECOMPUTE_SELECTIVE].acts_bytes,
-			  r[TR_RECOMPUTE_NONE].acts_bytes);
-		printf("%-40s acts none %7zu  selective %7zu  full %7zu bytes\n", c->name,
-		       r[0].acts_bytes, r[1].acts_bytes, r[2].acts_bytes);
+			  "%s: acts full-offload %zu, full %zu, selective %zu, none %zu", c->name,
+			  r[TR_RECOMPUTE_FULL_OFFLOAD].acts_bytes, r[TR_RECOMPUTE_FULL].acts_bytes,
+			  r[TR_RECOMPUTE_SELECTIVE].acts_bytes, r[TR_RECOMPUTE_NONE].acts_bytes);
+		/* what moved to the host is what left the device, but for the
+		 * ring's slots, one of which would have held the last output */
+		const struct result *fo = &r[TR_RECOMPUTE_FULL_OFFLOAD];
+		CHECK_MSG(r[TR_RECOMPUTE_FULL].acts_bytes - fo->acts_bytes ==
+				  fo->host_plan - (TR_OFFLOAD_RING - 1) * (fo->host_plan / (size_t)fo->layers),
+			  "%s: full-offload moved %zu bytes of acts to %zu host bytes", c->name,
+			  r[TR_RECOMPUTE_FULL].acts_bytes - fo->acts_bytes, fo->host_plan);
+		printf("%-40s acts none %7zu  selective %7zu  full %7zu  full-offload %7zu "
+		       "(+ host %7zu) bytes\n",
+		       c->name, r[0].acts_bytes, r[1].acts_bytes, r[2].acts_bytes, fo->acts_bytes,
+		       fo->host_plan);
 		const struct result *n = &r[TR_RECOMPUTE_NONE];
-		for (int rc = TR_RECOMPUTE_COUNT; rc >= 1; rc--) {
+		for (int rc = NRUNS - 1; rc >= 1; rc--) {
 			const struct result *x = &r[rc];
-			const char *pol = rc == TR_RECOMPUTE_COUNT ? "none again" : tr_recompute_name(rc);
+			if (rc == LAZY && !cpu)
+				continue;
+			const char *pol = rc == AGAIN  ? "none again"
+					  : rc == LAZY ? "full-offload, late copies"
+						       : tr_recompute_name(rc);
 			CHECK_MSG(memcmp(x->loss, n->loss, sizeof(n->loss)) == 0,
 				  "%s (%s): losses %.17g %.17g, none's %.17g %.17g", c->name, pol,
 				  x->loss[0][0], x->loss[3][0], n->loss[0][0], n->loss[3][0]);
@@ -371,9 +419,12 @@ static void test_same_bits(void)
 					  d < arrays[k].n ? (double)arrays[k].b[d] : 0.0);
 			}
 		}
-		for (int rc = 0; rc <= TR_RECOMPUTE_COUNT; rc++)
+		for (int rc = 0; rc < NRUNS; rc++)
 			result_free(&r[rc]);
 	}
+	/* the late copies were late: up to a ring's worth queued at once */
+	CHECK_MSG(!cpu || lazycopy_most_queued() >= 2, "late copies: at most %zu queued (%zu done)",
+		  lazycopy_most_queued(), lazycopy_done());
 }
 
 /* The stage list: the forward, then the head's chunks backward, the final
