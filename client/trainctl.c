@@ -170,9 +170,18 @@ static void print_job(const Traind__JobInfo *j)
 	printf("id:          %llu\n", (unsigned long long)j->id);
 	printf("name:        %s\n", j->name ? j->name : "");
 	printf("user:        %s (uid %u, gid %u)\n", user_name(j->uid, a, sizeof(a)), j->uid, j->gid);
-	printf("state:       %s%s\n", state_name(j), j->cancel_requested ? " (cancel requested)" : "");
+	printf("state:       %s%s%s\n", state_name(j), j->cancel_requested ? " (cancel requested)" : "",
+	       j->held ? " (held)" : "");
 	if (j->reason && *j->reason)
 		printf("reason:      %s\n", j->reason);
+	if (j->waiting && *j->waiting)
+		printf("waiting:     %s\n", j->waiting);
+	if (j->n_after) {
+		printf("after:      ");
+		for (size_t i = 0; i < j->n_after; i++)
+			printf(" %llu", (unsigned long long)j->after[i]);
+		printf(" (starts once these succeeded)\n");
+	}
 	printf("priority:    %d\n", j->priority);
 	if (j->has_method)
 		printf("method:      %s\n", rpc_method_name(j->method));
@@ -205,6 +214,15 @@ static void print_job(const Traind__JobInfo *j)
 	if (j->checkpoint && *j->checkpoint)
 		printf("checkpoint:  %s\n", j->checkpoint);
 	printf("attempts:    %u\n", j->attempts);
+	if (j->usage) {
+		const Traind__Usage *u = j->usage;
+		char q[32], r[32];
+		printf("usage:       %.3f GPU-h, %.3f GiB-h of GPU memory, %.3f CPU-slot-h, %llu tokens; "
+		       "queued %s, running %s\n",
+		       u->gpu_s / 3600, u->gpu_mem_byte_s / 3600 / (1 << 30), u->cpu_s / 3600,
+		       (unsigned long long)u->tokens, fmt_dur(u->queued_s, q, sizeof(q)),
+		       fmt_dur(u->running_s, r, sizeof(r)));
+	}
 	printf("submitted:   %s\n", fmt_time(j->submit_time, a, sizeof(a)));
 	if (j->has_start_time)
 		printf("started:     %s\n", fmt_time(j->start_time, a, sizeof(a)));
@@ -354,7 +372,9 @@ static bool set_str(char **field, const char *v)
 static int cmd_submit(const struct opts *o, int argc, char **argv)
 {
 	const char *file = NULL;
-	bool watch = false;
+	bool watch = false, hold = false;
+	uint64_t after[64];
+	size_t nafter = 0;
 	Traind__JobSpec *s = NULL;
 	struct td_errbuf eb = {{0}};
 	/* The job file first, so that flags override it. */
@@ -363,7 +383,8 @@ static int cmd_submit(const struct opts *o, int argc, char **argv)
 			if (file)
 				return fail(CTL_USAGE, "submit: more than one job file ('%s', '%s')", file, argv[i]);
 			file = argv[i];
-		} else if (i + 1 < argc && strcmp(argv[i], "--watch") != 0) {
+		} else if (i + 1 < argc && strcmp(argv[i], "--watch") != 0 &&
+			   strcmp(argv[i], "--hold") != 0) {
 			i++;
 		}
 	}
@@ -384,6 +405,10 @@ static int cmd_submit(const struct opts *o, int argc, char **argv)
 			continue;
 		if (strcmp(a, "--watch") == 0) {
 			watch = true;
+			continue;
+		}
+		if (strcmp(a, "--hold") == 0) {
+			hold = true;
 			continue;
 		}
 		if (i + 1 >= argc) {
@@ -456,6 +481,21 @@ static int cmd_submit(const struct opts *o, int argc, char **argv)
 		} else if (strcmp(a, "--gpus") == 0 && (ok = parse_u64(v, &u) && u >= 1 && u <= UINT32_MAX)) {
 			s->resources->has_gpus = true;
 			s->resources->gpus = (uint32_t)u;
+		} else if (strcmp(a, "--after") == 0) {
+			/* ID[,ID...], each a job id */
+			char buf[1024];
+			snprintf(buf, sizeof(buf), "%s", v);
+			char *save = NULL;
+			for (char *t = strtok_r(buf, ",", &save); t && ok; t = strtok_r(NULL, ",", &save)) {
+				if (nafter == sizeof(after) / sizeof(after[0])) {
+					rc = fail(CTL_USAGE, "submit: --after: more than %zu jobs",
+						  sizeof(after) / sizeof(after[0]));
+					break;
+				}
+				ok = job_id_arg(t, &after[nafter]);
+				nafter += ok;
+			}
+			ok = ok && nafter > 0;
 		} else if (strcmp(a, "--device") == 0) {
 			s->resources->has_device = true;
 			if (strcasecmp(v, "cpu") == 0)
@@ -496,6 +536,10 @@ static int cmd_submit(const struct opts *o, int argc, char **argv)
 	Traind__Request req = TRAIND__REQUEST__INIT;
 	Traind__SubmitRequest sr = TRAIND__SUBMIT_REQUEST__INIT;
 	sr.spec = s;
+	sr.after = after;
+	sr.n_after = nafter;
+	if (hold)
+		sr.has_hold = sr.hold = true;
 	req.call_case = TRAIND__REQUEST__CALL_SUBMIT;
 	req.submit = &sr;
 	Traind__Response *resp = NULL;
@@ -558,7 +602,7 @@ static int cmd_ls(const struct opts *o, int argc, char **argv)
 		printf("no jobs%s\n", lr.all ? "" : " (of yours; --all lists everyone's, for admins)");
 	} else {
 		printf("%-6s %-24s %-10s %-11s %-13s %-10s %-19s %s\n", "ID", "NAME", "USER", "STATE",
-		       "STEP", "LOSS", "SUBMITTED", "DEVICE");
+		       "STEP", "LOSS", "SUBMITTED", "DEVICE, OR WHY IT WAITS");
 		for (size_t i = 0; i < n; i++) {
 			const Traind__JobInfo *j = l->jobs[i];
 			char u[64], p[64], t[64], loss[32] = "-";
@@ -567,7 +611,10 @@ static int cmd_ls(const struct opts *o, int argc, char **argv)
 			printf("%-6llu %-24.24s %-10.10s %-11s %-13s %-10s %-19s %s\n",
 			       (unsigned long long)j->id, j->name ? j->name : "", user_name(j->uid, u, sizeof(u)),
 			       state_name(j), fmt_progress(j, p, sizeof(p)), loss,
-			       fmt_time(j->submit_time, t, sizeof(t)), j->device && *j->device ? j->device : "-");
+			       fmt_time(j->submit_time, t, sizeof(t)),
+			       j->device && *j->device ? j->device
+			       : j->waiting && *j->waiting ? j->waiting
+							   : "-");
 		}
 	}
 	rpc_response_free(resp);
@@ -583,11 +630,19 @@ static int job_call(const struct opts *o, const char *cmd, int argc, char **argv
 	Traind__JobRef ref = TRAIND__JOB_REF__INIT;
 	ref.has_id = true;
 	ref.id = id;
+	Traind__HoldRequest hr = TRAIND__HOLD_REQUEST__INIT;
+	hr.has_id = true;
+	hr.id = id;
 	Traind__Request req = TRAIND__REQUEST__INIT;
 	req.call_case = which;
 	if (which == TRAIND__REQUEST__CALL_SHOW)
 		req.show = &ref;
-	else
+	else if (which == TRAIND__REQUEST__CALL_REQUEUE)
+		req.requeue = &ref;
+	else if (which == TRAIND__REQUEST__CALL_HOLD) {
+		req.hold = &hr;
+		hr.has_release = hr.release = strcmp(cmd, "release") == 0;
+	} else
 		req.cancel = &ref;
 	Traind__Response *resp = NULL;
 	int rc = call(o, &req, &resp);
@@ -597,7 +652,16 @@ static int job_call(const struct opts *o, const char *cmd, int argc, char **argv
 		rpc_response_free(resp);
 		return fail(CTL_FAILED, "%s: the daemon sent no job", cmd);
 	}
-	if (which == TRAIND__REQUEST__CALL_CANCEL && !o->json) {
+	if (o->json) {
+		print_result(o, &resp->job->base, human_job);
+	} else if (which == TRAIND__REQUEST__CALL_HOLD) {
+		const Traind__JobInfo *j = resp->job;
+		printf("job %llu %s (%s)\n", (unsigned long long)j->id, j->held ? "held" : "released",
+		       state_name(j));
+	} else if (which == TRAIND__REQUEST__CALL_REQUEUE) {
+		const Traind__JobInfo *j = resp->job;
+		printf("job %llu requeued: %s\n", (unsigned long long)j->id, j->reason ? j->reason : "");
+	} else if (which == TRAIND__REQUEST__CALL_CANCEL) {
 		const Traind__JobInfo *j = resp->job;
 		if (rpc_job_state_final(j->state))
 			printf("job %llu %s\n", (unsigned long long)j->id, state_name(j));
@@ -619,6 +683,204 @@ static int cmd_show(const struct opts *o, int argc, char **argv)
 static int cmd_cancel(const struct opts *o, int argc, char **argv)
 {
 	return job_call(o, "cancel", argc, argv, TRAIND__REQUEST__CALL_CANCEL);
+}
+
+static int cmd_hold(const struct opts *o, int argc, char **argv)
+{
+	return job_call(o, "hold", argc, argv, TRAIND__REQUEST__CALL_HOLD);
+}
+
+static int cmd_release(const struct opts *o, int argc, char **argv)
+{
+	return job_call(o, "release", argc, argv, TRAIND__REQUEST__CALL_HOLD);
+}
+
+static int cmd_requeue(const struct opts *o, int argc, char **argv)
+{
+	return job_call(o, "requeue", argc, argv, TRAIND__REQUEST__CALL_REQUEUE);
+}
+
+static int cmd_priority(const struct opts *o, int argc, char **argv)
+{
+	uint64_t id;
+	char *end;
+	if (argc != 2 || !job_id_arg(argv[0], &id))
+		return fail(CTL_USAGE, "priority: give a job id and a priority (priority ID N)");
+	errno = 0;
+	long p = strtol(argv[1], &end, 10);
+	if (!*argv[1] || *end || errno || p < -100 || p > 100)
+		return fail(CTL_USAGE, "priority: '%s' is not a priority (an integer, -100 .. 100)",
+			    argv[1]);
+	Traind__PriorityRequest pr = TRAIND__PRIORITY_REQUEST__INIT;
+	pr.has_id = pr.has_priority = true;
+	pr.id = id;
+	pr.priority = (int32_t)p;
+	Traind__Request req = TRAIND__REQUEST__INIT;
+	req.call_case = TRAIND__REQUEST__CALL_PRIORITY;
+	req.priority = &pr;
+	Traind__Response *resp = NULL;
+	int rc = call(o, &req, &resp);
+	if (rc != CTL_OK)
+		return rc;
+	if (!resp->job)
+		rc = fail(CTL_FAILED, "priority: the daemon sent no job");
+	else if (o->json)
+		print_result(o, &resp->job->base, human_job);
+	else
+		printf("job %llu: priority %d\n", (unsigned long long)resp->job->id, resp->job->priority);
+	rpc_response_free(resp);
+	return rc;
+}
+
+/* --since: YYYY-MM-DD[ HH:MM[:SS]] (local time), Nd or Nh ago, or @UNIX. */
+static bool parse_since(const char *v, double *out)
+{
+	char *end;
+	errno = 0;
+	if (v[0] == '@') {
+		double d = strtod(v + 1, &end);
+		if (!v[1] || *end || errno || !(d >= 0))
+			return false;
+		*out = d;
+		return true;
+	}
+	size_t n = strlen(v);
+	if (n >= 2 && (v[n - 1] == 'd' || v[n - 1] == 'h') && v[0] != '-') {
+		double d = strtod(v, &end);
+		if (end != v + n - 1 || errno || !(d >= 0))
+			return false;
+		*out = (double)time(NULL) - d * (v[n - 1] == 'd' ? 86400 : 3600);
+		return *out >= 0;
+	}
+	struct tm tm = {0};
+	const char *r = strptime(v, "%Y-%m-%d", &tm);
+	if (!r)
+		return false;
+	if (*r) {
+		const char *r2 = strptime(r, " %H:%M:%S", &tm);
+		if (!r2)
+			r2 = strptime(r, " %H:%M", &tm);
+		if (!r2 || *r2)
+			return false;
+	}
+	tm.tm_isdst = -1;
+	time_t t = mktime(&tm);
+	if (t == (time_t)-1)
+		return false;
+	*out = (double)t;
+	return true;
+}
+
+static bool uid_of(const char *name, uint32_t *uid)
+{
+	struct passwd pw, *pwp = NULL;
+	char tmp[4096];
+	uint64_t u;
+	if (getpwnam_r(name, &pw, tmp, sizeof(tmp), &pwp) == 0 && pwp) {
+		*uid = (uint32_t)pwp->pw_uid;
+		return true;
+	}
+	if (parse_u64(name, &u) && u <= UINT32_MAX) {
+		*uid = (uint32_t)u;
+		return true;
+	}
+	return false;
+}
+
+static void print_usage_line(const char *first, const char *second, const Traind__Usage *u)
+{
+	char q[32], r[32];
+	printf("%-10.10s %-24.24s %10.3f %12.3f %10.3f %12llu %10s %10s\n", first, second,
+	       u ? u->gpu_s / 3600 : 0, u ? u->gpu_mem_byte_s / 3600 / (1 << 30) : 0,
+	       u ? u->cpu_s / 3600 : 0, (unsigned long long)(u ? u->tokens : 0),
+	       fmt_dur(u ? u->queued_s : 0, q, sizeof(q)), fmt_dur(u ? u->running_s : 0, r, sizeof(r)));
+}
+
+static void human_usage(const void *m)
+{
+	const Traind__UsageReply *r = m;
+	char t[64], u[64];
+	if (r->since > 0)
+		printf("usage since %s\n", fmt_time(r->since, t, sizeof(t)));
+	else
+		printf("usage since the first job\n");
+	const char *hdr = "%-10s %-24s %10s %12s %10s %12s %10s %10s\n";
+	printf(hdr, "USER", "JOBS", "GPU-H", "GPU-MEM GIB-H", "CPU-H", "TOKENS", "QUEUED", "RUNNING");
+	if (!r->n_users)
+		printf("(none)\n");
+	for (size_t i = 0; i < r->n_users; i++) {
+		char jobs[32];
+		snprintf(jobs, sizeof(jobs), "%u", r->users[i]->usage ? r->users[i]->usage->jobs : 0);
+		print_usage_line(user_name(r->users[i]->uid, u, sizeof(u)), jobs, r->users[i]->usage);
+	}
+	if (r->n_jobs) {
+		printf("\n");
+		printf(hdr, "JOB", "NAME (STATE)", "GPU-H", "GPU-MEM GIB-H", "CPU-H", "TOKENS", "QUEUED",
+		       "RUNNING");
+		for (size_t i = 0; i < r->n_jobs; i++) {
+			const Traind__JobUsage *j = r->jobs[i];
+			char id[32], name[64];
+			snprintf(id, sizeof(id), "%llu", (unsigned long long)j->id);
+			snprintf(name, sizeof(name), "%s (%s)", j->name ? j->name : "",
+				 j->has_state ? rpc_job_state_name(j->state) : "?");
+			print_usage_line(id, name, j->usage);
+		}
+	}
+	printf("\nfair share and the quota count the last %.0f hours:", r->window_s / 3600);
+	for (size_t i = 0; i < r->n_users; i++) {
+		const Traind__Usage *w = r->users[i]->window;
+		printf(" %s %.3f GPU-h%s", user_name(r->users[i]->uid, u, sizeof(u)), w ? w->gpu_s / 3600 : 0,
+		       i + 1 < r->n_users ? "," : "");
+	}
+	if (r->quota_gpu_s > 0)
+		printf("; quota %.3f GPU-h a user\n", r->quota_gpu_s / 3600);
+	else
+		printf("; no quota\n");
+}
+
+static int cmd_usage(const struct opts *o, int argc, char **argv)
+{
+	Traind__UsageRequest ur = TRAIND__USAGE_REQUEST__INIT;
+	for (int i = 0; i < argc; i++) {
+		const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+		if (strcmp(a, "--all") == 0 || strcmp(a, "-a") == 0) {
+			ur.has_all = ur.all = true;
+		} else if (strcmp(a, "--jobs") == 0) {
+			ur.has_by_job = ur.by_job = true;
+		} else if (strcmp(a, "--user") == 0) {
+			if (!v || !uid_of(v, &ur.uid))
+				return fail(CTL_USAGE, "usage: --user: '%s' is not a user name or uid",
+					    v ? v : "");
+			ur.has_uid = true;
+			i++;
+		} else if (strcmp(a, "--since") == 0) {
+			if (!v || !parse_since(v, &ur.since))
+				return fail(CTL_USAGE,
+					    "usage: --since: '%s' is not a date (YYYY-MM-DD[ HH:MM[:SS]], Nd "
+					    "or Nh ago, or @UNIX-SECONDS)",
+					    v ? v : "");
+			ur.has_since = true;
+			i++;
+		} else {
+			return fail(CTL_USAGE,
+				    "usage: unknown argument '%s' (usage [--user U | --all] [--since DATE] "
+				    "[--jobs])",
+				    a);
+		}
+	}
+	Traind__Request req = TRAIND__REQUEST__INIT;
+	req.call_case = TRAIND__REQUEST__CALL_USAGE;
+	req.usage = &ur;
+	Traind__Response *resp = NULL;
+	int rc = call(o, &req, &resp);
+	if (rc != CTL_OK)
+		return rc;
+	if (!resp->usage)
+		rc = fail(CTL_FAILED, "usage: the daemon sent nothing");
+	else
+		print_result(o, &resp->usage->base, human_usage);
+	rpc_response_free(resp);
+	return rc;
 }
 
 /* ------------------------------------------------------------------------ */
@@ -1079,12 +1341,25 @@ static const struct command {
 	 "  submit --model DIR --data FILE --output DIR [--method full|lora|qlora|distill|classify]\n"
 	 "         [--steps N] [--lr X] [--batch N] [--seq-len N] [--checkpoint-every N]\n"
 	 "         [--eval FILE] [--name NAME] [--priority N] [--device cpu|gpu|any] [--gpus N]\n"
-	 "         [--recompute auto|none|selective|full] [--max-memory BYTES[K|M|G|T]] [--watch]\n"
+	 "         [--recompute auto|none|selective|full] [--max-memory BYTES[K|M|G|T]]\n"
+	 "         [--after ID[,ID...]] [--hold] [--watch]\n"
 	 "      queue a job (flags override the file; relative paths are taken from here);\n"
 	 "      prints its id"},
 	{"ls", cmd_ls, "ls [--all] [--limit N]      your jobs, newest first (--all: everyone's; admins)"},
 	{"show", cmd_show, "show ID                     a job, with its effective spec"},
 	{"cancel", cmd_cancel, "cancel ID                   stop a job at its next step boundary"},
+	{"hold", cmd_hold, "hold ID                     keep a queued job from starting"},
+	{"release", cmd_release, "release ID                  let a held job start"},
+	{"requeue", cmd_requeue,
+	 "requeue ID                  run a FAILED or CANCELLED job again, from its last checkpoint"},
+	{"priority", cmd_priority,
+	 "priority ID N               a job's new priority (-100 .. 100; users up to the daemon's\n"
+	 "                            user_priority_max)"},
+	{"usage", cmd_usage,
+	 "usage [--user U | --all] [--since DATE] [--jobs]\n"
+	 "                            GPU-hours, GPU memory GiB-hours, CPU-slot hours, tokens, time\n"
+	 "                            queued and running, per user (--jobs: per job too); DATE is\n"
+	 "                            YYYY-MM-DD[ HH:MM], Nd or Nh ago, or @UNIX-SECONDS"},
 	{"logs", cmd_logs, "logs ID [--follow]          a job's events and steps"},
 	{"watch", cmd_watch,
 	 "watch ID                    follow a job to its end: a progress bar on a terminal, lines\n"

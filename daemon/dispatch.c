@@ -33,6 +33,7 @@ struct dmn_call {
 	struct dmn_peer peer;
 	bool admin;
 	const char *name;
+	int entry;  /* rpc_table index; -1 before the request is understood */
 	Traind__Request *req;
 	Traind__Response resp;
 	dmn_reply_fn reply;
@@ -150,6 +151,10 @@ static void finish(struct dmn_call *c, td_err e)
 		td_debug("TD-RPC-ERR", "uid %u %s: %s", (unsigned)c->peer.uid, c->name, c->eb.msg);
 		buf = dmn_error_reply(e, c->eb.msg, &len);
 	}
+	int k = c->entry >= 0 && c->entry < DMN_RPC_MAX ? c->entry : DMN_RPC_MAX;
+	c->env->rpc_requests[k]++;
+	if (e != TD_OK)
+		c->env->rpc_errors[k]++;
 	c->env->pending--;
 	c->reply(c->ctx, buf, len);
 	call_free(c);
@@ -211,6 +216,39 @@ static Traind__JobInfo *job_info(struct dmn_call *c, const struct st_job *j, boo
 		ji->checkpoint = j->ckpt_path;
 	SETF(ji, cancel_requested, j->cancel_requested);
 	SETF(ji, attempts, (uint32_t)j->attempts);
+	if (j->held)
+		SETF(ji, held, true);
+	/* Dependencies, and why a queued job waits (issue 14). */
+	const struct st_dep *pending = NULL; /* the first dependency not SUCCEEDED */
+	struct st_dep *deps = NULL;
+	size_t nd = 0;
+	if ((!st_job_state_terminal(j->state) || with_spec) &&
+	    st_job_deps(c->env->db, j->id, &deps, &nd, NULL) == TD_OK && nd) {
+		uint64_t *after = cz(c, nd * sizeof(*after));
+		for (size_t i = 0; after && i < nd; i++) {
+			after[i] = (uint64_t)deps[i].id;
+			if (!pending && deps[i].state != ST_SUCCEEDED)
+				pending = &deps[i];
+		}
+		if (after) {
+			ji->after = after;
+			ji->n_after = nd;
+		}
+	}
+	if (j->state == ST_QUEUED) {
+		/* Held and dependencies from the database (true even before a pass
+		 * looked at the job); the rest from the scheduler's last pass. */
+		char why[256];
+		if (j->held)
+			snprintf(why, sizeof(why), "held (trainctl release %lld starts it)", (long long)j->id);
+		else if (pending)
+			snprintf(why, sizeof(why), "waits for job %lld (%s) to succeed (submit --after)",
+				 (long long)pending->id, st_job_state_name(pending->state));
+		else
+			dmn_sched_waiting(c->env->sched, j->id, why, sizeof(why));
+		ji->waiting = cstr(c, why);
+	}
+	free(deps);
 	if (j->spec) {
 		Traind__JobSpec *spec = NULL;
 		if (rpc_jobspec_decode(&spec, j->spec, j->spec_len, NULL) == TD_OK &&
@@ -311,6 +349,36 @@ static td_err fill_devices(struct dmn_call *c, Traind__GpuDevice ***out, size_t 
 	return TD_OK;
 }
 
+static Traind__Usage *usage_msg(struct dmn_call *c, const struct st_usage *u)
+{
+	Traind__Usage *m = cz(c, sizeof(*m));
+	if (!m)
+		return NULL;
+	traind__usage__init(m);
+	SETF(m, queued_s, secs(u->queued_ms));
+	SETF(m, running_s, secs(u->run_ms));
+	SETF(m, gpu_s, secs(u->gpu_ms));
+	SETF(m, cpu_s, secs(u->cpu_ms));
+	SETF(m, gpu_mem_byte_s, u->gpu_mem_bs);
+	SETF(m, tokens, (uint64_t)(u->tokens > 0 ? u->tokens : 0));
+	SETF(m, jobs, u->jobs);
+	return m;
+}
+
+/* "the admin group 'traind-admin'" or "nobody else (admin_group is empty)". */
+static const char *admins(const struct dmn_call *c, char *buf, size_t cap)
+{
+	const char *g = c->env->cfg->admin_group;
+	snprintf(buf, cap, "root and the admin group%s%s%s", *g ? " '" : "", g, *g ? "'" : "");
+	return buf;
+}
+
+/* The highest priority the caller may give a job. */
+static int32_t priority_max(const struct dmn_call *c)
+{
+	return c->admin ? 100 : (int32_t)c->env->cfg->user_priority_max;
+}
+
 /* ------------------------------------------------------------------------ */
 /* Handlers */
 
@@ -350,6 +418,9 @@ static void submit_done(uv_work_t *req, int status)
 				.spec = bytes,
 				.spec_len = len,
 				.max_queued_per_user = (uint32_t)env->cfg->max_queued_per_user,
+				.after = (const int64_t *)c->req->submit->after,
+				.nafter = c->req->submit->n_after,
+				.held = c->req->submit->has_hold && c->req->submit->hold,
 			};
 			e = st_job_submit(env->db, &nj, &id, &c->eb);
 			free(bytes);
@@ -395,6 +466,37 @@ static td_err h_submit(struct dmn_call *c)
 	    (e = dmn_devices_check_gpus(c->env->dev, c->spec->resources->gpus, &c->eb)) != TD_OK ||
 	    (e = dmn_spec_check_paths(c->spec, &c->eb)) != TD_OK)
 		return e;
+	if (c->spec->resources->priority > priority_max(c)) {
+		char who[128];
+		return td_fail(&c->eb, TD_EPERM,
+			       "resources.priority: %d is above %d, the highest a user may give "
+			       "(user_priority_max); %s may give more",
+			       c->spec->resources->priority, priority_max(c), admins(c, who, sizeof(who)));
+	}
+	/* submit --after: jobs that exist and that the caller may see (state/
+	 * checks again in the transaction that they can still succeed). */
+	const Traind__SubmitRequest *sr = c->req->submit;
+	if (sr->n_after > ST_DEPS_MAX)
+		return td_fail(&c->eb, TD_EINVAL, "submit --after: %zu jobs, more than the %d allowed",
+			       sr->n_after, ST_DEPS_MAX);
+	for (size_t i = 0; i < sr->n_after; i++) {
+		struct st_job d;
+		if (sr->after[i] == 0 || sr->after[i] > INT64_MAX)
+			return td_fail(&c->eb, TD_EINVAL, "submit --after: %llu is not a job id",
+				       (unsigned long long)sr->after[i]);
+		if ((e = st_job_get(c->env->db, (int64_t)sr->after[i], &d, &c->eb)) != TD_OK)
+			return e == TD_ENOENT ? td_fail(&c->eb, TD_ENOENT,
+							"submit --after: job %llu does not exist",
+							(unsigned long long)sr->after[i])
+					      : e;
+		bool mine = d.uid == c->peer.uid;
+		st_job_fini(&d);
+		if (!mine && !c->admin)
+			return td_fail(&c->eb, TD_EPERM,
+				       "submit --after: job %llu belongs to another user; a job may wait "
+				       "only on its owner's jobs (or, submitted by an admin, on any)",
+				       (unsigned long long)sr->after[i]);
+	}
 	if ((e = dmn_sched_claim_output(c->env->sched, c->spec->output->dir, &c->claim, &c->eb)) != TD_OK)
 		return e;
 	c->work.data = c;
@@ -461,6 +563,9 @@ static td_err h_show(struct dmn_call *c)
 	}
 	c->resp.job->leases = arr;
 	c->resp.job->n_leases = n;
+	struct st_usage u;
+	if (st_usage_of_job(c->env->db, c->job.id, &u, NULL) == TD_OK)
+		c->resp.job->usage = usage_msg(c, &u);
 	return TD_OK;
 }
 
@@ -484,6 +589,198 @@ static td_err h_cancel(struct dmn_call *c)
 		return e;
 	c->has_job = true;
 	return set_job_result(c, &c->job, false);
+}
+
+/* Re-reads the job after a change and answers with it. */
+static td_err job_reply(struct dmn_call *c)
+{
+	int64_t id = c->job.id;
+	st_job_fini(&c->job);
+	c->has_job = false;
+	td_err e = st_job_get(c->env->db, id, &c->job, &c->eb);
+	if (e != TD_OK)
+		return e;
+	c->has_job = true;
+	return set_job_result(c, &c->job, false);
+}
+
+static td_err h_hold(struct dmn_call *c)
+{
+	bool hold = !(c->req->hold->has_release && c->req->hold->release);
+	char who[64];
+	snprintf(who, sizeof(who), "uid %u", (unsigned)c->peer.uid);
+	bool changed = false;
+	td_err e = st_job_hold(c->env->db, c->job.id, hold, who, &changed, &c->eb);
+	if (e != TD_OK)
+		return e;
+	if (changed)
+		td_info("TD-JOB-HOLD", "job %lld %s by uid %u", (long long)c->job.id,
+			hold ? "held" : "released", (unsigned)c->peer.uid);
+	dmn_sched_kick(c->env->sched);
+	return job_reply(c);
+}
+
+static td_err h_requeue(struct dmn_call *c)
+{
+	/* Its output dir is claimed again, as at submit: no live job may be
+	 * writing there. */
+	Traind__JobSpec *spec = NULL;
+	struct td_errbuf deb = {{0}};
+	td_err e = rpc_jobspec_decode(&spec, c->job.spec, c->job.spec_len, &deb);
+	if (e != TD_OK)
+		return td_fail(&c->eb, e, "requeue: job %lld's stored spec cannot be read: %s",
+			       (long long)c->job.id, deb.msg);
+	if (!spec->output || !spec->output->dir) {
+		rpc_jobspec_free(spec);
+		return td_fail(&c->eb, TD_EFORMAT, "requeue: job %lld's stored spec has no output.dir",
+			       (long long)c->job.id);
+	}
+	int64_t claim = 0;
+	bool claimed = false;
+	if (st_job_state_terminal(c->job.state)) {
+		e = dmn_sched_claim_output(c->env->sched, spec->output->dir, &claim, &c->eb);
+		claimed = e == TD_OK;
+	}
+	rpc_jobspec_free(spec);
+	if (e != TD_OK)
+		return e;
+	char reason[96];
+	snprintf(reason, sizeof(reason), "requeued by uid %u", (unsigned)c->peer.uid);
+	if ((e = st_job_requeue(c->env->db, c->job.id, reason, &c->eb)) != TD_OK) {
+		if (claimed)
+			dmn_sched_claim_drop(c->env->sched, claim);
+		return e;
+	}
+	if (claimed)
+		dmn_sched_claim_bind(c->env->sched, claim, c->job.id);
+	td_info("TD-JOB-REQUEUE", "job %lld requeued by uid %u (was %s)", (long long)c->job.id,
+		(unsigned)c->peer.uid, st_job_state_name(c->job.state));
+	dmn_sched_kick(c->env->sched);
+	return job_reply(c);
+}
+
+static td_err h_priority(struct dmn_call *c)
+{
+	int32_t p = c->req->priority->priority;
+	if (p < -100 || p > 100)
+		return td_fail(&c->eb, TD_EINVAL, "priority: %d is out of range -100 .. 100", (int)p);
+	if (p > priority_max(c)) {
+		char who[128];
+		return td_fail(&c->eb, TD_EPERM,
+			       "priority: %d is above %d, the highest a user may give "
+			       "(user_priority_max); %s may give more",
+			       (int)p, priority_max(c), admins(c, who, sizeof(who)));
+	}
+	/* The spec says the priority too (show prints it): changed with the
+	 * column, in one transaction. */
+	Traind__JobSpec *spec = NULL;
+	uint8_t *bytes = NULL;
+	size_t len = 0;
+	td_err e = rpc_jobspec_decode(&spec, c->job.spec, c->job.spec_len, &c->eb);
+	if (e == TD_OK && !spec->resources) {
+		spec->resources = malloc(sizeof(*spec->resources));
+		if (spec->resources)
+			traind__resources__init(spec->resources);
+		else
+			e = td_fail(&c->eb, TD_ENOMEM, "out of memory");
+	}
+	if (e == TD_OK) {
+		spec->resources->has_priority = true;
+		spec->resources->priority = p;
+		if ((e = rpc_jobspec_encode(spec, &bytes, &len)) != TD_OK)
+			td_fail(&c->eb, e, "priority: cannot encode the spec");
+	}
+	rpc_jobspec_free(spec);
+	if (e != TD_OK)
+		return e;
+	char who[64];
+	snprintf(who, sizeof(who), "uid %u", (unsigned)c->peer.uid);
+	e = st_job_set_priority(c->env->db, c->job.id, p, bytes, len, who, &c->eb);
+	free(bytes);
+	if (e != TD_OK)
+		return e;
+	td_info("TD-JOB-PRIORITY", "job %lld: priority %d -> %d by uid %u", (long long)c->job.id,
+		(int)c->job.priority, (int)p, (unsigned)c->peer.uid);
+	dmn_sched_kick(c->env->sched);
+	return job_reply(c);
+}
+
+static td_err h_usage(struct dmn_call *c)
+{
+	const Traind__UsageRequest *ur = c->req->usage;
+	bool all = ur && ur->has_all && ur->all;
+	uid_t uid = ur && ur->has_uid ? (uid_t)ur->uid : c->peer.uid;
+	if ((all || uid != c->peer.uid) && !c->admin) {
+		char who[128];
+		return td_fail(&c->eb, TD_EPERM,
+			       "usage --%s: only %s may see other users' usage; `trainctl usage` shows "
+			       "yours",
+			       all ? "all" : "user", admins(c, who, sizeof(who)));
+	}
+	int64_t since_ms = ur && ur->has_since ? (int64_t)(ur->since * 1000.0) : 0;
+	int64_t window_ms = c->env->cfg->usage_window_hours * 3600000L;
+	struct st_usage_row *rows = NULL, *win = NULL, *jobs = NULL;
+	size_t n = 0, nw = 0, nj = 0;
+	td_err e = st_usage_list(c->env->db, since_ms, false, all, uid, &rows, &n, &c->eb);
+	if (e == TD_OK)
+		e = st_usage_list(c->env->db, st_now_ms() - window_ms, false, all, uid, &win, &nw, &c->eb);
+	if (e == TD_OK && ur && ur->has_by_job && ur->by_job)
+		e = st_usage_list(c->env->db, since_ms, true, all, uid, &jobs, &nj, &c->eb);
+	Traind__UsageReply *r = cz(c, sizeof(*r));
+	Traind__UserUsage **uu = cz(c, (n + 1) * sizeof(*uu));
+	Traind__JobUsage **ju = cz(c, (nj + 1) * sizeof(*ju));
+	if (e == TD_OK && (!r || !uu || !ju))
+		e = td_fail(&c->eb, TD_ENOMEM, "out of memory");
+	for (size_t i = 0; e == TD_OK && i < n; i++) {
+		Traind__UserUsage *x = cz(c, sizeof(*x));
+		if (!x || !(uu[i] = x)) {
+			e = td_fail(&c->eb, TD_ENOMEM, "out of memory");
+			break;
+		}
+		traind__user_usage__init(x);
+		SETF(x, uid, (uint32_t)rows[i].uid);
+		x->usage = usage_msg(c, &rows[i].u);
+		struct st_usage zero = {0};
+		x->window = usage_msg(c, &zero);
+		for (size_t k = 0; k < nw; k++)
+			if (win[k].uid == rows[i].uid)
+				x->window = usage_msg(c, &win[k].u);
+	}
+	size_t nju = 0;
+	for (size_t i = 0; e == TD_OK && i < nj; i++) {
+		Traind__JobUsage *x = cz(c, sizeof(*x));
+		if (!x) {
+			e = td_fail(&c->eb, TD_ENOMEM, "out of memory");
+			break;
+		}
+		traind__job_usage__init(x);
+		SETF(x, id, (uint64_t)jobs[i].job);
+		SETF(x, uid, (uint32_t)jobs[i].uid);
+		struct st_job j;
+		if (st_job_get(c->env->db, jobs[i].job, &j, NULL) == TD_OK) {
+			x->name = cstr(c, j.name);
+			SETF(x, state, wire_state(j.state));
+			st_job_fini(&j);
+		}
+		x->usage = usage_msg(c, &jobs[i].u);
+		ju[nju++] = x;
+	}
+	free(rows);
+	free(win);
+	free(jobs);
+	if (e != TD_OK)
+		return e;
+	traind__usage_reply__init(r);
+	SETF(r, since, since_ms > 0 ? secs(since_ms - since_ms % 3600000) : 0);
+	r->users = uu;
+	r->n_users = n;
+	r->jobs = ju;
+	r->n_jobs = nju;
+	SETF(r, window_s, secs(window_ms));
+	SETF(r, quota_gpu_s, c->env->cfg->quota_gpu_hours * 3600.0);
+	c->resp.result_case = TRAIND__RESPONSE__RESULT_USAGE;
+	c->resp.usage = r;
+	return TD_OK;
 }
 
 static td_err h_watch(struct dmn_call *c)
@@ -825,8 +1122,10 @@ struct rpc_entry {
 enum {
 	RPC_SUBMIT, RPC_LIST, RPC_SHOW, RPC_CANCEL, RPC_WATCH,
 	RPC_LEDGER_LIST, RPC_LEDGER_RESERVE, RPC_LEDGER_RELEASE, RPC_INFO,
-	RPC_CACHE_LIST, RPC_CACHE_STATS, RPC_CACHE_CLEAR, RPC_COUNT
+	RPC_CACHE_LIST, RPC_CACHE_STATS, RPC_CACHE_CLEAR,
+	RPC_HOLD, RPC_RELEASE, RPC_REQUEUE, RPC_PRIORITY, RPC_USAGE, RPC_COUNT
 };
+_Static_assert(RPC_COUNT <= DMN_RPC_MAX, "raise DMN_RPC_MAX");
 
 static const struct rpc_entry rpc_table[RPC_COUNT] = {
 	[RPC_SUBMIT] = {"submit", h_submit, WHO_ANYONE, true, false},
@@ -842,7 +1141,24 @@ static const struct rpc_entry rpc_table[RPC_COUNT] = {
 	[RPC_CACHE_STATS] = {"cache.stats", h_cache_list, WHO_ANYONE, false, false},
 	/* its own check: admins or the daemon's user */
 	[RPC_CACHE_CLEAR] = {"cache.clear", h_cache_clear, WHO_ANYONE, true, false},
+	/* issue 14: on a job of one's own, or any for admins (the shared check) */
+	[RPC_HOLD] = {"hold", h_hold, WHO_ANYONE, true, true},
+	[RPC_RELEASE] = {"release", h_hold, WHO_ANYONE, true, true},
+	[RPC_REQUEUE] = {"requeue", h_requeue, WHO_ANYONE, true, true},
+	[RPC_PRIORITY] = {"priority", h_priority, WHO_ANYONE, true, true},
+	/* its own check: others' usage for admins */
+	[RPC_USAGE] = {"usage", h_usage, WHO_ANYONE, false, false},
 };
+
+const char *dmn_dispatch_call_name(int k)
+{
+	return k >= 0 && k < RPC_COUNT ? rpc_table[k].name : "undecodable";
+}
+
+int dmn_dispatch_ncalls(void)
+{
+	return RPC_COUNT;
+}
 
 /* The table entry and, for a call about a job, its id. */
 static int entry_of(const Traind__Request *r, uint64_t *job_id)
@@ -855,6 +1171,12 @@ static int entry_of(const Traind__Request *r, uint64_t *job_id)
 	case TRAIND__REQUEST__CALL_CANCEL: *job_id = r->cancel->id; return RPC_CANCEL;
 	case TRAIND__REQUEST__CALL_WATCH: *job_id = r->watch->id; return RPC_WATCH;
 	case TRAIND__REQUEST__CALL_INFO: return RPC_INFO;
+	case TRAIND__REQUEST__CALL_HOLD:
+		*job_id = r->hold->id;
+		return r->hold->has_release && r->hold->release ? RPC_RELEASE : RPC_HOLD;
+	case TRAIND__REQUEST__CALL_REQUEUE: *job_id = r->requeue->id; return RPC_REQUEUE;
+	case TRAIND__REQUEST__CALL_PRIORITY: *job_id = r->priority->id; return RPC_PRIORITY;
+	case TRAIND__REQUEST__CALL_USAGE: return RPC_USAGE;
 	case TRAIND__REQUEST__CALL_CACHE:
 		switch (r->cache->op_case) {
 		case TRAIND__CACHE_REQUEST__OP_LIST: return RPC_CACHE_LIST;
@@ -895,11 +1217,13 @@ static td_err shared_checks(struct dmn_call *c, const struct rpc_entry *ent, uin
 			/* trainctl logs reads through watch: say what the user ran */
 			bool logs = c->req->call_case == TRAIND__REQUEST__CALL_WATCH &&
 				    c->req->watch->command && strcmp(c->req->watch->command, "logs") == 0;
+			bool prio = c->req->call_case == TRAIND__REQUEST__CALL_PRIORITY;
 			return td_fail(&c->eb, TD_EPERM,
 				       "job %llu belongs to another user; only its owner, root and the "
 				       "admin group may %s %s",
-				       (unsigned long long)job_id, logs ? "read" : ent->name,
-				       logs ? "its logs" : "it");
+				       (unsigned long long)job_id,
+				       logs ? "read" : prio ? "change" : ent->name,
+				       logs ? "its logs" : prio ? "its priority" : "it");
 		}
 	}
 	return TD_OK;
@@ -920,6 +1244,7 @@ void dmn_dispatch(struct dmn_env *env, const struct dmn_peer *peer, const uint8_
 	c->reply = reply;
 	c->ctx = ctx;
 	c->name = "request";
+	c->entry = -1;
 	traind__response__init(&c->resp);
 	env->pending++;
 
@@ -937,6 +1262,7 @@ void dmn_dispatch(struct dmn_env *env, const struct dmn_peer *peer, const uint8_
 	}
 	const struct rpc_entry *ent = &rpc_table[k];
 	c->name = ent->name;
+	c->entry = k;
 	c->admin = dmn_is_admin(peer->uid, peer->gid, env->cfg->admin_group);
 	td_debug("TD-RPC", "uid %u pid %d: %s", (unsigned)peer->uid, (int)peer->pid, ent->name);
 	if ((e = shared_checks(c, ent, job_id)) == TD_OK)

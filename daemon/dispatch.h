@@ -25,6 +25,10 @@
 #include "daemon/scheduler.h"
 #include "state/state.h"
 
+/* Calls counted per table entry (dmn_dispatch_call_name); the last slot,
+ * DMN_RPC_MAX, counts requests that were not understood. */
+#define DMN_RPC_MAX 32
+
 /* What the handlers work with (passed in, never global). */
 struct dmn_env {
 	uv_loop_t *loop;
@@ -35,7 +39,15 @@ struct dmn_env {
 	double start_time;  /* Unix seconds */
 	bool stopping;
 	size_t pending;     /* requests whose reply is not sent yet */
+	/* Requests answered and those answered with an error, per call (the
+	 * metrics: daemon/metrics.h). */
+	uint64_t rpc_requests[DMN_RPC_MAX + 1], rpc_errors[DMN_RPC_MAX + 1];
 };
+
+/* The name of table entry k ("submit", "ledger.list", ...; "undecodable" for
+ * DMN_RPC_MAX), and how many entries there are. */
+const char *dmn_dispatch_call_name(int k);
+int dmn_dispatch_ncalls(void);
 
 /* Receives the encoded response (malloc'd; the callee owns it). Called once
  * per request, on the loop thread, possibly after dmn_dispatch returned. */

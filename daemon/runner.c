@@ -59,6 +59,7 @@ struct dmn_runner {
 	bool tb_failed;
 	struct st_metric batch[METRICS_BATCH];
 	size_t nbatch;
+	int64_t tokens;   /* trained since the last flush (the accounting) */
 	int64_t last_flush_ms;
 	char line[1024];  /* the trainer's log, assembled into lines */
 	size_t linelen;
@@ -122,9 +123,15 @@ static void event(struct dmn_runner *rn, const char *kind, const char *fmt, ...)
 
 static void flush_metrics(struct dmn_runner *rn)
 {
+	struct td_errbuf eb = {{0}};
+	if (rn->tokens) {
+		if (st_usage_add_tokens(rn->db, rn->job_id, rn->tokens, &eb) != TD_OK)
+			td_warn("TD-RUN-USAGE", "job %lld: cannot record tokens: %s",
+				(long long)rn->job_id, eb.msg);
+		rn->tokens = 0;
+	}
 	if (!rn->nbatch)
 		return;
-	struct td_errbuf eb = {{0}};
 	if (st_metrics_add(rn->db, rn->job_id, rn->batch, rn->nbatch, &eb) != TD_OK)
 		td_warn("TD-RUN-METRICS", "job %lld: cannot record metrics: %s", (long long)rn->job_id,
 			eb.msg);
@@ -212,6 +219,10 @@ static void hook_on_step(void *ctx, const struct tr_progress *p)
 	pthread_mutex_unlock(&rn->set->mu);
 
 	write_tensorboard(rn, p);
+	/* A step trains micro_batch × grad_accum sequences of seq_len tokens
+	 * (packed; a padded row counts whole). */
+	rn->tokens += (int64_t)rn->spec->hyper->micro_batch * (int64_t)rn->spec->hyper->grad_accum *
+		      (int64_t)rn->spec->data->seq_len;
 
 	if (rn->nbatch == METRICS_BATCH) {
 		db_enter(rn);

@@ -1,6 +1,7 @@
 /* The scheduler (daemon/scheduler.h). */
 #include "daemon/scheduler.h"
 
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -63,6 +64,14 @@ struct dmn_sched {
 	 * unknown, the GPU is skipped) and free memory (dmn_gpu_free_bytes). */
 	uint64_t reserved[DMN_MAX_GPUS], free_now[DMN_MAX_GPUS];
 	bool pass_blocked; /* a job of this pass waits for GPUs (wait_for_gpus) */
+	/* Why each queued job waits, as of the last pass (dmn_sched_waiting). */
+	struct why *why;
+	size_t nwhy, capwhy;
+};
+
+struct why {
+	int64_t job_id;
+	char text[240];
 };
 
 /* ------------------------------------------------------------------------ */
@@ -102,6 +111,9 @@ static td_err claim_add(struct dmn_sched *s, int64_t key, const char *dir, struc
 	return TD_OK;
 }
 
+static bool ended_in_db(struct dmn_sched *s, int64_t id);
+static void plan_remove(struct dmn_sched *s, int64_t job_id);
+
 td_err dmn_sched_claim_output(struct dmn_sched *s, const char *dir, int64_t *claim,
 			      struct td_errbuf *eb)
 {
@@ -112,6 +124,13 @@ td_err dmn_sched_claim_output(struct dmn_sched *s, const char *dir, int64_t *cla
 		norm[n - 1] = 0;
 	for (size_t i = 0; i < s->nclaims; i++) {
 		if (strcmp(s->claims[i].dir, norm) == 0) {
+			if (s->claims[i].key > 0 && ended_in_db(s, s->claims[i].key)) {
+				/* Its job ended unheard of (sweep_ended): the dir is free. */
+				int64_t key = s->claims[i].key;
+				claim_remove(s, key);
+				plan_remove(s, key);
+				break;
+			}
 			if (s->claims[i].key > 0)
 				return td_fail(eb, TD_EBUSY,
 					       "output.dir: %s is the output of job %lld, which has not "
@@ -701,6 +720,147 @@ static bool capacity(const struct dmn_sched *s)
 	return (long)dmn_runners_count_cpu(s->run) < s->cfg->cpu_slots || s->dev->n > 0;
 }
 
+/* Whether job id has ended, as the database says (a job that waited on
+ * another fails with it inside state/, without a word to the scheduler). */
+static bool ended_in_db(struct dmn_sched *s, int64_t id)
+{
+	struct st_job j;
+	td_err e = st_job_get(s->db, id, &j, NULL);
+	if (e == TD_ENOENT)
+		return true;
+	if (e != TD_OK)
+		return false;
+	bool ended = st_job_state_terminal(j.state);
+	st_job_fini(&j);
+	return ended;
+}
+
+/* Drops the claims and plans of jobs that ended without the scheduler
+ * hearing of it (their dependency failed: state/ failed them in the same
+ * transaction). Only when there are more of them than jobs that could need
+ * them (the queue and the runners), so that a pass reads nothing more in
+ * the usual case. */
+static void sweep_ended(struct dmn_sched *s, const struct st_queued *q, size_t n)
+{
+	size_t live = n + dmn_runners_count(s->run);
+	for (size_t i = 0; s->nplans > live && i < s->nplans;) {
+		const struct plan *p = &s->plans[i];
+		bool queued = false;
+		for (size_t k = 0; k < n && !queued; k++)
+			queued = q[k].id == p->job_id;
+		if (!queued && p->state != PLAN_PENDING && ended_in_db(s, p->job_id))
+			plan_remove(s, p->job_id); /* moves the last plan here */
+		else
+			i++;
+	}
+	size_t claims = 0;
+	for (size_t i = 0; i < s->nclaims; i++)
+		claims += s->claims[i].key > 0;
+	for (size_t i = 0; claims > live && i < s->nclaims;) {
+		int64_t key = s->claims[i].key;
+		bool queued = false;
+		for (size_t k = 0; k < n && !queued; k++)
+			queued = q[k].id == key;
+		if (key > 0 && !queued && ended_in_db(s, key)) {
+			claim_remove(s, key);
+			claims--;
+		} else {
+			i++;
+		}
+	}
+}
+
+/* ------------------------------------------------------------------------ */
+/* Why a job waits (issue 14): held, dependencies, a per-user limit, the
+ * quota — decided in the pass before placement — or what placement left it
+ * waiting for (explain_wait). Rebuilt by each pass that reads the queue. */
+
+static void why_set(struct dmn_sched *s, int64_t id, const char *fmt, ...)
+	__attribute__((format(printf, 3, 4)));
+static void why_set(struct dmn_sched *s, int64_t id, const char *fmt, ...)
+{
+	struct why *w = NULL;
+	for (size_t i = 0; i < s->nwhy && !w; i++)
+		if (s->why[i].job_id == id)
+			w = &s->why[i];
+	if (!w) {
+		if (s->nwhy == s->capwhy) {
+			size_t cap = s->capwhy ? 2 * s->capwhy : 64;
+			struct why *a = realloc(s->why, cap * sizeof(*a));
+			if (!a)
+				return; /* out of memory: the reason is only information */
+			s->why = a;
+			s->capwhy = cap;
+		}
+		w = &s->why[s->nwhy++];
+		w->job_id = id;
+	}
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(w->text, sizeof(w->text), fmt, ap);
+	va_end(ap);
+}
+
+bool dmn_sched_waiting(const struct dmn_sched *s, int64_t job_id, char *buf, size_t cap)
+{
+	for (size_t i = 0; i < s->nwhy; i++) {
+		if (s->why[i].job_id == job_id) {
+			snprintf(buf, cap, "%s", s->why[i].text);
+			return true;
+		}
+	}
+	if (!capacity(s))
+		snprintf(buf, cap, "every CPU slot is busy (cpu_slots = %ld) and the host has no GPU",
+			 s->cfg->cpu_slots);
+	else
+		snprintf(buf, cap, "not looked at yet: the scheduler's next pass decides");
+	return false;
+}
+
+/* After try_place left q waiting: what for, from the decisions it made. */
+static void explain_wait(struct dmn_sched *s, const struct st_queued *q)
+{
+	Traind__JobSpec *spec = NULL;
+	if (rpc_jobspec_decode(&spec, q->spec, q->spec_len, NULL) != TD_OK ||
+	    rpc_jobspec_apply_defaults(spec, NULL) != TD_OK) {
+		rpc_jobspec_free(spec);
+		return;
+	}
+	Traind__Device want = spec->resources->device;
+	unsigned ngpus = spec->resources->gpus ? spec->resources->gpus : 1;
+	bool allow_cpu = ngpus == 1 && (want == TRAIND__DEVICE__DEVICE_CPU || spec->resources->allow_cpu);
+	bool gpu_ok = want != TRAIND__DEVICE__DEVICE_CPU && s->dev->n > 0;
+	rpc_jobspec_free(spec);
+	const struct plan *p = plan_find(s, q->id);
+	char gpu[160] = "", cpu[96] = "";
+	if (gpu_ok && (!p || p->state != PLAN_DONE)) {
+		why_set(s, q->id, "its memory plan is being computed");
+		return;
+	}
+	if (gpu_ok) {
+		uint64_t bytes = p->pb.auto_policy ? p->pb.by_policy[TR_RECOMPUTE_FULL] : p->pb.bytes;
+		char set[64];
+		if (s->hold_job == q->id)
+			snprintf(gpu, sizeof(gpu),
+				 "GPU %s held for it until they drain (%u GPU(s), plan %.1f MiB each)",
+				 dmn_devices_mask_str(s->hold_mask, set, sizeof(set)), ngpus,
+				 (double)bytes / (1 << 20));
+		else if (s->hold_job && q->priority <= s->hold_prio)
+			snprintf(gpu, sizeof(gpu),
+				 "no GPU has room for %u x %.1f MiB outside GPU %s, held for job %lld (a "
+				 "job waiting for GPUs before it)",
+				 ngpus, (double)bytes / (1 << 20),
+				 dmn_devices_mask_str(s->hold_mask, set, sizeof(set)), (long long)s->hold_job);
+		else
+			snprintf(gpu, sizeof(gpu), "no GPU has room for %u x %.1f MiB now", ngpus,
+				 (double)bytes / (1 << 20));
+	}
+	if (allow_cpu)
+		snprintf(cpu, sizeof(cpu), "%severy CPU slot is busy (cpu_slots = %ld)",
+			 gpu_ok ? "; " : "", s->cfg->cpu_slots);
+	why_set(s, q->id, "%s%s", gpu, cpu);
+}
+
 static void pass(struct dmn_sched *s, bool from_tick)
 {
 	if (s->stopping)
@@ -720,9 +880,19 @@ static void pass(struct dmn_sched *s, bool from_tick)
 		return;
 	}
 	s->queued = (uint32_t)n;
+	s->nwhy = 0;
+	sweep_ended(s, q, n);
 	if (s->dev->n)
 		snapshot(s);
 	s->pass_blocked = false;
+	/* Each user's usage within usage_window_hours: fair share's second key
+	 * and the quota. */
+	int64_t now = st_now_ms();
+	struct st_usage_row *use = NULL;
+	size_t nuse = 0;
+	if (st_usage_list(s->db, now - s->cfg->usage_window_hours * 3600000L, false, true, 0, &use,
+			  &nuse, &eb) != TD_OK)
+		td_warn("TD-SCHED-USAGE", "cannot read the usage: %s", eb.msg);
 	/* The held GPUs' job left the queue (placed, cancelled, failed). */
 	bool holder_queued = false;
 	for (size_t i = 0; i < n && s->hold_job; i++)
@@ -733,14 +903,49 @@ static void pass(struct dmn_sched *s, bool from_tick)
 	struct user_count uc[MAXU];
 	size_t nuc = 0;
 	bool *done = calloc(n ? n : 1, sizeof(bool));
-	if (!done) {
+	int64_t *used = calloc(n ? n : 1, sizeof(int64_t));
+	if (!done || !used) {
+		free(done);
+		free(used);
+		free(use);
 		st_queue_free(q, n);
 		return;
 	}
+	/* Not admitted, whatever the GPUs: held, waiting on a dependency, or
+	 * its user at the quota. */
+	const double quota_ms = s->cfg->quota_gpu_hours * 3600e3;
+	for (size_t i = 0; i < n; i++) {
+		int64_t gpu_ms = 0;
+		for (size_t k = 0; k < nuse; k++) {
+			if (use[k].uid == q[i].uid) {
+				used[i] = use[k].u.gpu_ms + use[k].u.cpu_ms;
+				gpu_ms = use[k].u.gpu_ms;
+			}
+		}
+		if (q[i].held)
+			why_set(s, q[i].id, "held (trainctl release %lld starts it)", (long long)q[i].id);
+		else if (q[i].deps_pending)
+			why_set(s, q[i].id, "waits for job %lld%s to succeed (submit --after)",
+				(long long)q[i].dep_waiting,
+				q[i].deps_pending > 1 ? " and others" : "");
+		else if (quota_ms > 0 && (double)gpu_ms >= quota_ms)
+			why_set(s, q[i].id,
+				"quota_gpu_hours: uid %u used %.2f of its %.2f GPU-hours in the last %ld "
+				"hours; it starts as the window slides",
+				(unsigned)q[i].uid, (double)gpu_ms / 3600e3, s->cfg->quota_gpu_hours,
+				s->cfg->usage_window_hours);
+		else
+			continue;
+		done[i] = true;
+		if (s->hold_job == q[i].id)
+			hold_clear(s);
+	}
+	free(use);
 	for (;;) {
 		if (!capacity(s))
 			break; /* nothing else could start */
-		/* The best candidate left, by (priority, running work, age). */
+		/* The best candidate left, by (priority, running work, usage in
+		 * the window, age). */
 		ssize_t best = -1;
 		uint64_t best_active = 0;
 		for (size_t i = 0; i < n; i++) {
@@ -751,9 +956,11 @@ static void pass(struct dmn_sched *s, bool from_tick)
 			if (best < 0 || q[i].priority > q[best].priority ||
 			    (q[i].priority == q[best].priority &&
 			     (active < best_active ||
-			      (active == best_active && (q[i].submit_ms < q[best].submit_ms ||
-							 (q[i].submit_ms == q[best].submit_ms &&
-							  q[i].id < q[best].id)))))) {
+			      (active == best_active &&
+			       (used[i] < used[best] ||
+				(used[i] == used[best] &&
+				 (q[i].submit_ms < q[best].submit_ms ||
+				  (q[i].submit_ms == q[best].submit_ms && q[i].id < q[best].id)))))))) {
 				best = (ssize_t)i;
 				best_active = active;
 			}
@@ -768,14 +975,25 @@ static void pass(struct dmn_sched *s, bool from_tick)
 			/* Waiting for its user's own jobs, not for GPUs: it holds none. */
 			if (s->hold_job == c->id)
 				hold_clear(s);
+			why_set(s, c->id, "max_running_per_user: uid %u has %u running (limit %ld)",
+				(unsigned)c->uid, c->user_active + (st ? *st : 0),
+				s->cfg->max_running_per_user);
 			continue;
 		}
-		if (try_place(s, c) == PLACE_STARTED && st)
+		enum place pl = try_place(s, c);
+		if (pl == PLACE_STARTED && st)
 			(*st)++;
+		else if (pl == PLACE_WAIT)
+			explain_wait(s, c);
 	}
 	/* user_active in the snapshot already counts jobs started before this
 	 * pass; `started` counts this pass's. */
+	for (size_t i = 0; i < n; i++)
+		if (!done[i])
+			why_set(s, q[i].id, "every CPU slot is busy (cpu_slots = %ld)%s", s->cfg->cpu_slots,
+				s->dev->n ? "" : " and the host has no GPU");
 	free(done);
+	free(used);
 	st_queue_free(q, n);
 }
 
@@ -976,6 +1194,7 @@ td_err dmn_sched_free(struct dmn_sched *s)
 		free(s->claims[i].dir);
 	free(s->claims);
 	free(s->plans);
+	free(s->why);
 	free(s);
 	return TD_OK;
 }

@@ -1,7 +1,8 @@
 /* The scheduler: which queued job runs next, and where.
  *
  * Order: priority (higher first), then fair share (the user with the least
- * running work first, counting what this pass already started), then age.
+ * running work first, counting what this pass already started; then the one
+ * who used the least in the usage window), then age.
  * Placement: resources.gpus GPUs (a gang when more than one) where the ledger
  * grants the plan's lease on each, all in one transaction or none
  * (st_ledger_reserve_gang checks each device's total × vram_factor and free
@@ -20,6 +21,13 @@
  * a gang of 4 behind a stream of 1-GPU jobs included, is starved. Per-user
  * limits: max_running_per_user here, and max_queued_per_user at submit
  * (st_job_submit).
+ *
+ * Not admitted at all (issue 14): a held job, a job whose dependencies have
+ * not all SUCCEEDED, and the jobs of a user whose GPU time within
+ * usage_window_hours reached quota_gpu_hours. Fair share's second key, after
+ * the running jobs, is each user's GPU + CPU-slot time within that window
+ * (state/: the accounting). Why each job waits is kept for list and show
+ * (dmn_sched_waiting).
  *
  * It owns the runner set (daemon/runner.h) and hears from it when a job ends.
  * It also keeps which output dirs belong to jobs that have not ended, so that
@@ -84,6 +92,13 @@ void dmn_sched_claim_drop(struct dmn_sched *s, int64_t claim);
 /* A job ended outside a runner (cancelled while queued): drop its claim,
  * its plan, and run a pass. */
 void dmn_sched_job_ended(struct dmn_sched *s, int64_t job_id);
+
+/* Why job_id, QUEUED, is not running: held, its dependencies, a per-user
+ * limit, the usage quota, no GPU with room (or GPUs held for another job),
+ * every CPU slot busy, as the last pass decided. Writes buf either way; false
+ * when the last pass did not look at the job (the text then says what it
+ * can). */
+bool dmn_sched_waiting(const struct dmn_sched *s, int64_t job_id, char *buf, size_t cap);
 
 /* Jobs QUEUED as of the last pass. */
 uint32_t dmn_sched_queued(const struct dmn_sched *s);

@@ -312,6 +312,10 @@ static void tick_cb(uv_timer_t *t)
 {
 	struct server *srv = t->data;
 	dmn_notify_watchdog();
+	/* The accounting: every queued and running job's usage up to now. */
+	struct td_errbuf eb = {{0}};
+	if (st_usage_accrue(srv->db, st_now_ms(), &eb) != TD_OK)
+		td_warn("TD-USAGE", "cannot accrue usage: %s", eb.msg);
 	if (!srv->stopping)
 		dmn_sched_tick(srv->sched);
 	if (!srv->stopping && dmn_sched_restart_wanted(srv->sched)) {

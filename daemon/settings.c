@@ -84,6 +84,21 @@ static const struct setting settings[] = {
 	 "jobs `trainctl ls` shows when it asks for no limit"},
 	{"log_level", T_ENUM, F(log_level), "info", 0, 0, "err,warn,info,debug", true,
 	 "least important log level written"},
+	{"user_priority_max", T_INT, F(user_priority_max), "100", -100, 100, NULL, true,
+	 "the highest priority a user who is not an admin may give a job (at submit and with "
+	 "`trainctl priority`); admins may use -100 .. 100"},
+	{"usage_window_hours", T_INT, F(usage_window_hours), "168", 1, 87600, NULL, true,
+	 "the window over which fair share and the quota count each user's usage (GPU and "
+	 "CPU-slot seconds)"},
+	{"quota_gpu_hours", T_DBL, F(quota_gpu_hours), "0", 0, 1e9, NULL, true,
+	 "GPU-hours a user may use within usage_window_hours; a user at or over it gets no "
+	 "job admitted until the window slides (running jobs go on); 0: no quota"},
+	{"metrics_textfile", T_PATH, F(metrics_textfile), "", 0, 0, NULL, true,
+	 "Prometheus text exposition written here (atomically) every tick, for node_exporter's "
+	 "textfile collector (name it *.prom); empty: not written"},
+	{"metrics_port", T_INT, F(metrics_port), "0", 0, 65535, NULL, false,
+	 "serve the Prometheus exposition at http://127.0.0.1:PORT/metrics (loopback only); "
+	 "0: not served"},
 };
 #define NSETTINGS (sizeof(settings) / sizeof(settings[0]))
 _Static_assert(NSETTINGS <= DMN_NSETTINGS_MAX, "raise DMN_NSETTINGS_MAX");

@@ -49,6 +49,11 @@ struct dmn_config {
 	long tick_ms;
 	long list_limit;            /* `trainctl ls` without a limit */
 	char log_level[8];          /* err, warn, info, debug */
+	long user_priority_max;     /* users' jobs: priority at most this (admins: any) */
+	long usage_window_hours;    /* fair share and the quota count usage over this window */
+	double quota_gpu_hours;     /* per user within the window; 0: no quota */
+	char metrics_textfile[PATH_MAX]; /* Prometheus exposition written each tick; "": none */
+	long metrics_port;          /* immutable: 127.0.0.1:PORT/metrics; 0: none */
 
 	/* not settings: how this config came to be */
 	char config_file[PATH_MAX]; /* "" if none was read */

@@ -68,6 +68,14 @@ const char *rpc_call_name(Traind__Request__CallCase c)
 		return "info";
 	case TRAIND__REQUEST__CALL_CACHE:
 		return "cache";
+	case TRAIND__REQUEST__CALL_HOLD:
+		return "hold";
+	case TRAIND__REQUEST__CALL_REQUEUE:
+		return "requeue";
+	case TRAIND__REQUEST__CALL_PRIORITY:
+		return "priority";
+	case TRAIND__REQUEST__CALL_USAGE:
+		return "usage";
 	default:
 		return "unknown";
 	}
@@ -149,10 +157,28 @@ td_err rpc_request_check(const Traind__Request *r, struct td_errbuf *eb)
 			return td_fail(eb, TD_EINVAL,
 				       "request.cache: no operation (expected list, stats or clear)");
 		return TD_OK;
+	case TRAIND__REQUEST__CALL_HOLD:
+		return check_id(r->hold && r->hold->has_id, r->hold ? r->hold->id : 0,
+				"request.hold.id", eb);
+	case TRAIND__REQUEST__CALL_REQUEUE:
+		return check_id(r->requeue && r->requeue->has_id, r->requeue ? r->requeue->id : 0,
+				"request.requeue.id", eb);
+	case TRAIND__REQUEST__CALL_PRIORITY:
+		if (!r->priority || !r->priority->has_priority)
+			return td_fail(eb, TD_EINVAL, "request.priority.priority: missing");
+		return check_id(r->priority->has_id, r->priority->id, "request.priority.id", eb);
+	case TRAIND__REQUEST__CALL_USAGE:
+		if (r->usage && r->usage->has_since &&
+		    !(r->usage->since >= 0 && r->usage->since < 1e11))
+			return td_fail(eb, TD_EINVAL,
+				       "request.usage.since: %g is not a time (Unix seconds, >= 0)",
+				       r->usage->since);
+		return TD_OK;
 	default:
 		return td_fail(eb, TD_EINVAL,
 			       "request: no call set (expected one of submit, list, show, cancel, "
-			       "watch, ledger, cache, info; is the daemon older than the client?)");
+			       "watch, ledger, cache, info, hold, requeue, priority, usage; is the "
+			       "daemon older than the client?)");
 	}
 }
 
