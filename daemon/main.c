@@ -209,12 +209,12 @@ static void print_auto_on_host(Traind__JobSpec *spec, FILE *out)
 	snprintf(path, sizeof(path), "%s/config.json", spec->model_dir);
 	struct tr_model_config mc;
 	struct tr_plan_opts po;
-	size_t acts[TR_RECOMPUTE_COUNT], total[TR_RECOMPUTE_COUNT];
+	size_t acts[TR_RECOMPUTE_COUNT], total[TR_RECOMPUTE_COUNT], host[TR_RECOMPUTE_COUNT];
 	if (rpc_jobspec_resolve_precision(spec, true, &eb) != TD_OK ||
 	    tr_config_load(&mc, path, &eb) != TD_OK ||
 	    tr_method_plan_opts(spec, &mc, (int)spec->hyper->micro_batch, (int)spec->data->seq_len,
 				&po, &eb) != TD_OK ||
-	    tr_plan_recompute_bytes(&mc, &po, acts, total, &eb) != TD_OK) {
+	    tr_plan_policy_bytes(&mc, &po, acts, total, host, &eb) != TD_OK) {
 		fprintf(out, "auto       (%s)\n", eb.msg);
 		return;
 	}
@@ -230,12 +230,18 @@ static void print_auto_on_host(Traind__JobSpec *spec, FILE *out)
 			dev[i].index, dev[i].name, (double)avail / (1 << 30),
 			(double)dev[i].total_bytes / (1 << 30), cfg.vram_factor,
 			(double)dev[i].free_bytes / (1 << 30));
-		if (k < TR_RECOMPUTE_COUNT)
+		const int last = TR_RECOMPUTE_COUNT - 1; /* the smallest lease */
+		if (k < TR_RECOMPUTE_COUNT && host[k])
+			fprintf(out, "%s (lease %.2f GiB, and %.2f GiB of pinned host memory)\n",
+				tr_recompute_name((enum tr_recompute)k),
+				(double)(total[k] + extra) / (1 << 30), (double)host[k] / (1 << 30));
+		else if (k < TR_RECOMPUTE_COUNT)
 			fprintf(out, "%s (lease %.2f GiB)\n", tr_recompute_name((enum tr_recompute)k),
 				(double)(total[k] + extra) / (1 << 30));
 		else
-			fprintf(out, "nothing fits (full's lease is %.2f GiB)\n",
-				(double)(total[TR_RECOMPUTE_FULL] + extra) / (1 << 30));
+			fprintf(out, "nothing fits (%s's lease is %.2f GiB)\n",
+				tr_recompute_name((enum tr_recompute)last),
+				(double)(total[last] + extra) / (1 << 30));
 	}
 }
 

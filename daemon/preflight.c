@@ -159,6 +159,7 @@ static td_err checks(const Traind__JobSpec *s, struct dmn_plan_bytes *out, struc
 	    (e = tr_plan_build(&p, &cfg, &po, eb)) != TD_OK)
 		return e;
 	struct dmn_plan_bytes pb = {.bytes = tr_plan_total_bytes(&p),
+				    .host_bytes = tr_plan_host_bytes(&p),
 				    .auto_policy = dmn_recompute_is_auto(s)};
 	tr_plan_fini(&p);
 	/* AUTO: every policy's plan, for the scheduler to choose from where it
@@ -169,6 +170,7 @@ static td_err checks(const Traind__JobSpec *s, struct dmn_plan_bytes *out, struc
 		if ((e = tr_plan_build(&p, &cfg, &po, eb)) != TD_OK)
 			return e;
 		pb.by_policy[k] = tr_plan_total_bytes(&p);
+		pb.host_by_policy[k] = tr_plan_host_bytes(&p);
 		tr_plan_fini(&p);
 	}
 	uint64_t teacher = 0;

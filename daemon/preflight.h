@@ -27,11 +27,15 @@
  * plan the GPU can grant — so the plan's total is known per policy:
  * by_policy[k] under enum tr_recompute k (teacher included), and bytes is
  * NONE's. Otherwise auto_policy is false and bytes is the plan of the
- * policy the spec fixes (or that memory.max_bytes chose). */
+ * policy the spec fixes (or that memory.max_bytes chose). The host bytes
+ * beside them (train/plan.h: TR_ARENA_HOST, FULL_OFFLOAD's pinned memory)
+ * are in no lease: host_bytes, host_by_policy, for what the job says. */
 struct dmn_plan_bytes {
 	uint64_t bytes;
 	bool auto_policy;
 	uint64_t by_policy[TR_RECOMPUTE_COUNT];
+	uint64_t host_bytes;
+	uint64_t host_by_policy[TR_RECOMPUTE_COUNT];
 };
 
 /* Whether spec leaves the recompute policy to placement: memory.recompute

@@ -213,6 +213,9 @@ static td_err choose_recompute(const Traind__JobSpec *spec, const struct tr_mode
 	case TRAIND__RECOMPUTE__RECOMPUTE_FULL:
 		po->recompute = TR_RECOMPUTE_FULL;
 		break;
+	case TRAIND__RECOMPUTE__RECOMPUTE_FULL_OFFLOAD:
+		po->recompute = TR_RECOMPUTE_FULL_OFFLOAD;
+		break;
 	default:
 		return td_fail(eb, TD_EINVAL, "memory.recompute: unknown value %d", (int)r);
 	}
@@ -240,7 +243,8 @@ static td_err choose_recompute(const Traind__JobSpec *spec, const struct tr_mode
 			return TD_OK;
 		}
 	}
-	const int k = aut ? TR_RECOMPUTE_FULL : (int)po->recompute;
+	/* AUTO: the last policy's plan, the smallest on the device */
+	const int k = aut ? TR_RECOMPUTE_COUNT - 1 : (int)po->recompute;
 	char b1[32], b2[32];
 	return td_fail(eb, TD_ERANGE,
 		       "memory.max_bytes: %s (%llu bytes), but the job's plan needs %s (%zu bytes) with "

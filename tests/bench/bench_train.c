@@ -9,7 +9,7 @@
  *               [--shape fixture|25m|qwen2-0.5b|qwen3-0.6b|qwen2-1.5b|llama3-8b-4l|llama3-8b]
  *               [--batch B] [--seq T] [--steps N] [--warm N] [--lora-rank R]
  *               [--lora-targets qv|all] [--precision fp32|bf16] [--phases]
- *               [--recompute none|selective|full] [--qlora]
+ *               [--recompute none|selective|full|full-offload] [--qlora]
  *
  * --qlora: with --lora-rank, the frozen projections in NF4 with double
  * quantization (QLoRA).
@@ -20,7 +20,8 @@
  * used_gib is the measured footprint: those fixed bytes plus what the device
  * lost between the backend's creation and the lowest free memory seen after
  * any step (cuMemGetInfo on a GPU; the backend's own count on the CPU). The
- * CUDA context itself is in neither. */
+ * CUDA context itself is in neither. host_gib: the plan's pinned host memory
+ * (full-offload's layer inputs), which is in neither either. */
 #include <math.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -143,7 +144,7 @@ int main(int argc, char **argv)
 			while (r < TR_RECOMPUTE_COUNT && strcmp(tr_recompute_name((enum tr_recompute)r), v))
 				r++;
 			if (r == TR_RECOMPUTE_COUNT) {
-				fprintf(stderr, "bench_train: --recompute none|selective|full, not %s\n", v);
+				fprintf(stderr, "bench_train: --recompute none|selective|full|full-offload, not %s\n", v);
 				return 2;
 			}
 			recompute = (enum tr_recompute)r;
@@ -285,14 +286,14 @@ int main(int argc, char **argv)
 	printf("{\"name\": \"traind-%s%s\", \"precision\": \"%s\", \"recompute\": \"%s\", \"backend\": \"%s\", \"device\": \"%s\", \"batch\": %d, \"seq\": %d, "
 	       "\"layers\": %d, \"params_total\": %zu, \"params_trainable\": %zu, \"ms_per_step\": %.2f, "
 	       "\"tokens_per_s\": %.1f, \"plan_gib\": %.3f, \"reserve_gib\": %.3f, \"used_gib\": %.3f, "
-	       "\"loss\": %.4f}\n",
+	       "\"host_gib\": %.3f, \"loss\": %.4f}\n",
 	       rank ? (qlora ? "qlora-" : "lora-") : "full-", rank ? targets : bf16 ? "bf16" : "fp32", bf16 ? "bf16" : "fp32",
 	       tr_recompute_name(recompute), be->ops->name, be->device, B, T,
 	       cfg.num_layers, p->numel_params, p->numel_trainable, dt * 1e3, (double)B * T / dt,
 	       (double)tr_plan_total_bytes(p) / (1 << 30),
 	       (double)(tr_plan_total_bytes(p) + be->fixed_bytes) / (1 << 30),
 	       (double)(be->fixed_bytes + (strcmp(backend, "cpu") ? free0 - free_min : be->bytes_peak)) / (1 << 30),
-	       loss);
+	       (double)tr_plan_host_bytes(p) / (1 << 30), loss);
 	if (phases)
 		fprintf(stderr, "phases (ms/step): forward+loss %.1f  backward %.1f  clip %.1f  adamw %.1f\n",
 			1e3 * ph[0] / steps, 1e3 * ph[1] / steps, 1e3 * ph[2] / steps, 1e3 * ph[3] / steps);

@@ -507,13 +507,14 @@ static void test_real_shapes(void)
 		CHECK(!tr_plan_find(&p, "params16"));
 		tr_plan_fini(&p);
 		po.gemm_bf16 = po.attention_lse = true;
-		size_t acts[TR_RECOMPUTE_COUNT], total[TR_RECOMPUTE_COUNT];
-		CHECK_EQ_INT(tr_plan_recompute_bytes(&cfg, &po, acts, total, &eb), TD_OK);
+		size_t acts[TR_RECOMPUTE_COUNT], total[TR_RECOMPUTE_COUNT], host[TR_RECOMPUTE_COUNT];
+		CHECK_EQ_INT(tr_plan_policy_bytes(&cfg, &po, acts, total, host, &eb), TD_OK);
 		for (int rc = 0; rc < TR_RECOMPUTE_COUNT; rc++) {
-			char a[32], t[32];
-			printf("%-42s bf16 %-9s acts %10s  total %10s  (%zu bytes)\n", shapes[i].name,
-			       tr_recompute_name(rc), tr_fmt_bytes(a, sizeof(a), acts[rc]),
-			       tr_fmt_bytes(t, sizeof(t), total[rc]), total[rc]);
+			char a[32], t[32], h[32];
+			printf("%-42s bf16 %-12s acts %10s  total %10s  (%zu bytes)  host %s (%zu bytes)\n",
+			       shapes[i].name, tr_recompute_name(rc), tr_fmt_bytes(a, sizeof(a), acts[rc]),
+			       tr_fmt_bytes(t, sizeof(t), total[rc]), total[rc],
+			       tr_fmt_bytes(h, sizeof(h), host[rc]), host[rc]);
 		}
 	}
 }

@@ -491,7 +491,8 @@ static void test_stages(void)
 
 /* Real shapes, from their configs alone, in the precision a GPU job runs
  * (bf16 GEMMs, fused attention) and the CPU's (fp32, stored probabilities):
- * FULL < SELECTIVE < NONE in activations, and the bytes are printed. */
+ * FULL_OFFLOAD < FULL < SELECTIVE < NONE in activations, FULL_OFFLOAD's host
+ * arena L residual streams, and the bytes are printed. */
 static void test_real_shapes(void)
 {
 	static const struct {
@@ -518,30 +519,40 @@ static void test_real_shapes(void)
 		for (int bf16 = 1; bf16 >= 0; bf16--) {
 			struct tr_plan_opts po = cases[i].po;
 			po.gemm_bf16 = po.attention_lse = bf16;
-			size_t acts[TR_RECOMPUTE_COUNT], total[TR_RECOMPUTE_COUNT];
-			CHECK_EQ_INT(tr_plan_recompute_bytes(&cfg, &po, acts, total, &eb), TD_OK);
-			CHECK(acts[TR_RECOMPUTE_FULL] < acts[TR_RECOMPUTE_SELECTIVE] &&
+			size_t acts[TR_RECOMPUTE_COUNT], total[TR_RECOMPUTE_COUNT], host[TR_RECOMPUTE_COUNT];
+			CHECK_EQ_INT(tr_plan_policy_bytes(&cfg, &po, acts, total, host, &eb), TD_OK);
+			CHECK(acts[TR_RECOMPUTE_FULL_OFFLOAD] < acts[TR_RECOMPUTE_FULL] &&
+			      acts[TR_RECOMPUTE_FULL] < acts[TR_RECOMPUTE_SELECTIVE] &&
 			      acts[TR_RECOMPUTE_SELECTIVE] < acts[TR_RECOMPUTE_NONE]);
+			const size_t res = (size_t)po.B * po.T * cfg.hidden_size * sizeof(float);
+			CHECK_EQ_INT(host[TR_RECOMPUTE_FULL_OFFLOAD], (size_t)cfg.num_layers * res);
+			CHECK_EQ_INT(acts[TR_RECOMPUTE_FULL] - acts[TR_RECOMPUTE_FULL_OFFLOAD],
+				     (size_t)(cfg.num_layers + 1 - TR_OFFLOAD_RING) * res);
 			for (int rc = 0; rc < TR_RECOMPUTE_COUNT; rc++) {
 				/* the other arenas do not depend on the policy */
 				CHECK_EQ_INT(total[rc] - acts[rc], total[0] - acts[0]);
-				char b1[32], b2[32];
-				printf("%-36s %-4s %-9s acts %10s  total %10s  (%zu / %zu bytes)\n",
+				CHECK_EQ_INT(host[rc] > 0, rc == TR_RECOMPUTE_FULL_OFFLOAD);
+				char b1[32], b2[32], b3[32];
+				printf("%-36s %-4s %-12s acts %10s  total %10s  host %10s  (%zu / %zu / %zu bytes)\n",
 				       cases[i].name, bf16 ? "bf16" : "fp32", tr_recompute_name(rc),
 				       tr_fmt_bytes(b1, sizeof(b1), acts[rc]),
-				       tr_fmt_bytes(b2, sizeof(b2), total[rc]), acts[rc], total[rc]);
+				       tr_fmt_bytes(b2, sizeof(b2), total[rc]),
+				       tr_fmt_bytes(b3, sizeof(b3), host[rc]), acts[rc], total[rc], host[rc]);
 			}
 		}
 	}
 	/* The printed plan (traind --plan) names the policy and gives every
-	 * policy's activations and total; a forward-only plan has none. */
+	 * policy's activations and total (and FULL_OFFLOAD's host bytes); a
+	 * forward-only plan has none. */
 	struct tr_model_config cfg;
 	load_config(&cfg, "qwen2");
 	struct tr_plan p;
 	struct td_errbuf eb = {{0}};
-	for (int inf = 0; inf < 2; inf++) {
-		struct tr_plan_opts po = {.B = 2, .T = 8, .recompute = TR_RECOMPUTE_SELECTIVE,
-					  .inference = inf};
+	for (int inf = 0; inf < 3; inf++) {
+		struct tr_plan_opts po = {.B = 2, .T = 8,
+					  .recompute = inf == 2 ? TR_RECOMPUTE_FULL_OFFLOAD
+								: TR_RECOMPUTE_SELECTIVE,
+					  .inference = inf == 1};
 		CHECK_EQ_INT(tr_plan_build(&p, &cfg, &po, &eb), TD_OK);
 		size_t acts[TR_RECOMPUTE_COUNT], total[TR_RECOMPUTE_COUNT];
 		CHECK_EQ_INT(tr_plan_recompute_bytes(&cfg, &po, acts, total, &eb), TD_OK);
@@ -550,8 +561,20 @@ static void test_real_shapes(void)
 		FILE *f = open_memstream(&text, &len);
 		tr_plan_print(&p, f);
 		fclose(f);
-		if (inf) {
-			CHECK(text && !strstr(text, "recompute"));
+		if (inf == 2) {
+			/* the host arena on its own line, and in the policies' list */
+			snprintf(want, sizeof(want), "host       %s (%zu bytes) of pinned host memory",
+				 tr_fmt_bytes((char[32]){0}, 32, tr_plan_host_bytes(&p)),
+				 tr_plan_host_bytes(&p));
+			CHECK_CONTAINS(text, want);
+			CHECK_CONTAINS(text, "recompute  full-offload; by policy");
+			snprintf(want, sizeof(want), " + %s pinned on the host\n",
+				 tr_fmt_bytes((char[32]){0}, 32, tr_plan_host_bytes(&p)));
+			CHECK_CONTAINS(text, want);
+			CHECK_EQ_INT(tr_plan_host_bytes(&p),
+				     (size_t)cfg.num_layers * 2 * 8 * cfg.hidden_size * sizeof(float));
+		} else if (inf) {
+			CHECK(text && !strstr(text, "recompute") && !strstr(text, "host  "));
 		} else {
 			CHECK_CONTAINS(text, "recompute  selective; by policy, acts and total: none ");
 			snprintf(want, sizeof(want), "full %s (%zu bytes)",

@@ -177,8 +177,8 @@ static void test_grad_accum(const char *model, const char *data)
 	rpc_jobspec_free(acc);
 }
 
-/* memory.recompute through the job spec: SELECTIVE and FULL train the
- * same bits as NONE (test_recompute holds every method to it op by op);
+/* memory.recompute through the job spec: SELECTIVE, FULL and FULL_OFFLOAD
+ * train the same bits as NONE (test_recompute holds every method to it op by op);
  * memory.max_bytes picks the least recompute that fits, or fails the job
  * naming it. */
 static void test_recompute_job(const char *model, const char *data)
@@ -191,15 +191,18 @@ static void test_recompute_job(const char *model, const char *data)
 		{"rc-none", "memory { recompute: RECOMPUTE_NONE }", TD_OK, TR_RECOMPUTE_NONE},
 		{"rc-selective", "memory { recompute: RECOMPUTE_SELECTIVE }", TD_OK, TR_RECOMPUTE_SELECTIVE},
 		{"rc-full", "memory { recompute: RECOMPUTE_FULL }", TD_OK, TR_RECOMPUTE_FULL},
+		{"rc-full-offload", "memory { recompute: RECOMPUTE_FULL_OFFLOAD }", TD_OK,
+		 TR_RECOMPUTE_FULL_OFFLOAD},
 		{"rc-tiny", "memory { max_bytes: 1000 }", TD_ERANGE, 0},
 	};
+	enum { NCASES = sizeof(cases) / sizeof(cases[0]) };
 	char cfgpath[512];
 	snprintf(cfgpath, sizeof(cfgpath), "%s/config.json", model);
 	struct tr_model_config cfg;
 	struct td_errbuf eb0 = {{0}};
 	CHECK_EQ_INT(tr_config_load(&cfg, cfgpath, &eb0), TD_OK);
-	struct tr_train_result r[4];
-	for (size_t i = 0; i < 4; i++) {
+	struct tr_train_result r[NCASES];
+	for (size_t i = 0; i < NCASES; i++) {
 		Traind__JobSpec *s = spec_with(cases[i].name, model, data,
 					       "lr: 1e-3 max_steps: 3 micro_batch: 2 grad_accum: 2", "",
 					       cases[i].memory);
@@ -213,7 +216,26 @@ static void test_recompute_job(const char *model, const char *data)
 			CHECK_CONTAINS(eb.msg, "memory.max_bytes: 1000 B (1000 bytes), but the job's plan needs");
 		rpc_jobspec_free(s);
 	}
-	for (size_t i = 1; i < 3; i++) {
+	/* A bound that FULL_OFFLOAD's plan fits and FULL's does not: AUTO takes
+	 * FULL_OFFLOAD (its host bytes are in no bound: they are not the GPU's). */
+	{
+		Traind__JobSpec *s = spec_with("rc-bound", model, data, "micro_batch: 2", "", "");
+		struct td_errbuf eb = {{0}};
+		struct tr_plan_opts po;
+		size_t total[TR_RECOMPUTE_COUNT], host[TR_RECOMPUTE_COUNT];
+		CHECK_EQ_INT(tr_method_plan_opts(s, &cfg, 2, 16, &po, &eb), TD_OK);
+		CHECK_EQ_INT(tr_plan_policy_bytes(&cfg, &po, NULL, total, host, &eb), TD_OK);
+		CHECK(total[TR_RECOMPUTE_FULL_OFFLOAD] < total[TR_RECOMPUTE_FULL] &&
+		      host[TR_RECOMPUTE_FULL_OFFLOAD] > 0 && host[TR_RECOMPUTE_FULL] == 0);
+		rpc_jobspec_free(s);
+		char mem[96];
+		snprintf(mem, sizeof(mem), "memory { max_bytes: %zu }", total[TR_RECOMPUTE_FULL_OFFLOAD]);
+		s = spec_with("rc-bound", model, data, "micro_batch: 2", "", mem);
+		CHECK_EQ_INT(tr_method_plan_opts(s, &cfg, 2, 16, &po, &eb), TD_OK);
+		CHECK_EQ_INT(po.recompute, TR_RECOMPUTE_FULL_OFFLOAD);
+		rpc_jobspec_free(s);
+	}
+	for (size_t i = 1; i < NCASES - 1; i++) {
 		CHECK_MSG(r[i].last_loss == r[0].last_loss, "%s: loss %.17g, none's %.17g", cases[i].name,
 			  r[i].last_loss, r[0].last_loss);
 		char a[512], b[512];
@@ -252,6 +274,7 @@ static void test_plan_equals_allocation(void)
 		CHECK_EQ_INT(tr_model_new(&m, be, &cfg, &po, &eb), TD_OK);
 		const struct tr_plan *p = tr_model_plan(m);
 		CHECK_EQ_INT(be->bytes_in_use, tr_plan_total_bytes(p));
+		CHECK_EQ_INT(be->host_bytes_in_use, tr_plan_host_bytes(p)); /* FULL_OFFLOAD's, else 0 */
 		/* A whole step allocates nothing beyond the plan. */
 		snprintf(path, sizeof(path), "%s/%s", fx, models[i % 3]);
 		struct tr_weights *w = NULL;
@@ -269,6 +292,7 @@ static void test_plan_equals_allocation(void)
 		struct tr_adamw h = {0.9f, 0.999f, 1e-8f, 0.01f};
 		tr_model_adamw(m, &h, 1e-3f, 1);
 		CHECK_EQ_INT(be->bytes_peak, tr_plan_total_bytes(p));
+		CHECK_EQ_INT(be->host_bytes_peak, tr_plan_host_bytes(p));
 		/* Every parameter the file has is in the plan, with its size. */
 		size_t numel = 0;
 		for (size_t k = 0; k < tr_weights_count(w); k++)
