@@ -467,6 +467,7 @@ static int cmd_submit(const struct opts *o, int argc, char **argv)
 				{"none", TRAIND__RECOMPUTE__RECOMPUTE_NONE},
 				{"selective", TRAIND__RECOMPUTE__RECOMPUTE_SELECTIVE},
 				{"full", TRAIND__RECOMPUTE__RECOMPUTE_FULL},
+				{"full-offload", TRAIND__RECOMPUTE__RECOMPUTE_FULL_OFFLOAD},
 			};
 			ok = false;
 			for (size_t k = 0; k < sizeof(rc_names) / sizeof(rc_names[0]); k++)
@@ -1341,7 +1342,7 @@ static const struct command {
 	 "  submit --model DIR --data FILE --output DIR [--method full|lora|qlora|distill|classify]\n"
 	 "         [--steps N] [--lr X] [--batch N] [--seq-len N] [--checkpoint-every N]\n"
 	 "         [--eval FILE] [--name NAME] [--priority N] [--device cpu|gpu|any] [--gpus N]\n"
-	 "         [--recompute auto|none|selective|full] [--max-memory BYTES[K|M|G|T]]\n"
+	 "         [--recompute auto|none|selective|full|full-offload] [--max-memory BYTES[K|M|G|T]]\n"
 	 "         [--after ID[,ID...]] [--hold] [--watch]\n"
 	 "      queue a job (flags override the file; relative paths are taken from here);\n"
 	 "      prints its id"},

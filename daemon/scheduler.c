@@ -389,7 +389,7 @@ static enum place wait_for_gpus(struct dmn_sched *s, const struct st_queued *q, 
 			 "memory \u00d7 vram_factor %.2f)",
 			 (double)need / (1 << 20), want, want == 1 ? "" : "s",
 			 smallest ? " with its smallest plan (memory.recompute AUTO tried none, "
-				    "selective and full; full's is the smallest)"
+				    "selective, full and full-offload; full-offload's is the smallest)"
 				  : "",
 			 want == 1 ? "one" : "set", (double)most / (1 << 20), s->cfg->vram_factor);
 		if (s->hold_job == q->id)
@@ -555,9 +555,9 @@ static enum place try_place(struct dmn_sched *s, const struct st_queued *q)
 			return PLACE_ENDED;
 		}
 		/* memory.recompute AUTO: the fastest policy whose plan a GPU grants
-		 * now — NONE, then SELECTIVE, then FULL (each keeps less and
+		 * now — NONE, SELECTIVE, FULL, then FULL_OFFLOAD (each keeps less and
 		 * recomputes more). Not placed, it waits with the smallest plan,
-		 * FULL's, which fits soonest. */
+		 * FULL_OFFLOAD's, which fits soonest. */
 		const int npol = p->pb.auto_policy ? TR_RECOMPUTE_COUNT : 1;
 		struct dmn_place_gpu pg[DMN_MAX_GPUS];
 		uint32_t mask = 0;
@@ -617,12 +617,16 @@ static enum place try_place(struct dmn_sched *s, const struct st_queued *q)
 		}
 		spec->memory->has_recompute = true;
 		spec->memory->recompute = (Traind__Recompute)(TRAIND__RECOMPUTE__RECOMPUTE_NONE + policy);
+		char host[96] = ""; /* FULL_OFFLOAD's, in no lease */
+		if (p->pb.host_by_policy[policy])
+			snprintf(host, sizeof(host), " (and %.1f MiB of pinned host memory)",
+				 (double)p->pb.host_by_policy[policy] / (1 << 20));
 		if (policy > 0)
 			snprintf(chose, sizeof(chose),
-				 "; memory.recompute AUTO chose %s: its plan of %.1f MiB fits, none's "
+				 "; memory.recompute AUTO chose %s: its plan of %.1f MiB fits%s, none's "
 				 "%.1f MiB does not",
 				 tr_recompute_name((enum tr_recompute)policy), (double)plan_bytes / (1 << 20),
-				 (double)p->pb.by_policy[TR_RECOMPUTE_NONE] / (1 << 20));
+				 host, (double)p->pb.by_policy[TR_RECOMPUTE_NONE] / (1 << 20));
 		else
 			snprintf(chose, sizeof(chose),
 				 "; memory.recompute AUTO chose none: its plan of %.1f MiB fits",
