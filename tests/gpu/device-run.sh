@@ -37,16 +37,16 @@ bench_peak() {
 }
 if [ "$what" = memory ]; then
 	echo "== memory: Qwen2-0.5B full bf16, B8 x T1024, per recompute policy"
-	for r in none selective full; do
+	for r in none selective full full-offload; do
 		bench_peak bench_memory.jsonl --shape qwen2-0.5b --precision bf16 --recompute $r --steps 6 --warm 2
 	done
 	echo "== memory: Llama-3-8B (32 layers) LoRA r16 on all seven, bf16, B4 x T2048"
-	for r in ${MEM_POLICIES:-full selective none}; do
+	for r in ${MEM_POLICIES:-full-offload full selective none}; do
 		bench_peak bench_memory.jsonl --shape llama3-8b --lora-rank 16 --lora-targets all \
 			--precision bf16 --recompute $r --steps 4 --warm 2
 	done
 	echo "== memory: Llama-3-8B (32 layers) QLoRA (NF4 base) r16 on all seven, bf16, B4 x T2048"
-	for r in ${MEM_QLORA_POLICIES:-full}; do
+	for r in ${MEM_QLORA_POLICIES:-full-offload full}; do
 		bench_peak bench_memory.jsonl --shape llama3-8b --lora-rank 16 --lora-targets all --qlora \
 			--precision bf16 --recompute $r --steps 4 --warm 2
 	done
@@ -79,7 +79,7 @@ if [ "$what" != bench ]; then
 	tests/gpu/loss_curve.sh "$bin/traind" "$fx" bf16 lora-dropout || status=1
 	tests/gpu/loss_curve.sh "$bin/traind" "$fx" bf16 qlora || status=1
 	tests/gpu/loss_curve.sh "$bin/traind" "$fx" bf16 distill || status=1
-	echo "== recompute: SELECTIVE and FULL against NONE on the CUDA backend, and their curves"
+	echo "== recompute: SELECTIVE, FULL and FULL_OFFLOAD against NONE on the CUDA backend, and their curves"
 	for prec in fp32 bf16; do
 		TD_FIXTURES=$fx "$bin/test_recompute" --backend cuda --precision $prec 2>&1 | tail -n 4 || status=1
 	done
@@ -87,11 +87,12 @@ if [ "$what" != bench ]; then
 	for prec in fp32 bf16; do
 		TD_FIXTURES=$fx "$bin/test_frozen" --backend cuda --precision $prec 2>&1 | tail -n 3 || status=1
 	done
-	for r in selective full; do
+	for r in selective full full-offload; do
 		tests/gpu/loss_curve.sh "$bin/traind" "$fx" bf16 full $r || status=1
 		tests/gpu/loss_curve.sh "$bin/traind" "$fx" bf16 lora-dropout $r || status=1
 	done
 	tests/gpu/loss_curve.sh "$bin/traind" "$fx" fp32 full full || status=1
+	tests/gpu/loss_curve.sh "$bin/traind" "$fx" fp32 full full-offload || status=1
 	echo "== resume on the GPU, compile counter"
 	tests/gpu/resume_cuda.sh "$bin/traind" "$fx" || status=1
 	echo "== the daemon places a job on the GPU"

@@ -9,9 +9,9 @@
 # projections with dropout 0.1: the masks are the same on both backends, and
 # the bf16 mode keeps fp32 inputs for them); qlora (an NF4 base with LoRA on
 # q and v); distill (from the distillation fixture's teacher). RECOMPUTE: the
-# GPU run's activation recompute policy (none, selective or full; default
-# the spec's default), held to the same bound as without.
-# usage: loss_curve.sh TRAIND FIXTURES [fp32|bf16] [full|lora-dropout|qlora|distill] [none|selective|full]
+# GPU run's activation recompute policy (none, selective, full or
+# full-offload; default the spec's default), held to the same bound as without.
+# usage: loss_curve.sh TRAIND FIXTURES [fp32|bf16] [full|lora-dropout|qlora|distill] [none|selective|full|full-offload]
 set -eu
 traind=$1 fx=$2 prec=${3:-fp32} method=${4:-full} recompute=${5:-}
 case $method in
@@ -24,7 +24,7 @@ esac
 R=""
 case $recompute in
 "") ;;
-none | selective | full) R="memory { recompute: RECOMPUTE_$(echo "$recompute" | tr a-z A-Z) }" ;;
+none | selective | full | full-offload) R="memory { recompute: RECOMPUTE_$(echo "$recompute" | tr a-z- A-Z_) }" ;;
 *) echo "bad recompute policy $recompute"; exit 2 ;;
 esac
 case $prec in fp32) bound=1e-3 P=PRECISION_FP32 ;; bf16) bound=2e-2 P=PRECISION_BF16 ;; *) echo "bad precision $prec"; exit 2 ;; esac
