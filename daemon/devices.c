@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "gpu/nccl.h"
 #include "gpu/select.h"
 #include "gpu/topo.h"
 #include "proto/log.h"
@@ -106,6 +107,22 @@ td_err dmn_devices_init(struct dmn_devices *d, const char *fake_spec, struct td_
 		td_info("TD-GPU-FOUND", "GPU %d: %s %s, compute capability %d.%d, %.1f GiB (%.1f GiB free)",
 			g->index, g->uuid, g->name, g->cc_major, g->cc_minor,
 			(double)info[i].total_bytes / (1 << 30), (double)info[i].free_bytes / (1 << 30));
+	}
+	/* Gangs of real GPUs sum their gradients through NCCL: without it, a
+	 * job asking for several is refused at submit, naming why. */
+	if (d->nreal > 1) {
+		const struct gpu_nccl *nc = NULL;
+		struct td_errbuf why = {{0}};
+		bool ok = gpu_nccl_get(&nc, &why) == TD_OK;
+		if (ok)
+			snprintf(d->nccl_note, sizeof(d->nccl_note), "NCCL %d.%d.%d (%s)", nc->version / 10000,
+				 nc->version / 100 % 100, nc->version % 100, nc->path);
+		else
+			snprintf(d->nccl_note, sizeof(d->nccl_note), "%s", why.msg);
+		for (int i = 0; i < d->n; i++)
+			d->gpu[i].gang = ok && !d->gpu[i].fake;
+		td_info("TD-GPU-NCCL", "%s: %s", ok ? "data parallel over" : "no data parallel on the real GPUs",
+			d->nccl_note);
 	}
 	return TD_OK;
 }
@@ -240,11 +257,16 @@ td_err dmn_devices_check_gpus(const struct dmn_devices *d, unsigned n, struct td
 	int ok = 0;
 	for (int i = 0; i < d->n; i++)
 		ok += dmn_gpu_gang_ok(&d->gpu[i], n);
+	if ((int)n > ok && d->nreal > 1 && !d->gpu[d->n - 1].gang)
+		return td_fail(eb, TD_EINVAL,
+			       "resources.gpus: %u: training on several CUDA GPUs (data parallel) needs "
+			       "NCCL: %s; ask for gpus: 1%s",
+			       n, d->nccl_note, ok > 1 ? " (or as many as the simulated GPUs)" : "");
 	if ((int)n > ok)
 		return td_fail(eb, TD_EINVAL,
-			       "resources.gpus: %u: training on several CUDA GPUs (data parallel) is not "
-			       "implemented yet, and a job would hold %u GPUs to train on one; ask for "
-			       "gpus: 1%s",
-			       n, n, ok > 1 ? " (gangs run on the simulated GPUs only)" : "");
+			       "resources.gpus: %u: at most %d of this host's GPUs can train one job "
+			       "together (a gang needs two real GPUs or more and NCCL, or simulated "
+			       "ones)",
+			       n, ok);
 	return TD_OK;
 }

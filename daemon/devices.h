@@ -37,6 +37,9 @@ struct dmn_gpu {
 	bool fake;           /* simulated: its jobs run on the CPU backend */
 	int ordinal;         /* real: the CUDA device ordinal; fake: -1 */
 	int cc_major, cc_minor;
+	/* real: may be one of a gang's GPUs: the host has several and NCCL
+	 * loads (data parallel, gpu/comm.h) */
+	bool gang;
 };
 
 struct dmn_devices {
@@ -48,6 +51,9 @@ struct dmn_devices {
 	 * bit i); all 0 until dmn_devices_links. */
 	uint32_t nvlink[DMN_MAX_GPUS];
 	char topo_note[512]; /* how the links were learned, or why the real ones are unknown */
+	/* Several real GPUs: the NCCL their gangs use ("NCCL 2.28.9 (libnccl.so.2)"),
+	 * or why gangs cannot run on them; else "". */
+	char nccl_note[512];
 };
 
 /* Builds the list. fake_spec is the fake_gpus setting ("uuid:bytes,..."; bytes
@@ -66,18 +72,18 @@ td_err dmn_devices_init_fake(struct dmn_devices *d, const char *fake_spec, struc
  * a simulated GPU, or a group of one. */
 td_err dmn_devices_links(struct dmn_devices *d, const char *fake_nvlink, struct td_errbuf *eb);
 
-/* Whether g may be one of the GPUs of a job that needs n of them. Training
- * on several GPUs (data parallel) is not implemented yet: a gang of n > 1 is
- * placed on simulated GPUs only, so that the ledger and the scheduler can be
- * exercised end to end, and never holds n real GPUs to train on one. */
+/* Whether g may be one of the GPUs of a job that needs n of them, which
+ * trains data parallel on all n (train/trainer.h: tr_train_opts.ranks): a
+ * real GPU where NCCL loads (g->gang), or a simulated one (its ranks run on
+ * the CPU, summing in-process). */
 static inline bool dmn_gpu_gang_ok(const struct dmn_gpu *g, unsigned n)
 {
-	return n <= 1 || g->fake;
+	return n <= 1 || g->fake || g->gang;
 }
 
 /* Whether this host can ever run a job that needs n GPUs: n of them that
  * dmn_gpu_gang_ok allows. TD_EINVAL naming resources.gpus and the reason
- * (the host has fewer GPUs; or several real GPUs and no data parallel). */
+ * (the host has fewer GPUs; or several real GPUs and no NCCL). */
 td_err dmn_devices_check_gpus(const struct dmn_devices *d, unsigned n, struct td_errbuf *eb);
 
 /* "0+1" for the GPUs of mask (bit i: GPU i), into buf. */

@@ -362,20 +362,33 @@ static bool finished_before(struct dmn_runner *rn)
 	return done;
 }
 
-/* Runner thread: rn's CUDA device lost its context. Marks the device lost
- * (the scheduler admits nothing there until it has reset it) and asks every
- * other runner on it to stop. true if rn is the first job to report it:
- * the one whose fault it is taken to be (CUDA does not say which stream
- * faulted; the others see the same error from then on). */
-static bool device_lost_first(struct dmn_runner *rn)
+/* Whether rn runs on CUDA ordinal d: its device, or one of its gang's. */
+static bool runs_on(const struct dmn_runner *rn, int d)
+{
+	if (d < 0)
+		return false;
+	if (rn->cuda_device == d)
+		return true;
+	for (int k = 0; k < rn->ngpus; k++)
+		if (!rn->gpu[k].fake && rn->gpu[k].ordinal == d)
+			return true;
+	return false;
+}
+
+/* Runner thread: CUDA ordinal `ordinal` of rn's lost its context. Marks the
+ * device lost (the scheduler admits nothing there until it has reset it)
+ * and asks every other runner on it to stop. true if rn is the first job to
+ * report it: the one whose fault it is taken to be (CUDA does not say which
+ * stream faulted; the others see the same error from then on). */
+static bool device_lost_first(struct dmn_runner *rn, int ordinal)
 {
 	struct dmn_runners *set = rn->set;
-	uint64_t bit = rn->cuda_device < 64 ? (uint64_t)1 << rn->cuda_device : 0;
+	uint64_t bit = ordinal >= 0 && ordinal < 64 ? (uint64_t)1 << ordinal : 0;
 	pthread_mutex_lock(&set->mu);
 	bool first = !(set->lost & bit) && !atomic_load(&rn->device_lost);
 	set->lost |= bit;
 	for (struct dmn_runner *o = set->list; o; o = o->next)
-		if (o != rn && o->cuda_device == rn->cuda_device)
+		if (o != rn && runs_on(o, ordinal))
 			atomic_store(&o->device_lost, true);
 	pthread_mutex_unlock(&set->mu);
 	return first;
@@ -402,18 +415,30 @@ static enum st_job_state run_job(struct dmn_runner *rn, char *reason, size_t cap
 		snprintf(reason, cap, "the daemon stopped before the job started");
 		return ST_INTERRUPTED;
 	}
+	int devices[DMN_MAX_GPUS];
 	if (rn->ngpus > 1) {
-		char leases[DMN_MAX_GPUS * 24];
-		size_t len = 0;
-		for (int k = 0; k < rn->ngpus; k++)
+		char leases[DMN_MAX_GPUS * 24], ords[DMN_MAX_GPUS * 8];
+		size_t len = 0, lo = 0;
+		ords[0] = 0;
+		for (int k = 0; k < rn->ngpus; k++) {
 			len += (size_t)snprintf(leases + len, sizeof(leases) - len, "%s%lld",
 						k ? ", " : "", (long long)rn->gpu[k].lease);
-		event(rn, "info",
-		      "gang of %d GPUs (%s; leases %s): data parallel not yet implemented, training on "
-		      "GPU %d (%s) with the %s backend%s; attempt %d, as uid %u",
-		      rn->ngpus, rn->device, leases, rn->gpu[0].index, rn->gpu[0].uuid, rn->backend,
-		      rn->gpu[0].fake ? ", as a simulated GPU's job does" : "", rn->attempts + 1,
-		      (unsigned)rn->uid);
+			devices[k] = rn->gpu[k].fake ? -1 : rn->gpu[k].ordinal;
+			if (!rn->gpu[k].fake)
+				lo += (size_t)snprintf(ords + lo, sizeof(ords) - lo, "%s%d", k ? ", " : "",
+						       rn->gpu[k].ordinal);
+		}
+		if (rn->gpu[0].fake)
+			event(rn, "info",
+			      "data parallel on a gang of %d simulated GPUs (%s; leases %s): %d ranks on the "
+			      "CPU; attempt %d, as uid %u",
+			      rn->ngpus, rn->device, leases, rn->ngpus, rn->attempts + 1, (unsigned)rn->uid);
+		else
+			event(rn, "info",
+			      "data parallel on a gang of %d GPUs (%s; leases %s): %d ranks with the %s "
+			      "backend on CUDA devices %s; attempt %d, as uid %u",
+			      rn->ngpus, rn->device, leases, rn->ngpus, rn->backend, ords, rn->attempts + 1,
+			      (unsigned)rn->uid);
 	} else if (rn->cuda_device >= 0)
 		event(rn, "info", "running on %s (%s backend, CUDA device %d), attempt %d, as uid %u",
 		      rn->device, rn->backend, rn->cuda_device, rn->attempts + 1, (unsigned)rn->uid);
@@ -444,7 +469,10 @@ static enum st_job_state run_job(struct dmn_runner *rn, char *reason, size_t cap
 				      * credentials: a job run with a user's file credentials
 				      * could neither read nor write it (and must not plant
 				      * cubins other users' jobs load), so it compiles. */
-				     .cache_dir = rn->cache_dir[0] && !rn->as_user ? rn->cache_dir : NULL};
+				     .cache_dir = rn->cache_dir[0] && !rn->as_user ? rn->cache_dir : NULL,
+				     /* a gang: one rank on each of its GPUs */
+				     .ranks = rn->ngpus > 1 ? rn->ngpus : 1,
+				     .devices = rn->ngpus > 1 ? devices : NULL};
 	struct tr_hooks hooks = {
 		.on_step = hook_on_step,
 		.on_checkpoint = hook_on_checkpoint,
@@ -472,22 +500,24 @@ static enum st_job_state run_job(struct dmn_runner *rn, char *reason, size_t cap
 	 * reset the device. */
 	bool dev_err = e == TD_EDEVICE_LOST || ((e == TD_EDEVICE || e == TD_ENOMEM) &&
 						 atomic_load(&rn->device_lost));
-	if (rn->cuda_device >= 0 && dev_err) {
-		if (device_lost_first(rn)) {
+	/* A gang's error is its first failing rank's, on that rank's GPU. */
+	int lost_dev = rn->ngpus > 1 ? res.failed_device : rn->cuda_device;
+	if (lost_dev >= 0 && dev_err) {
+		if (device_lost_first(rn, lost_dev)) {
 			snprintf(reason, cap, "%s (CUDA device %d: the other jobs on it are requeued and "
 					      "its context is reset)",
-				 eb.msg[0] ? eb.msg : td_strerror(e), rn->cuda_device);
+				 eb.msg[0] ? eb.msg : td_strerror(e), lost_dev);
 			return ST_FAILED;
 		}
 		if (atomic_load(&rn->cancel)) {
 			snprintf(reason, cap, "cancelled; CUDA device %d had lost its context: %s",
-				 rn->cuda_device, eb.msg);
+				 lost_dev, eb.msg);
 			return ST_CANCELLED;
 		}
 		rn->requeue = true;
 		snprintf(reason, cap, "CUDA device %d lost its context by another job's fault (%s); "
 				      "requeued, resumes from its last checkpoint",
-			 rn->cuda_device, eb.msg[0] ? eb.msg : td_strerror(e));
+			 lost_dev, eb.msg[0] ? eb.msg : td_strerror(e));
 		return ST_INTERRUPTED;
 	}
 	if (e != TD_OK) {
@@ -711,7 +741,7 @@ int dmn_runners_lost_idle(struct dmn_runners *r, uint64_t skip)
 			continue;
 		bool busy = false;
 		for (struct dmn_runner *rn = r->list; rn && !busy; rn = rn->next)
-			busy = rn->cuda_device == d;
+			busy = runs_on(rn, d);
 		if (!busy)
 			found = d;
 	}

@@ -54,9 +54,8 @@ struct dmn_run_request {
 	int cuda_device;            /* "cuda": the device ordinal; -1 otherwise (set it) */
 	const char *cache_dir;      /* the module cache's root (setting cache_dir); NULL: none */
 	/* The job's GPUs (on_gpu), each with its lease. A gang (ngpus > 1)
-	 * holds them all; data parallel is not implemented yet, so the job
-	 * trains on gpu[0] (cuda_device is its ordinal) and says so in its
-	 * events. */
+	 * trains data parallel, one rank on each (cuda_device is gpu[0]'s
+	 * ordinal; simulated GPUs' ranks run on the CPU). */
 	int ngpus;
 	struct dmn_run_gpu gpu[DMN_MAX_GPUS];
 };

@@ -10,6 +10,7 @@
 #include "daemon/identity.h"
 #include "daemon/placement.h"
 #include "daemon/preflight.h"
+#include "gpu/comm.h"
 #include "gpu/select.h"
 #include "proto/jobspec.h"
 #include "proto/log.h"
@@ -341,7 +342,9 @@ static void offer(struct dmn_sched *s, const struct st_queued *q, uint64_t plan_
 		pg[i] = (struct dmn_place_gpu){
 			.usable = dmn_gpu_gang_ok(g, want) && !held &&
 				  !(lost && !g->fake && dmn_runners_lost(s->run, g->ordinal)),
-			.need = dmn_sched_lease_bytes(s->cfg, g, plan_bytes),
+			/* A gang's real GPUs hold NCCL's buffers too (gpu/comm.h). */
+			.need = dmn_sched_lease_bytes(s->cfg, g, plan_bytes) +
+				(want > 1 && !g->fake ? GPU_NCCL_RESERVE_BYTES : 0),
 			.avail = avail,
 			.share = share,
 		};

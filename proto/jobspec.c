@@ -1112,6 +1112,14 @@ static td_err check_resources(const Traind__JobSpec *s, struct td_errbuf *eb)
 	if (r->device == TRAIND__DEVICE__DEVICE_CPU && r->gpus > 1)
 		return td_fail(eb, TD_EINVAL, "resources.gpus: %u GPUs, but resources.device is CPU",
 			       r->gpus);
+	/* Data parallel: the GPUs share each step's micro-batches, so that the
+	 * global batch is one GPU's with the same spec (train/trainer.h). */
+	if (r->gpus > 1 && s->hyper->grad_accum < r->gpus)
+		return td_fail(eb, TD_EINVAL,
+			       "resources.gpus: %u GPUs share each step's hyper.grad_accum micro-batches, "
+			       "at least one each, and grad_accum is %u; set it to %u or a multiple of it "
+			       "(a step's batch is micro_batch x grad_accum sequences, as on one GPU)",
+			       r->gpus, s->hyper->grad_accum, r->gpus);
 	if (r->device == TRAIND__DEVICE__DEVICE_CPU && !r->allow_cpu)
 		return td_fail(eb, TD_EINVAL, "resources.allow_cpu: false, but resources.device is CPU");
 	if (r->device == TRAIND__DEVICE__DEVICE_CPU && s->hyper->precision == TRAIND__PRECISION__PRECISION_BF16)

@@ -6,8 +6,12 @@
 # (contract 7); a job with device GPU is placed on device 0 with a lease of
 # plan + 36 MiB (CUDA backend) + 768 MiB (cuda_context_mib, its default), is run with the
 # CUDA backend on ordinal 0 — which fails there, the fake driver runs nothing —
-# and leaves no lease behind; a job asking for both GPUs is refused (no data
-# parallel yet).
+# and leaves no lease behind. A job asking for both GPUs (a gang, data
+# parallel) is placed on both with a lease each of plan + backend + context
+# + NCCL's allowance (1 GiB) and runs a rank on each ordinal — which fails
+# there too, naming the rank — where NCCL loads; a daemon that cannot load
+# it ($TD_NCCL_LIBRARY pointing nowhere) refuses the gang at submit, naming
+# NCCL.
 # usage: fake_driver.sh LIBFAKECUDA (environment as tests/integration/lib.sh)
 . "$(dirname "$0")/../integration/lib.sh"
 cd "$TD_SRC" || exit 1
@@ -60,11 +64,31 @@ check "run with the CUDA backend on ordinal 0" has "(cuda backend, CUDA device 0
 expect_eq "the fake driver cannot run it" "$(job_state "$id")" FAILED
 check "the failure is the driver's" has "CUDA_ERROR_NOT_SUPPORTED"
 expect_contains "no lease is left" "$(ctl ledger)" "no reservations"
-# Issue 12: no data parallel yet, so no gang holds two real GPUs.
-ctl submit "$WORK/job.txtpb" --gpus 2 --output "$WORK/out2" >/dev/null 2>"$WORK/err"
-expect_eq "a gang of 2 real GPUs: exit 2" "$?" 2
-expect_contains "the refusal names the field and why" "$(cat "$WORK/err")" \
-	"resources.gpus: 2: training on several CUDA GPUs (data parallel) is not implemented yet"
+# Issue 12: a gang of the two real GPUs trains data parallel where NCCL
+# loads; each step's 2 micro-batches, one a rank.
+sed 's/^hyper { max_steps: 3 micro_batch: 2 }$/hyper { max_steps: 3 micro_batch: 2 grad_accum: 2 }/' \
+	"$WORK/job.txtpb" >"$WORK/job2.txtpb"
+if grep -q "TD-GPU-NCCL: data parallel over" "$LOG"; then
+	gid=$(ctl submit "$WORK/job2.txtpb" --gpus 2 --output "$WORK/out2" 2>"$WORK/err")
+	check "the gang of both real GPUs is accepted where NCCL loads" test -n "$gid"
+	# Device 1 has 512 MiB free, less than a gang's lease there (plan +
+	# 36 MiB + 768 MiB + NCCL's 1 GiB): the gang waits, holding the pair.
+	held() { ctl logs "$gid" | grep -q "waiting for GPU 0+1: held for this job"; }
+	check "it waits for both GPUs, held for it" wait_for 20 held
+	ctl cancel "$gid" >/dev/null
+	gended() { case $(job_state "$gid") in CANCELLED | FAILED) return 0 ;; esac; return 1; }
+	check "it is cancelled" wait_for 20 gended
+	expect_contains "no lease is left" "$(ctl ledger)" "no reservations"
+else
+	note "NCCL does not load on this host: $(grep -o 'TD-GPU-NCCL.*' "$LOG")"
+fi
 [ "$FAILS" -eq 0 ] || printf '%s\n' "$logs"
+stop_daemon
+# Without NCCL, a gang of real GPUs is refused at submit, naming it.
+TD_NCCL_LIBRARY=$WORK/no-libnccl.so.2 start_daemon --user --cpu-slots 1
+ctl submit "$WORK/job2.txtpb" --gpus 2 --output "$WORK/out3" >/dev/null 2>"$WORK/err"
+expect_eq "a gang of 2 real GPUs without NCCL: exit 2" "$?" 2
+expect_contains "the refusal names the field and NCCL" "$(cat "$WORK/err")" \
+	"resources.gpus: 2: training on several CUDA GPUs (data parallel) needs NCCL: $WORK/no-libnccl.so.2 cannot be loaded"
 stop_daemon
 finish

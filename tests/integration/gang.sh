@@ -8,8 +8,12 @@
 # GPU's leases over its share, nor a job holding part of its set
 # (tests/integration/gang_check.c). Before that, on an idle host: a gang of
 # 2 with GPU 1 taken goes to the joined pair 2+3, not to 0+2; `trainctl
-# show` lists both of its leases; a gang larger than the host, and a job
-# whose plan fits no GPU, are refused with the field named.
+# show` lists both of its leases; a gang larger than the host, one with
+# fewer micro-batches a step than GPUs, and a job whose plan fits no GPU,
+# are refused with the field named; a gang trains data parallel (one rank
+# a GPU: on simulated GPUs, CPU threads summing in-process) to the loss of
+# one GPU with the same spec. A gang of N runs with grad_accum N: each rank
+# one micro-batch a step.
 . "$(dirname "$0")/lib.sh"
 cd "$TD_SRC" || exit 1
 : "${GANG_CHECK:?}"
@@ -54,14 +58,24 @@ else
 fi
 expect_contains "info lists the NVLink pairs" "$(ctl info)" "NVLink:      0-1 2-3"
 
+# gjob DIR N: the test job with grad_accum N, in DIR (prints its path).
+gjob() {
+	sed "s/^  micro_batch: 2\$/  micro_batch: 2\n  grad_accum: $2/" "$JOB" >"$1/job-g$2.txtpb" &&
+		chmod a+r "$1/job-g$2.txtpb" && echo "$1/job-g$2.txtpb"
+}
+for n in 1 2 4; do
+	gjob "$WORK" $n >/dev/null
+	[ -z "$USERS" ] || gjob "$WORK/shared" $n >/dev/null
+done
 # submit_as USER GPUS NAME: prints the job id ("" for the test's own user).
 submit_as() {
 	local u=$1 n=$2 name=$3 id
 	if [ -z "$u" ]; then
-		id=$(ctl submit "$JOB" --device any --gpus "$n" --steps "$STEPS" --checkpoint-every 0 \
-			--output "$WORK/out-$name" --name "$name")
+		id=$(ctl submit "$WORK/job-g$n.txtpb" --device any --gpus "$n" --steps "$STEPS" \
+			--checkpoint-every 0 --output "$WORK/out-$name" --name "$name")
 	else
-		id=$(as_user "$u" "$UCTL" --socket "$SOCK" submit "$UJOB" --device any --gpus "$n" \
+		id=$(as_user "$u" "$UCTL" --socket "$SOCK" submit "$WORK/shared/job-g$n.txtpb" \
+			--device any --gpus "$n" \
 			--steps "$STEPS" --checkpoint-every 0 --model "$WORK/$u/model" \
 			--data "$WORK/$u/data.tokens" --output "$WORK/$u/out-$name" --name "$name")
 	fi
@@ -70,14 +84,19 @@ submit_as() {
 }
 
 # --- refusals ---
-ctl submit "$JOB" --device any --gpus 5 --output "$WORK/r5" >/dev/null 2>"$WORK/err"
+gjob "$WORK" 8 >/dev/null
+ctl submit "$WORK/job-g8.txtpb" --device any --gpus 5 --output "$WORK/r5" >/dev/null 2>"$WORK/err"
 expect_eq "5 GPUs on a host of 4: exit 2" "$?" 2
 expect_contains "the refusal names the field" "$(cat "$WORK/err")" \
 	"resources.gpus: 5 GPUs asked for; this host has 4"
 ctl submit "$JOB" --device cpu --gpus 2 --output "$WORK/rc" >/dev/null 2>"$WORK/err"
 expect_eq "2 GPUs on the CPU: exit 2" "$?" 2
 expect_contains "the CPU refusal names the field" "$(cat "$WORK/err")" "resources.gpus: 2 GPUs, but resources.device is CPU"
-big=$(ctl submit "$JOB" --device any --gpus 2 --seq-len 512 --batch 8 --output "$WORK/big")
+ctl submit "$JOB" --device any --gpus 2 --output "$WORK/ra" >/dev/null 2>"$WORK/err"
+expect_eq "2 GPUs for a step of one micro-batch: exit 2" "$?" 2
+expect_contains "the refusal names grad_accum" "$(cat "$WORK/err")" \
+	"resources.gpus: 2 GPUs share each step's hyper.grad_accum micro-batches"
+big=$(ctl submit "$WORK/job-g2.txtpb" --device any --gpus 2 --seq-len 512 --batch 8 --output "$WORK/big")
 check "a plan larger than a GPU's share fails" wait_for 20 job_is "$big" FAILED
 expect_contains "and says why" "$(ctl show "$big")" \
 	"no set of this host's GPUs can ever grant that much"
@@ -85,7 +104,7 @@ expect_contains "and says why" "$(ctl show "$big")" \
 # --- NVLink first: GPU 1 taken, a gang of 2 goes to 2+3, not 0+2 ---
 lease=$(ctl ledger reserve --gpu 1 --bytes 3M --pid $$ --note "outside traind")
 check "GPU 1 taken outside traind" test -n "$lease"
-g2=$(ctl submit "$JOB" --device any --gpus 2 --steps 100000 --checkpoint-every 0 \
+g2=$(ctl submit "$WORK/job-g2.txtpb" --device any --gpus 2 --steps 100000 --checkpoint-every 0 \
 	--output "$WORK/out-nvlink")
 check "the gang of 2 is admitted" wait_for 20 job_is "$g2" RUNNING
 show=$(ctl --json show "$g2")
@@ -101,12 +120,26 @@ logs=$(ctl logs "$g2")
 expect_contains "placed on the joined pair" "$logs" \
 	"placed on a gang of 2 simulated GPUs, GPU 2+3 (GPU-gang-2,GPU-gang-3), all joined by NVLink"
 expect_contains "the runner says what it does with a gang" "$logs" \
-	"data parallel not yet implemented, training on GPU 2 (GPU-gang-2)"
+	"data parallel on a gang of 2 simulated GPUs (GPU-gang-2,GPU-gang-3; leases"
+expect_contains "the trainer runs two ranks" "$logs" "data parallel: 2 ranks (cpu)"
 plan=$(printf '%s\n' "$logs" | sed -n 's/.*plan: \([0-9]*\) bytes.*/\1/p' | head -n 1)
 check "one lease per GPU: the plan ($plan bytes) is over half of 3.6 MiB and under it" \
 	awk -v p="$plan" 'BEGIN { exit !(p > 1887436 && p <= 3774873) }'
 ctl ledger release "$lease" >/dev/null
 expect_contains "no lease is left" "$(ctl ledger)" "no reservations"
+
+# --- data parallel: a gang of 2 trains one GPU's curve ---
+one=$(ctl submit "$WORK/job-g2.txtpb" --device any --steps 20 --checkpoint-every 0 --output "$WORK/dp1")
+two=$(ctl submit "$WORK/job-g2.txtpb" --device any --gpus 2 --steps 20 --checkpoint-every 0 \
+	--output "$WORK/dp2")
+check "one GPU and a gang of 2 with the same spec end" wait_for 60 all_ended "$one" "$two"
+expect_eq "the one-GPU job succeeded" "$(job_state "$one")" SUCCEEDED
+expect_eq "the gang succeeded" "$(job_state "$two")" SUCCEEDED
+# The reason reads "20 steps, loss A -> B; model in ...": the same to 4
+# decimals (test_ddp holds the curves to float32 rounding).
+l1=$(ctl show "$one" | grep -o 'loss [0-9.]* -> [0-9.]*')
+l2=$(ctl show "$two" | grep -o 'loss [0-9.]* -> [0-9.]*')
+check "the gang's losses are one GPU's ($l1; gang: $l2)" test -n "$l1" -a "$l1" = "$l2"
 
 # --- contention: 1, 2 and 4 GPUs from several users, submitted together ---
 mkdir -p "$WORK/samples"

@@ -198,16 +198,27 @@ static void test_links(void)
 	memset(&eb, 0, sizeof(eb));
 	CHECK_EQ_INT(dmn_devices_check_gpus(&d, 5, &eb), TD_EINVAL);
 	CHECK_CONTAINS(eb.msg, "resources.gpus: 5 GPUs asked for; this host has 4");
-	/* Real GPUs take no gang: data parallel is not implemented. */
+	/* Real GPUs take a gang only where NCCL loads (dmn_devices_init sets
+	 * gang on each of several real GPUs then). */
 	d.gpu[2].fake = d.gpu[3].fake = false;
 	CHECK_EQ_INT(dmn_devices_check_gpus(&d, 2, &eb), TD_OK);
 	memset(&eb, 0, sizeof(eb));
 	CHECK_EQ_INT(dmn_devices_check_gpus(&d, 3, &eb), TD_EINVAL);
-	CHECK_CONTAINS(eb.msg, "resources.gpus: 3: training on several CUDA GPUs (data parallel) is not "
-			       "implemented yet");
+	CHECK_CONTAINS(eb.msg, "resources.gpus: 3: at most 2 of this host's GPUs can train one job");
 	CHECK(dmn_gpu_gang_ok(&d.gpu[2], 1));
 	CHECK(!dmn_gpu_gang_ok(&d.gpu[2], 2));
 	CHECK(dmn_gpu_gang_ok(&d.gpu[0], 2));
+	d.nreal = 2;
+	snprintf(d.nccl_note, sizeof(d.nccl_note), "libnccl.so.2 cannot be loaded: test");
+	memset(&eb, 0, sizeof(eb));
+	CHECK_EQ_INT(dmn_devices_check_gpus(&d, 3, &eb), TD_EINVAL);
+	CHECK_CONTAINS(eb.msg, "resources.gpus: 3: training on several CUDA GPUs (data parallel) needs "
+			       "NCCL: libnccl.so.2 cannot be loaded: test");
+	d.gpu[2].gang = d.gpu[3].gang = true;
+	CHECK(dmn_gpu_gang_ok(&d.gpu[2], 2));
+	CHECK_EQ_INT(dmn_devices_check_gpus(&d, 4, &eb), TD_OK);
+	d.nreal = 0;
+	d.gpu[2].gang = d.gpu[3].gang = false;
 	struct dmn_devices none;
 	CHECK_EQ_INT(dmn_devices_init_fake(&none, "", &eb), TD_OK);
 	CHECK_EQ_INT(dmn_devices_check_gpus(&none, 1, &eb), TD_OK);

@@ -459,6 +459,7 @@ M(m_cpu_noallow, SET(re(s), device, TRAIND__DEVICE__DEVICE_CPU); SET(re(s), allo
 M(m_gpus0, SET(re(s), gpus, 0))
 M(m_gpus17, SET(re(s), gpus, 17))
 M(m_gpus_cpu, SET(re(s), device, TRAIND__DEVICE__DEVICE_CPU); SET(re(s), gpus, 2))
+M(m_gpus_accum, SET(re(s), gpus, 2); SET(hy(s), grad_accum, 1))
 M(m_cpu_bf16, SET(re(s), device, TRAIND__DEVICE__DEVICE_CPU);
   SET(hy(s), precision, TRAIND__PRECISION__PRECISION_BF16))
 M(m_rank0, SET(s, method, TRAIND__METHOD__METHOD_LORA); SET(lo(s), rank, 0))
@@ -548,6 +549,8 @@ static const struct bad_case bad_cases[] = {
 	{ m_gpus0, "resources.gpus: must be in 1 .. 16 (got 0)" },
 	{ m_gpus17, "resources.gpus: must be in 1 .. 16 (got 17)" },
 	{ m_gpus_cpu, "resources.gpus: 2 GPUs, but resources.device is CPU" },
+	{ m_gpus_accum, "resources.gpus: 2 GPUs share each step's hyper.grad_accum micro-batches, at "
+			"least one each, and grad_accum is 1; set it to 2" },
 	{ m_cpu_bf16, "hyper.precision: BF16 needs a GPU" },
 	{ m_rank0, "lora.rank: must be >= 1 (got 0)" },
 	{ m_lora_alpha_nan, "lora.alpha:" },
