@@ -12,14 +12,17 @@
 cd "$TD_SRC" || exit 1
 : "${RPC_RAW:?}"
 
-start_daemon --user
+# Debug lines log every request: a daemon that stops answering shows where.
+start_daemon --user --log-level debug
 
 raw_case() {
 	local what=$1 needle=$2
 	shift 2
 	local out
 	out=$("$RPC_RAW" "$SOCK" "$@")
-	expect_eq "$what: a response" "$?" 0
+	local rc=$?
+	[ "$rc" = 3 ] && dump_daemon "$what"
+	expect_eq "$what: a response" "$rc" 0
 	expect_contains "$what: the message" "$out" "$needle"
 	check "$what: the daemon serves on" ctl info >/dev/null
 }
@@ -48,7 +51,9 @@ ctl submit "$WORK/bad.txtpb" >/dev/null 2>"$WORK/err"
 expect_eq "a job file that does not parse: exit 2" "$?" 2
 expect_contains "its error names the file and line" "$(cat "$WORK/err")" "bad.txtpb:2:"
 ctl submit tests/integration/job.txtpb --model /nonexistent/model --output "$WORK/o" >/dev/null 2>"$WORK/err"
-expect_eq "a model dir that is not there: exit 5" "$?" 5
+rc=$?
+[ "$rc" = 3 ] && dump_daemon "submit of a missing model dir"
+expect_eq "a model dir that is not there: exit 5" "$rc" 5
 expect_contains "its error" "$(cat "$WORK/err")" "model_dir: /nonexistent/model: no such directory"
 expect_contains "nothing was queued" "$(ctl ls)" "no jobs"
 check "the daemon is still running" kill -0 "$DPID"

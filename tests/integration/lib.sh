@@ -28,7 +28,7 @@ cleanup() {
 	if declare -F extra_cleanup >/dev/null; then extra_cleanup; fi
 	if [ "$FAILS" -ne 0 ] && [ -f "$LOG" ]; then
 		echo "---- traind log ----"
-		tail -n 60 "$LOG"
+		tail -n 150 "$LOG"
 	fi
 	rm -rf "$WORK"
 }
@@ -68,6 +68,18 @@ expect_contains() {
 }
 
 ctl() { "$TRAINCTL" --socket "$SOCK" "$@"; }
+
+# dump_daemon WHY: when the daemon stopped answering, its threads' stacks
+# (gdb, where installed) into the test's output, so that a hang seen once in
+# CI can be read afterwards.
+dump_daemon() {
+	echo "---- traind stopped answering ($1): its threads ----"
+	if [ -n "$DPID" ] && command -v gdb >/dev/null; then
+		gdb -batch -p "$DPID" -ex "thread apply all bt" 2>&1 | grep -E '^(Thread|#)' | head -n 200
+	else
+		echo "(gdb is not installed)"
+	fi
+}
 
 # For tests that act as other users: what those users run and read comes
 # from $WORK (0755), never from the checkout or the build dir, which may sit

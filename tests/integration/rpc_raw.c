@@ -116,6 +116,9 @@ int main(int argc, char **argv)
 	}
 	const char *tmo = getenv("RPC_RAW_TIMEOUT_MS");
 	nng_socket_set_ms(s, NNG_OPT_RECVTIMEO, tmo ? atoi(tmo) : 30000);
+	/* A send the daemon never takes (it stopped reading) must not hang the
+	 * test either. */
+	nng_socket_set_ms(s, NNG_OPT_SENDTIMEO, tmo ? atoi(tmo) : 30000);
 	nng_socket_set_ms(s, NNG_OPT_REQ_RESENDTIME, NNG_DURATION_INFINITE);
 	int rv = nng_send(s, buf, len, 0);
 	free(buf);
