@@ -10,6 +10,13 @@
  *               [--batch B] [--seq T] [--steps N] [--warm N] [--lora-rank R]
  *               [--lora-targets qv|all] [--precision fp32|bf16] [--phases]
  *               [--recompute none|selective|full|full-offload] [--qlora]
+ *               [--gpus N [--comm auto|host|nccl]]
+ *
+ * --gpus N: data parallel, N ranks (threads of this process) on CUDA
+ * devices 0 .. N-1 (the CPU backend: N CPU ranks), each B x T of its own
+ * tokens a step, the gradients summed (NCCL on CUDA, by buckets during the
+ * backward: train/ddp.h) before clip and AdamW; tokens_per_s counts every
+ * rank's (N x B x T a step), used_gib is the largest rank's.
  *
  * --qlora: with --lora-rank, the frozen projections in NF4 with double
  * quantization (QLoRA).
@@ -23,13 +30,16 @@
  * CUDA context itself is in neither. host_gib: the plan's pinned host memory
  * (full-offload's layer inputs), which is in neither either. */
 #include <math.h>
+#include <pthread.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
+#include "gpu/comm.h"
 #include "gpu/select.h"
+#include "train/ddp.h"
 #include "train/model.h"
 
 static double now_s(void)
@@ -39,17 +49,17 @@ static double now_s(void)
 	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-static uint64_t rng = 0x2545F4914F6CDD1Dull;
-static double uniform(void)
+/* xorshift64; one state per rank. */
+static double uniform(uint64_t *rng)
 {
-	rng ^= rng << 13;
-	rng ^= rng >> 7;
-	rng ^= rng << 17;
-	return (double)(rng >> 11) / 9007199254740992.0;
+	*rng ^= *rng << 13;
+	*rng ^= *rng >> 7;
+	*rng ^= *rng << 17;
+	return (double)(*rng >> 11) / 9007199254740992.0;
 }
-static float normal(void)
+static float normal(uint64_t *rng)
 {
-	double u = uniform(), v = uniform();
+	double u = uniform(rng), v = uniform(rng);
 	return (float)(sqrt(-2.0 * log(u + 1e-300)) * cos(2 * M_PI * v));
 }
 
@@ -109,20 +119,211 @@ static const struct {
 	 4, 2048},
 };
 
+/* What every rank runs with (--gpus N: N ranks, threads of this process,
+ * one device each, summing their gradients through gpu/comm.h). */
+struct bench {
+	const char *backend, *targets;
+	struct tr_model_config cfg;
+	int B, T, steps, warm, lora_rank, gpus;
+	bool bf16, phases, qlora;
+	enum tr_recompute recompute;
+	struct gpu_gang *gang;
+	enum gpu_comm_kind comm;
+};
+
+/* One rank's run and what it measured. */
+struct rank_run {
+	const struct bench *b;
+	int r;
+	pthread_t thread;
+	td_err e;
+	struct td_errbuf eb;
+	double dt, loss;
+	double ph[5];           /* forward, backward, sum (ranks), clip, adamw: seconds */
+	size_t plan_bytes, host_bytes, fixed_bytes, used_bytes;
+	size_t numel_params, numel_trainable;
+	char backend[16], device[128], comm[32];
+	struct tr_ddp_stats st;
+};
+
+static td_err rank_fail(struct rank_run *rr, td_err e)
+{
+	if (rr->b->gang)
+		gpu_gang_fail(rr->b->gang, rr->r, e, rr->eb.msg);
+	return e;
+}
+
+static td_err bench_rank(struct rank_run *rr)
+{
+	const struct bench *b = rr->b;
+	struct td_errbuf *eb = &rr->eb;
+	const int B = b->B, T = b->T, steps = b->steps, warm = b->warm;
+	struct gpu_backend *be = NULL;
+	struct tr_model *m = NULL;
+	struct gpu_comm *comm = NULL;
+	struct tr_ddp *ddp = NULL;
+	int32_t *ids = NULL;
+	td_err e = gpu_backend_open_on(&be, b->backend, b->gpus > 1 ? rr->r : -1, eb);
+	if (e == TD_OK)
+		e = gpu_set_bf16(be, b->bf16, eb);
+	if (e != TD_OK)
+		return rank_fail(rr, e);
+	size_t free0 = 0, total = 0, free_min;
+	gpu_mem_info(be, &free0, &total);
+	free_min = free0;
+
+	struct tr_plan_opts po = {.B = B, .T = T, .recompute = b->recompute};
+	if (b->lora_rank > 0) {
+		po.lora_rank = b->lora_rank;
+		po.lora_alpha = 2.0 * b->lora_rank;
+		po.lora_targets = strcmp(b->targets, "all") == 0 ? (1u << TR_LIN_COUNT) - 1
+								 : (1u << TR_LIN_Q) | (1u << TR_LIN_V);
+		if (b->qlora) {
+			po.base_quant = TR_QUANT_NF4;
+			po.nf4_double_quant = true;
+		}
+	}
+	if ((e = tr_model_new(&m, be, &b->cfg, &po, eb)) != TD_OK) {
+		gpu_backend_free(be);
+		return rank_fail(rr, e);
+	}
+	const struct tr_plan *p = tr_model_plan(m);
+	/* Random init from a pool of normals, read at a different offset per
+	 * tensor: drawing 8e9 of them one by one would take minutes. The same
+	 * seed on every rank: the same weights. */
+	uint64_t rng = 0x2545F4914F6CDD1Dull;
+	enum { POOL = 1 << 20 };
+	float *pool = malloc(POOL * sizeof(float));
+	for (int k = 0; k < POOL; k++)
+		pool[k] = 0.02f * normal(&rng);
+	for (size_t i = 0; i < p->nparams && e == TD_OK; i++) {
+		const struct tr_param *pp = &p->params[i];
+		float *h = malloc(pp->numel * sizeof(float));
+		const size_t off = (size_t)(uniform(&rng) * POOL);
+		for (size_t k = 0; k < pp->numel; k++)
+			h[k] = pp->ndim == 1 ? 1.0f : pool[(k + off) & (POOL - 1)];
+		if (tr_model_set_param(m, pp, h) != TD_OK)
+			e = td_fail(eb, TD_ENOMEM, "cannot set %s", pp->name);
+		free(h);
+	}
+	free(pool);
+	if (e == TD_OK && b->gang) {
+		if ((e = gpu_comm_new(&comm, b->gang, rr->r, be, b->comm, eb)) == TD_OK)
+			e = tr_ddp_new(&ddp, m, comm, 0, false, eb);
+		if (e == TD_OK)
+			snprintf(rr->comm, sizeof(rr->comm), "%s", gpu_comm_name(comm));
+	}
+	/* Each rank its own tokens (its share of a global batch of gpus x B). */
+	rng = 0x9E3779B97F4A7C15ull * (uint64_t)(rr->r + 1);
+	ids = malloc((size_t)B * T * sizeof(int32_t));
+	struct tr_adamw hp = {0.9f, 0.999f, 1e-8f, 0.01f};
+	double t0 = now_s(), loss = 0;
+	/* --phases: a sync after each phase and its share of the step (the
+	 * syncs cost a little; tokens/s is then measured without them). */
+	for (int s = 0; s < warm + steps && e == TD_OK; s++) {
+		if (s == warm) {
+			if ((e = gpu_sync(be, eb)) != TD_OK ||
+			    (b->gang && (e = gpu_gang_barrier(b->gang, rr->r, eb)) != TD_OK))
+				break;
+			t0 = now_s();
+		}
+		for (int k = 0; k < B * T; k++)
+			ids[k] = (int32_t)(uniform(&rng) * b->cfg.vocab_size);
+		double ls;
+		int64_t nv;
+		double tp = now_s();
+		bool timed = b->phases && s >= warm;
+		tr_model_zero_grad(m);
+		/* As the trainer: every position but each row's last is a target
+		 * (ids are their own labels), so dloss is known before the
+		 * forward, which also runs the head's backward; over the global
+		 * batch (gpus x B rows) with several ranks. */
+		const float dloss = 1.0f / (float)((int64_t)b->gpus * B * (T - 1));
+		tr_model_fuse_head_backward(m, dloss);
+		if ((e = tr_model_forward(m, ids, ids, &ls, &nv, eb)) != TD_OK)
+			break;
+		if (nv != (int64_t)B * (T - 1)) {
+			e = td_fail(eb, TD_EINTERNAL, "%lld valid positions, expected %lld", (long long)nv,
+				    (long long)B * (T - 1));
+			break;
+		}
+		if (timed) {
+			rr->ph[0] += now_s() - tp; /* forward (with the head's backward) blocks for the loss */
+			tp = now_s();
+		}
+		if (ddp)
+			tr_ddp_arm(ddp);
+		tr_model_backward(m, dloss);
+		if (timed) {
+			gpu_sync(be, eb);
+			rr->ph[1] += now_s() - tp;
+			tp = now_s();
+		}
+		if (ddp && (e = tr_ddp_finish(ddp, eb)) != TD_OK)
+			break;
+		if (timed) {
+			rr->ph[2] += now_s() - tp;
+			tp = now_s();
+		}
+		tr_model_clip_grads(m, 1.0); /* blocking: the step's end */
+		if (timed) {
+			rr->ph[3] += now_s() - tp;
+			tp = now_s();
+		}
+		tr_model_adamw(m, &hp, 1e-5f, s + 1);
+		if (timed) {
+			gpu_sync(be, eb);
+			rr->ph[4] += now_s() - tp;
+		}
+		loss = ls / (double)nv;
+		size_t fr, tot;
+		if (gpu_mem_info(be, &fr, &tot) == TD_OK && fr < free_min)
+			free_min = fr;
+	}
+	if (e == TD_OK)
+		e = gpu_sync(be, eb);
+	if (e == TD_OK && b->gang)
+		e = gpu_gang_barrier(b->gang, rr->r, eb);
+	rr->dt = (now_s() - t0) / steps;
+	rr->loss = loss;
+	rr->plan_bytes = tr_plan_total_bytes(p);
+	rr->host_bytes = tr_plan_host_bytes(p);
+	rr->fixed_bytes = be->fixed_bytes;
+	rr->used_bytes = be->fixed_bytes + (strcmp(b->backend, "cpu") ? free0 - free_min : be->bytes_peak);
+	rr->numel_params = p->numel_params;
+	rr->numel_trainable = p->numel_trainable;
+	snprintf(rr->backend, sizeof(rr->backend), "%s", be->ops->name);
+	snprintf(rr->device, sizeof(rr->device), "%s", be->device);
+	if (ddp)
+		tr_ddp_get_stats(ddp, &rr->st);
+	free(ids);
+	tr_ddp_free(ddp);
+	gpu_comm_free(comm);
+	tr_model_free(m);
+	gpu_backend_free(be);
+	return e != TD_OK ? rank_fail(rr, e) : TD_OK;
+}
+
+static void *rank_main(void *arg)
+{
+	struct rank_run *rr = arg;
+	rr->e = bench_rank(rr);
+	return NULL;
+}
+
 int main(int argc, char **argv)
 {
-	const char *backend = "cpu", *shape = "25m", *targets = "qv";
-	int B = 0, T = 0, steps = 10, warm = 2, rank = 0;
-	bool bf16 = false, phases = false, qlora = false;
-	enum tr_recompute recompute = TR_RECOMPUTE_NONE;
+	const char *shape = "25m", *comm = "auto";
+	struct bench b = {.backend = "cpu", .targets = "qv", .steps = 10, .warm = 2, .gpus = 1,
+			  .recompute = TR_RECOMPUTE_NONE};
 	for (int i = 1; i < argc; i++) {
 		const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
 		if (!strcmp(a, "--phases")) {
-			phases = true;
+			b.phases = true;
 			continue;
 		}
 		if (!strcmp(a, "--qlora")) {
-			qlora = true;
+			b.qlora = true;
 			continue;
 		}
 		if (!v) {
@@ -130,15 +331,17 @@ int main(int argc, char **argv)
 			return 2;
 		}
 		i++;
-		if (!strcmp(a, "--backend")) backend = v;
+		if (!strcmp(a, "--backend")) b.backend = v;
 		else if (!strcmp(a, "--shape")) shape = v;
-		else if (!strcmp(a, "--batch")) B = atoi(v);
-		else if (!strcmp(a, "--seq")) T = atoi(v);
-		else if (!strcmp(a, "--steps")) steps = atoi(v);
-		else if (!strcmp(a, "--warm")) warm = atoi(v);
-		else if (!strcmp(a, "--lora-rank")) rank = atoi(v);
-		else if (!strcmp(a, "--lora-targets")) targets = v;
-		else if (!strcmp(a, "--precision")) bf16 = !strcmp(v, "bf16");
+		else if (!strcmp(a, "--batch")) b.B = atoi(v);
+		else if (!strcmp(a, "--seq")) b.T = atoi(v);
+		else if (!strcmp(a, "--steps")) b.steps = atoi(v);
+		else if (!strcmp(a, "--warm")) b.warm = atoi(v);
+		else if (!strcmp(a, "--lora-rank")) b.lora_rank = atoi(v);
+		else if (!strcmp(a, "--lora-targets")) b.targets = v;
+		else if (!strcmp(a, "--precision")) b.bf16 = !strcmp(v, "bf16");
+		else if (!strcmp(a, "--gpus")) b.gpus = atoi(v);
+		else if (!strcmp(a, "--comm")) comm = v;
 		else if (!strcmp(a, "--recompute")) {
 			int r = 0;
 			while (r < TR_RECOMPUTE_COUNT && strcmp(tr_recompute_name((enum tr_recompute)r), v))
@@ -147,13 +350,23 @@ int main(int argc, char **argv)
 				fprintf(stderr, "bench_train: --recompute none|selective|full|full-offload, not %s\n", v);
 				return 2;
 			}
-			recompute = (enum tr_recompute)r;
+			b.recompute = (enum tr_recompute)r;
 		}
 		else {
 			fprintf(stderr, "bench_train: unknown option %s\n", a);
 			return 2;
 		}
 	}
+	if (b.qlora && b.lora_rank <= 0) {
+		fprintf(stderr, "bench_train: --qlora needs --lora-rank\n");
+		return 2;
+	}
+	if (b.gpus < 1 || b.gpus > GPU_GANG_MAX || !gpu_comm_kind_parse(comm, &b.comm)) {
+		fprintf(stderr, "bench_train: --gpus 1..%d, --comm auto|host|nccl\n", GPU_GANG_MAX);
+		return 2;
+	}
+	if (b.steps < 1)
+		b.steps = 1;
 	size_t si = 0;
 	while (si < sizeof(shapes) / sizeof(shapes[0]) && strcmp(shapes[si].name, shape))
 		si++;
@@ -161,144 +374,68 @@ int main(int argc, char **argv)
 		fprintf(stderr, "bench_train: unknown shape %s (fixture, 25m, qwen2-0.5b, qwen3-0.6b, qwen2-1.5b, llama3-8b-4l, llama3-8b)\n", shape);
 		return 2;
 	}
-	if (!B) B = shapes[si].B;
-	if (!T) T = shapes[si].T;
+	if (!b.B) b.B = shapes[si].B;
+	if (!b.T) b.T = shapes[si].T;
 
 	struct td_errbuf eb = {{0}};
-	struct tr_model_config cfg;
-	if (tr_config_parse(&cfg, shapes[si].json, shape, &eb) != TD_OK) {
+	if (tr_config_parse(&b.cfg, shapes[si].json, shape, &eb) != TD_OK) {
 		fprintf(stderr, "bench_train: %s\n", eb.msg);
 		return 1;
 	}
-	struct gpu_backend *be = NULL;
-	if (gpu_backend_open(&be, backend, &eb) != TD_OK) {
+	if (b.gpus > 1 && gpu_gang_new(&b.gang, b.gpus, 0, &eb) != TD_OK) {
 		fprintf(stderr, "bench_train: %s\n", eb.msg);
 		return 1;
 	}
-	if (gpu_set_bf16(be, bf16, &eb) != TD_OK) {
-		fprintf(stderr, "bench_train: %s\n", eb.msg);
+	struct rank_run *rr = calloc((size_t)b.gpus, sizeof(*rr));
+	if (!rr) {
+		fprintf(stderr, "bench_train: out of memory\n");
 		return 1;
 	}
-	size_t free0 = 0, total = 0, free_min;
-	gpu_mem_info(be, &free0, &total);
-	free_min = free0;
-
-	struct tr_plan_opts po = {.B = B, .T = T, .recompute = recompute};
-	if (rank > 0) {
-		po.lora_rank = rank;
-		po.lora_alpha = 2.0 * rank;
-		po.lora_targets = strcmp(targets, "all") == 0 ? (1u << TR_LIN_COUNT) - 1
-							      : (1u << TR_LIN_Q) | (1u << TR_LIN_V);
-		if (qlora) {
-			po.base_quant = TR_QUANT_NF4;
-			po.nf4_double_quant = true;
-		}
-	} else if (qlora) {
-		fprintf(stderr, "bench_train: --qlora needs --lora-rank\n");
-		return 2;
-	}
-	struct tr_model *m = NULL;
-	if (tr_model_new(&m, be, &cfg, &po, &eb) != TD_OK) {
-		fprintf(stderr, "bench_train: %s\n", eb.msg);
-		return 1;
-	}
-	const struct tr_plan *p = tr_model_plan(m);
-	/* Random init from a pool of normals, read at a different offset per
-	 * tensor: drawing 8e9 of them one by one would take minutes. */
-	enum { POOL = 1 << 20 };
-	float *pool = malloc(POOL * sizeof(float));
-	for (int k = 0; k < POOL; k++)
-		pool[k] = 0.02f * normal();
-	for (size_t i = 0; i < p->nparams; i++) {
-		const struct tr_param *pp = &p->params[i];
-		float *h = malloc(pp->numel * sizeof(float));
-		const size_t off = (size_t)(uniform() * POOL);
-		for (size_t k = 0; k < pp->numel; k++)
-			h[k] = pp->ndim == 1 ? 1.0f : pool[(k + off) & (POOL - 1)];
-		if (tr_model_set_param(m, pp, h) != TD_OK) {
-			fprintf(stderr, "bench_train: cannot set %s\n", pp->name);
-			return 1;
-		}
-		free(h);
-	}
-	free(pool);
-	int32_t *ids = malloc((size_t)B * T * sizeof(int32_t));
-	struct tr_adamw hp = {0.9f, 0.999f, 1e-8f, 0.01f};
-	double t0 = now_s(), loss = 0;
-	/* --phases: a sync after each phase and its share of the step (the
-	 * syncs cost a little; tokens/s is then measured without them). */
-	double ph[4] = {0, 0, 0, 0};
-	for (int s = 0; s < warm + steps; s++) {
-		if (s == warm) {
-			if (gpu_sync(be, &eb) != TD_OK)
-				break;
-			t0 = now_s();
-		}
-		for (int k = 0; k < B * T; k++)
-			ids[k] = (int32_t)(uniform() * cfg.vocab_size);
-		double ls;
-		int64_t nv;
-		double tp = now_s();
-		tr_model_zero_grad(m);
-		/* As the trainer: every position but each row's last is a target
-		 * (ids are their own labels), so dloss is known before the
-		 * forward, which also runs the head's backward. */
-		const float dloss = 1.0f / (float)(B * (T - 1));
-		tr_model_fuse_head_backward(m, dloss);
-		if (tr_model_forward(m, ids, ids, &ls, &nv, &eb) != TD_OK)
+	int started = 1;
+	for (int r = 0; r < b.gpus; r++)
+		rr[r] = (struct rank_run){.b = &b, .r = r};
+	for (int r = 1; r < b.gpus; r++, started++)
+		if (pthread_create(&rr[r].thread, NULL, rank_main, &rr[r]) != 0) {
+			gpu_gang_fail(b.gang, r, TD_EINTERNAL, "cannot start a rank's thread");
 			break;
-		if (nv != (int64_t)B * (T - 1)) {
-			fprintf(stderr, "bench_train: %lld valid positions, expected %lld\n",
-				(long long)nv, (long long)B * (T - 1));
-			return 1;
 		}
-		if (phases && s >= warm) {
-			ph[0] += now_s() - tp; /* forward (with the head's backward) blocks for the loss */
-			tp = now_s();
-		}
-		tr_model_backward(m, dloss);
-		if (phases && s >= warm) {
-			gpu_sync(be, &eb);
-			ph[1] += now_s() - tp;
-			tp = now_s();
-		}
-		tr_model_clip_grads(m, 1.0); /* blocking: the step's end */
-		if (phases && s >= warm) {
-			ph[2] += now_s() - tp;
-			tp = now_s();
-		}
-		tr_model_adamw(m, &hp, 1e-5f, s + 1);
-		if (phases && s >= warm) {
-			gpu_sync(be, &eb);
-			ph[3] += now_s() - tp;
-		}
-		loss = ls / (double)nv;
-		size_t fr, tot;
-		if (gpu_mem_info(be, &fr, &tot) == TD_OK && fr < free_min)
-			free_min = fr;
-	}
-	td_err e = gpu_sync(be, &eb);
-	double dt = (now_s() - t0) / steps;
-	if (e != TD_OK || eb.msg[0]) {
-		fprintf(stderr, "bench_train: %s\n", eb.msg);
+	rr[0].e = bench_rank(&rr[0]);
+	for (int r = 1; r < started; r++)
+		pthread_join(rr[r].thread, NULL);
+	int fr = 0;
+	td_err e = b.gang ? gpu_gang_error(b.gang, &fr, &eb) : rr[0].e;
+	if (!b.gang && e != TD_OK)
+		eb = rr[0].eb;
+	if (e != TD_OK) {
+		fprintf(stderr, "bench_train: rank %d: %s\n", fr, eb.msg);
 		return 1;
 	}
-	printf("{\"name\": \"traind-%s%s\", \"precision\": \"%s\", \"recompute\": \"%s\", \"backend\": \"%s\", \"device\": \"%s\", \"batch\": %d, \"seq\": %d, "
+	const struct rank_run *r0 = &rr[0];
+	size_t used = 0;
+	for (int r = 0; r < b.gpus; r++)
+		used = rr[r].used_bytes > used ? rr[r].used_bytes : used;
+	const int lr = b.lora_rank;
+	printf("{\"name\": \"traind-%s%s\", \"precision\": \"%s\", \"recompute\": \"%s\", \"backend\": \"%s\", \"device\": \"%s\", "
+	       "\"gpus\": %d, \"batch\": %d, \"seq\": %d, "
 	       "\"layers\": %d, \"params_total\": %zu, \"params_trainable\": %zu, \"ms_per_step\": %.2f, "
 	       "\"tokens_per_s\": %.1f, \"plan_gib\": %.3f, \"reserve_gib\": %.3f, \"used_gib\": %.3f, "
-	       "\"host_gib\": %.3f, \"loss\": %.4f}\n",
-	       rank ? (qlora ? "qlora-" : "lora-") : "full-", rank ? targets : bf16 ? "bf16" : "fp32", bf16 ? "bf16" : "fp32",
-	       tr_recompute_name(recompute), be->ops->name, be->device, B, T,
-	       cfg.num_layers, p->numel_params, p->numel_trainable, dt * 1e3, (double)B * T / dt,
-	       (double)tr_plan_total_bytes(p) / (1 << 30),
-	       (double)(tr_plan_total_bytes(p) + be->fixed_bytes) / (1 << 30),
-	       (double)(be->fixed_bytes + (strcmp(backend, "cpu") ? free0 - free_min : be->bytes_peak)) / (1 << 30),
-	       (double)tr_plan_host_bytes(p) / (1 << 30), loss);
-	if (phases)
-		fprintf(stderr, "phases (ms/step): forward+loss %.1f  backward %.1f  clip %.1f  adamw %.1f\n",
-			1e3 * ph[0] / steps, 1e3 * ph[1] / steps, 1e3 * ph[2] / steps, 1e3 * ph[3] / steps);
-	free(ids);
-	tr_model_free(m);
-	gpu_backend_free(be);
+	       "\"host_gib\": %.3f, ",
+	       lr ? (b.qlora ? "qlora-" : "lora-") : "full-", lr ? b.targets : b.bf16 ? "bf16" : "fp32",
+	       b.bf16 ? "bf16" : "fp32", tr_recompute_name(b.recompute), r0->backend, r0->device, b.gpus,
+	       b.B, b.T, b.cfg.num_layers, r0->numel_params, r0->numel_trainable, r0->dt * 1e3,
+	       (double)b.gpus * b.B * b.T / r0->dt, (double)r0->plan_bytes / (1 << 30),
+	       (double)(r0->plan_bytes + r0->fixed_bytes) / (1 << 30), (double)used / (1 << 30),
+	       (double)r0->host_bytes / (1 << 30));
+	if (b.gang)
+		printf("\"comm\": \"%s\", \"sums_in_backward\": %.1f, \"sums_after\": %.1f, ", r0->comm,
+		       (double)r0->st.overlapped / (double)(r0->st.steps ? r0->st.steps : 1),
+		       (double)r0->st.at_finish / (double)(r0->st.steps ? r0->st.steps : 1));
+	printf("\"loss\": %.4f}\n", r0->loss);
+	if (b.phases)
+		fprintf(stderr, "phases (ms/step, rank 0): forward+loss %.1f  backward %.1f  sum %.1f  clip %.1f  adamw %.1f\n",
+			1e3 * r0->ph[0] / b.steps, 1e3 * r0->ph[1] / b.steps, 1e3 * r0->ph[2] / b.steps,
+			1e3 * r0->ph[3] / b.steps, 1e3 * r0->ph[4] / b.steps);
+	free(rr);
+	gpu_gang_free(b.gang);
 	return 0;
 }
