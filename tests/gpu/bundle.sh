@@ -18,7 +18,7 @@ cp build/daemon/traind build/client/trainctl build/tests/parity build/tests/gpu/
 	build/tests/unit/test_frozen \
 	build/gpu/cuda/libtraind-cuda.so .gpu-run/
 ../shared/device/bundle-libs.sh .gpu-libs .gpu-run/* >/dev/null
-cp ../shared/bench/peer_hf.py ../shared/bench/peer_big.py .gpu-libs/
+cp ../shared/bench/peer_hf.py ../shared/bench/peer_big.py ../shared/bench/peer_dist.py .gpu-libs/
 strip --strip-unneeded .gpu-libs/lib/* .gpu-run/* 2>/dev/null || true
 rm -f .gpu-libs/lib/{libsystemd,libgcrypt,libgpg-error,liblz4,liblzma,libzstd,libcap,libsqlite3,libcrypto}*
 tar cf - .gpu-run .gpu-libs | xz -T2 -6 >.gpu-pack.tar.xz
