@@ -6,17 +6,19 @@
 # uncompressed pair is over the device tool's 64 MiB carry). Run from the
 # repo root after `ninja -C build`; then, on the device, with carry
 # [".gpu-pack.tar.xz"]:
-#   tar xJf .gpu-pack.tar.xz; tests/gpu/device-run.sh [tests|bench|faults|all]
+#   tar xJf .gpu-pack.tar.xz; tests/gpu/device-run.sh [tests|bench|faults|memory|ddp|all]
+# BUILD=DIR packs another build folder than build/ (e.g. BUILD=build-ddp).
 # Libraries the GPU machine has itself (libsystemd, libcrypto, sqlite, ...)
 # are left out.
 set -eu
 cd "$(dirname "$0")/../.."
 rm -rf .gpu-run .gpu-libs .gpu-pack.tar.xz
 mkdir -p .gpu-run
-cp build/daemon/traind build/client/trainctl build/tests/parity build/tests/gpu/test_cuda_ops \
-	build/tests/bench/bench_train build/tests/bench/bench_tokenizer build/tests/unit/test_recompute \
-	build/tests/unit/test_frozen \
-	build/gpu/cuda/libtraind-cuda.so .gpu-run/
+b=${BUILD:-build}
+cp "$b"/daemon/traind "$b"/client/trainctl "$b"/tests/parity "$b"/tests/gpu/test_cuda_ops \
+	"$b"/tests/bench/bench_train "$b"/tests/bench/bench_tokenizer "$b"/tests/unit/test_recompute \
+	"$b"/tests/unit/test_frozen \
+	"$b"/gpu/cuda/libtraind-cuda.so .gpu-run/
 ../shared/device/bundle-libs.sh .gpu-libs .gpu-run/* >/dev/null
 cp ../shared/bench/peer_hf.py ../shared/bench/peer_big.py ../shared/bench/peer_dist.py .gpu-libs/
 strip --strip-unneeded .gpu-libs/lib/* .gpu-run/* 2>/dev/null || true

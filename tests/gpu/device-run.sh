@@ -3,7 +3,7 @@
 # PyTorch peer, in one call. Expects .gpu-run/ (binaries and the CUDA module)
 # and .gpu-libs/lib (bundle-libs.sh) in the repo root: tests/gpu/bundle.sh
 # makes them.
-# usage: tests/gpu/device-run.sh [tests|bench|faults|memory|all]
+# usage: tests/gpu/device-run.sh [tests|bench|faults|memory|ddp|all]
 # memory: each recompute policy's tokens/s and peak for Qwen2-0.5B full and
 # Llama-3-8B LoRA (all 32 layers), beside peer_big.py (PEFT with and without
 # gradient checkpointing); wants the memory of an H200 for the policy NONE.
@@ -53,6 +53,22 @@ if [ "$what" = memory ]; then
 	echo "== memory: peer (PEFT, with and without gradient checkpointing)"
 	PYTHONUNBUFFERED=1 RUNS=${PEER_RUNS:-lora-8b-gc,lora-8b} timeout 500 python3 "$root/.gpu-libs/peer_big.py" 2>&1 |
 		grep '^{' | tee -a "$out/bench_memory.jsonl"
+	exit $status
+fi
+if [ "$what" = ddp ]; then
+	# Data parallel on two GPUs (issue 12): tests/gpu/ddp.sh's parts
+	# ($DDP_PARTS, default all: curves resume faults daemon bench). NCCL is
+	# loaded at run time: the host's libnccl.so.2, else PyTorch's
+	# (nvidia-nccl-cu13), else $TD_NCCL_LIBRARY as given. Multicast off.
+	export NCCL_NVLS_ENABLE=0
+	if [ -z "${TD_NCCL_LIBRARY:-}" ] && ! ldconfig -p 2>/dev/null | grep -q 'libnccl\.so\.2 '; then
+		TD_NCCL_LIBRARY=$(python3 -c 'import os, nvidia.nccl as n; print(os.path.join(list(n.__path__)[0], "lib", "libnccl.so.2"))' 2>/dev/null)
+		[ -f "$TD_NCCL_LIBRARY" ] || TD_NCCL_LIBRARY=$(find / -name libnccl.so.2 -not -path '/proc/*' 2>/dev/null | head -n 1)
+		export TD_NCCL_LIBRARY
+	fi
+	echo "== data parallel (tests/gpu/ddp.sh ${DDP_PARTS:-all}); NCCL: ${TD_NCCL_LIBRARY:-libnccl.so.2}"
+	TRAIND=$bin/traind TRAINCTL=$bin/trainctl TD_FIXTURES=$fx TD_SRC=$root BENCH_TRAIN=$bin/bench_train \
+		PEER_DIST=$root/.gpu-libs/peer_dist.py OUT=$out bash tests/gpu/ddp.sh ${DDP_PARTS:-} || status=1
 	exit $status
 fi
 if [ "$what" = faults ]; then

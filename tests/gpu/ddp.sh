@@ -1,0 +1,249 @@
+#!/bin/bash
+# Data parallel on two GPUs (issue 12, items 2 and 5), on a host with two
+# CUDA GPUs and NCCL; skips (77) with fewer. Parts (default: all):
+#   curves  the qwen2 fixture, 100 steps, grad_accum 2 (one micro-batch a
+#           rank): 2 GPUs against 1 GPU with the same spec and against the
+#           CPU (fp32), in fp32 and in bf16, within tests/gpu/loss_curve.sh's
+#           bounds (relative 1e-3 fp32, 2e-2 bf16, every step); the first
+#           step's loss must be the same to the 4 printed decimals
+#   resume  2 GPUs (bf16) stopped at step 50 with a checkpoint, resumed on 1
+#           GPU and on 2: steps 51..100 against the uninterrupted 2-GPU run
+#           (the bf16 bound; the resume on 2 also reports whether it is the
+#           same to the printed decimals)
+#   faults  traind --run --gpus 2: rank 1 fails at step 5 (TD_DDP_FAIL_AT):
+#           the run fails in seconds naming rank 1 and its GPU; rank 1
+#           stalls (a hung device) with TD_DDP_TIMEOUT_MS=5000: rank 0's
+#           NCCL wait gives up, both communicators are aborted, the run
+#           fails naming the timeout; a sticky CUDA fault on one rank
+#           (TD_CUDA_FAULT_AFTER_OPS): the run fails naming it, no hang
+#   daemon  a daemon whose gang jobs fail on rank 1 (TD_DDP_FAIL_AT): a gang
+#           of 2 fails on every rank naming rank 1, both leases released,
+#           and a one-GPU job after it succeeds (the daemon serves on); a
+#           daemon without the hook: a gang of 2 trains data parallel and
+#           succeeds
+#   bench   bench_train --shape qwen2-0.5b --precision bf16 (B8 x T1024 a
+#           GPU) on 1 and on 2 GPUs: tokens/s, the ratio (issue 12's target:
+#           >= 1.9, reported, not asserted), each GPU's peak as nvidia-smi
+#           sees it beside the lease a gang takes there; then peer_dist.py
+#           (PyTorch DDP) on 2 GPUs where torchrun is found
+# Environment: TRAIND, TRAINCTL, TD_FIXTURES, TD_SRC (as tests/integration),
+# BENCH_TRAIN for bench, PEER_DIST (peer_dist.py) optionally, OUT for the
+# bench's JSON lines (default /tmp). NCCL_NVLS_ENABLE=0 is set here
+# (multicast stays off). DDP_BACKEND=cpu runs curves, resume and the first
+# fault on CPU ranks instead (this script's own check, on any machine).
+# usage: ddp.sh [curves] [resume] [faults] [daemon] [bench]
+. "$(dirname "$0")/../integration/lib.sh"
+cd "$TD_SRC" || exit 1
+export NCCL_NVLS_ENABLE=0
+parts=${*:-curves resume faults daemon bench}
+fx=$TD_FIXTURES
+out=${OUT:-/tmp}
+
+be=${DDP_BACKEND:-cuda}
+ngpu=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ')
+if [ "$be" = cuda ] && [ "${ngpu:-0}" -lt 2 ]; then
+	echo "SKIP: data parallel needs two GPUs; nvidia-smi lists ${ngpu:-none}"
+	exit 77
+fi
+
+# spec NAME PRECISION [EXTRA_OUTPUT]: the qwen2 fixture, grad_accum 2.
+spec() {
+	local dev=DEVICE_GPU
+	[ "$2" = PRECISION_FP32_CPU ] && dev=DEVICE_CPU
+	cat >"$WORK/$1.txtpb" <<SPEC
+name: "$1"
+model_dir: "$fx/qwen2"
+data { train_file: "$fx/demo/fortunes.tokens" format: DATA_FORMAT_TOKENS seq_len: 24 }
+hyper { lr: 1e-3 schedule: SCHEDULE_CONSTANT max_steps: 100 micro_batch: 2 grad_accum: 2 seed: 3 weight_decay: 0.01 precision: ${2%_CPU} }
+output { dir: "$WORK/out-$1" ${3:-} }
+resources { device: $dev allow_cpu: true }
+SPEC
+}
+
+# losses LOG: step N's loss on line N.
+losses() { awk '/^step /{ split($2, s, "/"); print s[1], $4 }' "$1"; }
+
+# compare WHAT A.log B.log BOUND [FIRST]: every step of B from FIRST (default
+# 1) within BOUND (relative) of A's same step; prints the worst.
+compare() {
+	local what=$1 a=$2 b=$3 bound=$4 first=${5:-1}
+	losses "$a" >"$WORK/ca"
+	losses "$b" >"$WORK/cb"
+	local res
+	res=$(awk -v first="$first" -v bound="$bound" '
+		NR == FNR { ref[$1] = $2; next }
+		$1 >= first { n++; d = $2 - ref[$1]; if (d < 0) d = -d; r = d / ref[$1]
+			if (r > worst) { worst = r; at = $1 }; same += ($2 == ref[$1]) }
+		END { printf "%d %d %.3e %d %s\n", n, same, worst, at, (n > 0 && worst <= bound + 0) ? "ok" : "over" }
+	' "$WORK/ca" "$WORK/cb")
+	set -- $res
+	echo "$what: $1 steps, $2 the same to 4 decimals, worst relative difference $3 at step $4 (bound $bound)"
+	CHECKS=$((CHECKS + 1))
+	[ "$5" = ok ] || bad "$what: beyond the bound"
+	[ "$1" -eq $((101 - first)) ] || bad "$what: $1 steps compared, want $((101 - first))"
+}
+
+run() { # run NAME LOGNAME ARGS...: traind --run on spec NAME; the exit status
+	local name=$1 log=$2
+	shift 2
+	"$TRAIND" --run "$WORK/$name.txtpb" "$@" >"$WORK/$log.log" 2>"$WORK/$log.err"
+}
+
+if [[ " $parts " == *" curves "* ]]; then
+	echo "== curves: qwen2 fixture, 100 steps, grad_accum 2: 2 GPUs vs 1 GPU vs the CPU"
+	spec cpu PRECISION_FP32_CPU
+	check "the CPU reference runs" run cpu cpu --backend cpu
+	precs="fp32 bf16"
+	[ "$be" = cpu ] && precs=fp32
+	for p in $precs; do
+		P=PRECISION_$(echo $p | tr a-z A-Z)
+		bound=1e-3
+		[ $p = bf16 ] && bound=2e-2
+		for n in 1 2; do
+			spec "g$n-$p" "$P"
+			check "$p on $n GPU(s) runs" run "g$n-$p" "g$n-$p" --backend "$be" --gpus $n ||
+				cat "$WORK/g$n-$p.err"
+		done
+		grep -h -e "^data parallel" "$WORK/g2-$p.log"
+		compare "$p: 2 GPUs vs 1 GPU" "$WORK/g1-$p.log" "$WORK/g2-$p.log" $bound
+		compare "$p: 2 GPUs vs the CPU (fp32)" "$WORK/cpu.log" "$WORK/g2-$p.log" $bound
+		compare "$p: 1 GPU vs the CPU (fp32)" "$WORK/cpu.log" "$WORK/g1-$p.log" $bound
+		expect_eq "$p: the first step's loss on 2 GPUs is 1 GPU's" \
+			"$(losses "$WORK/g2-$p.log" | head -n 1)" "$(losses "$WORK/g1-$p.log" | head -n 1)"
+		check "$p: no kernel compiled after seal on 2 GPUs" grep -q " 0 after seal" "$WORK/g2-$p.log"
+	done
+fi
+
+if [[ " $parts " == *" resume "* ]]; then
+	RP=PRECISION_BF16 rb=2e-2
+	[ "$be" = cpu ] && RP=PRECISION_FP32 rb=1e-3
+	echo "== resume: a 2-GPU checkpoint ($RP, step 50) on 1 GPU and on 2"
+	spec straight $RP "checkpoint_every: 50"
+	check "2 GPUs straight" run straight straight --backend "$be" --gpus 2
+	spec stop $RP "checkpoint_every: 50"
+	rc=0
+	run stop stop --backend "$be" --gpus 2 --stop-after 50 || rc=$?
+	expect_eq "stopped after 50 steps (exit 3)" "$rc" 3
+	for n in 1 2; do
+		spec "on$n" $RP "checkpoint_every: 50"
+		mkdir -p "$WORK/out-on$n" && cp -r "$WORK/out-stop/checkpoints" "$WORK/out-on$n/"
+		check "resumed on $n GPU(s)" run "on$n" "on$n" --backend "$be" --gpus $n
+		check "it resumed from step 50" grep -q "resumed from .*step-00000050" "$WORK/on$n.log"
+		compare "resumed on $n GPU(s) vs 2 GPUs straight" "$WORK/straight.log" "$WORK/on$n.log" $rb 51
+	done
+fi
+
+if [[ " $parts " == *" faults "* ]]; then
+	echo "== faults: one rank fails, stalls or faults; the run ends on every rank"
+	spec fault $([ "$be" = cpu ] && echo PRECISION_FP32 || echo PRECISION_BF16)
+	dev1=" (CUDA device 1)"
+	[ "$be" = cpu ] && dev1=
+	t0=$(date +%s)
+	rc=0
+	TD_DDP_FAIL_AT=1:5 timeout 120 "$TRAIND" --run "$WORK/fault.txtpb" --backend "$be" --gpus 2 \
+		>"$WORK/f1.log" 2>"$WORK/f1.err" || rc=$?
+	expect_eq "rank 1 fails: the run fails (exit 1, not a timeout)" "$rc" 1
+	expect_contains "the error names rank 1 and its GPU" "$(cat "$WORK/f1.err")" \
+		"rank 1 of 2$dev1: TD_DDP_FAIL_AT"
+	note "rank 1's failure ended the run in $(($(date +%s) - t0)) s: $(tail -n 1 "$WORK/f1.err")"
+	rm -rf "$WORK/out-fault"
+fi
+# A stall and a device fault need NCCL's timeout and a real device.
+if [[ " $parts " == *" faults "* ]] && [ "$be" = cuda ]; then
+	t0=$(date +%s)
+	rc=0
+	TD_DDP_FAIL_AT=1:5:stall TD_DDP_TIMEOUT_MS=5000 timeout 120 "$TRAIND" --run "$WORK/fault.txtpb" \
+		--backend "$be" --gpus 2 >"$WORK/f2.log" 2>"$WORK/f2.err" || rc=$?
+	dt=$(($(date +%s) - t0))
+	expect_eq "rank 1 stalls: the run fails (exit 1, not killed)" "$rc" 1
+	expect_contains "the error is rank 0's wait giving up" "$(cat "$WORK/f2.err")" "no progress in 5000 ms"
+	check "within a minute ($dt s)" test "$dt" -lt 60
+	note "the stall: $(tail -n 1 "$WORK/f2.err")"
+	rm -rf "$WORK/out-fault"
+	rc=0
+	TD_CUDA_FAULT_AFTER_OPS=3000 timeout 120 "$TRAIND" --run "$WORK/fault.txtpb" --backend cuda \
+		--gpus 2 >"$WORK/f3.log" 2>"$WORK/f3.err" || rc=$?
+	expect_eq "a sticky fault on one rank: the run fails (exit 1, not a timeout)" "$rc" 1
+	expect_contains "the error names the fault" "$(cat "$WORK/f3.err")" "CUDA_ERROR_ILLEGAL_ADDRESS"
+	note "the fault: $(tail -n 1 "$WORK/f3.err")"
+fi
+
+if [[ " $parts " == *" daemon "* ]]; then
+	echo "== daemon: a gang fails on every rank and the daemon serves on; a gang succeeds"
+	cat >"$WORK/job.txtpb" <<SPEC
+name: "ddp-daemon"
+model_dir: "$fx/qwen2"
+data { train_file: "$fx/demo/fortunes.tokens" format: DATA_FORMAT_TOKENS seq_len: 64 }
+hyper { lr: 1e-3 max_steps: 30 micro_batch: 4 grad_accum: 2 seed: 1 }
+output { dir: "$WORK/unused" checkpoint_every: 10 }
+resources { device: DEVICE_GPU allow_cpu: false }
+SPEC
+	ended() { case $(job_state "$1") in SUCCEEDED | FAILED | CANCELLED) return 0 ;; esac; return 1; }
+	TD_DDP_FAIL_AT=1:3 start_daemon --user --cpu-slots 0
+	check "the daemon loads NCCL" grep -q "TD-GPU-NCCL: data parallel over" "$LOG"
+	bad_id=$(ctl submit "$WORK/job.txtpb" --gpus 2 --output "$WORK/d-bad")
+	check "a gang of 2 is submitted" test -n "$bad_id"
+	check "it ends" wait_for 120 ended "$bad_id"
+	expect_eq "it failed" "$(job_state "$bad_id")" FAILED
+	expect_contains "naming rank 1" "$(ctl show "$bad_id")" "rank 1 of 2 (CUDA device"
+	expect_contains "the runner said data parallel" "$(ctl logs "$bad_id")" "data parallel on a gang of 2 GPUs"
+	expect_contains "no lease is left" "$(ctl ledger)" "no reservations"
+	one=$(ctl submit "$WORK/job.txtpb" --output "$WORK/d-one")
+	check "a one-GPU job after it ends" wait_for 120 ended "$one"
+	expect_eq "and succeeds: the daemon serves on" "$(job_state "$one")" SUCCEEDED
+	stop_daemon
+	start_daemon --user --cpu-slots 0
+	good=$(ctl submit "$WORK/job.txtpb" --gpus 2 --output "$WORK/d-good")
+	check "a gang of 2 ends" wait_for 180 ended "$good"
+	expect_eq "it succeeds" "$(job_state "$good")" SUCCEEDED
+	logs=$(ctl logs "$good")
+	expect_contains "on two ranks" "$logs" "data parallel: 2 ranks (cuda)"
+	note "$(printf '%s\n' "$logs" | grep -e 'placed on a gang' -e 'data parallel' | head -n 3)"
+	note "one GPU: $(ctl show "$one" | grep -o 'loss [0-9.]* -> [0-9.]*'); the gang: $(ctl show "$good" | grep -o 'loss [0-9.]* -> [0-9.]*')"
+	expect_contains "no lease is left" "$(ctl ledger)" "no reservations"
+	stop_daemon
+fi
+
+if [[ " $parts " == *" bench "* ]]; then
+	echo "== bench: Qwen2-0.5B full, bf16, B8 x T1024 a GPU: 1 GPU vs 2"
+	: "${BENCH_TRAIN:?}"
+	# bench N: one JSON line to $out/bench_ddp.jsonl with each GPU's peak
+	# (nvidia-smi, the process's whole footprint there, context included).
+	bench() {
+		local n=$1
+		shift
+		"$BENCH_TRAIN" --backend cuda --shape qwen2-0.5b --precision bf16 --gpus "$n" --steps 10 \
+			--warm 3 "$@" >"$WORK/b$n.json" &
+		local pid=$! peaks="" m
+		declare -A peak
+		while kill -0 $pid 2>/dev/null; do
+			while read -r idx used; do
+				[ -n "$used" ] || continue
+				[ "$used" -gt "${peak[$idx]:-0}" ] && peak[$idx]=$used
+			done < <(nvidia-smi --query-compute-apps=pid,gpu_bus_id,used_memory --format=csv,noheader,nounits |
+				awk -F', *' -v p=$pid '$1 == p { print $2, $3 }')
+			sleep 0.2
+		done
+		wait $pid || bad "bench_train --gpus $n failed"
+		for k in "${!peak[@]}"; do peaks="$peaks${peaks:+, }\"$k\": ${peak[$k]}"; done
+		sed "s/}\$/, \"nvidia_smi_peak_mib\": {$peaks}}/" "$WORK/b$n.json" | tee -a "$out/bench_ddp.jsonl"
+	}
+	bench 1
+	bench 2
+	t1=$(sed -n 's/.*"tokens_per_s": \([0-9.]*\).*/\1/p' "$WORK/b1.json")
+	t2=$(sed -n 's/.*"tokens_per_s": \([0-9.]*\).*/\1/p' "$WORK/b2.json")
+	[ -n "$t1" ] && [ -n "$t2" ] &&
+		echo "2 GPUs / 1 GPU: $(awk -v a="$t1" -v b="$t2" 'BEGIN { printf "%.3f", b / a }')x tokens/s (issue 12's target: >= 1.9)"
+	# The lease a gang takes on each GPU: plan + the backend's fixed bytes
+	# (reserve_gib) + cuda_context_mib (768) + NCCL's allowance (1024 MiB).
+	r=$(sed -n 's/.*"reserve_gib": \([0-9.]*\).*/\1/p' "$WORK/b2.json")
+	[ -n "$r" ] && echo "a gang's lease on each GPU: $(awk -v r="$r" 'BEGIN { printf "%.0f", r * 1024 + 768 + 1024 }') MiB (compare each GPU's nvidia_smi_peak_mib above)"
+	if [ -n "${PEER_DIST:-}" ] && command -v torchrun >/dev/null; then
+		echo "== bench: peer (PyTorch DDP, peer_dist.py) on 2 GPUs"
+		RUNS=${PEER_RUNS:-ddp-qwen2-0.5b} timeout 600 torchrun --standalone --nproc_per_node 2 "$PEER_DIST" 2>&1 |
+			grep '^{' | tee -a "$out/bench_ddp.jsonl"
+	else
+		note "no peer: PEER_DIST unset or no torchrun"
+	fi
+fi
+finish
