@@ -401,5 +401,10 @@ static int run_oneshot(int argc, char **argv)
 
 int main(int argc, char **argv)
 {
+	/* NCCL's NVLink multicast (NVLS) stays off unless asked for: on a
+	 * host of shared GPUs a program using it can put them out of service.
+	 * Set before any thread: NCCL reads it when a gang's communicators
+	 * are made. */
+	setenv("NCCL_NVLS_ENABLE", "0", 0);
 	return is_oneshot(argc, argv) ? run_oneshot(argc, argv) : serve_main(argc, argv);
 }

@@ -76,6 +76,16 @@ void gpu_gang_fail(struct gpu_gang *g, int rank, td_err e, const char *msg)
 	pthread_mutex_unlock(&g->mu);
 }
 
+void gpu_gang_refine(struct gpu_gang *g, int rank, td_err e, const char *msg)
+{
+	pthread_mutex_lock(&g->mu);
+	if (atomic_load(&g->failed) && g->err_rank == rank && e != TD_OK) {
+		g->err = e;
+		snprintf(g->err_msg, sizeof(g->err_msg), "%s", msg && *msg ? msg : td_strerror(e));
+	}
+	pthread_mutex_unlock(&g->mu);
+}
+
 bool gpu_gang_failed(const struct gpu_gang *g)
 {
 	return atomic_load(&((struct gpu_gang *)g)->failed);

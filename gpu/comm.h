@@ -64,6 +64,10 @@ int gpu_gang_size(const struct gpu_gang *g);
 /* Rank `rank` failed with e and message msg. The first failure is kept (the
  * job's error); later calls only wake the waiters. Any thread. */
 void gpu_gang_fail(struct gpu_gang *g, int rank, td_err e, const char *msg);
+/* Rank `rank` learned better why it failed (its device's error behind an
+ * NCCL one): where the gang's first failure is that rank's, it becomes e
+ * and msg. Any thread. */
+void gpu_gang_refine(struct gpu_gang *g, int rank, td_err e, const char *msg);
 /* Whether a rank failed. Any thread, lock-free. */
 bool gpu_gang_failed(const struct gpu_gang *g);
 /* The first failure: its code (TD_OK when none), its rank (*rank, may be

@@ -684,8 +684,17 @@ static td_err train_rank(const Traind__JobSpec *spec, const struct tr_train_opts
 			}
 		}
 		/* The ranks' gradients summed: every rank holds the step's. */
-		if (e == TD_OK && ddp)
-			e = tr_ddp_finish(ddp, eb);
+		if (e == TD_OK && ddp && (e = tr_ddp_finish(ddp, eb)) != TD_OK) {
+			/* Behind an NCCL error may be this device's own (a lost
+			 * context): the job's error names that, as a sync would. */
+			struct td_errbuf why = {{0}};
+			td_err de = gpu_sync(j.be, &why);
+			if (de != TD_OK) {
+				e = de;
+				*eb = why;
+				gpu_gang_refine(G->g, r, e, eb->msg);
+			}
+		}
 		if (e != TD_OK)
 			break;
 		/* The step's last stage (train/plan.h: TR_STAGE_OPTIMIZER), after

@@ -313,6 +313,7 @@ static void *rank_main(void *arg)
 
 int main(int argc, char **argv)
 {
+	setenv("NCCL_NVLS_ENABLE", "0", 0); /* multicast off unless asked for (traind does the same) */
 	const char *shape = "25m", *comm = "auto";
 	struct bench b = {.backend = "cpu", .targets = "qv", .steps = 10, .warm = 2, .gpus = 1,
 			  .recompute = TR_RECOMPUTE_NONE};
