@@ -192,8 +192,7 @@ static void print_job(const Traind__JobInfo *j)
 	if (j->device && *j->device)
 		printf("device:      %s\n", j->device);
 	if (j->spec && j->spec->resources && j->spec->resources->gpus > 1)
-		printf("gpus:        %u (a gang: all at once or none; data parallel is not implemented "
-		       "yet, it trains on the first)\n",
+		printf("gpus:        %u (a gang: all at once or none; data parallel, a rank on each)\n",
 		       j->spec->resources->gpus);
 	for (size_t i = 0; i < j->n_leases; i++) {
 		const Traind__Lease *l = j->leases[i];

@@ -8,9 +8,10 @@
  * (st_ledger_reserve_gang checks each device's total × vram_factor and free
  * memory, contract 7), chosen by daemon/placement.h (NVLink-joined GPUs
  * first, then the lowest indices); else, for a job of one GPU, the CPU if the
- * spec allows it and a CPU slot is free (CPU jobs need no lease). A gang is
- * placed on simulated GPUs only until data parallel exists
- * (dmn_gpu_gang_ok). A plan larger than every GPU's share fails the job.
+ * spec allows it and a CPU slot is free (CPU jobs need no lease). A gang
+ * trains data parallel, one rank a GPU: on real GPUs where NCCL loads
+ * (dmn_gpu_gang_ok; each lease then adds GPU_NCCL_RESERVE_BYTES), or on
+ * simulated ones. A plan larger than every GPU's share fails the job.
  *
  * Waiting: a job that cannot start now does not block the ones behind it
  * that can, except on the GPUs held for the first job of the order that
