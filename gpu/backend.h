@@ -136,15 +136,19 @@ struct gpu_backend_ops {
 	 * bf16 into gemm_scratch (below) in the current precision. */
 	bool (*gemm_bf16)(struct gpu_backend *be);
 	/* out16: twin of out, or NULL (out is always written: the backward
-	 * reads it). */
+	 * reads it). q16, k16, v16: only where attention is fused, the twins
+	 * of q, k, v (after RoPE) or NULL; q, k, v are then NULL (kept in bf16
+	 * only: what the fused kernels read), and the kernels need room in
+	 * gemm_scratch for dout's copy only (gpu_flash_scratch_bytes). */
 	void (*attention_forward)(struct gpu_backend *be, float *out, gpu_bf16 *out16, float *att,
-				  const float *q,
-				  const float *k, const float *v, int B, int T, int NH, int NKV,
-				  int HS);
+				  const float *q, const gpu_bf16 *q16, const float *k,
+				  const gpu_bf16 *k16, const float *v, const gpu_bf16 *v16, int B,
+				  int T, int NH, int NKV, int HS);
 	void (*attention_backward)(struct gpu_backend *be, float *dq, float *dk, float *dv,
 				   float *datt, const float *dout, const float *out, const float *q,
-				   const float *k, const float *v, const float *att, int B, int T,
-				   int NH, int NKV, int HS);
+				   const gpu_bf16 *q16, const float *k, const gpu_bf16 *k16,
+				   const float *v, const gpu_bf16 *v16, const float *att, int B,
+				   int T, int NH, int NKV, int HS);
 	/* Twins: out16, dgate16, dup16, or NULL; each fp32 output may be NULL
 	 * when its twin is not. gate and up are read in fp32, or (gate NULL and
 	 * up NULL) from gate16 and up16, a product kept in bf16 only. */
@@ -406,17 +410,20 @@ static inline void gpu_rope_backward(struct gpu_backend *be, float *dinp, const 
 	GPU_OP_(rope_backward, dinp, dout, cos, sin, B, T, NH, HS);
 }
 static inline void gpu_attention_forward(struct gpu_backend *be, float *out, gpu_bf16 *out16,
-					 float *att, const float *q, const float *k, const float *v,
-					 int B, int T, int NH, int NKV, int HS)
+					 float *att, const float *q, const gpu_bf16 *q16,
+					 const float *k, const gpu_bf16 *k16, const float *v,
+					 const gpu_bf16 *v16, int B, int T, int NH, int NKV, int HS)
 {
-	GPU_OP_(attention_forward, out, out16, att, q, k, v, B, T, NH, NKV, HS);
+	GPU_OP_(attention_forward, out, out16, att, q, q16, k, k16, v, v16, B, T, NH, NKV, HS);
 }
 static inline void gpu_attention_backward(struct gpu_backend *be, float *dq, float *dk, float *dv,
 					  float *datt, const float *dout, const float *out,
-					  const float *q, const float *k, const float *v,
+					  const float *q, const gpu_bf16 *q16, const float *k,
+					  const gpu_bf16 *k16, const float *v, const gpu_bf16 *v16,
 					  const float *att, int B, int T, int NH, int NKV, int HS)
 {
-	GPU_OP_(attention_backward, dq, dk, dv, datt, dout, out, q, k, v, att, B, T, NH, NKV, HS);
+	GPU_OP_(attention_backward, dq, dk, dv, datt, dout, out, q, q16, k, k16, v, v16, att, B, T,
+		NH, NKV, HS);
 }
 
 /* The fused attention backward's scratch (datt): B*NH*T row statistics and,
@@ -434,13 +441,14 @@ static inline size_t gpu_flash_datt_floats(int B, int T, int NH, int NKV, int HS
 }
 
 /* Bytes of gemm_scratch the fused attention needs for its bf16 copies of q,
- * dout (B,T,NH,HS) and k, v (B,T,NKV,HS), each padded to 128 elements; the
+ * dout (B,T,NH,HS) and k, v (B,T,NKV,HS), each padded to 128 elements, in
+ * that order; where q, k and v come as twins (qkv16), of dout only. The
  * memory plan makes the scratch at least this big (train/plan.c). */
-static inline size_t gpu_flash_scratch_bytes(int B, int T, int NH, int NKV, int HS)
+static inline size_t gpu_flash_scratch_bytes(int B, int T, int NH, int NKV, int HS, bool qkv16)
 {
 	size_t n = (size_t)B * T * HS;
 	size_t q = (n * NH + 127) / 128 * 128, k = (n * NKV + 127) / 128 * 128;
-	return 2 * (2 * q + 2 * k);
+	return qkv16 ? 2 * q : 2 * (2 * q + 2 * k);
 }
 
 /* The head sizes the CUDA backend's fused attention kernels are built for

@@ -188,17 +188,20 @@ static bool cpu_gemm_bf16(struct gpu_backend *be)
 	return false;
 }
 static void cpu_attention_forward(struct gpu_backend *be, float *out, gpu_bf16 *out16, float *att,
-				  const float *q, const float *k, const float *v, int B, int T,
-				  int NH, int NKV, int HS)
+				  const float *q, const gpu_bf16 *q16, const float *k,
+				  const gpu_bf16 *k16, const float *v, const gpu_bf16 *v16, int B,
+				  int T, int NH, int NKV, int HS)
 {
-	assert(!out16);
+	assert(!out16 && !q16 && !k16 && !v16); /* twins are the fused attention's */
 	attention_forward(out, att, q, k, v, B, T, NH, NKV, HS);
 }
 static void cpu_attention_backward(struct gpu_backend *be, float *dq, float *dk, float *dv,
 				   float *datt, const float *dout, const float *out, const float *q,
-				   const float *k, const float *v, const float *att, int B, int T,
-				   int NH, int NKV, int HS)
+				   const gpu_bf16 *q16, const float *k, const gpu_bf16 *k16,
+				   const float *v, const gpu_bf16 *v16, const float *att, int B,
+				   int T, int NH, int NKV, int HS)
 {
+	assert(!q16 && !k16 && !v16);
 	attention_backward(dq, dk, dv, datt, dout, q, k, v, att, B, T, NH, NKV, HS);
 }
 static void cpu_swiglu_forward(struct gpu_backend *be, float *out, gpu_bf16 *out16,

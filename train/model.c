@@ -73,6 +73,9 @@ struct layer_a {
 	 * ln2 and h are then NULL unless LoRA dropout needs them */
 	gpu_bf16 *ln1_16, *y16, *ln2_16, *h16;
 	gpu_bf16 *gate16, *up16; /* the MLP's products in bf16 only (gate, up NULL) */
+	/* q, k, v (after RoPE) in bf16 only, as the fused attention reads them
+	 * (q, k, v NULL; staged in fp32 in the model's q32, k32, v32) */
+	gpu_bf16 *q16, *k16, *v16;
 };
 
 enum head_kind { HEAD_CAUSAL, HEAD_DISTILL, HEAD_CLASSIFY };
@@ -109,6 +112,7 @@ struct tr_model {
 	float *lnf_out, *lnf_rstd, *pooled;
 	float *logits, *losses, *kl, *dres, *dln, *dq, *dk, *dv, *dqraw, *dkraw, *dy, *datt, *dh,
 		*dgate, *dup, *dpooled, *lora_tmp, *lora_du, *lora_dx, *gemm_bf16;
+	float *q32, *k32, *v32;          /* q, k, v in fp32 for the layer being computed (q16 ...) */
 	size_t gemm_bf16_bytes;
 	gpu_bf16 *dgate16, *dup16, *dlogits16; /* bf16 mode: the gradients the products read */
 
@@ -302,6 +306,9 @@ static void bind(struct tr_model *m)
 		A(h16);
 		A(gate16);
 		A(up16);
+		A(q16);
+		A(k16);
+		A(v16);
 		A(ln1_rstd);
 		A(qraw);
 		A(q_rstd);
@@ -346,6 +353,9 @@ static void bind(struct tr_model *m)
 		m->lora_tmp = m->dh; /* a training plan's: see train/plan.c */
 	S(lora_du);
 	S(lora_dx);
+	S(q32);
+	S(k32);
+	S(v32);
 	S(gemm_bf16);
 	const struct tr_plan_buf *gb = tr_plan_find(&m->plan, "scratch.gemm_bf16");
 	m->gemm_bf16_bytes = gb ? gb->bytes : 0;
@@ -875,24 +885,35 @@ static void layer_forward(struct tr_model *m, int l, bool recompute)
 	struct layer_a *a = &m->a[l];
 	/* The products run in the forward and in a full recompute. */
 	const bool prod = !recompute || tr_recompute_full(m->plan.opts.recompute);
+	/* q, k, v in fp32: kept, or (q16: the fused attention's) staged and
+	 * kept rounded, after RoPE; the attention reads what is kept. */
+	float *q = a->q16 ? m->q32 : a->q, *k = a->k16 ? m->k32 : a->k;
+	float *v = a->v16 ? m->v32 : a->v;
 
 	gpu_rmsnorm_forward(be, a->ln1, a->ln1_16, a->ln1_rstd, m->res[l], w->ln1, N, C, eps);
 	if (c->qk_norm) {
 		project(m, l, TR_LIN_Q, prod, a->qraw, NULL, a->ln1, a->ln1_16);
 		project(m, l, TR_LIN_K, prod, a->kraw, NULL, a->ln1, a->ln1_16);
-		gpu_rmsnorm_forward(be, a->q, NULL, a->q_rstd, a->qraw, w->qn, N * NH, HS, eps);
-		gpu_rmsnorm_forward(be, a->k, NULL, a->k_rstd, a->kraw, w->kn, N * NKV, HS, eps);
+		gpu_rmsnorm_forward(be, q, NULL, a->q_rstd, a->qraw, w->qn, N * NH, HS, eps);
+		gpu_rmsnorm_forward(be, k, NULL, a->k_rstd, a->kraw, w->kn, N * NKV, HS, eps);
 	} else {
-		project(m, l, TR_LIN_Q, prod, a->q, NULL, a->ln1, a->ln1_16);
-		project(m, l, TR_LIN_K, prod, a->k, NULL, a->ln1, a->ln1_16);
+		project(m, l, TR_LIN_Q, prod, q, NULL, a->ln1, a->ln1_16);
+		project(m, l, TR_LIN_K, prod, k, NULL, a->ln1, a->ln1_16);
 	}
-	project(m, l, TR_LIN_V, prod, a->v, NULL, a->ln1, a->ln1_16);
+	project(m, l, TR_LIN_V, prod, v, NULL, a->ln1, a->ln1_16);
 	if (prod || c->qk_norm) {
-		gpu_rope_forward(be, a->q, a->q, m->rope_cos, m->rope_sin, B, T, NH, HS);
-		gpu_rope_forward(be, a->k, a->k, m->rope_cos, m->rope_sin, B, T, NKV, HS);
+		gpu_rope_forward(be, q, q, m->rope_cos, m->rope_sin, B, T, NH, HS);
+		gpu_rope_forward(be, k, k, m->rope_cos, m->rope_sin, B, T, NKV, HS);
+		if (a->q16) {
+			gpu_bf16_round(be, a->q16, q, (size_t)N * NH * HS);
+			gpu_bf16_round(be, a->k16, k, (size_t)N * NKV * HS);
+		}
 	}
+	if (prod && a->v16)
+		gpu_bf16_round(be, a->v16, v, (size_t)N * NKV * HS);
 	if (prod || !m->plan.opts.attention_lse)
-		gpu_attention_forward(be, a->y, a->y16, a->att, a->q, a->k, a->v, B, T, NH, NKV, HS);
+		gpu_attention_forward(be, a->y, a->y16, a->att, a->q, a->q16, a->k, a->k16, a->v, a->v16,
+				      B, T, NH, NKV, HS);
 	project(m, l, TR_LIN_O, prod, m->dln, NULL, a->y, a->y16);
 	if (prod)
 		gpu_residual_forward(be, a->res_mid, m->res[l], m->dln, (size_t)N * C);
@@ -1288,7 +1309,8 @@ static void layer_backward(struct tr_model *m, int l)
 
 	/* dres is now d(res_mid); same for the attention branch. */
 	linear_backward(m, l, TR_LIN_O, m->dy, true, m->dres, NULL, a->y, a->y16);
-	gpu_attention_backward(be, m->dq, m->dk, m->dv, m->datt, m->dy, a->y, a->q, a->k, a->v,
+	gpu_attention_backward(be, m->dq, m->dk, m->dv, m->datt, m->dy, a->y, a->q, a->q16, a->k,
+			       a->k16, a->v, a->v16,
 			       a->att, B, T, NH, NKV, HS);
 	gpu_rope_backward(be, m->dq, m->dq, m->rope_cos, m->rope_sin, B, T, NH, HS);
 	gpu_rope_backward(be, m->dk, m->dk, m->rope_cos, m->rope_sin, B, T, NKV, HS);

@@ -347,7 +347,8 @@ static size_t min_sz(size_t a, size_t b)
  * attention's and the down projection's gradients (fp32), LoRA's x A^T and
  * its gradient, the adapters' dropped-out inputs, the final norm's output
  * for the head and a distillation student's logits gradient. Plus the
- * fused attention's bf16 copies. */
+ * fused attention's bf16 copies (of dout only: it is given q, k and v in
+ * bf16, qkv16 below). */
 static size_t gemm_scratch_elems(const struct tr_plan *p)
 {
 	const struct tr_model_config *c = &p->cfg;
@@ -393,7 +394,7 @@ static size_t gemm_scratch_elems(const struct tr_plan *p)
 #undef BWD
 	if (o->attention_lse) /* the fused attention's bf16 copies */
 		g = max_sz(g, gpu_flash_scratch_bytes(o->B, o->T, c->num_heads, c->num_kv_heads,
-						      c->head_dim) / 2);
+						      c->head_dim, o->gemm_bf16) / 2);
 	return g;
 }
 
@@ -630,6 +631,11 @@ td_err tr_plan_build(struct tr_plan *p, const struct tr_model_config *cfg,
 	const bool lse = o->attention_lse;
 	const int qk = cfg->qk_norm ? KEEP_NONE : KEEP_SEL; /* without q/k norms, RoPE runs in place on the product */
 	const int att = lse ? KEEP_SEL : KEEP_NONE;
+	/* The fused attention reads q, k, v in bf16 only: they are kept so
+	 * (after RoPE, rounded from fp32 values staged in scratch.q32 ...:
+	 * the bits the attention rounded for itself before), and its
+	 * backward reads them again. The unfused attention reads fp32. */
+	const bool qkv16 = lse && o->gemm_bf16;
 	const struct {
 		const char *what;
 		size_t bytes;
@@ -643,9 +649,12 @@ td_err tr_plan_build(struct tr_plan *p, const struct tr_model_config *cfg,
 		{"q_rstd", f32_bytes(N, NH, 1), cfg->qk_norm, KEEP_NONE},
 		{"kraw", f32_bytes(N, KV, 1), cfg->qk_norm, KEEP_SEL},
 		{"k_rstd", f32_bytes(N, NKV, 1), cfg->qk_norm, KEEP_NONE},
-		{"q", f32_bytes(N, H, 1), true, qk},
-		{"k", f32_bytes(N, KV, 1), true, qk},
-		{"v", f32_bytes(N, KV, 1), true, KEEP_SEL},
+		{"q", f32_bytes(N, H, 1), !qkv16, qk},
+		{"k", f32_bytes(N, KV, 1), !qkv16, qk},
+		{"v", f32_bytes(N, KV, 1), !qkv16, KEEP_SEL},
+		{"q16", f32_bytes(N, H, 1) / 2, qkv16, qk},
+		{"k16", f32_bytes(N, KV, 1) / 2, qkv16, qk},
+		{"v16", f32_bytes(N, KV, 1) / 2, qkv16, KEEP_SEL},
 		{"att", lse ? f32_bytes(B * NH, T, 1) : f32_bytes(B * NH, T, T), true, att},
 		{"y", f32_bytes(N, H, 1), true, att},
 		{"y16", f32_bytes(N, H, 1) / 2, twins, att},
@@ -733,7 +742,7 @@ td_err tr_plan_build(struct tr_plan *p, const struct tr_model_config *cfg,
 		const char *what;
 		size_t bytes;
 		bool on;
-		int phase; /* 0: its own bytes; 1, 2: a place in scratch.layer_backward */
+		int phase; /* 0: its own bytes; 1, 2, 3: a place in scratch.layer_backward */
 	} scratch[] = {
 		/* the CE gradient overwrites the logits in place */
 		{"logits", classify ? f32_bytes(B, NL, 1) : f32_bytes((size_t)p->logits_rows, V, 1), true, 0},
@@ -763,6 +772,14 @@ td_err tr_plan_build(struct tr_plan *p, const struct tr_model_config *cfg,
 		{"dup", f32_bytes(N, I, 1), train && !o->gemm_bf16, 2},
 		{"dgate16", f32_bytes(N, I, 1) / 2, train && o->gemm_bf16, 2},
 		{"dup16", f32_bytes(N, I, 1) / 2, train && o->gemm_bf16, 2},
+		/* The fused attention's q, k, v in fp32 before RoPE and their
+		 * rounding (qkv16): a layer's forward or recompute, which never
+		 * overlaps its backward (phase 3), but after dh, which holds
+		 * LoRA's product while a projection writes here. A forward-only
+		 * plan has no region: their own bytes. */
+		{"q32", f32_bytes(N, H, 1), qkv16, train ? 3 : 0},
+		{"k32", f32_bytes(N, KV, 1), qkv16, train ? 3 : 0},
+		{"v32", f32_bytes(N, KV, 1), qkv16, train ? 3 : 0},
 		/* the causal head's loss gradient, bf16 only in the bf16 mode */
 		{"dlogits16", f32_bytes((size_t)p->logits_rows, V, 1) / 2,
 		 train && o->gemm_bf16 && !classify && !o->distill, 0},
@@ -782,10 +799,15 @@ td_err tr_plan_build(struct tr_plan *p, const struct tr_model_config *cfg,
 		{"params_bf16", p->numel_trainable * 2, o->gemm_bf16 && p->numel_trainable > 0, 0},
 	};
 	const size_t nscratch = sizeof(scratch) / sizeof(scratch[0]);
-	size_t phase_bytes[3] = {0, 0, 0}, at[3] = {0, 0, 0};
-	for (size_t i = 0; i < nscratch; i++)
-		if (scratch[i].on)
-			phase_bytes[scratch[i].phase] += aligned(scratch[i].bytes);
+	size_t phase_bytes[4] = {0, 0, 0, 0}, at[4] = {0, 0, 0, 0};
+	for (size_t i = 0; i < nscratch; i++) {
+		if (!scratch[i].on)
+			continue;
+		phase_bytes[scratch[i].phase] += aligned(scratch[i].bytes);
+		if (strcmp(scratch[i].what, "dh") == 0)
+			at[3] = aligned(scratch[i].bytes); /* phase 3 starts past dh */
+	}
+	phase_bytes[3] += at[3];
 	size_t region = 0; /* the region's offset, placed with its first member */
 	bool placed = false;
 	for (size_t i = 0; i < nscratch; i++) {
@@ -796,7 +818,8 @@ td_err tr_plan_build(struct tr_plan *p, const struct tr_model_config *cfg,
 			placed = true;
 			region = p->arena_bytes[TR_ARENA_SCRATCH];
 			NAMED("scratch.layer_backward");
-			BUF(TR_ARENA_SCRATCH, max_sz(phase_bytes[1], phase_bytes[2]));
+			BUF(TR_ARENA_SCRATCH,
+			    max_sz(max_sz(phase_bytes[1], phase_bytes[2]), phase_bytes[3]));
 		}
 		NAMED("scratch.%s", scratch[i].what);
 		if (!ph) {

@@ -579,17 +579,18 @@ void cu_flash_prepare(struct cu_backend *cb)
 #define FLASH_TILE 64 /* flash.cu's FA_TILE */
 #define FLASH_THREADS 128
 
-/* The fused kernels' bf16 copies in be->gemm_scratch (gpu/backend.h:
- * gpu_flash_scratch_bytes): q, dout (B,T,NH,HS), k, v (B,T,NKV,HS). */
+/* The fused kernels' bf16 q, k, v, dout: copies in be->gemm_scratch
+ * (gpu/backend.h: gpu_flash_scratch_bytes): q, dout (B,T,NH,HS), k, v
+ * (B,T,NKV,HS); or q, k, v the caller's twins and only dout's copy there. */
 struct flash_copies {
 	uint16_t *q, *k, *v, *dout;
 };
 
-static bool flash_copies(struct cu_backend *cb, int B, int T, int NH, int NKV, int HS,
+static bool flash_copies(struct cu_backend *cb, int B, int T, int NH, int NKV, int HS, bool qkv16,
 			 struct flash_copies *fc)
 {
 	if (!cb->base.gemm_scratch ||
-	    cb->base.gemm_scratch_bytes < gpu_flash_scratch_bytes(B, T, NH, NKV, HS)) {
+	    cb->base.gemm_scratch_bytes < gpu_flash_scratch_bytes(B, T, NH, NKV, HS, qkv16)) {
 		cu_check(cb, CUDA_ERROR_INVALID_VALUE,
 			 "attention: no room for the fused kernels' bf16 copies (gemm_scratch)");
 		return false;
@@ -599,18 +600,29 @@ static bool flash_copies(struct cu_backend *cb, int B, int T, int NH, int NKV, i
 	fc->q = cb->base.gemm_scratch;
 	fc->k = fc->q + q;
 	fc->v = fc->k + k;
-	fc->dout = fc->v + k;
+	fc->dout = qkv16 ? fc->q : fc->v + k;
 	return true;
 }
 
 /* The copies placed (false, the stream failed: no room) and q, k, v rounded
- * into theirs; dout's is flash_rowdot's to write. */
+ * into theirs — or, given as twins (q16 and k16 and v16), read where they
+ * are: the same bits as rounding them here; dout's is flash_rowdot's to
+ * write. */
 static bool flash_cast_qkv(struct cu_backend *cb, struct flash_copies *fc, const float *q,
-			   const float *k, const float *v, int B, int T, int NH, int NKV, int HS)
+			   const gpu_bf16 *q16, const float *k, const gpu_bf16 *k16, const float *v,
+			   const gpu_bf16 *v16, int B, int T, int NH, int NKV, int HS)
 {
-	if (!flash_copies(cb, B, T, NH, NKV, HS, fc))
+	const bool twins = q16 && k16 && v16;
+	assert(twins || (!q16 && !k16 && !v16 && q && k && v));
+	if (!flash_copies(cb, B, T, NH, NKV, HS, twins, fc))
 		return false;
 	size_t n = (size_t)B * T * HS;
+	if (twins) {
+		fc->q = (uint16_t *)q16;
+		fc->k = (uint16_t *)k16;
+		fc->v = (uint16_t *)v16;
+		return true;
+	}
 	launch_cast(cb, fc->q, q, n * NH);
 	launch_cast(cb, fc->k, k, n * NKV);
 	launch_cast(cb, fc->v, v, n * NKV);
@@ -618,8 +630,9 @@ static bool flash_cast_qkv(struct cu_backend *cb, struct flash_copies *fc, const
 }
 
 static void cu_attention_forward(struct gpu_backend *be, float *out, gpu_bf16 *out16, float *att,
-				 const float *q, const float *k, const float *v, int B, int T, int NH,
-				 int NKV, int HS)
+				 const float *q, const gpu_bf16 *q16, const float *k,
+				 const gpu_bf16 *k16, const float *v, const gpu_bf16 *v16, int B, int T,
+				 int NH, int NKV, int HS)
 {
 	struct cu_backend *cb = cu_of(be);
 	assert(NKV > 0 && NH % NKV == 0);
@@ -628,7 +641,7 @@ static void cu_attention_forward(struct gpu_backend *be, float *out, gpu_bf16 *o
 	if (cu_attention_flash(be, HS)) {
 		/* att: the (B,NH,T) row statistics */
 		struct flash_copies fc;
-		if (!flash_cast_qkv(cb, &fc, q, k, v, B, T, NH, NKV, HS))
+		if (!flash_cast_qkv(cb, &fc, q, q16, k, k16, v, v16, B, T, NH, NKV, HS))
 			return;
 		enum cu_kernel f, d1, d2;
 		flash_kernels(HS, &f, &d1, &d2);
@@ -637,6 +650,7 @@ static void cu_attention_forward(struct gpu_backend *be, float *out, gpu_bf16 *o
 			  dim1(FLASH_THREADS), flash_smem_bytes(FLASH_FWD, HS), args);
 		return;
 	}
+	assert(!q16 && !k16 && !v16); /* twins are the fused kernels' */
 	struct att_views a = att_views(T, NH, NKV, HS);
 	/* S_h = scale Q_h K_g^T: column-major S^T (T,T) = K_g Q_h^T. */
 	for (int h = 0; h < NH; h++) {
@@ -668,7 +682,8 @@ static void cu_attention_forward(struct gpu_backend *be, float *out, gpu_bf16 *o
  * a fixed order, no atomics. datt is scratch (it ends holding dS). */
 static void cu_attention_backward(struct gpu_backend *be, float *dq, float *dk, float *dv,
 				  float *datt, const float *dout, const float *out, const float *q,
-				  const float *k, const float *v, const float *att, int B, int T,
+				  const gpu_bf16 *q16, const float *k, const gpu_bf16 *k16,
+				  const float *v, const gpu_bf16 *v16, const float *att, int B, int T,
 				  int NH, int NKV, int HS)
 {
 	struct cu_backend *cb = cu_of(be);
@@ -681,7 +696,7 @@ static void cu_attention_backward(struct gpu_backend *be, float *dq, float *dk, 
 		 * dK, dV (or their partials) and dQ per query head, each owned
 		 * by one block; the partials added in head order (no atomics). */
 		struct flash_copies fc;
-		if (!flash_cast_qkv(cb, &fc, q, k, v, B, T, NH, NKV, HS))
+		if (!flash_cast_qkv(cb, &fc, q, q16, k, k16, v, v16, B, T, NH, NKV, HS))
 			return;
 		enum cu_kernel f, kdkdv, kdq;
 		flash_kernels(HS, &f, &kdkdv, &kdq);
@@ -707,6 +722,7 @@ static void cu_attention_backward(struct gpu_backend *be, float *dq, float *dk, 
 			  dim1(FLASH_THREADS), flash_smem_bytes(FLASH_DQ, HS), qargs);
 		return;
 	}
+	assert(!q16 && !k16 && !v16);
 	struct att_views a = att_views(T, NH, NKV, HS);
 	/* dP_h = dout_h V_g^T: column-major dP^T = V_g dout_h^T. */
 	for (int h = 0; h < NH; h++) {

@@ -709,14 +709,14 @@ static void test_twins(void)
 	for (int HS = 64; HS <= 96; HS += 32) {
 		snprintf(where, sizeof(where), "twins: attention (HS=%d)", HS);
 		size_t nq = (size_t)B * T * NH * HS, nk = (size_t)B * T * NKV * HS;
-		be->gemm_scratch_bytes = gpu_flash_scratch_bytes(B, T, NH, NKV, HS);
+		be->gemm_scratch_bytes = gpu_flash_scratch_bytes(B, T, NH, NKV, HS, false);
 		be->gemm_scratch = dmem(be->gemm_scratch_bytes);
 		float *q = frand(nq, 1.0, 0.0), *k = frand(nk, 1.0, 0.0), *v = frand(nk, 1.0, 0.0);
 		size_t na = gpu_attention_flash(be, HS) ? (size_t)B * NH * T : (size_t)B * NH * T * T;
 		float *d_out = dnan(nq), *d_att = dnan(na);
 		gpu_bf16 *d_out16 = dnan16(nq);
-		gpu_attention_forward(be, d_out, d_out16, d_att, dputf(q, nq), dputf(k, nk), dputf(v, nk),
-				      B, T, NH, NKV, HS);
+		gpu_attention_forward(be, d_out, d_out16, d_att, dputf(q, nq), NULL, dputf(k, nk), NULL,
+				      dputf(v, nk), NULL, B, T, NH, NKV, HS);
 		expect_twin("attention out16", d_out16, hget(d_out, nq), nq);
 		case_end();
 	}
@@ -784,7 +784,8 @@ static void test_attention(void)
 		float *out = fvec(nq), *att = fvec(na);
 		attention_forward(out, att, q, k, v, B, T, NH, NKV, HS);
 		float *d_out = dnan(nq), *d_att = dnan(na);
-		gpu_attention_forward(be, d_out, NULL, d_att, d_q, d_k, d_v, B, T, NH, NKV, HS);
+		gpu_attention_forward(be, d_out, NULL, d_att, d_q, NULL, d_k, NULL, d_v, NULL, B, T, NH,
+				      NKV, HS);
 		expect_red("att", hget(d_att, na), att, na, T > HS ? T : HS);
 		expect_red("out", hget(d_out, nq), out, nq, T);
 
@@ -795,14 +796,14 @@ static void test_attention(void)
 		attention_backward(dq, dk, dv, datt, dout, q, k, v, att, B, T, NH, NKV, HS);
 		float *d_dout = dputf(dout, nq), *d_att_ref = dputf(att, na);
 		float *d_dq = dnan(nq), *d_dk = dnan(nk), *d_dv = dnan(nk), *d_datt = dnan(na);
-		gpu_attention_backward(be, d_dq, d_dk, d_dv, d_datt, d_dout, d_out, d_q, d_k, d_v,
-				       d_att_ref, B, T, NH, NKV, HS);
+		gpu_attention_backward(be, d_dq, d_dk, d_dv, d_datt, d_dout, d_out, d_q, NULL, d_k, NULL,
+				       d_v, NULL, d_att_ref, B, T, NH, NKV, HS);
 		float *g_dk = hget(d_dk, nk);
 		expect_red("dq", hget(d_dq, nq), dq, nq, T);
 		expect_red("dk", g_dk, dk, nk, (double)T * (NH / NKV));
 		expect_red("dv", hget(d_dv, nk), dv, nk, (double)T * (NH / NKV));
-		gpu_attention_backward(be, d_dq, d_dk, d_dv, d_datt, d_dout, d_out, d_q, d_k, d_v,
-				       d_att_ref, B, T, NH, NKV, HS);
+		gpu_attention_backward(be, d_dq, d_dk, d_dv, d_datt, d_dout, d_out, d_q, NULL, d_k, NULL,
+				       d_v, NULL, d_att_ref, B, T, NH, NKV, HS);
 		expect_same_bits("dk", hget(d_dk, nk), g_dk, nk);
 		case_end();
 	}
@@ -837,7 +838,9 @@ static void expect_normwise(const char *what, const float *got, const float *ref
  * 130), GQA groups of 1 to 7 heads, every head size the kernels are built
  * for. att holds B*NH*T floats in this mode, datt gpu_flash_datt_floats
  * (with GQA, the per-head dK/dV partials). Run twice: the same bits (no
- * atomics). */
+ * atomics). And with q, k, v given as bf16 twins (the engine keeps them so
+ * when attention is fused) in a scratch with room for dout's copy only: the
+ * same bits as rounding the fp32 ones (they are those, rounded). */
 #define FLASH_NORM_TOL 2e-2
 static void test_flash_attention(void)
 {
@@ -854,7 +857,7 @@ static void test_flash_attention(void)
 		int HS = cases[ci].HS;
 		CHECK(gpu_attention_flash(be, HS));
 		/* the bf16 copies of q, k, v, dout: exactly the size the plan gives */
-		be->gemm_scratch_bytes = gpu_flash_scratch_bytes(B, T, NH, NKV, HS);
+		be->gemm_scratch_bytes = gpu_flash_scratch_bytes(B, T, NH, NKV, HS, false);
 		be->gemm_scratch = dmem(be->gemm_scratch_bytes);
 		size_t nq = (size_t)B * T * NH * HS, nk = (size_t)B * T * NKV * HS;
 		size_t na = (size_t)B * NH * T * T, nl = (size_t)B * NH * T;
@@ -865,7 +868,8 @@ static void test_flash_attention(void)
 		float *out = fvec(nq), *att = fvec(na);
 		attention_forward(out, att, q, k, v, B, T, NH, NKV, HS);
 		float *d_out = dnan(nq), *d_lse = dnan(nl);
-		gpu_attention_forward(be, d_out, NULL, d_lse, d_q, d_k, d_v, B, T, NH, NKV, HS);
+		gpu_attention_forward(be, d_out, NULL, d_lse, d_q, NULL, d_k, NULL, d_v, NULL, B, T, NH,
+				      NKV, HS);
 		float *g_out = hget(d_out, nq);
 		expect_normwise("out", g_out, out, nq, FLASH_NORM_TOL);
 
@@ -875,19 +879,38 @@ static void test_flash_attention(void)
 		float *d_dout = dputf(dout, nq);
 		float *d_dq = dnan(nq), *d_dk = dnan(nk), *d_dv = dnan(nk);
 		float *d_dr = dnan(gpu_flash_datt_floats(B, T, NH, NKV, HS));
-		gpu_attention_backward(be, d_dq, d_dk, d_dv, d_dr, d_dout, d_out, d_q, d_k, d_v, d_lse,
-				       B, T, NH, NKV, HS);
+		gpu_attention_backward(be, d_dq, d_dk, d_dv, d_dr, d_dout, d_out, d_q, NULL, d_k, NULL,
+				       d_v, NULL, d_lse, B, T, NH, NKV, HS);
 		float *g_dq = hget(d_dq, nq), *g_dk = hget(d_dk, nk), *g_dv = hget(d_dv, nk);
 		expect_normwise("dq", g_dq, dq, nq, FLASH_NORM_TOL);
 		expect_normwise("dk", g_dk, dk, nk, FLASH_NORM_TOL);
 		expect_normwise("dv", g_dv, dv, nk, FLASH_NORM_TOL);
-		gpu_attention_forward(be, d_out, NULL, d_lse, d_q, d_k, d_v, B, T, NH, NKV, HS);
-		gpu_attention_backward(be, d_dq, d_dk, d_dv, d_dr, d_dout, d_out, d_q, d_k, d_v, d_lse,
-				       B, T, NH, NKV, HS);
+		gpu_attention_forward(be, d_out, NULL, d_lse, d_q, NULL, d_k, NULL, d_v, NULL, B, T, NH,
+				      NKV, HS);
+		gpu_attention_backward(be, d_dq, d_dk, d_dv, d_dr, d_dout, d_out, d_q, NULL, d_k, NULL,
+				       d_v, NULL, d_lse, B, T, NH, NKV, HS);
 		expect_same_bits("out", hget(d_out, nq), g_out, nq);
 		expect_same_bits("dq", hget(d_dq, nq), g_dq, nq);
 		expect_same_bits("dk", hget(d_dk, nk), g_dk, nk);
 		expect_same_bits("dv", hget(d_dv, nk), g_dv, nk);
+		/* q, k, v as twins (bf16_round of the same values), and a scratch
+		 * of exactly dout's copy: the same bits again */
+		gpu_bf16 *d_q16 = dnan16(nq), *d_k16 = dnan16(nk), *d_v16 = dnan16(nk);
+		gpu_bf16_round(be, d_q16, d_q, nq);
+		gpu_bf16_round(be, d_k16, d_k, nk);
+		gpu_bf16_round(be, d_v16, d_v, nk);
+		be->gemm_scratch_bytes = gpu_flash_scratch_bytes(B, T, NH, NKV, HS, true);
+		be->gemm_scratch = dmem(be->gemm_scratch_bytes);
+		float *d_out2 = dnan(nq), *d_lse2 = dnan(nl);
+		gpu_attention_forward(be, d_out2, NULL, d_lse2, NULL, d_q16, NULL, d_k16, NULL, d_v16, B,
+				      T, NH, NKV, HS);
+		gpu_attention_backward(be, d_dq, d_dk, d_dv, d_dr, d_dout, d_out2, NULL, d_q16, NULL,
+				       d_k16, NULL, d_v16, d_lse2, B, T, NH, NKV, HS);
+		expect_same_bits("out (q, k, v twins)", hget(d_out2, nq), g_out, nq);
+		expect_same_bits("lse (q, k, v twins)", hget(d_lse2, nl), hget(d_lse, nl), nl);
+		expect_same_bits("dq (q, k, v twins)", hget(d_dq, nq), g_dq, nq);
+		expect_same_bits("dk (q, k, v twins)", hget(d_dk, nk), g_dk, nk);
+		expect_same_bits("dv (q, k, v twins)", hget(d_dv, nk), g_dv, nk);
 		case_end();
 	}
 	op_report("flash attention");
@@ -911,14 +934,14 @@ static void test_flash_no_scratch(void)
 		return;
 	CHECK_EQ_INT(gpu_set_bf16(b2, true, &eb), TD_OK);
 	int B = 1, T = 8, NH = 2, NKV = 1, HS = 16;
-	size_t nq = (size_t)B * T * NH * HS, need = gpu_flash_scratch_bytes(B, T, NH, NKV, HS);
+	size_t nq = (size_t)B * T * NH * HS, need = gpu_flash_scratch_bytes(B, T, NH, NKV, HS, false);
 	void *x = NULL, *l = NULL, *scratch = NULL;
 	CHECK_EQ_INT(gpu_alloc(b2, nq * sizeof(float), &x), TD_OK);
 	CHECK_EQ_INT(gpu_alloc(b2, (size_t)B * NH * T * sizeof(float), &l), TD_OK);
 	CHECK_EQ_INT(gpu_alloc(b2, need - 2, &scratch), TD_OK);
 	b2->gemm_scratch = scratch;
 	b2->gemm_scratch_bytes = need - 2;
-	gpu_attention_forward(b2, x, NULL, l, x, x, x, B, T, NH, NKV, HS);
+	gpu_attention_forward(b2, x, NULL, l, x, NULL, x, NULL, x, NULL, B, T, NH, NKV, HS);
 	CHECK_EQ_INT(gpu_sync(b2, &eb), TD_EDEVICE);
 	CHECK_MSG(strstr(eb.msg, "gemm_scratch") != NULL, "the error names the scratch: %s", eb.msg);
 	gpu_free(b2, scratch, need - 2);

@@ -174,11 +174,107 @@ static void emu_matmul_backward(struct gpu_backend *be, float *dinp, float *dwei
 }
 
 static void emu_attention_forward(struct gpu_backend *be, float *out, gpu_bf16 *out16, float *att,
-				  const float *q, const float *k, const float *v, int B, int T,
-				  int NH, int NKV, int HS)
+				  const float *q, const gpu_bf16 *q16, const float *k,
+				  const gpu_bf16 *k16, const float *v, const gpu_bf16 *v16, int B,
+				  int T, int NH, int NKV, int HS)
 {
+	/* not fused (emu_no_flash): q, k, v in fp32, as the engine keeps them then */
+	if (q16 || k16 || v16)
+		violation("%s: q, k, v twins given to the unfused attention (%zu x %zu)",
+			  "attention_forward", (size_t)B * T, (size_t)NH * HS);
 	attention_forward(out, att, q, k, v, B, T, NH, NKV, HS);
 	finish(out16, out, (size_t)B * T * NH * HS, NULL);
+}
+
+/* The fused attention (emu16_flash_backend_new), by what it reads and keeps
+ * rather than how it computes: q, k, v in bf16 (twins, or fp32 rounded),
+ * B*NH*T row statistics in att instead of probabilities, room for its
+ * copies in gemm_scratch (gpu_flash_scratch_bytes), and a backward that
+ * reads the forward's out and row statistics (held to be the forward's
+ * own: a plan that dropped or overwrote them is a violation). The
+ * statistic is sum_s P[t][s] (s + 1); the products are the CPU's. */
+static bool emu_flash(struct gpu_backend *be, int HS)
+{
+	return gpu_flash_head_size(HS);
+}
+
+/* q, k, v as the fused kernels read them, widened; P (B,NH,T,T), o
+ * (B,T,NH,HS) and the row statistics (B,NH,T) recomputed from them. */
+static void flash_math(struct gpu_backend *be, const char *what, const float *q,
+		       const gpu_bf16 *q16, const float *k, const gpu_bf16 *k16, const float *v,
+		       const gpu_bf16 *v16, int B, int T, int NH, int NKV, int HS, float **qw,
+		       float **kw, float **vw, float **P, float *o, float *stats)
+{
+	const size_t nq = (size_t)B * T * NH * HS, nk = (size_t)B * T * NKV * HS;
+	const bool twins = q16 && k16 && v16;
+	if (!twins && (q16 || k16 || v16))
+		violation("%s: some of q, k, v as twins (%zu x %zu)", what, (size_t)B * T,
+			  (size_t)NH * HS);
+	check_scratch(be, what, gpu_flash_scratch_bytes(B, T, NH, NKV, HS, twins) / 2);
+	*qw = operand(what, q, q16, nq);
+	*kw = operand(what, k, k16, nk);
+	*vw = operand(what, v, v16, nk);
+	*P = xmalloc((size_t)B * NH * T * T * sizeof(float));
+	attention_forward(o, *P, *qw, *kw, *vw, B, T, NH, NKV, HS);
+	for (size_t r = 0; r < (size_t)B * NH * T; r++) {
+		const float *row = *P + r * T;
+		double s = 0.0;
+		for (int c = 0; c < T; c++)
+			s += (double)row[c] * (c + 1);
+		stats[r] = (float)s;
+	}
+}
+
+static void emu_flash_forward(struct gpu_backend *be, float *out, gpu_bf16 *out16, float *att,
+			      const float *q, const gpu_bf16 *q16, const float *k,
+			      const gpu_bf16 *k16, const float *v, const gpu_bf16 *v16, int B,
+			      int T, int NH, int NKV, int HS)
+{
+	if (!emu_flash(be, HS)) {
+		emu_attention_forward(be, out, out16, att, q, q16, k, k16, v, v16, B, T, NH, NKV, HS);
+		return;
+	}
+	float *qw, *kw, *vw, *P;
+	flash_math(be, "attention_forward (fused)", q, q16, k, k16, v, v16, B, T, NH, NKV, HS, &qw,
+		   &kw, &vw, &P, out, att);
+	finish(out16, out, (size_t)B * T * NH * HS, NULL);
+	free(qw);
+	free(kw);
+	free(vw);
+	free(P);
+}
+
+static void emu_flash_backward(struct gpu_backend *be, float *dq, float *dk, float *dv,
+			       float *datt, const float *dout, const float *out, const float *q,
+			       const gpu_bf16 *q16, const float *k, const gpu_bf16 *k16,
+			       const float *v, const gpu_bf16 *v16, const float *att, int B, int T,
+			       int NH, int NKV, int HS)
+{
+	if (!emu_flash(be, HS)) {
+		attention_backward(dq, dk, dv, datt, dout, q, k, v, att, B, T, NH, NKV, HS);
+		return;
+	}
+	const size_t nq = (size_t)B * T * NH * HS, nr = (size_t)B * NH * T;
+	float *qw, *kw, *vw, *P, *o = xmalloc(nq * sizeof(float)), *st = xmalloc(nr * sizeof(float));
+	flash_math(be, "attention_backward (fused)", q, q16, k, k16, v, v16, B, T, NH, NKV, HS, &qw,
+		   &kw, &vw, &P, o, st);
+	if (memcmp(o, out, nq * sizeof(float)) != 0)
+		violation("%s: out is not the forward's of these q, k, v (%zu x %zu)",
+			  "attention_backward (fused)", (size_t)B * T, (size_t)NH * HS);
+	if (memcmp(st, att, nr * sizeof(float)) != 0)
+		violation("%s: the row statistics are not the forward's (%zu rows of %zu)",
+			  "attention_backward (fused)", nr, (size_t)T);
+	float *dS = xmalloc(nr * T * sizeof(float));
+	attention_backward(dq, dk, dv, dS, dout, qw, kw, vw, P, B, T, NH, NKV, HS);
+	/* datt is the kernels' scratch (gpu_flash_datt_floats): written, as theirs */
+	memset(datt, 0, nr * sizeof(float));
+	free(dS);
+	free(qw);
+	free(kw);
+	free(vw);
+	free(P);
+	free(o);
+	free(st);
 }
 
 static void emu_swiglu_forward(struct gpu_backend *be, float *out, gpu_bf16 *out16,
@@ -239,15 +335,17 @@ static void emu_nf4_dequantize(struct gpu_backend *be, float *out, gpu_bf16 *out
 	finish(out16, o, n, tmp);
 }
 
-td_err emu16_backend_new(struct gpu_backend **out, struct td_errbuf *eb)
+static td_err emu_new(struct gpu_backend **out, bool flash, struct td_errbuf *eb)
 {
-	static struct gpu_backend_ops ops;
+	static struct gpu_backend_ops tables[2];
+	struct gpu_backend_ops *t = &tables[flash];
+	struct gpu_backend_ops ops;
 	struct gpu_backend *be = NULL;
 	td_err e = gpu_cpu_backend_new(&be, eb);
 	if (e != TD_OK)
 		return e;
 	ops = *be->ops;
-	ops.name = "emu16";
+	ops.name = flash ? "emu16-flash" : "emu16";
 	ops.set_bf16 = emu_set_bf16;
 	ops.gemm_bf16 = emu_true;
 	ops.attention_flash = emu_no_flash;
@@ -261,9 +359,25 @@ td_err emu16_backend_new(struct gpu_backend **out, struct td_errbuf *eb)
 	ops.crossentropy_backward = emu_crossentropy_backward;
 	ops.adamw_update = emu_adamw_update;
 	ops.nf4_dequantize = emu_nf4_dequantize;
+	if (flash) {
+		ops.attention_flash = emu_flash;
+		ops.attention_forward = emu_flash_forward;
+		ops.attention_backward = emu_flash_backward;
+	}
 	gpu_backend_check_ops(&ops);
-	be->ops = &ops;
-	snprintf(be->device, sizeof(be->device), "emu16");
+	*t = ops;
+	be->ops = t;
+	snprintf(be->device, sizeof(be->device), "%s", ops.name);
 	*out = be;
 	return TD_OK;
+}
+
+td_err emu16_backend_new(struct gpu_backend **out, struct td_errbuf *eb)
+{
+	return emu_new(out, false, eb);
+}
+
+td_err emu16_flash_backend_new(struct gpu_backend **out, struct td_errbuf *eb)
+{
+	return emu_new(out, true, eb);
 }

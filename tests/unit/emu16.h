@@ -25,6 +25,13 @@
 
 /* A fresh emulating backend (free with gpu_backend_free). */
 td_err emu16_backend_new(struct gpu_backend **out, struct td_errbuf *eb);
+/* The same with the attention fused where the CUDA backend fuses it (head
+ * sizes 16, 32, 64, 128: gpu_flash_head_size): what the engine keeps and
+ * passes is what the fused kernels read — q, k, v in bf16, B*NH*T row
+ * statistics in att, gemm_scratch room for the copies — and the backward
+ * checks that it gets the forward's own out and statistics (violations
+ * otherwise). The math is the CPU's on bf16 q, k, v, not the kernels'. */
+td_err emu16_flash_backend_new(struct gpu_backend **out, struct td_errbuf *eb);
 /* Scratch overflows and stale twins seen by every emulating backend so far. */
 size_t emu16_violations(void);
 

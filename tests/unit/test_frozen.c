@@ -14,13 +14,14 @@
  * mode) a bf16 weight is widened, exactly, into scratch for each use, so
  * every op sees the same fp32 values as in the rounded fp32 model.
  *
- * test_frozen [--backend cpu|cuda|emu16] [--precision fp32|bf16]: the same
+ * test_frozen [--backend cpu|cuda|emu16|emu16-flash] [--precision fp32|bf16]: the same
  * on another backend. In the bf16 mode every frozen matrix is stored in bf16
  * whatever the options (gemm_bf16 implies it), so that run holds the model
  * to the CPU's rounded-fp32 reference within the bf16 mode's error instead
  * (loss, and the gradient's direction), besides the plan checks. emu16
  * (tests/unit/emu16.h, bf16 only) plays the CUDA bf16 mode on the CPU and
- * checks that no GEMM outgrows the planned scratch and no twin is stale. 77
+ * checks that no GEMM outgrows the planned scratch and no twin is stale;
+ * emu16-flash also plays its fused attention (q, k, v kept in bf16 only). 77
  * (skipped) where the backend is not available. */
 #include <math.h>
 #include <stdint.h>
@@ -45,8 +46,9 @@ static struct gpu_backend *open_backend(const char *name, bool b16)
 {
 	struct td_errbuf eb = {{0}};
 	struct gpu_backend *be = NULL;
-	td_err e = strcmp(name, "emu16") == 0 ? emu16_backend_new(&be, &eb)
-					      : gpu_backend_open(&be, name, &eb);
+	td_err e = strcmp(name, "emu16") == 0	      ? emu16_backend_new(&be, &eb)
+		   : strcmp(name, "emu16-flash") == 0 ? emu16_flash_backend_new(&be, &eb)
+						      : gpu_backend_open(&be, name, &eb);
 	if (e == TD_OK && (e = gpu_set_bf16(be, b16, &eb)) != TD_OK)
 		gpu_backend_free(be);
 	if (e != TD_OK) {
@@ -322,6 +324,9 @@ static const struct fz_case cases[] = {
 	{"qwen2 4 layers lora all, selective recompute", "qwen2", 4, M_CAUSAL,
 	 {.lora_rank = 4, .lora_alpha = 8, .lora_targets = ALL_LIN,
 	  .recompute = TR_RECOMPUTE_SELECTIVE}, false},
+	{"qwen3 4 layers lora all + dropout, full-offload", "qwen3", 4, M_CAUSAL,
+	 {.lora_rank = 4, .lora_alpha = 8, .lora_targets = ALL_LIN, .lora_dropout = 0.1f,
+	  .recompute = TR_RECOMPUTE_FULL_OFFLOAD}, false},
 	{"llama qlora all + dropout", "llama", 0, M_CAUSAL,
 	 {.lora_rank = 4, .lora_alpha = 8, .lora_targets = ALL_LIN, .lora_dropout = 0.1f,
 	  .base_quant = TR_QUANT_NF4, .nf4_double_quant = true}, false},
@@ -528,14 +533,14 @@ int main(int argc, char **argv)
 			   (strcmp(argv[i + 1], "fp32") == 0 || strcmp(argv[i + 1], "bf16") == 0)) {
 			bf16 = strcmp(argv[++i], "bf16") == 0;
 		} else {
-			fprintf(stderr, "usage: test_frozen [--backend cpu|cuda|emu16] [--precision fp32|bf16]\n");
+			fprintf(stderr, "usage: test_frozen [--backend cpu|cuda|emu16|emu16-flash] [--precision fp32|bf16]\n");
 			return 2;
 		}
 	}
 	fx = getenv("TD_FIXTURES");
 	if (!fx)
 		return check_skip("TD_FIXTURES is not set (run through meson test)");
-	if (strcmp(backend, "cpu") != 0 && strcmp(backend, "emu16") != 0) {
+	if (strcmp(backend, "cpu") != 0 && strncmp(backend, "emu16", 5) != 0) {
 		struct gpu_backend *be = NULL;
 		struct td_errbuf eb = {{0}};
 		td_err e = gpu_backend_open(&be, backend, &eb);

@@ -30,8 +30,11 @@
  * deterministic, which NONE run twice checks first. --backend emu16
  * --precision bf16 (tests/unit/emu16.h): the CPU playing the CUDA bf16 mode
  * (twins, bf16 weights, the GEMM scratch; stored probabilities), which also
- * checks that no GEMM outgrows the planned scratch and no twin is stale. 77
- * (skipped) where the backend is not available. */
+ * checks that no GEMM outgrows the planned scratch and no twin is stale;
+ * --backend emu16-flash: the same with the attention fused as the CUDA
+ * backend fuses it (q, k, v kept in bf16 only, row statistics instead of
+ * probabilities: SELECTIVE's other attention path). 77 (skipped) where the
+ * backend is not available. */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -54,8 +57,9 @@ static struct gpu_backend *open_backend(void)
 {
 	struct td_errbuf eb = {{0}};
 	struct gpu_backend *be = NULL;
-	td_err e = strcmp(backend, "emu16") == 0 ? emu16_backend_new(&be, &eb)
-						 : gpu_backend_open(&be, backend, &eb);
+	td_err e = strcmp(backend, "emu16") == 0	 ? emu16_backend_new(&be, &eb)
+		   : strcmp(backend, "emu16-flash") == 0 ? emu16_flash_backend_new(&be, &eb)
+							 : gpu_backend_open(&be, backend, &eb);
 	if (e == TD_OK && (e = gpu_set_bf16(be, bf16, &eb)) != TD_OK)
 		gpu_backend_free(be);
 	if (e != TD_OK) {
@@ -336,7 +340,7 @@ static void test_same_bits(void)
 		 {.distill = true, .logits_chunk_floats = 5 * 512}, false},
 	};
 	/* The late copies are the CPU's: a GPU backend's copies are its own. */
-	const bool cpu = strcmp(backend, "cpu") == 0 || strcmp(backend, "emu16") == 0;
+	const bool cpu = strcmp(backend, "cpu") == 0 || strncmp(backend, "emu16", 5) == 0;
 	enum { AGAIN = TR_RECOMPUTE_COUNT, LAZY, NRUNS };
 	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
 		const struct rc_case *c = &cases[i];
@@ -601,14 +605,14 @@ int main(int argc, char **argv)
 			   (strcmp(argv[i + 1], "fp32") == 0 || strcmp(argv[i + 1], "bf16") == 0)) {
 			bf16 = strcmp(argv[++i], "bf16") == 0;
 		} else {
-			fprintf(stderr, "usage: test_recompute [--backend cpu|cuda|emu16] [--precision fp32|bf16]\n");
+			fprintf(stderr, "usage: test_recompute [--backend cpu|cuda|emu16|emu16-flash] [--precision fp32|bf16]\n");
 			return 2;
 		}
 	}
 	fx = getenv("TD_FIXTURES");
 	if (!fx)
 		return check_skip("TD_FIXTURES is not set (run through meson test)");
-	if (strcmp(backend, "cpu") != 0 && strcmp(backend, "emu16") != 0) {
+	if (strcmp(backend, "cpu") != 0 && strncmp(backend, "emu16", 5) != 0) {
 		/* No GPU here: the gpu suite reports itself skipped, not passed. */
 		struct gpu_backend *be = NULL;
 		struct td_errbuf eb = {{0}};
