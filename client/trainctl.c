@@ -448,6 +448,9 @@ static int cmd_submit(const struct opts *o, int argc, char **argv)
 		} else if (strcmp(a, "--batch") == 0 && (ok = parse_u64(v, &u) && u <= UINT32_MAX)) {
 			s->hyper->has_micro_batch = true;
 			s->hyper->micro_batch = (uint32_t)u;
+		} else if (strcmp(a, "--grad-accum") == 0 && (ok = parse_u64(v, &u) && u >= 1 && u <= UINT32_MAX)) {
+			s->hyper->has_grad_accum = true;
+			s->hyper->grad_accum = (uint32_t)u;
 		} else if (strcmp(a, "--seq-len") == 0 && (ok = parse_u64(v, &u) && u <= UINT32_MAX)) {
 			s->data->has_seq_len = true;
 			s->data->seq_len = (uint32_t)u;
@@ -1341,6 +1344,7 @@ static const struct command {
 	 "  submit --model DIR --data FILE --output DIR [--method full|lora|qlora|distill|classify]\n"
 	 "         [--steps N] [--lr X] [--batch N] [--seq-len N] [--checkpoint-every N]\n"
 	 "         [--eval FILE] [--name NAME] [--priority N] [--device cpu|gpu|any] [--gpus N]\n"
+	 "         [--grad-accum N] (a step's micro-batches, shared by a gang's GPUs)\n"
 	 "         [--recompute auto|none|selective|full|full-offload] [--max-memory BYTES[K|M|G|T]]\n"
 	 "         [--after ID[,ID...]] [--hold] [--watch]\n"
 	 "      queue a job (flags override the file; relative paths are taken from here);\n"
