@@ -845,7 +845,8 @@ static void explain_wait(struct dmn_sched *s, const struct st_queued *q)
 		return;
 	}
 	if (gpu_ok) {
-		uint64_t bytes = p->pb.auto_policy ? p->pb.by_policy[TR_RECOMPUTE_FULL] : p->pb.bytes;
+		/* AUTO waits with its smallest plan, the last policy's (FULL_OFFLOAD) */
+		uint64_t bytes = p->pb.auto_policy ? p->pb.by_policy[TR_RECOMPUTE_COUNT - 1] : p->pb.bytes;
 		char set[64];
 		if (s->hold_job == q->id)
 			snprintf(gpu, sizeof(gpu),
