@@ -596,6 +596,41 @@ static void test_real_shapes(void)
 	CHECK_CONTAINS(eb.msg, "unknown recompute policy 7");
 }
 
+/* A host that cannot pin FULL_OFFLOAD's memory: tr_model_new fails with
+ * TD_ENOMEM naming the bytes, and holds nothing. */
+static td_err no_host_alloc(struct gpu_backend *be, size_t bytes, void **out)
+{
+	(void)be;
+	(void)bytes;
+	(void)out;
+	return TD_ENOMEM;
+}
+
+static void test_host_alloc_fails(void)
+{
+	struct gpu_backend *be = NULL;
+	struct td_errbuf eb = {{0}};
+	CHECK_EQ_INT(gpu_cpu_backend_new(&be, &eb), TD_OK);
+	static struct gpu_backend_ops ops;
+	ops = *be->ops;
+	ops.host_alloc = no_host_alloc;
+	be->ops = &ops;
+	struct tr_model_config cfg;
+	load_config(&cfg, "qwen2");
+	struct tr_plan_opts po = {.B = B_, .T = T_, .recompute = TR_RECOMPUTE_FULL_OFFLOAD};
+	struct tr_model *m = NULL;
+	CHECK_EQ_INT(tr_model_new(&m, be, &cfg, &po, &eb), TD_ENOMEM);
+	CHECK(m == NULL);
+	char want[128];
+	snprintf(want, sizeof(want), "(%zu bytes) of pinned host memory",
+		 (size_t)cfg.num_layers * N_ * cfg.hidden_size * sizeof(float));
+	CHECK_CONTAINS(eb.msg, want);
+	CHECK_CONTAINS(eb.msg, "memory.recompute full-offload");
+	CHECK_EQ_INT(be->bytes_in_use, 0);
+	CHECK_EQ_INT(be->host_bytes_in_use, 0);
+	gpu_backend_free(be);
+}
+
 int main(int argc, char **argv)
 {
 	for (int i = 1; i < argc; i++) {
@@ -623,6 +658,7 @@ int main(int argc, char **argv)
 	}
 	test_stages();
 	test_real_shapes();
+	test_host_alloc_fails();
 	test_same_bits();
 	/* the emulator's checks: scratch always enough, twins never stale */
 	CHECK_EQ_INT(emu16_violations(), 0);
