@@ -793,7 +793,7 @@ static bool uid_of(const char *name, uint32_t *uid)
 static void print_usage_line(const char *first, const char *second, const Traind__Usage *u)
 {
 	char q[32], r[32];
-	printf("%-10.10s %-24.24s %10.3f %12.3f %10.3f %12llu %10s %10s\n", first, second,
+	printf("%-10.10s %-30.30s %10.4f %14.4f %10.4f %12llu %10s %10s\n", first, second,
 	       u ? u->gpu_s / 3600 : 0, u ? u->gpu_mem_byte_s / 3600 / (1 << 30) : 0,
 	       u ? u->cpu_s / 3600 : 0, (unsigned long long)(u ? u->tokens : 0),
 	       fmt_dur(u ? u->queued_s : 0, q, sizeof(q)), fmt_dur(u ? u->running_s : 0, r, sizeof(r)));
@@ -807,7 +807,7 @@ static void human_usage(const void *m)
 		printf("usage since %s\n", fmt_time(r->since, t, sizeof(t)));
 	else
 		printf("usage since the first job\n");
-	const char *hdr = "%-10s %-24s %10s %12s %10s %12s %10s %10s\n";
+	const char *hdr = "%-10s %-30s %10s %14s %10s %12s %10s %10s\n";
 	printf(hdr, "USER", "JOBS", "GPU-H", "GPU-MEM GIB-H", "CPU-H", "TOKENS", "QUEUED", "RUNNING");
 	if (!r->n_users)
 		printf("(none)\n");
