@@ -1,11 +1,13 @@
 # traind's Quick start: `make demo` and `make test` on a fresh Debian 12 machine.
 # Thin by design: meson builds, this file installs what is missing and runs it.
 
-# Debian 12 packages the build, the tests and the demo need (one list).
+# Debian 12 packages the build, the tests and the demo need (one list;
+# prometheus for its promtool, which it-metrics checks the exposition with).
 DEBS := gcc make pkg-config meson ninja-build \
 	libuv1-dev libnng-dev libprotobuf-c-dev protobuf-c-compiler protobuf-compiler \
 	libsqlite3-dev libpcre2-dev libjson-c-dev libopenblas-dev libsystemd-dev \
-	libcmocka-dev libunistring-dev clang libssl-dev
+	libcmocka-dev libunistring-dev clang libssl-dev \
+	prometheus
 
 BUILD ?= build
 ASAN_BUILD ?= build-asan

@@ -25,6 +25,7 @@
 #include "daemon/devices.h"
 #include "daemon/dispatch.h"
 #include "daemon/identity.h"
+#include "daemon/metrics.h"
 #include "daemon/notify.h"
 #include "daemon/scheduler.h"
 #include "proto/log.h"
@@ -65,6 +66,8 @@ struct server {
 	int lock_fd;
 	bool loop_ready, stopping, closing;
 	bool reexec; /* stopping to re-execute (a GPU context that cannot be reset) */
+	struct dmn_metrics_http *metrics_http; /* metrics_port */
+	char metrics_err[256];                 /* the textfile's last error, logged once */
 	int exit_code;
 	char db_path[PATH_MAX];
 };
@@ -318,6 +321,18 @@ static void tick_cb(uv_timer_t *t)
 		td_warn("TD-USAGE", "cannot accrue usage: %s", eb.msg);
 	if (!srv->stopping)
 		dmn_sched_tick(srv->sched);
+	/* metrics_textfile: the exposition, atomically, each tick. An error is
+	 * logged when it first happens and when it changes. */
+	if (*srv->cfg->metrics_textfile) {
+		struct td_errbuf meb = {{0}};
+		if (dmn_metrics_write_textfile(&srv->env, srv->cfg->metrics_textfile, &meb) != TD_OK) {
+			if (strcmp(meb.msg, srv->metrics_err) != 0)
+				td_warn("TD-METRICS", "%s", meb.msg);
+			snprintf(srv->metrics_err, sizeof(srv->metrics_err), "%s", meb.msg);
+		} else {
+			srv->metrics_err[0] = 0;
+		}
+	}
 	if (!srv->stopping && dmn_sched_restart_wanted(srv->sched)) {
 		srv->reexec = true;
 		begin_stop(srv, "a GPU's context cannot be reset in this process");
@@ -436,6 +451,7 @@ static void close_handles(struct server *srv)
 	for (size_t i = 0; i < sizeof(hs) / sizeof(hs[0]); i++)
 		if (hs[i]->loop && !uv_is_closing(hs[i]))
 			uv_close(hs[i], NULL);
+	dmn_metrics_http_close(srv->metrics_http);
 	dmn_sched_close(srv->sched);
 }
 
@@ -504,6 +520,13 @@ static td_err start(struct server *srv, struct td_errbuf *eb)
 
 	if ((e = listen_socket(srv, eb)) != TD_OK)
 		return e;
+	if (cfg->metrics_port) {
+		if ((e = dmn_metrics_http_start(&srv->metrics_http, &srv->loop, (int)cfg->metrics_port,
+						&srv->env, eb)) != TD_OK)
+			return e;
+		td_info("TD-METRICS", "Prometheus metrics at http://127.0.0.1:%ld/metrics",
+			cfg->metrics_port);
+	}
 	dmn_sched_kick(srv->sched);
 	td_info("TD-READY",
 		"traind %s serving %s (%s mode, state %s, %d GPU(s), %d simulated GPU(s), %ld CPU "
@@ -547,6 +570,7 @@ int dmn_serve(struct dmn_config *cfg, int argc, char **argv)
 		if (uv_loop_close(&srv->loop) != 0)
 			td_err_log("TD-STOP", "libuv handles were left open at exit");
 	}
+	dmn_metrics_http_free(srv->metrics_http);
 	free(srv->ctxs);
 	st_close(srv->db);
 	if (e == TD_OK)

@@ -420,6 +420,37 @@ out:
 	return TD_OK;
 }
 
+td_err st_job_counts(struct st_db *db, uint32_t counts[ST_JOB_STATE_COUNT], uint32_t *held,
+		     struct td_errbuf *eb)
+{
+	uint32_t c[ST_JOB_STATE_COUNT] = {0}, h = 0;
+	st__lock(db);
+	sqlite3_stmt *st;
+	td_err e = st__prepare(db,
+			       "SELECT state, count(*), sum(held) FROM jobs GROUP BY state", &st, eb);
+	if (!e) {
+		int rc;
+		while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
+			enum st_job_state s;
+			if (!st_job_state_parse((const char *)sqlite3_column_text(st, 0), &s))
+				continue;
+			c[s] = (uint32_t)sqlite3_column_int64(st, 1);
+			if (s == ST_QUEUED)
+				h = (uint32_t)sqlite3_column_int64(st, 2);
+		}
+		if (rc != SQLITE_DONE)
+			e = ST_SQLFAIL(db, rc, eb, "count jobs by state");
+		sqlite3_finalize(st);
+	}
+	st__unlock(db);
+	if (e)
+		return e;
+	memcpy(counts, c, sizeof(c));
+	if (held)
+		*held = h;
+	return TD_OK;
+}
+
 td_err st_job_count(struct st_db *db, uid_t uid, unsigned mask, uint32_t *count,
 		    struct td_errbuf *eb)
 {

@@ -351,6 +351,11 @@ struct st_queued {
 td_err st_job_queue(struct st_db *db, struct st_queued **out, size_t *n, struct td_errbuf *eb);
 void st_queue_free(struct st_queued *q, size_t n);
 
+/* How many jobs are in each state (counts[state]) and how many of the QUEUED
+ * ones are held (*held; may be NULL), one query. */
+td_err st_job_counts(struct st_db *db, uint32_t counts[ST_JOB_STATE_COUNT], uint32_t *held,
+		     struct td_errbuf *eb);
+
 /* Counts jobs of uid in the states of mask (mask 0 = every state). */
 td_err st_job_count(struct st_db *db, uid_t uid, unsigned mask, uint32_t *count,
 		    struct td_errbuf *eb);
