@@ -89,10 +89,22 @@ td_err tr_ddp_new(struct tr_ddp **out, struct tr_model *m, struct gpu_comm *c, s
 		const struct tr_param *t = &p->params[i];
 		if (!t->trainable || !t->numel)
 			continue;
+		/* A decoder layer's tensors: after its backward. An untied head
+		 * (lm_head, a classifier's score): after the head's last backward
+		 * chunk (with the fused head, the forward's). The final norm: after
+		 * its backward. The embedding (a tied head's too): at the end. */
 		size_t ready = p->nstages;
-		for (size_t k = p->nforward; k < p->nstages && t->layer >= 0; k++)
-			if (p->stages[k].kind == TR_STAGE_LAYER_BACKWARD && p->stages[k].layer == t->layer)
-				ready = k;
+		enum tr_stage_kind after = TR_STAGE_KIND_COUNT;
+		if (t->layer >= 0)
+			after = TR_STAGE_LAYER_BACKWARD;
+		else if (t->kind == TR_P_HEAD || strcmp(t->name, "lm_head.weight") == 0)
+			after = TR_STAGE_HEAD_BACKWARD;
+		else if (strcmp(t->name, "model.norm.weight") == 0)
+			after = TR_STAGE_FINAL_NORM_BACKWARD;
+		for (size_t k = p->nforward; k < p->nstages; k++)
+			if (p->stages[k].kind == after &&
+			    (after != TR_STAGE_LAYER_BACKWARD || p->stages[k].layer == t->layer))
+				ready = k; /* the last such stage */
 		d->spans[d->nspans++] = (struct span){t->goffset, t->goffset + t->numel, ready, false};
 	}
 	qsort(d->spans, d->nspans, sizeof(*d->spans), by_off);

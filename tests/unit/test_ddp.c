@@ -201,17 +201,17 @@ static void write_file(const char *path, const void *data, size_t n)
 	fclose(f);
 }
 
-static Traind__JobSpec *spec(const char *name, const char *hyper, const char *output,
-			     const char *top)
+static Traind__JobSpec *spec_model(const char *name, const char *model, const char *hyper,
+				   const char *output, const char *top)
 {
 	char path[512], text[4096];
 	snprintf(path, sizeof(path), "%s/%s.txtpb", tmp, name);
 	snprintf(text, sizeof(text),
-		 "name: \"%s\"\nmodel_dir: \"%s/qwen2\"\n"
+		 "name: \"%s\"\nmodel_dir: \"%s/%s\"\n"
 		 "data { train_file: \"%s/demo/fortunes.tokens\" format: DATA_FORMAT_TOKENS seq_len: 16 }\n"
 		 "hyper { schedule: SCHEDULE_CONSTANT lr: 1e-3 weight_decay: 0.01 seed: 7 micro_batch: 2 %s }\n"
 		 "output { dir: \"%s/%s\" %s }\nresources { device: DEVICE_CPU }\n%s\n",
-		 name, fx, fx, hyper, tmp, name, output, top);
+		 name, fx, model, fx, hyper, tmp, name, output, top);
 	write_file(path, text, strlen(text));
 	Traind__JobSpec *s = NULL;
 	struct td_errbuf eb = {{0}};
@@ -225,6 +225,13 @@ static Traind__JobSpec *spec(const char *name, const char *hyper, const char *ou
 		exit(2);
 	}
 	return s;
+}
+
+/* The qwen2 fixture (tied embedding). */
+static Traind__JobSpec *spec(const char *name, const char *hyper, const char *output,
+			     const char *top)
+{
+	return spec_model(name, "qwen2", hyper, output, top);
 }
 
 #define MAX_STEPS 64
@@ -334,12 +341,15 @@ static void test_curves(void)
 {
 	enum { STEPS = 20 };
 	static const struct {
-		const char *name, *hyper, *top;
+		const char *name, *model, *hyper, *top;
 		int accum, ranks[3];
 	} cases[] = {
-		{"full", "", "", 2, {2, 0, 0}},
-		{"full-accum4", "", "", 4, {2, 4, 3}}, /* 3: shares of 1, 1 and 2 */
-		{"lora-dropout", "",
+		{"full", "qwen2", "", "", 2, {2, 0, 0}},
+		{"full-accum4", "qwen2", "", "", 4, {2, 4, 3}}, /* 3: shares of 1, 1 and 2 */
+		/* Untied: lm_head is summed after the head's backward (the fused
+		 * head's: the forward), the embedding at the end. */
+		{"llama-untied", "llama", "", "", 2, {2, 0, 0}},
+		{"lora-dropout", "qwen2", "",
 		 "method: METHOD_LORA lora { rank: 4 dropout: 0.1 target_modules: [\"q_proj\", \"v_proj\", "
 		 "\"down_proj\"] }",
 		 2, {2, 0, 0}},
@@ -349,7 +359,7 @@ static void test_curves(void)
 		snprintf(hyper, sizeof(hyper), "max_steps: %d grad_accum: %d %s", STEPS, cases[i].accum,
 			 cases[i].hyper);
 		snprintf(name, sizeof(name), "%s-1", cases[i].name);
-		Traind__JobSpec *s1 = spec(name, hyper, "", cases[i].top);
+		Traind__JobSpec *s1 = spec_model(name, cases[i].model, hyper, "", cases[i].top);
 		struct curve ref = {0};
 		struct tr_train_result r;
 		struct td_errbuf eb = {{0}};
@@ -360,7 +370,7 @@ static void test_curves(void)
 			struct curve c[2] = {{0}};
 			for (int b = 0; b < 2; b++) { /* one sum after the backward; buckets during it */
 				snprintf(name, sizeof(name), "%s-%d%s", cases[i].name, n, b ? "-buckets" : "");
-				Traind__JobSpec *s = spec(name, hyper, "", cases[i].top);
+				Traind__JobSpec *s = spec_model(name, cases[i].model, hyper, "", cases[i].top);
 				memset(&eb, 0, sizeof(eb));
 				CHECK_MSG(train(s, n, b ? 1 : 0, 0, &c[b], &r, &eb) == TD_OK, "%s: %s", name,
 					  eb.msg);
