@@ -213,7 +213,8 @@ static void nccl_abort(struct gpu_comm *c)
  * stream is done: NCCL's nonblocking calls, and the completion of the sums.
  * On the gang's failure, an error, or the timeout: aborts this rank's
  * communicator (which drains its stream), fails the gang, returns the error. */
-static td_err nccl_poll(struct gpu_comm *c, bool side, const char *what, struct td_errbuf *eb)
+static td_err nccl_poll(struct gpu_comm *c, bool side, int timeout_ms, const char *what,
+			struct td_errbuf *eb)
 {
 	int64_t start = mono_us();
 	long sleep_ns = 2000;
@@ -250,12 +251,12 @@ static td_err nccl_poll(struct gpu_comm *c, bool side, const char *what, struct 
 		}
 		if (!pending)
 			return TD_OK;
-		if (mono_us() - start >= (int64_t)c->g->timeout_ms * 1000) {
+		if (mono_us() - start >= (int64_t)timeout_ms * 1000) {
 			nccl_abort(c);
 			return rank_fail(c, td_fail(eb, TD_EDEVICE,
 						    "%s, rank %d of %d: no progress in %d ms (a rank is stuck); "
 						    "its communicator was aborted",
-						    what, c->rank, c->g->n, c->g->timeout_ms), eb);
+						    what, c->rank, c->g->n, timeout_ms), eb);
 		}
 		struct timespec ts = {0, sleep_ns};
 		nanosleep(&ts, NULL);
@@ -322,7 +323,10 @@ static td_err nccl_new(struct gpu_comm *c, struct td_errbuf *eb)
 		c->comm = NULL;
 		return rank_fail(c, e, eb);
 	}
-	if ((e = nccl_poll(c, false, "NCCL communicator set-up", eb)) != TD_OK)
+	/* Set-up connects the ranks: never held to less than a minute, whatever
+	 * a test asks of the collectives. */
+	int setup_ms = g->timeout_ms > 60000 ? g->timeout_ms : 60000;
+	if ((e = nccl_poll(c, false, setup_ms, "NCCL communicator set-up", eb)) != TD_OK)
 		return e;
 	/* Every rank's communicator is ready before any sum is enqueued. */
 	return gpu_gang_barrier(g, c->rank, eb);
@@ -436,7 +440,7 @@ td_err gpu_comm_all_reduce_sum(struct gpu_comm *c, float *x, size_t n, struct td
 						c->side_fn.stream(c->side));
 	c->pending = true;
 	if (r == GPU_NCCL_IN_PROGRESS) /* complete the call before the next one */
-		return nccl_poll(c, false, "all-reduce", eb);
+		return nccl_poll(c, false, c->g->timeout_ms, "all-reduce", eb);
 	if (r != GPU_NCCL_SUCCESS) {
 		char where[96];
 		snprintf(where, sizeof(where), "all-reduce of %zu floats, rank %d of %d", n, c->rank,
@@ -456,7 +460,7 @@ td_err gpu_comm_wait(struct gpu_comm *c, struct td_errbuf *eb)
 	}
 	if (c->kind == GPU_COMM_HOST || !c->pending)
 		return TD_OK;
-	td_err e = nccl_poll(c, true, "all-reduce of gradients", eb);
+	td_err e = nccl_poll(c, true, c->g->timeout_ms, "all-reduce of gradients", eb);
 	if (e == TD_OK)
 		c->pending = false;
 	return e;
