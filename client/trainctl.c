@@ -11,11 +11,14 @@
 #include <errno.h>
 #include <limits.h>
 #include <math.h>
+#include <poll.h>
 #include <pwd.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/ioctl.h>
+#include <termios.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -27,6 +30,7 @@ struct opts {
 	const char *socket;
 	bool json;
 	int timeout_ms;
+	int reconnect_s; /* watch, logs --follow: how long to wait for a daemon that went away */
 };
 
 static const char *prog = "trainctl";
@@ -973,6 +977,29 @@ static void draw_bar(const Traind__JobInfo *j)
 
 /* Follows a job's events and metrics until it ends (follow) or once.
  * command: "watch" or "logs", which the daemon's errors name. */
+/* The daemon went away under a watch (it restarts: a kill, an upgrade, a
+ * re-exec): dials again every half second for up to o->reconnect_s. */
+static bool reconnect(const struct opts *o, const char *path, struct ctl_conn **c, const char *why)
+{
+	fprintf(stderr, "%s: traind went away (%s); reconnecting for up to %d s\n", prog, why,
+		o->reconnect_s);
+	ctl_close(*c);
+	*c = NULL;
+	struct timespec t0, t;
+	clock_gettime(CLOCK_MONOTONIC, &t0);
+	for (;;) {
+		clock_gettime(CLOCK_MONOTONIC, &t);
+		if (interrupted || t.tv_sec - t0.tv_sec >= o->reconnect_s)
+			return false;
+		sleep_ms(500);
+		struct td_errbuf eb = {{0}};
+		if (ctl_connect(c, path, o->timeout_ms, &eb) == TD_OK) {
+			fprintf(stderr, "%s: reconnected to traind at %s\n", prog, path);
+			return true;
+		}
+	}
+}
+
 static int follow(const struct opts *o, const char *command, uint64_t id, bool until_final, bool bar,
 		  bool events_too, bool metric_lines)
 {
@@ -1000,7 +1027,30 @@ static int follow(const struct opts *o, const char *command, uint64_t id, bool u
 		req.call_case = TRAIND__REQUEST__CALL_WATCH;
 		req.watch = &w;
 		Traind__Response *resp = NULL;
-		if ((rc = call_on(c, &req, &resp)) != CTL_OK)
+		/* A daemon that goes away while we follow is waited for: its jobs
+		 * come back with it, and the cursors go on where they were. */
+		struct td_errbuf ceb = {{0}};
+		if (until_final && o->reconnect_s > 0 && ctl_call(c, &req, &resp, &ceb) != TD_OK) {
+			if (bar_drawn)
+				fputs("\n", stdout);
+			bar_drawn = false;
+			fflush(stdout);
+			if (reconnect(o, path, &c, ceb.msg))
+				continue;
+			rc = interrupted ? fail(130, "interrupted; the job goes on (trainctl watch %llu)",
+						(unsigned long long)id)
+					 : fail(CTL_NODAEMON, "traind did not come back within %d s (%s)",
+						o->reconnect_s, ceb.msg);
+			break;
+		}
+		if (resp && resp->status != TD_OK) {
+			int code = ctl_exit_for((td_err)resp->status);
+			fail(code, "%s", resp->message ? resp->message : td_strerror((td_err)resp->status));
+			rpc_response_free(resp);
+			rc = code;
+			break;
+		}
+		if (!resp && (rc = call_on(c, &req, &resp)) != CTL_OK)
 			break;
 		const Traind__WatchReply *wr = resp->watch;
 		const Traind__JobInfo *j = wr ? wr->job : NULL;
@@ -1015,6 +1065,11 @@ static int follow(const struct opts *o, const char *command, uint64_t id, bool u
 		while (ie < wr->n_events || im < wr->n_metrics) {
 			bool ev = im >= wr->n_metrics ||
 				  (ie < wr->n_events && wr->events[ie]->time <= wr->metrics[im]->time);
+			/* The newest metric carries the job's ETA (the runner's estimate). */
+			if (!ev && im + 1 == wr->n_metrics && j->has_eta_s && !rpc_job_state_final(j->state)) {
+				wr->metrics[im]->has_eta_s = true;
+				wr->metrics[im]->eta_s = j->eta_s;
+			}
 			if (o->json) {
 				struct json_object *js = ctl_json(ev ? &wr->events[ie]->base : &wr->metrics[im]->base);
 				json_object_object_add(js, "type", json_object_new_string(ev ? "event" : "metric"));
@@ -1070,18 +1125,46 @@ static int follow(const struct opts *o, const char *command, uint64_t id, bool u
 	return rc;
 }
 
-static int cmd_watch(const struct opts *o, int argc, char **argv)
+/* Takes --reconnect SECONDS out of argv (watch, logs --follow). */
+static int reconnect_arg(const char *cmd, struct opts *o, int *argc, char **argv)
 {
+	int n = 0;
+	for (int i = 0; i < *argc; i++) {
+		if (strcmp(argv[i], "--reconnect") != 0) {
+			argv[n++] = argv[i];
+			continue;
+		}
+		uint64_t u;
+		if (i + 1 >= *argc || !parse_u64(argv[i + 1], &u) || u > 86400)
+			return fail(CTL_USAGE, "%s: --reconnect: give seconds, 0 .. 86400", cmd);
+		o->reconnect_s = (int)u;
+		i++;
+	}
+	*argc = n;
+	return CTL_OK;
+}
+
+static int cmd_watch(const struct opts *o0, int argc, char **argv)
+{
+	struct opts o = *o0;
 	uint64_t id;
+	int rc = reconnect_arg("watch", &o, &argc, argv);
+	if (rc != CTL_OK)
+		return rc;
 	if (argc != 1 || !job_id_arg(argv[0], &id))
 		return fail(CTL_USAGE, "watch: give one job id (`trainctl ls` lists them)");
 	bool tty = isatty(STDOUT_FILENO);
 	setvbuf(stdout, NULL, _IOLBF, 0);
-	return follow(o, "watch", id, true, tty, true, !tty);
+	return follow(&o, "watch", id, true, tty, true, !tty);
 }
 
-static int cmd_logs(const struct opts *o, int argc, char **argv)
+static int cmd_logs(const struct opts *o0, int argc, char **argv)
 {
+	struct opts o1 = *o0;
+	const struct opts *o = &o1;
+	int rc0 = reconnect_arg("logs", &o1, &argc, argv);
+	if (rc0 != CTL_OK)
+		return rc0;
 	bool fol = false;
 	const char *idarg = NULL;
 	for (int i = 0; i < argc; i++) {
@@ -1287,6 +1370,369 @@ static int cmd_cache(const struct opts *o, int argc, char **argv)
 	return rc;
 }
 
+/* ------------------------------------------------------------------------ */
+/* top: GPUs, running jobs and the queue, refreshed (nvtop and squeue in one) */
+
+#define TOP_ENDED 5 /* ended jobs shown under the queue */
+
+struct top_snap {
+	Traind__Response *info, *list;
+	char err[600]; /* why there is no snapshot now */
+};
+
+static void top_snap_free(struct top_snap *t)
+{
+	rpc_response_free(t->info);
+	rpc_response_free(t->list);
+	t->info = t->list = NULL;
+}
+
+/* One call on *c, which is dialled again when it is NULL and dropped on a
+ * transport error (the daemon restarting): top waits for it. */
+static bool top_call(const struct opts *o, const char *path, struct ctl_conn **c,
+		     Traind__Request *req, Traind__Response **resp, char *err, size_t cap)
+{
+	struct td_errbuf eb = {{0}};
+	/* At most 5 s a call: a daemon that died under a request shows as
+	 * unreachable in the next frame instead of freezing this one. */
+	int tmo = o->timeout_ms < 5000 ? o->timeout_ms : 5000;
+	if (!*c && ctl_connect(c, path, tmo, &eb) != TD_OK) {
+		snprintf(err, cap, "%s", eb.msg);
+		return false;
+	}
+	if (ctl_call(*c, req, resp, &eb) != TD_OK) {
+		ctl_close(*c);
+		*c = NULL;
+		snprintf(err, cap, "%s", eb.msg);
+		return false;
+	}
+	if ((*resp)->status != TD_OK) {
+		snprintf(err, cap, "%s",
+			 (*resp)->message ? (*resp)->message : td_strerror((td_err)(*resp)->status));
+		rpc_response_free(*resp);
+		*resp = NULL;
+		return false;
+	}
+	return true;
+}
+
+/* info, then the jobs: everyone's for an admin, the caller's otherwise. */
+static bool top_fetch(const struct opts *o, const char *path, struct ctl_conn **c,
+		      struct top_snap *t)
+{
+	top_snap_free(t);
+	Traind__InfoRequest ir = TRAIND__INFO_REQUEST__INIT;
+	Traind__Request req = TRAIND__REQUEST__INIT;
+	req.call_case = TRAIND__REQUEST__CALL_INFO;
+	req.info = &ir;
+	if (!top_call(o, path, c, &req, &t->info, t->err, sizeof(t->err)))
+		return false;
+	if (!t->info->info) {
+		snprintf(t->err, sizeof(t->err), "the daemon sent no info");
+		return false;
+	}
+	Traind__ListRequest lr = TRAIND__LIST_REQUEST__INIT;
+	lr.has_all = true;
+	lr.all = t->info->info->caller_admin;
+	lr.has_limit = true;
+	lr.limit = 1000;
+	req.call_case = TRAIND__REQUEST__CALL_LIST;
+	req.list = &lr;
+	if (!top_call(o, path, c, &req, &t->list, t->err, sizeof(t->err)))
+		return false;
+	t->err[0] = 0;
+	return true;
+}
+
+/* Where top draws: a terminal (escapes, lines cut at its width) or plain. */
+struct top_out {
+	bool tty;
+	int cols, rows, line;
+};
+
+static void tline(struct top_out *w, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void tline(struct top_out *w, const char *fmt, ...)
+{
+	if (w->tty && w->line >= w->rows - 1)
+		return; /* the last row is the footer's */
+	char buf[1024];
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(buf, sizeof(buf), fmt, ap);
+	va_end(ap);
+	if (w->tty) {
+		/* Cut at the width, counting UTF-8 sequences as one column. */
+		int col = 0;
+		size_t i = 0;
+		for (; buf[i]; i++) {
+			if (((unsigned char)buf[i] & 0xc0) != 0x80 && col++ == w->cols)
+				break;
+		}
+		buf[i] = 0;
+		fputs(buf, stdout);
+		fputs("\033[K\n", stdout);
+	} else {
+		puts(buf);
+	}
+	w->line++;
+}
+
+static const char *bar(double frac, int width, char *buf, size_t cap)
+{
+	if (!(frac >= 0))
+		frac = 0;
+	if (frac > 1)
+		frac = 1;
+	int fill = (int)(frac * width + 0.5), n = 0;
+	for (int i = 0; i < width && n + 1 < (int)cap; i++)
+		buf[n++] = i < fill ? '#' : '.';
+	buf[n] = 0;
+	return buf;
+}
+
+static void top_draw(struct top_out *w, const struct top_snap *t, double interval)
+{
+	char a[64], b[64], c[64], d[64], e[64];
+	time_t now = time(NULL);
+	struct tm tm;
+	localtime_r(&now, &tm);
+	char clock[16];
+	strftime(clock, sizeof(clock), "%H:%M:%S", &tm);
+	const Traind__InfoReply *i = t->info ? t->info->info : NULL;
+	if (!i) {
+		tline(w, "trainctl top %s: traind unreachable: %s", clock, t->err);
+		tline(w, "(retrying every %.1f s)", interval);
+		return;
+	}
+	tline(w, "traind %s (%s mode, pid %u), up %s: %u running, %u queued, %u CPU slot(s)%s  %s",
+	      i->version ? i->version : "?", i->mode ? i->mode : "?", i->pid,
+	      fmt_dur(i->uptime_s, a, sizeof(a)), i->running, i->queued, i->cpu_slots,
+	      i->caller_admin ? "" : "; your jobs", clock);
+	tline(w, "%s", "");
+	if (!i->n_devices) {
+		bool note = i->gpu_note && *i->gpu_note;
+		tline(w, "no GPUs: jobs run on CPU slots%s%s%s", note ? " (" : "", note ? i->gpu_note : "",
+		      note ? ")" : "");
+	} else {
+		tline(w, "%-4s %-22s %10s %10s %10s %10s  %s", "GPU", "NAME", "TOTAL", "RESERVED", "USED",
+		      "FREE", "RESERVED/TOTAL");
+		for (size_t k = 0; k < i->n_devices; k++) {
+			const Traind__GpuDevice *g = i->devices[k];
+			uint64_t used = g->has_free_bytes && g->free_bytes <= g->total_bytes
+						? g->total_bytes - g->free_bytes
+						: 0;
+			char bb[32];
+			tline(w, "%-4d %-22.22s %10s %10s %10s %10s  [%s]", g->index, g->name ? g->name : "",
+			      fmt_bytes(g->total_bytes, a, sizeof(a)), fmt_bytes(g->reserved_bytes, b, sizeof(b)),
+			      g->has_free_bytes ? fmt_bytes(used, c, sizeof(c)) : "?",
+			      g->has_free_bytes ? fmt_bytes(g->free_bytes, d, sizeof(d)) : "?",
+			      bar(g->total_bytes ? (double)g->reserved_bytes / (double)g->total_bytes : 0, 20,
+				  bb, sizeof(bb)));
+		}
+	}
+	const Traind__JobList *l = t->list ? t->list->list : NULL;
+	size_t n = l ? l->n_jobs : 0;
+	size_t nrun = 0, nq = 0;
+	for (size_t k = 0; k < n; k++) {
+		Traind__JobState s = l->jobs[k]->state;
+		nrun += s == TRAIND__JOB_STATE__JOB_STATE_ADMITTED ||
+			s == TRAIND__JOB_STATE__JOB_STATE_PREPARING || s == TRAIND__JOB_STATE__JOB_STATE_RUNNING;
+		nq += s == TRAIND__JOB_STATE__JOB_STATE_QUEUED || s == TRAIND__JOB_STATE__JOB_STATE_INTERRUPTED;
+	}
+	tline(w, "%s", "");
+	tline(w, "RUNNING (%zu)", nrun);
+	if (nrun)
+		tline(w, "%-6s %-10s %-20s %-10s %-24s %8s %9s %8s  %s", "ID", "USER", "NAME", "STATE",
+		      "PROGRESS", "LOSS", "TOK/S", "ETA", "DEVICE");
+	/* The list is newest first: oldest first reads better here. */
+	for (size_t k = n; k-- > 0;) {
+		const Traind__JobInfo *j = l->jobs[k];
+		Traind__JobState s = j->state;
+		if (s != TRAIND__JOB_STATE__JOB_STATE_ADMITTED && s != TRAIND__JOB_STATE__JOB_STATE_PREPARING &&
+		    s != TRAIND__JOB_STATE__JOB_STATE_RUNNING)
+			continue;
+		char bb[16], prog[48], loss[16] = "-", tok[16] = "-", eta[16] = "-";
+		snprintf(prog, sizeof(prog), "[%s] %s",
+			 bar(j->has_total_steps && j->total_steps ? (double)j->step / (double)j->total_steps : 0,
+			     10, bb, sizeof(bb)),
+			 fmt_progress(j, a, sizeof(a)));
+		if (j->has_loss)
+			snprintf(loss, sizeof(loss), "%.4f", j->loss);
+		if (j->has_tokens_per_s)
+			snprintf(tok, sizeof(tok), "%.0f", j->tokens_per_s);
+		if (j->has_eta_s)
+			fmt_dur(j->eta_s, eta, sizeof(eta));
+		tline(w, "%-6llu %-10.10s %-20.20s %-10s %-24s %8s %9s %8s  %s", (unsigned long long)j->id,
+		      user_name(j->uid, b, sizeof(b)), j->name ? j->name : "", state_name(j), prog, loss, tok,
+		      eta, j->device && *j->device ? j->device : "-");
+	}
+	tline(w, "%s", "");
+	tline(w, "QUEUED (%zu)", nq);
+	if (nq)
+		tline(w, "%-6s %-10s %-20s %4s %-8s  %s", "ID", "USER", "NAME", "PRIO", "WAITED", "WHY IT WAITS");
+	for (size_t k = n; k-- > 0;) {
+		const Traind__JobInfo *j = l->jobs[k];
+		if (j->state != TRAIND__JOB_STATE__JOB_STATE_QUEUED &&
+		    j->state != TRAIND__JOB_STATE__JOB_STATE_INTERRUPTED)
+			continue;
+		tline(w, "%-6llu %-10.10s %-20.20s %4d %-8s  %s", (unsigned long long)j->id,
+		      user_name(j->uid, b, sizeof(b)), j->name ? j->name : "", j->priority,
+		      fmt_dur((double)now - j->submit_time, e, sizeof(e)),
+		      j->waiting && *j->waiting ? j->waiting : state_name(j));
+	}
+	size_t shown = 0;
+	for (size_t k = 0; k < n && shown < TOP_ENDED; k++)
+		shown += rpc_job_state_final(l->jobs[k]->state);
+	if (shown) {
+		tline(w, "%s", "");
+		tline(w, "ENDED (the last %zu)", shown);
+		shown = 0;
+		for (size_t k = 0; k < n && shown < TOP_ENDED; k++) {
+			const Traind__JobInfo *j = l->jobs[k];
+			if (!rpc_job_state_final(j->state))
+				continue;
+			shown++;
+			tline(w, "%-6llu %-10.10s %-20.20s %-10s %-19s  %s", (unsigned long long)j->id,
+			      user_name(j->uid, b, sizeof(b)), j->name ? j->name : "", state_name(j),
+			      fmt_time(j->end_time, a, sizeof(a)), j->reason ? j->reason : "");
+		}
+	}
+	if (t->err[0])
+		tline(w, "(stale: %s)", t->err);
+}
+
+static struct termios top_saved;
+static bool top_raw;
+
+static void top_restore(void)
+{
+	if (top_raw) {
+		fputs("\033[?25h\033[?1049l", stdout);
+		fflush(stdout);
+		tcsetattr(STDIN_FILENO, TCSANOW, &top_saved);
+		top_raw = false;
+	}
+}
+
+static void on_winch(int sig)
+{
+	(void)sig; /* poll() returns; the next frame reads the new size */
+}
+
+static int cmd_top(const struct opts *o, int argc, char **argv)
+{
+	bool once = false;
+	double interval = 1.0;
+	for (int i = 0; i < argc; i++) {
+		char *end;
+		if (strcmp(argv[i], "--once") == 0) {
+			once = true;
+		} else if (strcmp(argv[i], "--interval") == 0 && i + 1 < argc) {
+			interval = strtod(argv[++i], &end);
+			if (!*argv[i] || *end || !(interval >= 0.2 && interval <= 3600))
+				return fail(CTL_USAGE, "top: --interval: '%s' is not seconds (0.2 .. 3600)", argv[i]);
+		} else {
+			return fail(CTL_USAGE, "top: unknown argument '%s' (top [--once] [--interval S])",
+				    argv[i]);
+		}
+	}
+	char sock[256];
+	const char *path = o->socket ? o->socket : ctl_default_socket(sock, sizeof(sock));
+	struct ctl_conn *c = NULL;
+	struct top_snap t = {0};
+	bool tty = isatty(STDOUT_FILENO) && isatty(STDIN_FILENO);
+	/* A snapshot: --once, --json, or not on a terminal. */
+	if (once || o->json || !tty) {
+		bool ok = top_fetch(o, path, &c, &t);
+		ctl_close(c);
+		if (!ok) {
+			top_snap_free(&t);
+			return fail(strstr(t.err, "cannot reach") ? CTL_NODAEMON : CTL_FAILED, "top: %s", t.err);
+		}
+		if (o->json) {
+			struct json_object *js = json_object_new_object();
+			json_object_object_add(js, "info", ctl_json(&t.info->info->base));
+			struct json_object *jobs = json_object_new_array();
+			for (size_t k = 0; t.list->list && k < t.list->list->n_jobs; k++)
+				if (!rpc_job_state_final(t.list->list->jobs[k]->state))
+					json_object_array_add(jobs, ctl_json(&t.list->list->jobs[k]->base));
+			json_object_object_add(js, "jobs", jobs);
+			ctl_json_print(stdout, js, true);
+			json_object_put(js);
+		} else {
+			struct top_out w = {.tty = false};
+			top_draw(&w, &t, interval);
+		}
+		top_snap_free(&t);
+		return CTL_OK;
+	}
+	/* The screen: the alternate buffer, keys read raw, q quits. */
+	if (tcgetattr(STDIN_FILENO, &top_saved) == 0) {
+		struct termios raw = top_saved;
+		raw.c_lflag &= (tcflag_t) ~(ICANON | ECHO);
+		raw.c_cc[VMIN] = 0;
+		raw.c_cc[VTIME] = 0;
+		tcsetattr(STDIN_FILENO, TCSANOW, &raw);
+		top_raw = true;
+		atexit(top_restore);
+	}
+	struct sigaction sa = {.sa_handler = on_sigint};
+	sigaction(SIGINT, &sa, NULL);
+	sigaction(SIGTERM, &sa, NULL);
+	struct sigaction sw = {.sa_handler = on_winch};
+	sigaction(SIGWINCH, &sw, NULL);
+	fputs("\033[?1049h\033[?25l", stdout);
+	bool quit = false;
+	while (!quit && !interrupted) {
+		top_fetch(o, path, &c, &t);
+		struct winsize ws = {0};
+		struct top_out w = {.tty = true, .cols = 80, .rows = 24};
+		if (ioctl(STDOUT_FILENO, TIOCGWINSZ, &ws) == 0 && ws.ws_col && ws.ws_row) {
+			w.cols = ws.ws_col;
+			w.rows = ws.ws_row;
+		}
+		fputs("\033[H", stdout);
+		top_draw(&w, &t, interval);
+		fputs("\033[J", stdout); /* clear what the last frame left below */
+		printf("\033[%d;1H\033[7m q: quit   refresh: %.1f s   %s \033[0m\033[K", w.rows, interval,
+		       t.info && t.info->info && t.info->info->caller_admin ? "every user's jobs"
+									 : "your jobs");
+		fflush(stdout);
+		/* Wait for the next frame, or a key. */
+		struct timespec t0, t1;
+		clock_gettime(CLOCK_MONOTONIC, &t0);
+		for (;;) {
+			clock_gettime(CLOCK_MONOTONIC, &t1);
+			double left = interval - ((double)(t1.tv_sec - t0.tv_sec) +
+						  (double)(t1.tv_nsec - t0.tv_nsec) * 1e-9);
+			if (left <= 0 || interrupted)
+				break;
+			struct pollfd pf = {.fd = STDIN_FILENO, .events = POLLIN};
+			int r = poll(&pf, 1, (int)(left * 1000) + 1);
+			if (r > 0) {
+				char k[32];
+				ssize_t got = read(STDIN_FILENO, k, sizeof(k));
+				if (got <= 0) {
+					quit = got == 0; /* the terminal went away */
+					break;
+				}
+				for (ssize_t x = 0; x < got; x++)
+					quit = quit || k[x] == 'q' || k[x] == 'Q';
+				if (quit)
+					break;
+				if (memchr(k, ' ', (size_t)got) || memchr(k, 'r', (size_t)got))
+					break; /* space or r: refresh now */
+			} else if (r < 0) {
+				break; /* a signal: SIGWINCH redraws at once */
+			}
+		}
+	}
+	top_restore();
+	top_snap_free(&t);
+	ctl_close(c);
+	return CTL_OK;
+}
+
 static void human_info(const void *m)
 {
 	const Traind__InfoReply *i = m;
@@ -1364,10 +1810,11 @@ static const struct command {
 	 "                            GPU-hours, GPU memory GiB-hours, CPU-slot hours, tokens, time\n"
 	 "                            queued and running, per user (--jobs: per job too); DATE is\n"
 	 "                            YYYY-MM-DD[ HH:MM], Nd or Nh ago, or @UNIX-SECONDS"},
-	{"logs", cmd_logs, "logs ID [--follow]          a job's events and steps"},
+	{"logs", cmd_logs, "logs ID [--follow]          a job's events and steps (--follow: as watch)"},
 	{"watch", cmd_watch,
-	 "watch ID                    follow a job to its end: a progress bar on a terminal, lines\n"
-	 "                            otherwise; exits with the job's outcome"},
+	 "watch ID [--reconnect S]    follow a job to its end: a progress bar with its ETA on a\n"
+	 "                            terminal, lines otherwise; exits with the job's outcome. A\n"
+	 "                            daemon that goes away is waited for S seconds (600; 0: exit 3)"},
 	{"ledger", cmd_ledger,
 	 "ledger                      GPUs and their VRAM reservations\n"
 	 "  ledger reserve --gpu G --bytes N[K|M|G] [--pid PID] [--ttl S] [--note TEXT]\n"
@@ -1378,6 +1825,12 @@ static const struct command {
 	 "cache [list|stats|clear]    the compiled GPU modules traind keeps (clear: root, the\n"
 	 "                            admin group, or a user daemon's own user)"},
 	{"info", cmd_info, "info                        the daemon, its devices and its queue"},
+	{"top", cmd_top,
+	 "top [--once] [--interval S] GPUs (reserved and used memory), running jobs (progress,\n"
+	 "                            tokens/s, ETA) and the queue with why each job waits,\n"
+	 "                            refreshed every S seconds (1) on a terminal, q quits; --once\n"
+	 "                            or not on a terminal: one plain snapshot; --json: one JSON\n"
+	 "                            object (info and the jobs that have not ended)"},
 	{"help", cmd_help, "help                        this text"},
 };
 #define NCOMMANDS (sizeof(commands) / sizeof(commands[0]))
@@ -1408,7 +1861,7 @@ static int cmd_help(const struct opts *o, int argc, char **argv)
 
 int main(int argc, char **argv)
 {
-	struct opts o = {.timeout_ms = 60000};
+	struct opts o = {.timeout_ms = 60000, .reconnect_s = 600};
 	int i = 1;
 	for (; i < argc && argv[i][0] == '-'; i++) {
 		const char *a = argv[i];
