@@ -545,7 +545,11 @@ td_err dmn_metrics_http_start(struct dmn_metrics_http **out, uv_loop_t *loop, in
 		/* Closed by the caller's dmn_metrics_http_close, freed after the loop. */
 		*out = h;
 		return td_fail(eb, rv == UV_EADDRINUSE ? TD_EBUSY : TD_EIO,
-			       "metrics_port: cannot listen on 127.0.0.1:%d: %s", port, uv_strerror(rv));
+			       "metrics_port: cannot listen on 127.0.0.1:%d: %s%s", port, uv_strerror(rv),
+			       rv == UV_EAFNOSUPPORT || rv == UV_EPERM
+				       ? " (as the systemd service: add AF_INET to RestrictAddressFamilies "
+					 "in a drop-in, or use metrics_textfile)"
+				       : rv == UV_EADDRINUSE ? " (choose another metrics_port)" : "");
 	}
 	*out = h;
 	return TD_OK;

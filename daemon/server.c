@@ -472,7 +472,10 @@ static td_err start(struct server *srv, struct td_errbuf *eb)
 	    (e = mkdirs(cfg->cache_dir, 0700, eb)) != TD_OK || (e = take_lock(srv, eb)) != TD_OK)
 		return e;
 	snprintf(srv->db_path, sizeof(srv->db_path), "%s/%s", cfg->state_dir, ST_DB_FILE);
-	if ((e = st_open(&srv->db, srv->db_path, NULL, eb)) != TD_OK)
+	/* A damaged database (a bad restore, a disk error) is refused with what
+	 * to do, before any job is touched (state.h: integrity_check). */
+	struct st_open_opts oo = {.integrity_check = true};
+	if ((e = st_open(&srv->db, srv->db_path, &oo, eb)) != TD_OK)
 		return e;
 	/* Jobs the last daemon left running go back to the queue and resume
 	 * from their checkpoints; state/ logs what it did (TD-ST-RECOVER). */

@@ -7,7 +7,8 @@
 # the order of admission) and submit --after (starts once its dependencies
 # succeeded; fails, with the jobs waiting on it, when one fails). Each with
 # its refusals: B cannot hold, release, requeue or re-prioritise A's job, nor
-# wait on it; C, an admin, can.
+# wait on it; C, an admin, can. Last, the README's backup: sqlite3 .backup
+# while the daemon runs, restored in place; a damaged database refused.
 if [ "$(id -u)" != 0 ]; then
 	echo "SKIP: needs root to create users with useradd (run the suite as root)"
 	exit 77
@@ -196,5 +197,27 @@ expect_eq "d2 succeeded after it" "$(job_state "$d2")" SUCCEEDED
 s1=$(json_field "$(ctl --json show "$d1")" end_time)
 s2=$(json_field "$(ctl --json show "$d2")" start_time)
 check "d2 started ($s2) after d1 ended ($s1)" awk -v a="$s2" -v b="$s1" 'BEGIN { exit !(a >= b) }'
-stop_daemon
+
+# --- the README's backup and restore: sqlite3 .backup online, then restored ---
+if command -v sqlite3 >/dev/null; then
+	njobs=$(ctl --json ls --all | grep -c '"id":')
+	sqlite3 "$STATE/traind.db" ".backup '$WORK/backup.db'"
+	expect_eq "an online backup while the daemon runs" "$?" 0
+	expect_eq "the backup passes quick_check" "$(sqlite3 "$WORK/backup.db" 'PRAGMA quick_check')" ok
+	stop_daemon
+	mkdir "$WORK/aside" && mv "$STATE"/traind.db* "$WORK/aside/"
+	cp "$WORK/backup.db" "$STATE/traind.db" && chmod 600 "$STATE/traind.db"
+	start_daemon --system --config "$CONF" --admin-group "$G"
+	expect_eq "the restored daemon has every job" "$(ctl --json ls --all | grep -c '"id":')" "$njobs"
+	expect_contains "with its state" "$(ctl show "$r")" "state:       SUCCEEDED"
+	stop_daemon
+	printf 'garbage' >"$STATE/traind.db"
+	rm -f "$STATE"/traind.db-wal "$STATE"/traind.db-shm
+	"$TRAIND" --socket "$SOCK" --state-dir "$STATE" --cache-dir "$WORK/cache" >"$WORK/bad.out" 2>&1
+	expect_eq "a damaged database is refused at start: exit 1" "$?" 1
+	expect_contains "saying what to do" "$(cat "$WORK/bad.out")" "move it aside"
+else
+	note "sqlite3 not installed: the backup and restore are not checked"
+	stop_daemon
+fi
 finish
