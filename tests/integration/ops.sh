@@ -198,6 +198,15 @@ s1=$(json_field "$(ctl --json show "$d1")" end_time)
 s2=$(json_field "$(ctl --json show "$d2")" start_time)
 check "d2 started ($s2) after d1 ended ($s1)" awk -v a="$s2" -v b="$s1" 'BEGIN { exit !(a >= b) }'
 
+# --- what trainctl would never send: refused, naming the field ---
+raw() { "$RPC_RAW" "$SOCK" "$@"; }
+expect_contains "hold without an id" "$(raw hold-no-id)" "request.hold.id: missing"
+expect_contains "priority without a value" "$(raw priority-no-value)" "request.priority.priority: missing"
+expect_contains "usage since a negative time" "$(raw usage-bad-since)" "request.usage.since: -5"
+expect_contains "submit after job 2^63" "$(raw after-huge "$TD_SRC/tests/fixtures/qwen2" \
+	"$TD_SRC/tests/fixtures/demo/fortunes.tokens" "$WORK/huge")" "submit --after: 9223372036854775808 is not a job id"
+check "the daemon serves on" ctl info >/dev/null
+
 # --- the README's backup and restore: sqlite3 .backup online, then restored ---
 if command -v sqlite3 >/dev/null; then
 	njobs=$(ctl --json ls --all | grep -c '"id":')

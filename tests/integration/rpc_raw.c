@@ -4,7 +4,9 @@
  * Exit 0 when a response came back, 3 when none did.
  *
  * KIND: garbage, truncated, oversized BYTES, empty, no-protocol, bad-spec,
- * no-data, missing-model DIR, relative-path, good-spec MODEL DATA OUTPUT.
+ * no-data, missing-model DIR, relative-path, good-spec MODEL DATA OUTPUT;
+ * issue 14's calls without what they need: hold-no-id, priority-no-value,
+ * usage-bad-since, after-huge MODEL DATA OUTPUT (submit --after 2^63).
  * For the integration tests (bad_input.sh); not a client anyone should use. */
 #include <nng/nng.h>
 #include <nng/protocol/reqrep0/req.h>
@@ -100,6 +102,39 @@ int main(int argc, char **argv)
 		buf = submit_bytes(s, &len);
 	} else if (strcmp(kind, "relative-path") == 0) {
 		buf = submit_bytes(spec_for("models/m", "/data/d.tokens", "/out/o"), &len);
+	} else if (strcmp(kind, "hold-no-id") == 0 || strcmp(kind, "priority-no-value") == 0 ||
+		   strcmp(kind, "usage-bad-since") == 0) {
+		Traind__HoldRequest hr = TRAIND__HOLD_REQUEST__INIT;
+		Traind__PriorityRequest pr = TRAIND__PRIORITY_REQUEST__INIT;
+		Traind__UsageRequest ur = TRAIND__USAGE_REQUEST__INIT;
+		Traind__Request req = TRAIND__REQUEST__INIT;
+		if (kind[0] == 'h') {
+			req.call_case = TRAIND__REQUEST__CALL_HOLD;
+			req.hold = &hr;
+		} else if (kind[0] == 'p') {
+			pr.has_id = true;
+			pr.id = 1;
+			req.call_case = TRAIND__REQUEST__CALL_PRIORITY;
+			req.priority = &pr;
+		} else {
+			ur.has_since = true;
+			ur.since = -5;
+			req.call_case = TRAIND__REQUEST__CALL_USAGE;
+			req.usage = &ur;
+		}
+		if (rpc_request_encode(&req, &buf, &len) != TD_OK)
+			return 2;
+	} else if (strcmp(kind, "after-huge") == 0 && argc > 5) {
+		uint64_t after[] = {(uint64_t)1 << 63};
+		Traind__SubmitRequest sr = TRAIND__SUBMIT_REQUEST__INIT;
+		sr.spec = spec_for(argv[3], argv[4], argv[5]);
+		sr.after = after;
+		sr.n_after = 1;
+		Traind__Request req = TRAIND__REQUEST__INIT;
+		req.call_case = TRAIND__REQUEST__CALL_SUBMIT;
+		req.submit = &sr;
+		if (rpc_request_encode(&req, &buf, &len) != TD_OK)
+			return 2;
 	} else if (strcmp(kind, "missing-model") == 0 && argc > 5) {
 		buf = submit_bytes(spec_for(argv[3], argv[4], argv[5]), &len);
 	} else {
