@@ -464,18 +464,24 @@ const float nf4_code[16] = {
 	1.0f,
 };
 
+/* The code nearest x by |x - code| in float, as a scan of all 16 finds it
+ * (the lower of two at the same distance; 0 for NaN), in five comparisons:
+ * the codes ascend, and fabsf(x - c) rounds monotonically in the exact
+ * distance, so the nearest is one of the two codes around x (codes further
+ * away are at least 0.079 further, far past a rounding step near 2). +inf
+ * (a block whose absmax's inverse overflowed) is nearest 1.0, where a scan
+ * found every distance infinite and kept code 0. */
 static uint8_t nf4_nearest(float x)
 {
-	uint8_t best = 0;
-	float bd = fabsf(x - nf4_code[0]);
-	for (uint8_t k = 1; k < 16; k++) {
-		float d = fabsf(x - nf4_code[k]);
-		if (d < bd) {
-			bd = d;
-			best = k;
-		}
-	}
-	return best;
+	if (!(x > nf4_code[0])) /* NaN, x <= -1 */
+		return 0;
+	unsigned lo = 0; /* nf4_code[lo] < x; lo + step <= 8 + 4 + 2 + 1 */
+	for (unsigned step = 8; step; step >>= 1) /* without branches: x is random */
+		lo += (unsigned)(nf4_code[lo + step] < x) * step;
+	if (lo == 15)
+		return 15;
+	/* nf4_code[lo] < x <= nf4_code[lo + 1] */
+	return (uint8_t)(lo + (fabsf(x - nf4_code[lo + 1]) < fabsf(x - nf4_code[lo])));
 }
 
 void nf4_quantize(uint8_t *restrict codes, float *restrict absmax, const float *restrict inp,

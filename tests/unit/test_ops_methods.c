@@ -138,6 +138,76 @@ static void test_nf4_roundtrip(void)
 	CHECK_EQ_INT(codes[1] >> 4, 14);  /* x[2] = code[14] */
 }
 
+/* nf4_quantize's code for each value is the one a scan of all 16 finds by
+ * |x - code| in float32, the lower on a tie (the definition the search it
+ * runs instead must keep exactly): checked at every code, every midpoint
+ * between neighbours and the floats up to 3 ulps around them, and at random
+ * values, in blocks whose absmax is exactly 1 (so x / absmax is x itself). */
+static int scan_code(float x)
+{
+	int best = 0;
+	float bd = fabsf(x - nf4_code[0]);
+	for (int k = 1; k < 16; k++) {
+		float d = fabsf(x - nf4_code[k]);
+		if (d < bd) {
+			bd = d;
+			best = k;
+		}
+	}
+	return best;
+}
+
+static void test_nf4_nearest(void)
+{
+	enum { NV = 16 * 7 + 15 * 7 + 4 * NF4_BLOCK * 63 };
+	static float vals[NV];
+	size_t n = 0;
+	for (int k = 0; k < 16; k++) {
+		float c = nf4_code[k];
+		for (int u = -3; u <= 3; u++) {
+			float v = c;
+			for (int s = 0; s < (u < 0 ? -u : u); s++)
+				v = nextafterf(v, u < 0 ? -2.0f : 2.0f);
+			vals[n++] = v;
+		}
+	}
+	for (int k = 0; k + 1 < 16; k++) {
+		float mid = (nf4_code[k] + nf4_code[k + 1]) / 2.0f;
+		for (int u = -3; u <= 3; u++) {
+			float v = mid;
+			for (int s = 0; s < (u < 0 ? -u : u); s++)
+				v = nextafterf(v, u < 0 ? -2.0f : 2.0f);
+			vals[n++] = v;
+		}
+	}
+	while (n < NV)
+		vals[n++] = (float)urand();
+	/* Blocks of 63 values and a 1 (absmax exactly 1, inverse exactly 1);
+	 * values past +-1 are clamped to the block's range. */
+	const size_t nb = (NV + 62) / 63, len = nb * NF4_BLOCK;
+	float *x = calloc(len, sizeof(float)), *am = malloc(nb * sizeof(float));
+	uint8_t *codes = malloc(len / 2);
+	size_t j = 0;
+	for (size_t b = 0; b < nb; b++) {
+		x[b * NF4_BLOCK] = 1.0f;
+		for (int i = 1; i < NF4_BLOCK; i++)
+			x[b * NF4_BLOCK + i] = j < NV ? fmaxf(-1.0f, fminf(1.0f, vals[j++])) : 0.0f;
+	}
+	nf4_quantize(codes, am, x, len);
+	int bad = 0;
+	for (size_t i = 0; i < len; i++) {
+		int got = i % 2 ? codes[i / 2] & 15 : codes[i / 2] >> 4;
+		int want = scan_code(x[i]);
+		if (got != want && bad++ < 5)
+			fprintf(stderr, "x = %.9g (%a): code %d, the scan's %d\n", (double)x[i], (double)x[i],
+				got, want);
+	}
+	CHECK_MSG(bad == 0, "%d of %zu values got another code than the scan's", bad, len);
+	free(x);
+	free(am);
+	free(codes);
+}
+
 static void test_absmax_dq(void)
 {
 	static const size_t sizes[] = {1, 255, 256, 257, 1000};
@@ -352,6 +422,7 @@ int main(void)
 {
 	test_nf4_codebook();
 	test_nf4_roundtrip();
+	test_nf4_nearest();
 	test_absmax_dq();
 	test_distill();
 	test_dropout();
