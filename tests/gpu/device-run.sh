@@ -3,7 +3,7 @@
 # PyTorch peer, in one call. Expects .gpu-run/ (binaries and the CUDA module)
 # and .gpu-libs/lib (bundle-libs.sh) in the repo root: tests/gpu/bundle.sh
 # makes them.
-# usage: tests/gpu/device-run.sh [tests|bench|faults|memory|ddp|all]
+# usage: tests/gpu/device-run.sh [tests|bench|faults|memory|ddp|profile|all]
 # memory: each recompute policy's tokens/s and peak for Qwen2-0.5B full and
 # Llama-3-8B LoRA (all 32 layers), beside peer_big.py (PEFT with and without
 # gradient checkpointing); wants the memory of an H200 for the policy NONE.
@@ -53,6 +53,32 @@ if [ "$what" = memory ]; then
 	echo "== memory: peer (PEFT, with and without gradient checkpointing)"
 	PYTHONUNBUFFERED=1 RUNS=${PEER_RUNS:-lora-8b-gc,lora-8b} timeout 500 python3 "$root/.gpu-libs/peer_big.py" 2>&1 |
 		grep '^{' | tee -a "$out/bench_memory.jsonl"
+	exit $status
+fi
+if [ "$what" = profile ]; then
+	# Where a step's device time goes: TD_CUDA_PROFILE=1 (every op and
+	# cuBLAS call timed by events; slower than a plain step) and --phases,
+	# for $PROFILE_ARGS (default: Llama-3-8B LoRA r16 all seven,
+	# FULL_OFFLOAD); the per-op table to $out/profile.txt. Then the copy
+	# engine's pinned bandwidth both ways (what FULL_OFFLOAD's ring uses).
+	args=${PROFILE_ARGS:---shape llama3-8b --lora-rank 16 --lora-targets all --precision bf16 --recompute full-offload}
+	echo "== profile: bench_train $args"
+	TD_CUDA_PROFILE=1 "$bin/bench_train" --backend cuda $args --steps 2 --warm 1 2>"$out/profile.txt" || status=1
+	grep -v '^\s*$' "$out/profile.txt" | tail -n 90
+	"$bin/bench_train" --backend cuda $args --steps 3 --warm 1 --phases || status=1
+	python3 - <<'PY' || true
+import torch, time
+for mib in (128, 512):
+    d = torch.empty(mib << 20, dtype=torch.uint8, device="cuda")
+    h = torch.empty(mib << 20, dtype=torch.uint8, pin_memory=True)
+    for name, dst, src in (("device->host", h, d), ("host->device", d, h)):
+        dst.copy_(src, non_blocking=True); torch.cuda.synchronize()
+        t = time.perf_counter()
+        for _ in range(8):
+            dst.copy_(src, non_blocking=True)
+        torch.cuda.synchronize()
+        print(f"pinned copy {name} {mib} MiB: {8 * (mib << 20) / (time.perf_counter() - t) / 1e9:.1f} GB/s")
+PY
 	exit $status
 fi
 if [ "$what" = ddp ]; then
