@@ -48,6 +48,16 @@ static td_err entry_from_row(struct st_db *db, sqlite3_stmt *st, struct st_cache
 	return TD_OK;
 }
 
+static td_err entry_row(struct st_db *db, sqlite3_stmt *st, void *item, struct td_errbuf *eb)
+{
+	return entry_from_row(db, st, item, eb);
+}
+
+static void entries_free(void *entries, size_t n)
+{
+	st_cache_entries_free(entries, n);
+}
+
 /* One write statement in its own transaction; *changes gets the rows touched. */
 static td_err write1(struct st_db *db, sqlite3_stmt *st, const char *what, int *changes,
 		     struct td_errbuf *eb)
@@ -169,42 +179,15 @@ td_err st_cache_del(struct st_db *db, const char *key, struct td_errbuf *eb)
 td_err st_cache_list(struct st_db *db, struct st_cache_entry **out, size_t *n,
 		     struct td_errbuf *eb)
 {
-	st__lock(db);
-	sqlite3_stmt *st;
-	struct st_cache_entry *arr = NULL;
-	size_t cnt = 0, cap = 0;
-	td_err e = st__prepare(db, "SELECT " CACHE_COLS " FROM module_cache ORDER BY key", &st, eb);
-	if (e)
-		goto out;
-	int rc;
-	while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
-		if (cnt == cap) {
-			size_t nc = cap ? cap * 2 : 16;
-			struct st_cache_entry *p = realloc(arr, nc * sizeof(*p));
-			if (!p) {
-				e = td_fail(eb, TD_ENOMEM, "%s: out of memory listing the module cache",
-					    db->path);
-				break;
-			}
-			arr = p;
-			cap = nc;
-		}
-		if ((e = entry_from_row(db, st, &arr[cnt], eb)))
-			break;
-		cnt++;
-	}
-	if (!e && rc != SQLITE_DONE)
-		e = ST_SQLFAIL(db, rc, eb, "list the module cache");
-	sqlite3_finalize(st);
-out:
-	st__unlock(db);
-	if (e) {
-		st_cache_entries_free(arr, cnt);
-		return e;
-	}
-	*out = arr;
-	*n = cnt;
-	return TD_OK;
+	static const struct st__rowset entry_rows = {
+		.size = sizeof(struct st_cache_entry), .fill = entry_row, .free = entries_free};
+	void *rows;
+	td_err e = ST_SELECT(db, &entry_rows, &rows, n, eb,
+			     "SELECT " CACHE_COLS " FROM module_cache ORDER BY key", ST_NO_ARGS,
+			     "list the module cache");
+	if (!e)
+		*out = rows;
+	return e;
 }
 
 td_err st_cache_clear(struct st_db *db, size_t *n, struct td_errbuf *eb)

@@ -249,6 +249,90 @@ void st__col_copy(sqlite3_stmt *st, int col, char *buf, size_t size)
 	snprintf(buf, size, "%s", t ? (const char *)t : "");
 }
 
+static td_err rows_v(struct st_db *db, sqlite3_stmt *st, const struct st__rowset *set,
+		     void **items, size_t *n, struct td_errbuf *eb, const char *file, int line,
+		     const char *fmt, va_list ap) __attribute__((format(printf, 9, 0)));
+
+static td_err rows_v(struct st_db *db, sqlite3_stmt *st, const struct st__rowset *set,
+		     void **items, size_t *n, struct td_errbuf *eb, const char *file, int line,
+		     const char *fmt, va_list ap)
+{
+	unsigned char *arr = NULL;
+	size_t cnt = 0, cap = 0;
+	td_err e = TD_OK;
+	bool oom = false;
+	int rc;
+	while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
+		if (cnt == cap) {
+			size_t nc = cap ? 2 * cap : 16;
+			unsigned char *p = realloc(arr, nc * set->size);
+			if (!p) {
+				oom = true;
+				break;
+			}
+			arr = p;
+			cap = nc;
+		}
+		void *item = arr + cnt++ * set->size;
+		memset(item, 0, set->size);
+		if ((e = set->fill(db, st, item, eb)) != TD_OK)
+			break;
+	}
+	if (!e && rc != SQLITE_DONE) {
+		char what[512];
+		vsnprintf(what, sizeof(what), fmt, ap);
+		e = oom ? td_fail(eb, TD_ENOMEM, "%s: %s: out of memory", db->path, what)
+			: st__sqlfail(db, rc, eb, file, line, "%s", what);
+	}
+	if (e) {
+		if (set->free)
+			set->free(arr, cnt);
+		else
+			free(arr);
+		return e;
+	}
+	*items = arr;
+	*n = cnt;
+	return TD_OK;
+}
+
+td_err st__rows(struct st_db *db, sqlite3_stmt *st, const struct st__rowset *set, void **items,
+		size_t *n, struct td_errbuf *eb, const char *file, int line, const char *fmt, ...)
+{
+	va_list ap;
+	va_start(ap, fmt);
+	td_err e = rows_v(db, st, set, items, n, eb, file, line, fmt, ap);
+	va_end(ap);
+	return e;
+}
+
+td_err st__select(struct st_db *db, const char *sql, const struct st__arg *args, size_t nargs,
+		  const struct st__rowset *set, void **items, size_t *n, struct td_errbuf *eb,
+		  const char *file, int line, const char *fmt, ...)
+{
+	st__lock(db);
+	sqlite3_stmt *st;
+	td_err e = st__prepare(db, sql, &st, eb);
+	if (!e) {
+		for (size_t i = 0; i < nargs; i++) {
+			int k = (int)i + 1;
+			if (!args[i].text)
+				sqlite3_bind_int64(st, k, args[i].i);
+			else if (args[i].s)
+				sqlite3_bind_text(st, k, args[i].s, -1, SQLITE_STATIC);
+			else
+				sqlite3_bind_null(st, k);
+		}
+		va_list ap;
+		va_start(ap, fmt);
+		e = rows_v(db, st, set, items, n, eb, file, line, fmt, ap);
+		va_end(ap);
+		sqlite3_finalize(st);
+	}
+	st__unlock(db);
+	return e;
+}
+
 /* The busy handler: short sleeps with jitter until the timeout. sqlite's own
  * handler backs off to 100 ms sleeps, which starves a waiter while locks are
  * held for well under a millisecond; this one keeps waiters close behind. */

@@ -144,6 +144,20 @@ static td_err job_from_row(struct st_db *db, sqlite3_stmt *st, bool with_spec, s
 	return TD_OK;
 }
 
+/* A row of JOB_COLS, with the spec where the query selected it. */
+static td_err job_row(struct st_db *db, sqlite3_stmt *st, void *item, struct td_errbuf *eb)
+{
+	return job_from_row(db, st, sqlite3_column_count(st) > JOB_COL_SPEC, item, eb);
+}
+
+static void jobs_free(void *jobs, size_t n)
+{
+	st_jobs_free(jobs, n);
+}
+
+static const struct st__rowset job_rows = {
+	.size = sizeof(struct st_job), .fill = job_row, .free = jobs_free};
+
 /* Reads the state of job inside the caller's transaction; TD_ENOENT if none. */
 static td_err job_state_locked(struct st_db *db, int64_t id, enum st_job_state *state,
 			       bool *cancel_requested, struct td_errbuf *eb)
@@ -385,39 +399,14 @@ td_err st_job_list(struct st_db *db, const struct st_job_filter *f, struct st_jo
 		 "SELECT * FROM (SELECT " JOB_COLS "%s FROM jobs WHERE (?1 OR uid = ?2) AND %s "
 		 "ORDER BY id DESC LIMIT ?3) ORDER BY id",
 		 f->with_spec ? ", spec" : "", where);
-	st__lock(db);
-	sqlite3_stmt *st;
-	struct st_job *arr = NULL;
-	size_t cnt = 0, cap = 0;
-	td_err e = st__prepare(db, sql, &st, eb);
-	if (e)
-		goto out;
-	sqlite3_bind_int(st, 1, f->all_users);
-	sqlite3_bind_int64(st, 2, f->uid);
-	sqlite3_bind_int64(st, 3, f->limit ? (int64_t)f->limit : -1);
-	int rc;
-	while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
-		if (!grow((void **)&arr, &cap, cnt, sizeof(*arr))) {
-			e = td_fail(eb, TD_ENOMEM, "%s: out of memory listing jobs", db->path);
-			break;
-		}
-		e = job_from_row(db, st, f->with_spec, &arr[cnt], eb);
-		if (e)
-			break;
-		cnt++;
-	}
-	if (!e && rc != SQLITE_DONE)
-		e = ST_SQLFAIL(db, rc, eb, "list jobs");
-	sqlite3_finalize(st);
-out:
-	st__unlock(db);
-	if (e) {
-		st_jobs_free(arr, cnt);
-		return e;
-	}
-	*out = arr;
-	*n = cnt;
-	return TD_OK;
+	void *rows;
+	td_err e = ST_SELECT(db, &job_rows, &rows, n, eb, sql,
+			     ST_ARGS(ST_INT(f->all_users), ST_INT(f->uid),
+				     ST_INT(f->limit ? (int64_t)f->limit : -1)),
+			     "list jobs");
+	if (!e)
+		*out = rows;
+	return e;
 }
 
 td_err st_job_counts(struct st_db *db, uint32_t counts[ST_JOB_STATE_COUNT], uint32_t *held,
@@ -541,6 +530,20 @@ static td_err set_state_locked(struct st_db *db, int64_t id, enum st_job_state c
 	return e;
 }
 
+/* A row of (id, state) into a struct st_dep; a state that is none of ours
+ * (the schema's CHECK allows none) reads as ST_JOB_STATE_COUNT. */
+static td_err dep_row(struct st_db *db, sqlite3_stmt *st, void *item, struct td_errbuf *eb)
+{
+	(void)db, (void)eb;
+	struct st_dep *d = item;
+	d->id = sqlite3_column_int64(st, 0);
+	if (!st_job_state_parse((const char *)sqlite3_column_text(st, 1), &d->state))
+		d->state = ST_JOB_STATE_COUNT;
+	return TD_OK;
+}
+
+static const struct st__rowset dep_rows = {.size = sizeof(struct st_dep), .fill = dep_row};
+
 /* Fails, inside the caller's transaction, every QUEUED or INTERRUPTED job
  * that waits on job id, which just ended `how`, and the jobs waiting on
  * those in turn (a work list, not recursion: a chain may be long). */
@@ -564,37 +567,29 @@ static td_err fail_dependents_locked(struct st_db *db, int64_t id, enum st_job_s
 	while (!e && nw) {
 		struct item x = work[--nw];
 		/* Read the dependents first; they change below. */
-		struct item *deps = NULL;
-		size_t nd = 0, capd = 0;
+		void *rows = NULL;
+		size_t nd = 0;
 		sqlite3_reset(st);
 		sqlite3_bind_int64(st, 1, x.id);
-		int rc;
-		while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
-			enum st_job_state cur;
-			if (!st_job_state_parse((const char *)sqlite3_column_text(st, 1), &cur))
-				continue;
-			if (!grow((void **)&deps, &capd, nd, sizeof(*deps))) {
-				e = td_fail(eb, TD_ENOMEM, "%s: out of memory", db->path);
-				break;
-			}
-			deps[nd++] = (struct item){sqlite3_column_int64(st, 0), cur};
-		}
-		if (!e && rc != SQLITE_DONE)
-			e = ST_SQLFAIL(db, rc, eb, "read the jobs waiting on job %lld", (long long)x.id);
+		e = ST_ROWS(db, st, &dep_rows, &rows, &nd, eb, "read the jobs waiting on job %lld",
+			    (long long)x.id);
+		struct st_dep *deps = rows;
 		for (size_t i = 0; i < nd && !e; i++) {
+			if (deps[i].state == ST_JOB_STATE_COUNT) /* none of ours: left alone */
+				continue;
 			char why[160];
 			snprintf(why, sizeof(why),
 				 "dependency: job %lld ended %s, and this job starts only after it "
 				 "succeeds (requeue job %lld, then this one)",
 				 (long long)x.id, state_names[x.how], (long long)x.id);
-			e = set_state_locked(db, deps[i].id, deps[i].how, ST_FAILED, why, NULL, now, NULL,
-					     SS_NO_CASCADE, eb);
+			e = set_state_locked(db, deps[i].id, deps[i].state, ST_FAILED, why, NULL, now,
+					     NULL, SS_NO_CASCADE, eb);
 			if (!e && grow((void **)&work, &cap, nw, sizeof(*work)))
 				work[nw++] = (struct item){deps[i].id, ST_FAILED};
 			else if (!e)
 				e = td_fail(eb, TD_ENOMEM, "%s: out of memory", db->path);
 		}
-		free(deps);
+		free(rows);
 	}
 	sqlite3_finalize(st);
 	free(work);
@@ -903,38 +898,19 @@ out:
 td_err st_job_deps(struct st_db *db, int64_t job, struct st_dep **out, size_t *n,
 		   struct td_errbuf *eb)
 {
-	st__lock(db);
-	sqlite3_stmt *st;
-	struct st_dep *arr = NULL;
-	size_t cnt = 0, cap = 0;
-	td_err e = st__prepare(db,
-			       "SELECT j.id, j.state FROM job_deps d JOIN jobs j ON j.id = d.dep"
-			       " WHERE d.job = ? ORDER BY j.id",
-			       &st, eb);
+	void *rows;
+	size_t cnt;
+	td_err e = ST_SELECT(db, &dep_rows, &rows, &cnt, eb,
+			     "SELECT j.id, j.state FROM job_deps d JOIN jobs j ON j.id = d.dep"
+			     " WHERE d.job = ? ORDER BY j.id",
+			     ST_ARGS(ST_INT(job)), "read the dependencies of job %lld", (long long)job);
 	if (e)
-		goto out;
-	sqlite3_bind_int64(st, 1, job);
-	int rc;
-	while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
-		if (!grow((void **)&arr, &cap, cnt, sizeof(*arr))) {
-			e = td_fail(eb, TD_ENOMEM, "%s: out of memory", db->path);
-			break;
-		}
-		arr[cnt].id = sqlite3_column_int64(st, 0);
-		if (!st_job_state_parse((const char *)sqlite3_column_text(st, 1), &arr[cnt].state))
-			arr[cnt].state = ST_QUEUED;
-		cnt++;
-	}
-	if (!e && rc != SQLITE_DONE)
-		e = ST_SQLFAIL(db, rc, eb, "read the dependencies of job %lld", (long long)job);
-	sqlite3_finalize(st);
-out:
-	st__unlock(db);
-	if (e) {
-		free(arr);
 		return e;
-	}
-	*out = arr;
+	struct st_dep *deps = rows;
+	for (size_t i = 0; i < cnt; i++)
+		if (deps[i].state == ST_JOB_STATE_COUNT)
+			deps[i].state = ST_QUEUED;
+	*out = deps;
 	*n = cnt;
 	return TD_OK;
 }
@@ -991,6 +967,15 @@ out:
 	return e;
 }
 
+static td_err id_row(struct st_db *db, sqlite3_stmt *st, void *item, struct td_errbuf *eb)
+{
+	(void)db, (void)eb;
+	*(int64_t *)item = sqlite3_column_int64(st, 0);
+	return TD_OK;
+}
+
+static const struct st__rowset id_rows = {.size = sizeof(int64_t), .fill = id_row};
+
 /* ids of jobs in the states of mask, inside the caller's transaction. */
 static td_err ids_in_states_locked(struct st_db *db, unsigned mask, int64_t **ids, size_t *n,
 				   struct td_errbuf *eb)
@@ -1002,26 +987,12 @@ static td_err ids_in_states_locked(struct st_db *db, unsigned mask, int64_t **id
 	td_err e = st__prepare(db, sql, &st, eb);
 	if (e)
 		return e;
-	int64_t *arr = NULL;
-	size_t cnt = 0, cap = 0;
-	int rc;
-	while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
-		if (!grow((void **)&arr, &cap, cnt, sizeof(*arr))) {
-			e = td_fail(eb, TD_ENOMEM, "%s: out of memory", db->path);
-			break;
-		}
-		arr[cnt++] = sqlite3_column_int64(st, 0);
-	}
-	if (!e && rc != SQLITE_DONE)
-		e = ST_SQLFAIL(db, rc, eb, "select jobs");
+	void *rows;
+	e = ST_ROWS(db, st, &id_rows, &rows, n, eb, "select jobs");
 	sqlite3_finalize(st);
-	if (e) {
-		free(arr);
-		return e;
-	}
-	*ids = arr;
-	*n = cnt;
-	return TD_OK;
+	if (!e)
+		*ids = rows;
+	return e;
 }
 
 td_err st_jobs_recover(struct st_db *db, struct st_recover_stats *stats, struct td_errbuf *eb)
@@ -1127,8 +1098,42 @@ void st_queue_free(struct st_queued *q, size_t n)
 	free(q);
 }
 
+/* A row of st_job_queue's query. */
+static td_err queued_row(struct st_db *db, sqlite3_stmt *st, void *item, struct td_errbuf *eb)
+{
+	struct st_queued *q = item;
+	q->id = sqlite3_column_int64(st, 0);
+	q->uid = (uid_t)sqlite3_column_int64(st, 1);
+	q->gid = (gid_t)sqlite3_column_int64(st, 2);
+	q->priority = sqlite3_column_int(st, 3);
+	q->submit_ms = sqlite3_column_int64(st, 4);
+	q->attempts = sqlite3_column_int(st, 5);
+	q->ckpt_step = sqlite3_column_int64(st, 6);
+	q->user_active = (uint32_t)sqlite3_column_int64(st, 7);
+	q->user_queued = (uint32_t)sqlite3_column_int64(st, 8);
+	q->held = sqlite3_column_int(st, 10) != 0;
+	q->deps_pending = (uint32_t)sqlite3_column_int64(st, 11);
+	q->dep_waiting = sqlite3_column_int64(st, 12);
+	int len = sqlite3_column_bytes(st, 9);
+	const void *b = sqlite3_column_blob(st, 9);
+	q->spec = malloc(len > 0 ? (size_t)len : 1);
+	if (!q->spec)
+		return td_fail(eb, TD_ENOMEM, "%s: out of memory reading the queue", db->path);
+	if (len > 0)
+		memcpy(q->spec, b, (size_t)len);
+	q->spec_len = (size_t)(len > 0 ? len : 0);
+	return TD_OK;
+}
+
+static void queue_free(void *q, size_t n)
+{
+	st_queue_free(q, n);
+}
+
 td_err st_job_queue(struct st_db *db, struct st_queued **out, size_t *n, struct td_errbuf *eb)
 {
+	static const struct st__rowset queued_rows = {
+		.size = sizeof(struct st_queued), .fill = queued_row, .free = queue_free};
 	static const char sql[] =
 		"WITH act AS (SELECT uid, count(*) AS n FROM jobs"
 		"             WHERE state IN ('ADMITTED','PREPARING','RUNNING') GROUP BY uid),"
@@ -1142,57 +1147,11 @@ td_err st_job_queue(struct st_db *db, struct st_queued **out, size_t *n, struct 
 		" FROM jobs j JOIN q ON q.uid = j.uid LEFT JOIN act ON act.uid = j.uid"
 		" WHERE j.state = 'QUEUED'"
 		" ORDER BY j.priority DESC, active ASC, j.submit_ms ASC, j.id ASC";
-	st__lock(db);
-	sqlite3_stmt *st;
-	struct st_queued *arr = NULL;
-	size_t cnt = 0, cap = 0;
-	td_err e = st__prepare(db, sql, &st, eb);
-	if (e)
-		goto out;
-	int rc;
-	while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
-		if (!grow((void **)&arr, &cap, cnt, sizeof(*arr))) {
-			e = td_fail(eb, TD_ENOMEM, "%s: out of memory reading the queue", db->path);
-			break;
-		}
-		struct st_queued *q = &arr[cnt];
-		memset(q, 0, sizeof(*q));
-		q->id = sqlite3_column_int64(st, 0);
-		q->uid = (uid_t)sqlite3_column_int64(st, 1);
-		q->gid = (gid_t)sqlite3_column_int64(st, 2);
-		q->priority = sqlite3_column_int(st, 3);
-		q->submit_ms = sqlite3_column_int64(st, 4);
-		q->attempts = sqlite3_column_int(st, 5);
-		q->ckpt_step = sqlite3_column_int64(st, 6);
-		q->user_active = (uint32_t)sqlite3_column_int64(st, 7);
-		q->user_queued = (uint32_t)sqlite3_column_int64(st, 8);
-		q->held = sqlite3_column_int(st, 10) != 0;
-		q->deps_pending = (uint32_t)sqlite3_column_int64(st, 11);
-		q->dep_waiting = sqlite3_column_int64(st, 12);
-		int len = sqlite3_column_bytes(st, 9);
-		const void *b = sqlite3_column_blob(st, 9);
-		q->spec = malloc(len > 0 ? (size_t)len : 1);
-		if (!q->spec) {
-			e = td_fail(eb, TD_ENOMEM, "%s: out of memory reading the queue", db->path);
-			break;
-		}
-		if (len > 0)
-			memcpy(q->spec, b, (size_t)len);
-		q->spec_len = (size_t)(len > 0 ? len : 0);
-		cnt++;
-	}
-	if (!e && rc != SQLITE_DONE)
-		e = ST_SQLFAIL(db, rc, eb, "read the queue");
-	sqlite3_finalize(st);
-out:
-	st__unlock(db);
-	if (e) {
-		st_queue_free(arr, cnt);
-		return e;
-	}
-	*out = arr;
-	*n = cnt;
-	return TD_OK;
+	void *rows;
+	td_err e = ST_SELECT(db, &queued_rows, &rows, n, eb, sql, ST_NO_ARGS, "read the queue");
+	if (!e)
+		*out = rows;
+	return e;
 }
 
 /* ------------------------------------------------------------------------ */
@@ -1238,52 +1197,38 @@ void st_events_free(struct st_event *ev, size_t n)
 	free(ev);
 }
 
+static td_err event_row(struct st_db *db, sqlite3_stmt *st, void *item, struct td_errbuf *eb)
+{
+	struct st_event *v = item;
+	v->id = sqlite3_column_int64(st, 0);
+	v->job = sqlite3_column_int64(st, 1);
+	v->time_ms = sqlite3_column_int64(st, 2);
+	v->kind = st__col_strdup(st, 3);
+	v->message = st__col_strdup(st, 4);
+	if (!v->kind || !v->message)
+		return td_fail(eb, TD_ENOMEM, "%s: out of memory reading events", db->path);
+	return TD_OK;
+}
+
+static void events_free(void *ev, size_t n)
+{
+	st_events_free(ev, n);
+}
+
 td_err st_event_list(struct st_db *db, int64_t job, int64_t after_id, size_t limit,
 		     struct st_event **out, size_t *n, struct td_errbuf *eb)
 {
-	st__lock(db);
-	sqlite3_stmt *st;
-	struct st_event *arr = NULL;
-	size_t cnt = 0, cap = 0;
-	td_err e = st__prepare(db,
-			       "SELECT id, job, time_ms, kind, message FROM job_events"
-			       " WHERE job = ? AND id > ? ORDER BY id LIMIT ?",
-			       &st, eb);
-	if (e)
-		goto out;
-	sqlite3_bind_int64(st, 1, job);
-	sqlite3_bind_int64(st, 2, after_id);
-	sqlite3_bind_int64(st, 3, limit ? (int64_t)limit : -1);
-	int rc;
-	while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
-		if (!grow((void **)&arr, &cap, cnt, sizeof(*arr))) {
-			e = td_fail(eb, TD_ENOMEM, "%s: out of memory reading events", db->path);
-			break;
-		}
-		struct st_event *v = &arr[cnt];
-		v->id = sqlite3_column_int64(st, 0);
-		v->job = sqlite3_column_int64(st, 1);
-		v->time_ms = sqlite3_column_int64(st, 2);
-		v->kind = st__col_strdup(st, 3);
-		v->message = st__col_strdup(st, 4);
-		cnt++;
-		if (!v->kind || !v->message) {
-			e = td_fail(eb, TD_ENOMEM, "%s: out of memory reading events", db->path);
-			break;
-		}
-	}
-	if (!e && rc != SQLITE_DONE)
-		e = ST_SQLFAIL(db, rc, eb, "read events of job %lld", (long long)job);
-	sqlite3_finalize(st);
-out:
-	st__unlock(db);
-	if (e) {
-		st_events_free(arr, cnt);
-		return e;
-	}
-	*out = arr;
-	*n = cnt;
-	return TD_OK;
+	static const struct st__rowset event_rows = {
+		.size = sizeof(struct st_event), .fill = event_row, .free = events_free};
+	void *rows;
+	td_err e = ST_SELECT(db, &event_rows, &rows, n, eb,
+			     "SELECT id, job, time_ms, kind, message FROM job_events"
+			     " WHERE job = ? AND id > ? ORDER BY id LIMIT ?",
+			     ST_ARGS(ST_INT(job), ST_INT(after_id), ST_INT(limit ? (int64_t)limit : -1)),
+			     "read events of job %lld", (long long)job);
+	if (!e)
+		*out = rows;
+	return e;
 }
 
 /* ------------------------------------------------------------------------ */
@@ -1369,44 +1314,29 @@ static void metric_from_row(sqlite3_stmt *st, struct st_metric *m)
 	m->eval_loss = col_measure(st, 6);
 }
 
+static td_err metric_row(struct st_db *db, sqlite3_stmt *st, void *item, struct td_errbuf *eb)
+{
+	(void)db, (void)eb;
+	metric_from_row(st, item);
+	return TD_OK;
+}
+
 #define METRIC_COLS "step, time_ms, loss, lr, grad_norm, tokens_per_s, eval_loss"
 
 td_err st_metrics_list(struct st_db *db, int64_t job, int64_t after_step, size_t limit,
 		       struct st_metric **out, size_t *n, struct td_errbuf *eb)
 {
-	st__lock(db);
-	sqlite3_stmt *st;
-	struct st_metric *arr = NULL;
-	size_t cnt = 0, cap = 0;
-	td_err e = st__prepare(db,
-			       "SELECT " METRIC_COLS " FROM metrics WHERE job = ? AND step > ?"
-			       " ORDER BY step LIMIT ?",
-			       &st, eb);
-	if (e)
-		goto out;
-	sqlite3_bind_int64(st, 1, job);
-	sqlite3_bind_int64(st, 2, after_step);
-	sqlite3_bind_int64(st, 3, limit ? (int64_t)limit : -1);
-	int rc;
-	while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
-		if (!grow((void **)&arr, &cap, cnt, sizeof(*arr))) {
-			e = td_fail(eb, TD_ENOMEM, "%s: out of memory reading metrics", db->path);
-			break;
-		}
-		metric_from_row(st, &arr[cnt++]);
-	}
-	if (!e && rc != SQLITE_DONE)
-		e = ST_SQLFAIL(db, rc, eb, "read metrics of job %lld", (long long)job);
-	sqlite3_finalize(st);
-out:
-	st__unlock(db);
-	if (e) {
-		free(arr);
-		return e;
-	}
-	*out = arr;
-	*n = cnt;
-	return TD_OK;
+	static const struct st__rowset metric_rows = {.size = sizeof(struct st_metric),
+						      .fill = metric_row};
+	void *rows;
+	td_err e = ST_SELECT(db, &metric_rows, &rows, n, eb,
+			     "SELECT " METRIC_COLS " FROM metrics WHERE job = ? AND step > ?"
+			     " ORDER BY step LIMIT ?",
+			     ST_ARGS(ST_INT(job), ST_INT(after_step), ST_INT(limit ? (int64_t)limit : -1)),
+			     "read metrics of job %lld", (long long)job);
+	if (!e)
+		*out = rows;
+	return e;
 }
 
 td_err st_metrics_last(struct st_db *db, int64_t job, struct st_metric *out, struct td_errbuf *eb)

@@ -552,64 +552,40 @@ td_err st_ledger_reap(struct st_db *db, size_t *n, struct td_errbuf *eb)
 /* ------------------------------------------------------------------------ */
 /* Reading */
 
+static td_err lease_row(struct st_db *db, sqlite3_stmt *st, void *item, struct td_errbuf *eb)
+{
+	(void)db, (void)eb;
+	struct st_lease *l = item;
+	l->id = sqlite3_column_int64(st, 0);
+	st__col_copy(st, 1, l->gpu_uuid, sizeof(l->gpu_uuid));
+	l->bytes = (uint64_t)sqlite3_column_int64(st, 2);
+	l->job_id = sqlite3_column_int64(st, 3);
+	l->uid = (uid_t)sqlite3_column_int64(st, 4);
+	l->holder.pid = (pid_t)sqlite3_column_int64(st, 5);
+	l->holder.start_time = (uint64_t)sqlite3_column_int64(st, 6);
+	st__col_copy(st, 7, l->holder.boot_id, sizeof(l->holder.boot_id));
+	st__col_copy(st, 8, l->label, sizeof(l->label));
+	l->created_ms = sqlite3_column_int64(st, 9);
+	l->heartbeat_ms = sqlite3_column_int64(st, 10);
+	l->expires_ms = sqlite3_column_int64(st, 11);
+	return TD_OK;
+}
+
 /* Leases on gpu_uuid (NULL: any) of job (0: any). */
 static td_err list_leases(struct st_db *db, const char *gpu_uuid, int64_t job,
 			  struct st_lease **out, size_t *n, struct td_errbuf *eb)
 {
-	st__lock(db);
-	sqlite3_stmt *st;
-	struct st_lease *arr = NULL;
-	size_t cnt = 0, cap = 0;
-	td_err e = st__prepare(db,
-			       "SELECT id, gpu_uuid, bytes, coalesce(job, 0), uid, pid, pid_start, boot_id,"
-			       " label, created_ms, heartbeat_ms, expires_ms FROM ledger"
-			       " WHERE (?1 IS NULL OR gpu_uuid = ?1) AND (?2 IS NULL OR job = ?2) ORDER BY id",
-			       &st, eb);
-	if (e)
-		goto out;
-	if (gpu_uuid)
-		sqlite3_bind_text(st, 1, gpu_uuid, -1, SQLITE_STATIC);
-	if (job)
-		sqlite3_bind_int64(st, 2, job);
-	int rc;
-	while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
-		if (cnt == cap) {
-			size_t nc = cap ? cap * 2 : 16;
-			struct st_lease *p = realloc(arr, nc * sizeof(*p));
-			if (!p) {
-				e = td_fail(eb, TD_ENOMEM, "%s: out of memory listing leases", db->path);
-				break;
-			}
-			arr = p;
-			cap = nc;
-		}
-		struct st_lease *l = &arr[cnt++];
-		memset(l, 0, sizeof(*l));
-		l->id = sqlite3_column_int64(st, 0);
-		st__col_copy(st, 1, l->gpu_uuid, sizeof(l->gpu_uuid));
-		l->bytes = (uint64_t)sqlite3_column_int64(st, 2);
-		l->job_id = sqlite3_column_int64(st, 3);
-		l->uid = (uid_t)sqlite3_column_int64(st, 4);
-		l->holder.pid = (pid_t)sqlite3_column_int64(st, 5);
-		l->holder.start_time = (uint64_t)sqlite3_column_int64(st, 6);
-		st__col_copy(st, 7, l->holder.boot_id, sizeof(l->holder.boot_id));
-		st__col_copy(st, 8, l->label, sizeof(l->label));
-		l->created_ms = sqlite3_column_int64(st, 9);
-		l->heartbeat_ms = sqlite3_column_int64(st, 10);
-		l->expires_ms = sqlite3_column_int64(st, 11);
-	}
-	if (!e && rc != SQLITE_DONE)
-		e = ST_SQLFAIL(db, rc, eb, "list leases");
-	sqlite3_finalize(st);
-out:
-	st__unlock(db);
-	if (e) {
-		free(arr);
-		return e;
-	}
-	*out = arr;
-	*n = cnt;
-	return TD_OK;
+	static const struct st__rowset lease_rows = {.size = sizeof(struct st_lease),
+						     .fill = lease_row};
+	void *rows;
+	td_err e = ST_SELECT(db, &lease_rows, &rows, n, eb,
+			     "SELECT id, gpu_uuid, bytes, coalesce(job, 0), uid, pid, pid_start, boot_id,"
+			     " label, created_ms, heartbeat_ms, expires_ms FROM ledger"
+			     " WHERE (?1 IS NULL OR gpu_uuid = ?1) AND (?2 = 0 OR job = ?2) ORDER BY id",
+			     ST_ARGS(ST_TEXT(gpu_uuid), ST_INT(job)), "list leases");
+	if (!e)
+		*out = rows;
+	return e;
 }
 
 td_err st_ledger_list(struct st_db *db, const char *gpu_uuid, struct st_lease **out, size_t *n,

@@ -132,55 +132,36 @@ static void usage_from_row(sqlite3_stmt *st, int col, struct st_usage *u)
 	u->tokens = sqlite3_column_int64(st, col + 5);
 }
 
+/* A row of (uid, job, jobs, USAGE_SUMS). */
+static td_err usage_row(struct st_db *db, sqlite3_stmt *st, void *item, struct td_errbuf *eb)
+{
+	(void)db, (void)eb;
+	struct st_usage_row *r = item;
+	r->uid = (uid_t)sqlite3_column_int64(st, 0);
+	r->job = sqlite3_column_int64(st, 1);
+	usage_from_row(st, 3, &r->u);
+	r->u.jobs = (uint32_t)sqlite3_column_int64(st, 2);
+	return TD_OK;
+}
+
 td_err st_usage_list(struct st_db *db, int64_t since_ms, bool by_job, bool all_users, uid_t uid,
 		     struct st_usage_row **out, size_t *n, struct td_errbuf *eb)
 {
+	static const struct st__rowset usage_rows = {.size = sizeof(struct st_usage_row),
+						     .fill = usage_row};
 	const char *sql =
-		by_job ? "SELECT uid, job, count(*), " USAGE_SUMS " FROM usage"
+		by_job ? "SELECT uid, job, 1, " USAGE_SUMS " FROM usage"
 			 " WHERE hour >= ?1 AND (?2 OR uid = ?3) GROUP BY job ORDER BY job"
 		       : "SELECT uid, 0, count(DISTINCT job), " USAGE_SUMS " FROM usage"
 			 " WHERE hour >= ?1 AND (?2 OR uid = ?3) GROUP BY uid ORDER BY uid";
-	st__lock(db);
-	sqlite3_stmt *st;
-	struct st_usage_row *arr = NULL;
-	size_t cnt = 0, cap = 0;
-	td_err e = st__prepare(db, sql, &st, eb);
-	if (e)
-		goto out;
-	sqlite3_bind_int64(st, 1, since_ms > 0 ? hour_of(since_ms) : 0);
-	sqlite3_bind_int(st, 2, all_users);
-	sqlite3_bind_int64(st, 3, uid);
-	int rc;
-	while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
-		if (cnt == cap) {
-			size_t nc = cap ? 2 * cap : 16;
-			struct st_usage_row *a = realloc(arr, nc * sizeof(*a));
-			if (!a) {
-				e = td_fail(eb, TD_ENOMEM, "%s: out of memory reading usage", db->path);
-				break;
-			}
-			arr = a;
-			cap = nc;
-		}
-		struct st_usage_row *r = &arr[cnt++];
-		memset(r, 0, sizeof(*r));
-		r->uid = (uid_t)sqlite3_column_int64(st, 0);
-		r->job = sqlite3_column_int64(st, 1);
-		usage_from_row(st, 3, &r->u);
-		r->u.jobs = by_job ? 1 : (uint32_t)sqlite3_column_int64(st, 2);
-	}
-	if (!e && rc != SQLITE_DONE)
-		e = ST_SQLFAIL(db, rc, eb, "read usage");
-	sqlite3_finalize(st);
-out:
-	st__unlock(db);
-	if (e) {
-		free(arr);
-		return e;
-	}
-	*out = arr;
-	*n = cnt;
-	return TD_OK;
+	void *rows;
+	td_err e = ST_SELECT(db, &usage_rows, &rows, n, eb, sql,
+			     ST_ARGS(ST_INT(since_ms > 0 ? hour_of(since_ms) : 0), ST_INT(all_users),
+				     ST_INT(uid)),
+			     "read usage");
+	if (!e)
+		*out = rows;
+	return e;
 }
 
 td_err st_usage_of_job(struct st_db *db, int64_t job, struct st_usage *out, struct td_errbuf *eb)
