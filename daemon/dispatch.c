@@ -246,7 +246,16 @@ static Traind__JobInfo *job_info(struct dmn_call *c, const struct st_job *j, boo
 				 (long long)pending->id, st_job_state_name(pending->state));
 		else
 			dmn_sched_waiting(c->env->sched, j->id, why, sizeof(why));
-		ji->waiting = cstr(c, why);
+		/* A preempted job says so first (its reason: "preempted by job N
+		 * (user U, priority P) at step ..."), then what it waits for. */
+		const char *at = strstr(j->reason, " at step ");
+		if (strncmp(j->reason, "preempted by job ", 17) == 0 && at) {
+			char both[512];
+			snprintf(both, sizeof(both), "%.*s; %s", (int)(at - j->reason), j->reason, why);
+			ji->waiting = cstr(c, both);
+		} else {
+			ji->waiting = cstr(c, why);
+		}
 	}
 	free(deps);
 	if (j->spec) {

@@ -51,6 +51,10 @@ struct dmn_runner {
 	 * requeued (dmn_runners_lost). */
 	atomic_bool device_lost;
 	bool requeue;     /* runner thread: INTERRUPTED, then QUEUED at once */
+	/* Preempted (dmn_runners_preempt): stop, checkpoint, be requeued. */
+	atomic_bool preempt;
+	char preempt_why[256];     /* under set->mu */
+	char requeue_reason[1024]; /* runner thread, then the loop's after the join */
 
 	/* runner thread only */
 	struct st_db *db;
@@ -176,7 +180,8 @@ static bool hook_should_stop(void *ctx)
 {
 	struct dmn_runner *rn = ctx;
 	return atomic_load(&rn->cancel) || atomic_load(&rn->shutdown) ||
-	       atomic_load(&rn->creds_lost) || atomic_load(&rn->device_lost);
+	       atomic_load(&rn->creds_lost) || atomic_load(&rn->device_lost) ||
+	       atomic_load(&rn->preempt);
 }
 
 static void write_tensorboard(struct dmn_runner *rn, const struct tr_progress *p)
@@ -394,6 +399,9 @@ static bool device_lost_first(struct dmn_runner *rn, int ordinal)
 	return first;
 }
 
+#define DEVICE_LOST_REQUEUE \
+	"requeued after its CUDA device lost its context; resumes from its last checkpoint"
+
 static enum st_job_state run_job(struct dmn_runner *rn, char *reason, size_t cap)
 {
 	struct td_errbuf eb = {{0}};
@@ -515,6 +523,7 @@ static enum st_job_state run_job(struct dmn_runner *rn, char *reason, size_t cap
 			return ST_CANCELLED;
 		}
 		rn->requeue = true;
+		snprintf(rn->requeue_reason, sizeof(rn->requeue_reason), "%s", DEVICE_LOST_REQUEUE);
 		snprintf(reason, cap, "CUDA device %d lost its context by another job's fault (%s); "
 				      "requeued, resumes from its last checkpoint",
 			 lost_dev, eb.msg[0] ? eb.msg : td_strerror(e));
@@ -531,10 +540,27 @@ static enum st_job_state run_job(struct dmn_runner *rn, char *reason, size_t cap
 	}
 	if (res.stopped && atomic_load(&rn->device_lost) && !atomic_load(&rn->shutdown)) {
 		rn->requeue = true;
+		snprintf(rn->requeue_reason, sizeof(rn->requeue_reason), "%s", DEVICE_LOST_REQUEUE);
 		snprintf(reason, cap, "stopped at step %llu/%llu: CUDA device %d lost its context by "
 				      "another job's fault; requeued, resumes from its last checkpoint",
 			 (unsigned long long)res.steps_done, (unsigned long long)res.total_steps,
 			 rn->cuda_device);
+		return ST_INTERRUPTED;
+	}
+	if (res.stopped && atomic_load(&rn->preempt) && !atomic_load(&rn->shutdown)) {
+		/* Requeued at once, with the checkpoint the trainer just wrote at
+		 * this step boundary: the resumed run is bit-identical. */
+		char why[256];
+		pthread_mutex_lock(&rn->set->mu);
+		snprintf(why, sizeof(why), "%s", rn->preempt_why);
+		pthread_mutex_unlock(&rn->set->mu);
+		rn->requeue = true;
+		snprintf(reason, cap, "%s at step %llu/%llu; checkpointed, back in the queue",
+			 why, (unsigned long long)res.steps_done, (unsigned long long)res.total_steps);
+		snprintf(rn->requeue_reason, sizeof(rn->requeue_reason),
+			 "%s at step %llu/%llu; resumes from its checkpoint at step %llu", why,
+			 (unsigned long long)res.steps_done, (unsigned long long)res.total_steps,
+			 (unsigned long long)res.steps_done);
 		return ST_INTERRUPTED;
 	}
 	if (res.stopped) {
@@ -624,7 +650,8 @@ static void done_cb(uv_async_t *h)
 		done = d->next_done;
 		pthread_join(d->thread, NULL);
 		if (set->done)
-			set->done(set->ctx, d->job_id, d->final, d->on_gpu);
+			set->done(set->ctx, d->job_id, d->final, d->on_gpu,
+				  d->final == ST_QUEUED ? d->requeue_reason : "");
 		runner_free(d);
 	}
 }
@@ -712,6 +739,43 @@ bool dmn_runners_cancel(struct dmn_runners *r, int64_t job_id)
 	}
 	pthread_mutex_unlock(&r->mu);
 	return found;
+}
+
+bool dmn_runners_preempt(struct dmn_runners *r, int64_t job_id, const char *why)
+{
+	bool found = false;
+	pthread_mutex_lock(&r->mu);
+	for (struct dmn_runner *rn = r->list; rn; rn = rn->next) {
+		if (rn->job_id == job_id) {
+			snprintf(rn->preempt_why, sizeof(rn->preempt_why), "%s", why);
+			atomic_store(&rn->preempt, true);
+			found = true;
+		}
+	}
+	pthread_mutex_unlock(&r->mu);
+	return found;
+}
+
+size_t dmn_runners_list(struct dmn_runners *r, struct dmn_run_info *out, size_t cap)
+{
+	size_t n = 0;
+	pthread_mutex_lock(&r->mu);
+	for (struct dmn_runner *rn = r->list; rn; rn = rn->next, n++) {
+		if (n >= cap)
+			continue;
+		struct dmn_run_info *o = &out[n];
+		*o = (struct dmn_run_info){
+			.job_id = rn->job_id,
+			.uid = rn->uid,
+			.on_gpu = rn->on_gpu,
+			.stopping = atomic_load(&rn->cancel) || atomic_load(&rn->preempt) ||
+				    atomic_load(&rn->shutdown) || atomic_load(&rn->device_lost),
+			.ngpus = rn->ngpus,
+		};
+		memcpy(o->gpu, rn->gpu, (size_t)rn->ngpus * sizeof(rn->gpu[0]));
+	}
+	pthread_mutex_unlock(&r->mu);
+	return n;
 }
 
 void dmn_runners_stop_all(struct dmn_runners *r)

@@ -12,8 +12,8 @@
  * filesystem credentials (daemon/identity.h) for the whole tr_train() call,
  * and switches back only around its own database writes.
  *
- * Cancel and shutdown are flags polled by the trainer at step boundaries
- * (tr_hooks.should_stop): the trainer checkpoints and returns. The runner set
+ * Cancel, preemption and shutdown are flags polled by the trainer at step
+ * boundaries (tr_hooks.should_stop): the trainer checkpoints and returns. The runner set
  * lives on the loop thread except where a function says otherwise. */
 #ifndef DAEMON_RUNNER_H
 #define DAEMON_RUNNER_H
@@ -62,11 +62,13 @@ struct dmn_run_request {
 
 /* Called on the loop thread after a runner thread ended and was joined.
  * final is the state it recorded, but ST_QUEUED: it recorded INTERRUPTED
- * because another job's sticky CUDA error lost its device, and asks to be
- * requeued now (INTERRUPTED -> QUEUED, done on the loop thread so that no
- * pass admits the job again while this runner is still in the set). */
+ * because another job's sticky CUDA error lost its device, or because it
+ * was preempted (dmn_runners_preempt), and asks to be requeued now
+ * (INTERRUPTED -> QUEUED with requeue_reason, done on the loop thread so
+ * that no pass admits the job again while this runner is still in the set).
+ * requeue_reason is "" unless final is ST_QUEUED. */
 typedef void (*dmn_runner_done_fn)(void *ctx, int64_t job_id, enum st_job_state final,
-				   bool on_gpu);
+				   bool on_gpu, const char *requeue_reason);
 
 /* A runner set whose threads open db_path for their own handles. */
 td_err dmn_runners_new(struct dmn_runners **out, uv_loop_t *loop, const char *db_path,
@@ -80,6 +82,29 @@ td_err dmn_runners_start(struct dmn_runners *r, struct dmn_run_request *req, str
 /* Asks job's runner to stop at its next step boundary and end CANCELLED.
  * false if no runner has that job. */
 bool dmn_runners_cancel(struct dmn_runners *r, int64_t job_id);
+
+/* Preemption (issue 14): asks job's runner to stop at its next step
+ * boundary, checkpoint (the trainer's own checkpoint on a stop) and end
+ * INTERRUPTED, then be requeued (see dmn_runner_done_fn) with a reason
+ * beginning with `why` ("preempted by job N (user U, priority P)"). A job
+ * that finishes its last step first simply succeeds; a cancel or a shutdown
+ * meanwhile wins. false if no runner has that job. */
+bool dmn_runners_preempt(struct dmn_runners *r, int64_t job_id, const char *why);
+
+/* What the scheduler needs to know of a running job to choose whom to
+ * preempt: where it runs (its leases' GPUs and bytes, or a CPU slot) and
+ * whether it was asked to stop already. */
+struct dmn_run_info {
+	int64_t job_id;
+	uid_t uid;
+	bool on_gpu;
+	bool stopping;  /* cancel, preemption or shutdown asked */
+	int ngpus;
+	struct dmn_run_gpu gpu[DMN_MAX_GPUS];
+};
+/* The running jobs, at most cap of them into out; returns how many there
+ * are (may exceed cap). */
+size_t dmn_runners_list(struct dmn_runners *r, struct dmn_run_info *out, size_t cap);
 
 /* Shutdown: every runner stops at its next step boundary, checkpoints, and
  * ends INTERRUPTED (requeued at the next start). Returns immediately. */

@@ -1,6 +1,8 @@
 /* The scheduler (daemon/scheduler.h). */
 #include "daemon/scheduler.h"
 
+#include <limits.h>
+#include <pwd.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -40,6 +42,21 @@ struct plan_work {
 	struct td_errbuf eb;
 };
 
+/* A preemption asked for whose victim's runner has not ended yet. */
+struct preemption {
+	int64_t victim, by;
+};
+#define PREEMPT_MAX 64
+
+/* A running job (for preemption: scheduler.h). */
+struct cand {
+	struct dmn_run_info run;
+	int32_t priority;
+	int64_t start_ms;     /* its last start; INT64_MAX for one not running yet (newest) */
+	int64_t preempted_ms; /* when it was last preempted; 0: never */
+	bool cancelling;      /* its cancel was requested */
+};
+
 struct dmn_sched {
 	uv_loop_t *loop;
 	struct st_db *db;
@@ -68,12 +85,19 @@ struct dmn_sched {
 	/* Why each queued job waits, as of the last pass (dmn_sched_waiting). */
 	struct why *why;
 	size_t nwhy, capwhy;
+	/* Preemptions in flight: no other is decided until they end. */
+	struct preemption preempting[PREEMPT_MAX];
+	size_t npreempting;
+	/* This pass's running jobs, for preemption (SIZE_MAX: not read yet). */
+	struct cand *running;
+	size_t nrunning;
 };
 
 struct why {
 	int64_t job_id;
 	char text[240];
 };
+
 
 /* ------------------------------------------------------------------------ */
 /* Output dir claims and plans */
@@ -869,13 +893,333 @@ static void explain_wait(struct dmn_sched *s, const struct st_queued *q)
 	why_set(s, q->id, "%s%s", gpu, cpu);
 }
 
+/* ------------------------------------------------------------------------ */
+/* Preemption (issue 14; scheduler.h says the contract). */
+
+
+/* The order victims are taken in: lowest priority first, then the newest. */
+static int cand_cmp(const void *a, const void *b)
+{
+	const struct cand *x = a, *y = b;
+	if (x->priority != y->priority)
+		return x->priority < y->priority ? -1 : 1;
+	if (x->start_ms != y->start_ms)
+		return x->start_ms > y->start_ms ? -1 : 1;
+	return x->run.job_id > y->run.job_id ? -1 : x->run.job_id < y->run.job_id;
+}
+
+static const char *user_name(uid_t uid, char *buf, size_t cap)
+{
+	struct passwd pw, *pwp = NULL;
+	char tmp[1024];
+	if (getpwuid_r(uid, &pw, tmp, sizeof(tmp), &pwp) == 0 && pwp)
+		snprintf(buf, cap, "%s", pw.pw_name);
+	else
+		snprintf(buf, cap, "uid %u", (unsigned)uid);
+	return buf;
+}
+
+static bool preempting_by(const struct dmn_sched *s, int64_t by, int64_t *victim, size_t *n)
+{
+	*n = 0;
+	for (size_t i = 0; i < s->npreempting; i++)
+		if (s->preempting[i].by == by && (*n)++ == 0)
+			*victim = s->preempting[i].victim;
+	return *n > 0;
+}
+
+/* The running jobs as this pass found them (read once a pass, at the first
+ * job that may preempt), in cand_cmp's order. */
+static void running_read(struct dmn_sched *s)
+{
+	if (s->nrunning != SIZE_MAX)
+		return;
+	struct dmn_run_info run[PREEMPT_MAX];
+	size_t nrun = dmn_runners_list(s->run, run, PREEMPT_MAX), n = 0;
+	if (nrun > PREEMPT_MAX)
+		nrun = PREEMPT_MAX; /* the others are not candidates this pass */
+	for (size_t i = 0; i < nrun; i++) {
+		struct st_job j;
+		if (run[i].stopping || st_job_get(s->db, run[i].job_id, &j, NULL) != TD_OK)
+			continue;
+		struct cand *c = &s->running[n];
+		*c = (struct cand){
+			.run = run[i],
+			.priority = j.priority,
+			.start_ms = j.state == ST_RUNNING && j.start_ms ? j.start_ms : INT64_MAX,
+			.cancelling = j.cancel_requested || !(ST_MASK(j.state) & ST_MASK_ACTIVE),
+		};
+		st_job_fini(&j);
+		if (st_job_preempted_ms(s->db, c->run.job_id, &c->preempted_ms, NULL) != TD_OK)
+			c->preempted_ms = 0;
+		n++;
+	}
+	qsort(s->running, n, sizeof(*s->running), cand_cmp);
+	s->nrunning = n;
+}
+
+/* The running jobs q may preempt under the policy, in cand_cmp's order.
+ * *graced gets one left out for preempt_grace_s only (0: none). */
+static size_t victims_for(struct dmn_sched *s, const struct st_queued *q, struct cand *c,
+			  int64_t *graced)
+{
+	running_read(s);
+	int64_t now = st_now_ms();
+	size_t n = 0;
+	*graced = 0;
+	for (size_t i = 0; i < s->nrunning; i++) {
+		const struct cand *r = &s->running[i];
+		if (r->cancelling || r->priority >= q->priority ||
+		    (s->cfg->preempt == DMN_PREEMPT_USER && r->run.uid != q->uid))
+			continue;
+		if (r->preempted_ms && now - r->preempted_ms < s->cfg->preempt_grace_s * 1000L) {
+			*graced = r->run.job_id;
+			continue;
+		}
+		c[n++] = *r;
+	}
+	return n;
+}
+
+/* The fewest of c (in its order) whose leases make room for need[i] on every
+ * GPU i of mask, where base[i] is what GPU i grants now (may be negative:
+ * over its share); pick[] gets their indices. 0 if all of them do not. */
+static size_t pick_gpu_victims(const struct dmn_sched *s, const struct cand *c, size_t nc,
+			       uint32_t mask, const long long *need, const long long *base,
+			       size_t *pick)
+{
+	long long deficit[DMN_MAX_GPUS] = {0};
+	bool any = false;
+	for (int i = 0; i < s->dev->n; i++)
+		if (mask >> i & 1 && need[i] > base[i])
+			deficit[i] = need[i] - base[i], any = true;
+	if (!any)
+		return 0;
+	size_t np = 0;
+	long long left[DMN_MAX_GPUS];
+	memcpy(left, deficit, sizeof(left));
+	for (size_t k = 0; k < nc && any; k++) {
+		bool helps = false;
+		for (int g = 0; g < c[k].run.ngpus; g++) {
+			int i = c[k].run.gpu[g].index;
+			helps = helps || (mask >> i & 1 && left[i] > 0);
+		}
+		if (!helps)
+			continue;
+		pick[np++] = k;
+		for (int g = 0; g < c[k].run.ngpus; g++)
+			left[c[k].run.gpu[g].index] -= (long long)c[k].run.gpu[g].bytes;
+		any = false;
+		for (int i = 0; i < s->dev->n; i++)
+			any = any || (mask >> i & 1 && left[i] > 0);
+	}
+	if (any)
+		return 0;
+	/* Minimal: drop, the latest taken first, each victim the others cover. */
+	for (size_t k = np; k-- > 0;) {
+		bool still = true;
+		for (int i = 0; i < s->dev->n && still; i++) {
+			if (!(mask >> i & 1) || deficit[i] <= 0)
+				continue;
+			long long freed = 0;
+			for (size_t m = 0; m < np; m++) {
+				if (m == k)
+					continue;
+				for (int g = 0; g < c[pick[m]].run.ngpus; g++)
+					if (c[pick[m]].run.gpu[g].index == i)
+						freed += (long long)c[pick[m]].run.gpu[g].bytes;
+			}
+			still = freed >= deficit[i];
+		}
+		if (still) {
+			memmove(&pick[k], &pick[k + 1], (np - k - 1) * sizeof(*pick));
+			np--;
+		}
+	}
+	return np;
+}
+
+/* Whether victim set a (na of c) is cheaper than b: its highest priority
+ * lower, then fewer jobs. */
+static bool cheaper(const struct cand *c, const size_t *a, size_t na, const size_t *b, size_t nb)
+{
+	int32_t pa = INT32_MIN, pb = INT32_MIN;
+	for (size_t k = 0; k < na; k++)
+		pa = c[a[k]].priority > pa ? c[a[k]].priority : pa;
+	for (size_t k = 0; k < nb; k++)
+		pb = c[b[k]].priority > pb ? c[b[k]].priority : pb;
+	return pa != pb ? pa < pb : na < nb;
+}
+
+/* The victims that make room for q on GPUs (the set into *mask), or 0. */
+static size_t gpu_victims(struct dmn_sched *s, const struct st_queued *q, uint64_t plan_bytes,
+			  unsigned want, const struct cand *c, size_t nc, size_t *pick,
+			  uint32_t *mask)
+{
+	struct dmn_place_gpu pg[DMN_MAX_GPUS];
+	offer(s, q, plan_bytes, want, true, true, pg);
+	long long need[DMN_MAX_GPUS], base[DMN_MAX_GPUS], freeable[DMN_MAX_GPUS] = {0};
+	for (int i = 0; i < s->dev->n; i++) {
+		need[i] = (long long)pg[i].need;
+		/* What GPU i grants now, signed: its share less its leases, at
+		 * most its free memory; a victim's lease adds to both. */
+		long long room = s->reserved[i] == UINT64_MAX
+					 ? LLONG_MIN / 4
+					 : (long long)pg[i].share - (long long)s->reserved[i];
+		long long fr = s->free_now[i] > (uint64_t)LLONG_MAX / 4 ? LLONG_MAX / 4
+									 : (long long)s->free_now[i];
+		base[i] = room < fr ? room : fr;
+	}
+	for (size_t k = 0; k < nc; k++)
+		for (int g = 0; g < c[k].run.ngpus; g++)
+			freeable[c[k].run.gpu[g].index] += (long long)c[k].run.gpu[g].bytes;
+	/* Where it would fit were every candidate gone. */
+	struct dmn_place_gpu after[DMN_MAX_GPUS];
+	for (int i = 0; i < s->dev->n; i++) {
+		after[i] = pg[i];
+		long long a = base[i] + freeable[i];
+		after[i].avail = a < 0 ? 0 : (uint64_t)a;
+	}
+	size_t np = 0;
+	if (want == 1) {
+		/* One GPU: the one whose victims are cheapest. */
+		size_t best[PREEMPT_MAX], nbest = 0;
+		for (int i = 0; i < s->dev->n; i++) {
+			if (!after[i].usable || after[i].need > after[i].avail)
+				continue;
+			size_t got[PREEMPT_MAX];
+			size_t ng = pick_gpu_victims(s, c, nc, 1u << i, need, base, got);
+			if (ng && (!nbest || cheaper(c, got, ng, best, nbest))) {
+				memcpy(best, got, ng * sizeof(*got));
+				nbest = ng;
+				*mask = 1u << i;
+			}
+		}
+		memcpy(pick, best, nbest * sizeof(*pick));
+		np = nbest;
+	} else {
+		uint32_t m = dmn_place_pick(after, s->dev->n, s->dev->nvlink, (int)want, DMN_PLACE_NOW);
+		if (m && (np = pick_gpu_victims(s, c, nc, m, need, base, pick)))
+			*mask = m;
+	}
+	return np;
+}
+
+/* q was left waiting for room: under the preempt setting, stop the fewest
+ * running jobs of a lower priority that make room for it (scheduler.h).
+ * true if it preempted. */
+static bool maybe_preempt(struct dmn_sched *s, const struct st_queued *q)
+{
+	if (s->cfg->preempt == DMN_PREEMPT_OFF || s->npreempting)
+		return false;
+	Traind__JobSpec *spec = NULL;
+	if (rpc_jobspec_decode(&spec, q->spec, q->spec_len, NULL) != TD_OK ||
+	    rpc_jobspec_apply_defaults(spec, NULL) != TD_OK) {
+		rpc_jobspec_free(spec);
+		return false;
+	}
+	Traind__Device dev = spec->resources->device;
+	unsigned want = spec->resources->gpus ? spec->resources->gpus : 1;
+	bool allow_cpu = want == 1 && (dev == TRAIND__DEVICE__DEVICE_CPU || spec->resources->allow_cpu);
+	bool gpu_ok = dev != TRAIND__DEVICE__DEVICE_CPU && s->dev->n > 0;
+	rpc_jobspec_free(spec);
+
+	struct cand c[PREEMPT_MAX];
+	int64_t graced = 0;
+	size_t nc = victims_for(s, q, c, &graced);
+	size_t pick[PREEMPT_MAX], np = 0;
+	uint32_t mask = 0;
+	const struct plan *p = plan_find(s, q->id);
+	if (gpu_ok && p && p->state == PLAN_DONE) {
+		/* The smallest plan (AUTO's last policy): the fewest victims. */
+		uint64_t bytes = p->pb.auto_policy ? p->pb.by_policy[TR_RECOMPUTE_COUNT - 1] : p->pb.bytes;
+		struct cand g[PREEMPT_MAX];
+		size_t ng = 0, map[PREEMPT_MAX];
+		for (size_t k = 0; k < nc; k++)
+			if (c[k].run.on_gpu)
+				map[ng] = k, g[ng++] = c[k];
+		size_t gp[PREEMPT_MAX];
+		np = gpu_victims(s, q, bytes, want, g, ng, gp, &mask);
+		for (size_t k = 0; k < np; k++)
+			pick[k] = map[gp[k]];
+	}
+	long busy = (long)dmn_runners_count_cpu(s->run);
+	if (!np && allow_cpu && s->cfg->cpu_slots > 0 && busy >= s->cfg->cpu_slots) {
+		/* A CPU slot: the first victims on CPU slots, as many as free one. */
+		size_t need = (size_t)(busy - s->cfg->cpu_slots + 1);
+		for (size_t k = 0; k < nc && np < need; k++)
+			if (!c[k].run.on_gpu)
+				pick[np++] = k;
+		if (np < need)
+			np = 0;
+	}
+	if (!np) {
+		if (graced) {
+			/* Say so: the job would go first but for the grace. */
+			char why[240] = "";
+			dmn_sched_waiting(s, q->id, why, sizeof(why));
+			why_set(s, q->id, "job %lld was preempted less than preempt_grace_s = %ld s ago and "
+				"is not preempted again yet; %s", (long long)graced, s->cfg->preempt_grace_s, why);
+		}
+		return false;
+	}
+	char me[64], them[64], where[64] = "a CPU slot";
+	user_name(q->uid, me, sizeof(me));
+	if (mask)
+		snprintf(where, sizeof(where), "GPU %s", dmn_devices_mask_str(mask, them, sizeof(them)));
+	size_t done = 0;
+	for (size_t k = 0; k < np; k++) {
+		const struct cand *v = &c[pick[k]];
+		char vmsg[512], bmsg[512], why[256];
+		user_name(v->run.uid, them, sizeof(them));
+		snprintf(why, sizeof(why), "preempted by job %lld (user %s, priority %d)",
+			 (long long)q->id, me, q->priority);
+		snprintf(vmsg, sizeof(vmsg), "%s, which needs %s: checkpoints at its next step, goes "
+			 "back to the queue and resumes from that checkpoint (preempt = %s)",
+			 why, where, s->cfg->preempt == DMN_PREEMPT_USER ? "user" : "priority");
+		snprintf(bmsg, sizeof(bmsg), "preempted job %lld (user %s, priority %d) to make room on %s",
+			 (long long)v->run.job_id, them, v->priority, where);
+		struct td_errbuf eb = {{0}};
+		if (st_job_preempt(s->db, v->run.job_id, q->id, vmsg, bmsg, &eb) != TD_OK) {
+			td_warn("TD-SCHED-PREEMPT", "job %lld: %s", (long long)v->run.job_id, eb.msg);
+			continue; /* it ended meanwhile: its room is free anyway */
+		}
+		if (!dmn_runners_preempt(s->run, v->run.job_id, why))
+			continue;
+		s->preempting[s->npreempting++] = (struct preemption){v->run.job_id, q->id};
+		done++;
+		td_info("TD-SCHED-PREEMPT", "job %lld (uid %u, priority %d) preempts job %lld (uid %u, "
+			"priority %d) for %s", (long long)q->id, (unsigned)q->uid, q->priority,
+			(long long)v->run.job_id, (unsigned)v->run.uid, v->priority, where);
+	}
+	/* The room goes to q: hold the GPUs for it, as wait_for_gpus would. */
+	if (done && mask && (!s->hold_job || s->hold_job == q->id || q->priority > s->hold_prio)) {
+		s->hold_job = q->id;
+		s->hold_prio = q->priority;
+		s->hold_mask = mask;
+	}
+	return done > 0;
+}
+
+/* q waits for the jobs it preempted: say so. */
+static void explain_preempting(struct dmn_sched *s, const struct st_queued *q)
+{
+	int64_t v = 0;
+	size_t n = 0;
+	if (preempting_by(s, q->id, &v, &n))
+		why_set(s, q->id, "preempting job %lld%s: %s at %s next step, then this job starts there",
+			(long long)v, n > 1 ? " and others" : "", n > 1 ? "they checkpoint" : "it checkpoints",
+			n > 1 ? "their" : "its");
+}
+
 static void pass(struct dmn_sched *s, bool from_tick)
 {
 	if (s->stopping)
 		return;
 	/* Nothing could start: do not read every queued spec (a long queue on
 	 * a full host would cost each submit that much). */
-	if (!capacity(s)) {
+	bool preempt = s->cfg->preempt != DMN_PREEMPT_OFF;
+	if (!capacity(s) && (!preempt || s->npreempting)) {
 		if (from_tick)
 			count_queued(s);
 		return;
@@ -889,6 +1233,7 @@ static void pass(struct dmn_sched *s, bool from_tick)
 	}
 	s->queued = (uint32_t)n;
 	s->nwhy = 0;
+	s->nrunning = SIZE_MAX;
 	sweep_ended(s, q, n);
 	if (s->dev->n)
 		snapshot(s);
@@ -950,8 +1295,8 @@ static void pass(struct dmn_sched *s, bool from_tick)
 	}
 	free(use);
 	for (;;) {
-		if (!capacity(s))
-			break; /* nothing else could start */
+		if (!capacity(s) && (!preempt || s->npreempting))
+			break; /* nothing else could start, nor make room by preempting */
 		/* The best candidate left, by (priority, running work, usage in
 		 * the window, age). */
 		ssize_t best = -1;
@@ -991,8 +1336,13 @@ static void pass(struct dmn_sched *s, bool from_tick)
 		enum place pl = try_place(s, c);
 		if (pl == PLACE_STARTED && st)
 			(*st)++;
-		else if (pl == PLACE_WAIT)
+		else if (pl == PLACE_WAIT) {
 			explain_wait(s, c);
+			if (preempt) {
+				maybe_preempt(s, c);
+				explain_preempting(s, c);
+			}
+		}
 	}
 	/* user_active in the snapshot already counts jobs started before this
 	 * pass; `started` counts this pass's. */
@@ -1070,9 +1420,16 @@ void dmn_sched_tick(struct dmn_sched *s)
 /* ------------------------------------------------------------------------ */
 /* Runner ends */
 
-static void runner_done(void *ctx, int64_t job_id, enum st_job_state final, bool on_gpu)
+static void runner_done(void *ctx, int64_t job_id, enum st_job_state final, bool on_gpu,
+			const char *requeue_reason)
 {
 	struct dmn_sched *s = ctx;
+	for (size_t i = 0; i < s->npreempting;) {
+		if (s->preempting[i].victim == job_id)
+			s->preempting[i] = s->preempting[--s->npreempting];
+		else
+			i++;
+	}
 	struct td_errbuf eb = {{0}};
 	struct st_job j;
 	bool requeue = final == ST_QUEUED; /* daemon/runner.h: after a device loss */
@@ -1082,9 +1439,7 @@ static void runner_done(void *ctx, int64_t job_id, enum st_job_state final, bool
 	 * handle), do it here so that no job is left looking active. */
 	if (st_job_get(s->db, job_id, &j, &eb) == TD_OK) {
 		if (requeue && j.state == ST_INTERRUPTED) {
-			if (st_job_transition(s->db, job_id, ST_INTERRUPTED, ST_QUEUED,
-					      "requeued after its CUDA device lost its context; "
-					      "resumes from its last checkpoint",
+			if (st_job_transition(s->db, job_id, ST_INTERRUPTED, ST_QUEUED, requeue_reason,
 					      NULL, &eb) == TD_OK)
 				j.state = ST_QUEUED;
 			else
@@ -1118,12 +1473,18 @@ td_err dmn_sched_new(struct dmn_sched **out, const struct dmn_sched_deps *d, str
 	struct dmn_sched *s = calloc(1, sizeof(*s));
 	if (!s)
 		return td_fail(eb, TD_ENOMEM, "scheduler: out of memory");
+	s->running = calloc(PREEMPT_MAX, sizeof(*s->running));
+	if (!s->running) {
+		free(s);
+		return td_fail(eb, TD_ENOMEM, "scheduler: out of memory");
+	}
 	s->loop = d->loop;
 	s->db = d->db;
 	s->cfg = d->cfg;
 	s->dev = d->dev;
 	td_err e = dmn_runners_new(&s->run, d->loop, d->db_path, runner_done, s, eb);
 	if (e != TD_OK) {
+		free(s->running);
 		free(s);
 		return e;
 	}
@@ -1203,6 +1564,7 @@ td_err dmn_sched_free(struct dmn_sched *s)
 	free(s->claims);
 	free(s->plans);
 	free(s->why);
+	free(s->running);
 	free(s);
 	return TD_OK;
 }

@@ -30,6 +30,25 @@
  * (state/: the accounting). Why each job waits is kept for list and show
  * (dmn_sched_waiting).
  *
+ * Preemption (issue 14; setting preempt, off by default; Slurm's
+ * PreemptMode=REQUEUE): a queued job that the pass leaves waiting for room —
+ * not one that is held, waits on a dependency or a per-user limit — may stop
+ * running jobs of a strictly lower priority (preempt = user: only its own
+ * user's; priority: anyone's). The victims are chosen minimally: lowest
+ * priority first, then the newest (the least work lost), only as many as make
+ * the job fit (on the GPUs where it fits once they go, the set whose victims
+ * are cheapest for one GPU; a CPU slot for a CPU job), always a whole job (a
+ * gang goes whole or not at all), never one preempted within
+ * preempt_grace_s, nor one stopping already. Each victim and the job get an
+ * event (st_job_preempt: "preempted by job N (user U, priority P)", "preempted
+ * job M ..."); the victim's runner stops at its next step boundary with the
+ * trainer's normal checkpoint (written atomically: a crash during it loses
+ * nothing), ends INTERRUPTED and is requeued at once (QUEUED, its reason
+ * naming the preemptor; attempts and accounting kept), and resumes from that
+ * checkpoint later, bit-identical to an uninterrupted run. On GPUs the job
+ * takes the hold of the GPUs it waits for, so the room goes to it. One
+ * preemption decision at a time: none while a victim is still stopping.
+ *
  * It owns the runner set (daemon/runner.h) and hears from it when a job ends.
  * It also keeps which output dirs belong to jobs that have not ended, so that
  * two live jobs never write into the same directory.

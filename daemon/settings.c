@@ -93,6 +93,13 @@ static const struct setting settings[] = {
 	{"quota_gpu_hours", T_DBL, F(quota_gpu_hours), "0", 0, 1e9, NULL, true,
 	 "GPU-hours a user may use within usage_window_hours; a user at or over it gets no "
 	 "job admitted until the window slides (running jobs go on); 0: no quota"},
+	{"preempt", T_ENUM, F(preempt), "off", 0, 0, "off,user,priority", true,
+	 "whether a queued job that cannot fit may stop running jobs of a lower priority to make "
+	 "room (they checkpoint at their next step, go back to the queue and resume from that "
+	 "checkpoint): off; user: only its own user's jobs; priority: anyone's"},
+	{"preempt_grace_s", T_INT, F(preempt_grace_s), "300", 0, 604800, NULL, true,
+	 "a job preempted is not preempted again within this many seconds (so that the queue "
+	 "cannot thrash); 0: no grace"},
 	{"metrics_textfile", T_PATH, F(metrics_textfile), "", 0, 0, NULL, true,
 	 "Prometheus text exposition written here (atomically) every tick, for node_exporter's "
 	 "textfile collector (name it *.prom); empty: not written"},

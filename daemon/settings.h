@@ -22,6 +22,11 @@
 
 enum dmn_mode { DMN_MODE_AUTO, DMN_MODE_SYSTEM, DMN_MODE_USER };
 
+/* Which running jobs a queued job that cannot fit may preempt (setting
+ * preempt): none; its own user's of a lower priority; anyone's of a lower
+ * priority. */
+enum dmn_preempt { DMN_PREEMPT_OFF, DMN_PREEMPT_USER, DMN_PREEMPT_PRIORITY };
+
 /* Where a setting's value came from (for the dump and the SIGHUP log). */
 enum dmn_source { DMN_SRC_DEFAULT, DMN_SRC_FILE, DMN_SRC_ENV, DMN_SRC_FLAG };
 
@@ -52,6 +57,8 @@ struct dmn_config {
 	long user_priority_max;     /* users' jobs: priority at most this (admins: any) */
 	long usage_window_hours;    /* fair share and the quota count usage over this window */
 	double quota_gpu_hours;     /* per user within the window; 0: no quota */
+	int preempt;                /* enum dmn_preempt */
+	long preempt_grace_s;       /* a preempted job is not preempted again within this */
 	char metrics_textfile[PATH_MAX]; /* Prometheus exposition written each tick; "": none */
 	long metrics_port;          /* immutable: 127.0.0.1:PORT/metrics; 0: none */
 

@@ -895,6 +895,56 @@ out:
 	return e;
 }
 
+td_err st_job_preempt(struct st_db *db, int64_t victim, int64_t by, const char *victim_msg,
+		      const char *by_msg, struct td_errbuf *eb)
+{
+	st__lock(db);
+	int64_t now = st_now_ms();
+	enum st_job_state cur, other;
+	bool requested = false;
+	td_err e = st__begin(db, eb);
+	if (e)
+		goto out;
+	if ((e = job_state_locked(db, victim, &cur, &requested, eb)) ||
+	    (e = job_state_locked(db, by, &other, NULL, eb)))
+		goto fail;
+	if (!(ST_MASK(cur) & ST_MASK_ACTIVE) || requested) {
+		e = td_fail(eb, TD_EBUSY, "job %lld is %s%s; it needs no preempting", (long long)victim,
+			    state_names[cur], requested ? " with its cancel requested" : "");
+		goto fail;
+	}
+	if ((e = st__event_insert_locked(db, victim, now, "preempted", victim_msg, eb)) ||
+	    (e = st__event_insert_locked(db, by, now, "preempt", by_msg, eb)))
+		goto fail;
+	e = st__commit(db, eb);
+	goto out;
+fail:
+	st__rollback(db);
+out:
+	st__unlock(db);
+	return e;
+}
+
+td_err st_job_preempted_ms(struct st_db *db, int64_t job, int64_t *ms, struct td_errbuf *eb)
+{
+	st__lock(db);
+	sqlite3_stmt *st;
+	td_err e = st__prepare(db,
+			       "SELECT MAX(time_ms) FROM job_events WHERE job = ? AND kind = 'preempted'",
+			       &st, eb);
+	if (!e) {
+		sqlite3_bind_int64(st, 1, job);
+		int rc = sqlite3_step(st);
+		if (rc == SQLITE_ROW)
+			*ms = sqlite3_column_type(st, 0) == SQLITE_NULL ? 0 : sqlite3_column_int64(st, 0);
+		else
+			e = ST_SQLFAIL(db, rc, eb, "read the events of job %lld", (long long)job);
+		sqlite3_finalize(st);
+	}
+	st__unlock(db);
+	return e;
+}
+
 td_err st_job_deps(struct st_db *db, int64_t job, struct st_dep **out, size_t *n,
 		   struct td_errbuf *eb)
 {

@@ -283,6 +283,22 @@ td_err st_job_requeue(struct st_db *db, int64_t id, const char *reason, struct t
 td_err st_job_set_priority(struct st_db *db, int64_t id, int32_t priority, const void *spec,
 			   size_t spec_len, const char *who, struct td_errbuf *eb);
 
+/* Records a preemption (issue 14), one transaction: job `victim`, which must
+ * be active (ADMITTED, PREPARING or RUNNING) without a cancel requested, gets
+ * an event of kind "preempted" (victim_msg: "preempted by job N (user U,
+ * priority P) ..."), and job `by` one of kind "preempt" (by_msg: "preempted
+ * job M ..."). The state does not change here: the victim's runner stops at
+ * its next step boundary, checkpoints, and moves it RUNNING -> INTERRUPTED ->
+ * QUEUED itself. Errors: TD_ENOENT (either job), TD_EBUSY when the victim is
+ * not active or its cancel was requested ("job 12 is QUEUED"): it needs no
+ * preempting. */
+td_err st_job_preempt(struct st_db *db, int64_t victim, int64_t by, const char *victim_msg,
+		      const char *by_msg, struct td_errbuf *eb);
+
+/* When job was last preempted (its newest "preempted" event), in *ms; 0 if
+ * never. The scheduler's grace period (preempt_grace_s) reads it. */
+td_err st_job_preempted_ms(struct st_db *db, int64_t job, int64_t *ms, struct td_errbuf *eb);
+
 /* A job's dependency (st_job_new.after) and its state now. */
 struct st_dep {
 	int64_t id;
@@ -407,7 +423,8 @@ td_err st_usage_of_job(struct st_db *db, int64_t job, struct st_usage *out, stru
 /* Job events (`trainctl logs`, `watch`) */
 
 /* Kinds used by this module: "submitted", "state" (every transition, also
- * those of st_jobs_recover), "cancel", "checkpoint". The daemon adds its own ("info", "warn", "error", "log"); a kind
+ * those of st_jobs_recover), "cancel", "checkpoint", "hold", "priority",
+ * "preempted" and "preempt" (st_job_preempt). The daemon adds its own ("info", "warn", "error", "log"); a kind
  * is a short word, a message one line (truncated to 4 KiB). */
 struct st_event {
 	int64_t id; /* increasing across all jobs: a cursor */
