@@ -6,7 +6,7 @@
 # uncompressed pair is over the device tool's 64 MiB carry). Run from the
 # repo root after `ninja -C build`; then, on the device, with carry
 # [".gpu-pack.tar.xz"]:
-#   tar xJf .gpu-pack.tar.xz; tests/gpu/device-run.sh [tests|bench|faults|memory|ddp|all]
+#   tar xJf .gpu-pack.tar.xz; tests/gpu/device-run.sh [tests|bench|faults|memory|ddp|preempt|all]
 # BUILD=DIR packs another build folder than build/ (e.g. BUILD=build-ddp).
 # Libraries the GPU machine has itself (libsystemd, libcrypto, sqlite, ...)
 # are left out.

@@ -3,7 +3,8 @@
 # PyTorch peer, in one call. Expects .gpu-run/ (binaries and the CUDA module)
 # and .gpu-libs/lib (bundle-libs.sh) in the repo root: tests/gpu/bundle.sh
 # makes them.
-# usage: tests/gpu/device-run.sh [tests|bench|faults|memory|ddp|profile|all]
+# usage: tests/gpu/device-run.sh [tests|bench|faults|memory|ddp|profile|preempt|all]
+# preempt: tests/gpu/preempt_gpu.sh alone (also part of tests).
 # memory: each recompute policy's tokens/s and peak for Qwen2-0.5B full and
 # Llama-3-8B LoRA (all 32 layers), beside peer_big.py (PEFT with and without
 # gradient checkpointing); wants the memory of an H200 for the policy NONE.
@@ -97,6 +98,12 @@ if [ "$what" = ddp ]; then
 		PEER_DIST=$root/.gpu-libs/peer_dist.py OUT=$out bash tests/gpu/ddp.sh ${DDP_PARTS:-} || status=1
 	exit $status
 fi
+if [ "$what" = preempt ]; then
+	# Preemption (issue 14): a low-priority GPU job preempted by a
+	# high-priority one that cannot fit beside it, resumed bit-identical.
+	TRAIND=$bin/traind TRAINCTL=$bin/trainctl TD_FIXTURES=$fx TD_SRC=$root bash tests/gpu/preempt_gpu.sh || status=1
+	exit $status
+fi
 if [ "$what" = faults ]; then
 	# The device paths that a fault or a resume touch, alone.
 	tests/gpu/resume_cuda.sh "$bin/traind" "$fx" || status=1
@@ -139,6 +146,8 @@ if [ "$what" != bench ]; then
 	tests/gpu/resume_cuda.sh "$bin/traind" "$fx" || status=1
 	echo "== the daemon places a job on the GPU"
 	TRAIND=$bin/traind TRAINCTL=$bin/trainctl TD_FIXTURES=$fx TD_SRC=$root bash tests/gpu/daemon_gpu.sh || status=1
+	echo "== preemption: two GPU jobs that cannot both fit the GPU's ledger share"
+	TRAIND=$bin/traind TRAINCTL=$bin/trainctl TD_FIXTURES=$fx TD_SRC=$root bash tests/gpu/preempt_gpu.sh || status=1
 	if [ -f tests/gpu/modcache.sh ]; then
 		echo "== module cache (PTX path forced)"
 		bash tests/gpu/modcache.sh "$bin/traind" "$fx" || status=1

@@ -1,0 +1,126 @@
+#!/bin/bash
+# Preemption on a GPU (issue 14, item 1): two GPU jobs that cannot both fit
+# one GPU's ledger share. The share is shrunk as an admin would for a test:
+# vram_factor 0.05 and a cuda_context_mib that makes one job's lease 60% of
+# the share (on a real GPU: lease = plan + the CUDA backend's 36 MiB +
+# cuda_context_mib), so a second lease never fits beside the first.
+#  - an uninterrupted run of the low-priority job's spec, alone: the
+#    reference model;
+#  - preempt = off: the low-priority job runs, the high-priority one waits
+#    ("no GPU has room"); the running job is not stopped;
+#  - preempt = priority (SIGHUP): the low-priority job checkpoints at its
+#    next step, its lease is released and it goes back to the queue with a
+#    reason naming the preemptor; the high-priority job is placed on that GPU
+#    (its event names the job it preempted), finishes; the first resumes from
+#    its checkpoint and its final model equals the reference byte for byte;
+#    no lease is left.
+# PREEMPT_BACKEND=fake runs the same on a simulated GPU (the CPU backend,
+# the ledger and the scheduler's GPU path: it-preempt-fake in the integration
+# suite); otherwise it needs a CUDA GPU and skips (77) without one.
+# Environment as the integration tests (tests/integration/lib.sh).
+. "$(dirname "$0")/../integration/lib.sh"
+cd "$TD_SRC" || exit 1
+fake=0 PREC=
+# A simulated GPU's jobs run on the CPU backend: fp32 (a real GPU's default
+# is bf16, left as it is).
+[ "${PREEMPT_BACKEND:-cuda}" = fake ] && fake=1 PREC="precision: PRECISION_FP32 "
+
+fx=$TD_FIXTURES
+# job NAME STEPS PRIORITY: a job file for the GPU only (no CPU fallback).
+job() {
+	cat >"$WORK/$1.txtpb" <<SPEC
+name: "preempt-$1"
+method: METHOD_FULL
+model_dir: "$fx/qwen2"
+data { train_file: "$fx/demo/fortunes.tokens" format: DATA_FORMAT_TOKENS seq_len: 32 }
+hyper { lr: 3e-3 warmup_steps: 5 max_steps: $2 micro_batch: 2 seed: 1 weight_decay: 0.01 clip_norm: 1.0 $PREC}
+memory { recompute: RECOMPUTE_NONE }
+output { dir: "$WORK/$1" checkpoint_every: 1000000 }
+resources { device: DEVICE_GPU allow_cpu: false priority: $3 }
+SPEC
+	ctl submit "$WORK/$1.txtpb"
+}
+
+CONF=$WORK/traind.conf
+if [ $fake = 1 ]; then
+	# The simulated GPU's share (0.9 of it) fits one plan, not two.
+	printf 'name: "p"\nmodel_dir: "%s/qwen2"\ndata { train_file: "%s/demo/fortunes.tokens" format: DATA_FORMAT_TOKENS seq_len: 32 }\nhyper { max_steps: 1 micro_batch: 2 }\nmemory { recompute: RECOMPUTE_NONE }\noutput { dir: "%s/p" }\n' \
+		"$fx" "$fx" "$WORK" >"$WORK/p.txtpb"
+	plan=$("$TRAIND" --plan "$WORK/p.txtpb" | sed -n 's/^total .*(\([0-9]*\) bytes).*/\1/p')
+	check "traind --plan gives the plan's bytes" test -n "$plan"
+	size=$((plan * 3 / 2 * 10 / 9 + 1))
+	note "plan $plan bytes; a simulated GPU of $size bytes (share $((size * 9 / 10)))"
+	STEPS=${STEPS:-600}
+	printf 'cpu_slots = 0\n' >"$CONF"
+	start_daemon --user --config "$CONF" --fake-gpus "GPU-fake-0:$size"
+	uuid=GPU-fake-0
+else
+	STEPS=${STEPS:-3000}
+	printf 'cpu_slots = 0\n' >"$CONF"
+	start_daemon --user --config "$CONF"
+	info=$(ctl info)
+	case "$info" in
+	*"backends:    cpu cuda"*) ;;
+	*)
+		echo "SKIP: the daemon found no CUDA GPU"
+		exit 77
+		;;
+	esac
+	js=$(ctl --json info)
+	uuid=$(json_field "$js" uuid)
+	total=$(json_field "$js" total_bytes)
+	check "trainctl info gives the first GPU's total memory" test -n "$total"
+	# share = total x 0.05; a lease of 60% of it: plan (a few MiB) + 36 MiB +
+	# cuda_context_mib.
+	share_mib=$((total / 20 / 1048576))
+	ctx=$((share_mib * 6 / 10 - 36))
+	note "GPU $uuid: $total bytes; share $share_mib MiB; cuda_context_mib $ctx"
+	printf 'cpu_slots = 0\nvram_factor = 0.05\ncuda_context_mib = %d\n' "$ctx" >"$CONF"
+	kill -HUP "$DPID"
+	sleep 0.5
+fi
+placed() { ctl logs "$1" | grep -q "placed on $uuid"; }
+ended() { case $(job_state "$1") in SUCCEEDED | FAILED | CANCELLED) return 0 ;; esac; return 1; }
+lease_of() { ctl --json ledger | grep -c "\"job_id\": $1"; }
+running_past() { job_is "$1" RUNNING && [ "$(json_field "$(ctl --json show "$1")" step)" -ge "$2" ] 2>/dev/null; }
+
+# --- the reference: the low-priority job's spec, alone ---
+ref=$(job ref "$STEPS" 0)
+wait_for 600 ended "$ref"
+expect_eq "the reference run succeeds" "$(job_state "$ref")" SUCCEEDED
+job_is "$ref" SUCCEEDED || ctl show "$ref" | head -n 20
+check "it was placed on $uuid" placed "$ref"
+
+# --- off: the second job waits ---
+low=$(job low "$STEPS" 0)
+check "the low-priority job runs" wait_for 120 running_past "$low" 5
+expect_eq "it holds one lease" "$(lease_of "$low")" 1
+high=$(job high 40 10)
+sleep 2.5
+expect_eq "preempt = off: the low-priority job runs on" "$(job_state "$low")" RUNNING
+expect_eq "the high-priority job waits" "$(job_state "$high")" QUEUED
+expect_contains "for its GPU, held for it" "$(ctl show "$high")" "held for it until they drain"
+
+# --- priority: the low-priority job is preempted ---
+printf 'preempt = priority\n' >>"$CONF"
+kill -HUP "$DPID"
+preempted() { ! job_is "$low" RUNNING && ctl logs "$low" | grep -q "preempted by job $high"; }
+check "preempt = priority: the low-priority job is preempted" wait_for 60 preempted
+check "the high-priority job is placed on $uuid" wait_for 60 placed "$high"
+logs_low=$(ctl logs "$low")
+expect_contains "its event names the preemptor" "$logs_low" "preempted by job $high (user $(id -un), priority 10), which needs GPU 0"
+expect_contains "the preemptor's names it" "$(ctl logs "$high")" "preempted job $low (user $(id -un), priority 0) to make room on GPU 0"
+check "the high-priority job succeeds" wait_for 300 job_is "$high" SUCCEEDED
+check "the low-priority job resumes and succeeds" wait_for 600 job_is "$low" SUCCEEDED
+logs_low=$(ctl logs "$low")
+expect_contains "it went back to the queue" "$logs_low" "INTERRUPTED → QUEUED: preempted by job $high"
+expect_contains "it resumed from its checkpoint" "$logs_low" "resumed from $WORK/low/checkpoints/step-"
+expect_eq "two attempts" "$(json_field "$(ctl --json show "$low")" attempts)" 2
+# The preemptor ran while the victim held no lease: its lease was granted
+# after the victim's was released (the share fits one).
+check "the final model equals the uninterrupted run's, byte for byte" \
+	cmp "$WORK/ref/model.safetensors" "$WORK/low/model.safetensors"
+expect_contains "no lease is left" "$(ctl ledger)" "no reservations"
+printf '%s\n' "$logs_low" | grep -e "placed on" -e "preempted" -e "resumed" | sed 's/^/# /'
+stop_daemon
+finish
