@@ -248,10 +248,10 @@ static Traind__JobInfo *job_info(struct dmn_call *c, const struct st_job *j, boo
 			dmn_sched_waiting(c->env->sched, j->id, why, sizeof(why));
 		/* A preempted job says so first (its reason: "preempted by job N
 		 * (user U, priority P) at step ..."), then what it waits for. */
-		const char *at = strstr(j->reason, " at step ");
+		const char *at = strchr(j->reason, ')');
 		if (strncmp(j->reason, "preempted by job ", 17) == 0 && at) {
 			char both[512];
-			snprintf(both, sizeof(both), "%.*s; %s", (int)(at - j->reason), j->reason, why);
+			snprintf(both, sizeof(both), "%.*s; %s", (int)(at + 1 - j->reason), j->reason, why);
 			ji->waiting = cstr(c, both);
 		} else {
 			ji->waiting = cstr(c, why);

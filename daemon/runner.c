@@ -423,6 +423,15 @@ static enum st_job_state run_job(struct dmn_runner *rn, char *reason, size_t cap
 		snprintf(reason, cap, "the daemon stopped before the job started");
 		return ST_INTERRUPTED;
 	}
+	if (atomic_load(&rn->preempt)) {
+		pthread_mutex_lock(&rn->set->mu);
+		snprintf(reason, cap, "%s before it started", rn->preempt_why);
+		snprintf(rn->requeue_reason, sizeof(rn->requeue_reason), "%s before it started; queued "
+			 "again", rn->preempt_why);
+		pthread_mutex_unlock(&rn->set->mu);
+		rn->requeue = true;
+		return ST_INTERRUPTED;
+	}
 	int devices[DMN_MAX_GPUS];
 	if (rn->ngpus > 1) {
 		char leases[DMN_MAX_GPUS * 24], ords[DMN_MAX_GPUS * 8];

@@ -123,7 +123,8 @@ int64_t st_now_ms(void);
  *   ADMITTED    → PREPARING, QUEUED (admission undone), FAILED, CANCELLED, INTERRUPTED
  *   PREPARING   → RUNNING, FAILED, CANCELLED, INTERRUPTED
  *   RUNNING     → SUCCEEDED, FAILED, CANCELLED, INTERRUPTED
- *   INTERRUPTED → QUEUED (at restart, keeping the checkpoint), FAILED, CANCELLED
+ *   INTERRUPTED → QUEUED (at restart, keeping the checkpoint; at once after a
+ *                 device loss or a preemption), FAILED, CANCELLED
  *   SUCCEEDED, FAILED, CANCELLED: terminal for st_job_transition; FAILED and
  *   CANCELLED go back to QUEUED only through st_job_requeue (an operator's
  *   decision, never a side effect). */
