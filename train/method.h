@@ -10,6 +10,10 @@
  * The step loop (train/trainer.c) is the same for all: forward and backward
  * per micro-batch, clip, AdamW on tr_method_model().
  *
+ * Each method is a table of hooks in its own file (train/method_ops.h:
+ * method_full.c, method_lora.c, method_distill.c, method_classify.c), looked
+ * up once from spec->method; these entry points are the same for all.
+ *
  * Every model lives on the backend the caller gives; one method belongs to one
  * runner thread. This is not the step loop and not the data. */
 #ifndef TRAIN_METHOD_H
@@ -94,11 +98,16 @@ int64_t tr_method_count_valid(const struct tr_method *mt, const int32_t *labels,
 void tr_method_set_pad_id(struct tr_method *mt, int pad_id);
 
 struct tr_data;
-/* A classifier on an eval set (file order, at most max_batches micro-batches
- * of B; 0: all): mean loss over rows, accuracy and macro-F1, logged with step
- * to log (may be NULL). Forward only, without dropout. */
-td_err tr_method_eval_classify(struct tr_method *mt, const struct tr_data *d, uint64_t max_batches,
-			       uint64_t step, FILE *log, double *loss, struct td_errbuf *eb);
+/* Whether the method evaluates a model its own way (a classifier); else the
+ * step loop's mean token loss is the evaluation. */
+bool tr_method_has_eval(const struct tr_method *mt);
+/* The method's evaluation on an eval set (file order, at most max_batches
+ * micro-batches of B; 0: all), logged with step to log (may be NULL); *loss
+ * gets the loss it is scheduled by. A classifier's: mean loss over rows,
+ * accuracy and macro-F1. Forward only, without dropout. TD_EUNSUPPORTED where
+ * tr_method_has_eval is false. */
+td_err tr_method_eval(struct tr_method *mt, const struct tr_data *d, uint64_t max_batches,
+		      uint64_t step, FILE *log, double *loss, struct td_errbuf *eb);
 
 /* Saves the trained weights to dir (which exists): an HF model dir in dtype
  * (a classifier's config says so), or, for LoRA, a PEFT adapter dir. */

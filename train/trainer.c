@@ -382,9 +382,9 @@ td_err tr_train_plan(const Traind__JobSpec *spec, FILE *out, struct td_errbuf *e
 static td_err evaluate(struct job *j, int32_t *ids, int32_t *labels, FILE *log, double *out,
 		       struct td_errbuf *eb)
 {
-	if (j->spec->method == TRAIND__METHOD__METHOD_CLASSIFY) /* loss per row, accuracy, macro-F1 */
-		return tr_method_eval_classify(j->meth, j->eval, j->spec->data->eval_batches, j->step, log,
-					       out, eb);
+	if (tr_method_has_eval(j->meth)) /* a classifier's: loss per row, accuracy, macro-F1 */
+		return tr_method_eval(j->meth, j->eval, j->spec->data->eval_batches, j->step, log, out,
+				      eb);
 	uint64_t n = tr_data_num_sequences(j->eval), B = (uint64_t)j->B, T = (uint64_t)j->T;
 	uint64_t batches = (n + B - 1) / B;
 	if (j->spec->data->eval_batches && batches > j->spec->data->eval_batches)

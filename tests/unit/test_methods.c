@@ -12,7 +12,8 @@
  * distillation with alpha = 0 is plain CE. Bad input: a teacher with another
  * vocabulary, a label outside the range. Jobs: LoRA resumes bit for bit,
  * QLoRA, distillation and classification (with eval metrics) run through
- * tr_train and write outputs that load back. */
+ * tr_train and write outputs that load back; a method value no method has
+ * is refused. */
 #include <ftw.h>
 #include <json-c/json.h>
 #include <limits.h>
@@ -1064,6 +1065,28 @@ static void test_classify_job(void)
 	rpc_jobspec_free(s);
 }
 
+/* The methods table: a method value no method has (validation refuses it
+ * in a job file; a spec built in memory may still carry one) fails every
+ * entry point naming the field, never falls back to another method. */
+static void test_unknown_method(void)
+{
+	Traind__JobSpec *s = spec("unknown-method", "METHOD_FULL", tokens_data, "", "");
+	s->method = (Traind__Method)99;
+	struct td_errbuf eb = {{0}};
+	struct tr_plan_opts po;
+	CHECK_EQ_INT(tr_method_plan_opts(s, &qwen2, 2, 16, &po, &eb), TD_EINVAL);
+	CHECK_CONTAINS(eb.msg, "method: unknown value 99");
+	memset(&eb, 0, sizeof(eb));
+	CHECK_EQ_INT(tr_method_check(s, &qwen2, &eb), TD_EINVAL);
+	CHECK_CONTAINS(eb.msg, "method: unknown value 99");
+	memset(&eb, 0, sizeof(eb));
+	struct tr_method *mt = NULL;
+	CHECK_EQ_INT(tr_method_new(&mt, s, &qwen2, NULL, 2, 16, &eb), TD_EINVAL);
+	CHECK_CONTAINS(eb.msg, "method: unknown value 99");
+	CHECK(mt == NULL);
+	rpc_jobspec_free(s);
+}
+
 int main(void)
 {
 	fx = getenv("TD_FIXTURES");
@@ -1091,6 +1114,7 @@ int main(void)
 	test_distill_chunked();
 	test_jobs();
 	test_classify_job();
+	test_unknown_method();
 	check_rm_tree(tmp);
 	return check_status();
 }
