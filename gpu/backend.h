@@ -120,6 +120,16 @@ struct gpu_backend_ops {
 				const float *dout, const gpu_bf16 *dout16, const float *inp,
 				const gpu_bf16 *inp16, const float *weight,
 				const gpu_bf16 *weight16, int N, int C, int OC, bool dinp_set);
+	/* out (N,OC) += inp (N,C) @ weight (OC,C)^T, fp32 out, no bias: the
+	 * GEMM adds its product to out as it writes it (beta 1), one pass
+	 * over out instead of a product written and then residual_forward's
+	 * three. Operands as matmul_forward's (twins, or rounded into
+	 * gemm_scratch in the bf16 mode). Each element is the product's fp32
+	 * sum added to out in one rounding where the GEMM's epilogue is
+	 * alpha * acc + beta * out (cuBLAS, OpenBLAS), as the two ops give. */
+	void (*matmul_forward_add)(struct gpu_backend *be, float *out, const float *inp,
+				   const gpu_bf16 *inp16, const float *weight,
+				   const gpu_bf16 *weight16, int N, int C, int OC);
 	void (*rope_forward)(struct gpu_backend *be, float *out, const float *inp, const float *cos,
 			     const float *sin, int B, int T, int NH, int HS);
 	void (*rope_backward)(struct gpu_backend *be, float *dinp, const float *dout,
@@ -388,6 +398,12 @@ static inline void gpu_matmul_forward(struct gpu_backend *be, float *out, gpu_bf
 				      int OC)
 {
 	GPU_OP_(matmul_forward, out, out16, inp, inp16, weight, weight16, bias, N, C, OC);
+}
+static inline void gpu_matmul_forward_add(struct gpu_backend *be, float *out, const float *inp,
+					  const gpu_bf16 *inp16, const float *weight,
+					  const gpu_bf16 *weight16, int N, int C, int OC)
+{
+	GPU_OP_(matmul_forward_add, out, inp, inp16, weight, weight16, N, C, OC);
 }
 static inline void gpu_matmul_backward(struct gpu_backend *be, float *dinp, float *dweight,
 				       float *dbias, const float *dout, const gpu_bf16 *dout16,

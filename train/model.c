@@ -111,7 +111,7 @@ struct tr_model {
 	struct layer_a *a;               /* [L] */
 	float *lnf_out, *lnf_rstd, *pooled;
 	float *logits, *losses, *kl, *dres, *dln, *dq, *dk, *dv, *dqraw, *dkraw, *dy, *datt, *dh,
-		*dgate, *dup, *dpooled, *lora_tmp, *lora_du, *lora_dx, *gemm_bf16;
+		*dgate, *dup, *dpooled, *lora_du, *lora_dx, *gemm_bf16;
 	float *q32, *k32, *v32;          /* q, k, v in fp32 for the layer being computed (q16 ...) */
 	size_t gemm_bf16_bytes;
 	gpu_bf16 *dgate16, *dup16, *dlogits16; /* bf16 mode: the gradients the products read */
@@ -348,9 +348,6 @@ static void bind(struct tr_model *m)
 	S(dpooled);
 	S(deq);
 	S(deq_absmax);
-	S(lora_tmp);
-	if (!m->lora_tmp)
-		m->lora_tmp = m->dh; /* a training plan's: see train/plan.c */
 	S(lora_du);
 	S(lora_dx);
 	S(q32);
@@ -783,8 +780,7 @@ static void linear_forward(struct tr_model *m, int l, int k, float *out, gpu_bf1
 	if (!L->A)
 		return;
 	lora_input(m, l, k, inp, inp16, true);
-	gpu_matmul_forward(be, m->lora_tmp, NULL, L->u, NULL, L->B, L->B16, NULL, N, R, L->out);
-	gpu_residual_forward(be, out, out, m->lora_tmp, (size_t)N * L->out);
+	gpu_matmul_forward_add(be, out, L->u, NULL, L->B, L->B16, N, R, L->out);
 }
 
 /* dinp (N, in) += d/dinp (set: = instead, the old values never read);

@@ -722,14 +722,12 @@ td_err tr_plan_build(struct tr_plan *p, const struct tr_model_config *cfg,
 	}
 
 	/* Scratch: shared by every layer, reused forward and backward. */
-	size_t lora_out = 0, lora_in = 0;
+	size_t lora_in = 0;
 	for (int lin = 0; R && lin < TR_LIN_COUNT; lin++) {
 		int in, out;
 		tr_lin_dims(cfg, lin, &in, &out);
-		if (o->lora_targets & (1u << lin)) {
-			lora_out = (size_t)out > lora_out ? (size_t)out : lora_out;
+		if (o->lora_targets & (1u << lin))
 			lora_in = (size_t)in > lora_in ? (size_t)in : lora_in;
-		}
 	}
 	/* The bf16 GEMM operands: the most any product of this model needs. */
 	const size_t gemm = o->gemm_bf16 ? gemm_scratch_elems(p) : 0;
@@ -764,19 +762,17 @@ td_err tr_plan_build(struct tr_plan *p, const struct tr_model_config *cfg,
 								     (int)HS), 1, 1)
 				  : f32_bytes(B * NH, T, T),
 		 train, 1},
-		/* d(h), and in a training plan also LoRA's (x A^T) B^T before it is
-		 * added (lora_tmp below): a product's forward, or its recompute,
-		 * never overlaps a layer's backward (train/model.c) */
-		{"dh", f32_bytes(N, R ? max_sz(I, lora_out) : I, 1), train, 2},
+		/* d(h) */
+		{"dh", f32_bytes(N, I, 1), train, 2},
 		{"dgate", f32_bytes(N, I, 1), train && !o->gemm_bf16, 2},
 		{"dup", f32_bytes(N, I, 1), train && !o->gemm_bf16, 2},
 		{"dgate16", f32_bytes(N, I, 1) / 2, train && o->gemm_bf16, 2},
 		{"dup16", f32_bytes(N, I, 1) / 2, train && o->gemm_bf16, 2},
 		/* The fused attention's q, k, v in fp32 before RoPE and their
 		 * rounding (qkv16): a layer's forward or recompute, which never
-		 * overlaps its backward (phase 3), but after dh, which holds
-		 * LoRA's product while a projection writes here. A forward-only
-		 * plan has no region: their own bytes. */
+		 * overlaps its backward (phase 3; nothing of phases 1 and 2 is
+		 * live in a forward). A forward-only plan has no region: their
+		 * own bytes. */
 		{"q32", f32_bytes(N, H, 1), qkv16, train ? 3 : 0},
 		{"k32", f32_bytes(N, KV, 1), qkv16, train ? 3 : 0},
 		{"v32", f32_bytes(N, KV, 1), qkv16, train ? 3 : 0},
@@ -788,9 +784,8 @@ td_err tr_plan_build(struct tr_plan *p, const struct tr_model_config *cfg,
 		{"deq", deq, deq > 0, 0},
 		{"deq_absmax", f32_bytes((p->nf4_max_numel + TR_NF4_BLOCK - 1) / TR_NF4_BLOCK, 1, 1),
 		 p->nf4_numel > 0 && o->nf4_double_quant, 0},
-		/* LoRA: (x A^T) B^T before it is added (in dh when training);
-		 * d(x A^T); d(x) through dropout */
-		{"lora_tmp", f32_bytes(N, lora_out, 1), R > 0 && !train, 0},
+		/* LoRA: d(x A^T); d(x) through dropout ((x A^T) B^T is added to
+		 * the projection's output by the GEMM: matmul_forward_add) */
 		{"lora_du", f32_bytes(N, R, 1), train && R > 0, 0},
 		{"lora_dx", f32_bytes(N, lora_in, 1), train && R > 0 && o->lora_dropout > 0.0f, 0},
 		{"gemm_bf16", gemm * 2, gemm > 0, 0},
@@ -804,10 +799,7 @@ td_err tr_plan_build(struct tr_plan *p, const struct tr_model_config *cfg,
 		if (!scratch[i].on)
 			continue;
 		phase_bytes[scratch[i].phase] += aligned(scratch[i].bytes);
-		if (strcmp(scratch[i].what, "dh") == 0)
-			at[3] = aligned(scratch[i].bytes); /* phase 3 starts past dh */
 	}
-	phase_bytes[3] += at[3];
 	size_t region = 0; /* the region's offset, placed with its first member */
 	bool placed = false;
 	for (size_t i = 0; i < nscratch; i++) {

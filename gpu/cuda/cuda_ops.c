@@ -388,6 +388,20 @@ static void cu_matmul_forward(struct gpu_backend *be, float *out, gpu_bf16 *out1
 	}
 }
 
+/* out (N,OC) += inp (N,C) W^T (OC,C): matmul_forward's product with beta 1
+ * (the same operands, rounded into the scratch in the bf16 mode where they
+ * have no twin). */
+static void cu_matmul_forward_add(struct gpu_backend *be, float *out, const float *inp,
+				  const gpu_bf16 *inp16, const float *weight,
+				  const gpu_bf16 *weight16, int N, int C, int OC)
+{
+	struct cu_backend *cb = cu_of(be);
+	if (N <= 0 || OC <= 0 || C <= 0)
+		return; /* nothing to add */
+	sgemm(cb, "matmul_forward_add: cublasSgemm", OP_T, OP_N, OC, N, C, 1.0f, weight, weight16,
+	      C, inp, inp16, C, 1.0f, out, OC);
+}
+
 /* dinp (N,C) += dout (N,OC) W (OC,C): column-major dinp^T = W^T dout^T.
  * dweight (OC,C) += dout^T inp: column-major dweight^T = inp^T dout.
  * dbias (OC) += the column sums of dout (fp32 dout required). */
@@ -929,6 +943,7 @@ void cu_ops_fill(struct gpu_backend_ops *ops)
 	ops->rmsnorm_forward = cu_rmsnorm_forward;
 	ops->rmsnorm_backward = cu_rmsnorm_backward;
 	ops->matmul_forward = cu_matmul_forward;
+	ops->matmul_forward_add = cu_matmul_forward_add;
 	ops->matmul_backward = cu_matmul_backward;
 	ops->rope_forward = cu_rope_forward;
 	ops->rope_backward = cu_rope_backward;

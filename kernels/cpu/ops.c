@@ -96,6 +96,12 @@ void matmul_forward(float *restrict out, const float *restrict inp, const float 
 		}
 }
 
+void matmul_forward_add(float *restrict out, const float *restrict inp,
+			const float *restrict weight, int N, int C, int OC)
+{
+	gemm(CblasNoTrans, CblasTrans, N, OC, C, 1.0f, inp, C, weight, C, 1.0f, out, OC);
+}
+
 void matmul_backward(float *restrict dinp, float *restrict dweight, float *restrict dbias,
 		     const float *restrict dout, const float *restrict inp,
 		     const float *restrict weight, int N, int C, int OC)

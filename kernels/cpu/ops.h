@@ -37,6 +37,8 @@ void rmsnorm_backward(float *dinp, float *dweight, const float *dout, const floa
 /* out (N,OC) = inp (N,C) @ weight(OC,C)^T + bias (OC, may be NULL). Overwrite. */
 void matmul_forward(float *out, const float *inp, const float *weight, const float *bias, int N,
 		    int C, int OC);
+/* out (N,OC) += inp (N,C) @ weight(OC,C)^T: one GEMM with beta 1. */
+void matmul_forward_add(float *out, const float *inp, const float *weight, int N, int C, int OC);
 /* dinp (N,C) += dout @ weight ; dweight (OC,C) += dout^T @ inp ; dbias (OC) += sum_n dout.
  * Each of dinp, dweight, dbias may be NULL. */
 void matmul_backward(float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,

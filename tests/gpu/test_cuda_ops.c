@@ -401,6 +401,12 @@ static void test_matmul(void)
 					   with_bias ? d_bias : NULL, N, C, OC);
 			expect_red(with_bias ? "out (bias)" : "out", hget(d_out, nout), out, nout, C);
 		}
+		/* out += inp @ weight^T (beta 1): the old value one more term */
+		float *acc0 = frand(nout, 1.0, 0.0), *acc = fcopy(acc0, nout);
+		matmul_forward_add(acc, inp, weight, N, C, OC);
+		float *d_acc = dputf(acc0, nout);
+		gpu_matmul_forward_add(be, d_acc, d_inp, NULL, d_weight, NULL, N, C, OC);
+		expect_red("out (add)", hget(d_acc, nout), acc, nout, C + 1);
 
 		/* Backward: all three outputs, then each alone (the others NULL). */
 		float *dout = frand(nout, 1.0, 0.0);
@@ -558,6 +564,14 @@ static void test_matmul_bf16(void)
 		gpu_matmul_forward(be, d_out2, NULL, NULL, d_inp16, NULL, d_w16, NULL, N, C, OC);
 		expect_same_bits("out (both twins, no scratch)", hget(d_out2, nout), hget(d_out, nout),
 				 nout);
+		/* the add (LoRA's B product): a bf16-only weight, the fp32 input
+		 * rounded into the scratch */
+		float *acc0 = frand(nout, 1.0, 0.0), *acc = fcopy(acc0, nout);
+		matmul_forward_add(acc, bf16_rounded(inp, nin), bf16_rounded(weight, nw), N, C, OC);
+		SCRATCH(false, false, false, true, false, false);
+		float *d_acc = dputf(acc0, nout);
+		gpu_matmul_forward_add(be, d_acc, d_inp, NULL, NULL, d_w16, N, C, OC);
+		expect_red("out (add, bf16-only weight)", hget(d_acc, nout), acc, nout, C + 1);
 
 		/* an optimizer step writes the weight's copy with the new values */
 		float *g = frand(nw, 1.0, 0.0), *zeros = ffill(nw, 0.0f);

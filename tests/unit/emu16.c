@@ -150,6 +150,20 @@ static void emu_matmul_forward(struct gpu_backend *be, float *out, gpu_bf16 *out
 	free(w);
 }
 
+static void emu_matmul_forward_add(struct gpu_backend *be, float *out, const float *inp,
+				   const gpu_bf16 *inp16, const float *weight,
+				   const gpu_bf16 *weight16, int N, int C, int OC)
+{
+	check_scratch(be, "matmul_forward_add",
+		      gpu_matmul_scratch_elems((size_t)N, (size_t)C, (size_t)OC, false, false, false,
+					       weight16, inp16, false));
+	float *x = operand("matmul_forward_add inp", inp, inp16, (size_t)N * C);
+	float *w = operand("matmul_forward_add weight", weight, weight16, (size_t)OC * C);
+	matmul_forward_add(out, x, w, N, C, OC);
+	free(x);
+	free(w);
+}
+
 static void emu_matmul_backward(struct gpu_backend *be, float *dinp, float *dweight, float *dbias,
 				const float *dout, const gpu_bf16 *dout16, const float *inp,
 				const gpu_bf16 *inp16, const float *weight, const gpu_bf16 *weight16,
@@ -352,6 +366,7 @@ static td_err emu_new(struct gpu_backend **out, bool flash, struct td_errbuf *eb
 	ops.embedding_forward = emu_embedding_forward;
 	ops.rmsnorm_forward = emu_rmsnorm_forward;
 	ops.matmul_forward = emu_matmul_forward;
+	ops.matmul_forward_add = emu_matmul_forward_add;
 	ops.matmul_backward = emu_matmul_backward;
 	ops.attention_forward = emu_attention_forward;
 	ops.swiglu_forward = emu_swiglu_forward;

@@ -25,6 +25,24 @@ static void row_forward(struct gpu_backend *be, float *out, gpu_bf16 *out16, con
 		}
 }
 
+/* out (N,OC) += inp @ weight^T: each element's sum over c in order, added
+ * once. */
+static void row_forward_add(struct gpu_backend *be, float *out, const float *inp,
+			    const gpu_bf16 *inp16, const float *weight, const gpu_bf16 *weight16,
+			    int N, int C, int OC)
+{
+	(void)be;
+	assert(out && inp && weight && !inp16 && !weight16);
+	for (int n = 0; n < N; n++)
+		for (int o = 0; o < OC; o++) {
+			const float *x = inp + (size_t)n * C, *w = weight + (size_t)o * C;
+			float s = 0.0f;
+			for (int c = 0; c < C; c++)
+				s += x[c] * w[c];
+			out[(size_t)n * OC + o] += s;
+		}
+}
+
 /* dinp (N,C) (+)= dout @ weight: one sum over o per element, added once;
  * dweight (OC,C) += dout^T @ inp and dbias += sum_n dout, row n's
  * contribution added before row n+1's. */
@@ -63,6 +81,7 @@ void rowmatmul_install(struct gpu_backend *be)
 	assert(!gpu_gemm_bf16(be));
 	ops = *be->ops;
 	ops.matmul_forward = row_forward;
+	ops.matmul_forward_add = row_forward_add;
 	ops.matmul_backward = row_backward;
 	be->ops = &ops;
 }

@@ -503,7 +503,7 @@ static void test_real_shapes(void)
 			}
 		}
 		CHECK(!lb || lb->bytes == (sum[0] > sum[1] ? sum[0] : sum[1]));
-		CHECK(!tr_plan_find(&p, "scratch.lora_tmp")); /* LoRA's product is in dh */
+		CHECK(!tr_plan_find(&p, "scratch.lora_tmp")); /* LoRA's product is added by its GEMM */
 		tr_plan_fini(&p);
 		/* the same, stored fp32 (what an fp32 backend plans) */
 		po.gemm_bf16 = po.attention_lse = false;

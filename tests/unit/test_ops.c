@@ -446,6 +446,22 @@ static void test_matmul(void)
 			}
 		expect_within("out", out, ref, mag, NO);
 
+		/* matmul_forward_add: out += x @ w^T, the old value one more
+		 * term of each element's sum (as the bias is above). */
+		float *acc = frand(NO, 1.0, 0.0);
+		double *ra = to_d(acc, NO), *ba = dvec(NO);
+		for (int n = 0; n < N; n++)
+			for (int o = 0; o < OC; o++) {
+				double a = fabs(ra[n * OC + o]);
+				for (int c = 0; c < C; c++) {
+					ra[n * OC + o] += (double)x[n * C + c] * w[o * C + c];
+					a += fabs((double)x[n * C + c] * w[o * C + c]);
+				}
+				ba[n * OC + o] = f32_gamma(C + 1) * a;
+			}
+		matmul_forward_add(acc, x, w, N, C, OC);
+		expect_within("out (add)", acc, ra, ba, NO);
+
 		/* The backward against its exact values (the op is linear, so no
 		 * finite differences are needed): dinp += dout @ w has OC products
 		 * and the old value per element, dweight += dout^T @ x has N, dbias
