@@ -45,11 +45,11 @@ struct tr_encoder {
 	struct tr__norm_state norm;
 	struct tr__pretok_state pretok;
 	struct tr__bpe_state bpe;
+	struct tr__bpe_sink sink; /* the model, bpe, and tr_encode's ids */
 	/* the call in progress */
 	unsigned flags;
 	void (*fn)(void *ctx, const char *piece, size_t len, int32_t id); /* tr_pretokenize's */
 	void *ctx;
-	struct tr_ids *out; /* tr_encode's */
 	struct td_errbuf *eb;
 };
 
@@ -256,6 +256,7 @@ td_err tr_encoder_new(struct tr_encoder **out, const struct tr_tokenizer *t, str
 	if (!e)
 		return td_fail(eb, TD_ENOMEM, "encoder: out of memory");
 	e->t = t;
+	e->sink = (struct tr__bpe_sink){ .m = &t->model, .s = &e->bpe };
 	if (tr__pretok_state_init(&e->pretok) || tr__bpe_state_init(&e->bpe)) {
 		tr_encoder_free(e);
 		return td_fail(eb, TD_ENOMEM, "encoder: out of memory");
@@ -276,15 +277,13 @@ void tr_encoder_free(struct tr_encoder *e)
 
 /* --- the pipeline, from the last stage to the first --- */
 
-/* A word from the pre-tokenizer: to BPE, or to tr_pretokenize's caller. */
-static td_err word(void *ctx, const char *p, size_t n)
+/* A word from the pre-tokenizer to tr_pretokenize's caller (tr_encode's go
+ * straight to tr__bpe_word). */
+static td_err piece_word(void *ctx, const char *p, size_t n)
 {
 	struct tr_encoder *e = ctx;
-	if (e->fn) {
-		e->fn(e->ctx, p, n, -1);
-		return TD_OK;
-	}
-	return tr__bpe_word(&e->t->model, &e->bpe, (const uint8_t *)p, n, e->out);
+	e->fn(e->ctx, p, n, -1);
+	return TD_OK;
 }
 
 /* An added token: its id, or its text and id to tr_pretokenize's caller. */
@@ -295,14 +294,16 @@ static td_err added_token(void *ctx, const char *p, size_t n, int32_t id)
 		e->fn(e->ctx, p, n, id);
 		return TD_OK;
 	}
-	return tr_ids_push(e->out, id);
+	return tr_ids_push(e->sink.out, id);
 }
 
 /* Normalized text between added tokens: to the pre-tokenizer. */
 static td_err normalized_segment(void *ctx, const char *p, size_t n)
 {
 	struct tr_encoder *e = ctx;
-	return tr__pretokenize(&e->t->pre_tokenizer, &e->pretok, p, n, word, e, e->t->origin, e->eb);
+	if (e->fn)
+		return tr__pretokenize(&e->t->pre_tokenizer, &e->pretok, p, n, piece_word, e, e->t->origin, e->eb);
+	return tr__pretokenize(&e->t->pre_tokenizer, &e->pretok, p, n, tr__bpe_word, &e->sink, e->t->origin, e->eb);
 }
 
 /* A stretch of raw text between added tokens: normalize it, then cut out the
@@ -342,11 +343,11 @@ static td_err run(struct tr_encoder *e, const char *text, size_t len, unsigned f
 	if (bad < len)
 		return td_fail(eb, TD_EFORMAT, "text is not valid UTF-8 (at byte %zu)", bad);
 	td_err err = TD_OK;
-	if ((flags & TR_ENC_ADD_PREFIX) && !e->fn && tr__post_processor_prefix(&t->post_processor, e->out))
+	if ((flags & TR_ENC_ADD_PREFIX) && !e->fn && tr__post_processor_prefix(&t->post_processor, e->sink.out))
 		return td_fail(eb, TD_ENOMEM, "encode: out of memory");
 	err = tr__added_split(&t->added, false, flags, text, len, raw_segment, added_token, e);
 	if (!err && (flags & TR_ENC_ADD_SUFFIX) && !e->fn)
-		err = tr__post_processor_suffix(&t->post_processor, e->out);
+		err = tr__post_processor_suffix(&t->post_processor, e->sink.out);
 	if (err == TD_ENOMEM)
 		return td_fail(eb, TD_ENOMEM, "encode: out of memory");
 	return err;
@@ -356,9 +357,9 @@ td_err tr_encode(struct tr_encoder *e, const char *text, size_t len, unsigned fl
 		 struct td_errbuf *eb)
 {
 	e->fn = NULL;
-	e->out = out;
+	e->sink.out = out;
 	td_err err = run(e, text, len, flags, eb);
-	e->out = NULL;
+	e->sink.out = NULL;
 	return err;
 }
 
@@ -368,7 +369,7 @@ td_err tr_pretokenize(struct tr_encoder *e, const char *text, size_t len, unsign
 {
 	e->fn = fn;
 	e->ctx = ctx;
-	e->out = NULL;
+	e->sink.out = NULL;
 	td_err err = run(e, text, len, flags & ~TR_ENC_ADD_SPECIAL, eb);
 	e->fn = NULL;
 	return err;

@@ -198,11 +198,12 @@ td_err tr__added_split(const struct tr__added *a, bool normalized, unsigned flag
 		return gap(ctx, p, n);
 	const uint8_t *u = (const uint8_t *)p;
 	size_t emitted = 0, i = 0;
-	while (i < n) {
-		if (!(tr->first[u[i] >> 3] & (1u << (u[i] & 7)))) {
+	for (;;) {
+		/* Most bytes start no added token: a tight loop over the bitmap. */
+		while (i < n && !(tr->first[u[i] >> 3] & (1u << (u[i] & 7))))
 			i++;
-			continue;
-		}
+		if (i == n)
+			break;
 		size_t mlen = 0;
 		int32_t ai = trie_match(tr, u, n, i, &mlen);
 		if (ai < 0) {

@@ -420,9 +420,13 @@ static inline td_err push_id(struct tr_ids *out, int32_t id)
 	return TD_OK;
 }
 
-td_err tr__bpe_word(const struct tr__bpe *m, struct tr__bpe_state *st, const uint8_t *w, size_t n,
-		    struct tr_ids *out)
+td_err tr__bpe_word(void *sink, const char *word, size_t n)
 {
+	const struct tr__bpe_sink *k = sink;
+	const struct tr__bpe *m = k->m;
+	struct tr__bpe_state *st = k->s;
+	struct tr_ids *out = k->out;
+	const uint8_t *w = (const uint8_t *)word;
 	td_err err = TD_OK;
 	uint64_t h = 0;
 	if (n <= CACHE_MAX_WORD) {
@@ -434,12 +438,12 @@ td_err tr__bpe_word(const struct tr__bpe *m, struct tr__bpe_state *st, const uin
 	if (m->ignore_merges) {
 		if (!tr__grow((void **)&st->mapped, &st->mapped_cap, 2 * n, 1))
 			return TD_ENOMEM;
-		size_t k = 0;
+		size_t ml = 0;
 		for (size_t i = 0; i < n; i++) {
-			memcpy(st->mapped + k, m->bl_utf8[w[i]], 2);
-			k += m->bl_len[w[i]];
+			memcpy(st->mapped + ml, m->bl_utf8[w[i]], 2);
+			ml += m->bl_len[w[i]];
 		}
-		int32_t id = tr__bpe_token_id(m, st->mapped, k);
+		int32_t id = tr__bpe_token_id(m, st->mapped, ml);
 		if (id >= 0) {
 			if (push_id(out, id))
 				return TD_ENOMEM;

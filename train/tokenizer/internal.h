@@ -310,10 +310,17 @@ struct tr__bpe_state {
 td_err tr__bpe_state_init(struct tr__bpe_state *s);
 void tr__bpe_state_fini(struct tr__bpe_state *s);
 
-/* Appends the ids of word w (its bytes, before the byte-level mapping) to
- * out. TD_ENOMEM (no message). */
-td_err tr__bpe_word(const struct tr__bpe *m, struct tr__bpe_state *s, const uint8_t *w, size_t n,
-		    struct tr_ids *out);
+/* Where tr__bpe_word's ids go: one per encoder, out set per call. */
+struct tr__bpe_sink {
+	const struct tr__bpe *m;
+	struct tr__bpe_state *s;
+	struct tr_ids *out;
+};
+
+/* A tr__word_fn, ctx a struct tr__bpe_sink: appends the ids of word w (its
+ * bytes, before the byte-level mapping) to out. The pre-tokenizer calls it
+ * directly, one indirect call per word. TD_ENOMEM (no message). */
+td_err tr__bpe_word(void *sink, const char *w, size_t n);
 
 /* ------------------------------------------------------------------------ */
 /* Added tokens (added_tokens.c): matched before the pre-tokenizer,
