@@ -35,8 +35,10 @@
  * recomputes from one, first waits for the slot's copy. */
 #include "train/model.h"
 
+#include <assert.h>
 #include <math.h>
 #include <stdarg.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -108,6 +110,13 @@ struct tr_model {
 	float *rope_cos, *rope_sin;
 	float **res;                     /* [L+1]; FULL_OFFLOAD: res[l] is ring slot l % TR_OFFLOAD_RING */
 	float **res_host;                /* [L]: FULL_OFFLOAD's layer inputs in the host arena; else NULL */
+	/* FULL_OFFLOAD with the fused attention (train/plan.c: off_att): ring
+	 * slot k's attention output and statistics (acts.ring.k.*, one span of
+	 * att_span bytes), and layer l's on the host (NULL for the last
+	 * TR_OFFLOAD_RING layers, which stay in the ring); else NULL. */
+	char *att_ring[TR_OFFLOAD_RING];
+	char **att_host;                 /* [L] */
+	size_t att_span;
 	struct layer_a *a;               /* [L] */
 	float *lnf_out, *lnf_rstd, *pooled;
 	float *logits, *losses, *kl, *dres, *dln, *dq, *dk, *dv, *dqraw, *dkraw, *dy, *datt, *dh,
@@ -183,7 +192,27 @@ static void *buf(struct tr_model *m, const char *fmt, ...)
 static void *act(struct tr_model *m, int l, const char *what)
 {
 	void *p = buf(m, "acts.layers.%d.%s", l, what);
+	if (!p) /* FULL_OFFLOAD's attention output: the layer's ring slot */
+		p = buf(m, "acts.ring.%d.%s", l % TR_OFFLOAD_RING, what);
 	return p ? p : buf(m, "acts.work.%s", what);
+}
+
+/* The span [start, end) of its arena that the buffers named prefix* cover
+ * (0, 0 when none). */
+static void span_of(const struct tr_plan *p, const char *prefix, size_t *start, size_t *end)
+{
+	const size_t n = strlen(prefix);
+	*start = SIZE_MAX;
+	*end = 0;
+	for (size_t i = 0; i < p->nbufs; i++) {
+		const struct tr_plan_buf *b = &p->bufs[i];
+		if (strncmp(b->name, prefix, n) != 0)
+			continue;
+		*start = b->offset < *start ? b->offset : *start;
+		*end = b->offset + b->bytes > *end ? b->offset + b->bytes : *end;
+	}
+	if (*start == SIZE_MAX)
+		*start = 0;
 }
 
 /* The fp32 tensor (or gradient) of p: NULL when p is absent, frozen (a
@@ -284,6 +313,23 @@ static void bind(struct tr_model *m)
 	m->pooled = buf(m, "acts.pooled");
 	m->rope_cos = buf(m, "acts.rope_cos");
 	m->rope_sin = buf(m, "acts.rope_sin");
+	if (m->att_host) {
+		/* One copy moves a layer's set: the plan lays every set out alike
+		 * (train/plan.c), which each host layer's span is checked to. */
+		size_t s0, e0, s, e;
+		span_of(&m->plan, "acts.ring.0.", &s0, &e0);
+		m->att_span = e0 - s0;
+		for (int k = 0; k < TR_OFFLOAD_RING && k < c->num_layers; k++)
+			m->att_ring[k] = buf(m, "acts.ring.%d.att", k);
+		for (int l = 0; l < c->num_layers; l++) {
+			char prefix[32];
+			snprintf(prefix, sizeof(prefix), "host.layers.%d.", l);
+			span_of(&m->plan, prefix, &s, &e);
+			m->att_host[l] = e > s ? buf(m, "host.layers.%d.att", l) : NULL;
+			assert(!m->att_host[l] || e - s == m->att_span);
+		}
+		assert(m->att_ring[0] == (char *)m->arena[TR_ARENA_ACTS] + s0);
+	}
 	for (int l = 0; l <= c->num_layers; l++) {
 		m->res[l] = buf(m, "acts.res.%d", l);
 		if (m->res_host) {
@@ -399,13 +445,17 @@ td_err tr_model_new(struct tr_model **out, struct gpu_backend *be,
 	m->res = calloc((size_t)L + 1, sizeof(*m->res));
 	if (m->plan.arena_bytes[TR_ARENA_HOST])
 		m->res_host = calloc((size_t)L + 1, sizeof(*m->res_host));
+	const bool off_att = tr_plan_find(&m->plan, "acts.ring.0.att") != NULL;
+	if (off_att)
+		m->att_host = calloc((size_t)L, sizeof(*m->att_host));
 	m->host_targets = malloc(N * sizeof(int32_t));
 	m->host_ids = malloc(N * sizeof(int32_t));
 	m->host_losses = malloc(N * sizeof(float));
 	m->host_kl = malloc(N * sizeof(float));
 	m->host_pool = malloc((size_t)opts->B * sizeof(int32_t));
 	if (!m->w || !m->g || !m->lin || !m->a || !m->res || !m->host_targets || !m->host_ids || !m->host_losses ||
-	    !m->host_kl || !m->host_pool || (m->plan.arena_bytes[TR_ARENA_HOST] && !m->res_host)) {
+	    !m->host_kl || !m->host_pool || (m->plan.arena_bytes[TR_ARENA_HOST] && !m->res_host) ||
+	    (off_att && !m->att_host)) {
 		tr_model_free(m);
 		return td_fail(eb, TD_ENOMEM, "model: out of memory");
 	}
@@ -466,6 +516,7 @@ void tr_model_free(struct tr_model *m)
 	free(m->a);
 	free(m->res);
 	free(m->res_host);
+	free(m->att_host);
 	free(m->host_targets);
 	free(m->host_ids);
 	free(m->host_losses);
@@ -853,6 +904,24 @@ static void ring_claim(struct tr_model *m, int l)
 		gpu_copy_wait(m->be, ring_slot(l));
 }
 
+/* The copies of the attention's output sets are numbered after the layer
+ * inputs': copy TR_OFFLOAD_RING + slot. */
+static_assert(2 * TR_OFFLOAD_RING <= GPU_COPY_SLOTS, "a copy number per ring slot and kind");
+static int att_copy(int l)
+{
+	return TR_OFFLOAD_RING + ring_slot(l);
+}
+
+/* Before layer l's forward writes its attention output into its ring slot
+ * (or its recompute reads it there): the last copy of that slot, out of it
+ * (layer l - RING's offload) or back into it (layer l's prefetch), is done.
+ * Nothing without the attention offloaded. */
+static void att_claim(struct tr_model *m, int l)
+{
+	if (m->att_host)
+		gpu_copy_wait(m->be, att_copy(l));
+}
+
 /* Layer l's forward (recompute false): res[l] -> res[l+1], every activation
  * the backward reads written where the plan keeps it. Its recompute (true),
  * before its backward: the same ops on the same inputs again, for what the
@@ -907,7 +976,8 @@ static void layer_forward(struct tr_model *m, int l, bool recompute)
 	}
 	if (prod && a->v16)
 		gpu_bf16_round(be, a->v16, v, (size_t)N * NKV * HS);
-	if (prod || !m->plan.opts.attention_lse)
+	/* not again where its output is kept: SELECTIVE's, FULL_OFFLOAD's ring */
+	if (!recompute || !m->plan.opts.attention_lse || (prod && !m->att_host))
 		gpu_attention_forward(be, a->y, a->y16, a->att, a->q, a->q16, a->k, a->k16, a->v, a->v16,
 				      B, T, NH, NKV, HS);
 	project(m, l, TR_LIN_O, prod, m->dln, NULL, a->y, a->y16);
@@ -1078,11 +1148,16 @@ static void forward_walk(struct tr_model *m, const struct head_args *h)
 		}
 		case TR_STAGE_LAYER:
 			ring_claim(m, s->layer + 1);
+			att_claim(m, s->layer);
 			layer_forward(m, s->layer, false);
 			break;
 		case TR_STAGE_OFFLOAD:
 			gpu_copy_to_host(be, m->res_host[s->layer], m->res[s->layer], res_bytes(m),
 					 ring_slot(s->layer));
+			break;
+		case TR_STAGE_OFFLOAD_ATTENTION:
+			gpu_copy_to_host(be, m->att_host[s->layer], m->att_ring[ring_slot(s->layer)],
+					 m->att_span, att_copy(s->layer));
 			break;
 		case TR_STAGE_FINAL_NORM:
 			gpu_rmsnorm_forward(be, m->lnf_out, NULL, m->lnf_rstd, m->res[c->num_layers], m->lnf,
@@ -1427,11 +1502,16 @@ void tr_model_backward(struct tr_model *m, float dloss)
 		case TR_STAGE_LAYER_RECOMPUTE:
 			if (m->res_host) /* res[l] copied back (TR_STAGE_PREFETCH) */
 				gpu_copy_wait(be, ring_slot(s->layer));
+			att_claim(m, s->layer); /* and its attention's output */
 			layer_forward(m, s->layer, true);
 			break;
 		case TR_STAGE_PREFETCH:
 			gpu_copy_to_device(be, m->res[s->layer], m->res_host[s->layer], res_bytes(m),
 					   ring_slot(s->layer));
+			break;
+		case TR_STAGE_PREFETCH_ATTENTION:
+			gpu_copy_to_device(be, m->att_ring[ring_slot(s->layer)], m->att_host[s->layer],
+					   m->att_span, att_copy(s->layer));
 			break;
 		case TR_STAGE_LAYER_BACKWARD:
 			layer_backward(m, s->layer);

@@ -412,7 +412,7 @@ const char *tr_stage_name(enum tr_stage_kind k)
 	static const char *const names[TR_STAGE_KIND_COUNT] = {
 		"embed",    "layer",           "final_norm",     "head",           "head_backward",
 		"final_norm_backward", "layer_recompute", "layer_backward", "embed_backward", "optimizer",
-		"offload",  "prefetch"};
+		"offload",  "prefetch",        "offload_attention", "prefetch_attention"};
 	return k < TR_STAGE_KIND_COUNT ? names[k] : "?";
 }
 
@@ -431,6 +431,19 @@ static td_err add_stage(struct tr_plan *p, size_t *cap, enum tr_stage_kind kind,
 	return TD_OK;
 }
 
+bool tr_plan_offloads_attention(const struct tr_model_config *cfg, const struct tr_plan_opts *o)
+{
+	/* The set takes a ring slot more than FULL's one working copy; the
+	 * layer inputs free L + 1 - RING slots of FULL's. FULL_OFFLOAD stays
+	 * below FULL on the device: only where those outweigh the slot. */
+	const size_t L = (size_t)cfg->num_layers, ring = min_sz(TR_OFFLOAD_RING, L);
+	const size_t N = (size_t)o->B * (size_t)o->T, H = (size_t)cfg->num_heads * cfg->head_dim;
+	const size_t set = aligned((size_t)o->B * cfg->num_heads * o->T * sizeof(float)) +
+			   aligned(N * H * sizeof(float)) + (o->gemm_bf16 ? aligned(N * H * 2) : 0);
+	const size_t res = aligned(N * (size_t)cfg->hidden_size * sizeof(float));
+	return o->attention_lse && !o->inference && (L + 1 - ring) * res > (ring - 1) * set;
+}
+
 /* The forward: embedding, the layers, the final norm, the head in chunks of
  * logits_rows (a classifier's head is one stage over every row). The
  * backward: the head's chunks in the same order, the final norm, the layers
@@ -445,6 +458,7 @@ static td_err build_stages(struct tr_plan *p, struct td_errbuf *eb)
 	const int L = p->cfg.num_layers, N = p->opts.B * p->opts.T;
 	const int R = p->opts.num_labels > 0 ? N : p->logits_rows;
 	const bool offload = p->opts.recompute == TR_RECOMPUTE_FULL_OFFLOAD; /* NONE when forward only */
+	const bool off_att = offload && tr_plan_offloads_attention(&p->cfg, &p->opts);
 	size_t cap = 0;
 	td_err e;
 #define STAGE(kind, layer, r0, rows)                                                  \
@@ -459,6 +473,8 @@ static td_err build_stages(struct tr_plan *p, struct td_errbuf *eb)
 		STAGE(TR_STAGE_LAYER, l, 0, 0);
 		if (offload && l + 1 < L)
 			STAGE(TR_STAGE_OFFLOAD, l + 1, 0, 0);
+		if (off_att && l < L - TR_OFFLOAD_RING)
+			STAGE(TR_STAGE_OFFLOAD_ATTENTION, l, 0, 0);
 	}
 	STAGE(TR_STAGE_FINAL_NORM, -1, 0, 0);
 	for (int r0 = 0; r0 < N; r0 += R)
@@ -478,6 +494,8 @@ static td_err build_stages(struct tr_plan *p, struct td_errbuf *eb)
 		STAGE(TR_STAGE_LAYER_BACKWARD, l, 0, 0);
 		if (offload && l - TR_OFFLOAD_RING >= 0)
 			STAGE(TR_STAGE_PREFETCH, l - TR_OFFLOAD_RING, 0, 0);
+		if (off_att && l - TR_OFFLOAD_RING >= 0)
+			STAGE(TR_STAGE_PREFETCH_ATTENTION, l - TR_OFFLOAD_RING, 0, 0);
 	}
 	STAGE(TR_STAGE_EMBED_BACKWARD, -1, 0, 0);
 	STAGE(TR_STAGE_OPTIMIZER, -1, 0, 0);
@@ -636,38 +654,50 @@ td_err tr_plan_build(struct tr_plan *p, const struct tr_model_config *cfg,
 	 * the bits the attention rounded for itself before), and its
 	 * backward reads them again. The unfused attention reads fp32. */
 	const bool qkv16 = lse && o->gemm_bf16;
+	/* FULL_OFFLOAD where the attention is fused keeps its output and row
+	 * statistics (y, y16, att: what SELECTIVE keeps of it) beside each layer
+	 * input on the host, so a layer's recompute runs no attention forward:
+	 * a ring of TR_OFFLOAD_RING on the device (acts.ring.K.*), and the
+	 * layers the backward copies back from the host (all but the last
+	 * TR_OFFLOAD_RING, still in the ring when it starts: host.layers.L.*).
+	 * Its recompute then costs the products and element-wise ops only; the
+	 * copies (193 MiB a layer for Llama-3-8B at B4 x T2048, with the layer
+	 * input's 128) stay under what PCIe moves while a layer computes. */
+	const bool off_att = rc == TR_RECOMPUTE_FULL_OFFLOAD && lse &&
+			     tr_plan_offloads_attention(cfg, o);
 	const struct {
 		const char *what;
 		size_t bytes;
 		bool on;
 		int keep;
+		bool att_out; /* the attention's output and statistics (off_att) */
 	} acts[] = {
-		{"ln1", f32_bytes(N, C, 1), keep32, KEEP_NONE},
-		{"ln1_16", f32_bytes(N, C, 1) / 2, twins, KEEP_NONE},
-		{"ln1_rstd", f32_bytes(N, 1, 1), true, KEEP_NONE},
-		{"qraw", f32_bytes(N, H, 1), cfg->qk_norm, KEEP_SEL},
-		{"q_rstd", f32_bytes(N, NH, 1), cfg->qk_norm, KEEP_NONE},
-		{"kraw", f32_bytes(N, KV, 1), cfg->qk_norm, KEEP_SEL},
-		{"k_rstd", f32_bytes(N, NKV, 1), cfg->qk_norm, KEEP_NONE},
-		{"q", f32_bytes(N, H, 1), !qkv16, qk},
-		{"k", f32_bytes(N, KV, 1), !qkv16, qk},
-		{"v", f32_bytes(N, KV, 1), !qkv16, KEEP_SEL},
-		{"q16", f32_bytes(N, H, 1) / 2, qkv16, qk},
-		{"k16", f32_bytes(N, KV, 1) / 2, qkv16, qk},
-		{"v16", f32_bytes(N, KV, 1) / 2, qkv16, KEEP_SEL},
-		{"att", lse ? f32_bytes(B * NH, T, 1) : f32_bytes(B * NH, T, T), true, att},
-		{"y", f32_bytes(N, H, 1), true, att},
-		{"y16", f32_bytes(N, H, 1) / 2, twins, att},
-		{"res_mid", f32_bytes(N, C, 1), true, KEEP_SEL},
-		{"ln2", f32_bytes(N, C, 1), keep32, KEEP_NONE},
-		{"ln2_16", f32_bytes(N, C, 1) / 2, twins, KEEP_NONE},
-		{"ln2_rstd", f32_bytes(N, 1, 1), true, KEEP_NONE},
-		{"gate", f32_bytes(N, I, 1), mlp32, KEEP_SEL},
-		{"up", f32_bytes(N, I, 1), mlp32, KEEP_SEL},
-		{"gate16", f32_bytes(N, I, 1) / 2, !mlp32, KEEP_SEL},
-		{"up16", f32_bytes(N, I, 1) / 2, !mlp32, KEEP_SEL},
-		{"h", f32_bytes(N, I, 1), keep32, KEEP_NONE},
-		{"h16", f32_bytes(N, I, 1) / 2, twins, KEEP_NONE},
+		{"ln1", f32_bytes(N, C, 1), keep32, KEEP_NONE, false},
+		{"ln1_16", f32_bytes(N, C, 1) / 2, twins, KEEP_NONE, false},
+		{"ln1_rstd", f32_bytes(N, 1, 1), true, KEEP_NONE, false},
+		{"qraw", f32_bytes(N, H, 1), cfg->qk_norm, KEEP_SEL, false},
+		{"q_rstd", f32_bytes(N, NH, 1), cfg->qk_norm, KEEP_NONE, false},
+		{"kraw", f32_bytes(N, KV, 1), cfg->qk_norm, KEEP_SEL, false},
+		{"k_rstd", f32_bytes(N, NKV, 1), cfg->qk_norm, KEEP_NONE, false},
+		{"q", f32_bytes(N, H, 1), !qkv16, qk, false},
+		{"k", f32_bytes(N, KV, 1), !qkv16, qk, false},
+		{"v", f32_bytes(N, KV, 1), !qkv16, KEEP_SEL, false},
+		{"q16", f32_bytes(N, H, 1) / 2, qkv16, qk, false},
+		{"k16", f32_bytes(N, KV, 1) / 2, qkv16, qk, false},
+		{"v16", f32_bytes(N, KV, 1) / 2, qkv16, KEEP_SEL, false},
+		{"att", lse ? f32_bytes(B * NH, T, 1) : f32_bytes(B * NH, T, T), true, att, true},
+		{"y", f32_bytes(N, H, 1), true, att, true},
+		{"y16", f32_bytes(N, H, 1) / 2, twins, att, true},
+		{"res_mid", f32_bytes(N, C, 1), true, KEEP_SEL, false},
+		{"ln2", f32_bytes(N, C, 1), keep32, KEEP_NONE, false},
+		{"ln2_16", f32_bytes(N, C, 1) / 2, twins, KEEP_NONE, false},
+		{"ln2_rstd", f32_bytes(N, 1, 1), true, KEEP_NONE, false},
+		{"gate", f32_bytes(N, I, 1), mlp32, KEEP_SEL, false},
+		{"up", f32_bytes(N, I, 1), mlp32, KEEP_SEL, false},
+		{"gate16", f32_bytes(N, I, 1) / 2, !mlp32, KEEP_SEL, false},
+		{"up16", f32_bytes(N, I, 1) / 2, !mlp32, KEEP_SEL, false},
+		{"h", f32_bytes(N, I, 1), keep32, KEEP_NONE, false},
+		{"h16", f32_bytes(N, I, 1) / 2, twins, KEEP_NONE, false},
 	};
 	const int nl = train ? cfg->num_layers : 1;
 	for (int l = 0; l <= nl; l++) {
@@ -683,7 +713,7 @@ td_err tr_plan_build(struct tr_plan *p, const struct tr_model_config *cfg,
 			NAMED("acts.layers.%d.%s", l, (what)); \
 	} while (0)
 		for (size_t i = 0; i < sizeof(acts) / sizeof(acts[0]); i++) {
-			if (!acts[i].on || KEPT(acts[i].keep) == work)
+			if (!acts[i].on || KEPT(acts[i].keep) == work || (off_att && acts[i].att_out))
 				continue;
 			ACT_NAME(acts[i].what);
 			BUF(TR_ARENA_ACTS, acts[i].bytes);
@@ -709,6 +739,22 @@ td_err tr_plan_build(struct tr_plan *p, const struct tr_model_config *cfg,
 		}
 #undef KEPT
 #undef ACT_NAME
+	}
+	/* off_att: ring slot k's set, then host layer l's, each in acts[]'s
+	 * order: every set has the same layout, and one copy moves a set
+	 * (train/model.c). */
+	const int nring = (int)min_sz(TR_OFFLOAD_RING, (size_t)cfg->num_layers);
+	for (int k = 0; off_att && k < nring + (cfg->num_layers - nring); k++) {
+		const bool host = k >= nring; /* host layer k - nring */
+		for (size_t i = 0; i < sizeof(acts) / sizeof(acts[0]); i++) {
+			if (!acts[i].on || !acts[i].att_out)
+				continue;
+			if (host)
+				NAMED("host.layers.%d.%s", k - nring, acts[i].what);
+			else
+				NAMED("acts.ring.%d.%s", k, acts[i].what);
+			BUF(host ? TR_ARENA_HOST : TR_ARENA_ACTS, acts[i].bytes);
+		}
 	}
 	NAMED("acts.lnf");
 	BUF(TR_ARENA_ACTS, f32_bytes(N, C, 1));

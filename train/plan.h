@@ -135,6 +135,15 @@ enum tr_stage_kind {
 	 * which the stage before it was the last to read; layer l's recompute
 	 * waits for it. */
 	TR_STAGE_PREFETCH,
+	/* FULL_OFFLOAD with the fused attention: layer l's attention output and
+	 * row statistics (acts.ring.K.*, K = l % TR_OFFLOAD_RING), just written
+	 * by its forward, copied out to host.layers.l.*; layer l + RING's
+	 * forward waits for it before writing the slot. Not for the last
+	 * TR_OFFLOAD_RING layers (the backward finds theirs in the ring). */
+	TR_STAGE_OFFLOAD_ATTENTION,
+	/* ... and copied back into its slot after the stage that last read it
+	 * (layer l + RING's backward); layer l's recompute waits for it. */
+	TR_STAGE_PREFETCH_ATTENTION,
 	TR_STAGE_KIND_COUNT
 };
 
@@ -284,6 +293,12 @@ struct tr_plan {
 	struct tr_stage *stages;
 	size_t nstages, nforward;
 };
+
+/* Whether a FULL_OFFLOAD plan of cfg and o keeps each layer's attention
+ * output and row statistics (fused attention: y, its bf16 twin, the row
+ * statistics) on the host beside its input, so that its recompute runs no
+ * attention (train/plan.c says when). */
+bool tr_plan_offloads_attention(const struct tr_model_config *cfg, const struct tr_plan_opts *o);
 
 /* Builds the plan. Validates that B, T and the config give sizes that fit
  * (no overflow, T <= max_position_embeddings is only a warning elsewhere),

@@ -162,7 +162,17 @@ struct result {
 	size_t plan_bytes, acts_bytes, alloc_bytes, peak_bytes; /* the last two: the model's alone */
 	size_t host_plan, host_alloc, host_peak; /* the host arena (FULL_OFFLOAD) */
 	int layers;
+	/* From the shapes: a layer input (fp32 N x C) and, where the attention
+	 * is fused, its output and row statistics (y, its bf16 twin, B x NH x T
+	 * floats), each at TR_PLAN_ALIGN: what FULL_OFFLOAD moves a layer */
+	size_t res, att_set;
+	bool off_att; /* FULL_OFFLOAD moves the attention's too (tr_plan_offloads_attention) */
 };
+
+static size_t al(size_t bytes)
+{
+	return (bytes + TR_PLAN_ALIGN - 1) / TR_PLAN_ALIGN * TR_PLAN_ALIGN;
+}
 
 static void result_free(struct result *r)
 {
@@ -210,6 +220,15 @@ static void run(const struct rc_case *c, enum tr_recompute rc, bool lazy, struct
 	r->alloc_bytes = be->bytes_in_use - before;
 	r->host_plan = tr_plan_host_bytes(p);
 	r->layers = cfg.num_layers;
+	{
+		const size_t N = (size_t)B_ * T_, H = (size_t)cfg.num_heads * cfg.head_dim;
+		r->res = al(N * cfg.hidden_size * sizeof(float));
+		r->att_set = p->opts.attention_lse
+				     ? al((size_t)B_ * cfg.num_heads * T_ * sizeof(float)) +
+					       al(N * H * sizeof(float)) + (p->opts.gemm_bf16 ? al(N * H * 2) : 0)
+				     : 0;
+		r->off_att = tr_plan_offloads_attention(&cfg, &p->opts);
+	}
 	r->host_alloc = be->host_bytes_in_use;
 	/* The teacher after the student, as train/method.c builds them (each
 	 * model's ops use its own bf16 GEMM scratch, whatever the order). */
@@ -381,10 +400,21 @@ static void test_same_bits(void)
 			  r[TR_RECOMPUTE_FULL_OFFLOAD].acts_bytes, r[TR_RECOMPUTE_FULL].acts_bytes,
 			  r[TR_RECOMPUTE_SELECTIVE].acts_bytes, r[TR_RECOMPUTE_NONE].acts_bytes);
 		/* what moved to the host is what left the device, but for the
-		 * ring's slots, one of which would have held the last output */
+		 * ring's slots, one of which would have held the last output:
+		 * L layer inputs on the host, L + 1 - RING fewer on the device;
+		 * with the attention's output, L - RING sets on the host and one
+		 * more on the device (its ring slots for FULL's working copy) */
 		const struct result *fo = &r[TR_RECOMPUTE_FULL_OFFLOAD];
+		const size_t L = (size_t)fo->layers, ring = L < TR_OFFLOAD_RING ? L : TR_OFFLOAD_RING;
+		CHECK_MSG(fo->off_att == (fo->att_set > 0 && (L + 1 - ring) * fo->res > (ring - 1) * fo->att_set),
+			  "%s: full-offload %s the attention's output", c->name,
+			  fo->off_att ? "moves" : "does not move");
+		const size_t set = fo->off_att ? fo->att_set : 0;
+		CHECK_MSG(fo->host_plan == L * fo->res + (L - ring) * set,
+			  "%s: full-offload's host plan %zu bytes, %zu layers of %zu + %zu", c->name,
+			  fo->host_plan, L, fo->res, set);
 		CHECK_MSG(r[TR_RECOMPUTE_FULL].acts_bytes - fo->acts_bytes ==
-				  fo->host_plan - (TR_OFFLOAD_RING - 1) * (fo->host_plan / (size_t)fo->layers),
+				  (L + 1 - ring) * fo->res - (ring - 1) * set,
 			  "%s: full-offload moved %zu bytes of acts to %zu host bytes", c->name,
 			  r[TR_RECOMPUTE_FULL].acts_bytes - fo->acts_bytes, fo->host_plan);
 		printf("%-40s acts none %7zu  selective %7zu  full %7zu  full-offload %7zu "
@@ -528,10 +558,20 @@ static void test_real_shapes(void)
 			CHECK(acts[TR_RECOMPUTE_FULL_OFFLOAD] < acts[TR_RECOMPUTE_FULL] &&
 			      acts[TR_RECOMPUTE_FULL] < acts[TR_RECOMPUTE_SELECTIVE] &&
 			      acts[TR_RECOMPUTE_SELECTIVE] < acts[TR_RECOMPUTE_NONE]);
+			/* FULL_OFFLOAD: L layer inputs on the host, L + 1 - RING fewer
+			 * on the device; fused, also the attention's output and
+			 * statistics of L - RING layers on the host, one set more on
+			 * the device (see run) */
+			const size_t N = (size_t)po.B * po.T, H = (size_t)cfg.num_heads * cfg.head_dim;
+			const size_t L = (size_t)cfg.num_layers;
 			const size_t res = (size_t)po.B * po.T * cfg.hidden_size * sizeof(float);
-			CHECK_EQ_INT(host[TR_RECOMPUTE_FULL_OFFLOAD], (size_t)cfg.num_layers * res);
+			const size_t set = bf16 ? al((size_t)po.B * cfg.num_heads * po.T * sizeof(float)) +
+							  al(N * H * sizeof(float)) + al(N * H * 2)
+						: 0;
+			CHECK_EQ_INT(tr_plan_offloads_attention(&cfg, &po), bf16 == 1);
+			CHECK_EQ_INT(host[TR_RECOMPUTE_FULL_OFFLOAD], L * res + (L - TR_OFFLOAD_RING) * set);
 			CHECK_EQ_INT(acts[TR_RECOMPUTE_FULL] - acts[TR_RECOMPUTE_FULL_OFFLOAD],
-				     (size_t)(cfg.num_layers + 1 - TR_OFFLOAD_RING) * res);
+				     (L + 1 - TR_OFFLOAD_RING) * res - (TR_OFFLOAD_RING - 1) * set);
 			for (int rc = 0; rc < TR_RECOMPUTE_COUNT; rc++) {
 				/* the other arenas do not depend on the policy */
 				CHECK_EQ_INT(total[rc] - acts[rc], total[0] - acts[0]);
