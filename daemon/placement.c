@@ -70,3 +70,60 @@ uint32_t dmn_place_pick(const struct dmn_place_gpu *g, int ng, const uint32_t *l
 	}
 	return best;
 }
+
+/* What victims v[pick[0 .. np)] but skip free on GPU i. */
+static int64_t freed_on(const struct dmn_place_victim *v, const size_t *pick, size_t np, size_t skip,
+			int i)
+{
+	int64_t f = 0;
+	for (size_t m = 0; m < np; m++) {
+		if (m == skip)
+			continue;
+		for (int g = 0; g < v[pick[m]].ngpus; g++)
+			if (v[pick[m]].gpu[g] == i)
+				f += (int64_t)v[pick[m]].bytes[g];
+	}
+	return f;
+}
+
+size_t dmn_place_victims(const struct dmn_place_victim *v, size_t nv, int ng, uint32_t mask,
+			 const int64_t *need, const int64_t *base, size_t *pick)
+{
+	if (ng > DMN_PLACE_MAX)
+		return 0;
+	int64_t deficit[DMN_PLACE_MAX] = {0};
+	bool short_any = false;
+	for (int i = 0; i < ng; i++)
+		if (mask >> i & 1 && need[i] > base[i])
+			deficit[i] = need[i] - base[i], short_any = true;
+	size_t np = 0;
+	for (size_t k = 0; k < nv && short_any; k++) {
+		bool helps = false;
+		for (int g = 0; g < v[k].ngpus; g++) {
+			int i = v[k].gpu[g];
+			helps = helps || (i >= 0 && i < ng && mask >> i & 1 &&
+					  freed_on(v, pick, np, SIZE_MAX, i) < deficit[i]);
+		}
+		if (!helps)
+			continue;
+		pick[np++] = k;
+		short_any = false;
+		for (int i = 0; i < ng; i++)
+			short_any = short_any || (mask >> i & 1 && freed_on(v, pick, np, SIZE_MAX, i) < deficit[i]);
+	}
+	if (short_any)
+		return 0;
+	/* Drop, the last taken first, each victim the others cover. */
+	for (size_t k = np; k-- > 0;) {
+		bool covered = true;
+		for (int i = 0; i < ng && covered; i++)
+			if (mask >> i & 1 && deficit[i] > 0)
+				covered = freed_on(v, pick, np, k, i) >= deficit[i];
+		if (covered) {
+			for (size_t m = k; m + 1 < np; m++)
+				pick[m] = pick[m + 1];
+			np--;
+		}
+	}
+	return np;
+}

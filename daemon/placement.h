@@ -10,11 +10,13 @@
  * could grant now (the set nearest to fitting), then the lowest indices (so
  * that a job of one GPU goes to the first that fits, as before gangs).
  *
- * Not here: ordering jobs, holding GPUs for a waiting job (the scheduler). */
+ * Not here: ordering jobs, holding GPUs for a waiting job, choosing whom a
+ * job may preempt (the scheduler); here only which of those to stop. */
 #ifndef DAEMON_PLACEMENT_H
 #define DAEMON_PLACEMENT_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 /* The most GPUs one choice looks at (the sets of n among them are
@@ -43,5 +45,27 @@ uint32_t dmn_place_pick(const struct dmn_place_gpu *g, int ng, const uint32_t *l
 
 /* Pairs of GPUs of mask joined by NVLink. */
 int dmn_place_nvlink_pairs(uint32_t mask, const uint32_t *links, int ng);
+
+/* Preemption (daemon/scheduler.h): a running job that may be stopped to make
+ * room, as its leases: bytes[k] on GPU gpu[k] (a gang has several; a job on
+ * a CPU slot none). */
+struct dmn_place_victim {
+	int ngpus;
+	int gpu[DMN_PLACE_MAX];
+	uint64_t bytes[DMN_PLACE_MAX];
+};
+
+/* The victims to stop so that every GPU i of mask grants need[i], where GPU i
+ * grants base[i] now (signed: a GPU over its share is negative) and a
+ * victim's leases add to what their GPUs grant. v[0 .. nv) is in the order
+ * victims are taken (the scheduler's: lowest priority, then newest): each one
+ * with a lease on a GPU of mask still short is taken, until none is short;
+ * then, from the last taken back, each one the others cover is dropped, so no
+ * victim is taken that is not needed. A victim is taken whole (a gang with
+ * all its leases) or not at all. Writes their indices (ascending order of
+ * taking) to pick, and returns how many; 0 when nothing is short, or when all
+ * of v would not do. */
+size_t dmn_place_victims(const struct dmn_place_victim *v, size_t nv, int ng, uint32_t mask,
+			 const int64_t *need, const int64_t *base, size_t *pick);
 
 #endif

@@ -981,62 +981,22 @@ static size_t victims_for(struct dmn_sched *s, const struct st_queued *q, struct
 	return n;
 }
 
-/* The fewest of c (in its order) whose leases make room for need[i] on every
- * GPU i of mask, where base[i] is what GPU i grants now (may be negative:
- * over its share); pick[] gets their indices. 0 if all of them do not. */
+/* The fewest of c (in its order) whose leases make room for q's need[i] on
+ * every GPU i of mask (dmn_place_victims); pick[] gets their indices. */
 static size_t pick_gpu_victims(const struct dmn_sched *s, const struct cand *c, size_t nc,
-			       uint32_t mask, const long long *need, const long long *base,
+			       uint32_t mask, const int64_t *need, const int64_t *base,
 			       size_t *pick)
 {
-	long long deficit[DMN_MAX_GPUS] = {0};
-	bool any = false;
-	for (int i = 0; i < s->dev->n; i++)
-		if (mask >> i & 1 && need[i] > base[i])
-			deficit[i] = need[i] - base[i], any = true;
-	if (!any)
-		return 0;
-	size_t np = 0;
-	long long left[DMN_MAX_GPUS];
-	memcpy(left, deficit, sizeof(left));
-	for (size_t k = 0; k < nc && any; k++) {
-		bool helps = false;
+	struct dmn_place_victim v[PREEMPT_MAX];
+	for (size_t k = 0; k < nc && k < PREEMPT_MAX; k++) {
+		v[k].ngpus = c[k].run.ngpus;
 		for (int g = 0; g < c[k].run.ngpus; g++) {
-			int i = c[k].run.gpu[g].index;
-			helps = helps || (mask >> i & 1 && left[i] > 0);
-		}
-		if (!helps)
-			continue;
-		pick[np++] = k;
-		for (int g = 0; g < c[k].run.ngpus; g++)
-			left[c[k].run.gpu[g].index] -= (long long)c[k].run.gpu[g].bytes;
-		any = false;
-		for (int i = 0; i < s->dev->n; i++)
-			any = any || (mask >> i & 1 && left[i] > 0);
-	}
-	if (any)
-		return 0;
-	/* Minimal: drop, the latest taken first, each victim the others cover. */
-	for (size_t k = np; k-- > 0;) {
-		bool still = true;
-		for (int i = 0; i < s->dev->n && still; i++) {
-			if (!(mask >> i & 1) || deficit[i] <= 0)
-				continue;
-			long long freed = 0;
-			for (size_t m = 0; m < np; m++) {
-				if (m == k)
-					continue;
-				for (int g = 0; g < c[pick[m]].run.ngpus; g++)
-					if (c[pick[m]].run.gpu[g].index == i)
-						freed += (long long)c[pick[m]].run.gpu[g].bytes;
-			}
-			still = freed >= deficit[i];
-		}
-		if (still) {
-			memmove(&pick[k], &pick[k + 1], (np - k - 1) * sizeof(*pick));
-			np--;
+			v[k].gpu[g] = c[k].run.gpu[g].index;
+			v[k].bytes[g] = c[k].run.gpu[g].bytes;
 		}
 	}
-	return np;
+	return dmn_place_victims(v, nc < PREEMPT_MAX ? nc : PREEMPT_MAX, s->dev->n, mask, need, base,
+				 pick);
 }
 
 /* Whether victim set a (na of c) is cheaper than b: its highest priority
@@ -1058,26 +1018,26 @@ static size_t gpu_victims(struct dmn_sched *s, const struct st_queued *q, uint64
 {
 	struct dmn_place_gpu pg[DMN_MAX_GPUS];
 	offer(s, q, plan_bytes, want, true, true, pg);
-	long long need[DMN_MAX_GPUS], base[DMN_MAX_GPUS], freeable[DMN_MAX_GPUS] = {0};
+	int64_t need[DMN_MAX_GPUS], base[DMN_MAX_GPUS], freeable[DMN_MAX_GPUS] = {0};
 	for (int i = 0; i < s->dev->n; i++) {
-		need[i] = (long long)pg[i].need;
+		need[i] = (int64_t)pg[i].need;
 		/* What GPU i grants now, signed: its share less its leases, at
 		 * most its free memory; a victim's lease adds to both. */
-		long long room = s->reserved[i] == UINT64_MAX
-					 ? LLONG_MIN / 4
-					 : (long long)pg[i].share - (long long)s->reserved[i];
-		long long fr = s->free_now[i] > (uint64_t)LLONG_MAX / 4 ? LLONG_MAX / 4
-									 : (long long)s->free_now[i];
+		int64_t room = s->reserved[i] == UINT64_MAX
+				       ? INT64_MIN / 4
+				       : (int64_t)pg[i].share - (int64_t)s->reserved[i];
+		int64_t fr = s->free_now[i] > (uint64_t)INT64_MAX / 4 ? INT64_MAX / 4
+								      : (int64_t)s->free_now[i];
 		base[i] = room < fr ? room : fr;
 	}
 	for (size_t k = 0; k < nc; k++)
 		for (int g = 0; g < c[k].run.ngpus; g++)
-			freeable[c[k].run.gpu[g].index] += (long long)c[k].run.gpu[g].bytes;
+			freeable[c[k].run.gpu[g].index] += (int64_t)c[k].run.gpu[g].bytes;
 	/* Where it would fit were every candidate gone. */
 	struct dmn_place_gpu after[DMN_MAX_GPUS];
 	for (int i = 0; i < s->dev->n; i++) {
 		after[i] = pg[i];
-		long long a = base[i] + freeable[i];
+		int64_t a = base[i] + freeable[i];
 		after[i].avail = a < 0 ? 0 : (uint64_t)a;
 	}
 	size_t np = 0;

@@ -16,7 +16,8 @@
 #    no lease is left.
 # PREEMPT_BACKEND=fake runs the same on a simulated GPU (the CPU backend,
 # the ledger and the scheduler's GPU path: it-preempt-fake in the integration
-# suite); otherwise it needs a CUDA GPU and skips (77) without one.
+# suite), and then a gang of two simulated GPUs preempted whole by a job of
+# one; otherwise it needs a CUDA GPU and skips (77) without one.
 # Environment as the integration tests (tests/integration/lib.sh).
 . "$(dirname "$0")/../integration/lib.sh"
 cd "$TD_SRC" || exit 1
@@ -26,17 +27,20 @@ fake=0 PREC=
 [ "${PREEMPT_BACKEND:-cuda}" = fake ] && fake=1 PREC="precision: PRECISION_FP32 "
 
 fx=$TD_FIXTURES
-# job NAME STEPS PRIORITY: a job file for the GPU only (no CPU fallback).
+# job NAME STEPS PRIORITY [GPUS]: a job file for the GPU only (no CPU
+# fallback); a gang of GPUS shares grad_accum GPUS micro-batches a step.
 job() {
+	local g=${4:-1} acc= res=
+	[ "$g" -gt 1 ] && acc="grad_accum: $g " res="gpus: $g "
 	cat >"$WORK/$1.txtpb" <<SPEC
 name: "preempt-$1"
 method: METHOD_FULL
 model_dir: "$fx/qwen2"
 data { train_file: "$fx/demo/fortunes.tokens" format: DATA_FORMAT_TOKENS seq_len: 32 }
-hyper { lr: 3e-3 warmup_steps: 5 max_steps: $2 micro_batch: 2 seed: 1 weight_decay: 0.01 clip_norm: 1.0 $PREC}
+hyper { lr: 3e-3 warmup_steps: 5 max_steps: $2 micro_batch: 2 seed: 1 weight_decay: 0.01 clip_norm: 1.0 $acc$PREC}
 memory { recompute: RECOMPUTE_NONE }
 output { dir: "$WORK/$1" checkpoint_every: 1000000 }
-resources { device: DEVICE_GPU allow_cpu: false priority: $3 }
+resources { device: DEVICE_GPU allow_cpu: false priority: $3 $res}
 SPEC
 	ctl submit "$WORK/$1.txtpb"
 }
@@ -123,4 +127,34 @@ check "the final model equals the uninterrupted run's, byte for byte" \
 expect_contains "no lease is left" "$(ctl ledger)" "no reservations"
 printf '%s\n' "$logs_low" | grep -e "placed on" -e "preempted" -e "resumed" | sed 's/^/# /'
 stop_daemon
+
+# --- simulated GPUs only: a gang is preempted whole ---
+# Two simulated GPUs of 1.5 plans each; a gang of 2 (a lease on each) runs;
+# a job of one GPU fits beside it on neither: the gang is preempted whole
+# (both leases released, never one), the job runs on GPU 0, the gang resumes
+# on both and its model equals an uninterrupted gang's byte for byte.
+if [ $fake = 1 ]; then
+	start_daemon --user --config "$CONF" --fake-gpus "GPU-fake-0:$size,GPU-fake-1:$size"
+	GSTEPS=${GSTEPS:-300}
+	gref=$(job gref "$GSTEPS" 0 2)
+	wait_for 600 ended "$gref"
+	expect_eq "the uninterrupted gang succeeds" "$(job_state "$gref")" SUCCEEDED
+	gang=$(job gang "$GSTEPS" 0 2)
+	check "the gang runs" wait_for 120 running_past "$gang" 5
+	expect_eq "it holds a lease on each GPU" "$(lease_of "$gang")" 2
+	one=$(job one 40 10)
+	gang_preempted() { ! job_is "$gang" RUNNING && ctl logs "$gang" | grep -q "preempted by job $one"; }
+	check "the job of one GPU preempts the gang" wait_for 60 gang_preempted
+	check "and is placed on GPU 0" wait_for 60 placed "$one"
+	expect_eq "the gang holds no lease while it waits" "$(lease_of "$gang")" 0
+	expect_contains "the preemptor's event names the gang once" "$(ctl logs "$one")" "preempted job $gang (user $(id -un), priority 0) to make room on GPU 0"
+	check "the job of one GPU succeeds" wait_for 300 job_is "$one" SUCCEEDED
+	wait_for 600 ended "$gang"
+	expect_eq "the gang resumes and succeeds" "$(job_state "$gang")" SUCCEEDED
+	expect_contains "on both GPUs again" "$(ctl logs "$gang" | grep 'placed on a gang' | tail -n 1)" "GPU 0+1"
+	check "its model equals the uninterrupted gang's, byte for byte" \
+		cmp "$WORK/gref/model.safetensors" "$WORK/gang/model.safetensors"
+	expect_contains "no lease is left" "$(ctl ledger)" "no reservations"
+	stop_daemon
+fi
 finish

@@ -1,5 +1,6 @@
 /* The choice of a job's GPUs (daemon/placement.h): a table of hosts and
- * jobs, each with the set it must get. GPUs are described by what the ledger
+ * jobs, each with the set it must get; and a table of preemptions, each with
+ * the victims it must stop. GPUs are described by what the ledger
  * could grant on each (avail), what it could grant empty (share) and the
  * job's need; links are NVLink pairs. */
 #include "daemon/placement.h"
@@ -63,6 +64,41 @@ static const struct pcase cases[] = {
 	{"none asked", 2, 0, DMN_PLACE_NOW, {10, 10}, 0, NULL, 0},
 };
 
+/* Preemption's choice (dmn_place_victims): victims in the order they are
+ * taken, each with its leases; the indices that must be picked. */
+struct vcase {
+	const char *what;
+	int ng;
+	uint32_t mask;
+	int64_t need[4], base[4];
+	size_t nv;
+	struct dmn_place_victim v[4];
+	size_t nwant;
+	size_t want[4];
+};
+
+#define ON(g, b) {1, {g}, {b}}
+#define CPU {0, {0}, {0}}
+
+static const struct vcase vcases[] = {
+	{"the first victim makes room", 1, B(0), {6}, {2}, 2, {ON(0, 5), ON(0, 5)}, 1, {0}},
+	{"the first too small, the second enough: the first is dropped", 1, B(0), {6}, {0}, 2,
+	 {ON(0, 2), ON(0, 6)}, 1, {1}},
+	{"two small ones together, no more", 1, B(0), {6}, {0}, 3, {ON(0, 3), ON(0, 3), ON(0, 3)}, 2,
+	 {0, 1}},
+	{"victims on GPUs outside the set are not taken", 2, B(1), {0, 6}, {0, 0}, 2,
+	 {ON(0, 10), ON(1, 6)}, 1, {1}},
+	{"a job on a CPU slot frees no GPU", 1, B(0), {6}, {0}, 2, {CPU, ON(0, 6)}, 1, {1}},
+	{"a gang is taken whole, once, for both GPUs of the set", 2, B(0) | B(1), {4, 4}, {0, 0}, 1,
+	 {{2, {0, 1}, {4, 4}}}, 1, {0}},
+	{"a victim on each GPU of the set", 2, B(0) | B(1), {5, 5}, {0, 0}, 3,
+	 {ON(0, 5), ON(1, 5), ON(0, 5)}, 2, {0, 1}},
+	{"a GPU over its share (negative base) needs more", 1, B(0), {4}, {-2}, 2,
+	 {ON(0, 4), ON(0, 2)}, 2, {0, 1}},
+	{"all of them do not make room: none", 1, B(0), {10}, {0}, 2, {ON(0, 3), ON(0, 3)}, 0, {0}},
+	{"nothing short: none", 1, B(0), {4}, {5}, 1, {ON(0, 4)}, 0, {0}},
+};
+
 /* links from "0+1,2+3". */
 static void parse_links(const char *s, uint32_t *links)
 {
@@ -100,6 +136,16 @@ int main(void)
 	struct dmn_place_gpu big[2] = {{true, 11, 10, 10}, {true, 11, 10, 10}};
 	CHECK_EQ_INT(dmn_place_pick(big, 2, NULL, 1, DMN_PLACE_EMPTY), 0);
 	CHECK_EQ_INT(dmn_place_pick(big, DMN_PLACE_MAX + 1, NULL, 1, DMN_PLACE_NOW), 0);
+
+	for (size_t c = 0; c < sizeof(vcases) / sizeof(vcases[0]); c++) {
+		const struct vcase *k = &vcases[c];
+		size_t pick[4] = {99, 99, 99, 99};
+		size_t n = dmn_place_victims(k->v, k->nv, k->ng, k->mask, k->need, k->base, pick);
+		CHECK_MSG(n == k->nwant, "%s: %zu victims, want %zu", k->what, n, k->nwant);
+		for (size_t i = 0; i < n && n == k->nwant; i++)
+			CHECK_MSG(pick[i] == k->want[i], "%s: victim %zu is %zu, want %zu", k->what, i,
+				  pick[i], k->want[i]);
+	}
 
 	uint32_t links[DMN_PLACE_MAX];
 	parse_links("0+1+2,3+4", links);
