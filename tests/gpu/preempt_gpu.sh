@@ -6,9 +6,9 @@
 # cuda_context_mib), so a second lease never fits beside the first.
 #  - an uninterrupted run of the low-priority job's spec, alone: the
 #    reference model;
-#  - preempt = off: the low-priority job runs, the high-priority one waits
-#    ("no GPU has room"); the running job is not stopped;
-#  - preempt = priority (SIGHUP): the low-priority job checkpoints at its
+#  - preempt = off: a low-priority job runs, the high-priority one waits (on
+#    the GPU held for it); the running job is not stopped;
+#  - preempt = priority (SIGHUP): a low-priority job checkpoints at its
 #    next step, its lease is released and it goes back to the queue with a
 #    reason naming the preemptor; the high-priority job is placed on that GPU
 #    (its event names the job it preempted), finishes; the first resumes from
@@ -96,18 +96,26 @@ job_is "$ref" SUCCEEDED || ctl show "$ref" | head -n 20
 check "it was placed on $uuid" placed "$ref"
 
 # --- off: the second job waits ---
-low=$(job low "$STEPS" 0)
-check "the low-priority job runs" wait_for 120 running_past "$low" 5
-expect_eq "it holds one lease" "$(lease_of "$low")" 1
+# On a job that runs far longer than this part takes (cancelled at its end):
+# nothing here depends on how fast the GPU steps.
+G=$(job G 1000000 0)
+check "a low-priority job runs" wait_for 120 running_past "$G" 5
+expect_eq "it holds one lease" "$(lease_of "$G")" 1
 high=$(job high 40 10)
 sleep 2.5
-expect_eq "preempt = off: the low-priority job runs on" "$(job_state "$low")" RUNNING
+expect_eq "preempt = off: the low-priority job runs on" "$(job_state "$G")" RUNNING
 expect_eq "the high-priority job waits" "$(job_state "$high")" QUEUED
 expect_contains "for its GPU, held for it" "$(ctl show "$high")" "held for it until they drain"
+ctl hold "$high" >/dev/null
+ctl cancel "$G" >/dev/null
+check "the long job is cancelled" wait_for 60 job_is "$G" CANCELLED
 
-# --- priority: the low-priority job is preempted ---
+# --- priority: the low-priority job is preempted as soon as it steps ---
 printf 'preempt = priority\n' >>"$CONF"
 kill -HUP "$DPID"
+low=$(job low "$STEPS" 0)
+check "the low-priority job runs" wait_for 120 running_past "$low" 5
+ctl release "$high" >/dev/null
 preempted() { ! job_is "$low" RUNNING && ctl logs "$low" | grep -q "preempted by job $high"; }
 check "preempt = priority: the low-priority job is preempted" wait_for 60 preempted
 check "the high-priority job is placed on $uuid" wait_for 60 placed "$high"
@@ -120,8 +128,16 @@ logs_low=$(ctl logs "$low")
 expect_contains "it went back to the queue" "$logs_low" "INTERRUPTED → QUEUED: preempted by job $high"
 expect_contains "it resumed from its checkpoint" "$logs_low" "resumed from $WORK/low/checkpoints/step-"
 expect_eq "two attempts" "$(json_field "$(ctl --json show "$low")" attempts)" 2
-# The preemptor ran while the victim held no lease: its lease was granted
-# after the victim's was released (the share fits one).
+# The preemptor was placed after the victim stopped (its leases released
+# then) and before the victim was placed again: event ids are one sequence
+# across jobs.
+seq_of() { ctl --json logs "$1" | grep -F -e "$2" | sed -n "${3:-1}s/.*\"seq\": *\"\{0,1\}\([0-9]*\).*/\1/p"; }
+s_stop=$(seq_of "$low" "RUNNING → INTERRUPTED")
+s_high=$(seq_of "$high" "QUEUED → ADMITTED")
+s_back=$(seq_of "$low" "QUEUED → ADMITTED" 2)
+note "events: low stopped $s_stop, high placed $s_high, low placed again $s_back"
+check "the preemptor was placed between the victim's stop and its return" \
+	test "${s_stop:-0}" -gt 0 -a "${s_high:-0}" -gt "${s_stop:-0}" -a "${s_back:-0}" -gt "${s_high:-0}"
 check "the final model equals the uninterrupted run's, byte for byte" \
 	cmp "$WORK/ref/model.safetensors" "$WORK/low/model.safetensors"
 expect_contains "no lease is left" "$(ctl ledger)" "no reservations"

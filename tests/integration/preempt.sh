@@ -12,8 +12,8 @@
 #  - preempt = priority: B's job preempts A's — the issue's case: a
 #    low-priority CPU job runs, a high-priority one arrives with cpu_slots 1,
 #    the first checkpoints and waits, the second finishes, the first resumes;
-#  - both preempted jobs' final models equal an uninterrupted `traind --run`
-#    of the same spec byte for byte (cmp); their attempts and accounting
+#  - the job preempted there ends with the model an uninterrupted `traind
+#    --run` of its spec makes, byte for byte (cmp); attempts and accounting
 #    count both runs;
 #  - a preempt value that is not off, user or priority is refused naming the
 #    setting, at start and on SIGHUP (the daemon keeps its settings).
@@ -53,8 +53,8 @@ sub() {
 	as_user "$u" "$UCTL" --socket "$SOCK" submit "$UJOB" --model "$WORK/$u/model" \
 		--data "$WORK/$u/data.tokens" --output "$WORK/$u/$n" "$@"
 }
-# The low-priority job: long enough to be preempted mid-run and to run on
-# for a while after it resumes.
+# The low-priority job compared with an uninterrupted run: preempted as soon
+# as it has stepped, long enough not to have ended by then.
 STEPS=600
 low() { sub "$A" "$1" --steps $STEPS --priority 0; }
 step_of() { json_field "$(ctl --json show "$1")" step; }
@@ -84,14 +84,16 @@ start_daemon --system --config "$CONF"
 check "preempt is off by default" grep -Eq '^preempt +\= off +# default' <<<"$("$TRAIND" --system --config "$CONF" --dump-config)"
 
 # --- off: nothing is preempted ---
-L=$(low L)
-check "A's low-priority job runs" wait_for 60 running_past "$L" 3
+# G runs far longer than this part of the test takes (it is cancelled at
+# its end), so that nothing here depends on how fast the host steps.
+G=$(sub "$A" G --steps 1000000 --priority 0)
+check "A's low-priority job runs" wait_for 60 running_past "$G" 3
 Ha=$(sub "$A" Ha --priority 5)
 check "A submits a job of priority 5" test -n "$Ha"
 sleep 2.5
-expect_eq "preempt = off: the running job runs on" "$(job_state "$L")" RUNNING
+expect_eq "preempt = off: the running job runs on" "$(job_state "$G")" RUNNING
 expect_eq "and the higher-priority job waits" "$(job_state "$Ha")" QUEUED
-check "no preemption in its events" no_preemption "$L"
+check "no preemption in its events" no_preemption "$G"
 ctlA hold "$Ha" >/dev/null
 
 # --- user: only one's own jobs ---
@@ -101,40 +103,39 @@ sleep 0.3
 Hb=$(sub "$B" Hb --priority 3)
 check "B submits a job of priority 3" test -n "$Hb"
 sleep 2.5
-expect_eq "preempt = user: B's job does not stop A's" "$(job_state "$L")" RUNNING
-check "no preemption in A's job's events" no_preemption "$L"
+expect_eq "preempt = user: B's job does not stop A's" "$(job_state "$G")" RUNNING
+check "no preemption in A's job's events" no_preemption "$G"
 expect_eq "B's job waits" "$(job_state "$Hb")" QUEUED
 ctlA release "$Ha" >/dev/null
 preempted() { job_is "$1" QUEUED && ctl logs "$1" | grep -q 'preempted by job'; }
-check "A's own job of priority 5 preempts it: back in the queue" wait_for 30 preempted "$L"
-show=$(ctl show "$L")
-step_p=$(printf '%s\n' "$show" | sed -n "s|^reason: .* at step \([0-9]*\)/$STEPS.*|\1|p")
-note "job $L preempted at step $step_p; its checkpoint: $(json_field "$(ctl --json show "$L")" checkpoint)"
+check "A's own job of priority 5 preempts it: back in the queue" wait_for 30 preempted "$G"
+show=$(ctl show "$G")
+step_p=$(printf '%s\n' "$show" | sed -n "s|^reason: .* at step \([0-9]*\)/1000000.*|\1|p")
+note "job $G preempted at step $step_p; its checkpoint: $(json_field "$(ctl --json show "$G")" checkpoint)"
 check "the reason names the step" test -n "$step_p"
 expect_contains "show gives the reason, naming the preemptor" "$show" "reason:      preempted by job $Ha (user $A, priority 5) at step"
 expect_contains "and that it resumes from its checkpoint" "$show" "resumes from its checkpoint at step"
 expect_contains "show's waiting line starts with it" "$show" "waiting:     preempted by job $Ha (user $A, priority 5); "
 expect_contains "ls says so" "$(ctlA ls)" "preempted by job $Ha"
 expect_contains "top says so" "$(ctl top --once)" "preempted by job $Ha"
-expect_contains "the victim's event names the preemptor" "$(logs_of "$L")" "preempted by job $Ha (user $A, priority 5)"
-expect_contains "the preemptor's event names the victim" "$(logs_of "$Ha")" "preempted job $L (user $A, priority 0)"
+expect_contains "the victim's event names the preemptor" "$(logs_of "$G")" "preempted by job $Ha (user $A, priority 5)"
+expect_contains "the preemptor's event names the victim" "$(logs_of "$Ha")" "preempted job $G (user $A, priority 0)"
 check "the preemptor finishes" wait_for 60 job_is "$Ha" SUCCEEDED
 check "then B's job (priority 3 > 0)" wait_for 60 job_is "$Hb" SUCCEEDED
-check "then A's job resumes" wait_for 60 job_is "$L" RUNNING
-expect_contains "from the checkpoint of its preemption" "$(logs_of "$L")" \
-	"resumed from $WORK/$A/L/checkpoints/step-$(printf %08d "${step_p:-0}")"
+check "then A's job resumes" wait_for 60 job_is "$G" RUNNING
+expect_contains "from the checkpoint of its preemption" "$(logs_of "$G")" \
+	"resumed from $WORK/$A/G/checkpoints/step-$(printf %08d "${step_p:-0}")"
 
 # Within preempt_grace_s the resumed job is not preempted again.
 Ha2=$(sub "$A" Ha2 --priority 5)
 sleep 2.5
-expect_eq "within the grace the resumed job runs on" "$(job_state "$L")" RUNNING
-expect_contains "the waiting job says why" "$(ctl show "$Ha2")" "job $L was preempted less than preempt_grace_s = 3600 s ago"
+expect_eq "within the grace the resumed job runs on" "$(job_state "$G")" RUNNING
+expect_contains "the waiting job says why" "$(ctl show "$Ha2")" "job $G was preempted less than preempt_grace_s = 3600 s ago"
+expect_eq "preempted once: one preemption event" "$(logs_of "$G" | grep -c 'preempted by job .*, which needs')" 1
 ctlA cancel "$Ha2" >/dev/null
-check "A's preempted job ends" wait_for 120 job_is "$L" SUCCEEDED
-check "its model equals the uninterrupted run's, byte for byte" \
-	cmp "$WORK/ref/model.safetensors" "$WORK/$A/L/model.safetensors"
-expect_eq "two attempts: before and after the preemption" "$(json_field "$(ctl --json show "$L")" attempts)" 2
-expect_eq "preempted once: one preemption event" "$(logs_of "$L" | grep -c 'preempted by job .*, which needs')" 1
+ctlA cancel "$G" >/dev/null
+check "A cancels it" wait_for 30 job_is "$G" CANCELLED
+expect_eq "two attempts: before and after the preemption" "$(json_field "$(ctl --json show "$G")" attempts)" 2
 
 # --- priority: anyone's lower-priority job (the issue's case) ---
 printf 'cpu_slots = 1\npreempt = priority\n' >"$CONF"
