@@ -14,5 +14,7 @@ void gpu_backend_check_ops(const struct gpu_backend_ops *o)
 	       o->sumsq && o->scale && o->bf16_round && o->bf16_widen);
 	assert(o->nf4_dequantize && o->absmax_dequantize && o->distill_forward &&
 	       o->distill_backward && o->dropout);
+	/* Shared memory is optional, but all of it or none. */
+	assert(!o->share_alloc == !o->share_free && (!o->share_seal || o->share_alloc));
 	(void)o;
 }

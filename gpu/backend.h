@@ -93,6 +93,23 @@ struct gpu_backend_ops {
 	 * blocks. */
 	void (*copy_wait)(struct gpu_backend *be, int k);
 
+	/* Device memory that outlives the backend that allocates it: a frozen
+	 * base shared by the jobs of one process on one device (train/base.h).
+	 * share_alloc: zeroed, counted in no backend's bytes_in_use (the
+	 * owner, train/base.c, counts it); share_free: through any backend of
+	 * the same device (the last user's), after that backend's ops that
+	 * read it are done (it syncs). share_seal: from now on the memory is
+	 * read-only to every op and copy (the CPU backend: mprotect PROT_READ,
+	 * a write faults; CUDA: the VMM mapping's access made read-only where
+	 * the driver grants it); TD_EUNSUPPORTED where the device cannot (the
+	 * memory stays writable: only the engine's construction keeps it
+	 * unchanged — the ops take weights as const, and a model attached to
+	 * a shared base writes none of it, train/model.h). Optional: a backend
+	 * without share_alloc gives every model its own base. */
+	td_err (*share_alloc)(struct gpu_backend *be, size_t bytes, void **out);
+	void (*share_free)(struct gpu_backend *be, void *p, size_t bytes);
+	td_err (*share_seal)(struct gpu_backend *be, void *p, size_t bytes, struct td_errbuf *eb);
+
 	/* Math: see kernels/cpu/ops.h for each op's contract. */
 	/* wte16: a table stored in bf16 only (wte NULL; the rows are widened
 	 * exactly), else NULL. */
@@ -305,6 +322,26 @@ static inline void gpu_free(struct gpu_backend *be, void *p, size_t bytes)
 {
 	if (p)
 		be->ops->free(be, p, bytes);
+}
+static inline bool gpu_can_share(struct gpu_backend *be)
+{
+	return be->ops->share_alloc != NULL;
+}
+static inline td_err gpu_share_alloc(struct gpu_backend *be, size_t bytes, void **out)
+{
+	return be->ops->share_alloc ? be->ops->share_alloc(be, bytes, out) : TD_EUNSUPPORTED;
+}
+static inline void gpu_share_free(struct gpu_backend *be, void *p, size_t bytes)
+{
+	if (p && be->ops->share_free)
+		be->ops->share_free(be, p, bytes);
+}
+static inline td_err gpu_share_seal(struct gpu_backend *be, void *p, size_t bytes,
+				    struct td_errbuf *eb)
+{
+	if (!be->ops->share_seal)
+		return td_fail(eb, TD_EUNSUPPORTED, "%s: no read-only device memory", be->ops->name);
+	return be->ops->share_seal(be, p, bytes, eb);
 }
 static inline void gpu_upload(struct gpu_backend *be, void *dst, const void *src, size_t bytes)
 {

@@ -10,6 +10,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <errno.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include "gpu/backend.h"
@@ -35,6 +37,35 @@ static void cpu_free(struct gpu_backend *be, void *p, size_t bytes)
 	assert(be->bytes_in_use >= bytes);
 	be->bytes_in_use -= bytes;
 	free(p);
+}
+
+/* Shared memory (a frozen base, train/base.h) is whole pages of an
+ * anonymous mapping, so that share_seal can make it read-only: a write
+ * after it faults (SIGSEGV), which a test provokes. */
+static td_err cpu_share_alloc(struct gpu_backend *be, size_t bytes, void **out)
+{
+	(void)be;
+	void *p = mmap(NULL, bytes ? bytes : 1, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
+		       -1, 0);
+	if (p == MAP_FAILED)
+		return TD_ENOMEM;
+	*out = p;
+	return TD_OK;
+}
+
+static void cpu_share_free(struct gpu_backend *be, void *p, size_t bytes)
+{
+	(void)be;
+	munmap(p, bytes ? bytes : 1);
+}
+
+static td_err cpu_share_seal(struct gpu_backend *be, void *p, size_t bytes, struct td_errbuf *eb)
+{
+	(void)be;
+	if (mprotect(p, bytes ? bytes : 1, PROT_READ) != 0)
+		return td_fail(eb, td_from_errno(errno), "cpu: mprotect(PROT_READ) of a shared base: %s",
+			       strerror(errno));
+	return TD_OK;
 }
 
 /* Host memory (gpu_host_alloc) is plain memory here, counted apart. */
@@ -310,6 +341,9 @@ static const struct gpu_backend_ops cpu_ops = {
 	.destroy = cpu_destroy,
 	.mem_info = cpu_mem_info,
 	.set_bf16 = cpu_set_bf16,
+	.share_alloc = cpu_share_alloc,
+	.share_free = cpu_share_free,
+	.share_seal = cpu_share_seal,
 	.host_alloc = cpu_host_alloc,
 	.host_free = cpu_host_free,
 	.copy_async = cpu_copy_async,

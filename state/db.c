@@ -114,6 +114,27 @@ static const char *const migrations[] = {
 	") STRICT, WITHOUT ROWID;"
 	"CREATE INDEX usage_by_uid ON usage(uid, hour);"
 	"CREATE INDEX usage_by_hour ON usage(hour);",
+
+	/* 3: shared frozen bases (issue 11, item 5). A block is memory on a GPU
+	 * that several leases use at once (one frozen base, loaded once); it
+	 * is reserved with its first holder's lease, counted once in the GPU's
+	 * sum, and goes with its last holder (ledger.c: prune_shared_locked),
+	 * so a reaped or released lease takes its share of a block with it. */
+	"CREATE TABLE shared_blocks ("
+	"  id INTEGER PRIMARY KEY AUTOINCREMENT,"
+	"  gpu_uuid TEXT NOT NULL CHECK (gpu_uuid <> ''),"
+	"  key TEXT NOT NULL CHECK (key <> ''),"
+	"  bytes INTEGER NOT NULL CHECK (bytes > 0),"
+	"  label TEXT NOT NULL DEFAULT '',"
+	"  created_ms INTEGER NOT NULL,"
+	"  UNIQUE (gpu_uuid, key)"
+	") STRICT;"
+	"CREATE TABLE shared_holders ("
+	"  block INTEGER NOT NULL REFERENCES shared_blocks(id) ON DELETE CASCADE,"
+	"  lease INTEGER NOT NULL REFERENCES ledger(id) ON DELETE CASCADE,"
+	"  PRIMARY KEY (block, lease)"
+	") STRICT, WITHOUT ROWID;"
+	"CREATE INDEX shared_holders_by_lease ON shared_holders(lease);",
 };
 _Static_assert(sizeof(migrations) / sizeof(migrations[0]) == ST_SCHEMA_VERSION,
 	       "one migration per schema version");

@@ -163,7 +163,9 @@ static td_err sum_locked(struct st_db *db, const char *gpu, uint64_t *sum, uint3
 {
 	sqlite3_stmt *st;
 	td_err e = st__prepare(db,
-			       "SELECT coalesce(sum(bytes), 0), count(*) FROM ledger WHERE gpu_uuid = ?",
+			       "SELECT (SELECT coalesce(sum(bytes), 0) FROM ledger WHERE gpu_uuid = ?1) +"
+			       " (SELECT coalesce(sum(bytes), 0) FROM shared_blocks WHERE gpu_uuid = ?1),"
+			       " (SELECT count(*) FROM ledger WHERE gpu_uuid = ?1)",
 			       &st, eb);
 	if (e)
 		return e;
@@ -178,6 +180,23 @@ static td_err sum_locked(struct st_db *db, const char *gpu, uint64_t *sum, uint3
 	}
 	sqlite3_finalize(st);
 	return e;
+}
+
+/* Drops the holders whose lease is gone and the blocks left without a
+ * holder, inside the caller's transaction (after any lease is deleted:
+ * foreign keys cascade the first where they are on, this does both
+ * wherever the database is written from). */
+static td_err prune_shared_locked(struct st_db *db, struct td_errbuf *eb)
+{
+	char *err = NULL;
+	int rc = sqlite3_exec(db->h,
+			      "DELETE FROM shared_holders WHERE lease NOT IN (SELECT id FROM ledger);"
+			      "DELETE FROM shared_blocks WHERE id NOT IN (SELECT block FROM shared_holders);",
+			      NULL, NULL, &err);
+	sqlite3_free(err);
+	if (rc != SQLITE_OK)
+		return ST_SQLFAIL(db, rc, eb, "drop shared blocks without holders");
+	return TD_OK;
 }
 
 /* Removes dead leases inside the caller's transaction. */
@@ -233,6 +252,8 @@ static td_err reap_locked(struct st_db *db, size_t *n_reaped, struct td_errbuf *
 		e = ST_SQLFAIL(db, rc, eb, "read leases");
 	sqlite3_finalize(st);
 	sqlite3_finalize(del);
+	if (!e)
+		e = prune_shared_locked(db, eb);
 	if (!e && n_reaped)
 		*n_reaped = n;
 	return e;
@@ -251,6 +272,8 @@ td_err st__ledger_delete_job_locked(struct st_db *db, int64_t job, size_t *n, st
 	else
 		e = ST_SQLFAIL(db, rc, eb, "release leases of job %lld", (long long)job);
 	sqlite3_finalize(st);
+	if (!e)
+		e = prune_shared_locked(db, eb);
 	return e;
 }
 
@@ -316,6 +339,65 @@ static td_err insert_locked(struct st_db *db, const struct st_lease_req *r,
 	return e;
 }
 
+/* The block of key on gpu: *id its id (0: none), *bytes its size. */
+static td_err block_find_locked(struct st_db *db, const char *gpu, const char *key, int64_t *id,
+				uint64_t *bytes, struct td_errbuf *eb)
+{
+	sqlite3_stmt *st;
+	td_err e = st__prepare(db, "SELECT id, bytes FROM shared_blocks WHERE gpu_uuid = ? AND key = ?",
+			       &st, eb);
+	if (e)
+		return e;
+	sqlite3_bind_text(st, 1, gpu, -1, SQLITE_STATIC);
+	sqlite3_bind_text(st, 2, key, -1, SQLITE_STATIC);
+	int rc = sqlite3_step(st);
+	*id = 0;
+	if (rc == SQLITE_ROW) {
+		*id = sqlite3_column_int64(st, 0);
+		if (bytes)
+			*bytes = (uint64_t)sqlite3_column_int64(st, 1);
+	} else if (rc != SQLITE_DONE) {
+		e = ST_SQLFAIL(db, rc, eb, "read the shared block %s on %s", key, gpu);
+	}
+	sqlite3_finalize(st);
+	return e;
+}
+
+/* Lease id holds r's block: the block found (block > 0), or a new one. */
+static td_err hold_block_locked(struct st_db *db, const struct st_lease_req *r, int64_t block,
+				int64_t lease, int64_t now, struct td_errbuf *eb)
+{
+	sqlite3_stmt *st;
+	td_err e;
+	int rc;
+	if (!block) {
+		if ((e = st__prepare(db,
+				     "INSERT INTO shared_blocks (gpu_uuid, key, bytes, label, created_ms)"
+				     " VALUES (?, ?, ?, ?, ?)",
+				     &st, eb)))
+			return e;
+		sqlite3_bind_text(st, 1, r->gpu_uuid, -1, SQLITE_STATIC);
+		sqlite3_bind_text(st, 2, r->share_key, -1, SQLITE_STATIC);
+		sqlite3_bind_int64(st, 3, (int64_t)r->share_bytes);
+		sqlite3_bind_text(st, 4, r->share_label ? r->share_label : "", -1, SQLITE_STATIC);
+		sqlite3_bind_int64(st, 5, now);
+		rc = sqlite3_step(st);
+		sqlite3_finalize(st);
+		if (rc != SQLITE_DONE)
+			return ST_SQLFAIL(db, rc, eb, "insert a shared block on %s", r->gpu_uuid);
+		block = sqlite3_last_insert_rowid(db->h);
+	}
+	if ((e = st__prepare(db, "INSERT INTO shared_holders (block, lease) VALUES (?, ?)", &st, eb)))
+		return e;
+	sqlite3_bind_int64(st, 1, block);
+	sqlite3_bind_int64(st, 2, lease);
+	rc = sqlite3_step(st);
+	sqlite3_finalize(st);
+	if (rc != SQLITE_DONE)
+		return ST_SQLFAIL(db, rc, eb, "hold shared block %lld", (long long)block);
+	return TD_OK;
+}
+
 td_err st_ledger_reserve(struct st_db *db, const struct st_lease_req *r,
 			 const struct st_device_cap *cap, int64_t *lease_id, struct td_errbuf *eb)
 {
@@ -337,6 +419,10 @@ td_err st_ledger_reserve_gang(struct st_db *db, const struct st_lease_req *r,
 	for (size_t i = 0; i < n; i++) {
 		if ((e = check_req(&r[i], &cap[i], &limit[i], eb)))
 			return e;
+		if (r[i].share_key && (!*r[i].share_key || r[i].share_bytes == 0 ||
+				       r[i].share_bytes > (uint64_t)INT64_MAX - r[i].bytes))
+			return td_fail(eb, TD_EINVAL, "ledger reserve on %s: a shared block needs a key "
+				       "and a size", r[i].gpu_uuid);
 		/* One lease per GPU: a second one would be checked against a sum
 		 * that does not hold the first. */
 		for (size_t k = 0; k < i; k++)
@@ -375,21 +461,27 @@ td_err st_ledger_reserve_gang(struct st_db *db, const struct st_lease_req *r,
 			goto fail;
 		}
 	}
-	/* Every GPU's own check before any insert: all or none. */
+	/* Every GPU's own check before any insert: all or none. A lease that
+	 * makes its shared block brings the block's bytes too. */
+	int64_t block[ST_LEDGER_GANG_MAX] = {0};
 	for (size_t i = 0; i < n; i++) {
 		uint64_t reserved = 0;
 		uint32_t nleases = 0;
 		if ((e = sum_locked(db, r[i].gpu_uuid, &reserved, &nleases, eb)))
 			goto fail;
+		if (r[i].share_key &&
+		    (e = block_find_locked(db, r[i].gpu_uuid, r[i].share_key, &block[i], NULL, eb)))
+			goto fail;
+		uint64_t want = r[i].bytes + (r[i].share_key && !block[i] ? r[i].share_bytes : 0);
 		uint64_t avail = limit[i] > reserved ? limit[i] - reserved : 0;
-		if (r[i].bytes <= avail && r[i].bytes <= cap[i].free_bytes_now)
+		if (want <= avail && want <= cap[i].free_bytes_now)
 			continue;
 		char b1[32], b2[32], b3[32], b4[32];
-		if (r[i].bytes > avail)
+		if (want > avail)
 			e = td_fail(eb, TD_EBUSY,
 				    "%s%s: %s requested, %s available (%s \u00d7 %.2f \u2212 %s reserved by "
 				    "%u lease%s)",
-				    gang, r[i].gpu_uuid, fmt_bytes(r[i].bytes, b1, sizeof(b1)),
+				    gang, r[i].gpu_uuid, fmt_bytes(want, b1, sizeof(b1)),
 				    fmt_bytes(avail, b2, sizeof(b2)),
 				    fmt_bytes(cap[i].total_bytes, b3, sizeof(b3)), cap[i].factor,
 				    fmt_bytes(reserved, b4, sizeof(b4)), nleases, nleases == 1 ? "" : "s");
@@ -397,7 +489,7 @@ td_err st_ledger_reserve_gang(struct st_db *db, const struct st_lease_req *r,
 			e = td_fail(eb, TD_EBUSY,
 				    "%s%s: %s requested, but the device has only %s free (memory used "
 				    "outside the ledger)",
-				    gang, r[i].gpu_uuid, fmt_bytes(r[i].bytes, b1, sizeof(b1)),
+				    gang, r[i].gpu_uuid, fmt_bytes(want, b1, sizeof(b1)),
 				    fmt_bytes(cap[i].free_bytes_now, b2, sizeof(b2)));
 		/* Keep what the reaping freed: commit it, then report the refusal. */
 		struct td_errbuf ceb;
@@ -408,7 +500,8 @@ td_err st_ledger_reserve_gang(struct st_db *db, const struct st_lease_req *r,
 	int64_t now = st_now_ms();
 	int64_t ids[ST_LEDGER_GANG_MAX];
 	for (size_t i = 0; i < n; i++)
-		if ((e = insert_locked(db, &r[i], &h[i], now, &ids[i], eb)))
+		if ((e = insert_locked(db, &r[i], &h[i], now, &ids[i], eb)) ||
+		    (r[i].share_key && (e = hold_block_locked(db, &r[i], block[i], ids[i], now, eb))))
 			goto fail;
 	/* The invariant, checked where it must hold: inside the transaction that
 	 * would break it, on every GPU of the reservation. */
@@ -486,6 +579,8 @@ static td_err lease_write(struct st_db *db, int64_t id, uid_t caller_uid, bool a
 		e = ST_SQLFAIL(db, rc, eb, "%s lease %lld", verb, (long long)id);
 		goto fail;
 	}
+	if ((e = prune_shared_locked(db, eb)))
+		goto fail;
 	e = st__commit(db, eb);
 	goto out;
 fail:
@@ -614,4 +709,91 @@ td_err st_ledger_reserved(struct st_db *db, const char *gpu_uuid, uint64_t *byte
 	if (!e)
 		*bytes = sum;
 	return e;
+}
+
+td_err st_ledger_shared_find(struct st_db *db, const char *gpu_uuid, const char *key, bool *found,
+			     uint64_t *bytes, struct td_errbuf *eb)
+{
+	if (!gpu_uuid || !*gpu_uuid || !key || !*key)
+		return td_fail(eb, TD_EINVAL, "ledger: no GPU UUID or key");
+	st__lock(db);
+	int64_t id = 0;
+	td_err e = block_find_locked(db, gpu_uuid, key, &id, bytes, eb);
+	st__unlock(db);
+	if (!e)
+		*found = id != 0;
+	return e;
+}
+
+td_err st_ledger_list_shared(struct st_db *db, const char *gpu_uuid, struct st_shared **out,
+			     size_t *n, struct td_errbuf *eb)
+{
+	*out = NULL;
+	*n = 0;
+	st__lock(db);
+	sqlite3_stmt *st = NULL, *hs = NULL;
+	td_err e = st__prepare(db,
+			       "SELECT id, gpu_uuid, key, bytes, label, created_ms FROM shared_blocks"
+			       " WHERE ?1 IS NULL OR gpu_uuid = ?1 ORDER BY id",
+			       &st, eb);
+	if (!e)
+		e = st__prepare(db,
+				"SELECT h.lease, coalesce(l.job, 0), l.uid FROM shared_holders h"
+				" JOIN ledger l ON l.id = h.lease WHERE h.block = ? ORDER BY h.lease",
+				&hs, eb);
+	struct st_shared *v = NULL;
+	size_t cnt = 0, cap = 0;
+	int rc = SQLITE_DONE;
+	if (!e) {
+		if (gpu_uuid)
+			sqlite3_bind_text(st, 1, gpu_uuid, -1, SQLITE_STATIC);
+		while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
+			if (cnt == cap) {
+				size_t nc = cap ? 2 * cap : 4;
+				struct st_shared *nv = realloc(v, nc * sizeof(*nv));
+				if (!nv) {
+					e = td_fail(eb, TD_ENOMEM, "ledger: out of memory");
+					break;
+				}
+				v = nv;
+				cap = nc;
+			}
+			struct st_shared *b = &v[cnt++];
+			memset(b, 0, sizeof(*b));
+			b->id = sqlite3_column_int64(st, 0);
+			st__col_copy(st, 1, b->gpu_uuid, sizeof(b->gpu_uuid));
+			st__col_copy(st, 2, b->key, sizeof(b->key));
+			b->bytes = (uint64_t)sqlite3_column_int64(st, 3);
+			st__col_copy(st, 4, b->label, sizeof(b->label));
+			b->created_ms = sqlite3_column_int64(st, 5);
+			sqlite3_reset(hs);
+			sqlite3_bind_int64(hs, 1, b->id);
+			int hrc;
+			while ((hrc = sqlite3_step(hs)) == SQLITE_ROW) {
+				if (b->nholders < ST_SHARED_HOLDERS_MAX) {
+					b->holders[b->nholders].lease = sqlite3_column_int64(hs, 0);
+					b->holders[b->nholders].job = sqlite3_column_int64(hs, 1);
+					b->holders[b->nholders].uid = (uid_t)sqlite3_column_int64(hs, 2);
+				}
+				b->nholders++;
+			}
+			if (hrc != SQLITE_DONE) {
+				e = ST_SQLFAIL(db, hrc, eb, "read the holders of shared block %lld",
+					       (long long)b->id);
+				break;
+			}
+		}
+		if (!e && rc != SQLITE_DONE)
+			e = ST_SQLFAIL(db, rc, eb, "read shared blocks");
+	}
+	sqlite3_finalize(st);
+	sqlite3_finalize(hs);
+	st__unlock(db);
+	if (e) {
+		free(v);
+		return e;
+	}
+	*out = v;
+	*n = cnt;
+	return TD_OK;
 }

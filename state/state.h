@@ -61,7 +61,7 @@
 /* The database */
 
 /* The schema version this build writes and understands (PRAGMA user_version). */
-#define ST_SCHEMA_VERSION 2
+#define ST_SCHEMA_VERSION 3
 #define ST_BUSY_TIMEOUT_MS 5000
 /* File name of the database inside the state directory. */
 #define ST_DB_FILE "traind.db"
@@ -531,6 +531,17 @@ struct st_lease_req {
 	pid_t pid;            /* holder process; its start time and the boot id are read here */
 	const char *label;    /* free text for `trainctl ledger` ("job 12", "vllm"); may be NULL */
 	int64_t ttl_ms;       /* > 0: expires unless renewed; 0: lives while the holder lives */
+	/* A shared block the lease uses beside its own bytes (a frozen base
+	 * that several jobs share, train/base.h): share_key names it on this
+	 * GPU (NULL: none). Where the GPU has a block of that key the lease
+	 * becomes one more of its holders and only bytes are checked; where
+	 * not, the block (share_bytes, share_label) is reserved with the lease,
+	 * in the same check (bytes + share_bytes) and transaction. A block
+	 * lasts while it has a holder: releasing or reaping its last lease
+	 * removes it in the same transaction. */
+	const char *share_key;
+	uint64_t share_bytes;
+	const char *share_label;
 };
 
 /* What the device offers, from the daemon's device query. */
@@ -620,9 +631,39 @@ td_err st_ledger_list(struct st_db *db, const char *gpu_uuid, struct st_lease **
 td_err st_ledger_list_job(struct st_db *db, int64_t job, struct st_lease **out, size_t *n,
 			  struct td_errbuf *eb);
 
-/* Sum of the bytes of leases on gpu_uuid (dead ones not yet reaped included). */
+/* Sum of the bytes of leases on gpu_uuid (dead ones not yet reaped included)
+ * and of its shared blocks (each once). */
 td_err st_ledger_reserved(struct st_db *db, const char *gpu_uuid, uint64_t *bytes,
 			  struct td_errbuf *eb);
+
+/* The most holders st_ledger_list_shared reports of one block (nholders
+ * counts them all). */
+#define ST_SHARED_HOLDERS_MAX 32
+
+/* A shared block (st_lease_req.share_key) and the leases that hold it. */
+struct st_shared {
+	int64_t id;
+	char gpu_uuid[96];
+	char key[128];
+	uint64_t bytes;
+	char label[160];
+	int64_t created_ms;
+	size_t nholders;
+	struct {
+		int64_t lease, job; /* job 0: none */
+		uid_t uid;
+	} holders[ST_SHARED_HOLDERS_MAX];
+};
+
+/* Shared blocks on gpu_uuid (NULL: every GPU), ascending id, each with its
+ * holders (ascending lease id). *out malloc'd (free()), NULL when n = 0. */
+td_err st_ledger_list_shared(struct st_db *db, const char *gpu_uuid, struct st_shared **out,
+			     size_t *n, struct td_errbuf *eb);
+
+/* Whether gpu_uuid has a shared block of key now; *bytes (may be NULL) its
+ * size. */
+td_err st_ledger_shared_find(struct st_db *db, const char *gpu_uuid, const char *key, bool *found,
+			     uint64_t *bytes, struct td_errbuf *eb);
 
 /* ======================================================================== */
 /* Module cache index (contract 3; used by the CUDA backend's tier 2) */

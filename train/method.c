@@ -249,9 +249,35 @@ td_err tr_method_print_plan(const Traind__JobSpec *spec, const struct tr_model_c
 
 /* --- the models --- */
 
-td_err tr_method_new(struct tr_method **out, const Traind__JobSpec *spec,
-		     const struct tr_model_config *cfg, struct gpu_backend *be, int B, int T,
-		     struct td_errbuf *eb)
+bool tr_method_can_share_base(const Traind__JobSpec *spec)
+{
+	Traind__Method m = method_of(spec);
+	return m == TRAIND__METHOD__METHOD_LORA || m == TRAIND__METHOD__METHOD_QLORA;
+}
+
+td_err tr_method_base_layout(const Traind__JobSpec *spec, const struct tr_model_config *cfg,
+			     struct gpu_backend *be, int B, int T, char sig[65], size_t *bytes,
+			     struct td_errbuf *eb)
+{
+	struct tr_plan_opts po;
+	struct tr_plan p;
+	td_err e = tr_method_plan_opts(spec, cfg, B, T, &po, eb);
+	if (e != TD_OK)
+		return e;
+	/* As tr_model_new plans on be. */
+	po.attention_lse = gpu_attention_flash(be, cfg->head_dim);
+	po.gemm_bf16 = gpu_gemm_bf16(be);
+	if ((e = tr_plan_build(&p, cfg, &po, eb)) != TD_OK)
+		return e;
+	tr_plan_base_signature(&p, sig);
+	*bytes = tr_plan_base_bytes(&p);
+	tr_plan_fini(&p);
+	return TD_OK;
+}
+
+static td_err method_new(struct tr_method **out, const Traind__JobSpec *spec,
+			 const struct tr_model_config *cfg, struct gpu_backend *be, int B, int T,
+			 void *base, size_t base_bytes, bool loaded, struct td_errbuf *eb)
 {
 	const struct tr__method_ops *ops;
 	td_err e = tr__method_lookup(spec, &ops, eb);
@@ -271,7 +297,8 @@ td_err tr_method_new(struct tr_method **out, const Traind__JobSpec *spec,
 	struct tr_plan_opts po;
 	e = method_plan_opts(ops, spec, cfg, B, T, &po, eb);
 	if (e == TD_OK)
-		e = tr_model_new(&mt->m, be, cfg, &po, eb);
+		e = base ? tr_model_new_shared(&mt->m, be, cfg, &po, base, base_bytes, loaded, eb)
+			 : tr_model_new(&mt->m, be, cfg, &po, eb);
 	mt->num_labels = po.num_labels;
 	if (e == TD_OK && ops->aux)
 		e = ops->aux(spec, B, T, &mt->aux_info, eb);
@@ -285,6 +312,23 @@ td_err tr_method_new(struct tr_method **out, const Traind__JobSpec *spec,
 	}
 	*out = mt;
 	return TD_OK;
+}
+
+td_err tr_method_new(struct tr_method **out, const Traind__JobSpec *spec,
+		     const struct tr_model_config *cfg, struct gpu_backend *be, int B, int T,
+		     struct td_errbuf *eb)
+{
+	return method_new(out, spec, cfg, be, B, T, NULL, 0, false, eb);
+}
+
+td_err tr_method_new_shared(struct tr_method **out, const Traind__JobSpec *spec,
+			    const struct tr_model_config *cfg, struct gpu_backend *be, int B, int T,
+			    void *base, size_t base_bytes, bool loaded, struct td_errbuf *eb)
+{
+	if (!tr_method_can_share_base(spec))
+		return td_fail(eb, TD_EINVAL, "method: %s does not share a frozen base",
+			       rpc_method_name(spec->method));
+	return method_new(out, spec, cfg, be, B, T, base, base_bytes, loaded, eb);
 }
 
 void tr_method_free(struct tr_method *mt)

@@ -55,6 +55,20 @@ td_err tr_method_print_plan(const Traind__JobSpec *spec, const struct tr_model_c
 td_err tr_method_new(struct tr_method **out, const Traind__JobSpec *spec,
 		     const struct tr_model_config *cfg, struct gpu_backend *be, int B, int T,
 		     struct td_errbuf *eb);
+/* Whether spec's method may share its frozen base with other jobs
+ * (train/base.h): LoRA or QLoRA on a causal LM (no teacher, no head). */
+bool tr_method_can_share_base(const Traind__JobSpec *spec);
+/* The trained model's base arena on be (the plan tr_method_new would make
+ * there): its bytes and tr_plan_base_signature. */
+td_err tr_method_base_layout(const Traind__JobSpec *spec, const struct tr_model_config *cfg,
+			     struct gpu_backend *be, int B, int T, char sig[65], size_t *bytes,
+			     struct td_errbuf *eb);
+/* tr_method_new whose trained model's base arena is base (train/model.h:
+ * tr_model_new_shared; loaded: it holds the weights already). Only where
+ * tr_method_can_share_base. */
+td_err tr_method_new_shared(struct tr_method **out, const Traind__JobSpec *spec,
+			    const struct tr_model_config *cfg, struct gpu_backend *be, int B, int T,
+			    void *base, size_t base_bytes, bool loaded, struct td_errbuf *eb);
 /* tr_method_free(NULL) is a no-op. Frees the models. */
 void tr_method_free(struct tr_method *mt);
 

@@ -88,6 +88,13 @@ struct tr_model {
 	void *arena[TR_ARENA_ALL];       /* [TR_ARENA_HOST]: pinned host memory (gpu_host_alloc) */
 
 	float *params, *grads, *m1, *m2;
+	float *base32;                   /* frozen fp32 tensors (base.f32, the base arena) */
+	/* The base arena belongs to a train/base.h entry, not to this model
+	 * (tr_model_new_shared): never allocated nor freed here; base_loaded:
+	 * it held the weights when the model was made, and nothing here writes
+	 * it (tr_model_load checks the files' tensors and skips them;
+	 * tr_model_set_param refuses). */
+	bool base_shared, base_loaded;
 	gpu_bf16 *params16;              /* frozen tensors stored in bf16 (plan.opts.frozen_bf16) */
 	gpu_bf16 *copy16;                /* bf16 mode: the trainable prefix of params, rounded */
 	/* lm_head == embed when tied; NULL for a classifier (weights: weight_of) */
@@ -223,7 +230,7 @@ static float *param_ptr(struct tr_model *m, const struct tr_param *p, bool grad)
 		return NULL;
 	if (grad)
 		return p->trainable ? m->grads + p->goffset : NULL;
-	return m->params + p->offset;
+	return p->trainable ? m->params + p->offset : m->base32 + p->offset;
 }
 
 /* Parameter (or gradient) pointer by name; NULL as param_ptr. */
@@ -271,6 +278,7 @@ static void bind(struct tr_model *m)
 {
 	const struct tr_model_config *c = &m->plan.cfg;
 	m->params = buf(m, "params");
+	m->base32 = buf(m, "base.f32");
 	m->params16 = buf(m, "params16");
 	m->copy16 = buf(m, "scratch.params_bf16");
 	m->grads = buf(m, "grads");
@@ -418,14 +426,16 @@ static void use_scratch(struct tr_model *m)
 	m->be->gemm_scratch_bytes = m->gemm_bf16_bytes;
 }
 
-td_err tr_model_new(struct tr_model **out, struct gpu_backend *be,
-		    const struct tr_model_config *cfg, const struct tr_plan_opts *opts,
-		    struct td_errbuf *eb)
+static td_err model_new(struct tr_model **out, struct gpu_backend *be,
+			const struct tr_model_config *cfg, const struct tr_plan_opts *opts,
+			void *base, size_t base_bytes, bool base_loaded, struct td_errbuf *eb)
 {
 	struct tr_model *m = calloc(1, sizeof(*m));
 	if (!m)
 		return td_fail(eb, TD_ENOMEM, "model: out of memory");
 	m->be = be;
+	m->base_shared = base != NULL;
+	m->base_loaded = base && base_loaded;
 	m->pad_id = cfg->pad_token_id;
 	/* The attention buffers are what this backend's attention keeps. */
 	struct tr_plan_opts po = *opts;
@@ -436,6 +446,16 @@ td_err tr_model_new(struct tr_model **out, struct gpu_backend *be,
 		free(m);
 		return e;
 	}
+	if (base && base_bytes != m->plan.arena_bytes[TR_ARENA_BASE]) {
+		size_t want = m->plan.arena_bytes[TR_ARENA_BASE];
+		tr_plan_fini(&m->plan);
+		free(m);
+		return td_fail(eb, TD_EINTERNAL,
+			       "model: a shared base of %zu bytes for a plan whose base arena is %zu",
+			       base_bytes, want);
+	}
+	if (base)
+		m->arena[TR_ARENA_BASE] = base;
 	int L = cfg->num_layers;
 	size_t N = (size_t)opts->B * (size_t)opts->T;
 	m->w = calloc((size_t)L, sizeof(*m->w));
@@ -460,7 +480,7 @@ td_err tr_model_new(struct tr_model **out, struct gpu_backend *be,
 		return td_fail(eb, TD_ENOMEM, "model: out of memory");
 	}
 	for (int a = 0; a < TR_ARENA_COUNT; a++) {
-		if (!m->plan.arena_bytes[a])
+		if (!m->plan.arena_bytes[a] || (a == TR_ARENA_BASE && m->base_shared))
 			continue;
 		e = gpu_alloc(be, m->plan.arena_bytes[a], &m->arena[a]);
 		if (e != TD_OK) {
@@ -498,6 +518,27 @@ td_err tr_model_new(struct tr_model **out, struct gpu_backend *be,
 	return TD_OK;
 }
 
+td_err tr_model_new(struct tr_model **out, struct gpu_backend *be,
+		    const struct tr_model_config *cfg, const struct tr_plan_opts *opts,
+		    struct td_errbuf *eb)
+{
+	return model_new(out, be, cfg, opts, NULL, 0, false, eb);
+}
+
+td_err tr_model_new_shared(struct tr_model **out, struct gpu_backend *be,
+			   const struct tr_model_config *cfg, const struct tr_plan_opts *opts,
+			   void *base, size_t base_bytes, bool loaded, struct td_errbuf *eb)
+{
+	if (!base)
+		return td_fail(eb, TD_EINVAL, "model: a shared base needs its memory");
+	return model_new(out, be, cfg, opts, base, base_bytes, loaded, eb);
+}
+
+bool tr_model_base_shared(const struct tr_model *m)
+{
+	return m->base_shared;
+}
+
 void tr_model_free(struct tr_model *m)
 {
 	if (!m)
@@ -507,7 +548,8 @@ void tr_model_free(struct tr_model *m)
 		m->be->gemm_scratch_bytes = 0;
 	}
 	for (int a = 0; a < TR_ARENA_COUNT; a++)
-		gpu_free(m->be, m->arena[a], m->plan.arena_bytes[a]);
+		if (!(a == TR_ARENA_BASE && m->base_shared))
+			gpu_free(m->be, m->arena[a], m->plan.arena_bytes[a]);
 	gpu_host_free(m->be, m->arena[TR_ARENA_HOST], m->plan.arena_bytes[TR_ARENA_HOST]);
 	tr_plan_fini(&m->plan);
 	free(m->w);
@@ -602,7 +644,7 @@ static struct wref weight_of(struct tr_model *m, const struct tr_param *p)
 	}
 	/* fp32: in the bf16 mode only trainable weights (frozen ones are bf16). */
 	assert(!g16 || (p->trainable && m->copy16));
-	return (struct wref){m->params + p->offset, g16 ? m->copy16 + p->offset : NULL};
+	return (struct wref){param_ptr(m, p, false), g16 && p->trainable ? m->copy16 + p->offset : NULL};
 }
 
 /* --- loading and host access --- */
@@ -624,6 +666,9 @@ static td_err upload_param(struct tr_model *m, const struct tr_param *p, const f
 {
 	if (p->kind == TR_P_HEAD)
 		m->head_loaded = true;
+	if (!p->trainable && m->base_loaded)
+		return td_fail(eb, TD_EPERM, "model: '%s' is in a shared base, which no job writes",
+			       p->name);
 	if (p->nf4)
 		return nf4_upload(m, p, src, eb);
 	if (p->bf16) {
@@ -636,7 +681,7 @@ static td_err upload_param(struct tr_model *m, const struct tr_param *p, const f
 		free(h); /* gpu_upload has taken the bytes (gpu/backend.h) */
 		return TD_OK;
 	}
-	gpu_upload(m->be, m->params + p->offset, src, p->numel * sizeof(float));
+	gpu_upload(m->be, param_ptr(m, p, false), src, p->numel * sizeof(float));
 	if (m->copy16 && p->trainable)
 		gpu_bf16_round(m->be, m->copy16 + p->offset, m->params + p->offset, p->numel);
 	return TD_OK;
@@ -685,6 +730,8 @@ td_err tr_model_load(struct tr_model *m, const struct tr_weights *w, struct td_e
 				    pp->kind == TR_P_HEAD ? "number of labels" : "config", want);
 			break;
 		}
+		if (!pp->trainable && m->base_loaded)
+			continue; /* in the shared base already: checked, not written */
 		e = tr_st_to_f32(host, t, eb);
 		if (e == TD_OK)
 			e = upload_param(m, pp, host, eb);
@@ -706,7 +753,7 @@ td_err tr_model_load(struct tr_model *m, const struct tr_weights *w, struct td_e
 void tr_model_get_param(struct tr_model *m, const struct tr_param *p, float *dst)
 {
 	if (!p->nf4 && !p->bf16) {
-		gpu_download(m->be, dst, m->params + p->offset, p->numel * sizeof(float));
+		gpu_download(m->be, dst, param_ptr(m, p, false), p->numel * sizeof(float));
 		return;
 	}
 	struct wref w = weight_of(m, p);

@@ -30,7 +30,21 @@ struct tr_adamw {
 td_err tr_model_new(struct tr_model **out, struct gpu_backend *be,
 		    const struct tr_model_config *cfg, const struct tr_plan_opts *opts,
 		    struct td_errbuf *eb);
-/* tr_model_free(NULL) is a no-op. Frees the arenas. */
+/* tr_model_new with the base arena (train/plan.h: TR_ARENA_BASE, the frozen
+ * weights) at base, base_bytes long (the plan's, else TD_EINTERNAL), which
+ * the model neither allocates nor frees: a train/base.h entry that several
+ * models of the same plan's base signature share. loaded: the base holds
+ * the weights already — tr_model_load then checks the files' tensors
+ * against the plan and writes only the model's own (trainable) ones, and
+ * tr_model_set_param on a frozen tensor is TD_EPERM; the model writes no
+ * byte of it (the ops read weights through const pointers). Not loaded:
+ * the first model loads it like its own, and the entry then seals it. */
+td_err tr_model_new_shared(struct tr_model **out, struct gpu_backend *be,
+			   const struct tr_model_config *cfg, const struct tr_plan_opts *opts,
+			   void *base, size_t base_bytes, bool loaded, struct td_errbuf *eb);
+/* Whether m was made by tr_model_new_shared. */
+bool tr_model_base_shared(const struct tr_model *m);
+/* tr_model_free(NULL) is a no-op. Frees the arenas (but a shared base). */
 void tr_model_free(struct tr_model *m);
 
 const struct tr_plan *tr_model_plan(const struct tr_model *m);

@@ -16,7 +16,7 @@
 
 const char *tr_arena_name(enum tr_arena a)
 {
-	static const char *names[TR_ARENA_ALL] = {"params", "grads", "optim", "acts", "scratch", "host"};
+	static const char *names[TR_ARENA_ALL] = {"params", "base", "grads", "optim", "acts", "scratch", "host"};
 	return a < TR_ARENA_ALL ? names[a] : "?";
 }
 
@@ -185,7 +185,9 @@ static td_err build_params(struct tr_plan *p, struct td_errbuf *eb)
 			int group = !t->trainable ? 2 : t->decay ? 0 : 1;
 			if (group != pass || t->nf4 || t->bf16)
 				continue;
-			t->offset = off;
+			/* A frozen tensor's offset is into base.f32, which
+			 * follows the trainable prefix. */
+			t->offset = pass == 2 ? off - p->numel_trainable : off;
 			t->goffset = t->trainable ? off : 0;
 			off += t->numel;
 		}
@@ -562,11 +564,17 @@ td_err tr_plan_build(struct tr_plan *p, const struct tr_model_config *cfg,
 	p->logits_rows = (int)N;
 	if ((train || o->teacher_rows) && !classify && N > rows)
 		p->logits_rows = (int)rows;
-	NAMED("params");
-	BUF(TR_ARENA_PARAMS, f32_bytes(p->numel_f32, 1, 1));
+	if (p->numel_trainable) {
+		NAMED("params");
+		BUF(TR_ARENA_PARAMS, f32_bytes(p->numel_trainable, 1, 1));
+	}
+	if (p->numel_f32 > p->numel_trainable) {
+		NAMED("base.f32"); /* frozen tensors in fp32 */
+		BUF(TR_ARENA_BASE, f32_bytes(p->numel_f32 - p->numel_trainable, 1, 1));
+	}
 	if (p->numel_bf16) {
 		NAMED("params16"); /* frozen tensors in bf16 */
-		BUF(TR_ARENA_PARAMS, f32_bytes(p->numel_bf16, 1, 1) / 2);
+		BUF(TR_ARENA_BASE, f32_bytes(p->numel_bf16, 1, 1) / 2);
 	}
 	if (p->nf4_numel) {
 		/* Every NF4 tensor's codes, then its absmax values (fp32, or int8
@@ -575,15 +583,15 @@ td_err tr_plan_build(struct tr_plan *p, const struct tr_model_config *cfg,
 						       ? p->nf4_blocks + p->nf4_scales * sizeof(float)
 						       : p->nf4_blocks * sizeof(float));
 		NAMED("nf4.codes");
-		BUF(TR_ARENA_PARAMS, codes);
+		BUF(TR_ARENA_BASE, codes);
 		if (o->nf4_double_quant) {
 			NAMED("nf4.absmax_q");
-			BUF(TR_ARENA_PARAMS, p->nf4_blocks);
+			BUF(TR_ARENA_BASE, p->nf4_blocks);
 			NAMED("nf4.absmax_scale");
-			BUF(TR_ARENA_PARAMS, f32_bytes(p->nf4_scales, 1, 1));
+			BUF(TR_ARENA_BASE, f32_bytes(p->nf4_scales, 1, 1));
 		} else {
 			NAMED("nf4.absmax");
-			BUF(TR_ARENA_PARAMS, f32_bytes(p->nf4_blocks, 1, 1));
+			BUF(TR_ARENA_BASE, f32_bytes(p->nf4_blocks, 1, 1));
 		}
 	}
 	if (p->numel_trainable) {
@@ -901,6 +909,54 @@ size_t tr_plan_total_bytes(const struct tr_plan *p)
 size_t tr_plan_host_bytes(const struct tr_plan *p)
 {
 	return p->arena_bytes[TR_ARENA_HOST];
+}
+
+size_t tr_plan_base_bytes(const struct tr_plan *p)
+{
+	return p->arena_bytes[TR_ARENA_BASE];
+}
+
+/* FNV-1a, 64 bits, four lanes of different bases: 256 bits of layout, not
+ * a cryptographic digest (the files' contents are hashed elsewhere,
+ * train/base.h: tr_base_files_digest). */
+static void sig_add(uint64_t h[4], const void *data, size_t n)
+{
+	const unsigned char *b = data;
+	for (int k = 0; k < 4; k++)
+		for (size_t i = 0; i < n; i++) {
+			h[k] ^= b[i];
+			h[k] *= 0x100000001b3ull;
+		}
+}
+
+void tr_plan_base_signature(const struct tr_plan *p, char out[65])
+{
+	uint64_t h[4] = {0xcbf29ce484222325ull, 0x84222325cbf29ce4ull, 0x9e3779b97f4a7c15ull,
+			 0x6a09e667f3bcc908ull};
+	char line[256];
+	int n = snprintf(line, sizeof(line), "base v1 quant %d dq %d bf16 %d nf4 %d/%d\n",
+			 (int)p->opts.base_quant, (int)p->opts.nf4_double_quant,
+			 (int)p->opts.frozen_bf16, TR_NF4_BLOCK, TR_NF4_DQ_BLOCK);
+	sig_add(h, line, (size_t)n);
+	for (size_t i = 0; i < p->nparams; i++) {
+		const struct tr_param *t = &p->params[i];
+		if (t->trainable)
+			continue;
+		n = snprintf(line, sizeof(line), "%s %d %" PRId64 " %" PRId64 " %s %zu %zu %zu %zu\n",
+			     t->name, t->ndim, t->shape[0], t->shape[1],
+			     t->nf4 ? "nf4" : t->bf16 ? "bf16" : "f32", t->offset, t->q_codes,
+			     t->q_blocks, t->q_scales);
+		sig_add(h, line, (size_t)n);
+	}
+	for (size_t i = 0; i < p->nbufs; i++) {
+		const struct tr_plan_buf *b = &p->bufs[i];
+		if (b->arena != TR_ARENA_BASE)
+			continue;
+		n = snprintf(line, sizeof(line), "buf %s %zu %zu\n", b->name, b->offset, b->bytes);
+		sig_add(h, line, (size_t)n);
+	}
+	for (int k = 0; k < 4; k++)
+		snprintf(out + 16 * k, 17, "%016" PRIx64, h[k]);
 }
 
 const struct tr_plan_buf *tr_plan_find(const struct tr_plan *p, const char *name)

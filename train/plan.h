@@ -24,8 +24,14 @@
 #include "train/hfconfig.h"
 
 enum tr_arena {
-	TR_ARENA_PARAMS,  /* weights, whole job: fp32 (trainable ones: the master weights),
-			   * and frozen ones as stored (bf16, NF4) */
+	TR_ARENA_PARAMS,  /* trainable weights, whole job: fp32 master weights */
+	/* Frozen weights, whole job, as stored: fp32 (norms, biases; every
+	 * frozen tensor outside the bf16 storage), bf16 (params16), NF4
+	 * (nf4.*). Nothing the job writes after loading: jobs of one process
+	 * on one device whose bases are the same files stored alike may share
+	 * one copy (train/base.h), each model then holding only the other
+	 * arenas (tr_model_new_shared). */
+	TR_ARENA_BASE,
 	TR_ARENA_GRADS,   /* fp32 gradients of trainable tensors, whole job */
 	TR_ARENA_OPTIM,   /* AdamW m and v of trainable tensors, whole job */
 	TR_ARENA_ACTS,    /* per-step activations kept for backward, inputs, RoPE tables */
@@ -94,8 +100,8 @@ struct tr_param {
 	size_t numel;
 	bool trainable;
 	bool decay;        /* weight decay applies: trainable and ndim >= 2 */
-	size_t offset;     /* in floats, into the params buffer; bf16: in bf16 values, into
-			    * params16; unused when nf4 */
+	size_t offset;     /* in floats, into the params buffer (trainable) or base.f32
+			    * (frozen); bf16: in bf16 values, into params16; unused when nf4 */
 	size_t goffset;    /* in floats, into the grads arena (and each half of optim) */
 	enum tr_param_kind kind;
 	int layer;         /* decoder layer, -1 for embeddings, final norm and heads */
@@ -266,7 +272,7 @@ struct tr_plan {
 	size_t numel_params;          /* every tensor */
 	size_t numel_trainable;       /* prefix of the grads arena */
 	size_t numel_decay;           /* the first numel_decay trainable floats decay */
-	size_t numel_f32;             /* floats of the params buffer (all but NF4 and bf16 tensors) */
+	size_t numel_f32;             /* fp32 floats: params (numel_trainable) + base.f32 (the frozen rest) */
 	size_t numel_bf16;            /* bf16 values of the params16 buffer (opts.frozen_bf16) */
 	size_t bf16_max_numel;        /* the largest bf16 tensor */
 	size_t numel_frozen;          /* elements of frozen tensors */
@@ -313,6 +319,15 @@ size_t tr_plan_total_bytes(const struct tr_plan *p);
 /* The host arena's bytes: pinned host memory the job holds beside its
  * device bytes (FULL_OFFLOAD's layer inputs); 0 for every other plan. */
 size_t tr_plan_host_bytes(const struct tr_plan *p);
+/* The base arena's bytes (in tr_plan_total_bytes): what a job that shares
+ * its frozen base with others (train/base.h) does not hold itself. */
+size_t tr_plan_base_bytes(const struct tr_plan *p);
+/* A digest of the base arena's layout: every frozen tensor's name, shape,
+ * storage (fp32, bf16, NF4 and its block settings) and offset, and the
+ * arena's buffers. Two plans whose signatures are equal read the same
+ * bytes at the same places of a base arena: a base loaded for one serves
+ * the other. Hex, 64 characters and a NUL. */
+void tr_plan_base_signature(const struct tr_plan *p, char out[65]);
 /* The buffer called name, or NULL. */
 const struct tr_plan_buf *tr_plan_find(const struct tr_plan *p, const char *name);
 const struct tr_param *tr_plan_param(const struct tr_plan *p, const char *name);

@@ -34,6 +34,7 @@
 #include "train/method.h"
 #include "train/model.h"
 #include "train/modeldir.h"
+#include "train/base.h"
 
 static double now_s(void)
 {
@@ -112,6 +113,11 @@ struct job {
 	int B, T, accum;
 	char ckpt_root[PATH_MAX];
 	FILE *log;
+	/* A frozen base shared with the process's other jobs (train/base.h):
+	 * its entry, and whether this job is loading it (tr_base_ready due). */
+	struct tr_bases *bases;
+	struct tr_base *base;
+	bool base_loading;
 };
 
 /* The trained weights: a model dir, or a PEFT adapter (train/method.h). */
@@ -439,6 +445,10 @@ static const char *backend_for(const Traind__JobSpec *spec, const struct tr_trai
 static void close_job(struct job *j)
 {
 	tr_method_free(j->meth);
+	if (j->base && j->base_loading) /* a load that did not finish: a waiter loads it */
+		tr_base_ready(j->bases, j->base, j->be, TD_ESTATE, NULL);
+	else if (j->base)
+		tr_bases_release(j->bases, j->base, j->be);
 	gpu_backend_free(j->be);
 	tr_data_close(j->data);
 	tr_data_close(j->eval);
@@ -582,7 +592,42 @@ static td_err train_rank(const Traind__JobSpec *spec, const struct tr_train_opts
 		tr_weights_close(w);
 		goto out;
 	}
-	if ((e = tr_method_new(&j.meth, spec, &j.cfg, j.be, j.B, j.T, eb)) != TD_OK) {
+	/* One device, a LoRA base and a key from the daemon: the base is
+	 * the process's shared one for that key, loaded by the first job. */
+	bool share = !G && opts && opts->bases && opts->base_key && opts->base_key[0] &&
+		     tr_method_can_share_base(spec) && gpu_can_share(j.be);
+	if (share) {
+		char sig[65];
+		size_t bytes = 0;
+		bool load = false;
+		if ((e = tr_method_base_layout(spec, &j.cfg, j.be, j.B, j.T, sig, &bytes, eb)) != TD_OK ||
+		    (e = tr_bases_acquire(opts->bases, j.be, device, opts->base_key, sig, bytes, &j.base,
+					  &load, eb)) != TD_OK) {
+			tr_weights_close(w);
+			goto out;
+		}
+		j.bases = opts->bases;
+		j.base_loading = load;
+		char now[65];
+		if (load && opts->base_digest &&
+		    ((e = tr_base_files_digest(spec->model_dir, now, eb)) != TD_OK ||
+		     (strcmp(now, opts->base_digest) != 0 &&
+		      (e = td_fail(eb, TD_ESTATE,
+				   "model_dir: %s: its weights changed since the job was queued "
+				   "(digest %.16s..., then %.16s...); submit it again",
+				   spec->model_dir, now, opts->base_digest)) != TD_OK))) {
+			tr_weights_close(w);
+			goto out;
+		}
+		e = tr_method_new_shared(&j.meth, spec, &j.cfg, j.be, j.B, j.T, tr_base_ptr(j.base),
+					 bytes, !load, eb);
+		res->base_shared = true;
+		res->base_loaded = load;
+		res->base_bytes = bytes;
+	} else {
+		e = tr_method_new(&j.meth, spec, &j.cfg, j.be, j.B, j.T, eb);
+	}
+	if (e != TD_OK) {
 		tr_weights_close(w);
 		goto out;
 	}
@@ -617,6 +662,23 @@ static td_err train_rank(const Traind__JobSpec *spec, const struct tr_train_opts
 		if (e != TD_OK)
 			goto out;
 	}
+	if (j.base_loading) {
+		/* Loaded (a checkpoint's load reads the base from model_dir too):
+		 * sealed read-only, and the jobs waiting for it attach. */
+		if ((e = gpu_sync(j.be, eb)) != TD_OK)
+			goto out;
+		bool sealed = false;
+		tr_base_ready(j.bases, j.base, j.be, TD_OK, &sealed);
+		j.base_loading = false;
+		res->base_sealed = sealed;
+	}
+	if (j.base && log)
+		fprintf(log, "frozen base: shared (%s; %d jobs on it now)%s\n",
+			res->base_loaded ? "loaded by this job" : "attached",
+			tr_bases_refs(j.bases, opts->base_key, device),
+			res->base_loaded ? res->base_sealed ? ", read-only to the device"
+							    : ", writable (the device cannot map it read-only)"
+					 : "");
 
 	/* This rank's micro-batches of each step, and its end of the sums. */
 	int a0 = 0, a1 = j.accum;

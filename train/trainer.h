@@ -21,6 +21,8 @@
 #include "proto/err.h"
 #include "traind.pb-c.h"
 
+struct tr_bases;
+
 struct tr_progress {
 	uint64_t step, total_steps;
 	double loss;        /* mean over the step's valid tokens */
@@ -73,6 +75,17 @@ struct tr_train_opts {
 	 * device's: it resumes on any number of ranks. */
 	int ranks;
 	const int *devices;
+	/* A frozen base shared with the process's other jobs (train/base.h):
+	 * a LoRA or QLoRA job of one rank whose base_key is set takes its
+	 * base from bases under that key on its device (the CUDA ordinal; -1
+	 * the CPU), loading it if it is the first, instead of holding its
+	 * own; its results are the same bits either way. base_digest: the
+	 * model dir's tr_base_files_digest when the key was made; the job that
+	 * loads the base checks it again (TD_ESTATE when the files changed).
+	 * NULL: the job holds its own base. */
+	struct tr_bases *bases;
+	const char *base_key;
+	const char *base_digest;
 	int comm;               /* enum gpu_comm_kind */
 	size_t bucket_floats;
 	int comm_timeout_ms;
@@ -95,6 +108,11 @@ struct tr_train_result {
 	/* A failed job of several ranks: the rank whose error is returned (the
 	 * first to fail) and its CUDA ordinal (-1: none, or not on a GPU). */
 	int failed_rank, failed_device;
+	/* The frozen base: shared through tr_train_opts.bases; loaded by this
+	 * job (else attached to one loaded); sealed read-only by the device;
+	 * its bytes (in none of this job's own). */
+	bool base_shared, base_loaded, base_sealed;
+	size_t base_bytes;
 };
 
 /* spec must have had rpc_jobspec_apply_defaults and pass rpc_jobspec_validate. */

@@ -471,7 +471,18 @@ static void test_real_shapes(void)
 		/* fp32: the trainable tensors and the frozen vectors, nothing else */
 		size_t vec = p.numel_frozen - p.numel_bf16 - p.nf4_numel;
 		CHECK_EQ_INT(p.numel_f32, p.numel_trainable + vec);
-		CHECK_EQ_INT(tr_plan_find(&p, "params")->bytes, 4 * p.numel_f32);
+		/* trainable fp32 in params; the frozen ones, with params16 and the
+		 * NF4 buffers, in the base arena (the part jobs may share) */
+		CHECK_EQ_INT(tr_plan_find(&p, "params")->bytes, 4 * p.numel_trainable);
+		CHECK_EQ_INT(tr_plan_find(&p, "base.f32")->bytes, 4 * vec);
+		CHECK_EQ_INT(b16->arena, TR_ARENA_BASE);
+		size_t base_sum = 0;
+		for (size_t k = 0; k < p.nbufs; k++)
+			if (p.bufs[k].arena == TR_ARENA_BASE)
+				base_sum += (p.bufs[k].bytes + TR_PLAN_ALIGN - 1) / TR_PLAN_ALIGN * TR_PLAN_ALIGN;
+		CHECK_EQ_INT(tr_plan_base_bytes(&p), base_sum);
+		CHECK(tr_plan_base_bytes(&p) >= p.frozen_bytes &&
+		      tr_plan_base_bytes(&p) - p.frozen_bytes < 5 * TR_PLAN_ALIGN);
 		CHECK_EQ_INT(tr_plan_find(&p, "scratch.params_bf16")->bytes, 2 * p.numel_trainable);
 		CHECK_EQ_INT(p.frozen_bytes, 4 * vec + 2 * p.numel_bf16 + p.nf4_bytes);
 		char *text = NULL;

@@ -664,6 +664,95 @@ static void test_reap(void)
 	st_close(db);
 }
 
+/* Shared blocks (a frozen base several jobs use, train/base.h): reserved
+ * with the first holder's lease, in the same check; a second lease of the
+ * same key on the GPU holds it and brings only its own bytes; another key
+ * or another GPU makes its own; counted once in the GPU's sum; gone with
+ * its last holder, whether released, released by job or reaped (a dead
+ * holder: what a daemon restart finds). */
+static void test_shared(void)
+{
+	struct st_db *db = open_db();
+	struct td_errbuf eb = {{0}};
+	struct st_device_cap cap = {.total_bytes = 10 * GiB, .factor = 1.0, .free_bytes_now = UINT64_MAX};
+	const char *g = "GPU-share";
+	struct st_lease_req r = {.gpu_uuid = g, .bytes = GiB, .uid = getuid(), .pid = getpid(),
+				 .label = "a", .share_key = "base-K", .share_bytes = 4 * GiB,
+				 .share_label = "base of K"};
+	int64_t a, b, c, d;
+	CHECK_EQ_INT(st_ledger_reserve(db, &r, &cap, &a, &eb), TD_OK);
+	CHECK_EQ_INT(reserved(db, g), 5 * GiB);
+	bool found = false;
+	uint64_t bytes = 0;
+	CHECK_EQ_INT(st_ledger_shared_find(db, g, "base-K", &found, &bytes, &eb), TD_OK);
+	CHECK(found && bytes == 4 * GiB);
+	/* 5 GiB left: a second holder needs its 1 GiB only... */
+	r.label = "b";
+	CHECK_EQ_INT(st_ledger_reserve(db, &r, &cap, &b, &eb), TD_OK);
+	CHECK_EQ_INT(reserved(db, g), 6 * GiB);
+	/* ...where another key needs its block too: 4 + 1 > 4 GiB left. */
+	r.share_key = "base-L";
+	r.label = "c";
+	CHECK_EQ_INT(st_ledger_reserve(db, &r, &cap, &c, &eb), TD_EBUSY);
+	CHECK_CONTAINS(eb.msg, "5.00 GiB requested");
+	r.share_bytes = 2 * GiB;
+	CHECK_EQ_INT(st_ledger_reserve(db, &r, &cap, &c, &eb), TD_OK);
+	CHECK_EQ_INT(reserved(db, g), 9 * GiB);
+	/* The same key on another GPU is another block. */
+	r.gpu_uuid = "GPU-other";
+	r.share_key = "base-K";
+	r.share_bytes = 4 * GiB;
+	CHECK_EQ_INT(st_ledger_reserve(db, &r, &cap, &d, &eb), TD_OK);
+	CHECK_EQ_INT(reserved(db, "GPU-other"), 5 * GiB);
+
+	struct st_shared *sh = NULL;
+	size_t n = 0;
+	CHECK_EQ_INT(st_ledger_list_shared(db, g, &sh, &n, &eb), TD_OK);
+	CHECK_EQ_INT(n, 2);
+	if (n == 2) {
+		CHECK(strcmp(sh[0].key, "base-K") == 0);
+		CHECK(strcmp(sh[0].label, "base of K") == 0);
+		CHECK_EQ_INT(sh[0].bytes, 4 * GiB);
+		CHECK_EQ_INT(sh[0].nholders, 2);
+		CHECK(sh[0].holders[0].lease == a && sh[0].holders[1].lease == b);
+		CHECK_EQ_INT(sh[1].nholders, 1);
+		CHECK_EQ_INT(sh[1].holders[0].lease, c);
+	}
+	free(sh);
+	CHECK_EQ_INT(st_ledger_list_shared(db, NULL, &sh, &n, &eb), TD_OK);
+	CHECK_EQ_INT(n, 3);
+	free(sh);
+
+	/* The first holder goes: the block stays for the second. */
+	CHECK_EQ_INT(st_ledger_release(db, a, getuid(), false, &eb), TD_OK);
+	CHECK_EQ_INT(reserved(db, g), 8 * GiB);
+	CHECK_EQ_INT(st_ledger_shared_find(db, g, "base-K", &found, NULL, &eb), TD_OK);
+	CHECK(found);
+	/* The last: the block goes in the same transaction. */
+	CHECK_EQ_INT(st_ledger_release(db, b, getuid(), false, &eb), TD_OK);
+	CHECK_EQ_INT(st_ledger_shared_find(db, g, "base-K", &found, NULL, &eb), TD_OK);
+	CHECK(!found);
+	CHECK_EQ_INT(reserved(db, g), 3 * GiB);
+	/* A dead holder's lease is reaped, and its block with it (a daemon
+	 * killed and restarted: its pid is gone). */
+	char sql[160];
+	snprintf(sql, sizeof(sql),
+		 "UPDATE ledger SET boot_id = '00000000-0000-0000-0000-000000000000' WHERE id = %lld",
+		 (long long)c);
+	CHECK_EQ_INT(raw_exec(sql), SQLITE_OK);
+	CHECK_EQ_INT(st_ledger_reap(db, &n, &eb), TD_OK);
+	CHECK_EQ_INT(reserved(db, g), 0);
+	CHECK_EQ_INT(st_ledger_list_shared(db, g, &sh, &n, &eb), TD_OK);
+	CHECK_EQ_INT(n, 0);
+	free(sh);
+	CHECK_EQ_INT(st_ledger_release(db, d, getuid(), false, &eb), TD_OK);
+	CHECK_EQ_INT(reserved(db, "GPU-other"), 0);
+	/* A shared key needs its size. */
+	r.share_bytes = 0;
+	CHECK_EQ_INT(st_ledger_reserve(db, &r, &cap, &d, &eb), TD_EINVAL);
+	st_close(db);
+}
+
 int main(void)
 {
 	const char *base = getenv("TMPDIR");
@@ -681,6 +770,7 @@ int main(void)
 	test_gang_contention();
 	test_expiry();
 	test_reap();
+	test_shared();
 	check_rm_tree(tmpdir);
 	return check_status();
 }

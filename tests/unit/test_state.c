@@ -1172,13 +1172,14 @@ static void test_usage(void)
 	CHECK_EQ_INT(u2.run_ms, u1.run_ms);
 	st_close(db);
 
-	/* A version-1 database (this build's schema less migration 2) opens,
-	 * keeps its jobs, and accrues from its first accrual on. */
+	/* A version-1 database (this build's schema less migrations 2 and 3)
+	 * opens, keeps its jobs, and accrues from its first accrual on. */
 	db = open_db("v1.db");
 	int64_t old = submit(db, "old", 1000, 0);
 	st_close(db);
 	CHECK_EQ_INT(raw_exec(tpath("v1.db"),
-			      "DROP TABLE usage; DROP TABLE job_deps; ALTER TABLE jobs DROP COLUMN held;"
+			      "DROP TABLE shared_holders; DROP TABLE shared_blocks;"
+			      " DROP TABLE usage; DROP TABLE job_deps; ALTER TABLE jobs DROP COLUMN held;"
 			      " ALTER TABLE jobs DROP COLUMN acct_ms; PRAGMA user_version = 1"),
 		     SQLITE_OK);
 	CHECK_EQ_INT(raw_int(tpath("v1.db"), "PRAGMA user_version"), 1);
