@@ -6,7 +6,7 @@
 DEBS := gcc make pkg-config meson ninja-build \
 	libuv1-dev libnng-dev libprotobuf-c-dev protobuf-c-compiler protobuf-compiler \
 	libsqlite3-dev libpcre2-dev libjson-c-dev libopenblas-dev libsystemd-dev \
-	libcmocka-dev libunistring-dev clang libssl-dev \
+	libcmocka-dev libunistring-dev clang libssl-dev jq \
 	prometheus
 
 BUILD ?= build

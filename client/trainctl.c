@@ -1215,6 +1215,30 @@ static void print_devices(Traind__GpuDevice **d, size_t n)
 	}
 }
 
+/* Shared blocks: once each, with the leases (jobs, users) that hold them;
+ * those leases' BYTES are their own, without the block. */
+static void print_shared(Traind__SharedBlock **s, size_t n)
+{
+	if (!n)
+		return;
+	printf("\n%-6s %-32s %-12s %-19s %-40s %s\n", "SHARED", "GPU", "BYTES", "SINCE", "HOLDERS (LEASE/JOB/USER)",
+	       "NOTE");
+	for (size_t i = 0; i < n; i++) {
+		char b[32], t[64], holders[512] = "";
+		size_t len = 0;
+		for (size_t k = 0; k < s[i]->n_lease_ids && len < sizeof(holders); k++) {
+			char u[64];
+			len += (size_t)snprintf(holders + len, sizeof(holders) - len, "%s%llu/%llu/%s",
+						k ? " " : "", (unsigned long long)s[i]->lease_ids[k],
+						k < s[i]->n_job_ids ? (unsigned long long)s[i]->job_ids[k] : 0ull,
+						user_name(k < s[i]->n_uids ? s[i]->uids[k] : 0, u, sizeof(u)));
+		}
+		printf("%-6llu %-32.32s %-12s %-19s %-40s %s\n", (unsigned long long)s[i]->id,
+		       s[i]->gpu ? s[i]->gpu : "", fmt_bytes(s[i]->bytes, b, sizeof(b)),
+		       fmt_time(s[i]->since, t, sizeof(t)), holders, s[i]->note ? s[i]->note : "");
+	}
+}
+
 static void print_leases(Traind__Lease **l, size_t n)
 {
 	if (!n) {
@@ -1306,6 +1330,7 @@ static int cmd_ledger(const struct opts *o, int argc, char **argv)
 		print_devices(r->devices, r->n_devices);
 		printf("\n");
 		print_leases(r->leases, r->n_leases);
+		print_shared(r->shared, r->n_shared);
 	}
 	rpc_response_free(resp);
 	return rc;

@@ -49,6 +49,7 @@ struct dmn_call {
 	size_t nevents;
 	struct st_metric *metrics;
 	struct st_lease *leases;
+	struct st_shared *shared;
 	struct st_cache_entry *cache;
 	size_t ncache;
 	void **allocs;
@@ -113,6 +114,7 @@ static void call_free(struct dmn_call *c)
 	st_events_free(c->events, c->nevents);
 	free(c->metrics);
 	free(c->leases);
+	free(c->shared);
 	st_cache_entries_free(c->cache, c->ncache);
 	for (size_t i = 0; i < c->nallocs; i++)
 		free(c->allocs[i]);
@@ -889,6 +891,45 @@ static td_err h_ledger_list(struct dmn_call *c)
 	}
 	lr->leases = arr;
 	lr->n_leases = n;
+	/* The shared blocks, each with its holders. */
+	size_t ns = 0;
+	if ((e = st_ledger_list_shared(c->env->db, NULL, &c->shared, &ns, &c->eb)) != TD_OK)
+		return e;
+	Traind__SharedBlock **sa = cz(c, (ns + 1) * sizeof(*sa));
+	Traind__SharedBlock *sb = cz(c, (ns + 1) * sizeof(*sb));
+	if (!sa || !sb)
+		return td_fail(&c->eb, TD_ENOMEM, "out of memory");
+	for (size_t i = 0; i < ns; i++) {
+		const struct st_shared *s = &c->shared[i];
+		Traind__SharedBlock *b = &sb[i];
+		traind__shared_block__init(b);
+		SETF(b, id, (uint64_t)s->id);
+		b->gpu = (char *)s->gpu_uuid;
+		SETF(b, bytes, s->bytes);
+		b->key = (char *)s->key;
+		b->note = (char *)s->label;
+		SETF(b, since, secs(s->created_ms));
+		size_t nh = s->nholders < ST_SHARED_HOLDERS_MAX ? s->nholders : ST_SHARED_HOLDERS_MAX;
+		uint64_t *ids = cz(c, (nh + 1) * sizeof(*ids));
+		uint64_t *jobs = cz(c, (nh + 1) * sizeof(*jobs));
+		uint32_t *uids = cz(c, (nh + 1) * sizeof(*uids));
+		if (!ids || !jobs || !uids)
+			return td_fail(&c->eb, TD_ENOMEM, "out of memory");
+		for (size_t k = 0; k < nh; k++) {
+			ids[k] = (uint64_t)s->holders[k].lease;
+			jobs[k] = (uint64_t)s->holders[k].job;
+			uids[k] = (uint32_t)s->holders[k].uid;
+		}
+		b->lease_ids = ids;
+		b->n_lease_ids = nh;
+		b->job_ids = jobs;
+		b->n_job_ids = nh;
+		b->uids = uids;
+		b->n_uids = nh;
+		sa[i] = b;
+	}
+	lr->shared = sa;
+	lr->n_shared = ns;
 	return TD_OK;
 }
 

@@ -1,6 +1,8 @@
 /* Submit-time checks as the submitter, and the plan's bytes (daemon/preflight.h). */
 #include "daemon/preflight.h"
 
+#include <openssl/evp.h>
+
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -11,6 +13,7 @@
 #include <unistd.h>
 
 #include "train/hfconfig.h"
+#include "train/base.h"
 #include "train/method.h"
 #include "train/plan.h"
 
@@ -161,6 +164,18 @@ static td_err checks(const Traind__JobSpec *s, struct dmn_plan_bytes *out, struc
 	struct dmn_plan_bytes pb = {.bytes = tr_plan_total_bytes(&p),
 				    .host_bytes = tr_plan_host_bytes(&p),
 				    .auto_policy = dmn_recompute_is_auto(s)};
+	/* A base it may share: the files' digest, read as the submitter (once
+	 * per process for the same files: train/base.h). */
+	bool share = tr_method_can_share_base(s) && (!s->memory || !s->memory->has_share_base ||
+						     s->memory->share_base) &&
+		     (!s->resources || s->resources->gpus <= 1) && tr_plan_base_bytes(&p) > 0;
+	if (share) {
+		pb.base_bytes = tr_plan_base_bytes(&p);
+		if ((e = tr_base_files_digest(s->model_dir, pb.base_digest, eb)) != TD_OK) {
+			tr_plan_fini(&p);
+			return e;
+		}
+	}
 	tr_plan_fini(&p);
 	/* AUTO: every policy's plan, for the scheduler to choose from where it
 	 * places the job (the method chose NONE here, AUTO's choice without a
@@ -204,4 +219,30 @@ td_err dmn_preflight(const Traind__JobSpec *spec, const struct dmn_fscreds *cred
 	e = checks(spec, plan, eb);
 	dmn_fscreds_leave(creds);
 	return e;
+}
+
+bool dmn_base_key(const Traind__JobSpec *spec, const struct dmn_plan_bytes *pb, bool fake,
+		  char out[65])
+{
+	if (!pb->base_bytes || !pb->base_digest[0])
+		return false;
+	Traind__Precision prec = spec->hyper ? spec->hyper->precision
+					     : TRAIND__PRECISION__PRECISION_UNSPECIFIED;
+	if (prec == TRAIND__PRECISION__PRECISION_UNSPECIFIED)
+		prec = fake ? TRAIND__PRECISION__PRECISION_FP32 : TRAIND__PRECISION__PRECISION_BF16;
+	else if (prec == TRAIND__PRECISION__PRECISION_BF16 && fake)
+		return false; /* the CPU backend refuses it at placement */
+	bool qlora = spec->method == TRAIND__METHOD__METHOD_QLORA;
+	bool dq = qlora && (!spec->lora || !spec->lora->has_double_quant || spec->lora->double_quant);
+	char text[256];
+	int n = snprintf(text, sizeof(text), "traind base v1|%s|%s|dq %d|precision %d|%s",
+			 pb->base_digest, qlora ? "nf4" : "lora", (int)dq, (int)prec,
+			 fake ? "cpu" : "cuda");
+	unsigned char d[32];
+	unsigned int len = 0;
+	if (!EVP_Digest(text, (size_t)n, d, &len, EVP_sha256(), NULL) || len != 32)
+		return false;
+	for (int i = 0; i < 32; i++)
+		snprintf(out + 2 * i, 3, "%02x", d[i]);
+	return true;
 }

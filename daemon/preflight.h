@@ -36,7 +36,22 @@ struct dmn_plan_bytes {
 	uint64_t by_policy[TR_RECOMPUTE_COUNT];
 	uint64_t host_bytes;
 	uint64_t host_by_policy[TR_RECOMPUTE_COUNT];
+	/* A frozen base the job may share with others on its GPU (train/base.h:
+	 * a LoRA or QLoRA job of one GPU with memory.share_base): the base
+	 * arena's bytes (part of bytes and of each by_policy) and the model
+	 * dir's files digest; 0 and "" when it may not. */
+	uint64_t base_bytes;
+	char base_digest[65];
 };
+
+/* The ledger's key of pb's base on a GPU of this kind (fake: the job runs
+ * on the CPU backend), for spec: the files' digest, the method's storage
+ * (LoRA: bf16 or fp32 by the precision the job gets there; QLoRA: NF4 and
+ * its double quantization), hashed, hex. Jobs with equal keys have equal
+ * base arenas (the registry checks the layouts too). false when the job
+ * cannot share there (no base, or a precision that GPU refuses). */
+bool dmn_base_key(const Traind__JobSpec *spec, const struct dmn_plan_bytes *pb, bool fake,
+		  char out[65]);
 
 /* Whether spec leaves the recompute policy to placement: memory.recompute
  * AUTO or unset, and no memory.max_bytes. */

@@ -22,6 +22,7 @@
 #include "daemon/tfevents.h"
 #include "proto/jobspec.h"
 #include "proto/log.h"
+#include "train/base.h"
 
 /* Metrics go to the database in batches: at most this many steps or this many
  * milliseconds late (watch polls; a resume replays the steps anyway). */
@@ -43,6 +44,8 @@ struct dmn_runner {
 	char backend[16];
 	int cuda_device;  /* the CUDA ordinal; -1: none */
 	char cache_dir[PATH_MAX]; /* the module cache's root; "": none */
+	char base_key[200];       /* the shared base's registry key; "": its own base */
+	char base_digest[65];
 	Traind__JobSpec *spec;
 	struct dmn_fscreds creds;
 	bool as_user;     /* creds differ from the daemon's: switch around DB writes */
@@ -86,6 +89,7 @@ struct dmn_runners {
 	size_t n, ncpu;
 	bool closed;
 	uint64_t lost;                /* CUDA ordinals (< 64) whose context is lost */
+	struct tr_bases *bases;       /* the frozen bases the jobs share (train/base.h) */
 };
 
 /* ------------------------------------------------------------------------ */
@@ -489,7 +493,10 @@ static enum st_job_state run_job(struct dmn_runner *rn, char *reason, size_t cap
 				     .cache_dir = rn->cache_dir[0] && !rn->as_user ? rn->cache_dir : NULL,
 				     /* a gang: one rank on each of its GPUs */
 				     .ranks = rn->ngpus > 1 ? rn->ngpus : 1,
-				     .devices = rn->ngpus > 1 ? devices : NULL};
+				     .devices = rn->ngpus > 1 ? devices : NULL,
+				     .bases = rn->base_key[0] ? rn->set->bases : NULL,
+				     .base_key = rn->base_key[0] ? rn->base_key : NULL,
+				     .base_digest = rn->base_digest[0] ? rn->base_digest : NULL};
 	struct tr_hooks hooks = {
 		.on_step = hook_on_step,
 		.on_checkpoint = hook_on_checkpoint,
@@ -669,7 +676,9 @@ td_err dmn_runners_new(struct dmn_runners **out, uv_loop_t *loop, const char *db
 		       dmn_runner_done_fn done, void *ctx, struct td_errbuf *eb)
 {
 	struct dmn_runners *r = calloc(1, sizeof(*r));
-	if (!r || !(r->db_path = strdup(db_path))) {
+	if (!r || !(r->db_path = strdup(db_path)) || tr_bases_new(&r->bases, eb) != TD_OK) {
+		if (r)
+			free(r->db_path);
 		free(r);
 		return td_fail(eb, TD_ENOMEM, "runners: out of memory");
 	}
@@ -680,6 +689,7 @@ td_err dmn_runners_new(struct dmn_runners **out, uv_loop_t *loop, const char *db
 	int rv = uv_async_init(loop, &r->async, done_cb);
 	if (rv != 0) {
 		pthread_mutex_destroy(&r->mu);
+		tr_bases_free(r->bases);
 		free(r->db_path);
 		free(r);
 		return td_fail(eb, TD_EINTERNAL, "runners: uv_async_init: %s", uv_strerror(rv));
@@ -709,6 +719,11 @@ td_err dmn_runners_start(struct dmn_runners *r, struct dmn_run_request *req, str
 	memcpy(rn->gpu, req->gpu, (size_t)rn->ngpus * sizeof(rn->gpu[0]));
 	if (req->cache_dir)
 		snprintf(rn->cache_dir, sizeof(rn->cache_dir), "%s", req->cache_dir);
+	if (req->base_shared) {
+		snprintf(rn->base_key, sizeof(rn->base_key), "%s", req->base_key);
+		snprintf(rn->base_digest, sizeof(rn->base_digest), "%s",
+			 req->base_digest ? req->base_digest : "");
+	}
 	td_err e = dmn_fscreds_of(&rn->creds, req->uid, req->gid, eb);
 	if (e != TD_OK) {
 		free(rn);
@@ -874,6 +889,7 @@ td_err dmn_runners_free(struct dmn_runners *r)
 	if (busy)
 		return TD_EBUSY;
 	pthread_mutex_destroy(&r->mu);
+	tr_bases_free(r->bases); /* every job released its base with its end */
 	free(r->db_path);
 	free(r);
 	return TD_OK;

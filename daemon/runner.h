@@ -58,6 +58,15 @@ struct dmn_run_request {
 	 * ordinal; simulated GPUs' ranks run on the CPU). */
 	int ngpus;
 	struct dmn_run_gpu gpu[DMN_MAX_GPUS];
+	/* A frozen base shared with the daemon's other jobs on its GPU
+	 * (train/base.h): its ledger block's key and the GPU's uuid (the
+	 * registry's key), the files' digest when it was made (preflight), its
+	 * bytes (in no lease of this job's), and whether the block was there
+	 * already. base_shared false: the job holds its own base. */
+	bool base_shared, base_attached;
+	uint64_t base_bytes;
+	char base_key[200];
+	const char *base_digest;
 };
 
 /* Called on the loop thread after a runner thread ended and was joined.

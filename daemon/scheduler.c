@@ -82,6 +82,9 @@ struct dmn_sched {
 	 * unknown, the GPU is skipped) and free memory (dmn_gpu_free_bytes). */
 	uint64_t reserved[DMN_MAX_GPUS], free_now[DMN_MAX_GPUS];
 	bool pass_blocked; /* a job of this pass waits for GPUs (wait_for_gpus) */
+	/* The last offer's: whether the job would hold GPU i's shared block of
+	 * its base that is there already (its need then without the block). */
+	bool attach[DMN_MAX_GPUS];
 	/* Why each queued job waits, as of the last pass (dmn_sched_waiting). */
 	struct why *why;
 	size_t nwhy, capwhy;
@@ -347,14 +350,35 @@ static void snapshot(struct dmn_sched *s)
 	}
 }
 
+/* A job's frozen base that it may share on its GPU (daemon/preflight.h:
+ * dmn_base_key): the ledger's key on a real GPU ([0]) and a simulated one
+ * ([1]), where ok, and its bytes. */
+struct share {
+	bool ok[2];
+	char key[2][65];
+	uint64_t bytes;
+	char label[160];
+};
+
 /* What each GPU offers job q (plan_bytes, want GPUs). holds: whether the
  * GPUs held for another job are closed to it; lost: whether GPUs whose
- * context is being reset are. */
+ * context is being reset are. sh: the job's shareable base, or NULL: where
+ * the GPU has its block already the job needs its plan without it
+ * (s->attach). */
 static void offer(struct dmn_sched *s, const struct st_queued *q, uint64_t plan_bytes,
-		  unsigned want, bool holds, bool lost, struct dmn_place_gpu *pg)
+		  unsigned want, bool holds, bool lost, struct dmn_place_gpu *pg,
+		  const struct share *sh)
 {
 	for (int i = 0; i < s->dev->n; i++) {
 		const struct dmn_gpu *g = &s->dev->gpu[i];
+		s->attach[i] = false;
+		if (sh && sh->ok[g->fake]) {
+			bool found = false;
+			struct td_errbuf eb = {{0}};
+			if (st_ledger_shared_find(s->db, g->uuid, sh->key[g->fake], &found, NULL, &eb) ==
+			    TD_OK)
+				s->attach[i] = found;
+		}
 		uint64_t share = share_of(s->cfg, g);
 		uint64_t avail = s->reserved[i] == UINT64_MAX ? 0
 				 : share > s->reserved[i]	      ? share - s->reserved[i]
@@ -368,7 +392,8 @@ static void offer(struct dmn_sched *s, const struct st_queued *q, uint64_t plan_
 				  !(lost && !g->fake && dmn_runners_lost(s->run, g->ordinal)),
 			/* A gang's real GPUs hold NCCL's buffers too (gpu/comm.h). */
 			.need = dmn_sched_lease_bytes(s->cfg, g, plan_bytes) +
-				(want > 1 && !g->fake ? GPU_NCCL_RESERVE_BYTES : 0),
+				(want > 1 && !g->fake ? GPU_NCCL_RESERVE_BYTES : 0) -
+				(s->attach[i] ? sh->bytes : 0),
 			.avail = avail,
 			.share = share,
 		};
@@ -398,7 +423,7 @@ static enum place wait_for_gpus(struct dmn_sched *s, const struct st_queued *q, 
 				unsigned want, bool allow_cpu, bool smallest)
 {
 	struct dmn_place_gpu pg[DMN_MAX_GPUS];
-	offer(s, q, plan_bytes, want, false, false, pg);
+	offer(s, q, plan_bytes, want, false, false, pg, NULL);
 	if (!dmn_place_pick(pg, s->dev->n, s->dev->nvlink, (int)want, DMN_PLACE_EMPTY)) {
 		if (allow_cpu && s->cfg->cpu_slots > 0)
 			return PLACE_WAIT; /* for a CPU slot (a host without any never gives one) */
@@ -428,7 +453,7 @@ static enum place wait_for_gpus(struct dmn_sched *s, const struct st_queued *q, 
 	s->pass_blocked = true;
 	if (s->hold_job && s->hold_job != q->id && q->priority <= s->hold_prio)
 		return PLACE_WAIT;
-	offer(s, q, plan_bytes, want, false, true, pg);
+	offer(s, q, plan_bytes, want, false, true, pg, NULL);
 	if (s->hold_job == q->id) {
 		/* Keep the set while it still can take the job (vram_factor may have
 		 * changed, a GPU may be lost). */
@@ -466,8 +491,8 @@ static enum place wait_for_gpus(struct dmn_sched *s, const struct st_queued *q, 
 
 /* Leases on every GPU of mask for q, in one transaction. */
 static td_err reserve_gpus(struct dmn_sched *s, const struct st_queued *q, uint32_t mask,
-			   const struct dmn_place_gpu *pg, struct dmn_run_request *rr,
-			   struct td_errbuf *eb)
+			   const struct dmn_place_gpu *pg, const struct share *sh,
+			   struct dmn_run_request *rr, struct td_errbuf *eb)
 {
 	struct st_lease_req lr[DMN_MAX_GPUS];
 	struct st_device_cap cap[DMN_MAX_GPUS];
@@ -497,6 +522,20 @@ static td_err reserve_gpus(struct dmn_sched *s, const struct st_queued *q, uint3
 		};
 		rr->gpu[k] = (struct dmn_run_gpu){.index = i, .ordinal = g->ordinal, .fake = g->fake,
 						  .bytes = pg[i].need};
+		if (sh && n == 1 && sh->ok[g->fake]) {
+			/* The lease is the job's own bytes; the base is the GPU's
+			 * block of its key, held, or reserved with it. */
+			uint64_t own = s->attach[i] ? pg[i].need : pg[i].need - sh->bytes;
+			lr[k].bytes = own;
+			lr[k].share_key = sh->key[g->fake];
+			lr[k].share_bytes = sh->bytes;
+			lr[k].share_label = sh->label;
+			rr->gpu[k].bytes = own;
+			rr->base_shared = true;
+			rr->base_attached = s->attach[i];
+			rr->base_bytes = sh->bytes;
+			snprintf(rr->base_key, sizeof(rr->base_key), "%s:%s", sh->key[g->fake], g->uuid);
+		}
 		snprintf(rr->gpu[k].uuid, sizeof(rr->gpu[k].uuid), "%s", g->uuid);
 		k++;
 	}
@@ -588,15 +627,24 @@ static enum place try_place(struct dmn_sched *s, const struct st_queued *q)
 		const int npol = p->pb.auto_policy ? TR_RECOMPUTE_COUNT : 1;
 		struct dmn_place_gpu pg[DMN_MAX_GPUS];
 		uint32_t mask = 0;
+		/* A base it may share (memory.share_base, the share_bases setting):
+		 * a GPU that has it needs the job's plan less the base. */
+		struct share sh = {.bytes = p->pb.base_bytes};
+		bool shares = s->cfg->share_bases && ngpus == 1 && p->pb.base_bytes;
+		for (int fake = 0; shares && fake < 2; fake++)
+			sh.ok[fake] = dmn_base_key(spec, &p->pb, fake, sh.key[fake]);
+		if (shares)
+			snprintf(sh.label, sizeof(sh.label), "base of %s (%s)", spec->model_dir,
+				 rpc_method_name(spec->method));
 		for (int k = 0; k < npol && !mask; k++) {
 			plan_bytes = p->pb.auto_policy ? p->pb.by_policy[k] : p->pb.bytes;
-			offer(s, q, plan_bytes, ngpus, true, true, pg);
+			offer(s, q, plan_bytes, ngpus, true, true, pg, shares ? &sh : NULL);
 			mask = dmn_place_pick(pg, s->dev->n, s->dev->nvlink, (int)ngpus, DMN_PLACE_NOW);
 			if (mask && p->pb.auto_policy)
 				policy = k;
 		}
 		if (mask) {
-			td_err e = reserve_gpus(s, q, mask, pg, &rr, &eb);
+			td_err e = reserve_gpus(s, q, mask, pg, shares ? &sh : NULL, &rr, &eb);
 			if (e != TD_OK && e != TD_EBUSY)
 				td_warn("TD-SCHED-LEDGER", "job %lld: %s", (long long)q->id, eb.msg);
 			else if (e == TD_EBUSY)
@@ -703,6 +751,13 @@ static enum place try_place(struct dmn_sched *s, const struct st_queued *q)
 			 gpu && gpu->fake ? " (simulated)" : "");
 	}
 	size_t rl = strlen(reason);
+	if (rr.base_shared)
+		rl += (size_t)snprintf(reason + rl, sizeof(reason) - rl,
+				       "; its frozen base (%.1f MiB) is the GPU's shared block, %s, in "
+				       "no lease of its own",
+				       (double)rr.base_bytes / (1 << 20),
+				       rr.base_attached ? "held with the jobs already on it"
+							: "reserved with this lease");
 	snprintf(reason + rl, sizeof(reason) - rl, "%s", chose);
 	td_err e = st_job_transition(s->db, q->id, ST_QUEUED, ST_ADMITTED, reason, device, &eb);
 	if (e != TD_OK) {
@@ -721,6 +776,7 @@ static enum place try_place(struct dmn_sched *s, const struct st_queued *q)
 	rr.backend = real_gpu ? "cuda" : "cpu";
 	rr.cuda_device = real_gpu ? gpu->ordinal : -1;
 	rr.cache_dir = s->cfg->cache_dir;
+	rr.base_digest = rr.base_shared ? p->pb.base_digest : NULL;
 	if ((e = dmn_runners_start(s->run, &rr, &eb)) != TD_OK) {
 		td_err_log("TD-SCHED-START", "job %lld: %s", (long long)q->id, eb.msg);
 		struct td_errbuf eb2 = {{0}};

@@ -76,6 +76,11 @@ static const struct setting settings[] = {
 	 "module, cuBLAS's handle and lazily loaded kernels). Measured on an H200 with "
 	 "driver 580 / CUDA 13: the whole process 650 MiB for a 21 MiB plan, i.e. ~593 MiB "
 	 "of context and code; 768 leaves room for the cuBLAS kernels larger shapes load"},
+	{"share_bases", T_INT, F(share_bases), "1", 0, 1, NULL, true,
+	 "1: LoRA and QLoRA jobs on one GPU whose frozen base is the same files stored alike "
+	 "share one read-only copy of it (the ledger holds it once, as a shared block; each "
+	 "job's lease its own bytes); 0: every job holds its own (a job opts out with "
+	 "memory.share_base: false)"},
 	{"shutdown_timeout_s", T_INT, F(shutdown_timeout_s), "60", 1, 3600, NULL, true,
 	 "on SIGTERM, how long running jobs get to checkpoint before the daemon exits"},
 	{"tick_ms", T_INT, F(tick_ms), "1000", 50, 60000, NULL, true,

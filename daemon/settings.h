@@ -50,6 +50,7 @@ struct dmn_config {
 	long max_queued_per_user;   /* 0: no limit */
 	double vram_factor;         /* the share of a GPU the ledger hands out */
 	long cuda_context_mib;      /* per job on a real GPU, reserved on top of plan + backend */
+	long share_bases;           /* 1: LoRA jobs of the same base files share one copy */
 	long shutdown_timeout_s;
 	long tick_ms;
 	long list_limit;            /* `trainctl ls` without a limit */
