@@ -1073,7 +1073,7 @@ static size_t gpu_victims(struct dmn_sched *s, const struct st_queued *q, uint64
 			  uint32_t *mask)
 {
 	struct dmn_place_gpu pg[DMN_MAX_GPUS];
-	offer(s, q, plan_bytes, want, true, true, pg);
+	offer(s, q, plan_bytes, want, true, true, pg, NULL);
 	int64_t need[DMN_MAX_GPUS], base[DMN_MAX_GPUS], freeable[DMN_MAX_GPUS] = {0};
 	for (int i = 0; i < s->dev->n; i++) {
 		need[i] = (int64_t)pg[i].need;

@@ -251,8 +251,10 @@ td_err tr_method_print_plan(const Traind__JobSpec *spec, const struct tr_model_c
 
 bool tr_method_can_share_base(const Traind__JobSpec *spec)
 {
-	Traind__Method m = method_of(spec);
-	return m == TRAIND__METHOD__METHOD_LORA || m == TRAIND__METHOD__METHOD_QLORA;
+	/* A causal LM's adapters on a frozen base: no other model (a teacher),
+	 * no trained head (a classifier's). */
+	return spec->method == TRAIND__METHOD__METHOD_LORA ||
+	       spec->method == TRAIND__METHOD__METHOD_QLORA;
 }
 
 td_err tr_method_base_layout(const Traind__JobSpec *spec, const struct tr_model_config *cfg,
