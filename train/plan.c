@@ -433,17 +433,36 @@ static td_err add_stage(struct tr_plan *p, size_t *cap, enum tr_stage_kind kind,
 	return TD_OK;
 }
 
+/* The least forward FLOPs a layer does per byte FULL_OFFLOAD copies out of
+ * it for the attention's output to go too: the copies take the layer's
+ * forward time only where they keep up. Measured: pinned copies at 55 GB/s
+ * each way (H100 and H200, PCIe 5), large bf16 GEMMs at ~600 TFLOP/s:
+ * ~11k FLOP a byte. Llama-3-8B at B4 x T2048 does 10.6k (3.57 TFLOP a
+ * layer for 128 MiB of input and 193 MiB of attention output) and gained;
+ * Qwen2-0.5B at B8 x T1024 does 3.3k and lost 7% of its tokens/s (H200). */
+#define TR_OFFLOAD_MIN_FLOP_PER_BYTE 8192.0
+
 bool tr_plan_offloads_attention(const struct tr_model_config *cfg, const struct tr_plan_opts *o)
 {
 	/* The set takes a ring slot more than FULL's one working copy; the
 	 * layer inputs free L + 1 - RING slots of FULL's. FULL_OFFLOAD stays
-	 * below FULL on the device: only where those outweigh the slot. */
+	 * below FULL on the device: only where those outweigh the slot, and
+	 * where the layer computes long enough for its copies. */
 	const size_t L = (size_t)cfg->num_layers, ring = min_sz(TR_OFFLOAD_RING, L);
 	const size_t N = (size_t)o->B * (size_t)o->T, H = (size_t)cfg->num_heads * cfg->head_dim;
 	const size_t set = aligned((size_t)o->B * cfg->num_heads * o->T * sizeof(float)) +
 			   aligned(N * H * sizeof(float)) + (o->gemm_bf16 ? aligned(N * H * 2) : 0);
 	const size_t res = aligned(N * (size_t)cfg->hidden_size * sizeof(float));
-	return o->attention_lse && !o->inference && (L + 1 - ring) * res > (ring - 1) * set;
+	double layer_params = 0; /* the seven projections' weights */
+	for (int lin = 0; lin < TR_LIN_COUNT; lin++) {
+		int in, out;
+		tr_lin_dims(cfg, lin, &in, &out);
+		layer_params += (double)in * out;
+	}
+	const double flop_per_byte = 2.0 * (double)N * layer_params / (double)(res + set);
+	return o->attention_lse && !o->inference && o->offload_attention >= 0 &&
+	       (L + 1 - ring) * res > (ring - 1) * set &&
+	       (o->offload_attention > 0 || flop_per_byte >= TR_OFFLOAD_MIN_FLOP_PER_BYTE);
 }
 
 /* The forward: embedding, the layers, the final norm, the head in chunks of

@@ -261,6 +261,10 @@ struct tr_plan_opts {
 	 * attention_lse. */
 	bool gemm_bf16;
 	enum tr_recompute recompute; /* TR_RECOMPUTE_NONE (0): keep everything */
+	/* FULL_OFFLOAD's attention output on the host (tr_plan_offloads_attention):
+	 * 0 where it pays, 1 wherever the device holds less for it (tests:
+	 * small models never pay), -1 never. */
+	int offload_attention;
 };
 
 struct tr_plan {
