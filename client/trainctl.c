@@ -482,6 +482,21 @@ static int cmd_submit(const struct opts *o, int argc, char **argv)
 					s->memory->recompute = rc_names[k].r;
 					ok = true;
 				}
+		} else if (strcmp(a, "--shard") == 0) {
+			static const struct { const char *name; Traind__Shard v; } sh_names[] = {
+				{"auto", TRAIND__SHARD__SHARD_AUTO},
+				{"none", TRAIND__SHARD__SHARD_NONE},
+				{"optimizer", TRAIND__SHARD__SHARD_OPTIMIZER},
+				{"gradients", TRAIND__SHARD__SHARD_GRADIENTS},
+				{"parameters", TRAIND__SHARD__SHARD_PARAMETERS},
+			};
+			ok = false;
+			for (size_t k = 0; k < sizeof(sh_names) / sizeof(sh_names[0]); k++)
+				if (strcasecmp(v, sh_names[k].name) == 0) {
+					s->memory->has_shard = true;
+					s->memory->shard = sh_names[k].v;
+					ok = true;
+				}
 		} else if (strcmp(a, "--max-memory") == 0 && (ok = parse_bytes(v, &u))) {
 			s->memory->has_max_bytes = true;
 			s->memory->max_bytes = u;
@@ -1817,6 +1832,7 @@ static const struct command {
 	 "         [--eval FILE] [--name NAME] [--priority N] [--device cpu|gpu|any] [--gpus N]\n"
 	 "         [--grad-accum N] (a step's micro-batches, shared by a gang's GPUs)\n"
 	 "         [--recompute auto|none|selective|full|full-offload] [--max-memory BYTES[K|M|G|T]]\n"
+	 "         [--shard auto|none|optimizer] (a gang's state split over its GPUs)\n"
 	 "         [--after ID[,ID...]] [--hold] [--watch]\n"
 	 "      queue a job (flags override the file; relative paths are taken from here);\n"
 	 "      prints its id"},

@@ -444,18 +444,30 @@ static void submit_done(uv_work_t *req, int status)
 	}
 	dmn_sched_claim_bind(env->sched, c->claim, id);
 	dmn_sched_set_plan(env->sched, id, &c->plan);
+	char sharded[200] = ""; /* memory.shard AUTO: the plans with the optimizer sharded */
+	if (c->plan.auto_shard && c->plan.auto_policy)
+		snprintf(sharded, sizeof(sharded),
+			 "; with memory.shard optimizer %llu bytes with recompute none, %llu selective, "
+			 "%llu full (memory.shard AUTO)",
+			 (unsigned long long)c->plan.shard_by_policy[TR_RECOMPUTE_NONE],
+			 (unsigned long long)c->plan.shard_by_policy[TR_RECOMPUTE_SELECTIVE],
+			 (unsigned long long)c->plan.shard_by_policy[TR_RECOMPUTE_FULL]);
+	else if (c->plan.auto_shard)
+		snprintf(sharded, sizeof(sharded),
+			 "; with memory.shard optimizer %llu bytes (memory.shard AUTO)",
+			 (unsigned long long)c->plan.shard_bytes);
 	if (c->plan.auto_policy)
 		st_event_addf(env->db, id, "info", NULL,
 			      "plan: %llu bytes with recompute none, %llu selective, %llu full "
 			      "(memory.recompute AUTO: the fastest that fits where the job is "
-			      "placed); %s job on %s",
+			      "placed)%s; %s job on %s",
 			      (unsigned long long)c->plan.by_policy[TR_RECOMPUTE_NONE],
 			      (unsigned long long)c->plan.by_policy[TR_RECOMPUTE_SELECTIVE],
-			      (unsigned long long)c->plan.by_policy[TR_RECOMPUTE_FULL],
+			      (unsigned long long)c->plan.by_policy[TR_RECOMPUTE_FULL], sharded,
 			      rpc_method_name(c->spec->method), c->spec->model_dir);
 	else
-		st_event_addf(env->db, id, "info", NULL, "plan: %llu bytes; %s job on %s",
-			      (unsigned long long)c->plan.bytes, rpc_method_name(c->spec->method),
+		st_event_addf(env->db, id, "info", NULL, "plan: %llu bytes%s; %s job on %s",
+			      (unsigned long long)c->plan.bytes, sharded, rpc_method_name(c->spec->method),
 			      c->spec->model_dir);
 	td_info("TD-JOB-SUBMIT", "job %lld submitted by uid %u: %s", (long long)id,
 		(unsigned)c->peer.uid, c->spec->name);

@@ -50,7 +50,7 @@ static void usage(FILE *f)
 		"       traind --dump-config [SETTINGS...]   print the effective settings\n"
 		"       traind --run JOB [--backend cpu|cuda|auto] [--stop-after N] [--quiet]\n"
 		"                [--cache-dir DIR] [--gpus N] [--devices I,J,...]\n"
-		"       traind --plan JOB\n"
+		"       traind --plan JOB [--gpus N]\n"
 		"       traind --check JOB\n"
 		"       traind --merge BASE ADAPTER OUT [--backend cpu|cuda|auto]   (default cpu: fp32)\n"
 		"       traind --message-id ID   the journald MESSAGE_ID of a message id\n"
@@ -178,15 +178,20 @@ static const char *default_cache_dir(char *buf, size_t cap)
 	return n > 0 && (size_t)n < cap ? buf : NULL;
 }
 
-/* traind --plan's last lines: what memory.recompute AUTO takes on each GPU
- * of this host, as the scheduler would place the job now — the fastest
- * policy whose lease (plan + backend + context allowance) the GPU grants
- * (its memory x vram_factor, and what is free now). The settings are the
- * daemon's (config file, environment); a teacher's plan is not counted. */
+/* traind --plan's last lines: what memory.recompute AUTO (and a gang's
+ * memory.shard AUTO) takes on each GPU of this host, as the scheduler
+ * would place the job now — the fastest combination whose lease (plan +
+ * backend + context allowance, + NCCL's for a gang) the GPU grants (its
+ * memory x vram_factor, and what is free now), in the scheduler's order:
+ * each recompute policy unsharded, then with the optimizer sharded. The
+ * settings are the daemon's (config file, environment); a teacher's plan
+ * is not counted. */
 static void print_auto_on_host(Traind__JobSpec *spec, FILE *out)
 {
-	if (!dmn_recompute_is_auto(spec)) {
-		fprintf(out, "auto       memory.recompute is fixed by the spec (or bounded by memory.max_bytes)\n");
+	const bool arc = dmn_recompute_is_auto(spec), ash = dmn_shard_is_auto(spec);
+	if (!arc && !ash) {
+		fprintf(out, "auto       memory.recompute is fixed by the spec (or bounded by memory.max_bytes)%s\n",
+			spec->resources->gpus > 1 ? ", and so is memory.shard" : "");
 		return;
 	}
 	struct td_errbuf eb = {{0}};
@@ -209,39 +214,53 @@ static void print_auto_on_host(Traind__JobSpec *spec, FILE *out)
 	snprintf(path, sizeof(path), "%s/config.json", spec->model_dir);
 	struct tr_model_config mc;
 	struct tr_plan_opts po;
-	size_t acts[TR_RECOMPUTE_COUNT], total[TR_RECOMPUTE_COUNT], host[TR_RECOMPUTE_COUNT];
+	/* [shard][recompute]: the plans' totals and host bytes */
+	size_t acts[TR_RECOMPUTE_COUNT], total[2][TR_RECOMPUTE_COUNT], host[2][TR_RECOMPUTE_COUNT];
 	if (rpc_jobspec_resolve_precision(spec, true, &eb) != TD_OK ||
 	    tr_config_load(&mc, path, &eb) != TD_OK ||
 	    tr_method_plan_opts(spec, &mc, (int)spec->hyper->micro_batch, (int)spec->data->seq_len,
 				&po, &eb) != TD_OK ||
-	    tr_plan_policy_bytes(&mc, &po, acts, total, host, &eb) != TD_OK) {
+	    tr_plan_policy_bytes(&mc, &po, acts, total[0], host[0], &eb) != TD_OK) {
 		fprintf(out, "auto       (%s)\n", eb.msg);
 		return;
 	}
-	const uint64_t extra = (uint64_t)GPU_CUDA_FIXED_BYTES + ((uint64_t)cfg.cuda_context_mib << 20);
+	struct tr_plan_opts so = po;
+	so.shard = TR_SHARD_OPTIMIZER;
+	if (ash && tr_plan_policy_bytes(&mc, &so, acts, total[1], host[1], &eb) != TD_OK) {
+		fprintf(out, "auto       (%s)\n", eb.msg);
+		return;
+	}
+	const unsigned ngpus = spec->resources->gpus;
+	const uint64_t extra = (uint64_t)GPU_CUDA_FIXED_BYTES + ((uint64_t)cfg.cuda_context_mib << 20) +
+			       (ngpus > 1 ? GPU_NCCL_RESERVE_BYTES : 0);
+	const int k0 = arc ? 0 : (int)po.recompute, k1 = arc ? TR_RECOMPUTE_COUNT : k0 + 1;
+	const int nsh = ash ? 2 : 1;
 	for (int i = 0; i < n; i++) {
 		uint64_t share = (uint64_t)((long double)dev[i].total_bytes * (long double)cfg.vram_factor);
 		uint64_t avail = share < dev[i].free_bytes ? share : dev[i].free_bytes;
-		int k = 0;
-		while (k < TR_RECOMPUTE_COUNT && total[k] + extra > avail)
-			k++;
+		int c = k0 * nsh;
+		while (c < k1 * nsh && total[c % nsh][c / nsh] + extra > avail)
+			c++;
 		fprintf(out, "auto       GPU %d (%s): grants %.2f GiB now (%.2f GiB x vram_factor %.2f, "
 			"%.2f GiB free): ",
 			dev[i].index, dev[i].name, (double)avail / (1 << 30),
 			(double)dev[i].total_bytes / (1 << 30), cfg.vram_factor,
 			(double)dev[i].free_bytes / (1 << 30));
-		const int last = TR_RECOMPUTE_COUNT - 1; /* the smallest lease */
-		if (k < TR_RECOMPUTE_COUNT && host[k])
-			fprintf(out, "%s (lease %.2f GiB, and %.2f GiB of pinned host memory)\n",
-				tr_recompute_name((enum tr_recompute)k),
-				(double)(total[k] + extra) / (1 << 30), (double)host[k] / (1 << 30));
-		else if (k < TR_RECOMPUTE_COUNT)
-			fprintf(out, "%s (lease %.2f GiB)\n", tr_recompute_name((enum tr_recompute)k),
-				(double)(total[k] + extra) / (1 << 30));
+		if (c == k1 * nsh)
+			c = k1 * nsh - 1; /* the smallest lease, which does not fit */
+		const int k = c / nsh, sh = c % nsh;
+		char what[96];
+		snprintf(what, sizeof(what), "%s%s%s", tr_recompute_name((enum tr_recompute)k),
+			 ngpus > 1 ? ", shard " : "",
+			 ngpus > 1 ? tr_shard_name(ash ? (enum tr_shard)sh : po.shard) : "");
+		if (total[sh][k] + extra > avail)
+			fprintf(out, "nothing fits (%s's lease is %.2f GiB)\n", what,
+				(double)(total[sh][k] + extra) / (1 << 30));
+		else if (host[sh][k])
+			fprintf(out, "%s (lease %.2f GiB, and %.2f GiB of pinned host memory)\n", what,
+				(double)(total[sh][k] + extra) / (1 << 30), (double)host[sh][k] / (1 << 30));
 		else
-			fprintf(out, "nothing fits (%s's lease is %.2f GiB)\n",
-				tr_recompute_name((enum tr_recompute)last),
-				(double)(total[last] + extra) / (1 << 30));
+			fprintf(out, "%s (lease %.2f GiB)\n", what, (double)(total[sh][k] + extra) / (1 << 30));
 	}
 }
 
@@ -342,6 +361,10 @@ static int run_oneshot(int argc, char **argv)
 		return 0;
 	}
 	if (plan) {
+		if (gpus) { /* --plan --gpus N: each GPU's plan in a gang of N */
+			spec->resources->has_gpus = true;
+			spec->resources->gpus = (uint32_t)gpus;
+		}
 		td_err e = tr_train_plan(spec, stdout, &eb);
 		if (e != TD_OK)
 			fprintf(stderr, "traind: %s: %s\n", plan, eb.msg[0] ? eb.msg : td_strerror(e));

@@ -125,6 +125,27 @@ bool dmn_recompute_is_auto(const Traind__JobSpec *spec)
 	       m->recompute == TRAIND__RECOMPUTE__RECOMPUTE_AUTO;
 }
 
+bool dmn_shard_is_auto(const Traind__JobSpec *spec)
+{
+	const Traind__MemorySpec *m = spec->memory;
+	if (!spec->resources || spec->resources->gpus < 2)
+		return false;
+	if (!m)
+		return true;
+	if (m->has_max_bytes && m->max_bytes)
+		return false;
+	return !m->has_shard || m->shard == TRAIND__SHARD__SHARD_UNSPECIFIED ||
+	       m->shard == TRAIND__SHARD__SHARD_AUTO;
+}
+
+uint64_t dmn_plan_smallest(const struct dmn_plan_bytes *pb)
+{
+	const int last = TR_RECOMPUTE_COUNT - 1;
+	if (pb->auto_policy)
+		return pb->auto_shard ? pb->shard_by_policy[last] : pb->by_policy[last];
+	return pb->auto_shard ? pb->shard_bytes : pb->bytes;
+}
+
 static td_err checks(const Traind__JobSpec *s, struct dmn_plan_bytes *out, struct td_errbuf *eb)
 {
 	td_err e = need_dir("model_dir", s->model_dir, eb);
@@ -163,7 +184,8 @@ static td_err checks(const Traind__JobSpec *s, struct dmn_plan_bytes *out, struc
 		return e;
 	struct dmn_plan_bytes pb = {.bytes = tr_plan_total_bytes(&p),
 				    .host_bytes = tr_plan_host_bytes(&p),
-				    .auto_policy = dmn_recompute_is_auto(s)};
+				    .auto_policy = dmn_recompute_is_auto(s),
+				    .auto_shard = dmn_shard_is_auto(s)};
 	/* A base it may share: the files' digest, read as the submitter (once
 	 * per process for the same files: train/base.h). */
 	bool share = tr_method_can_share_base(s) && (!s->memory || !s->memory->has_share_base ||
@@ -177,6 +199,15 @@ static td_err checks(const Traind__JobSpec *s, struct dmn_plan_bytes *out, struc
 		}
 	}
 	tr_plan_fini(&p);
+	/* Shard AUTO: the method planned NONE; the optimizer sharded too. */
+	struct tr_plan_opts so = po;
+	so.shard = TR_SHARD_OPTIMIZER;
+	if (pb.auto_shard) {
+		if ((e = tr_plan_build(&p, &cfg, &so, eb)) != TD_OK)
+			return e;
+		pb.shard_bytes = tr_plan_total_bytes(&p);
+		tr_plan_fini(&p);
+	}
 	/* AUTO: every policy's plan, for the scheduler to choose from where it
 	 * places the job (the method chose NONE here, AUTO's choice without a
 	 * bound). */
@@ -187,6 +218,13 @@ static td_err checks(const Traind__JobSpec *s, struct dmn_plan_bytes *out, struc
 		pb.by_policy[k] = tr_plan_total_bytes(&p);
 		pb.host_by_policy[k] = tr_plan_host_bytes(&p);
 		tr_plan_fini(&p);
+		so.recompute = po.recompute;
+		if (pb.auto_shard) {
+			if ((e = tr_plan_build(&p, &cfg, &so, eb)) != TD_OK)
+				return e;
+			pb.shard_by_policy[k] = tr_plan_total_bytes(&p);
+			tr_plan_fini(&p);
+		}
 	}
 	uint64_t teacher = 0;
 	if (s->method == TRAIND__METHOD__METHOD_DISTILL) {
@@ -204,8 +242,11 @@ static td_err checks(const Traind__JobSpec *s, struct dmn_plan_bytes *out, struc
 		tr_plan_fini(&p);
 	}
 	pb.bytes += teacher;
-	for (int k = 0; pb.auto_policy && k < TR_RECOMPUTE_COUNT; k++)
+	pb.shard_bytes += pb.auto_shard ? teacher : 0;
+	for (int k = 0; pb.auto_policy && k < TR_RECOMPUTE_COUNT; k++) {
 		pb.by_policy[k] += teacher;
+		pb.shard_by_policy[k] += pb.auto_shard ? teacher : 0;
+	}
 	*out = pb;
 	return TD_OK;
 }

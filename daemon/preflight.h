@@ -42,6 +42,16 @@ struct dmn_plan_bytes {
 	 * dir's files digest; 0 and "" when it may not. */
 	uint64_t base_bytes;
 	char base_digest[65];
+	/* memory.shard AUTO (or unset) on a gang (resources.gpus > 1) without
+	 * memory.max_bytes: the scheduler chooses the sharding with the
+	 * recompute policy, so the plans with the optimizer sharded
+	 * (train/plan.h: TR_SHARD_OPTIMIZER) are known too: shard_bytes beside
+	 * bytes, shard_by_policy[k] beside by_policy[k] (the host bytes are the
+	 * same). Otherwise auto_shard is false and these are 0: bytes and
+	 * by_policy are the plans of the sharding the spec fixes. */
+	bool auto_shard;
+	uint64_t shard_bytes;
+	uint64_t shard_by_policy[TR_RECOMPUTE_COUNT];
 };
 
 /* The ledger's key of pb's base on a GPU of this kind (fake: the job runs
@@ -52,6 +62,15 @@ struct dmn_plan_bytes {
  * cannot share there (no base, or a precision that GPU refuses). */
 bool dmn_base_key(const Traind__JobSpec *spec, const struct dmn_plan_bytes *pb, bool fake,
 		  char out[65]);
+
+/* The plan AUTO waits with: the smallest it may take (the last policy's,
+ * FULL_OFFLOAD, with the optimizer sharded where that is AUTO too), else
+ * the fixed plan's bytes. */
+uint64_t dmn_plan_smallest(const struct dmn_plan_bytes *pb);
+
+/* Whether spec leaves the sharding of a gang to placement: resources.gpus
+ * > 1, memory.shard AUTO or unset, and no memory.max_bytes. */
+bool dmn_shard_is_auto(const Traind__JobSpec *spec);
 
 /* Whether spec leaves the recompute policy to placement: memory.recompute
  * AUTO or unset, and no memory.max_bytes. */

@@ -601,6 +601,7 @@ static enum place try_place(struct dmn_sched *s, const struct st_queued *q)
 	struct dmn_run_request rr = {0};
 	uint64_t plan_bytes = 0;
 	int policy = -1; /* AUTO's choice (enum tr_recompute) where it placed the job */
+	int shard = -1;  /* memory.shard AUTO's (enum tr_shard) */
 	const struct plan *p = NULL;
 	if (gpu_ok) {
 		p = plan_find(s, q->id);
@@ -622,9 +623,12 @@ static enum place try_place(struct dmn_sched *s, const struct st_queued *q)
 		}
 		/* memory.recompute AUTO: the fastest policy whose plan a GPU grants
 		 * now — NONE, SELECTIVE, FULL, then FULL_OFFLOAD (each keeps less and
-		 * recomputes more). Not placed, it waits with the smallest plan,
-		 * FULL_OFFLOAD's, which fits soonest. */
+		 * recomputes more); a gang's memory.shard AUTO tries each policy
+		 * unsharded, then with the optimizer sharded (an all-gather a step
+		 * costs less than the next policy's recompute). Not placed, it waits
+		 * with the smallest plan (dmn_plan_smallest), which fits soonest. */
 		const int npol = p->pb.auto_policy ? TR_RECOMPUTE_COUNT : 1;
+		const int nsh = p->pb.auto_shard ? 2 : 1;
 		struct dmn_place_gpu pg[DMN_MAX_GPUS];
 		uint32_t mask = 0;
 		/* A base it may share (memory.share_base, the share_bases setting):
@@ -636,12 +640,16 @@ static enum place try_place(struct dmn_sched *s, const struct st_queued *q)
 		if (shares)
 			snprintf(sh.label, sizeof(sh.label), "base of %s (%s)", spec->model_dir,
 				 rpc_method_name(spec->method));
-		for (int k = 0; k < npol && !mask; k++) {
-			plan_bytes = p->pb.auto_policy ? p->pb.by_policy[k] : p->pb.bytes;
+		for (int k = 0; k < npol * nsh && !mask; k++) {
+			const int pk = k / nsh, sk = k % nsh;
+			plan_bytes = sk ? (p->pb.auto_policy ? p->pb.shard_by_policy[pk] : p->pb.shard_bytes)
+					: (p->pb.auto_policy ? p->pb.by_policy[pk] : p->pb.bytes);
 			offer(s, q, plan_bytes, ngpus, true, true, pg, shares ? &sh : NULL);
 			mask = dmn_place_pick(pg, s->dev->n, s->dev->nvlink, (int)ngpus, DMN_PLACE_NOW);
 			if (mask && p->pb.auto_policy)
-				policy = k;
+				policy = pk;
+			if (mask && p->pb.auto_shard)
+				shard = sk ? TR_SHARD_OPTIMIZER : TR_SHARD_NONE;
 		}
 		if (mask) {
 			td_err e = reserve_gpus(s, q, mask, pg, shares ? &sh : NULL, &rr, &eb);
@@ -679,17 +687,17 @@ static enum place try_place(struct dmn_sched *s, const struct st_queued *q)
 	}
 	/* AUTO's choice goes into the spec the runner trains: the trainer's
 	 * method would take NONE (AUTO without a bound). */
-	char chose[320] = "";
-	if (gpu && policy >= 0) {
+	char chose[480] = "";
+	if (gpu && (policy >= 0 || shard >= 0) && !spec->memory) {
+		spec->memory = malloc(sizeof(*spec->memory));
 		if (!spec->memory) {
-			spec->memory = malloc(sizeof(*spec->memory));
-			if (!spec->memory) {
-				release_gpus(s, &rr);
-				rpc_jobspec_free(spec);
-				return PLACE_WAIT; /* out of memory: the next pass */
-			}
-			traind__memory_spec__init(spec->memory);
+			release_gpus(s, &rr);
+			rpc_jobspec_free(spec);
+			return PLACE_WAIT; /* out of memory: the next pass */
 		}
+		traind__memory_spec__init(spec->memory);
+	}
+	if (gpu && policy >= 0) {
 		spec->memory->has_recompute = true;
 		spec->memory->recompute = (Traind__Recompute)(TRAIND__RECOMPUTE__RECOMPUTE_NONE + policy);
 		char host[96] = ""; /* FULL_OFFLOAD's, in no lease */
@@ -706,6 +714,19 @@ static enum place try_place(struct dmn_sched *s, const struct st_queued *q)
 			snprintf(chose, sizeof(chose),
 				 "; memory.recompute AUTO chose none: its plan of %.1f MiB fits",
 				 (double)plan_bytes / (1 << 20));
+	}
+	if (gpu && shard >= 0) {
+		spec->memory->has_shard = true;
+		spec->memory->shard = shard == TR_SHARD_OPTIMIZER ? TRAIND__SHARD__SHARD_OPTIMIZER
+								  : TRAIND__SHARD__SHARD_NONE;
+		size_t len = strlen(chose);
+		snprintf(chose + len, sizeof(chose) - len,
+			 "; memory.shard AUTO chose %s (plan %.1f MiB a GPU; unsharded %.1f MiB, the "
+			 "optimizer sharded %.1f MiB)",
+			 tr_shard_name((enum tr_shard)shard), (double)plan_bytes / (1 << 20),
+			 (double)(p->pb.auto_policy ? p->pb.by_policy[policy] : p->pb.bytes) / (1 << 20),
+			 (double)(p->pb.auto_policy ? p->pb.shard_by_policy[policy] : p->pb.shard_bytes) /
+				 (1 << 20));
 	}
 	/* The job's device: "cpu", its GPU's uuid, or a gang's uuids joined by ','. */
 	char device[DMN_MAX_GPUS * 97] = "cpu";
@@ -926,7 +947,7 @@ static void explain_wait(struct dmn_sched *s, const struct st_queued *q)
 	}
 	if (gpu_ok) {
 		/* AUTO waits with its smallest plan, the last policy's (FULL_OFFLOAD) */
-		uint64_t bytes = p->pb.auto_policy ? p->pb.by_policy[TR_RECOMPUTE_COUNT - 1] : p->pb.bytes;
+		uint64_t bytes = dmn_plan_smallest(&p->pb);
 		char set[64];
 		if (s->hold_job == q->id)
 			snprintf(gpu, sizeof(gpu),

@@ -385,24 +385,32 @@ void gpu_comm_stats(const struct gpu_comm *c, struct gpu_comm_stats *out)
 	*out = c->stats;
 }
 
+/* Host: room for n floats in the staging buffer. */
+static td_err host_reserve(struct gpu_comm *c, size_t n, const char *what, struct td_errbuf *eb)
+{
+	if (n <= c->cap)
+		return TD_OK;
+	float *b = realloc(c->buf, n * sizeof(float));
+	if (!b)
+		return rank_fail(c, td_fail(eb, TD_ENOMEM, "%s: out of memory for %zu floats", what, n),
+				 eb);
+	c->buf = b;
+	c->cap = n;
+	return TD_OK;
+}
+
 /* Host: download, sum slices in rank order, upload. */
 static td_err host_all_reduce(struct gpu_comm *c, float *x, size_t n, struct td_errbuf *eb)
 {
 	struct gpu_gang *g = c->g;
-	if (n > c->cap) {
-		float *b = realloc(c->buf, n * sizeof(float));
-		if (!b)
-			return rank_fail(c, td_fail(eb, TD_ENOMEM, "all-reduce: out of memory for %zu floats", n),
-					 eb);
-		c->buf = b;
-		c->cap = n;
-	}
+	td_err e = host_reserve(c, n, "all-reduce", eb);
+	if (e != TD_OK)
+		return e;
 	gpu_download(c->be, c->buf, x, n * sizeof(float));
 	pthread_mutex_lock(&g->mu);
 	g->slot[c->rank] = c->buf;
 	pthread_mutex_unlock(&g->mu);
-	td_err e = gpu_gang_barrier(g, c->rank, eb);
-	if (e != TD_OK)
+	if ((e = gpu_gang_barrier(g, c->rank, eb)) != TD_OK)
 		return e;
 	/* This rank's slice of every buffer; the others' slices are theirs. */
 	size_t lo = n * (size_t)c->rank / (size_t)g->n, hi = n * (size_t)(c->rank + 1) / (size_t)g->n;
@@ -422,6 +430,120 @@ static td_err host_all_reduce(struct gpu_comm *c, float *x, size_t n, struct td_
 	return TD_OK;
 }
 
+/* Host reduce-scatter: every rank's whole buffer published, each rank sums
+ * its own part over the ranks in rank order (the all-reduce's bits) and
+ * uploads it. The second barrier keeps the slots alive until all have read. */
+static td_err host_reduce_scatter(struct gpu_comm *c, float *x, size_t count, struct td_errbuf *eb)
+{
+	struct gpu_gang *g = c->g;
+	size_t n = count * (size_t)g->n;
+	td_err e = host_reserve(c, n, "reduce-scatter", eb);
+	if (e != TD_OK)
+		return e;
+	gpu_download(c->be, c->buf, x, n * sizeof(float));
+	pthread_mutex_lock(&g->mu);
+	g->slot[c->rank] = c->buf;
+	pthread_mutex_unlock(&g->mu);
+	if ((e = gpu_gang_barrier(g, c->rank, eb)) != TD_OK)
+		return e;
+	size_t lo = count * (size_t)c->rank;
+	float *own = g->slot[c->rank];
+	for (size_t i = lo; i < lo + count; i++) {
+		float v = g->slot[0][i];
+		for (int j = 1; j < g->n; j++)
+			v += g->slot[j][i];
+		own[i] = v; /* read by no other rank: its part is this rank's */
+	}
+	if ((e = gpu_gang_barrier(g, c->rank, eb)) != TD_OK)
+		return e;
+	gpu_upload(c->be, x + lo, c->buf + lo, count * sizeof(float));
+	return TD_OK;
+}
+
+/* Host all-gather: every rank's own part published, each rank uploads the
+ * others' into its x. */
+static td_err host_all_gather(struct gpu_comm *c, float *x, size_t count, struct td_errbuf *eb)
+{
+	struct gpu_gang *g = c->g;
+	td_err e = host_reserve(c, count, "all-gather", eb);
+	if (e != TD_OK)
+		return e;
+	gpu_download(c->be, c->buf, x + count * (size_t)c->rank, count * sizeof(float));
+	pthread_mutex_lock(&g->mu);
+	g->slot[c->rank] = c->buf;
+	pthread_mutex_unlock(&g->mu);
+	if ((e = gpu_gang_barrier(g, c->rank, eb)) != TD_OK)
+		return e;
+	for (int j = 0; j < g->n; j++)
+		if (j != c->rank)
+			gpu_upload(c->be, x + count * (size_t)j, g->slot[j], count * sizeof(float));
+	return gpu_gang_barrier(g, c->rank, eb);
+}
+
+enum coll { COLL_ALL_REDUCE, COLL_REDUCE_SCATTER, COLL_ALL_GATHER };
+
+/* One NCCL collective enqueued on the side stream (after the backend's work
+ * so far); n: x's floats. */
+static td_err nccl_coll(struct gpu_comm *c, enum coll k, float *x, size_t n, size_t count,
+			struct td_errbuf *eb)
+{
+	static const char *const names[] = {"all-reduce", "reduce-scatter", "all-gather"};
+	if (!c->comm)
+		return rank_fail(c, td_fail(eb, TD_EDEVICE, "%s, rank %d: no communicator", names[k],
+					    c->rank), eb);
+	c->side_fn.fork(c->side);
+	void *st = c->side_fn.stream(c->side);
+	float *own = x + count * (size_t)c->rank;
+	gpu_nccl_result_t r;
+	if (k == COLL_ALL_REDUCE)
+		r = c->nc->all_reduce(x, x, n, GPU_NCCL_FLOAT32, GPU_NCCL_SUM, c->comm, st);
+	else if (k == COLL_REDUCE_SCATTER) /* in place: recv is send + rank * count */
+		r = c->nc->reduce_scatter(x, own, count, GPU_NCCL_FLOAT32, GPU_NCCL_SUM, c->comm, st);
+	else /* in place: send is recv + rank * count */
+		r = c->nc->all_gather(own, x, count, GPU_NCCL_FLOAT32, c->comm, st);
+	c->pending = true;
+	if (r == GPU_NCCL_IN_PROGRESS) /* complete the call before the next one */
+		return nccl_poll(c, false, c->g->timeout_ms, names[k], eb);
+	if (r != GPU_NCCL_SUCCESS) {
+		char where[96];
+		snprintf(where, sizeof(where), "%s of %zu floats, rank %d of %d", names[k], n, c->rank,
+			 c->g->n);
+		td_err e = gpu_nccl_check(c->nc, r, c->comm, where, eb);
+		nccl_abort(c);
+		return rank_fail(c, e, eb);
+	}
+	return TD_OK;
+}
+
+td_err gpu_comm_reduce_scatter_sum(struct gpu_comm *c, float *x, size_t count,
+				   struct td_errbuf *eb)
+{
+	if (gpu_gang_failed(c->g)) {
+		nccl_abort(c);
+		return gang_stopped(c->g, c->rank, eb);
+	}
+	size_t n = count * (size_t)c->g->n;
+	c->stats.calls++;
+	c->stats.floats += n;
+	if (c->kind == GPU_COMM_HOST)
+		return host_reduce_scatter(c, x, count, eb);
+	return nccl_coll(c, COLL_REDUCE_SCATTER, x, n, count, eb);
+}
+
+td_err gpu_comm_all_gather(struct gpu_comm *c, float *x, size_t count, struct td_errbuf *eb)
+{
+	if (gpu_gang_failed(c->g)) {
+		nccl_abort(c);
+		return gang_stopped(c->g, c->rank, eb);
+	}
+	size_t n = count * (size_t)c->g->n;
+	c->stats.calls++;
+	c->stats.floats += n;
+	if (c->kind == GPU_COMM_HOST)
+		return host_all_gather(c, x, count, eb);
+	return nccl_coll(c, COLL_ALL_GATHER, x, n, count, eb);
+}
+
 td_err gpu_comm_all_reduce_sum(struct gpu_comm *c, float *x, size_t n, struct td_errbuf *eb)
 {
 	if (gpu_gang_failed(c->g)) {
@@ -432,24 +554,7 @@ td_err gpu_comm_all_reduce_sum(struct gpu_comm *c, float *x, size_t n, struct td
 	c->stats.floats += n;
 	if (c->kind == GPU_COMM_HOST)
 		return host_all_reduce(c, x, n, eb);
-	if (!c->comm)
-		return rank_fail(c, td_fail(eb, TD_EDEVICE, "all-reduce, rank %d: no communicator",
-					    c->rank), eb);
-	c->side_fn.fork(c->side);
-	gpu_nccl_result_t r = c->nc->all_reduce(x, x, n, GPU_NCCL_FLOAT32, GPU_NCCL_SUM, c->comm,
-						c->side_fn.stream(c->side));
-	c->pending = true;
-	if (r == GPU_NCCL_IN_PROGRESS) /* complete the call before the next one */
-		return nccl_poll(c, false, c->g->timeout_ms, "all-reduce", eb);
-	if (r != GPU_NCCL_SUCCESS) {
-		char where[96];
-		snprintf(where, sizeof(where), "all-reduce of %zu floats, rank %d of %d", n, c->rank,
-			 c->g->n);
-		td_err e = gpu_nccl_check(c->nc, r, c->comm, where, eb);
-		nccl_abort(c);
-		return rank_fail(c, e, eb);
-	}
-	return TD_OK;
+	return nccl_coll(c, COLL_ALL_REDUCE, x, n, 0, eb);
 }
 
 td_err gpu_comm_wait(struct gpu_comm *c, struct td_errbuf *eb)
@@ -460,7 +565,7 @@ td_err gpu_comm_wait(struct gpu_comm *c, struct td_errbuf *eb)
 	}
 	if (c->kind == GPU_COMM_HOST || !c->pending)
 		return TD_OK;
-	td_err e = nccl_poll(c, true, c->g->timeout_ms, "all-reduce of gradients", eb);
+	td_err e = nccl_poll(c, true, c->g->timeout_ms, "collectives of the step", eb);
 	if (e == TD_OK)
 		c->pending = false;
 	return e;

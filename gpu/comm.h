@@ -9,14 +9,16 @@
  * waits for one that will never come: the job fails on every rank in
  * bounded time and the process serves on.
  *
- * A comm is one rank's end of the reduction. Two kinds:
+ * A comm is one rank's end of the collectives (all-reduce; reduce-scatter
+ * and all-gather for sharded state). Two kinds:
  *   host  in-process, through host memory: each rank downloads its buffer,
  *         the ranks sum slices of the N buffers in rank order (x0 + x1 + ...
  *         from the left, in fp32: the same bits on every rank, whatever the
- *         bucketing) and upload the sums. Any backend (the CPU's, simulated
+ *         bucketing) and upload the sums (a reduce-scatter: each rank
+ *         its part's; an all-gather copies the parts). Any backend (the CPU's, simulated
  *         GPUs), blocking; for tests and for checking the NCCL path.
- *   nccl  ncclAllReduce (fp32, sum) on a stream of its own beside the
- *         backend's (the CUDA module's side stream: it waits for the
+ *   nccl  ncclAllReduce, ncclReduceScatter, ncclAllGather (fp32, sum)
+ *         on a stream of its own beside the backend's (the CUDA module's side stream: it waits for the
  *         backend's work enqueued so far), nonblocking communicators, every
  *         wait polled against the gang's failure, NCCL's asynchronous error,
  *         the stream's error and a timeout. The CUDA backend only.
@@ -113,6 +115,22 @@ bool gpu_comm_async(const struct gpu_comm *c);
  * nor write x before gpu_comm_wait returns. Errors fail the gang. */
 td_err gpu_comm_all_reduce_sum(struct gpu_comm *c, float *x, size_t n, struct td_errbuf *eb);
 
+/* Sharded state (ZeRO, train/ddp.h): x holds nranks * count floats on
+ * every rank, rank r's part at x + r * count.
+ *
+ * reduce-scatter: sums x over the ranks, each rank getting its part only:
+ * afterwards x[rank * count, (rank + 1) * count) holds the sum of every
+ * rank's floats there (host: in rank order from the left, the bits
+ * gpu_comm_all_reduce_sum gives them); the rest of x is left undefined.
+ * all-gather: every rank's part to every rank: afterwards x holds part r of
+ * rank r for every r (this rank's own part unchanged).
+ * Both in place, with all-reduce's rules: every rank makes the same calls in
+ * the same order with the same count; async on NCCL (gpu_comm_wait), errors
+ * fail the gang. */
+td_err gpu_comm_reduce_scatter_sum(struct gpu_comm *c, float *x, size_t count,
+				   struct td_errbuf *eb);
+td_err gpu_comm_all_gather(struct gpu_comm *c, float *x, size_t count, struct td_errbuf *eb);
+
 /* Blocks until every sum this rank started is complete: work enqueued on
  * the backend from then on sees them. Bounded: another rank's failure, an
  * NCCL error (asynchronous, of a peer too), an error of the stream or no
@@ -120,7 +138,8 @@ td_err gpu_comm_all_reduce_sum(struct gpu_comm *c, float *x, size_t n, struct td
  * fails the gang and returns the error. */
 td_err gpu_comm_wait(struct gpu_comm *c, struct td_errbuf *eb);
 
-/* Reductions since the comm was made: calls and floats summed. */
+/* Collectives since the comm was made: calls, and floats of x each
+ * call covered (all-reduce: n; reduce-scatter, all-gather: nranks * count). */
 struct gpu_comm_stats {
 	uint64_t calls, floats;
 };

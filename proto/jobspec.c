@@ -1128,6 +1128,20 @@ static td_err check_resources(const Traind__JobSpec *s, struct td_errbuf *eb)
 	return TD_OK;
 }
 
+static td_err check_memory(const Traind__JobSpec *s, struct td_errbuf *eb)
+{
+	const Traind__MemorySpec *m = s->memory;
+	if (!m || !m->has_shard)
+		return TD_OK;
+	TRY(check_enum(eb, "memory.shard", &traind__shard__descriptor, m->shard));
+	if (m->shard == TRAIND__SHARD__SHARD_GRADIENTS || m->shard == TRAIND__SHARD__SHARD_PARAMETERS)
+		return td_fail(eb, TD_EUNSUPPORTED,
+			       "memory.shard: %s is not built yet; OPTIMIZER (each GPU keeps the AdamW "
+			       "moments of its part of the weights), NONE or AUTO",
+			       m->shard == TRAIND__SHARD__SHARD_GRADIENTS ? "GRADIENTS" : "PARAMETERS");
+	return TD_OK;
+}
+
 /* Checks a spec on which rpc_jobspec_apply_defaults has run: every
  * sub-message is there and every defaulted scalar holds its effective value. */
 static td_err check_effective(const Traind__JobSpec *s, struct td_errbuf *eb)
@@ -1150,6 +1164,7 @@ static td_err check_effective(const Traind__JobSpec *s, struct td_errbuf *eb)
 	TRY(check_classify(s, eb));
 	TRY(check_output(s, eb));
 	TRY(check_resources(s, eb));
+	TRY(check_memory(s, eb));
 	return TD_OK;
 }
 

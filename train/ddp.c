@@ -148,3 +148,19 @@ void tr_ddp_get_stats(const struct tr_ddp *d, struct tr_ddp_stats *out)
 {
 	*out = d->stats;
 }
+
+td_err tr_ddp_gather_params(struct tr_ddp *d, struct td_errbuf *eb)
+{
+	const struct tr_plan *p = tr_model_plan(d->m);
+	if (p->opts.shard == TR_SHARD_NONE || p->opts.shard_ranks < 2 || !p->shard_numel)
+		return TD_OK;
+	td_err e = gpu_comm_all_gather(d->c, tr_model_params(d->m), p->shard_numel, eb);
+	if (e == TD_OK)
+		e = gpu_comm_wait(d->c, eb);
+	if (e != TD_OK)
+		return e;
+	d->stats.gathered += p->numel_trainable_padded;
+	tr_model_params_written(d->m, 0, p->shard_lo);
+	tr_model_params_written(d->m, p->shard_hi, p->numel_trainable);
+	return TD_OK;
+}

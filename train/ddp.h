@@ -38,6 +38,7 @@ struct tr_ddp_stats {
 	uint64_t overlapped;   /* buckets summed during a backward */
 	uint64_t at_finish;    /* buckets summed by tr_ddp_finish */
 	uint64_t floats;       /* floats summed, all steps */
+	uint64_t gathered;     /* floats all-gathered (sharded weights), all steps */
 };
 
 /* For model m (its plan and gradients) over comm c. bucket_floats: 0 for
@@ -56,6 +57,17 @@ void tr_ddp_arm(struct tr_ddp *d);
  * Errors (the comm's, another rank's failure) come back here. */
 td_err tr_ddp_finish(struct tr_ddp *d, struct td_errbuf *eb);
 void tr_ddp_get_stats(const struct tr_ddp *d, struct tr_ddp_stats *out);
+
+/* Sharded state (the model's plan shards its optimizer: memory.shard
+ * OPTIMIZER): after tr_model_adamw stepped this rank's part of the
+ * weights, all-gathers every rank's part (plan.shard_numel floats each, the
+ * params buffer's padded trainable prefix) and refreshes the bf16 copy of
+ * the parts this rank did not step; returns once the weights are whole
+ * again on this rank. Every rank calls it after each step; unsharded it
+ * does nothing. On the host comm the weights are the bits an unsharded run
+ * has (each part stepped by the same elementwise AdamW on the same summed
+ * gradients, then copied). */
+td_err tr_ddp_gather_params(struct tr_ddp *d, struct td_errbuf *eb);
 
 /* Rank r's share of a step's `accum` micro-batches over n ranks: [*a0, *a1),
  * contiguous, in order, sizes differing by at most one (the later ranks get

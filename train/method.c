@@ -87,6 +87,12 @@ static td_err plan_opts(const struct tr__method_ops *ops, const Traind__JobSpec 
 	memset(po, 0, sizeof(*po));
 	po->B = B;
 	po->T = T;
+	/* The gang's sharding; AUTO (the scheduler writes its choice into the
+	 * spec it runs) is NONE, the fastest. An estimate plans rank 0 of
+	 * resources.gpus (every rank's plan has the same bytes); tr_method_new
+	 * plans the rank it builds. */
+	po->shard = tr_method_shard(spec);
+	po->shard_ranks = spec->resources && spec->resources->gpus > 1 ? (int)spec->resources->gpus : 0;
 	td_err e;
 	if (ops->adapter(spec) && (e = tr__adapter_plan_opts(spec, po, warn, eb)) != TD_OK)
 		return e;
@@ -236,6 +242,22 @@ td_err tr_method_print_plan(const Traind__JobSpec *spec, const struct tr_model_c
 	tr_plan_print(&p, out);
 	size_t trained = tr_plan_total_bytes(&p);
 	tr_plan_fini(&p);
+	if (po.shard_ranks > 1) {
+		/* A gang: each GPU's plan under each sharding this build has. */
+		fprintf(out, "shard      each of %d GPUs' plan by memory.shard (recompute %s):", po.shard_ranks,
+			tr_recompute_name(po.recompute));
+		for (int k = 0; k < TR_SHARD_BUILT; k++) {
+			struct tr_plan_opts so = po;
+			so.shard = (enum tr_shard)k;
+			if ((e = tr_plan_build(&p, cfg, &so, eb)) != TD_OK)
+				return e;
+			char b[32];
+			fprintf(out, "%s %s %s (%zu bytes)", k ? ";" : "", tr_shard_name(so.shard),
+				tr_fmt_bytes(b, sizeof(b), tr_plan_total_bytes(&p)), tr_plan_total_bytes(&p));
+			tr_plan_fini(&p);
+		}
+		fprintf(out, "\n");
+	}
 	if (ops->aux) {
 		struct tr__aux aux;
 		if ((e = ops->aux(spec, B, T, &aux, eb)) != TD_OK ||
@@ -248,6 +270,17 @@ td_err tr_method_print_plan(const Traind__JobSpec *spec, const struct tr_model_c
 }
 
 /* --- the models --- */
+
+enum tr_shard tr_method_shard(const Traind__JobSpec *spec)
+{
+	const Traind__MemorySpec *ms = spec->memory;
+	switch (ms && ms->has_shard ? ms->shard : TRAIND__SHARD__SHARD_UNSPECIFIED) {
+	case TRAIND__SHARD__SHARD_OPTIMIZER: return TR_SHARD_OPTIMIZER;
+	case TRAIND__SHARD__SHARD_GRADIENTS: return TR_SHARD_GRADIENTS;
+	case TRAIND__SHARD__SHARD_PARAMETERS: return TR_SHARD_PARAMETERS;
+	default: return TR_SHARD_NONE;
+	}
+}
 
 bool tr_method_can_share_base(const Traind__JobSpec *spec)
 {
@@ -279,7 +312,8 @@ td_err tr_method_base_layout(const Traind__JobSpec *spec, const struct tr_model_
 
 static td_err method_new(struct tr_method **out, const Traind__JobSpec *spec,
 			 const struct tr_model_config *cfg, struct gpu_backend *be, int B, int T,
-			 void *base, size_t base_bytes, bool loaded, struct td_errbuf *eb)
+			 int rank, int ranks, void *base, size_t base_bytes, bool loaded,
+			 struct td_errbuf *eb)
 {
 	const struct tr__method_ops *ops;
 	td_err e = tr__method_lookup(spec, &ops, eb);
@@ -298,6 +332,8 @@ static td_err method_new(struct tr_method **out, const Traind__JobSpec *spec,
 	mt->pad_override = -2;
 	struct tr_plan_opts po;
 	e = method_plan_opts(ops, spec, cfg, B, T, &po, eb);
+	po.shard_ranks = ranks > 1 ? ranks : 0;
+	po.shard_rank = ranks > 1 ? rank : 0;
 	if (e == TD_OK)
 		e = base ? tr_model_new_shared(&mt->m, be, cfg, &po, base, base_bytes, loaded, eb)
 			 : tr_model_new(&mt->m, be, cfg, &po, eb);
@@ -318,9 +354,9 @@ static td_err method_new(struct tr_method **out, const Traind__JobSpec *spec,
 
 td_err tr_method_new(struct tr_method **out, const Traind__JobSpec *spec,
 		     const struct tr_model_config *cfg, struct gpu_backend *be, int B, int T,
-		     struct td_errbuf *eb)
+		     int rank, int ranks, struct td_errbuf *eb)
 {
-	return method_new(out, spec, cfg, be, B, T, NULL, 0, false, eb);
+	return method_new(out, spec, cfg, be, B, T, rank, ranks, NULL, 0, false, eb);
 }
 
 td_err tr_method_new_shared(struct tr_method **out, const Traind__JobSpec *spec,
@@ -330,7 +366,7 @@ td_err tr_method_new_shared(struct tr_method **out, const Traind__JobSpec *spec,
 	if (!tr_method_can_share_base(spec))
 		return td_fail(eb, TD_EINVAL, "method: %s does not share a frozen base",
 			       rpc_method_name(spec->method));
-	return method_new(out, spec, cfg, be, B, T, base, base_bytes, loaded, eb);
+	return method_new(out, spec, cfg, be, B, T, 0, 1, base, base_bytes, loaded, eb);
 }
 
 void tr_method_free(struct tr_method *mt)

@@ -50,11 +50,16 @@ td_err tr_method_plan_opts(const Traind__JobSpec *spec, const struct tr_model_co
 td_err tr_method_print_plan(const Traind__JobSpec *spec, const struct tr_model_config *cfg, int B,
 			    int T, FILE *out, struct td_errbuf *eb);
 
-/* Builds the models on be (which must outlive the method). Weights are zero
- * until tr_method_load_initial or tr_method_load_saved. */
+/* memory.shard as the plan's policy (AUTO and unset: NONE). */
+enum tr_shard tr_method_shard(const Traind__JobSpec *spec);
+
+/* Builds the models on be (which must outlive the method), the trained
+ * one planned as rank `rank` of `ranks` (data parallel: memory.shard splits
+ * its state over them; 1: one device). Weights are zero until
+ * tr_method_load_initial or tr_method_load_saved. */
 td_err tr_method_new(struct tr_method **out, const Traind__JobSpec *spec,
 		     const struct tr_model_config *cfg, struct gpu_backend *be, int B, int T,
-		     struct td_errbuf *eb);
+		     int rank, int ranks, struct td_errbuf *eb);
 /* Whether spec's method may share its frozen base with other jobs
  * (train/base.h): LoRA or QLoRA on a causal LM (no teacher, no head). */
 bool tr_method_can_share_base(const Traind__JobSpec *spec);

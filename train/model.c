@@ -782,16 +782,28 @@ void tr_model_get_grad(struct tr_model *m, const struct tr_param *p, float *dst)
 
 void tr_model_get_moments(struct tr_model *m, float *m1, float *m2)
 {
-	size_t bytes = m->plan.numel_trainable * sizeof(float);
+	size_t bytes = (m->plan.shard_hi - m->plan.shard_lo) * sizeof(float);
 	gpu_download(m->be, m1, m->m1, bytes);
 	gpu_download(m->be, m2, m->m2, bytes);
 }
 
 void tr_model_set_moments(struct tr_model *m, const float *m1, const float *m2)
 {
-	size_t bytes = m->plan.numel_trainable * sizeof(float);
+	size_t bytes = (m->plan.shard_hi - m->plan.shard_lo) * sizeof(float);
 	gpu_upload(m->be, m->m1, m1, bytes);
 	gpu_upload(m->be, m->m2, m2, bytes);
+}
+
+float *tr_model_params(struct tr_model *m)
+{
+	return m->params;
+}
+
+void tr_model_params_written(struct tr_model *m, size_t lo, size_t hi)
+{
+	assert(lo <= hi && hi <= m->plan.numel_trainable);
+	if (m->copy16 && hi > lo)
+		gpu_bf16_round(m->be, m->copy16 + lo, m->params + lo, hi - lo);
 }
 
 void tr_model_get_logits(struct tr_model *m, float *dst)
@@ -1614,15 +1626,19 @@ double tr_model_clip_grads(struct tr_model *m, double max_norm)
 void tr_model_adamw(struct tr_model *m, const struct tr_adamw *h, float lr, int t)
 {
 	const struct tr_plan *p = &m->plan;
-	size_t nd = p->numel_decay, nt = p->numel_trainable;
-	/* Trainable tensors sit in the arena decayed first (train/plan.c). */
+	/* Trainable tensors sit in the arena decayed first (train/plan.c), so
+	 * this rank's part [lo, hi) (all of them unsharded) is at most two
+	 * runs: [lo, nd) decayed, [nd, hi) not; the moments are the part's. */
+	const size_t nd = p->numel_decay, lo = p->shard_lo, hi = p->shard_hi;
 	/* In the bf16 mode the weights' bf16 copy is written with them. */
 	gpu_bf16 *c16 = m->copy16;
-	if (nd)
-		gpu_adamw_update(m->be, m->params, c16, m->grads, m->m1, m->m2, nd, lr, h->beta1,
-				 h->beta2, h->eps, h->weight_decay, t);
-	if (nt > nd)
-		gpu_adamw_update(m->be, m->params + nd, c16 ? c16 + nd : NULL, m->grads + nd,
-				 m->m1 + nd, m->m2 + nd, nt - nd, lr, h->beta1, h->beta2, h->eps, 0.0f,
-				 t);
+	const size_t d1 = nd < hi ? nd : hi; /* decayed: [lo, d1) */
+	if (d1 > lo)
+		gpu_adamw_update(m->be, m->params + lo, c16 ? c16 + lo : NULL, m->grads + lo, m->m1,
+				 m->m2, d1 - lo, lr, h->beta1, h->beta2, h->eps, h->weight_decay, t);
+	const size_t u0 = nd > lo ? nd : lo; /* undecayed: [u0, hi) */
+	if (hi > u0)
+		gpu_adamw_update(m->be, m->params + u0, c16 ? c16 + u0 : NULL, m->grads + u0,
+				 m->m1 + (u0 - lo), m->m2 + (u0 - lo), hi - u0, lr, h->beta1, h->beta2,
+				 h->eps, 0.0f, t);
 }

@@ -71,7 +71,9 @@ bool tr_model_head_loaded(const struct tr_model *m);
 void tr_model_get_param(struct tr_model *m, const struct tr_param *p, float *dst);
 td_err tr_model_set_param(struct tr_model *m, const struct tr_param *p, const float *src);
 void tr_model_get_grad(struct tr_model *m, const struct tr_param *p, float *dst);
-/* Whole-arena moments (numel_trainable floats each), for checkpoints. */
+/* The AdamW moments this model keeps, for checkpoints: those of trainable
+ * floats [plan.shard_lo, plan.shard_hi) (every trainable float unsharded;
+ * a rank's part under memory.shard), hi - lo floats each. */
 void tr_model_get_moments(struct tr_model *m, float *m1, float *m2);
 void tr_model_set_moments(struct tr_model *m, const float *m1, const float *m2);
 
@@ -159,12 +161,21 @@ void tr_model_zero_grad(struct tr_model *m);
 float *tr_model_grads(struct tr_model *m);
 typedef void (*tr_stage_hook)(void *ctx, const struct tr_stage *s);
 void tr_model_set_stage_hook(struct tr_model *m, tr_stage_hook fn, void *ctx);
+/* Sharded data parallel (train/ddp.h): the params buffer on the device,
+ * plan.numel_trainable_padded floats: the trainable tensors (at their
+ * goffset) and the padding that the ranks' parts all-gather over; and, after trainable floats [lo, hi) of it were written
+ * from outside (an all-gather), the refresh of their bf16 copy (the bf16
+ * mode; the same rounding AdamW's own writes make). */
+float *tr_model_params(struct tr_model *m);
+void tr_model_params_written(struct tr_model *m, size_t lo, size_t hi);
 /* Global L2 norm of all gradients (blocking). */
 double tr_model_grad_norm(struct tr_model *m);
 /* PyTorch's clip_grad_norm_: scale by max_norm / (norm + 1e-6) when that is < 1.
  * Returns the norm before clipping. max_norm <= 0 only measures. */
 double tr_model_clip_grads(struct tr_model *m, double max_norm);
-/* One AdamW step t (1-based) at learning rate lr. */
+/* One AdamW step t (1-based) at learning rate lr, of the trainable floats
+ * [plan.shard_lo, plan.shard_hi) (all of them unsharded): a sharded rank
+ * steps its part, and the parts are then all-gathered (tr_ddp_gather_params). */
 void tr_model_adamw(struct tr_model *m, const struct tr_adamw *h, float lr, int t);
 
 #endif

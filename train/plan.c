@@ -193,8 +193,19 @@ static td_err build_params(struct tr_plan *p, struct td_errbuf *eb)
 		}
 		if (pass == 0)
 			p->numel_decay = off;
-		if (pass == 1)
+		if (pass == 1) {
 			p->numel_trainable = off;
+			p->numel_trainable_padded = p->shard_numel = p->shard_hi = off;
+			p->shard_lo = 0;
+			if (o->shard != TR_SHARD_NONE && o->shard_ranks > 1) {
+				size_t n = (size_t)o->shard_ranks, r = (size_t)o->shard_rank;
+				p->shard_numel = (off + n - 1) / n;
+				p->numel_trainable_padded = p->shard_numel * n;
+				size_t lo = r * p->shard_numel, hi = lo + p->shard_numel;
+				p->shard_lo = lo < off ? lo : off;
+				p->shard_hi = hi < off ? hi : off;
+			}
+		}
 	}
 	p->numel_f32 = off;
 	size_t codes = 0;
@@ -237,6 +248,12 @@ static td_err check_opts(const struct tr_plan_opts *o, const struct tr_model_con
 {
 	if (o->lora_rank < 0)
 		return td_fail(eb, TD_EINVAL, "plan: lora rank %d is negative", o->lora_rank);
+	if ((unsigned)o->shard >= TR_SHARD_BUILT)
+		return td_fail(eb, TD_EUNSUPPORTED,
+			       "plan: sharding %s is not built yet (none and optimizer are)",
+			       tr_shard_name(o->shard));
+	if (o->shard_ranks < 0 || (o->shard_ranks > 1 && (o->shard_rank < 0 || o->shard_rank >= o->shard_ranks)))
+		return td_fail(eb, TD_EINVAL, "plan: shard rank %d of %d", o->shard_rank, o->shard_ranks);
 	if (o->lora_rank > 0) {
 		if (!o->lora_targets || o->lora_targets >> TR_LIN_COUNT)
 			return td_fail(eb, TD_EINVAL, "plan: LoRA needs target modules among q_proj, k_proj, "
@@ -407,6 +424,13 @@ const char *tr_recompute_name(enum tr_recompute r)
 	static const char *const names[TR_RECOMPUTE_COUNT] = {"none", "selective", "full",
 								 "full-offload"};
 	return (unsigned)r < TR_RECOMPUTE_COUNT ? names[r] : "?";
+}
+
+const char *tr_shard_name(enum tr_shard s)
+{
+	static const char *const names[TR_SHARD_COUNT] = {"none", "optimizer", "gradients",
+							     "parameters"};
+	return (unsigned)s < TR_SHARD_COUNT ? names[s] : "?";
 }
 
 const char *tr_stage_name(enum tr_stage_kind k)
@@ -584,8 +608,8 @@ td_err tr_plan_build(struct tr_plan *p, const struct tr_model_config *cfg,
 	if ((train || o->teacher_rows) && !classify && N > rows)
 		p->logits_rows = (int)rows;
 	if (p->numel_trainable) {
-		NAMED("params");
-		BUF(TR_ARENA_PARAMS, f32_bytes(p->numel_trainable, 1, 1));
+		NAMED("params"); /* padded to the shards' parts where sharded */
+		BUF(TR_ARENA_PARAMS, f32_bytes(p->numel_trainable_padded, 1, 1));
 	}
 	if (p->numel_f32 > p->numel_trainable) {
 		NAMED("base.f32"); /* frozen tensors in fp32 */
@@ -616,10 +640,11 @@ td_err tr_plan_build(struct tr_plan *p, const struct tr_model_config *cfg,
 	if (p->numel_trainable) {
 		NAMED("grads");
 		BUF(TR_ARENA_GRADS, f32_bytes(p->numel_trainable, 1, 1));
+		/* The moments of this rank's part (all of them unsharded). */
 		NAMED("optim.m");
-		BUF(TR_ARENA_OPTIM, f32_bytes(p->numel_trainable, 1, 1));
+		BUF(TR_ARENA_OPTIM, f32_bytes(p->shard_numel, 1, 1));
 		NAMED("optim.v");
-		BUF(TR_ARENA_OPTIM, f32_bytes(p->numel_trainable, 1, 1));
+		BUF(TR_ARENA_OPTIM, f32_bytes(p->shard_numel, 1, 1));
 	}
 
 	NAMED("acts.ids");
@@ -1006,6 +1031,11 @@ void tr_plan_print(const struct tr_plan *p, FILE *f)
 	fprintf(f, "parameters %zu (%zu trainable, %zu with weight decay)\n", p->numel_params,
 		p->numel_trainable, p->numel_decay);
 	const struct tr_plan_opts *o = &p->opts;
+	if (o->shard != TR_SHARD_NONE && o->shard_ranks > 1)
+		fprintf(f, "shard      %s over %d ranks: each keeps the moments of %zu trainable floats "
+			"(rank %d: [%zu, %zu)); the weights are all-gathered after each step\n",
+			tr_shard_name(o->shard), o->shard_ranks, p->shard_numel, o->shard_rank,
+			p->shard_lo, p->shard_hi);
 	if (o->lora_rank > 0) {
 		char targets[96] = "";
 		size_t len = 0;

@@ -220,6 +220,28 @@ static inline bool tr_recompute_full(enum tr_recompute r)
 	return r == TR_RECOMPUTE_FULL || r == TR_RECOMPUTE_FULL_OFFLOAD;
 }
 
+/* Sharded data parallel (ZeRO; the spec's memory.shard): which of a
+ * gang's per-rank copies of the training state are split over its ranks
+ * instead, each rank keeping a contiguous part of the trainable floats
+ * (tr_plan.shard_lo .. shard_hi). OPTIMIZER: the AdamW moments; each rank
+ * steps its part and the updated weights are all-gathered (train/ddp.h).
+ * GRADIENTS (the gradients reduce-scattered, kept for the part only) and
+ * PARAMETERS (the weights too, all-gathered a layer ahead of its use) are
+ * named for the spec and not built yet: tr_plan_build refuses them. The
+ * order is the expected speed's: each saves more memory and costs more. */
+enum tr_shard {
+	TR_SHARD_NONE,       /* every rank holds the whole state */
+	TR_SHARD_OPTIMIZER,  /* ZeRO-1 */
+	TR_SHARD_GRADIENTS,  /* ZeRO-2 (not built) */
+	TR_SHARD_PARAMETERS, /* ZeRO-3, FSDP (not built) */
+	TR_SHARD_COUNT
+};
+/* The policies a plan builds: NONE and OPTIMIZER. */
+#define TR_SHARD_BUILT 2
+
+/* "none", "optimizer", "gradients", "parameters"; "?" out of range. */
+const char *tr_shard_name(enum tr_shard s);
+
 /* All zero past B and T: full fine-tuning of a causal LM. */
 struct tr_plan_opts {
 	int B;             /* micro-batch rows */
@@ -265,6 +287,11 @@ struct tr_plan_opts {
 	 * 0 where it pays, 1 wherever the device holds less for it (tests:
 	 * small models never pay), -1 never. */
 	int offload_attention;
+	/* Sharding over shard_ranks ranks (0 or 1: none, whatever shard says),
+	 * this plan being rank shard_rank's. Every rank's plan has the same
+	 * bytes: only shard_lo and shard_hi differ. */
+	enum tr_shard shard;
+	int shard_ranks, shard_rank;
 };
 
 struct tr_plan {
@@ -277,6 +304,17 @@ struct tr_plan {
 	size_t numel_trainable;       /* prefix of the grads arena */
 	size_t numel_decay;           /* the first numel_decay trainable floats decay */
 	size_t numel_f32;             /* fp32 floats: params (numel_trainable) + base.f32 (the frozen rest) */
+	/* Sharded (opts.shard not NONE over shard_ranks > 1): each rank's part
+	 * of the trainable floats is shard_numel = ceil(numel_trainable /
+	 * ranks) long, rank r's [r * shard_numel, ...) clipped to
+	 * numel_trainable: [shard_lo, shard_hi) (may be empty for the last
+	 * ranks of a tiny model). The params buffer (the trainable tensors) is
+	 * padded to ranks * shard_numel floats (numel_trainable_padded; not in
+	 * numel_f32) so that the parts all-gather as equal counts; the padding
+	 * is never read. optim.m and optim.v hold shard_numel floats,
+	 * the part's moments. Unsharded: shard_lo 0, shard_hi = shard_numel =
+	 * numel_trainable_padded = numel_trainable. */
+	size_t shard_numel, shard_lo, shard_hi, numel_trainable_padded;
 	size_t numel_bf16;            /* bf16 values of the params16 buffer (opts.frozen_bf16) */
 	size_t bf16_max_numel;        /* the largest bf16 tensor */
 	size_t numel_frozen;          /* elements of frozen tensors */

@@ -127,21 +127,29 @@ static td_err save_params(struct job *j, const char *dir, enum tr_dtype dtype,
 	return tr_method_save(j->meth, dir, dtype, eb);
 }
 
-static td_err save_optimizer(struct job *j, const char *dir, struct td_errbuf *eb)
+/* AdamW's moments by tensor name, every trainable float's: all_m1 and
+ * all_m2 (numel_trainable floats each) where a sharded gang gathered them
+ * (gather_moments), else this model's own (then all of them). */
+static td_err save_optimizer(struct job *j, const char *dir, const float *all_m1,
+			     const float *all_m2, struct td_errbuf *eb)
 {
 	const struct tr_plan *p = tr_model_plan(j->m);
 	size_t nt = p->numel_trainable;
-	float *m1 = malloc(nt * sizeof(float)), *m2 = malloc(nt * sizeof(float));
+	assert(all_m1 || (p->shard_lo == 0 && p->shard_hi == nt));
+	float *m1 = all_m1 ? NULL : malloc(nt * sizeof(float) + 1);
+	float *m2 = all_m1 ? NULL : malloc(nt * sizeof(float) + 1);
 	struct tr_st_entry *es = calloc(2 * p->nparams, sizeof(*es));
 	char(*names)[112] = calloc(2 * p->nparams, sizeof(*names));
-	if (!m1 || !m2 || !es || !names) {
+	if ((!all_m1 && (!m1 || !m2)) || !es || !names) {
 		free(m1);
 		free(m2);
 		free(es);
 		free(names);
 		return td_fail(eb, TD_ENOMEM, "checkpoint: out of memory");
 	}
-	tr_model_get_moments(j->m, m1, m2);
+	if (!all_m1)
+		tr_model_get_moments(j->m, m1, m2);
+	const float *s1 = all_m1 ? all_m1 : m1, *s2 = all_m1 ? all_m2 : m2;
 	size_t n = 0;
 	for (size_t i = 0; i < p->nparams; i++) {
 		const struct tr_param *pp = &p->params[i];
@@ -154,7 +162,7 @@ static td_err save_optimizer(struct job *j, const char *dir, struct td_errbuf *e
 			es[n].ndim = pp->ndim;
 			es[n].shape[0] = pp->shape[0];
 			es[n].shape[1] = pp->shape[1];
-			es[n].data = (k ? m2 : m1) + pp->goffset;
+			es[n].data = (k ? s2 : s1) + pp->goffset;
 			n++;
 		}
 	}
@@ -191,7 +199,8 @@ static struct json_object *state_json(const struct job *j, bool final, double lo
 	return o;
 }
 
-static td_err write_checkpoint(struct job *j, double loss, struct td_errbuf *eb)
+static td_err write_checkpoint(struct job *j, double loss, const float *all_m1,
+			       const float *all_m2, struct td_errbuf *eb)
 {
 	char tmp[PATH_MAX], fin[PATH_MAX], path[PATH_MAX];
 	snprintf(fin, sizeof(fin), "%s/step-%08llu", j->ckpt_root, (unsigned long long)j->step);
@@ -201,7 +210,7 @@ static td_err write_checkpoint(struct job *j, double loss, struct td_errbuf *eb)
 	if (e == TD_OK)
 		e = save_params(j, tmp, TR_DT_F32, eb);
 	if (e == TD_OK)
-		e = save_optimizer(j, tmp, eb);
+		e = save_optimizer(j, tmp, all_m1, all_m2, eb);
 	/* A device error during the downloads left garbage in the files: never
 	 * rename those into place. */
 	if (e == TD_OK)
@@ -312,32 +321,57 @@ static td_err load_checkpoint(struct job *j, uint64_t step, struct td_errbuf *eb
 	if ((e = tr_method_load_saved(j->meth, dir, eb)) != TD_OK)
 		return e;
 
+	/* The moments of this model's part of the trainable floats (all of
+	 * them unsharded): a checkpoint holds every tensor's whole, so it
+	 * resumes on any number of ranks and any sharding. */
 	struct tr_st_file *f = NULL;
 	snprintf(path, sizeof(path), "%s/optimizer.safetensors", dir);
 	if ((e = tr_st_open(&f, path, eb)) != TD_OK)
 		return e;
 	const struct tr_plan *p = tr_model_plan(j->m);
-	size_t nt = p->numel_trainable;
-	float *m1 = malloc(nt * sizeof(float)), *m2 = malloc(nt * sizeof(float));
+	const size_t lo = p->shard_lo, hi = p->shard_hi;
+	float *m1 = malloc((hi - lo) * sizeof(float) + 1), *m2 = malloc((hi - lo) * sizeof(float) + 1);
+	float *whole = NULL; /* a tensor that straddles the part's ends */
+	size_t whole_cap = 0;
 	if (!m1 || !m2)
 		e = td_fail(eb, TD_ENOMEM, "%s: out of memory", path);
 	for (size_t i = 0; i < p->nparams && e == TD_OK; i++) {
 		const struct tr_param *pp = &p->params[i];
 		if (!pp->trainable)
 			continue;
+		const size_t a = pp->goffset, b = a + pp->numel;
 		for (int k = 0; k < 2 && e == TD_OK; k++) {
 			char name[112];
 			snprintf(name, sizeof(name), "%s.%s", k ? "exp_avg_sq" : "exp_avg", pp->name);
 			const struct tr_st_tensor *t = tr_st_find(f, name);
-			if (!t || (size_t)t->numel != pp->numel)
+			float *dst = k ? m2 : m1;
+			if (!t || (size_t)t->numel != pp->numel) {
 				e = td_fail(eb, TD_EFORMAT, "%s: tensor '%s' is missing or has the wrong size",
 					    path, name);
-			else
-				e = tr_st_to_f32((k ? m2 : m1) + pp->goffset, t, eb);
+			} else if (b <= lo || a >= hi) {
+				continue; /* another rank's */
+			} else if (a >= lo && b <= hi) {
+				e = tr_st_to_f32(dst + (a - lo), t, eb);
+			} else {
+				if (pp->numel > whole_cap) {
+					float *w = realloc(whole, pp->numel * sizeof(float));
+					if (!w) {
+						e = td_fail(eb, TD_ENOMEM, "%s: out of memory", path);
+						break;
+					}
+					whole = w;
+					whole_cap = pp->numel;
+				}
+				if ((e = tr_st_to_f32(whole, t, eb)) == TD_OK) {
+					size_t from = a > lo ? a : lo, to = b < hi ? b : hi;
+					memcpy(dst + (from - lo), whole + (from - a), (to - from) * sizeof(float));
+				}
+			}
 		}
 	}
 	if (e == TD_OK)
 		tr_model_set_moments(j->m, m1, m2);
+	free(whole);
 	free(m1);
 	free(m2);
 	tr_st_close(f);
@@ -470,6 +504,9 @@ struct gang {
 	 * the reader has not reached). */
 	double *ls;             /* [2][grad_accum]: each micro-batch's loss sum, by the rank that ran it */
 	bool stop[2];           /* rank 0's decision at a step's end */
+	/* A sharded gang's checkpoint: rank 0's host copy of every trainable
+	 * float's moments, each rank writing its part (gather_moments). */
+	float *ck_m1, *ck_m2;
 	struct rank *ranks;     /* [n] */
 	/* TD_DDP_FAIL_AT=RANK:STEP[:stall], a test hook: that rank fails (or
 	 * stalls, as on a hung device, until the others give up) in that step,
@@ -507,6 +544,35 @@ static td_err injected_failure(struct gang *G, int r, uint64_t step, struct td_e
 	}
 	return td_fail(eb, TD_EDEVICE, "TD_DDP_FAIL_AT: rank %d failed at step %llu (test hook)", r,
 		       (unsigned long long)step);
+}
+
+/* A sharded gang's moments into rank 0's host copy (G->ck_m1, ck_m2: every
+ * trainable float's), each rank downloading its own part; every rank calls
+ * it before a checkpoint. Rank 0 frees the copy once it is written. Host
+ * memory as one device's checkpoint takes (save_optimizer), on rank 0. */
+static td_err gather_moments(struct job *j, struct gang *G, int r, struct td_errbuf *eb)
+{
+	const struct tr_plan *p = tr_model_plan(j->m);
+	size_t nt = p->numel_trainable;
+	if (r == 0) {
+		G->ck_m1 = malloc(nt * sizeof(float) + 1);
+		G->ck_m2 = malloc(nt * sizeof(float) + 1);
+		if (!G->ck_m1 || !G->ck_m2) {
+			free(G->ck_m1);
+			free(G->ck_m2);
+			G->ck_m1 = G->ck_m2 = NULL;
+		}
+	}
+	td_err e = gpu_gang_barrier(G->g, r, eb); /* the copy exists (or not) */
+	if (e != TD_OK)
+		return e;
+	if (G->ck_m1) /* disjoint parts: no lock */
+		tr_model_get_moments(j->m, G->ck_m1 + p->shard_lo, G->ck_m2 + p->shard_lo);
+	if ((e = gpu_gang_barrier(G->g, r, eb)) != TD_OK) /* every part is in */
+		return e;
+	if (r == 0 && !G->ck_m1)
+		return td_fail(eb, TD_ENOMEM, "checkpoint: out of memory for the moments of %zu floats", nt);
+	return TD_OK;
 }
 
 /* One rank's run (the whole job when G is NULL): rank 0 alone logs, calls
@@ -625,7 +691,7 @@ static td_err train_rank(const Traind__JobSpec *spec, const struct tr_train_opts
 		res->base_loaded = load;
 		res->base_bytes = bytes;
 	} else {
-		e = tr_method_new(&j.meth, spec, &j.cfg, j.be, j.B, j.T, eb);
+		e = tr_method_new(&j.meth, spec, &j.cfg, j.be, j.B, j.T, r, G ? G->n : 1, eb);
 	}
 	if (e != TD_OK) {
 		tr_weights_close(w);
@@ -695,6 +761,12 @@ static td_err train_rank(const Traind__JobSpec *spec, const struct tr_train_opts
 				gpu_comm_name(comm),
 				gpu_comm_async(comm) ? ", by buckets during the backward" : "");
 	}
+	const struct tr_plan *jp = tr_model_plan(j.m);
+	const bool sharded = G && jp->opts.shard != TR_SHARD_NONE && jp->opts.shard_ranks > 1;
+	if (sharded && log)
+		fprintf(log, "sharded: %s; each rank keeps the AdamW moments of %zu of the %zu trainable "
+			     "floats and steps them; the weights are all-gathered after each step\n",
+			tr_shard_name(jp->opts.shard), jp->shard_numel, jp->numel_trainable);
 
 	struct tr_adamw hp = {
 		.beta1 = (float)spec->hyper->beta1,
@@ -774,6 +846,9 @@ static td_err train_rank(const Traind__JobSpec *spec, const struct tr_train_opts
 		}
 		double lr = tr_lr_at(spec->hyper, j.step, j.total);
 		tr_model_adamw(j.m, &hp, (float)lr, (int)(j.step + 1));
+		/* Sharded: each rank stepped its part; the weights made whole. */
+		if (ddp && (e = tr_ddp_gather_params(ddp, eb)) != TD_OK)
+			break;
 		if ((e = gpu_sync(j.be, eb)) != TD_OK)
 			break;
 		j.step++;
@@ -821,11 +896,15 @@ static td_err train_rank(const Traind__JobSpec *spec, const struct tr_train_opts
 		bool eval_due = spec->data->eval_file && ((eval_every && j.step % eval_every == 0) ||
 							  j.step == j.total);
 		bool ckpt_due = (ckpt_every && j.step % ckpt_every == 0) || (stop && j.step < j.total);
+		/* Sharded moments: every rank's part into rank 0's copy first. */
+		if (ckpt_due && G && sharded && (e = gather_moments(&j, G, r, eb)) != TD_OK)
+			break;
 		if (lead && eval_due)
 			e = evaluate(&j, ids, labels, log, &res->eval_loss, eb);
 		if (lead && ckpt_due && e == TD_OK) {
 			if ((e = tr__mkdir_p(j.ckpt_root, eb)) == TD_OK &&
-			    (e = write_checkpoint(&j, loss, eb)) == TD_OK) {
+			    (e = write_checkpoint(&j, loss, G ? G->ck_m1 : NULL, G ? G->ck_m2 : NULL,
+						  eb)) == TD_OK) {
 				prune_checkpoints(&j);
 				if (log)
 					fprintf(log, "checkpoint %s/step-%08llu\n", j.ckpt_root,
@@ -836,6 +915,11 @@ static td_err train_rank(const Traind__JobSpec *spec, const struct tr_train_opts
 					hooks->on_checkpoint(hooks->ctx, j.step, path);
 				}
 			}
+		}
+		if (lead && G && G->ck_m1) {
+			free(G->ck_m1);
+			free(G->ck_m2);
+			G->ck_m1 = G->ck_m2 = NULL;
 		}
 		/* The others wait for rank 0's evaluation and checkpoint here, not
 		 * in a collective wait (which has a timeout). */
@@ -1017,6 +1101,8 @@ td_err tr_train(const Traind__JobSpec *spec, const struct tr_train_opts *opts,
 		snprintf(res->device + l, sizeof(res->device) - l, " (x%d)", n);
 	}
 	gpu_gang_free(G.g);
+	free(G.ck_m1); /* a checkpoint's gather that a failure cut short */
+	free(G.ck_m2);
 	free(G.ls);
 	free(G.ranks);
 	return e;

@@ -10,13 +10,16 @@
  *               [--batch B] [--seq T] [--steps N] [--warm N] [--lora-rank R]
  *               [--lora-targets qv|all] [--precision fp32|bf16] [--phases]
  *               [--recompute none|selective|full|full-offload] [--qlora]
- *               [--gpus N [--comm auto|host|nccl]]
+ *               [--gpus N [--comm auto|host|nccl] [--shard none|optimizer]]
  *
  * --gpus N: data parallel, N ranks (threads of this process) on CUDA
  * devices 0 .. N-1 (the CPU backend: N CPU ranks), each B x T of its own
  * tokens a step, the gradients summed (NCCL on CUDA, by buckets during the
  * backward: train/ddp.h) before clip and AdamW; tokens_per_s counts every
- * rank's (N x B x T a step), used_gib is the largest rank's.
+ * rank's (N x B x T a step), used_gib is the largest rank's. --shard
+ * optimizer: each rank keeps the AdamW moments of 1/N of the weights and
+ * steps them, and the weights are all-gathered after each step
+ * (memory.shard OPTIMIZER; the gather is in the "adamw" phase).
  *
  * --qlora: with --lora-rank, the frozen projections in NF4 with double
  * quantization (QLoRA).
@@ -127,6 +130,7 @@ struct bench {
 	int B, T, steps, warm, lora_rank, gpus;
 	bool bf16, phases, qlora;
 	enum tr_recompute recompute;
+	enum tr_shard shard;
 	struct gpu_gang *gang;
 	enum gpu_comm_kind comm;
 };
@@ -172,7 +176,8 @@ static td_err bench_rank(struct rank_run *rr)
 	gpu_mem_info(be, &free0, &total);
 	free_min = free0;
 
-	struct tr_plan_opts po = {.B = B, .T = T, .recompute = b->recompute};
+	struct tr_plan_opts po = {.B = B, .T = T, .recompute = b->recompute, .shard = b->shard,
+				  .shard_ranks = b->gpus > 1 ? b->gpus : 0, .shard_rank = rr->r};
 	if (b->lora_rank > 0) {
 		po.lora_rank = b->lora_rank;
 		po.lora_alpha = 2.0 * b->lora_rank;
@@ -271,6 +276,8 @@ static td_err bench_rank(struct rank_run *rr)
 			tp = now_s();
 		}
 		tr_model_adamw(m, &hp, 1e-5f, s + 1);
+		if (ddp && (e = tr_ddp_gather_params(ddp, eb)) != TD_OK) /* sharded: the weights whole */
+			break;
 		if (timed) {
 			gpu_sync(be, eb);
 			rr->ph[4] += now_s() - tp;
@@ -343,6 +350,16 @@ int main(int argc, char **argv)
 		else if (!strcmp(a, "--precision")) b.bf16 = !strcmp(v, "bf16");
 		else if (!strcmp(a, "--gpus")) b.gpus = atoi(v);
 		else if (!strcmp(a, "--comm")) comm = v;
+		else if (!strcmp(a, "--shard")) {
+			int k = 0;
+			while (k < TR_SHARD_BUILT && strcmp(tr_shard_name((enum tr_shard)k), v))
+				k++;
+			if (k == TR_SHARD_BUILT) {
+				fprintf(stderr, "bench_train: --shard none|optimizer, not %s\n", v);
+				return 2;
+			}
+			b.shard = (enum tr_shard)k;
+		}
 		else if (!strcmp(a, "--recompute")) {
 			int r = 0;
 			while (r < TR_RECOMPUTE_COUNT && strcmp(tr_recompute_name((enum tr_recompute)r), v))
@@ -416,13 +433,14 @@ int main(int argc, char **argv)
 	for (int r = 0; r < b.gpus; r++)
 		used = rr[r].used_bytes > used ? rr[r].used_bytes : used;
 	const int lr = b.lora_rank;
-	printf("{\"name\": \"traind-%s%s\", \"precision\": \"%s\", \"recompute\": \"%s\", \"backend\": \"%s\", \"device\": \"%s\", "
+	printf("{\"name\": \"traind-%s%s\", \"precision\": \"%s\", \"recompute\": \"%s\", \"shard\": \"%s\", \"backend\": \"%s\", \"device\": \"%s\", "
 	       "\"gpus\": %d, \"batch\": %d, \"seq\": %d, "
 	       "\"layers\": %d, \"params_total\": %zu, \"params_trainable\": %zu, \"ms_per_step\": %.2f, "
 	       "\"tokens_per_s\": %.1f, \"plan_gib\": %.3f, \"reserve_gib\": %.3f, \"used_gib\": %.3f, "
 	       "\"host_gib\": %.3f, ",
 	       lr ? (b.qlora ? "qlora-" : "lora-") : "full-", lr ? b.targets : b.bf16 ? "bf16" : "fp32",
-	       b.bf16 ? "bf16" : "fp32", tr_recompute_name(b.recompute), r0->backend, r0->device, b.gpus,
+	       b.bf16 ? "bf16" : "fp32", tr_recompute_name(b.recompute),
+	       tr_shard_name(b.gpus > 1 ? b.shard : TR_SHARD_NONE), r0->backend, r0->device, b.gpus,
 	       b.B, b.T, b.cfg.num_layers, r0->numel_params, r0->numel_trainable, r0->dt * 1e3,
 	       (double)b.gpus * b.B * b.T / r0->dt, (double)r0->plan_bytes / (1 << 30),
 	       (double)(r0->plan_bytes + r0->fixed_bytes) / (1 << 30), (double)used / (1 << 30),

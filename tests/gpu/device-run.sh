@@ -84,7 +84,7 @@ PY
 fi
 if [ "$what" = ddp ]; then
 	# Data parallel on two GPUs (issue 12): tests/gpu/ddp.sh's parts
-	# ($DDP_PARTS, default all: curves resume faults daemon bench). NCCL is
+	# ($DDP_PARTS, default all: curves resume faults daemon shard bench). NCCL is
 	# loaded at run time: the host's libnccl.so.2, else PyTorch's
 	# (nvidia-nccl-cu13), else $TD_NCCL_LIBRARY as given. Multicast off.
 	export NCCL_NVLS_ENABLE=0

@@ -8,6 +8,10 @@
  * gives the bits of one sum after it; LoRA dropout masks follow the global
  * micro-batch; a checkpoint of 2 ranks resumes on 2 (bit-identical) and on
  * 1; a rank that fails fails the job on every rank, naming it, at once.
+ * With the argument "shard" (meson's ddp-shard), sharded state (issue 12,
+ * item 3): reduce-scatter and all-gather, the plan of a sharded rank, and
+ * memory.shard OPTIMIZER against NONE — the same bits, in training and
+ * through checkpoints resumed on 1, 2 and 3 ranks.
  *
  * Every rank here is a CPU backend on a thread of this process, summing
  * through gpu/comm.h's host comm; the NCCL comm is the same interface on
@@ -26,6 +30,8 @@
 #include "proto/jobspec.h"
 #include "tests/check.h"
 #include "train/ddp.h"
+#include "train/hfconfig.h"
+#include "train/plan.h"
 #include "train/trainer.h"
 
 static char tmp[256];
@@ -186,6 +192,103 @@ static void test_all_reduce(void)
 			}
 		}
 	CHECK_MSG(wrong == 0, "%d sums are not x0 + x1 + x2 in float, bit for bit", wrong);
+}
+
+/* Reduce-scatter and all-gather (sharded state): 3 ranks, parts of
+ * RS_COUNT floats. A reduce-scatter leaves in each rank's part the bits the
+ * all-reduce gives there (x0 + x1 + x2 from the left); an all-gather of
+ * those parts then gives every rank the all-reduce's whole result; an
+ * all-gather alone copies each rank's part, bit for bit, whatever the others
+ * held there (NaN here, so a part left unwritten shows). */
+enum { RS_COUNT = 337, RS_N = AR_RANKS * RS_COUNT };
+
+struct rs_arg {
+	struct gpu_gang *g;
+	int r;
+	float reduced[RS_N];  /* after reduce-scatter, then all-gather */
+	float own[RS_COUNT];  /* this rank's part after the reduce-scatter */
+	float gathered[RS_N]; /* the all-gather of parts ar_value(r, .) */
+	td_err e;
+	struct td_errbuf eb;
+};
+
+static void *rs_rank(void *p)
+{
+	struct rs_arg *a = p;
+	struct gpu_backend *be = NULL;
+	struct gpu_comm *c = NULL;
+	float *x = NULL;
+	float host[RS_N];
+	if ((a->e = gpu_cpu_backend_new(&be, &a->eb)) != TD_OK)
+		return NULL;
+	if ((a->e = gpu_alloc(be, RS_N * sizeof(float), (void **)&x)) == TD_OK)
+		a->e = gpu_comm_new(&c, a->g, a->r, be, GPU_COMM_AUTO, &a->eb);
+	if (a->e == TD_OK) {
+		for (int i = 0; i < RS_N; i++)
+			host[i] = ar_value(a->r, i);
+		gpu_upload(be, x, host, sizeof(host));
+		a->e = gpu_comm_reduce_scatter_sum(c, x, RS_COUNT, &a->eb);
+	}
+	if (a->e == TD_OK) {
+		gpu_download(be, a->own, x + (size_t)a->r * RS_COUNT, sizeof(a->own));
+		a->e = gpu_comm_all_gather(c, x, RS_COUNT, &a->eb);
+	}
+	if (a->e == TD_OK) {
+		gpu_download(be, a->reduced, x, sizeof(a->reduced));
+		for (int i = 0; i < RS_N; i++)
+			host[i] = i / RS_COUNT == a->r ? ar_value(a->r, i) : NAN;
+		gpu_upload(be, x, host, sizeof(host));
+		a->e = gpu_comm_all_gather(c, x, RS_COUNT, &a->eb);
+	}
+	if (a->e == TD_OK && (a->e = gpu_comm_wait(c, &a->eb)) == TD_OK)
+		gpu_download(be, a->gathered, x, sizeof(a->gathered));
+	if (c) {
+		struct gpu_comm_stats st;
+		gpu_comm_stats(c, &st);
+		if (a->e == TD_OK && (st.calls != 3 || st.floats != 3 * (uint64_t)RS_N))
+			a->e = td_fail(&a->eb, TD_EINTERNAL, "stats: %llu calls, %llu floats",
+				       (unsigned long long)st.calls, (unsigned long long)st.floats);
+	}
+	gpu_comm_free(c);
+	if (x)
+		gpu_free(be, x, RS_N * sizeof(float));
+	gpu_backend_free(be);
+	return NULL;
+}
+
+static void test_shard_collectives(void)
+{
+	static struct rs_arg a[AR_RANKS];
+	struct gpu_gang *g = NULL;
+	struct td_errbuf eb = {{0}};
+	CHECK_EQ_INT(gpu_gang_new(&g, AR_RANKS, 0, &eb), TD_OK);
+	pthread_t t[AR_RANKS];
+	for (int r = 0; r < AR_RANKS; r++) {
+		a[r].g = g;
+		a[r].r = r;
+		pthread_create(&t[r], NULL, rs_rank, &a[r]);
+	}
+	for (int r = 0; r < AR_RANKS; r++)
+		pthread_join(t[r], NULL);
+	gpu_gang_free(g);
+	int wrong_own = 0, wrong_all = 0, wrong_gather = 0;
+	for (int r = 0; r < AR_RANKS; r++) {
+		CHECK_MSG(a[r].e == TD_OK, "rank %d: %s", r, a[r].eb.msg);
+		for (int i = 0; i < RS_N; i++) {
+			float want = ar_value(0, i); /* the all-reduce's sum, from the left */
+			for (int k = 1; k < AR_RANKS; k++)
+				want += ar_value(k, i);
+			if (i / RS_COUNT == r)
+				wrong_own += memcmp(&a[r].own[i % RS_COUNT], &want, sizeof(float)) != 0;
+			wrong_all += memcmp(&a[r].reduced[i], &want, sizeof(float)) != 0;
+			float part = ar_value(i / RS_COUNT, i);
+			wrong_gather += memcmp(&a[r].gathered[i], &part, sizeof(float)) != 0;
+		}
+	}
+	CHECK_MSG(wrong_own == 0, "%d floats of a rank's reduce-scattered part are not the sum", wrong_own);
+	CHECK_MSG(wrong_all == 0, "%d floats of reduce-scatter + all-gather are not the all-reduce's",
+		  wrong_all);
+	CHECK_MSG(wrong_gather == 0, "%d floats of the all-gather are not their owner's", wrong_gather);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -431,6 +534,202 @@ static void test_resume(void)
 	}
 }
 
+/* Whether two files differ in any byte (0 same, 1 differ, -1 missing). */
+static int diff_files(const char *a, const char *b)
+{
+	FILE *fa = fopen(a, "rb"), *fb = fopen(b, "rb");
+	int d = -1;
+	if (fa && fb) {
+		int ca, cb;
+		do {
+			ca = getc(fa);
+			cb = getc(fb);
+			d = ca != cb;
+		} while (!d && ca != EOF);
+	}
+	if (fa)
+		fclose(fa);
+	if (fb)
+		fclose(fb);
+	return d;
+}
+
+#define SHARD_OPT "memory { shard: SHARD_OPTIMIZER }"
+
+/* The plan of a sharded rank: the parts tile the trainable floats in rank
+ * order, each shard_numel = ceil(trainable / ranks) long but the last
+ * (clipped); the moments are shard_numel floats each, on every rank; the
+ * params buffer (the trainable tensors) is padded to N parts, the frozen
+ * fp32 floats unchanged; the other arenas are the unsharded plan's.
+ * GRADIENTS and PARAMETERS are refused, naming themselves. */
+static void test_shard_plan(void)
+{
+	char path[512];
+	snprintf(path, sizeof(path), "%s/qwen2/config.json", fx);
+	struct tr_model_config cfg;
+	struct td_errbuf eb = {{0}};
+	CHECK_EQ_INT(tr_config_load(&cfg, path, &eb), TD_OK);
+	struct tr_plan base;
+	struct tr_plan_opts o = {.B = 2, .T = 16};
+	CHECK_EQ_INT(tr_plan_build(&base, &cfg, &o, &eb), TD_OK);
+	const size_t nt = base.numel_trainable;
+	for (int n = 2; n <= 5; n++) {
+		size_t next = 0, part = (nt + (size_t)n - 1) / (size_t)n;
+		for (int r = 0; r < n; r++) {
+			struct tr_plan p;
+			struct tr_plan_opts so = o;
+			so.shard = TR_SHARD_OPTIMIZER;
+			so.shard_ranks = n;
+			so.shard_rank = r;
+			CHECK_EQ_INT(tr_plan_build(&p, &cfg, &so, &eb), TD_OK);
+			CHECK_EQ_INT(p.shard_numel, part);
+			CHECK_EQ_INT(p.shard_lo, next);
+			CHECK_EQ_INT(p.shard_hi, r == n - 1 ? nt : next + part);
+			next = p.shard_hi;
+			CHECK_EQ_INT(p.numel_trainable_padded, part * (size_t)n);
+			CHECK_EQ_INT(p.numel_f32, base.numel_f32);
+			CHECK_EQ_INT(tr_plan_find(&p, "params")->bytes, part * (size_t)n * sizeof(float));
+			CHECK_EQ_INT(tr_plan_find(&p, "optim.m")->bytes, part * sizeof(float));
+			CHECK_EQ_INT(tr_plan_find(&p, "optim.v")->bytes, part * sizeof(float));
+			CHECK_EQ_INT(tr_plan_find(&base, "optim.m")->bytes, nt * sizeof(float));
+			CHECK_EQ_INT(p.arena_bytes[TR_ARENA_ACTS], base.arena_bytes[TR_ARENA_ACTS]);
+			CHECK_EQ_INT(p.arena_bytes[TR_ARENA_GRADS], base.arena_bytes[TR_ARENA_GRADS]);
+			tr_plan_fini(&p);
+		}
+		CHECK_EQ_INT(next, nt);
+	}
+	for (int k = TR_SHARD_GRADIENTS; k < TR_SHARD_COUNT; k++) {
+		struct tr_plan p;
+		struct tr_plan_opts so = o;
+		so.shard = (enum tr_shard)k;
+		so.shard_ranks = 2;
+		CHECK_EQ_INT(tr_plan_build(&p, &cfg, &so, &eb), TD_EUNSUPPORTED);
+		CHECK_CONTAINS(eb.msg, tr_shard_name((enum tr_shard)k));
+	}
+	tr_plan_fini(&base);
+}
+
+/* memory.shard OPTIMIZER against NONE on the same ranks: the same bits.
+ * Each rank keeps the moments of its part of the trainable floats and steps
+ * that part; the gradients are the same all-reduced sums (the host comm's,
+ * in rank order), the norm and clipping read them whole as before, AdamW is
+ * elementwise (each float's update reads only that float's weight,
+ * gradient and moments, and the same scalars), and the all-gather copies
+ * the parts: so every weight and moment, every loss and norm is the
+ * unsharded run's, bit for bit. Cases: an even split, 3 ranks of a
+ * trainable count that 3 may not divide (the padding), an untied head, and
+ * LoRA (a tiny trainable set: a part may be empty). */
+static void test_shard_optimizer(void)
+{
+	enum { STEPS = 10 };
+	static const struct {
+		const char *name, *model, *top;
+		int accum, ranks;
+	} cases[] = {
+		{"zo-full", "qwen2", "", 2, 2},
+		{"zo-full3", "qwen2", "", 3, 3},
+		{"zo-llama", "llama", "", 2, 2},
+		{"zo-lora", "qwen2",
+		 "method: METHOD_LORA lora { rank: 4 dropout: 0.1 target_modules: [\"q_proj\", \"v_proj\"] }",
+		 4, 4},
+	};
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+		char hyper[128], top[512], name[2][96];
+		/* clip_norm 0.01: every step clips, so the scaled gradients are what AdamW reads */
+		snprintf(hyper, sizeof(hyper), "max_steps: %d grad_accum: %d clip_norm: 0.01", STEPS,
+			 cases[i].accum);
+		struct curve c[2] = {{0}};
+		for (int sh = 0; sh < 2; sh++) {
+			snprintf(name[sh], sizeof(name[sh]), "%s-%s", cases[i].name, sh ? "opt" : "none");
+			snprintf(top, sizeof(top), "%s\n%s", cases[i].top,
+				 sh ? SHARD_OPT : "memory { shard: SHARD_NONE }");
+			Traind__JobSpec *s = spec_model(name[sh], cases[i].model, hyper, "", top);
+			struct tr_train_result r;
+			struct td_errbuf eb = {{0}};
+			CHECK_MSG(train(s, cases[i].ranks, 0, 0, &c[sh], &r, &eb) == TD_OK, "%s: %s", name[sh],
+				  eb.msg);
+			CHECK_EQ_INT(r.ranks, cases[i].ranks);
+			rpc_jobspec_free(s);
+		}
+		CHECK_EQ_INT(c[1].n, STEPS);
+		int same = c[0].n == c[1].n;
+		for (int k = 1; k <= STEPS; k++)
+			same &= c[0].loss[k] == c[1].loss[k] && c[0].norm[k] == c[1].norm[k];
+		CHECK_MSG(same, "%s: the sharded optimizer's curve (losses, norms) is not NONE's", cases[i].name);
+		CHECK_MSG(c[1].norm[1] > 0.01, "%s: step 1's norm %g does not clip", cases[i].name,
+			  c[1].norm[1]);
+		CHECK_EQ_INT(diff_models(name[0], name[1]), 0);
+		printf("%-12s %d ranks, shard optimizer: %d steps, weights and curve NONE's bits\n",
+		       cases[i].name, cases[i].ranks, STEPS);
+	}
+}
+
+/* A sharded checkpoint is one device's, and resumes on any number of ranks.
+ * Compared, each exactly (the same bits, by construction as above):
+ *  - the checkpoint of 2 ranks sharded at step 3 against 2 ranks unsharded:
+ *    model.safetensors and optimizer.safetensors byte for byte (the moments
+ *    gathered from both ranks' parts into one device's layout);
+ *  - that checkpoint resumed on n = 1, 2, 3 ranks sharded against the
+ *    unsharded checkpoint resumed on n unsharded: the curve and the final
+ *    weights (each rank read its part of the saved moments).
+ * Against the uninterrupted 2-rank run the resumed ones on 1 and 3 ranks
+ * are not the same bits — a rank sums its micro-batches' gradients before
+ * the ranks' sums, so the order of the step's float sum follows the ranks —
+ * and are held to check_curves' bound; on 2 they are its bits. */
+static void test_shard_resume(void)
+{
+	enum { STEPS = 8 };
+	const char *hyper = "max_steps: 8 grad_accum: 6";
+	struct curve straight = {0};
+	struct tr_train_result r;
+	struct td_errbuf eb = {{0}};
+	Traind__JobSpec *s = spec("zr-straight", hyper, "checkpoint_every: 4", SHARD_OPT);
+	CHECK_EQ_INT(train(s, 2, 0, 0, &straight, &r, &eb), TD_OK);
+	rpc_jobspec_free(s);
+	for (int n = 1; n <= 3; n++) {
+		struct curve c[2] = {{0}};
+		char name[2][64];
+		Traind__JobSpec *ss[2];
+		for (int sh = 0; sh < 2; sh++) {
+			snprintf(name[sh], sizeof(name[sh]), "zr-on%d-%s", n, sh ? "opt" : "none");
+			ss[sh] = spec(name[sh], hyper, "checkpoint_every: 4", sh ? SHARD_OPT : "");
+			memset(&eb, 0, sizeof(eb));
+			CHECK_EQ_INT(train(ss[sh], 2, 0, 3, &c[sh], &r, &eb), TD_OK); /* stops after 3: checkpoint */
+			CHECK_EQ_INT(r.steps_done, 3);
+		}
+		static const char *const files[] = {"model.safetensors", "optimizer.safetensors"};
+		for (int f = 0; f < 2; f++) {
+			char a[512], b[512];
+			snprintf(a, sizeof(a), "%s/%s/checkpoints/step-00000003/%s", tmp, name[0], files[f]);
+			snprintf(b, sizeof(b), "%s/%s/checkpoints/step-00000003/%s", tmp, name[1], files[f]);
+			CHECK_MSG(diff_files(a, b) == 0,
+				  "the sharded 2-rank checkpoint's %s is not the unsharded one's", files[f]);
+		}
+		for (int sh = 0; sh < 2; sh++) {
+			CHECK_MSG(train(ss[sh], n, 0, 0, &c[sh], &r, &eb) == TD_OK, "%s: resume on %d: %s",
+				  name[sh], n, eb.msg);
+			CHECK_EQ_INT(r.resumed_from, 3);
+			CHECK_EQ_INT(r.steps_done, STEPS);
+			rpc_jobspec_free(ss[sh]);
+		}
+		int same = 1;
+		for (int k = 1; k <= STEPS; k++)
+			same &= c[0].loss[k] == c[1].loss[k] && c[0].norm[k] == c[1].norm[k];
+		CHECK_MSG(same, "resumed on %d ranks: the sharded curve is not the unsharded one's", n);
+		CHECK_EQ_INT(diff_models(name[0], name[1]), 0);
+		if (n == 2) {
+			for (int k = 1; k <= STEPS; k++)
+				same &= c[1].loss[k] == straight.loss[k];
+			CHECK_MSG(same, "resumed on 2 ranks: the curve is not the uninterrupted run's");
+			CHECK_EQ_INT(diff_models("zr-straight", name[1]), 0);
+		} else {
+			char what[96];
+			snprintf(what, sizeof(what), "sharded 2-rank checkpoint resumed on %d", n);
+			check_curves(what, &straight, &c[1], STEPS);
+		}
+	}
+}
+
 /* One rank fails (TD_DDP_FAIL_AT): the job fails on every rank, with the
  * failing rank's error, promptly, and writes no final model. */
 static void test_failure(void)
@@ -490,7 +789,7 @@ static void test_share(void)
 		}
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
 	fx = getenv("TD_FIXTURES");
 	if (!fx)
@@ -502,12 +801,19 @@ int main(void)
 	}
 	unsetenv("TD_DDP_COMM");
 	unsetenv("TD_DDP_FAIL_AT");
-	test_gang();
-	test_all_reduce();
-	test_share();
-	test_curves();
-	test_resume();
-	test_failure();
+	if (argc > 1 && strcmp(argv[1], "shard") == 0) { /* meson's ddp-shard: sharded state */
+		test_shard_collectives();
+		test_shard_plan();
+		test_shard_optimizer();
+		test_shard_resume();
+	} else {
+		test_gang();
+		test_all_reduce();
+		test_share();
+		test_curves();
+		test_resume();
+		test_failure();
+	}
 	if (!check_failures_)
 		check_rm_tree(tmp);
 	return check_status();

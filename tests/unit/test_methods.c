@@ -1081,7 +1081,7 @@ static void test_unknown_method(void)
 	CHECK_CONTAINS(eb.msg, "method: unknown value 99");
 	memset(&eb, 0, sizeof(eb));
 	struct tr_method *mt = NULL;
-	CHECK_EQ_INT(tr_method_new(&mt, s, &qwen2, NULL, 2, 16, &eb), TD_EINVAL);
+	CHECK_EQ_INT(tr_method_new(&mt, s, &qwen2, NULL, 2, 16, 0, 1, &eb), TD_EINVAL);
 	CHECK_CONTAINS(eb.msg, "method: unknown value 99");
 	CHECK(mt == NULL);
 	rpc_jobspec_free(s);

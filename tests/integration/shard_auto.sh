@@ -1,0 +1,71 @@
+#!/bin/bash
+# memory.shard AUTO chooses where a gang is placed, with the recompute
+# policy: for each policy in its order, unsharded, then the optimizer
+# sharded over the gang's GPUs (issue 12, item 3). On simulated GPUs
+# (fake_gpus: the ranks train on the CPU, summing in-process).
+# 1. Two GPUs too small for any plan: a gang of 2 fails naming its smallest
+#    plan; its submit event gives the plans unsharded and sharded, which
+#    size the GPUs of:
+# 2. Two GPUs between the sharded NONE plan and the unsharded one (and above
+#    SELECTIVE's unsharded: sharding comes before recompute): the gang is
+#    placed with memory.shard optimizer and recompute none, says so in its
+#    events, trains sharded (its log) and succeeds; the same gang with
+#    --shard none --recompute none fails (no GPU can ever grant its plan);
+#    --shard gradients
+#    is refused at submit naming memory.shard.
+. "$(dirname "$0")/lib.sh"
+cd "$TD_SRC" || exit 1
+JOB=tests/integration/job.txtpb
+U0=GPU-00000000-0000-0000-0000-000000000000
+U1=GPU-11111111-1111-1111-1111-111111111111
+
+submit() {
+	ctl submit "$JOB" --device any --gpus 2 --grad-accum 2 --steps 20 --checkpoint-every 10 \
+		--output "$WORK/$1" --name "$1" "${@:2}"
+}
+
+# --- 1: no GPU can take even the smallest plan ---
+start_daemon --user --cpu-slots 0 --vram-factor 1 --fake-gpus "$U0:4096,$U1:4096"
+jp=$(submit probe)
+check "a gang whose smallest plan fits no GPU fails" wait_for 30 job_is "$jp" FAILED
+ev=$(ctl logs "$jp")
+line=$(printf '%s\n' "$ev" | grep 'plan: [0-9]* bytes with recompute none')
+none=$(printf '%s\n' "$line" | sed -n 's/.*plan: \([0-9]*\) bytes with recompute none, \([0-9]*\) selective.*/\1/p')
+sel=$(printf '%s\n' "$line" | sed -n 's/.*plan: \([0-9]*\) bytes with recompute none, \([0-9]*\) selective.*/\2/p')
+snone=$(printf '%s\n' "$line" | sed -n 's/.*with memory.shard optimizer \([0-9]*\) bytes with recompute none.*/\1/p')
+if [ -z "$none" ] || [ -z "$sel" ] || [ -z "$snone" ]; then
+	bad "the submit event gives the plans unsharded and sharded: '$line'"
+	finish
+	exit 1
+fi
+note "plans: none $none, selective $sel, none with the optimizer sharded $snone bytes"
+check "sharded NONE < NONE" test "$snone" -lt "$none"
+stop_daemon
+
+# --- 2: the GPUs grant the sharded plan only ---
+rm -rf "$STATE"
+lo=$snone
+[ "$sel" -gt "$lo" ] && lo=$sel
+g=$(((lo + none) / 2))
+check "a GPU size above sharded NONE's and selective's, below NONE's" test "$g" -gt "$snone" -a "$g" -lt "$none"
+start_daemon --user --cpu-slots 0 --vram-factor 1 --fake-gpus "$U0:$g,$U1:$g"
+j=$(submit s1)
+check "the gang succeeds" wait_for 120 job_is "$j" SUCCEEDED
+ev=$(ctl logs "$j")
+expect_contains "AUTO kept recompute none" "$ev" "memory.recompute AUTO chose none"
+expect_contains "AUTO sharded the optimizer" "$ev" "memory.shard AUTO chose optimizer"
+expect_contains "and the ranks trained sharded" "$ev" "sharded: optimizer"
+check "a model was written" test -s "$WORK/s1/model.safetensors"
+jn=$(submit fixed --shard none --recompute none)
+check "a fixed shard none (and recompute none) fails" wait_for 30 job_is "$jn" FAILED
+expect_contains "naming what it needs" "$(ctl logs "$jn")" "can ever grant"
+ctl submit "$JOB" --device any --gpus 2 --grad-accum 2 --shard gradients --output "$WORK/m" \
+	>/dev/null 2>"$WORK/err"
+expect_eq "--shard gradients: refused (exit 2)" "$?" 2
+expect_contains "naming memory.shard" "$(cat "$WORK/err")" "memory.shard"
+ctl submit "$JOB" --device any --gpus 2 --grad-accum 2 --shard sometimes --output "$WORK/m" \
+	>/dev/null 2>"$WORK/err"
+expect_eq "an unknown sharding: exit 2" "$?" 2
+expect_contains "naming the flag" "$(cat "$WORK/err")" "--shard"
+stop_daemon
+finish
