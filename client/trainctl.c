@@ -1788,6 +1788,13 @@ static void human_info(const void *m)
 	for (size_t k = 0; k < i->n_backends; k++)
 		printf(" %s", i->backends[k]);
 	printf("\nqueue:       %u running, %u queued, %u CPU slot(s)\n", i->running, i->queued, i->cpu_slots);
+	if (i->preempt && strcmp(i->preempt, "off") != 0)
+		printf("preemption:  %s: a waiting job stops running jobs of a lower priority%s (not one "
+		       "preempted in the last %u s)\n",
+		       i->preempt, strcmp(i->preempt, "user") == 0 ? " of its own user" : "",
+		       i->preempt_grace_s);
+	else if (i->preempt)
+		printf("preemption:  off: a running job is never stopped for another\n");
 	printf("you:         %s (uid %u)%s\n", user_name(i->caller_uid, u, sizeof(u)), i->caller_uid,
 	       i->caller_admin ? ", admin: you see every job" : "");
 	printf("\n");

@@ -1153,6 +1153,10 @@ static td_err h_info(struct dmn_call *c)
 	SETF(ir, queued, dmn_sched_queued(c->env->sched));
 	SETF(ir, running, (uint32_t)dmn_runners_count(run));
 	SETF(ir, cpu_slots, (uint32_t)cfg->cpu_slots);
+	ir->preempt = (char *)(cfg->preempt == DMN_PREEMPT_PRIORITY ? "priority"
+			       : cfg->preempt == DMN_PREEMPT_USER   ? "user"
+								    : "off");
+	SETF(ir, preempt_grace_s, (uint32_t)cfg->preempt_grace_s);
 	struct timespec ts;
 	clock_gettime(CLOCK_REALTIME, &ts);
 	SETF(ir, uptime_s, (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9 - c->env->start_time);

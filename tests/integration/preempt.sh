@@ -82,6 +82,7 @@ CONF=$WORK/traind.conf
 printf 'cpu_slots = 1\n' >"$CONF"
 start_daemon --system --config "$CONF"
 check "preempt is off by default" grep -Eq '^preempt +\= off +# default' <<<"$("$TRAIND" --system --config "$CONF" --dump-config)"
+expect_contains "trainctl info says so" "$(ctlB info)" "preemption:  off: a running job is never stopped for another"
 
 # --- off: nothing is preempted ---
 # G runs far longer than this part of the test takes (it is cancelled at
@@ -100,6 +101,8 @@ ctlA hold "$Ha" >/dev/null
 printf 'cpu_slots = 1\npreempt = user\npreempt_grace_s = 3600\n' >"$CONF"
 kill -HUP "$DPID"
 sleep 0.3
+expect_contains "trainctl info gives the policy" "$(ctlB info)" \
+	"preemption:  user: a waiting job stops running jobs of a lower priority of its own user (not one preempted in the last 3600 s)"
 Hb=$(sub "$B" Hb --priority 3)
 check "B submits a job of priority 3" test -n "$Hb"
 sleep 2.5
