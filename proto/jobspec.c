@@ -1135,7 +1135,7 @@ static td_err check_memory(const Traind__JobSpec *s, struct td_errbuf *eb)
 		return TD_OK;
 	TRY(check_enum(eb, "memory.shard", &traind__shard__descriptor, m->shard));
 	if (m->shard == TRAIND__SHARD__SHARD_GRADIENTS || m->shard == TRAIND__SHARD__SHARD_PARAMETERS)
-		return td_fail(eb, TD_EUNSUPPORTED,
+		return td_fail(eb, TD_EINVAL,
 			       "memory.shard: %s is not built yet; OPTIMIZER (each GPU keeps the AdamW "
 			       "moments of its part of the weights), NONE or AUTO",
 			       m->shard == TRAIND__SHARD__SHARD_GRADIENTS ? "GRADIENTS" : "PARAMETERS");
@@ -1348,5 +1348,17 @@ void rpc_jobspec_print(const Traind__JobSpec *s, FILE *f)
 	p_bool(f, "resources.allow_cpu", r->allow_cpu);
 	fprintf(f, "resources.priority: %d\n", r->priority);
 	fprintf(f, "resources.gpus: %u\n", r->gpus);
+
+	/* Unset: AUTO (the scheduler's choice where the job is placed). */
+	const Traind__MemorySpec *m = c->memory;
+	Traind__Recompute rc = m && m->has_recompute ? m->recompute : TRAIND__RECOMPUTE__RECOMPUTE_AUTO;
+	Traind__Shard sh = m && m->has_shard ? m->shard : TRAIND__SHARD__SHARD_AUTO;
+	p_enum(f, "memory.recompute", &traind__recompute__descriptor,
+	       rc == TRAIND__RECOMPUTE__RECOMPUTE_UNSPECIFIED ? TRAIND__RECOMPUTE__RECOMPUTE_AUTO : rc);
+	p_u64(f, "memory.max_bytes", m && m->has_max_bytes && m->max_bytes, m ? m->max_bytes : 0,
+	      "(no bound)");
+	p_enum(f, "memory.shard", &traind__shard__descriptor,
+	       sh == TRAIND__SHARD__SHARD_UNSPECIFIED ? TRAIND__SHARD__SHARD_AUTO : sh);
+	p_bool(f, "memory.share_base", m ? m->share_base : true);
 	rpc_jobspec_free(c);
 }

@@ -59,6 +59,7 @@ check "a model was written" test -s "$WORK/s1/model.safetensors"
 jn=$(submit fixed --shard none --recompute none)
 check "a fixed shard none (and recompute none) fails" wait_for 30 job_is "$jn" FAILED
 expect_contains "naming what it needs" "$(ctl logs "$jn")" "can ever grant"
+expect_contains "its effective spec shows the sharding" "$(ctl show "$jn")" "memory.shard: none"
 ctl submit "$JOB" --device any --gpus 2 --grad-accum 2 --shard gradients --output "$WORK/m" \
 	>/dev/null 2>"$WORK/err"
 expect_eq "--shard gradients: refused (exit 2)" "$?" 2

@@ -94,6 +94,15 @@ static Traind__Resources *re(Traind__JobSpec *s)
 	return s->resources;
 }
 
+static Traind__MemorySpec *me(Traind__JobSpec *s)
+{
+	if (!s->memory) {
+		s->memory = malloc(sizeof(*s->memory));
+		traind__memory_spec__init(s->memory);
+	}
+	return s->memory;
+}
+
 /* String fields may point at a descriptor's static default: never free those. */
 static bool static_default(const char *p)
 {
@@ -460,6 +469,8 @@ M(m_gpus0, SET(re(s), gpus, 0))
 M(m_gpus17, SET(re(s), gpus, 17))
 M(m_gpus_cpu, SET(re(s), device, TRAIND__DEVICE__DEVICE_CPU); SET(re(s), gpus, 2))
 M(m_gpus_accum, SET(re(s), gpus, 2); SET(hy(s), grad_accum, 1))
+M(m_shard_grads, SET(me(s), shard, TRAIND__SHARD__SHARD_GRADIENTS))
+M(m_shard_params, SET(me(s), shard, TRAIND__SHARD__SHARD_PARAMETERS))
 M(m_cpu_bf16, SET(re(s), device, TRAIND__DEVICE__DEVICE_CPU);
   SET(hy(s), precision, TRAIND__PRECISION__PRECISION_BF16))
 M(m_rank0, SET(s, method, TRAIND__METHOD__METHOD_LORA); SET(lo(s), rank, 0))
@@ -552,6 +563,8 @@ static const struct bad_case bad_cases[] = {
 	{ m_gpus_accum, "resources.gpus: 2 GPUs share each step's hyper.grad_accum micro-batches, at "
 			"least one each, and grad_accum is 1; set it to 2" },
 	{ m_cpu_bf16, "hyper.precision: BF16 needs a GPU" },
+	{ m_shard_grads, "memory.shard: GRADIENTS is not built yet" },
+	{ m_shard_params, "memory.shard: PARAMETERS is not built yet" },
 	{ m_rank0, "lora.rank: must be >= 1 (got 0)" },
 	{ m_lora_alpha_nan, "lora.alpha:" },
 	{ m_lora_alpha_neg, "lora.alpha: must be > 0" },
