@@ -12,6 +12,7 @@
  *
  * Not the engine: it never sees the model, only ops and buffers. */
 #include <dlfcn.h>
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -166,6 +167,164 @@ static void cuda_free(struct gpu_backend *be, void *p, size_t bytes)
 	cb->drv.cuStreamSynchronize(cb->copy_stream);
 	cb->drv.cuMemFree((CUdeviceptr)(uintptr_t)p);
 	be->bytes_in_use -= bytes;
+}
+
+/* Shared memory (a frozen base that several jobs' backends on this device
+ * read, train/base.h). Through the VMM API where the driver has it: physical
+ * memory mapped at a reserved range with read-write access until
+ * cuda_share_seal makes the mapping read-only (CU_MEM_ACCESS_FLAGS_PROT_READ:
+ * a kernel's write then faults instead of changing another job's weights).
+ * Elsewhere (or if the VMM calls fail) cuMemAlloc in the primary context,
+ * which every backend of the device shares, and no seal. The VMM ranges are
+ * remembered here, so that share_free knows how to undo each. */
+#define CU_VMM_MAX 64
+static struct {
+	CUdeviceptr ptr;
+	size_t size; /* rounded up to the granularity */
+} vmm_ranges[CU_VMM_MAX];
+static pthread_mutex_t vmm_mu = PTHREAD_MUTEX_INITIALIZER;
+
+static size_t vmm_size(struct cu_backend *cb, size_t bytes)
+{
+	CUmemAllocationProp prop = {.type = CU_MEM_ALLOCATION_TYPE_PINNED,
+				    .location = {.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = (int)cb->dev}};
+	size_t g = 0;
+	if (!cb->drv.cuMemGetAllocationGranularity ||
+	    cb->drv.cuMemGetAllocationGranularity(&g, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM) !=
+		    CUDA_SUCCESS ||
+	    g == 0)
+		return 0;
+	return (bytes + g - 1) / g * g;
+}
+
+static td_err vmm_alloc(struct cu_backend *cb, size_t bytes, CUdeviceptr *out)
+{
+	const struct cu_driver *d = &cb->drv;
+	if (!d->cuMemCreate || !d->cuMemRelease || !d->cuMemAddressReserve || !d->cuMemAddressFree ||
+	    !d->cuMemMap || !d->cuMemUnmap || !d->cuMemSetAccess)
+		return TD_EUNSUPPORTED;
+	size_t size = vmm_size(cb, bytes);
+	if (!size)
+		return TD_EUNSUPPORTED;
+	CUmemAllocationProp prop = {.type = CU_MEM_ALLOCATION_TYPE_PINNED,
+				    .location = {.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = (int)cb->dev}};
+	CUmemGenericAllocationHandle h;
+	CUresult r = d->cuMemCreate(&h, size, &prop, 0);
+	if (r != CUDA_SUCCESS)
+		return r == CUDA_ERROR_OUT_OF_MEMORY ? TD_ENOMEM : TD_EUNSUPPORTED;
+	CUdeviceptr p = 0;
+	if (d->cuMemAddressReserve(&p, size, 0, 0, 0) != CUDA_SUCCESS) {
+		d->cuMemRelease(h);
+		return TD_EUNSUPPORTED;
+	}
+	CUmemAccessDesc acc = {.location = prop.location, .flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
+	if (d->cuMemMap(p, size, 0, h, 0) != CUDA_SUCCESS) {
+		d->cuMemAddressFree(p, size);
+		d->cuMemRelease(h);
+		return TD_EUNSUPPORTED;
+	}
+	/* The mapping holds the memory from now on: it goes at cuMemUnmap. */
+	d->cuMemRelease(h);
+	if (d->cuMemSetAccess(p, size, &acc, 1) != CUDA_SUCCESS) {
+		d->cuMemUnmap(p, size);
+		d->cuMemAddressFree(p, size);
+		return TD_EUNSUPPORTED;
+	}
+	pthread_mutex_lock(&vmm_mu);
+	int slot = -1;
+	for (int i = 0; i < CU_VMM_MAX && slot < 0; i++)
+		if (!vmm_ranges[i].ptr)
+			slot = i;
+	if (slot >= 0)
+		vmm_ranges[slot].ptr = p, vmm_ranges[slot].size = size;
+	pthread_mutex_unlock(&vmm_mu);
+	if (slot < 0) {
+		d->cuMemUnmap(p, size);
+		d->cuMemAddressFree(p, size);
+		return TD_EUNSUPPORTED;
+	}
+	*out = p;
+	return TD_OK;
+}
+
+/* The VMM range at p (removed when take), or 0. */
+static size_t vmm_find(CUdeviceptr p, bool take)
+{
+	size_t size = 0;
+	pthread_mutex_lock(&vmm_mu);
+	for (int i = 0; i < CU_VMM_MAX; i++)
+		if (vmm_ranges[i].ptr == p) {
+			size = vmm_ranges[i].size;
+			if (take)
+				vmm_ranges[i].ptr = 0;
+			break;
+		}
+	pthread_mutex_unlock(&vmm_mu);
+	return size;
+}
+
+static td_err cuda_share_alloc(struct gpu_backend *be, size_t bytes, void **out)
+{
+	struct cu_backend *cb = cu_of(be);
+	cb->drv.cuCtxSetCurrent(cb->ctx);
+	CUdeviceptr p = 0;
+	td_err e = vmm_alloc(cb, bytes ? bytes : 256, &p);
+	if (e == TD_ENOMEM)
+		return e;
+	if (e != TD_OK) {
+		CUresult r = cb->drv.cuMemAlloc(&p, bytes ? bytes : 256);
+		if (r != CUDA_SUCCESS)
+			return r == CUDA_ERROR_OUT_OF_MEMORY ? TD_ENOMEM
+			       : cu_sticky(r)		     ? TD_EDEVICE_LOST
+							     : TD_EDEVICE;
+	}
+	cu_check(cb, cb->drv.cuMemsetD8Async(p, 0, bytes, cb->stream), "cuMemsetD8Async");
+	cb->drv.cuStreamSynchronize(cb->stream);
+	*out = (void *)(uintptr_t)p;
+	return TD_OK;
+}
+
+static void cuda_share_free(struct gpu_backend *be, void *p, size_t bytes)
+{
+	struct cu_backend *cb = cu_of(be);
+	(void)bytes;
+	cb->drv.cuCtxSetCurrent(cb->ctx);
+	cb->drv.cuStreamSynchronize(cb->stream);
+	cb->drv.cuStreamSynchronize(cb->copy_stream);
+	CUdeviceptr d = (CUdeviceptr)(uintptr_t)p;
+	size_t size = vmm_find(d, true);
+	if (size) {
+		cb->drv.cuMemUnmap(d, size);
+		cb->drv.cuMemAddressFree(d, size);
+	} else {
+		cb->drv.cuMemFree(d);
+	}
+}
+
+static td_err cuda_share_seal(struct gpu_backend *be, void *p, size_t bytes, struct td_errbuf *eb)
+{
+	struct cu_backend *cb = cu_of(be);
+	(void)bytes;
+	CUdeviceptr d = (CUdeviceptr)(uintptr_t)p;
+	size_t size = vmm_find(d, false);
+	if (!size)
+		return td_fail(eb, TD_EUNSUPPORTED,
+			       "cuda: the shared base is not a VMM mapping (the driver lacks the VMM API "
+			       "or refused it): it stays writable");
+	cb->drv.cuCtxSetCurrent(cb->ctx);
+	cb->drv.cuStreamSynchronize(cb->stream);
+	cb->drv.cuStreamSynchronize(cb->copy_stream);
+	CUmemAccessDesc acc = {.location = {.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = (int)cb->dev},
+			       .flags = CU_MEM_ACCESS_FLAGS_PROT_READ};
+	CUresult r = cb->drv.cuMemSetAccess(d, size, &acc, 1);
+	if (r != CUDA_SUCCESS) {
+		const char *name = "?";
+		cb->drv.cuGetErrorName(r, &name);
+		return td_fail(eb, TD_EUNSUPPORTED,
+			       "cuda: cuMemSetAccess(PROT_READ) on the shared base: %s: it stays writable",
+			       name);
+	}
+	return TD_OK;
 }
 
 /* Page-locked, so that the copy engines move it while the math runs (a
@@ -525,6 +684,9 @@ static struct gpu_backend_ops cuda_ops = {
 	.destroy = cuda_destroy,
 	.mem_info = cuda_mem_info,
 	.set_bf16 = cuda_set_bf16,
+	.share_alloc = cuda_share_alloc,
+	.share_free = cuda_share_free,
+	.share_seal = cuda_share_seal,
 	.host_alloc = cuda_host_alloc,
 	.host_free = cuda_host_free,
 	.copy_async = cuda_copy_async,
@@ -546,6 +708,9 @@ td_err cu_open_driver(struct cu_driver *d, struct td_errbuf *eb)
 			       CU_STR_(name));
 	CU_DRIVER_LIST(CU_DRIVER_SYM_)
 #undef CU_DRIVER_SYM_
+#define CU_DRIVER_OPT_SYM_(name) d->name = (__typeof__(&name))dlsym(d->lib, CU_STR_(name));
+	CU_DRIVER_OPT_LIST(CU_DRIVER_OPT_SYM_)
+#undef CU_DRIVER_OPT_SYM_
 	return TD_OK;
 }
 

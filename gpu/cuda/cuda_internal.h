@@ -51,10 +51,19 @@ enum cu_kernel {
 	X(cuEventDestroy) X(cuStreamWaitEvent) X(cuMemHostAlloc)              \
 	X(cuMemFreeHost)
 
+/* Optional entry points (NULL where the driver lacks them): the virtual
+ * memory management API, which a shared base (gpu/backend.h: share_alloc)
+ * is allocated through so that it can be made read-only. */
+#define CU_DRIVER_OPT_LIST(X)                                                 \
+	X(cuMemCreate) X(cuMemRelease) X(cuMemAddressReserve)                 \
+	X(cuMemAddressFree) X(cuMemMap) X(cuMemUnmap) X(cuMemSetAccess)       \
+	X(cuMemGetAllocationGranularity)
+
 struct cu_driver {
 	void *lib;
 #define CU_DRIVER_PTR_(name) __typeof__(&name) name;
 	CU_DRIVER_LIST(CU_DRIVER_PTR_)
+	CU_DRIVER_OPT_LIST(CU_DRIVER_PTR_)
 #undef CU_DRIVER_PTR_
 };
 

@@ -3,8 +3,12 @@
 # PyTorch peer, in one call. Expects .gpu-run/ (binaries and the CUDA module)
 # and .gpu-libs/lib (bundle-libs.sh) in the repo root: tests/gpu/bundle.sh
 # makes them.
-# usage: tests/gpu/device-run.sh [tests|bench|faults|memory|ddp|profile|preempt|all]
+# usage: tests/gpu/device-run.sh [tests|bench|faults|memory|ddp|profile|preempt|share|all]
 # preempt: tests/gpu/preempt_gpu.sh alone (also part of tests).
+# share: tests/gpu/share_gpu.sh — four Llama-3-8B-shaped LoRA jobs from two
+# users sharing one frozen base on GPU 0 (the model dir made on the device),
+# the ledger, nvidia-smi with and without sharing, the losses against each
+# job alone; ~5 minutes on an H200.
 # memory: each recompute policy's tokens/s and peak for Qwen2-0.5B full and
 # Llama-3-8B LoRA (all 32 layers), beside peer_big.py (PEFT with and without
 # gradient checkpointing); wants the memory of an H200 for the policy NONE.
@@ -96,6 +100,13 @@ if [ "$what" = ddp ]; then
 	echo "== data parallel (tests/gpu/ddp.sh ${DDP_PARTS:-all}); NCCL: ${TD_NCCL_LIBRARY:-libnccl.so.2}"
 	TRAIND=$bin/traind TRAINCTL=$bin/trainctl TD_FIXTURES=$fx TD_SRC=$root BENCH_TRAIN=$bin/bench_train \
 		PEER_DIST=$root/.gpu-libs/peer_dist.py OUT=$out bash tests/gpu/ddp.sh ${DDP_PARTS:-} || status=1
+	exit $status
+fi
+if [ "$what" = share ]; then
+	echo "== shared frozen base: four Llama-3-8B-shaped LoRA jobs on one GPU (tests/gpu/share_gpu.sh)"
+	TRAIND=$bin/traind TRAINCTL=$bin/trainctl TD_FIXTURES=$fx TD_SRC=$root bash tests/gpu/share_gpu.sh
+	rc=$?
+	[ $rc = 0 ] || [ $rc = 77 ] || status=1
 	exit $status
 fi
 if [ "$what" = preempt ]; then
