@@ -59,11 +59,28 @@ if [ "$(id -u)" = 0 ] && command -v useradd >/dev/null && command -v setpriv >/d
 	useradd -M -U -s /bin/false "$A" && useradd -M -U -s /bin/false "$B" || exit 1
 	share_with_users || exit 1
 	MODE=--system
-	ctlu() { local u=$1; shift; as_user "$u" "$UCTL" --socket "$SOCK" "$@"; }
+	# The users run trainctl from $WORK: the libraries it takes from the
+	# bundle (which may sit where they cannot enter) are copied beside it,
+	# and they submit binary specs, encoded here (no protoc of theirs).
+	mkdir -p "$WORK/shared/lib"
+	if [ -n "${LD_LIBRARY_PATH:-}" ]; then
+		ldd "$TRAINCTL" | awk '$3 ~ /^\// {print $3}' | while read -r l; do
+			case "$l" in "${LD_LIBRARY_PATH%%:*}"/*) cp -L "$l" "$WORK/shared/lib/" ;; esac
+		done
+	fi
+	chmod -R a+rX "$WORK/shared"
+	ctlu() {
+		local u=$1
+		shift
+		as_user "$u" env LD_LIBRARY_PATH="$WORK/shared/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
+			"$UCTL" --socket "$SOCK" "$@"
+	}
+	ENCODE=1
 else
 	A=$(id -un)
 	B=$A
 	MODE=--user
+	ENCODE=0
 	mkdir -p "$WORK/shared"
 	ctlu() { shift; ctl "$@"; }
 	note "not root: one user submits all the jobs"
@@ -94,7 +111,14 @@ SPEC
 # submit USER NAME SEED [MEMORY [MICRO_BATCH]]: held; prints the id.
 submit() {
 	job "$2" "$1" "$2" "$3" "${4:-}" "${5:-}"
-	ctlu "$1" submit "$WORK/shared/$2.txtpb" --hold
+	local f=$WORK/shared/$2.txtpb pp=${TD_PROTO_PATH:-$TD_SRC/proto/traind.proto}
+	if [ "$ENCODE" = 1 ]; then
+		"${TD_PROTOC:-protoc}" --encode=traind.JobSpec --proto_path="$(dirname "$pp")" \
+			"$(basename "$pp")" <"$f" >"${f%.txtpb}.pb" || return 1
+		f=${f%.txtpb}.pb
+		chmod a+r "$f"
+	fi
+	ctlu "$1" submit "$f" --hold
 }
 release() { ctl release "$1" >/dev/null; } # the daemon's own user is an admin (root) or the owner
 losses() { # JOB: "step loss" lines, the loss in full (json-c prints %.17g)
