@@ -725,75 +725,52 @@ td_err st_ledger_shared_find(struct st_db *db, const char *gpu_uuid, const char 
 	return e;
 }
 
+/* A shared block and its holders (a second statement, under the lock
+ * ST_SELECT holds). */
+static td_err shared_row(struct st_db *db, sqlite3_stmt *st, void *item, struct td_errbuf *eb)
+{
+	struct st_shared *b = item;
+	memset(b, 0, sizeof(*b));
+	b->id = sqlite3_column_int64(st, 0);
+	st__col_copy(st, 1, b->gpu_uuid, sizeof(b->gpu_uuid));
+	st__col_copy(st, 2, b->key, sizeof(b->key));
+	b->bytes = (uint64_t)sqlite3_column_int64(st, 3);
+	st__col_copy(st, 4, b->label, sizeof(b->label));
+	b->created_ms = sqlite3_column_int64(st, 5);
+	sqlite3_stmt *hs;
+	td_err e = st__prepare(db,
+			       "SELECT h.lease, coalesce(l.job, 0), l.uid FROM shared_holders h"
+			       " JOIN ledger l ON l.id = h.lease WHERE h.block = ? ORDER BY h.lease",
+			       &hs, eb);
+	if (e)
+		return e;
+	sqlite3_bind_int64(hs, 1, b->id);
+	int rc;
+	while ((rc = sqlite3_step(hs)) == SQLITE_ROW) {
+		if (b->nholders < ST_SHARED_HOLDERS_MAX) {
+			b->holders[b->nholders].lease = sqlite3_column_int64(hs, 0);
+			b->holders[b->nholders].job = sqlite3_column_int64(hs, 1);
+			b->holders[b->nholders].uid = (uid_t)sqlite3_column_int64(hs, 2);
+		}
+		b->nholders++;
+	}
+	if (rc != SQLITE_DONE)
+		e = ST_SQLFAIL(db, rc, eb, "read the holders of shared block %lld", (long long)b->id);
+	sqlite3_finalize(hs);
+	return e;
+}
+
 td_err st_ledger_list_shared(struct st_db *db, const char *gpu_uuid, struct st_shared **out,
 			     size_t *n, struct td_errbuf *eb)
 {
-	*out = NULL;
-	*n = 0;
-	st__lock(db);
-	sqlite3_stmt *st = NULL, *hs = NULL;
-	td_err e = st__prepare(db,
-			       "SELECT id, gpu_uuid, key, bytes, label, created_ms FROM shared_blocks"
-			       " WHERE ?1 IS NULL OR gpu_uuid = ?1 ORDER BY id",
-			       &st, eb);
+	static const struct st__rowset shared_rows = {.size = sizeof(struct st_shared),
+						      .fill = shared_row};
+	void *rows;
+	td_err e = ST_SELECT(db, &shared_rows, &rows, n, eb,
+			     "SELECT id, gpu_uuid, key, bytes, label, created_ms FROM shared_blocks"
+			     " WHERE ?1 IS NULL OR gpu_uuid = ?1 ORDER BY id",
+			     ST_ARGS(ST_TEXT(gpu_uuid)), "list shared blocks");
 	if (!e)
-		e = st__prepare(db,
-				"SELECT h.lease, coalesce(l.job, 0), l.uid FROM shared_holders h"
-				" JOIN ledger l ON l.id = h.lease WHERE h.block = ? ORDER BY h.lease",
-				&hs, eb);
-	struct st_shared *v = NULL;
-	size_t cnt = 0, cap = 0;
-	int rc = SQLITE_DONE;
-	if (!e) {
-		if (gpu_uuid)
-			sqlite3_bind_text(st, 1, gpu_uuid, -1, SQLITE_STATIC);
-		while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
-			if (cnt == cap) {
-				size_t nc = cap ? 2 * cap : 4;
-				struct st_shared *nv = realloc(v, nc * sizeof(*nv));
-				if (!nv) {
-					e = td_fail(eb, TD_ENOMEM, "ledger: out of memory");
-					break;
-				}
-				v = nv;
-				cap = nc;
-			}
-			struct st_shared *b = &v[cnt++];
-			memset(b, 0, sizeof(*b));
-			b->id = sqlite3_column_int64(st, 0);
-			st__col_copy(st, 1, b->gpu_uuid, sizeof(b->gpu_uuid));
-			st__col_copy(st, 2, b->key, sizeof(b->key));
-			b->bytes = (uint64_t)sqlite3_column_int64(st, 3);
-			st__col_copy(st, 4, b->label, sizeof(b->label));
-			b->created_ms = sqlite3_column_int64(st, 5);
-			sqlite3_reset(hs);
-			sqlite3_bind_int64(hs, 1, b->id);
-			int hrc;
-			while ((hrc = sqlite3_step(hs)) == SQLITE_ROW) {
-				if (b->nholders < ST_SHARED_HOLDERS_MAX) {
-					b->holders[b->nholders].lease = sqlite3_column_int64(hs, 0);
-					b->holders[b->nholders].job = sqlite3_column_int64(hs, 1);
-					b->holders[b->nholders].uid = (uid_t)sqlite3_column_int64(hs, 2);
-				}
-				b->nholders++;
-			}
-			if (hrc != SQLITE_DONE) {
-				e = ST_SQLFAIL(db, hrc, eb, "read the holders of shared block %lld",
-					       (long long)b->id);
-				break;
-			}
-		}
-		if (!e && rc != SQLITE_DONE)
-			e = ST_SQLFAIL(db, rc, eb, "read shared blocks");
-	}
-	sqlite3_finalize(st);
-	sqlite3_finalize(hs);
-	st__unlock(db);
-	if (e) {
-		free(v);
-		return e;
-	}
-	*out = v;
-	*n = cnt;
-	return TD_OK;
+		*out = rows;
+	return e;
 }
