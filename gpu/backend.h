@@ -156,14 +156,20 @@ struct gpu_backend_ops {
 	 * kernels/cpu/ops.h. Where it says true (the CUDA backend's fused kernels,
 	 * bf16 mode), the (T,T) matrices are never stored: att holds B*NH*T
 	 * per-row statistics the backward needs and datt is scratch of
-	 * gpu_flash_datt_floats (below). out is
-	 * the forward's output (the fused backward reads it). */
+	 * gpu_flash_datt_floats (below). The backward's out and out16 are
+	 * the forward's output and its bf16 twin: the fused backward forms
+	 * its row sums rowsum(dout * out) from out16 widened where it is
+	 * given (as FlashAttention-2 does from its bf16 output), else from
+	 * out; the unfused backward reads neither (its probabilities are in
+	 * att). */
 	bool (*attention_flash)(struct gpu_backend *be, int HS);
 	/* Whether the GEMMs of matmul_forward/backward round their operands to
 	 * bf16 into gemm_scratch (below) in the current precision. */
 	bool (*gemm_bf16)(struct gpu_backend *be);
-	/* out16: twin of out, or NULL (out is always written: the backward
-	 * reads it). q16, k16, v16: only where attention is fused, the twins
+	/* out16: twin of out, or NULL. out may be NULL where attention is
+	 * fused and out16 is given (the output then kept in bf16 only: what
+	 * the projection after it and the fused backward read); else it is
+	 * written. q16, k16, v16: only where attention is fused, the twins
 	 * of q, k, v (after RoPE) or NULL; q, k, v are then NULL (kept in bf16
 	 * only: what the fused kernels read), and the kernels need room in
 	 * gemm_scratch for dout's copy only (gpu_flash_scratch_bytes). */
@@ -172,8 +178,8 @@ struct gpu_backend_ops {
 				  const gpu_bf16 *k16, const float *v, const gpu_bf16 *v16, int B,
 				  int T, int NH, int NKV, int HS);
 	void (*attention_backward)(struct gpu_backend *be, float *dq, float *dk, float *dv,
-				   float *datt, const float *dout, const float *out, const float *q,
-				   const gpu_bf16 *q16, const float *k, const gpu_bf16 *k16,
+				   float *datt, const float *dout, const float *out,
+				   const gpu_bf16 *out16, const float *q, const gpu_bf16 *q16, const float *k, const gpu_bf16 *k16,
 				   const float *v, const gpu_bf16 *v16, const float *att, int B,
 				   int T, int NH, int NKV, int HS);
 	/* Twins: out16, dgate16, dup16, or NULL; each fp32 output may be NULL
@@ -471,12 +477,13 @@ static inline void gpu_attention_forward(struct gpu_backend *be, float *out, gpu
 }
 static inline void gpu_attention_backward(struct gpu_backend *be, float *dq, float *dk, float *dv,
 					  float *datt, const float *dout, const float *out,
-					  const float *q, const gpu_bf16 *q16, const float *k,
-					  const gpu_bf16 *k16, const float *v, const gpu_bf16 *v16,
-					  const float *att, int B, int T, int NH, int NKV, int HS)
+					  const gpu_bf16 *out16, const float *q, const gpu_bf16 *q16,
+					  const float *k, const gpu_bf16 *k16, const float *v,
+					  const gpu_bf16 *v16, const float *att, int B, int T, int NH,
+					  int NKV, int HS)
 {
-	GPU_OP_(attention_backward, dq, dk, dv, datt, dout, out, q, q16, k, k16, v, v16, att, B, T,
-		NH, NKV, HS);
+	GPU_OP_(attention_backward, dq, dk, dv, datt, dout, out, out16, q, q16, k, k16, v, v16, att,
+		B, T, NH, NKV, HS);
 }
 
 /* The fused attention backward's scratch (datt): B*NH*T row statistics and,

@@ -1439,9 +1439,8 @@ static void layer_backward(struct tr_model *m, int l)
 
 	/* dres is now d(res_mid); same for the attention branch. */
 	linear_backward(m, l, TR_LIN_O, m->dy, true, m->dres, NULL, a->y, a->y16);
-	gpu_attention_backward(be, m->dq, m->dk, m->dv, m->datt, m->dy, a->y, a->q, a->q16, a->k,
-			       a->k16, a->v, a->v16,
-			       a->att, B, T, NH, NKV, HS);
+	gpu_attention_backward(be, m->dq, m->dk, m->dv, m->datt, m->dy, a->y, a->y16, a->q, a->q16,
+			       a->k, a->k16, a->v, a->v16, a->att, B, T, NH, NKV, HS);
 	gpu_rope_backward(be, m->dq, m->dq, m->rope_cos, m->rope_sin, B, T, NH, HS);
 	gpu_rope_backward(be, m->dk, m->dk, m->rope_cos, m->rope_sin, B, T, NKV, HS);
 	const float *dqp = m->dq, *dkp = m->dk;

@@ -462,9 +462,15 @@ static td_err add_stage(struct tr_plan *p, size_t *cap, enum tr_stage_kind kind,
  * forward time only where they keep up. Measured: pinned copies at 55 GB/s
  * each way (H100 and H200, PCIe 5), large bf16 GEMMs at ~600 TFLOP/s:
  * ~11k FLOP a byte. Llama-3-8B at B4 x T2048 does 10.6k (3.57 TFLOP a
- * layer for 128 MiB of input and 193 MiB of attention output) and gained;
+ * layer for 128 MiB of input and 193 MiB of attention output, y in fp32
+ * then; 17.7k with y16 alone, 65 MiB) and gained;
  * Qwen2-0.5B at B8 x T1024 does 3.3k and lost 7% of its tokens/s (H200). */
 #define TR_OFFLOAD_MIN_FLOP_PER_BYTE 8192.0
+
+bool tr_plan_attention_y32(const struct tr_plan_opts *o)
+{
+	return !o->attention_lse || !o->gemm_bf16 || (o->lora_rank && o->lora_dropout > 0.0f);
+}
 
 bool tr_plan_offloads_attention(const struct tr_model_config *cfg, const struct tr_plan_opts *o)
 {
@@ -475,7 +481,8 @@ bool tr_plan_offloads_attention(const struct tr_model_config *cfg, const struct 
 	const size_t L = (size_t)cfg->num_layers, ring = min_sz(TR_OFFLOAD_RING, L);
 	const size_t N = (size_t)o->B * (size_t)o->T, H = (size_t)cfg->num_heads * cfg->head_dim;
 	const size_t set = aligned((size_t)o->B * cfg->num_heads * o->T * sizeof(float)) +
-			   aligned(N * H * sizeof(float)) + (o->gemm_bf16 ? aligned(N * H * 2) : 0);
+			   (tr_plan_attention_y32(o) ? aligned(N * H * sizeof(float)) : 0) +
+			   (o->gemm_bf16 ? aligned(N * H * 2) : 0);
 	const size_t res = aligned(N * (size_t)cfg->hidden_size * sizeof(float));
 	double layer_params = 0; /* the seven projections' weights */
 	for (int lin = 0; lin < TR_LIN_COUNT; lin++) {
@@ -706,15 +713,22 @@ td_err tr_plan_build(struct tr_plan *p, const struct tr_model_config *cfg,
 	 * the bits the attention rounded for itself before), and its
 	 * backward reads them again. The unfused attention reads fp32. */
 	const bool qkv16 = lse && o->gemm_bf16;
+	/* The attention's output in fp32 only where something reads it: the
+	 * unfused backward's ops and fp32 GEMMs (and LoRA dropout, keep32);
+	 * the fused backward forms its row sums from the bf16 twin, and the
+	 * o projection's bf16 GEMM reads that (tr_plan_attention_y32). */
+	const bool y32 = tr_plan_attention_y32(o);
 	/* FULL_OFFLOAD where the attention is fused keeps its output and row
-	 * statistics (y, y16, att: what SELECTIVE keeps of it) beside each layer
+	 * statistics (att, y16 and y where planned: what SELECTIVE keeps of it)
+	 * beside each layer
 	 * input on the host, so a layer's recompute runs no attention forward:
 	 * a ring of TR_OFFLOAD_RING on the device (acts.ring.K.*), and the
 	 * layers the backward copies back from the host (all but the last
 	 * TR_OFFLOAD_RING, still in the ring when it starts: host.layers.L.*).
 	 * Its recompute then costs the products and element-wise ops only; the
-	 * copies (193 MiB a layer for Llama-3-8B at B4 x T2048, with the layer
-	 * input's 128) stay under what PCIe moves while a layer computes. */
+	 * copies (65 MiB a layer for Llama-3-8B at B4 x T2048 with y16 alone,
+	 * with the layer input's 128) stay under what PCIe moves while a layer
+	 * computes. */
 	const bool off_att = rc == TR_RECOMPUTE_FULL_OFFLOAD && lse &&
 			     tr_plan_offloads_attention(cfg, o);
 	const struct {
@@ -738,7 +752,7 @@ td_err tr_plan_build(struct tr_plan *p, const struct tr_model_config *cfg,
 		{"k16", f32_bytes(N, KV, 1) / 2, qkv16, qk, false},
 		{"v16", f32_bytes(N, KV, 1) / 2, qkv16, KEEP_SEL, false},
 		{"att", lse ? f32_bytes(B * NH, T, 1) : f32_bytes(B * NH, T, T), true, att, true},
-		{"y", f32_bytes(N, H, 1), true, att, true},
+		{"y", f32_bytes(N, H, 1), y32, att, true},
 		{"y16", f32_bytes(N, H, 1) / 2, twins, att, true},
 		{"res_mid", f32_bytes(N, C, 1), true, KEEP_SEL, false},
 		{"ln2", f32_bytes(N, C, 1), keep32, KEEP_NONE, false},

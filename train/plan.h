@@ -342,10 +342,16 @@ struct tr_plan {
 	size_t nstages, nforward;
 };
 
+/* Whether a plan of o keeps the attention's output in fp32 (acts y) beside
+ * its bf16 twin (y16): where something reads it — the unfused attention's
+ * backward, fp32 GEMMs (no gemm_bf16), LoRA dropout (its mask applied to
+ * fp32 inputs). The fused backward forms its row sums from y16. */
+bool tr_plan_attention_y32(const struct tr_plan_opts *o);
+
 /* Whether a FULL_OFFLOAD plan of cfg and o keeps each layer's attention
- * output and row statistics (fused attention: y, its bf16 twin, the row
- * statistics) on the host beside its input, so that its recompute runs no
- * attention (train/plan.c says when). */
+ * output and row statistics (fused attention: the row statistics, y16, and
+ * y where tr_plan_attention_y32) on the host beside its input, so that its
+ * recompute runs no attention (train/plan.c says when). */
 bool tr_plan_offloads_attention(const struct tr_model_config *cfg, const struct tr_plan_opts *o);
 
 /* Builds the plan. Validates that B, T and the config give sizes that fit

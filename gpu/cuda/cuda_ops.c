@@ -653,7 +653,9 @@ static void cu_attention_forward(struct gpu_backend *be, float *out, gpu_bf16 *o
 	if (B <= 0 || T <= 0 || NH <= 0 || HS <= 0)
 		return;
 	if (cu_attention_flash(be, HS)) {
-		/* att: the (B,NH,T) row statistics */
+		/* att: the (B,NH,T) row statistics; out, out16: each written
+		 * where not NULL */
+		assert(out || out16);
 		struct flash_copies fc;
 		if (!flash_cast_qkv(cb, &fc, q, q16, k, k16, v, v16, B, T, NH, NKV, HS))
 			return;
@@ -664,7 +666,7 @@ static void cu_attention_forward(struct gpu_backend *be, float *out, gpu_bf16 *o
 			  dim1(FLASH_THREADS), flash_smem_bytes(FLASH_FWD, HS), args);
 		return;
 	}
-	assert(!q16 && !k16 && !v16); /* twins are the fused kernels' */
+	assert(out && !q16 && !k16 && !v16); /* twins are the fused kernels' */
 	struct att_views a = att_views(T, NH, NKV, HS);
 	/* S_h = scale Q_h K_g^T: column-major S^T (T,T) = K_g Q_h^T. */
 	for (int h = 0; h < NH; h++) {
@@ -695,17 +697,19 @@ static void cu_attention_forward(struct gpu_backend *be, float *out, gpu_bf16 *o
  * (beta 0), the others add (beta 1), one GEMM after another on the stream —
  * a fixed order, no atomics. datt is scratch (it ends holding dS). */
 static void cu_attention_backward(struct gpu_backend *be, float *dq, float *dk, float *dv,
-				  float *datt, const float *dout, const float *out, const float *q,
-				  const gpu_bf16 *q16, const float *k, const gpu_bf16 *k16,
-				  const float *v, const gpu_bf16 *v16, const float *att, int B, int T,
-				  int NH, int NKV, int HS)
+				  float *datt, const float *dout, const float *out,
+				  const gpu_bf16 *out16, const float *q, const gpu_bf16 *q16,
+				  const float *k, const gpu_bf16 *k16, const float *v,
+				  const gpu_bf16 *v16, const float *att, int B, int T, int NH, int NKV,
+				  int HS)
 {
 	struct cu_backend *cb = cu_of(be);
 	assert(NKV > 0 && NH % NKV == 0);
 	if (B <= 0 || T <= 0 || NH <= 0 || HS <= 0)
 		return;
 	if (cu_attention_flash(be, HS)) {
-		/* datt: Dr = rowsum(dout * out), (B,NH,T); with kv groups, the
+		/* datt: Dr = rowsum(dout * out), (B,NH,T), out read as out16
+		 * widened where it is given; with kv groups, the
 		 * per-head dK and dV partials after it (gpu_flash_datt_floats).
 		 * dK, dV (or their partials) and dQ per query head, each owned
 		 * by one block; the partials added in head order (no atomics). */
@@ -715,7 +719,8 @@ static void cu_attention_backward(struct gpu_backend *be, float *dq, float *dk, 
 		enum cu_kernel f, kdkdv, kdq;
 		flash_kernels(HS, &f, &kdkdv, &kdq);
 		size_t warps = (size_t)B * T * NH;
-		void *rargs[] = {&datt, &fc.dout, &dout, &out, &B, &T, &NH, &HS};
+		assert(out || out16);
+		void *rargs[] = {&datt, &fc.dout, &dout, &out, &out16, &B, &T, &NH, &HS};
 		launch_att_rows(cb, CU_K_flash_rowdot_f32, warps, rargs);
 		unsigned tiles = cu_blocks((size_t)T, FLASH_TILE);
 		float *pk = dk, *pv = dv;

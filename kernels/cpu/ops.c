@@ -225,15 +225,17 @@ void attention_forward(float *restrict out, float *restrict att, const float *re
 }
 
 /* Per (b, h), with datt as dS:
- *   dP = dout V^T ; dS = P * (dP - rowsum(dP * P)) ;
+ *   dP = dout V^T ; dS = P * (dP - D) with D = rowsum(dP * P), or dr's row
+ *   where dr is given ;
  *   dq = dS K * scale ; dk += dS^T Q * scale ; dv += P^T dout.
  * dq slices belong to one query head, so they are written (beta 0); dk, dv
  * slices are shared by a group of query heads and summed over them in h
  * order, after zeroing. */
-void attention_backward(float *restrict dq, float *restrict dk, float *restrict dv,
-			float *restrict datt, const float *restrict dout, const float *restrict q,
-			const float *restrict k, const float *restrict v,
-			const float *restrict att, int B, int T, int NH, int NKV, int HS)
+void attention_backward_dr(float *restrict dq, float *restrict dk, float *restrict dv,
+			   float *restrict datt, const float *restrict dout,
+			   const float *restrict q, const float *restrict k,
+			   const float *restrict v, const float *restrict att,
+			   const float *restrict dr, int B, int T, int NH, int NKV, int HS)
 {
 	assert(NKV > 0 && NH % NKV == 0);
 	int group = NH / NKV;
@@ -252,13 +254,14 @@ void attention_backward(float *restrict dq, float *restrict dk, float *restrict 
 
 			gemm(CblasNoTrans, CblasTrans, T, T, HS, 1.0f, dout + qoff, ldq, v + koff, ldk,
 			     0.0f, dS, T);
+			const float *D = dr ? dr + ((size_t)b * NH + h) * T : NULL;
 			for (int t = 0; t < T; t++) {
 				const float *restrict p = P + (size_t)t * T;
 				float *restrict d = dS + (size_t)t * T;
 				double dot = 0.0;
-				for (int s = 0; s <= t; s++)
+				for (int s = 0; !D && s <= t; s++)
 					dot += (double)p[s] * d[s];
-				float fdot = (float)dot;
+				float fdot = D ? D[t] : (float)dot;
 				for (int s = 0; s <= t; s++)
 					d[s] = p[s] * (d[s] - fdot);
 				for (int s = t + 1; s < T; s++)
@@ -271,6 +274,14 @@ void attention_backward(float *restrict dq, float *restrict dk, float *restrict 
 			gemm(CblasTrans, CblasNoTrans, T, HS, T, 1.0f, P, T, dout + qoff, ldq, 1.0f,
 			     dv + koff, ldk);
 		}
+}
+
+void attention_backward(float *restrict dq, float *restrict dk, float *restrict dv,
+			float *restrict datt, const float *restrict dout, const float *restrict q,
+			const float *restrict k, const float *restrict v,
+			const float *restrict att, int B, int T, int NH, int NKV, int HS)
+{
+	attention_backward_dr(dq, dk, dv, datt, dout, q, k, v, att, NULL, B, T, NH, NKV, HS);
 }
 
 /* silu written as torch writes it, x / (1 + exp(-x)); for x << 0, exp

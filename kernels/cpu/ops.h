@@ -66,6 +66,12 @@ void attention_forward(float *out, float *att, const float *q, const float *k, c
 void attention_backward(float *dq, float *dk, float *dv, float *datt, const float *dout,
 			const float *q, const float *k, const float *v, const float *att, int B,
 			int T, int NH, int NKV, int HS);
+/* attention_backward with the softmax backward's row sums D (B,NH,T) given
+ * in dr (each rowsum(dout * out) of its (b, h, t)) instead of formed as
+ * rowsum(dP * P), as the fused kernels do; dr NULL: attention_backward. */
+void attention_backward_dr(float *dq, float *dk, float *dv, float *datt, const float *dout,
+			   const float *q, const float *k, const float *v, const float *att,
+			   const float *dr, int B, int T, int NH, int NKV, int HS);
 
 /* out = silu(gate) * up, elementwise over n values; silu(x) = x / (1 + exp(-x)). */
 void swiglu_forward(float *out, const float *gate, const float *up, size_t n);

@@ -1,8 +1,8 @@
 /* Causal attention fused flash-style (FlashAttention-2's algorithm), for the
  * bf16 compute mode: the (T,T) scores and probabilities never reach memory.
  * q, k, v and dout come in as bf16 copies (the launcher rounds the engine's
- * fp32 into its scratch; flash_rowdot writes dout's), out (and optionally
- * its bf16 twin), the statistics and the gradients go out fp32; the
+ * fp32 into its scratch; flash_rowdot writes dout's), out and its bf16
+ * twin (either may be NULL), the statistics and the gradients go out fp32; the
  * products run on the tensor cores as bf16 mma.sync m16n8k16 with fp32
  * accumulation, the softmax in fp32. The
  * fp32 mode keeps the exact path of attention.cu + cuBLAS.
@@ -14,7 +14,8 @@
  * the sum of 2^(s - m) plus m, where s is the score times log2(e)/sqrt(HS):
  * what the backward needs to rebuild P.
  * Backward, deterministic (no atomics, fixed orders): flash_rowdot forms
- * Dr = rowsum(dout * out); flash_bwd_dkdv, a block per (64 keys, head,
+ * Dr = rowsum(dout * out) (out read from its bf16 twin where given);
+ * flash_bwd_dkdv, a block per (64 keys, head,
  * batch), rebuilds P^T and dS^T tile by tile over every query tile at or past
  * the keys and owns that head's share of dK and dV outright: with one query
  * head per kv head it is dK and dV; with a group of rep query heads it is a
@@ -382,7 +383,8 @@ static __device__ __forceinline__ void flash_fwd(float *out, fa_bf16 *out16, flo
 		o[d][0] *= i0, o[d][1] *= i0;
 		o[d][2] *= i1, o[d][3] *= i1;
 	}
-	fa_store<D>(out + (size_t)b * T * ldq + h * D, ldq, o, 1.f, row0, T, t);
+	if (out)
+		fa_store<D>(out + (size_t)b * T * ldq + h * D, ldq, o, 1.f, row0, T, t);
 	if (out16)
 		fa_store16<D>(out16 + (size_t)b * T * ldq + h * D, ldq, o, row0, T, t);
 	if (t == 0) {
@@ -396,9 +398,12 @@ static __device__ __forceinline__ void flash_fwd(float *out, fa_bf16 *out16, flo
 
 /* Dr[(b*NH + h)*T + t] = sum over the head's HS columns of dout * out, and
  * dout16 = dout rounded to bf16 (the backward kernels' copy): a warp per
- * (row, head), lanes over the columns, a fixed shuffle tree. */
+ * (row, head), lanes over the columns, a fixed shuffle tree. out is read
+ * as out16 widened where out16 is not NULL (the forward's bf16 twin: each
+ * term then within 2^-9 of dout * out relatively), else in fp32. */
 extern "C" __global__ void flash_rowdot_f32(float *dr, fa_bf16 *dout16, const float *dout,
-					    const float *out, int B, int T, int NH, int HS)
+					    const float *out, const fa_bf16 *out16, int B, int T,
+					    int NH, int HS)
 {
 	const int lane = threadIdx.x & 31;
 	const size_t n = (size_t)B * T * NH;
@@ -410,7 +415,7 @@ extern "C" __global__ void flash_rowdot_f32(float *dr, fa_bf16 *dout16, const fl
 		float s = 0.f;
 		for (int c = lane; c < HS; c += 32) {
 			const float a = dout[at + c];
-			s += a * out[at + c];
+			s += a * (out16 ? __bfloat162float(out16[at + c]) : out[at + c]);
 			dout16[at + c] = __float2bfloat16_rn(a);
 		}
 		s = cu_warp_sum(s);

@@ -77,12 +77,12 @@ static double urand(void)
 }
 
 /* Host and device allocations of a case, freed together by case_end(). */
-static void *host_tracked[64];
+static void *host_tracked[128];
 static int nhost;
 static struct {
 	void *p;
 	size_t bytes;
-} dev_tracked[64];
+} dev_tracked[128];
 static int ndev;
 
 static void *hmem(size_t bytes)
@@ -810,13 +810,13 @@ static void test_attention(void)
 		attention_backward(dq, dk, dv, datt, dout, q, k, v, att, B, T, NH, NKV, HS);
 		float *d_dout = dputf(dout, nq), *d_att_ref = dputf(att, na);
 		float *d_dq = dnan(nq), *d_dk = dnan(nk), *d_dv = dnan(nk), *d_datt = dnan(na);
-		gpu_attention_backward(be, d_dq, d_dk, d_dv, d_datt, d_dout, d_out, d_q, NULL, d_k, NULL,
+		gpu_attention_backward(be, d_dq, d_dk, d_dv, d_datt, d_dout, d_out, NULL, d_q, NULL, d_k, NULL,
 				       d_v, NULL, d_att_ref, B, T, NH, NKV, HS);
 		float *g_dk = hget(d_dk, nk);
 		expect_red("dq", hget(d_dq, nq), dq, nq, T);
 		expect_red("dk", g_dk, dk, nk, (double)T * (NH / NKV));
 		expect_red("dv", hget(d_dv, nk), dv, nk, (double)T * (NH / NKV));
-		gpu_attention_backward(be, d_dq, d_dk, d_dv, d_datt, d_dout, d_out, d_q, NULL, d_k, NULL,
+		gpu_attention_backward(be, d_dq, d_dk, d_dv, d_datt, d_dout, d_out, NULL, d_q, NULL, d_k, NULL,
 				       d_v, NULL, d_att_ref, B, T, NH, NKV, HS);
 		expect_same_bits("dk", hget(d_dk, nk), g_dk, nk);
 		case_end();
@@ -856,6 +856,109 @@ static void expect_normwise(const char *what, const float *got, const float *ref
  * when attention is fused) in a scratch with room for dout's copy only: the
  * same bits as rounding the fp32 ones (they are those, rounded). */
 #define FLASH_NORM_TOL 2e-2
+
+/* The output kept in bf16 only (the plan's y16 without y): the forward
+ * given out NULL and out16 writes out16 as the fp32 run's out rounded and
+ * the same statistics; the backward given out16 (out NULL) forms
+ * Dr = rowsum(dout * out16 widened) (flash_rowdot; Dr is datt's first
+ * B*NH*T floats). Per row, with S = sum |dout * out| over its HS columns:
+ * against the host's sum of the same widened terms, Dr is an fp32 sum of
+ * HS fp32 products, within (HS + 1) 2^-24 S' (S' the same sum over out16,
+ * <= (1 + 2^-9) S); against the fp32 run's D = rowsum(dout * out), each
+ * term moved by at most 2^-9 of itself (out16 = out rounded to nearest,
+ * 8 significant bits), so within 2^-9 S plus both sums' rounding. dv does
+ * not read Dr: the same bits as the fp32-out run. dq and dk against the
+ * CPU's fp32 op: the bf16 mode's FLASH_NORM_TOL plus what D's move adds
+ * normwise: dS = P (dP - D), so dq_t moves by scale |dD_t| ||sum_s P_ts
+ * k_s|| <= scale |dD_t| max_s<=t ||k_s||, and dk_s by at most scale
+ * sum over the group's heads and t >= s of P_ts |dD_t| ||q_t|| (P the
+ * CPU's, doubled for the fused kernels' own P, within FLASH_NORM_TOL of
+ * it), with |dD_t| <= 2^-9 S_t. */
+static void flash_out16_case(int B, int T, int NH, int NKV, int HS, const float *g_out,
+			     const float *dout, const float *att, const float *q, const float *k,
+			     const float *dq, const float *dk, const float *g_dv, const gpu_bf16 *d_q16,
+			     const gpu_bf16 *d_k16, const gpu_bf16 *d_v16, const float *d_dout,
+			     const float *g_lse)
+{
+	const size_t nq = (size_t)B * T * NH * HS, nk = (size_t)B * T * NKV * HS;
+	const size_t nl = (size_t)B * NH * T;
+	const int ldq = NH * HS, ldk = NKV * HS, rep = NH / NKV;
+	const double u = ldexp(1.0, -24), r16 = ldexp(1.0, -9), scale = 1.0 / sqrt((double)HS);
+	gpu_bf16 *d_o16 = dnan16(nq);
+	float *d_lse = dnan(nl);
+	gpu_attention_forward(be, NULL, d_o16, d_lse, NULL, d_q16, NULL, d_k16, NULL, d_v16, B, T,
+			      NH, NKV, HS);
+	expect_twin("out16 (out NULL)", d_o16, g_out, nq);
+	expect_same_bits("lse (out NULL)", hget(d_lse, nl), g_lse, nl);
+	float *d_dq = dnan(nq), *d_dk = dnan(nk), *d_dv = dnan(nk);
+	float *d_dr = dnan(gpu_flash_datt_floats(B, T, NH, NKV, HS));
+	gpu_attention_backward(be, d_dq, d_dk, d_dv, d_dr, d_dout, NULL, d_o16, NULL, d_q16, NULL,
+			       d_k16, NULL, d_v16, d_lse, B, T, NH, NKV, HS);
+	float *dr = hget(d_dr, nl), *g_dq = hget(d_dq, nq), *g_dk = hget(d_dk, nk);
+	uint16_t *o16 = hmem(nq * sizeof(uint16_t));
+	gpu_download(be, o16, d_o16, nq * sizeof(uint16_t));
+	double *dD = (double *)hmem(nl * sizeof(double));
+	size_t bad16 = 0, bad32 = 0;
+	for (int b = 0; b < B; b++)
+		for (int h = 0; h < NH; h++)
+			for (int t = 0; t < T; t++) {
+				const size_t at = ((size_t)b * T + t) * ldq + (size_t)h * HS;
+				const size_t r = ((size_t)b * NH + h) * T + t;
+				double s16 = 0, s32 = 0, a16 = 0, a32 = 0;
+				for (int c = 0; c < HS; c++) {
+					uint32_t bits = (uint32_t)o16[at + c] << 16;
+					float w;
+					memcpy(&w, &bits, sizeof(w));
+					s16 += (double)dout[at + c] * w;
+					a16 += fabs((double)dout[at + c] * w);
+					s32 += (double)dout[at + c] * g_out[at + c];
+					a32 += fabs((double)dout[at + c] * g_out[at + c]);
+				}
+				bad16 += !(fabs(dr[r] - s16) <= (HS + 1) * u * a16);
+				bad32 += !(fabs(dr[r] - s32) <= r16 * a32 + (HS + 1) * u * (a16 + a32));
+				dD[r] = r16 * a32;
+			}
+	CHECK_MSG(bad16 == 0, "%s: Dr (out16): %zu of %zu rows off the sum over out16 widened",
+		  where, bad16, nl);
+	CHECK_MSG(bad32 == 0, "%s: Dr (out16): %zu of %zu rows more than 2^-9 off rowsum(dout * out)",
+		  where, bad32, nl);
+	expect_same_bits("dv (out16)", hget(d_dv, nk), g_dv, nk);
+	/* what D's move adds to dq and dk, normwise, against the CPU's */
+	double eq2 = 0, ek2 = 0, rq2 = 0, rk2 = 0;
+	for (size_t i = 0; i < nq; i++)
+		rq2 += (double)dq[i] * dq[i];
+	for (size_t i = 0; i < nk; i++)
+		rk2 += (double)dk[i] * dk[i];
+	double *ek = (double *)hmem((size_t)B * T * NKV * sizeof(double));
+	memset(ek, 0, (size_t)B * T * NKV * sizeof(double));
+	for (int b = 0; b < B; b++)
+		for (int h = 0; h < NH; h++) {
+			const int g = h / rep;
+			double kmax = 0;
+			for (int t = 0; t < T; t++) {
+				double kn = 0, qn = 0;
+				for (int c = 0; c < HS; c++) {
+					const double kv = k[((size_t)b * T + t) * ldk + (size_t)g * HS + c];
+					const double qv = q[((size_t)b * T + t) * ldq + (size_t)h * HS + c];
+					kn += kv * kv;
+					qn += qv * qv;
+				}
+				kmax = fmax(kmax, sqrt(kn));
+				const double d = dD[((size_t)b * NH + h) * T + t];
+				eq2 += pow(scale * d * kmax, 2);
+				const float *P = att + (((size_t)b * NH + h) * T + t) * T;
+				for (int s = 0; s <= t; s++)
+					ek[((size_t)b * T + s) * NKV + g] += 2.0 * scale * P[s] * d * sqrt(qn);
+			}
+		}
+	for (size_t i = 0; i < (size_t)B * T * NKV; i++)
+		ek2 += ek[i] * ek[i];
+	expect_normwise("dq (out16)", g_dq, dq, nq,
+			FLASH_NORM_TOL + sqrt(eq2) / (rq2 > 0 ? sqrt(rq2) : 1.0));
+	expect_normwise("dk (out16)", g_dk, dk, nk,
+			FLASH_NORM_TOL + sqrt(ek2) / (rk2 > 0 ? sqrt(rk2) : 1.0));
+}
+
 static void test_flash_attention(void)
 {
 	static const struct { int B, T, NH, NKV, HS; } cases[] = {
@@ -893,7 +996,7 @@ static void test_flash_attention(void)
 		float *d_dout = dputf(dout, nq);
 		float *d_dq = dnan(nq), *d_dk = dnan(nk), *d_dv = dnan(nk);
 		float *d_dr = dnan(gpu_flash_datt_floats(B, T, NH, NKV, HS));
-		gpu_attention_backward(be, d_dq, d_dk, d_dv, d_dr, d_dout, d_out, d_q, NULL, d_k, NULL,
+		gpu_attention_backward(be, d_dq, d_dk, d_dv, d_dr, d_dout, d_out, NULL, d_q, NULL, d_k, NULL,
 				       d_v, NULL, d_lse, B, T, NH, NKV, HS);
 		float *g_dq = hget(d_dq, nq), *g_dk = hget(d_dk, nk), *g_dv = hget(d_dv, nk);
 		expect_normwise("dq", g_dq, dq, nq, FLASH_NORM_TOL);
@@ -901,7 +1004,7 @@ static void test_flash_attention(void)
 		expect_normwise("dv", g_dv, dv, nk, FLASH_NORM_TOL);
 		gpu_attention_forward(be, d_out, NULL, d_lse, d_q, NULL, d_k, NULL, d_v, NULL, B, T, NH,
 				      NKV, HS);
-		gpu_attention_backward(be, d_dq, d_dk, d_dv, d_dr, d_dout, d_out, d_q, NULL, d_k, NULL,
+		gpu_attention_backward(be, d_dq, d_dk, d_dv, d_dr, d_dout, d_out, NULL, d_q, NULL, d_k, NULL,
 				       d_v, NULL, d_lse, B, T, NH, NKV, HS);
 		expect_same_bits("out", hget(d_out, nq), g_out, nq);
 		expect_same_bits("dq", hget(d_dq, nq), g_dq, nq);
@@ -918,13 +1021,15 @@ static void test_flash_attention(void)
 		float *d_out2 = dnan(nq), *d_lse2 = dnan(nl);
 		gpu_attention_forward(be, d_out2, NULL, d_lse2, NULL, d_q16, NULL, d_k16, NULL, d_v16, B,
 				      T, NH, NKV, HS);
-		gpu_attention_backward(be, d_dq, d_dk, d_dv, d_dr, d_dout, d_out2, NULL, d_q16, NULL,
+		gpu_attention_backward(be, d_dq, d_dk, d_dv, d_dr, d_dout, d_out2, NULL, NULL, d_q16, NULL,
 				       d_k16, NULL, d_v16, d_lse2, B, T, NH, NKV, HS);
 		expect_same_bits("out (q, k, v twins)", hget(d_out2, nq), g_out, nq);
 		expect_same_bits("lse (q, k, v twins)", hget(d_lse2, nl), hget(d_lse, nl), nl);
 		expect_same_bits("dq (q, k, v twins)", hget(d_dq, nq), g_dq, nq);
 		expect_same_bits("dk (q, k, v twins)", hget(d_dk, nk), g_dk, nk);
 		expect_same_bits("dv (q, k, v twins)", hget(d_dv, nk), g_dv, nk);
+		flash_out16_case(B, T, NH, NKV, HS, g_out, dout, att, q, k, dq, dk, g_dv, d_q16,
+				 d_k16, d_v16, d_dout, hget(d_lse, nl));
 		case_end();
 	}
 	op_report("flash attention");

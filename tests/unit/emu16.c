@@ -193,8 +193,8 @@ static void emu_attention_forward(struct gpu_backend *be, float *out, gpu_bf16 *
 				  int T, int NH, int NKV, int HS)
 {
 	/* not fused (emu_no_flash): q, k, v in fp32, as the engine keeps them then */
-	if (q16 || k16 || v16)
-		violation("%s: q, k, v twins given to the unfused attention (%zu x %zu)",
+	if (q16 || k16 || v16 || !out)
+		violation("%s: q, k, v twins or no fp32 out given to the unfused attention (%zu x %zu)",
 			  "attention_forward", (size_t)B * T, (size_t)NH * HS);
 	attention_forward(out, att, q, k, v, B, T, NH, NKV, HS);
 	finish(out16, out, (size_t)B * T * NH * HS, NULL);
@@ -203,10 +203,13 @@ static void emu_attention_forward(struct gpu_backend *be, float *out, gpu_bf16 *
 /* The fused attention (emu16_flash_backend_new), by what it reads and keeps
  * rather than how it computes: q, k, v in bf16 (twins, or fp32 rounded),
  * B*NH*T row statistics in att instead of probabilities, room for its
- * copies in gemm_scratch (gpu_flash_scratch_bytes), and a backward that
- * reads the forward's out and row statistics (held to be the forward's
- * own: a plan that dropped or overwrote them is a violation). The
- * statistic is sum_s P[t][s] (s + 1); the products are the CPU's. */
+ * copies in gemm_scratch (gpu_flash_scratch_bytes), an output in fp32 or
+ * bf16 or both (out or out16 NULL), and a backward that reads the
+ * forward's row statistics and output (held to be the forward's own: a
+ * plan that dropped or overwrote them is a violation) and, as the kernels
+ * do, forms D = rowsum(dout * out) from out16 widened where it is given,
+ * else from out (flash_rowdot). The statistic is sum_s P[t][s] (s + 1);
+ * the products are the CPU's. */
 static bool emu_flash(struct gpu_backend *be, int HS)
 {
 	return gpu_flash_head_size(HS);
@@ -248,10 +251,15 @@ static void emu_flash_forward(struct gpu_backend *be, float *out, gpu_bf16 *out1
 		emu_attention_forward(be, out, out16, att, q, q16, k, k16, v, v16, B, T, NH, NKV, HS);
 		return;
 	}
-	float *qw, *kw, *vw, *P;
+	const size_t nq = (size_t)B * T * NH * HS;
+	if (!out && !out16)
+		violation("%s: neither out nor out16 (%zu x %zu)", "attention_forward (fused)",
+			  (size_t)B * T, (size_t)NH * HS);
+	float *qw, *kw, *vw, *P, *tmp;
+	float *o = output(out, nq, &tmp);
 	flash_math(be, "attention_forward (fused)", q, q16, k, k16, v, v16, B, T, NH, NKV, HS, &qw,
-		   &kw, &vw, &P, out, att);
-	finish(out16, out, (size_t)B * T * NH * HS, NULL);
+		   &kw, &vw, &P, o, att);
+	finish(out16, o, nq, tmp);
 	free(qw);
 	free(kw);
 	free(vw);
@@ -259,10 +267,11 @@ static void emu_flash_forward(struct gpu_backend *be, float *out, gpu_bf16 *out1
 }
 
 static void emu_flash_backward(struct gpu_backend *be, float *dq, float *dk, float *dv,
-			       float *datt, const float *dout, const float *out, const float *q,
-			       const gpu_bf16 *q16, const float *k, const gpu_bf16 *k16,
-			       const float *v, const gpu_bf16 *v16, const float *att, int B, int T,
-			       int NH, int NKV, int HS)
+			       float *datt, const float *dout, const float *out,
+			       const gpu_bf16 *out16, const float *q, const gpu_bf16 *q16,
+			       const float *k, const gpu_bf16 *k16, const float *v,
+			       const gpu_bf16 *v16, const float *att, int B, int T, int NH, int NKV,
+			       int HS)
 {
 	if (!emu_flash(be, HS)) {
 		attention_backward(dq, dk, dv, datt, dout, q, k, v, att, B, T, NH, NKV, HS);
@@ -272,14 +281,43 @@ static void emu_flash_backward(struct gpu_backend *be, float *dq, float *dk, flo
 	float *qw, *kw, *vw, *P, *o = xmalloc(nq * sizeof(float)), *st = xmalloc(nr * sizeof(float));
 	flash_math(be, "attention_backward (fused)", q, q16, k, k16, v, v16, B, T, NH, NKV, HS, &qw,
 		   &kw, &vw, &P, o, st);
-	if (memcmp(o, out, nq * sizeof(float)) != 0)
+	/* out16: the forward's out rounded (the bits its twin got); out: the
+	 * forward's out itself; D from the first given, as flash_rowdot */
+	gpu_bf16 *o16 = xmalloc(nq * sizeof(gpu_bf16));
+	bf16_round(o16, o, nq);
+	if (!out && !out16)
+		violation("%s: neither out nor out16 (%zu x %zu)", "attention_backward (fused)",
+			  (size_t)B * T, (size_t)NH * HS);
+	if (out16 && memcmp(o16, out16, nq * sizeof(gpu_bf16)) != 0)
+		violation("%s: out16 is not the forward's of these q, k, v, rounded (%zu x %zu)",
+			  "attention_backward (fused)", (size_t)B * T, (size_t)NH * HS);
+	if (out && memcmp(o, out, nq * sizeof(float)) != 0)
 		violation("%s: out is not the forward's of these q, k, v (%zu x %zu)",
 			  "attention_backward (fused)", (size_t)B * T, (size_t)NH * HS);
 	if (memcmp(st, att, nr * sizeof(float)) != 0)
 		violation("%s: the row statistics are not the forward's (%zu rows of %zu)",
 			  "attention_backward (fused)", nr, (size_t)T);
+	float *w16 = NULL;
+	if (out16) {
+		w16 = xmalloc(nq * sizeof(float));
+		bf16_widen(w16, out16, nq);
+	}
+	const float *ow = w16 ? w16 : out ? out : o;
+	float *dr = xmalloc(nr * sizeof(float));
+	for (int b = 0; b < B; b++)
+		for (int h = 0; h < NH; h++)
+			for (int t = 0; t < T; t++) {
+				const size_t at = (((size_t)b * T + t) * NH + h) * HS;
+				double s = 0.0;
+				for (int c = 0; c < HS; c++)
+					s += (double)dout[at + c] * ow[at + c];
+				dr[((size_t)b * NH + h) * T + t] = (float)s;
+			}
+	free(w16);
 	float *dS = xmalloc(nr * T * sizeof(float));
-	attention_backward(dq, dk, dv, dS, dout, qw, kw, vw, P, B, T, NH, NKV, HS);
+	attention_backward_dr(dq, dk, dv, dS, dout, qw, kw, vw, P, dr, B, T, NH, NKV, HS);
+	free(dr);
+	free(o16);
 	/* datt is the kernels' scratch (gpu_flash_datt_floats): written, as theirs */
 	memset(datt, 0, nr * sizeof(float));
 	free(dS);

@@ -163,8 +163,9 @@ struct result {
 	size_t host_plan, host_alloc, host_peak; /* the host arena (FULL_OFFLOAD) */
 	int layers;
 	/* From the shapes: a layer input (fp32 N x C) and, where the attention
-	 * is fused, its output and row statistics (y, its bf16 twin, B x NH x T
-	 * floats), each at TR_PLAN_ALIGN: what FULL_OFFLOAD moves a layer */
+	 * is fused, its output and row statistics (its bf16 twin y16, y in
+	 * fp32 only where planned, B x NH x T floats), each at TR_PLAN_ALIGN:
+	 * what FULL_OFFLOAD moves a layer */
 	size_t res, att_set;
 	bool off_att; /* FULL_OFFLOAD moves the attention's too (tr_plan_offloads_attention) */
 };
@@ -226,10 +227,20 @@ static void run(const struct rc_case *c, enum tr_recompute rc, bool lazy, struct
 	{
 		const size_t N = (size_t)B_ * T_, H = (size_t)cfg.num_heads * cfg.head_dim;
 		r->res = al(N * cfg.hidden_size * sizeof(float));
-		r->att_set = p->opts.attention_lse
+		/* the output in fp32 only where read: the unfused attention,
+		 * fp32 GEMMs, LoRA dropout; the fused backward reads y16 */
+		const struct tr_plan_opts *o = &p->opts;
+		const bool y32 = !o->attention_lse || !o->gemm_bf16 ||
+				 (o->lora_rank && o->lora_dropout > 0.0f);
+		r->att_set = o->attention_lse
 				     ? al((size_t)B_ * cfg.num_heads * T_ * sizeof(float)) +
-					       al(N * H * sizeof(float)) + (p->opts.gemm_bf16 ? al(N * H * 2) : 0)
+					       (y32 ? al(N * H * sizeof(float)) : 0) +
+					       (o->gemm_bf16 ? al(N * H * 2) : 0)
 				     : 0;
+		CHECK_MSG(y32 == (tr_plan_find(p, "acts.layers.0.y") || tr_plan_find(p, "acts.work.y") ||
+				  tr_plan_find(p, "acts.ring.0.y")),
+			  "%s: the attention's fp32 output is planned exactly where it is read (%d)",
+			  c->name, (int)y32);
 		r->off_att = tr_plan_offloads_attention(&cfg, &p->opts);
 	}
 	r->host_alloc = be->host_bytes_in_use;
@@ -548,6 +559,12 @@ static void test_real_shapes(void)
 		 "\"rope_theta\":500000.0,\"rms_norm_eps\":1e-5,\"tie_word_embeddings\":false,"
 		 "\"max_position_embeddings\":8192,\"torch_dtype\":\"bfloat16\"}",
 		 {.B = 4, .T = 2048, .lora_rank = 16, .lora_alpha = 32, .lora_targets = QV}},
+		{"Llama-3-8B LoRA all seven r16 B4 x T2048",
+		 "{\"model_type\":\"llama\",\"vocab_size\":128256,\"hidden_size\":4096,\"intermediate_size\":14336,"
+		 "\"num_hidden_layers\":32,\"num_attention_heads\":32,\"num_key_value_heads\":8,"
+		 "\"rope_theta\":500000.0,\"rms_norm_eps\":1e-5,\"tie_word_embeddings\":false,"
+		 "\"max_position_embeddings\":8192,\"torch_dtype\":\"bfloat16\"}",
+		 {.B = 4, .T = 2048, .lora_rank = 16, .lora_alpha = 32, .lora_targets = ALL_LIN}},
 	};
 	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
 		struct tr_model_config cfg;
@@ -573,8 +590,10 @@ static void test_real_shapes(void)
 			 * byte, not Qwen2-0.5B's 3.3k */
 			const bool pays = bf16 && cfg.hidden_size == 4096;
 			CHECK_EQ_INT(tr_plan_offloads_attention(&cfg, &po), pays);
+			/* the fused attention's output in bf16 only (no dropout here:
+			 * nothing reads it in fp32) */
 			const size_t set = pays ? al((size_t)po.B * cfg.num_heads * po.T * sizeof(float)) +
-							  al(N * H * sizeof(float)) + al(N * H * 2)
+							  al(N * H * 2)
 						: 0;
 			CHECK_EQ_INT(host[TR_RECOMPUTE_FULL_OFFLOAD], L * res + (L - TR_OFFLOAD_RING) * set);
 			CHECK_EQ_INT(acts[TR_RECOMPUTE_FULL] - acts[TR_RECOMPUTE_FULL_OFFLOAD],
