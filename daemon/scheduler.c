@@ -420,10 +420,12 @@ static void hold_clear(struct dmn_sched *s)
  * that the hold follows the order (priority, fair share, age) and a job that
  * waited on another's hold is next. */
 static enum place wait_for_gpus(struct dmn_sched *s, const struct st_queued *q, uint64_t plan_bytes,
-				unsigned want, bool allow_cpu, bool smallest)
+				unsigned want, bool allow_cpu, bool smallest, const struct share *sh)
 {
 	struct dmn_place_gpu pg[DMN_MAX_GPUS];
-	offer(s, q, plan_bytes, want, false, false, pg, NULL);
+	/* sh: a job that could hold a GPU's shared block of its base needs
+	 * less there (it never fails as too big where it fits beside it). */
+	offer(s, q, plan_bytes, want, false, false, pg, sh);
 	if (!dmn_place_pick(pg, s->dev->n, s->dev->nvlink, (int)want, DMN_PLACE_EMPTY)) {
 		if (allow_cpu && s->cfg->cpu_slots > 0)
 			return PLACE_WAIT; /* for a CPU slot (a host without any never gives one) */
@@ -453,7 +455,7 @@ static enum place wait_for_gpus(struct dmn_sched *s, const struct st_queued *q, 
 	s->pass_blocked = true;
 	if (s->hold_job && s->hold_job != q->id && q->priority <= s->hold_prio)
 		return PLACE_WAIT;
-	offer(s, q, plan_bytes, want, false, true, pg, NULL);
+	offer(s, q, plan_bytes, want, false, true, pg, sh);
 	if (s->hold_job == q->id) {
 		/* Keep the set while it still can take the job (vram_factor may have
 		 * changed, a GPU may be lost). */
@@ -603,6 +605,8 @@ static enum place try_place(struct dmn_sched *s, const struct st_queued *q)
 	int policy = -1; /* AUTO's choice (enum tr_recompute) where it placed the job */
 	int shard = -1;  /* memory.shard AUTO's (enum tr_shard) */
 	const struct plan *p = NULL;
+	struct share sh = {0};
+	bool shares = false;
 	if (gpu_ok) {
 		p = plan_find(s, q->id);
 		if (!p || p->state == 0) {
@@ -633,8 +637,8 @@ static enum place try_place(struct dmn_sched *s, const struct st_queued *q)
 		uint32_t mask = 0;
 		/* A base it may share (memory.share_base, the share_bases setting):
 		 * a GPU that has it needs the job's plan less the base. */
-		struct share sh = {.bytes = p->pb.base_bytes};
-		bool shares = s->cfg->share_bases && ngpus == 1 && p->pb.base_bytes;
+		sh.bytes = p->pb.base_bytes;
+		shares = s->cfg->share_bases && ngpus == 1 && p->pb.base_bytes;
 		for (int fake = 0; shares && fake < 2; fake++)
 			sh.ok[fake] = dmn_base_key(spec, &p->pb, fake, sh.key[fake]);
 		if (shares)
@@ -664,7 +668,8 @@ static enum place try_place(struct dmn_sched *s, const struct st_queued *q)
 	if (!gpu) {
 		if (!allow_cpu || (long)dmn_runners_count_cpu(s->run) >= s->cfg->cpu_slots) {
 			enum place w = gpu_ok ? wait_for_gpus(s, q, plan_bytes, ngpus, allow_cpu,
-							      p && p->pb.auto_policy)
+							      p && p->pb.auto_policy,
+							      shares ? &sh : NULL)
 					      : PLACE_WAIT;
 			rpc_jobspec_free(spec);
 			return w;

@@ -12,6 +12,8 @@
 # 2. What does not share: QLoRA (NF4) of the same files, and a copy of the
 #    files with one byte changed, each get a block of their own beside two
 #    LoRA jobs' one; the share_bases setting 0 makes none.
+# 4. On a GPU of two sharing leases, the block and half a block, two
+#    sharing jobs run at once; two with their own bases do not (one waits).
 # 3. The daemon killed (-9) while two sharing jobs run: at restart their
 #    leases and the block are reaped with the dead daemon, the jobs resume
 #    and share a new block, and end with none left.
@@ -30,6 +32,10 @@ spec() { # FILE [EXTRA...]: the integration job as LoRA in fp32, with EXTRA line
 }
 spec "$WORK/lora.txtpb"
 spec "$WORK/own.txtpb" "memory { share_base: false }"
+# Section 4's: a fixed policy (AUTO would take a smaller plan where NONE's
+# does not fit, and the second unshared job would fit).
+spec "$WORK/lora-none.txtpb" "memory { recompute: RECOMPUTE_NONE }"
+spec "$WORK/own-none.txtpb" "memory { recompute: RECOMPUTE_NONE share_base: false }"
 spec "$WORK/qlora.txtpb"
 sed -i 's/^method: METHOD_LORA$/method: METHOD_QLORA/' "$WORK/qlora.txtpb"
 cp -r tests/fixtures/qwen2 "$WORK/qwen2-mod"
@@ -74,7 +80,9 @@ lb=$(lease_of_job "$b")
 loa=$(lease_of_job "$oa")
 expect_eq "its holders are the sharing jobs' leases" "$(holders_of_first)" "$la $lb"
 blk=$(block_bytes)
-note "block $blk bytes; leases: shared $(lease_bytes "$la"), own $(lease_bytes "$loa")"
+sl=$(lease_bytes "$la")
+ol=$(lease_bytes "$loa")
+note "block $blk bytes; leases: shared $sl, own $ol"
 check "the block is not empty" test "$blk" -gt 0
 expect_eq "a sharing lease + the block = an unshared job's lease" \
 	"$(($(lease_bytes "$la") + blk))" "$(lease_bytes "$loa")"
@@ -131,6 +139,32 @@ expect_eq "share_bases 0: no shared block" "$(nblocks)" 0
 expect_eq "share_bases 0: each lease is the whole plan" "$(lease_bytes "$(lease_of_job "$d")")" \
 	"$(lease_bytes "$(lease_of_job "$e")")"
 cancel_all "$d" "$e"
+stop_daemon
+
+# --- 4: a job that attaches fits where its own base would not ---
+# recompute NONE (section 1's first placements took it: the leases measured
+# there). A simulated GPU of two sharing leases, the block and half a block: two
+# sharing jobs fit (2 own + block), two with their own bases do not
+# (2 own + 2 blocks), one does.
+size=$((2 * sl + blk + blk / 2))
+start_daemon --user --cpu-slots 0 --vram-factor 1 --fake-gpus "$U0:$size" --tick-ms 200
+h=$(sub "$WORK/lora-none.txtpb" h)
+i=$(sub "$WORK/lora-none.txtpb" i)
+ctl release "$h" >/dev/null && ctl release "$i" >/dev/null
+both_run() { job_is "$h" RUNNING && job_is "$i" RUNNING; }
+check "two sharing jobs run on a GPU of $size bytes" wait_for 60 both_run
+expect_eq "sharing one block" "$(holders_of_first | wc -w)" 2
+cancel_all "$h" "$i"
+u=$(sub "$WORK/own-none.txtpb" u)
+v=$(sub "$WORK/own-none.txtpb" v)
+ctl release "$u" >/dev/null && ctl release "$v" >/dev/null
+one_runs() { job_is "$u" RUNNING || job_is "$v" RUNNING; }
+check "with their own bases one of them runs" wait_for 60 one_runs
+sleep 1
+if job_is "$u" RUNNING; then waiting=$v; else waiting=$u; fi
+expect_eq "and the other waits" "$(job_state "$waiting")" QUEUED
+expect_contains "saying why" "$(ctl show "$waiting")" "waiting"
+cancel_all "$u" "$v"
 stop_daemon
 
 # --- 3: a restart reconciles ---
