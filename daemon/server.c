@@ -8,7 +8,9 @@
 #include <limits.h>
 #include <nng/nng.h>
 #include <nng/protocol/reqrep0/rep.h>
+#include <nng/protocol/reqrep0/req.h>
 #include <nng/transport/ipc/ipc.h>
+#include <poll.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
@@ -70,6 +72,14 @@ struct server {
 	char metrics_err[256];                 /* the textfile's last error, logged once */
 	int exit_code;
 	char db_path[PATH_MAX];
+	/* The socket's listener, and its probe (listener_probe below). */
+	nng_listener listener;
+	uv_work_t probe;
+	bool probing;
+	int probe_result; /* probe_socket's: 1 answered, 0 did not, -1 unknown */
+	int probe_fails;  /* in a row */
+	uint64_t probe_at;
+	char probe_why[160];
 };
 
 /* ------------------------------------------------------------------------ */
@@ -124,6 +134,9 @@ static void reply_cb(void *arg, uint8_t *buf, size_t len)
 	nng_ctx_send(r->ctx, r->aio);
 }
 
+/* The body of the probe's request, and of the reply handle() gives it (listener_probe, below). */
+static const char probe_body[] = "traind-listener-probe";
+
 static void handle(struct server *srv, struct rctx *r)
 {
 	nng_msg *msg = r->msg;
@@ -137,6 +150,16 @@ static void handle(struct server *srv, struct rctx *r)
 		uint8_t *buf = dmn_error_reply(TD_EPERM, eb.msg, &len);
 		nng_msg_free(msg);
 		reply_cb(r, buf, len);
+		return;
+	}
+	if (peer.pid == getpid() && nng_msg_len(msg) == sizeof(probe_body) &&
+	    memcmp(nng_msg_body(msg), probe_body, sizeof(probe_body)) == 0) {
+		/* the listener's probe (listener_probe), from this process */
+		nng_msg_free(msg);
+		uint8_t *buf = malloc(sizeof(probe_body));
+		if (buf)
+			memcpy(buf, probe_body, sizeof(probe_body));
+		reply_cb(r, buf, sizeof(probe_body));
 		return;
 	}
 	dmn_dispatch(&srv->env, &peer, nng_msg_body(msg), nng_msg_len(msg), reply_cb, r);
@@ -242,6 +265,26 @@ static td_err clear_socket(const char *path, struct td_errbuf *eb)
 	return TD_OK;
 }
 
+/* The socket's listener on cfg->socket, with its mode. */
+static td_err start_listener(struct server *srv, struct td_errbuf *eb)
+{
+	const struct dmn_config *cfg = srv->cfg;
+	char url[sizeof(cfg->socket) + 8];
+	snprintf(url, sizeof(url), "ipc://%s", cfg->socket);
+	int rv;
+	if ((rv = nng_listener_create(&srv->listener, srv->sock, url)) != 0)
+		return td_fail(eb, TD_EINVAL, "socket: %s: %s", cfg->socket, nng_strerror(rv));
+	if ((rv = nng_listener_set_int(srv->listener, NNG_OPT_IPC_PERMISSIONS, (int)cfg->socket_mode)) != 0)
+		td_warn("TD-SOCKET-MODE", "socket: cannot set mode %04lo through nng: %s", cfg->socket_mode,
+			nng_strerror(rv));
+	if ((rv = nng_listener_start(srv->listener, 0)) != 0)
+		return td_fail(eb, rv == NNG_EPERM ? TD_EPERM : TD_EIO, "socket: cannot listen on %s: %s",
+			       cfg->socket, nng_strerror(rv));
+	if (chmod(cfg->socket, (mode_t)cfg->socket_mode) != 0)
+		return td_fail(eb, td_from_errno(errno), "socket: chmod %s: %s", cfg->socket, strerror(errno));
+	return TD_OK;
+}
+
 static td_err listen_socket(struct server *srv, struct td_errbuf *eb)
 {
 	const struct dmn_config *cfg = srv->cfg;
@@ -267,19 +310,8 @@ static td_err listen_socket(struct server *srv, struct td_errbuf *eb)
 	if (hard < (8u << 20))
 		hard = 8u << 20;
 	nng_socket_set_size(srv->sock, NNG_OPT_RECVMAXSZ, hard);
-	char url[sizeof(cfg->socket) + 8];
-	snprintf(url, sizeof(url), "ipc://%s", cfg->socket);
-	nng_listener l;
-	if ((rv = nng_listener_create(&l, srv->sock, url)) != 0)
-		return td_fail(eb, TD_EINVAL, "socket: %s: %s", cfg->socket, nng_strerror(rv));
-	if ((rv = nng_listener_set_int(l, NNG_OPT_IPC_PERMISSIONS, (int)cfg->socket_mode)) != 0)
-		td_warn("TD-SOCKET-MODE", "socket: cannot set mode %04lo through nng: %s", cfg->socket_mode,
-			nng_strerror(rv));
-	if ((rv = nng_listener_start(l, 0)) != 0)
-		return td_fail(eb, rv == NNG_EPERM ? TD_EPERM : TD_EIO, "socket: cannot listen on %s: %s",
-			       cfg->socket, nng_strerror(rv));
-	if (chmod(cfg->socket, (mode_t)cfg->socket_mode) != 0)
-		return td_fail(eb, td_from_errno(errno), "socket: chmod %s: %s", cfg->socket, strerror(errno));
+	if ((e = start_listener(srv, eb)) != TD_OK)
+		return e;
 
 	srv->nctx = (int)cfg->rpc_contexts;
 	srv->ctxs = calloc((size_t)srv->nctx, sizeof(*srv->ctxs));
@@ -297,6 +329,103 @@ static td_err listen_socket(struct server *srv, struct td_errbuf *eb)
 		nng_ctx_recv(r->ctx, r->aio);
 	}
 	return TD_OK;
+}
+
+/* ------------------------------------------------------------------------ */
+/* The listener's probe.
+ *
+ * nng 1.5 (Debian 12's) stops accepting on a listener for good when a client
+ * closes its connection during the SP handshake (nng #1518, fixed in 1.6):
+ * the handshake's write fails with EPIPE, which nng reports as NNG_ECLOSED,
+ * which the listener takes for its own close. Any local user could make the
+ * daemon deaf to every new trainctl with a storm of connect-and-close (and
+ * it-bad_input's clients, timing out under load, sometimes did). So the
+ * tick probes the socket as a client would, off the loop thread (a work
+ * item: a request over a new connection, answered within PROBE_TIMEOUT_MS);
+ * after PROBE_FAILS failures in a row the listener is
+ * closed (with the connections it accepted: their clients see a timeout)
+ * and the socket is listened on again. A probe that could not even open an
+ * nng socket says nothing about the listener. */
+enum { PROBE_EVERY_MS = 2000, PROBE_TIMEOUT_MS = 2000, PROBE_FAILS = 2 };
+
+/* 1: a request over a new connection got the daemon's reply; 0: it did
+ * not (why says what happened); -1: the probe could not run. A client of
+ * the daemon's own socket, in this process (handle() answers a request
+ * from this pid itself, nothing dispatched, counted or logged); the SP
+ * handshake alone proves nothing: nng 1.5's transport completes it for a
+ * listener that no longer hands connections up. Blocks up to about
+ * 2 x PROBE_TIMEOUT_MS. */
+static int probe_socket(const char *path, char *why, size_t n)
+{
+	nng_socket s;
+	int rv = nng_req0_open(&s);
+	if (rv != 0) {
+		snprintf(why, n, "nng_req0_open: %s", nng_strerror(rv));
+		return -1;
+	}
+	nng_socket_set_ms(s, NNG_OPT_SENDTIMEO, PROBE_TIMEOUT_MS);
+	nng_socket_set_ms(s, NNG_OPT_RECVTIMEO, PROBE_TIMEOUT_MS);
+	char url[PATH_MAX + 8];
+	snprintf(url, sizeof(url), "ipc://%s", path);
+	int result = 0;
+	char *reply = NULL;
+	size_t len = 0;
+	if ((rv = nng_dial(s, url, NULL, 0)) != 0)
+		snprintf(why, n, "connect: %s", nng_strerror(rv));
+	else if ((rv = nng_send(s, (void *)probe_body, sizeof(probe_body), 0)) != 0)
+		snprintf(why, n, "send: %s", nng_strerror(rv));
+	else if ((rv = nng_recv(s, &reply, &len, NNG_FLAG_ALLOC)) != 0)
+		snprintf(why, n, "no reply: %s", nng_strerror(rv));
+	else if (len != sizeof(probe_body) || memcmp(reply, probe_body, len) != 0)
+		snprintf(why, n, "another reply (%zu bytes)", len);
+	else
+		result = 1;
+	if (reply)
+		nng_free(reply, len);
+	nng_close(s);
+	return result;
+}
+
+static void probe_work(uv_work_t *w)
+{
+	struct server *srv = w->data;
+	srv->probe_why[0] = 0;
+	srv->probe_result = probe_socket(srv->cfg->socket, srv->probe_why, sizeof(srv->probe_why));
+}
+
+static void probe_done(uv_work_t *w, int status)
+{
+	struct server *srv = w->data;
+	srv->probing = false;
+	if (status != 0 || srv->stopping || srv->probe_result < 0)
+		return;
+	if (srv->probe_result == 1) {
+		srv->probe_fails = 0;
+		return;
+	}
+	if (++srv->probe_fails < PROBE_FAILS)
+		return;
+	td_warn("TD-RPC-RELISTEN",
+		"socket %s accepts no connection (%d probes in a row: %s): listening on it again "
+		"(nng 1.5 stops accepting after a client closes its connection in the handshake)",
+		srv->cfg->socket, srv->probe_fails, srv->probe_why);
+	srv->probe_fails = 0;
+	nng_listener_close(srv->listener);
+	struct td_errbuf eb = {{0}};
+	if (start_listener(srv, &eb) != TD_OK)
+		td_err_log("TD-RPC-RELISTEN", "%s; the next probe tries again", eb.msg);
+}
+
+/* From the tick: a probe every PROBE_EVERY_MS, one at a time. */
+static void listener_probe(struct server *srv)
+{
+	uint64_t now = uv_now(&srv->loop);
+	if (srv->probing || srv->stopping || !srv->sock_open || now - srv->probe_at < PROBE_EVERY_MS)
+		return;
+	srv->probe_at = now;
+	srv->probe.data = srv;
+	if (uv_queue_work(&srv->loop, &srv->probe, probe_work, probe_done) == 0)
+		srv->probing = true;
 }
 
 /* ------------------------------------------------------------------------ */
@@ -321,6 +450,7 @@ static void tick_cb(uv_timer_t *t)
 		td_warn("TD-USAGE", "cannot accrue usage: %s", eb.msg);
 	if (!srv->stopping)
 		dmn_sched_tick(srv->sched);
+	listener_probe(srv);
 	/* metrics_textfile: the exposition, atomically, each tick. An error is
 	 * logged when it first happens and when it changes. */
 	if (*srv->cfg->metrics_textfile) {

@@ -6,13 +6,18 @@
  * KIND: garbage, truncated, oversized BYTES, empty, no-protocol, bad-spec,
  * no-data, missing-model DIR, relative-path, good-spec MODEL DATA OUTPUT;
  * issue 14's calls without what they need: hold-no-id, priority-no-value,
- * usage-bad-since, after-huge MODEL DATA OUTPUT (submit --after 2^63).
+ * usage-bad-since, after-huge MODEL DATA OUTPUT (submit --after 2^63);
+ * storm N: N connections closed at once, every other one after sending the
+ * SP header (no request; exit 0).
  * For the integration tests (bad_input.sh); not a client anyone should use. */
 #include <nng/nng.h>
 #include <nng/protocol/reqrep0/req.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
 
 #include "proto/rpc.h"
 
@@ -66,6 +71,22 @@ int main(int argc, char **argv)
 	const char *kind = argv[2];
 	uint8_t *buf = NULL;
 	size_t len = 0;
+	if (strcmp(kind, "storm") == 0 && argc > 3) {
+		/* what made nng 1.5's listener stop accepting (daemon/server.c:
+		 * listener_probe): clients that close during the handshake */
+		static const uint8_t head[8] = {0, 'S', 'P', 0, 0x00, 0x30, 0, 0};
+		struct sockaddr_un sa = {.sun_family = AF_UNIX};
+		snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", argv[1]);
+		for (long i = 0, n = atol(argv[3]); i < n; i++) {
+			int fd = socket(AF_UNIX, SOCK_STREAM, 0);
+			if (fd < 0)
+				return 2;
+			if (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0 && i % 2)
+				(void)!write(fd, head, sizeof(head));
+			close(fd);
+		}
+		return 0;
+	}
 	if (strcmp(kind, "garbage") == 0) {
 		len = 300;
 		buf = malloc(len);
