@@ -6,7 +6,7 @@
 # uncompressed pair is over the device tool's 64 MiB carry). Run from the
 # repo root after `ninja -C build`; then, on the device, with carry
 # [".gpu-pack.tar.xz"]:
-#   tar xJf .gpu-pack.tar.xz; tests/gpu/device-run.sh [tests|bench|faults|memory|ddp|preempt|all]
+#   tar xJf .gpu-pack.tar.xz; tests/gpu/device-run.sh [tests|bench|faults|memory|ddp|preempt|share|all]
 # BUILD=DIR packs another build folder than build/ (e.g. BUILD=build-ddp).
 # Libraries the GPU machine has itself (libsystemd, libcrypto, sqlite, ...)
 # are left out.
@@ -17,7 +17,7 @@ mkdir -p .gpu-run
 b=${BUILD:-build}
 cp "$b"/daemon/traind "$b"/client/trainctl "$b"/tests/parity "$b"/tests/gpu/test_cuda_ops \
 	"$b"/tests/bench/bench_train "$b"/tests/bench/bench_tokenizer "$b"/tests/unit/test_recompute \
-	"$b"/tests/unit/test_frozen \
+	"$b"/tests/unit/test_frozen "$b"/tests/unit/test_base \
 	"$b"/gpu/cuda/libtraind-cuda.so .gpu-run/
 ../shared/device/bundle-libs.sh .gpu-libs .gpu-run/* >/dev/null
 cp ../shared/bench/peer_hf.py ../shared/bench/peer_big.py ../shared/bench/peer_dist.py .gpu-libs/

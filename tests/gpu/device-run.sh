@@ -103,6 +103,8 @@ if [ "$what" = ddp ]; then
 	exit $status
 fi
 if [ "$what" = share ]; then
+	echo "== shared frozen base on CUDA: the same bits, the base unchanged (test_base --backend cuda)"
+	TD_FIXTURES=$fx "$bin/test_base" --backend cuda | grep -v '^traind\[' || status=1
 	echo "== shared frozen base: four Llama-3-8B-shaped LoRA jobs on one GPU (tests/gpu/share_gpu.sh)"
 	TRAIND=$bin/traind TRAINCTL=$bin/trainctl TD_FIXTURES=$fx TD_SRC=$root bash tests/gpu/share_gpu.sh
 	rc=$?
