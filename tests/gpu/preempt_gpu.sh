@@ -158,7 +158,7 @@ if [ $fake = 1 ]; then
 	gang=$(job gang "$GSTEPS" 0 2)
 	check "the gang runs" wait_for 120 running_past "$gang" 5
 	expect_eq "it holds a lease on each GPU" "$(lease_of "$gang")" 2
-	one=$(job one 40 10)
+	one=$(job one 400 10) # long enough to be running when the gang's leases are read
 	gang_preempted() { ! job_is "$gang" RUNNING && ctl logs "$gang" | grep -q "preempted by job $one"; }
 	check "the job of one GPU preempts the gang" wait_for 60 gang_preempted
 	check "and is placed on GPU 0" wait_for 60 placed "$one"
