@@ -346,7 +346,9 @@ static td_err listen_socket(struct server *srv, struct td_errbuf *eb)
  * closed (with the connections it accepted: their clients see a timeout)
  * and the socket is listened on again. A probe that could not even open an
  * nng socket says nothing about the listener. */
-enum { PROBE_EVERY_MS = 2000, PROBE_TIMEOUT_MS = 2000, PROBE_FAILS = 2 };
+/* A loaded host answers late, and a relisten drops the connections of the
+ * old listener: three misses of 5 s each before one (~15-25 s deaf). */
+enum { PROBE_EVERY_MS = 2000, PROBE_TIMEOUT_MS = 5000, PROBE_FAILS = 3 };
 
 /* 1: a request over a new connection got the daemon's reply; 0: it did
  * not (why says what happened); -1: the probe could not run. A client of
