@@ -515,16 +515,26 @@ static td_err nccl_coll(struct gpu_comm *c, enum coll k, float *x, size_t n, siz
 	return TD_OK;
 }
 
-td_err gpu_comm_reduce_scatter_sum(struct gpu_comm *c, float *x, size_t count,
-				   struct td_errbuf *eb)
+/* Every collective's start: a failed gang stops it (aborting NCCL), else
+ * the call and its n floats are counted. */
+static td_err coll_begin(struct gpu_comm *c, size_t n, struct td_errbuf *eb)
 {
 	if (gpu_gang_failed(c->g)) {
 		nccl_abort(c);
 		return gang_stopped(c->g, c->rank, eb);
 	}
-	size_t n = count * (size_t)c->g->n;
 	c->stats.calls++;
 	c->stats.floats += n;
+	return TD_OK;
+}
+
+td_err gpu_comm_reduce_scatter_sum(struct gpu_comm *c, float *x, size_t count,
+				   struct td_errbuf *eb)
+{
+	size_t n = count * (size_t)c->g->n;
+	td_err e = coll_begin(c, n, eb);
+	if (e != TD_OK)
+		return e;
 	if (c->kind == GPU_COMM_HOST)
 		return host_reduce_scatter(c, x, count, eb);
 	return nccl_coll(c, COLL_REDUCE_SCATTER, x, n, count, eb);
@@ -532,13 +542,10 @@ td_err gpu_comm_reduce_scatter_sum(struct gpu_comm *c, float *x, size_t count,
 
 td_err gpu_comm_all_gather(struct gpu_comm *c, float *x, size_t count, struct td_errbuf *eb)
 {
-	if (gpu_gang_failed(c->g)) {
-		nccl_abort(c);
-		return gang_stopped(c->g, c->rank, eb);
-	}
 	size_t n = count * (size_t)c->g->n;
-	c->stats.calls++;
-	c->stats.floats += n;
+	td_err e = coll_begin(c, n, eb);
+	if (e != TD_OK)
+		return e;
 	if (c->kind == GPU_COMM_HOST)
 		return host_all_gather(c, x, count, eb);
 	return nccl_coll(c, COLL_ALL_GATHER, x, n, count, eb);
@@ -546,12 +553,9 @@ td_err gpu_comm_all_gather(struct gpu_comm *c, float *x, size_t count, struct td
 
 td_err gpu_comm_all_reduce_sum(struct gpu_comm *c, float *x, size_t n, struct td_errbuf *eb)
 {
-	if (gpu_gang_failed(c->g)) {
-		nccl_abort(c);
-		return gang_stopped(c->g, c->rank, eb);
-	}
-	c->stats.calls++;
-	c->stats.floats += n;
+	td_err e = coll_begin(c, n, eb);
+	if (e != TD_OK)
+		return e;
 	if (c->kind == GPU_COMM_HOST)
 		return host_all_reduce(c, x, n, eb);
 	return nccl_coll(c, COLL_ALL_REDUCE, x, n, 0, eb);
