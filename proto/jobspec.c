@@ -11,6 +11,7 @@
 
 #include "config.h"
 
+#include <ctype.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -1102,6 +1103,73 @@ static td_err check_output(const Traind__JobSpec *s, struct td_errbuf *eb)
 	return TD_OK;
 }
 
+/* "tcp://HOST:PORT": HOST a name, an IPv4 address or [IPv6], PORT 1 .. 65535. */
+static bool peer_address_ok(const char *a)
+{
+	if (strncmp(a, "tcp://", 6) != 0)
+		return false;
+	const char *h = a + 6, *colon = strrchr(h, ':');
+	if (!colon || colon == h)
+		return false;
+	if (*h == '[' && colon[-1] != ']')
+		return false;
+	for (const char *p = h; p < colon; p++)
+		if (!(isalnum((unsigned char)*p) || strchr(".-_[]:", *p)))
+			return false;
+	char *end;
+	long port = strtol(colon + 1, &end, 10);
+	return colon[1] && !*end && port >= 1 && port <= 65535;
+}
+
+/* resources.hosts: the other daemons of a job across daemons. */
+static td_err check_hosts(const Traind__JobSpec *s, struct td_errbuf *eb)
+{
+	const Traind__Resources *r = s->resources;
+	if (!r->n_hosts)
+		return TD_OK;
+	for (size_t i = 0; i < r->n_hosts; i++) {
+		const char *h = r->hosts[i];
+		if (!h || !*h)
+			return td_fail(eb, TD_EINVAL, "resources.hosts[%zu]: must not be empty", i);
+		if (strlen(h) > 255 || !peer_address_ok(h))
+			return td_fail(eb, TD_EINVAL,
+				       "resources.hosts[%zu]: '%.300s' is not a peer address "
+				       "tcp://HOST:PORT (another daemon's peer_listen setting)",
+				       i, h);
+		for (size_t k = 0; k < i; k++)
+			if (strcmp(r->hosts[k], h) == 0)
+				return td_fail(eb, TD_EINVAL,
+					       "resources.hosts[%zu]: '%s' is named twice (also "
+					       "resources.hosts[%zu])",
+					       i, h, k);
+	}
+	/* 16: gpu/comm.h's GPU_GANG_MAX, the ranks of one gang. */
+	unsigned long world = (unsigned long)r->gpus * (1 + r->n_hosts);
+	if (world > 16)
+		return td_fail(eb, TD_EINVAL,
+			       "resources.hosts: %zu hosts beside this daemon, %u GPUs each: %lu ranks, "
+			       "and a job runs at most 16",
+			       r->n_hosts, r->gpus, world);
+	if (r->device == TRAIND__DEVICE__DEVICE_CPU)
+		return td_fail(eb, TD_EINVAL,
+			       "resources.hosts: a job across daemons runs on their GPUs, but "
+			       "resources.device is CPU");
+	if (s->hyper->grad_accum < world)
+		return td_fail(eb, TD_EINVAL,
+			       "resources.hosts: %lu ranks (%u GPUs on each of %zu daemons) share each "
+			       "step's hyper.grad_accum micro-batches, at least one each, and grad_accum "
+			       "is %u; set it to %lu or a multiple of it",
+			       world, r->gpus, 1 + r->n_hosts, s->hyper->grad_accum, world);
+	const Traind__MemorySpec *m = s->memory;
+	if (m && m->has_shard && m->shard != TRAIND__SHARD__SHARD_NONE &&
+	    m->shard != TRAIND__SHARD__SHARD_AUTO)
+		return td_fail(eb, TD_EINVAL,
+			       "memory.shard: a job across daemons (resources.hosts) keeps whole "
+			       "optimizer state on every rank (its checkpoint's gather of the moments is "
+			       "in one process); NONE or AUTO (which chooses NONE there)");
+	return TD_OK;
+}
+
 static td_err check_resources(const Traind__JobSpec *s, struct td_errbuf *eb)
 {
 	const Traind__Resources *r = s->resources;
@@ -1120,6 +1188,7 @@ static td_err check_resources(const Traind__JobSpec *s, struct td_errbuf *eb)
 			       "at least one each, and grad_accum is %u; set it to %u or a multiple of it "
 			       "(a step's batch is micro_batch x grad_accum sequences, as on one GPU)",
 			       r->gpus, s->hyper->grad_accum, r->gpus);
+	TRY(check_hosts(s, eb));
 	if (r->device == TRAIND__DEVICE__DEVICE_CPU && !r->allow_cpu)
 		return td_fail(eb, TD_EINVAL, "resources.allow_cpu: false, but resources.device is CPU");
 	if (r->device == TRAIND__DEVICE__DEVICE_CPU && s->hyper->precision == TRAIND__PRECISION__PRECISION_BF16)
@@ -1348,6 +1417,8 @@ void rpc_jobspec_print(const Traind__JobSpec *s, FILE *f)
 	p_bool(f, "resources.allow_cpu", r->allow_cpu);
 	fprintf(f, "resources.priority: %d\n", r->priority);
 	fprintf(f, "resources.gpus: %u\n", r->gpus);
+	for (size_t i = 0; i < r->n_hosts; i++)
+		fprintf(f, "resources.hosts[%zu]: %s\n", i, r->hosts[i]);
 
 	/* Unset: AUTO (the scheduler's choice where the job is placed). */
 	const Traind__MemorySpec *m = c->memory;

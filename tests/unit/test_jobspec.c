@@ -469,6 +469,22 @@ M(m_gpus0, SET(re(s), gpus, 0))
 M(m_gpus17, SET(re(s), gpus, 17))
 M(m_gpus_cpu, SET(re(s), device, TRAIND__DEVICE__DEVICE_CPU); SET(re(s), gpus, 2))
 M(m_gpus_accum, SET(re(s), gpus, 2); SET(hy(s), grad_accum, 1))
+#define HOSTS(...)                                                                  \
+	static const char *const hv[] = { __VA_ARGS__, NULL };                      \
+	set_list(&re(s)->n_hosts, &re(s)->hosts, hv)
+M(m_host_empty, HOSTS(""))
+M(m_host_scheme, HOSTS("127.0.0.1:7001"))
+M(m_host_noport, HOSTS("tcp://127.0.0.1"))
+M(m_host_port0, HOSTS("tcp://127.0.0.1:0"))
+M(m_host_port_big, HOSTS("tcp://host:65536"))
+M(m_host_space, HOSTS("tcp://a b:7001"))
+M(m_host_dup, HOSTS("tcp://h1:7001", "tcp://h2:7001", "tcp://h1:7001"))
+M(m_host_world, SET(re(s), gpus, 8); SET(hy(s), grad_accum, 32); HOSTS("tcp://h1:7001", "tcp://h2:7001"))
+M(m_host_cpu, SET(re(s), device, TRAIND__DEVICE__DEVICE_CPU); SET(hy(s), grad_accum, 2);
+  HOSTS("tcp://h1:7001"))
+M(m_host_accum, SET(re(s), gpus, 2); SET(hy(s), grad_accum, 2); HOSTS("tcp://h1:7001"))
+M(m_host_shard, SET(hy(s), grad_accum, 2); SET(me(s), shard, TRAIND__SHARD__SHARD_OPTIMIZER);
+  HOSTS("tcp://h1:7001"))
 M(m_shard_grads, SET(me(s), shard, TRAIND__SHARD__SHARD_GRADIENTS))
 M(m_shard_params, SET(me(s), shard, TRAIND__SHARD__SHARD_PARAMETERS))
 M(m_cpu_bf16, SET(re(s), device, TRAIND__DEVICE__DEVICE_CPU);
@@ -563,6 +579,22 @@ static const struct bad_case bad_cases[] = {
 	{ m_gpus_accum, "resources.gpus: 2 GPUs share each step's hyper.grad_accum micro-batches, at "
 			"least one each, and grad_accum is 1; set it to 2" },
 	{ m_cpu_bf16, "hyper.precision: BF16 needs a GPU" },
+	{ m_host_empty, "resources.hosts[0]: must not be empty" },
+	{ m_host_scheme, "resources.hosts[0]: '127.0.0.1:7001' is not a peer address tcp://HOST:PORT" },
+	{ m_host_noport, "resources.hosts[0]: 'tcp://127.0.0.1' is not a peer address" },
+	{ m_host_port0, "resources.hosts[0]: 'tcp://127.0.0.1:0' is not a peer address" },
+	{ m_host_port_big, "resources.hosts[0]: 'tcp://host:65536' is not a peer address" },
+	{ m_host_space, "resources.hosts[0]: 'tcp://a b:7001' is not a peer address" },
+	{ m_host_dup, "resources.hosts[2]: 'tcp://h1:7001' is named twice (also resources.hosts[0])" },
+	{ m_host_world, "resources.hosts: 2 hosts beside this daemon, 8 GPUs each: 24 ranks, and a job "
+			"runs at most 16" },
+	{ m_host_cpu, "resources.hosts: a job across daemons runs on their GPUs, but resources.device "
+		      "is CPU" },
+	{ m_host_accum, "resources.hosts: 4 ranks (2 GPUs on each of 2 daemons) share each step's "
+			"hyper.grad_accum micro-batches, at least one each, and grad_accum is 2; set it "
+			"to 4" },
+	{ m_host_shard, "memory.shard: a job across daemons (resources.hosts) keeps whole optimizer "
+			"state" },
 	{ m_shard_grads, "memory.shard: GRADIENTS is not built yet" },
 	{ m_shard_params, "memory.shard: PARAMETERS is not built yet" },
 	{ m_rank0, "lora.rank: must be >= 1 (got 0)" },
@@ -647,10 +679,17 @@ M(v_cpu, SET(re(s), device, TRAIND__DEVICE__DEVICE_CPU); SET(hy(s), precision, T
 M(v_gpu_noallow, SET(re(s), device, TRAIND__DEVICE__DEVICE_GPU); SET(re(s), allow_cpu, 0))
 M(v_relative, set_str(&s->model_dir, "models/m"); set_str(&da(s)->train_file, "t.bin"))
 M(v_root_named, set_str(&s->model_dir, "/"); set_str(&s->name, "root"))
+M(v_hosts, SET(re(s), gpus, 2); SET(hy(s), grad_accum, 8);
+  HOSTS("tcp://127.0.0.1:7001", "tcp://gpu-b.example:7001", "tcp://[::1]:7002"))
+M(v_hosts_16, SET(hy(s), grad_accum, 16); SET(me(s), shard, TRAIND__SHARD__SHARD_NONE);
+  HOSTS("tcp://h1:1", "tcp://h2:1", "tcp://h3:1", "tcp://h4:1", "tcp://h5:1", "tcp://h6:1",
+	"tcp://h7:1", "tcp://h8:1", "tcp://h9:1", "tcp://h10:1", "tcp://h11:1", "tcp://h12:1",
+	"tcp://h13:1", "tcp://h14:1", "tcp://h15:65535"))
 
 static void (*const good_cases[])(Traind__JobSpec *) = {
 	v_minimal, v_warmup_epochs, v_warmup_eq, v_edges,    v_edges2, v_classify,      v_classify_nonames,
 	v_distill, v_lora_all,      v_qlora,     v_cpu,      v_gpu_noallow, v_relative, v_root_named,
+	v_hosts,   v_hosts_16,
 };
 
 static void test_valid(void)
