@@ -12,26 +12,12 @@
 #include <string.h>
 #include <time.h>
 
+#include "gpu/comm_internal.h"
 #include "gpu/nccl.h"
 #include "gpu/select.h"
 
-struct gpu_gang {
-	int n;
-	int timeout_ms;
-	pthread_mutex_t mu;
-	pthread_cond_t cv;
-	int arrived;
-	uint64_t gen;
-	atomic_bool failed;
-	td_err err;
-	int err_rank;
-	char err_msg[1024];
-	/* host comms: each rank's staging buffer, published before a barrier */
-	float *slot[GPU_GANG_MAX];
-	/* nccl: rank 0's unique id, published before a barrier */
-	struct gpu_nccl_id id;
-	bool id_ok;
-};
+/* The gang's shared state lives in gpu/comm_internal.h (the gang of a hub,
+ * gpu/gangnet.c, reads it too). */
 
 td_err gpu_gang_new(struct gpu_gang **out, int nranks, int timeout_ms, struct td_errbuf *eb)
 {
@@ -53,6 +39,8 @@ void gpu_gang_free(struct gpu_gang *g)
 {
 	if (!g)
 		return;
+	if (g->net)
+		gpu__net_close(g);
 	pthread_cond_destroy(&g->cv);
 	pthread_mutex_destroy(&g->mu);
 	free(g);
@@ -63,17 +51,28 @@ int gpu_gang_size(const struct gpu_gang *g)
 	return g->n;
 }
 
-void gpu_gang_fail(struct gpu_gang *g, int rank, td_err e, const char *msg)
+bool gpu__gang_fail_first(struct gpu_gang *g, int rank, td_err e, const char *msg)
 {
+	bool first = false;
 	pthread_mutex_lock(&g->mu);
 	if (!atomic_load(&g->failed)) {
 		g->err = e != TD_OK ? e : TD_EINTERNAL;
 		g->err_rank = rank;
 		snprintf(g->err_msg, sizeof(g->err_msg), "%s", msg && *msg ? msg : td_strerror(g->err));
 		atomic_store(&g->failed, true);
+		first = true;
 	}
 	pthread_cond_broadcast(&g->cv);
 	pthread_mutex_unlock(&g->mu);
+	return first;
+}
+
+void gpu_gang_fail(struct gpu_gang *g, int rank, td_err e, const char *msg)
+{
+	/* A gang of a hub: the other processes hear of this process's first
+	 * failure through it. */
+	if (gpu__gang_fail_first(g, rank, e, msg) && g->net)
+		gpu__net_send_fail(g, rank, e, msg);
 }
 
 void gpu_gang_refine(struct gpu_gang *g, int rank, td_err e, const char *msg)
@@ -122,8 +121,15 @@ static td_err gang_stopped(struct gpu_gang *g, int rank, struct td_errbuf *eb)
 	return e;
 }
 
+td_err gpu__gang_stopped(struct gpu_gang *g, int rank, struct td_errbuf *eb)
+{
+	return gang_stopped(g, rank, eb);
+}
+
 td_err gpu_gang_barrier(struct gpu_gang *g, int rank, struct td_errbuf *eb)
 {
+	if (g->net)
+		return gpu__net_barrier(g, rank, NULL, 0, eb);
 	pthread_mutex_lock(&g->mu);
 	td_err e = TD_OK;
 	if (atomic_load(&g->failed)) {
@@ -140,6 +146,51 @@ td_err gpu_gang_barrier(struct gpu_gang *g, int rank, struct td_errbuf *eb)
 			e = stopped_locked(g, rank, eb);
 	}
 	pthread_mutex_unlock(&g->mu);
+	return e;
+}
+
+bool gpu_gang_is_net(const struct gpu_gang *g)
+{
+	return g->net != NULL;
+}
+
+td_err gpu_gang_exchange(struct gpu_gang *g, int rank, double *v, size_t n, bool *flag,
+			 struct td_errbuf *eb)
+{
+	if (g->net)
+		return gpu__net_exchange(g, rank, v, n, flag, eb);
+	/* In-process: every rank's v and flag published, each rank sums them
+	 * all into a copy of its own; the second barrier keeps them alive
+	 * until all have read. */
+	double *sum = n ? malloc(n * sizeof(double)) : NULL;
+	if (n && !sum) {
+		td_err e = td_fail(eb, TD_ENOMEM, "exchange: out of memory");
+		gpu_gang_fail(g, rank, e, eb ? eb->msg : NULL);
+		return e;
+	}
+	pthread_mutex_lock(&g->mu);
+	g->dslot[rank] = v;
+	g->fslot[rank] = *flag;
+	pthread_mutex_unlock(&g->mu);
+	td_err e = gpu_gang_barrier(g, rank, eb);
+	if (e == TD_OK) {
+		bool any = false;
+		for (size_t i = 0; i < n; i++) {
+			double x = g->dslot[0][i];
+			for (int j = 1; j < g->n; j++)
+				x += g->dslot[j][i];
+			sum[i] = x;
+		}
+		for (int j = 0; j < g->n; j++)
+			any = any || g->fslot[j];
+		e = gpu_gang_barrier(g, rank, eb);
+		if (e == TD_OK) {
+			if (n)
+				memcpy(v, sum, n * sizeof(double));
+			*flag = any;
+		}
+	}
+	free(sum);
 	return e;
 }
 
@@ -307,13 +358,24 @@ static td_err nccl_new(struct gpu_comm *c, struct td_errbuf *eb)
 	}
 	if (e != TD_OK)
 		return rank_fail(c, e, eb);
-	if ((e = gpu_gang_barrier(g, c->rank, eb)) != TD_OK)
-		return e;
+	/* The id to every rank: through memory, or (a gang of a hub) rank 0's
+	 * bytes broadcast by the hub with the barrier. */
+	struct gpu_nccl_id id;
+	if (g->net) {
+		pthread_mutex_lock(&g->mu);
+		id = g->id; /* rank 0's; the others' is overwritten */
+		pthread_mutex_unlock(&g->mu);
+		if ((e = gpu__net_barrier(g, c->rank, &id, sizeof(id), eb)) != TD_OK)
+			return e;
+	} else {
+		if ((e = gpu_gang_barrier(g, c->rank, eb)) != TD_OK)
+			return e;
+		pthread_mutex_lock(&g->mu);
+		id = g->id;
+		pthread_mutex_unlock(&g->mu);
+	}
 	snprintf(c->name, sizeof(c->name), "nccl %d.%d.%d", c->nc->version / 10000,
 		 c->nc->version / 100 % 100, c->nc->version % 100);
-	pthread_mutex_lock(&g->mu);
-	struct gpu_nccl_id id = g->id;
-	pthread_mutex_unlock(&g->mu);
 	struct gpu_nccl_config cfg = gpu_nccl_config_init(false);
 	gpu_nccl_result_t r = c->nc->comm_init_rank_config(&c->comm, g->n, id, c->rank, &cfg);
 	if (r != GPU_NCCL_SUCCESS && r != GPU_NCCL_IN_PROGRESS) {
@@ -407,6 +469,11 @@ static td_err host_all_reduce(struct gpu_comm *c, float *x, size_t n, struct td_
 	if (e != TD_OK)
 		return e;
 	gpu_download(c->be, c->buf, x, n * sizeof(float));
+	if (g->net) {
+		if ((e = gpu__net_all_reduce(g, c->rank, c->buf, n, eb)) == TD_OK)
+			gpu_upload(c->be, x, c->buf, n * sizeof(float));
+		return e;
+	}
 	pthread_mutex_lock(&g->mu);
 	g->slot[c->rank] = c->buf;
 	pthread_mutex_unlock(&g->mu);
@@ -441,12 +508,17 @@ static td_err host_reduce_scatter(struct gpu_comm *c, float *x, size_t count, st
 	if (e != TD_OK)
 		return e;
 	gpu_download(c->be, c->buf, x, n * sizeof(float));
+	size_t lo = count * (size_t)c->rank;
+	if (g->net) {
+		if ((e = gpu__net_reduce_scatter(g, c->rank, c->buf, count, eb)) == TD_OK)
+			gpu_upload(c->be, x + lo, c->buf + lo, count * sizeof(float));
+		return e;
+	}
 	pthread_mutex_lock(&g->mu);
 	g->slot[c->rank] = c->buf;
 	pthread_mutex_unlock(&g->mu);
 	if ((e = gpu_gang_barrier(g, c->rank, eb)) != TD_OK)
 		return e;
-	size_t lo = count * (size_t)c->rank;
 	float *own = g->slot[c->rank];
 	for (size_t i = lo; i < lo + count; i++) {
 		float v = g->slot[0][i];
@@ -465,6 +537,21 @@ static td_err host_reduce_scatter(struct gpu_comm *c, float *x, size_t count, st
 static td_err host_all_gather(struct gpu_comm *c, float *x, size_t count, struct td_errbuf *eb)
 {
 	struct gpu_gang *g = c->g;
+	if (g->net) {
+		size_t n = count * (size_t)g->n, lo = count * (size_t)c->rank;
+		td_err e = host_reserve(c, n, "all-gather", eb);
+		if (e != TD_OK)
+			return e;
+		gpu_download(c->be, c->buf + lo, x + lo, count * sizeof(float));
+		if ((e = gpu__net_all_gather(g, c->rank, c->buf, count, eb)) != TD_OK)
+			return e;
+		if (lo)
+			gpu_upload(c->be, x, c->buf, lo * sizeof(float));
+		if (lo + count < n)
+			gpu_upload(c->be, x + lo + count, c->buf + lo + count,
+				   (n - lo - count) * sizeof(float));
+		return TD_OK;
+	}
 	td_err e = host_reserve(c, count, "all-gather", eb);
 	if (e != TD_OK)
 		return e;

@@ -61,7 +61,62 @@ struct gpu_comm;
 td_err gpu_gang_new(struct gpu_gang **out, int nranks, int timeout_ms, struct td_errbuf *eb);
 /* gpu_gang_free(NULL) is a no-op. */
 void gpu_gang_free(struct gpu_gang *g);
+/* The ranks of the whole gang (across processes for a gang of a hub). */
 int gpu_gang_size(const struct gpu_gang *g);
+
+/* A gang across processes (one job across daemons: resources.hosts).
+ *
+ * The hub is one process's (the coordinating daemon's) thread that the
+ * processes of the gang connect to over TCP, one connection each: it passes
+ * the barriers (with rank 0's bytes broadcast: the NCCL unique id), the
+ * first failure (a rank's gpu_gang_fail, or a connection that closes: a
+ * process or host gone, TD_EPEER_LOST) and, for CPU ranks (the host comm,
+ * simulated GPUs), the collectives themselves: it sums the ranks' buffers
+ * in rank order from the left, the bits the in-process host comm gives the
+ * same ranks. That sum is the CPU backend's transport across processes;
+ * GPUs always sum through NCCL (its own bootstrap and TCP or InfiniBand
+ * transport between hosts), the hub carrying only the id and the barriers.
+ * A process joins with the hub's token (32 random bytes the coordinator
+ * hands to its peers over their authenticated channel): a connection without
+ * it is closed. No other security: the sums travel in the clear.
+ *
+ * gpu_hub_new listens on bind_host (a numeric address or a name; port 0:
+ * any free port) for world ranks; gpu_hub_addr gives "HOST:PORT" to hand
+ * out. Every rank must join within join_ms of gpu_hub_new (0: 60 s), or the
+ * gang fails. gpu_hub_free closes it (any rank still connected sees its
+ * connection close and fails). Not collective; any thread. */
+#define GPU_HUB_TOKEN_BYTES 32
+struct gpu_hub;
+td_err gpu_hub_new(struct gpu_hub **out, const char *bind_host, int world,
+		   const uint8_t token[GPU_HUB_TOKEN_BYTES], int join_ms, struct td_errbuf *eb);
+const char *gpu_hub_addr(const struct gpu_hub *h);
+/* Whether the gang of the hub failed, and the first failure (into eb, may
+ * be NULL): the hub's view, for the coordinator's log. */
+bool gpu_hub_failed(struct gpu_hub *h, td_err *code, struct td_errbuf *eb);
+void gpu_hub_free(struct gpu_hub *h);
+
+/* This process's part of a gang of world ranks joined through the hub at
+ * hub ("HOST:PORT"): ranks base .. base + nlocal - 1, each on a thread of
+ * this process, calling the gang's functions with its global rank. label
+ * names this process in the others' errors ("the daemon at tcp://..."). Connects
+ * (retrying for up to 5 s while refused), joins with token, and returns
+ * once the hub has accepted; TD_EPEER_LOST when it cannot. Barriers, the
+ * first failure and host comms then go through the hub; the barrier of a
+ * gang of a hub never times out either, but a connection that closes fails
+ * it at once, and TCP keepalive (and TCP_USER_TIMEOUT) close a connection to
+ * a host that stopped answering within about 30 s. */
+td_err gpu_gang_new_net(struct gpu_gang **out, int world, int base, int nlocal, const char *hub,
+			const uint8_t token[GPU_HUB_TOKEN_BYTES], const char *label, int timeout_ms,
+			struct td_errbuf *eb);
+/* Whether g spans processes (gpu_gang_new_net). */
+bool gpu_gang_is_net(const struct gpu_gang *g);
+
+/* Every rank calls it with n doubles at v and a flag: afterwards v holds
+ * the sums over the ranks (in rank order from the left) and *flag whether
+ * any rank's was set. A barrier besides (it fails as one). What the ranks
+ * of a step agree on: the micro-batches' losses, whether to stop. */
+td_err gpu_gang_exchange(struct gpu_gang *g, int rank, double *v, size_t n, bool *flag,
+			 struct td_errbuf *eb);
 
 /* Rank `rank` failed with e and message msg. The first failure is kept (the
  * job's error); later calls only wake the waiters. Any thread. */

@@ -31,7 +31,10 @@
 	/* A sticky CUDA error (illegal address, launch failure...): the       \
 	 * device's primary context is corrupt for the whole process, every    \
 	 * job on that device fails, and the context must be reset. */         \
-	X(DEVICE_LOST, "device context lost")
+	X(DEVICE_LOST, "device context lost")                                 \
+	/* A job across daemons lost one of them (its process, its host or     \
+	 * the connection): no rank's fault; the job is requeued. */           \
+	X(PEER_LOST, "a daemon of the job was lost")
 
 typedef enum td_err {
 	TD_OK = 0,

@@ -494,7 +494,9 @@ struct rank;
 
 struct gang {
 	struct gpu_gang *g;
-	int n;
+	int n;                  /* the ranks of the whole gang */
+	int base;               /* this process's first rank (ranks[k] is rank base + k) */
+	bool net;               /* across processes (gpu_gang_new_net) */
 	enum gpu_comm_kind comm;
 	size_t bucket_floats;
 	bool overlap;           /* bucket even where the comm is not asynchronous */
@@ -507,7 +509,7 @@ struct gang {
 	/* A sharded gang's checkpoint: rank 0's host copy of every trainable
 	 * float's moments, each rank writing its part (gather_moments). */
 	float *ck_m1, *ck_m2;
-	struct rank *ranks;     /* [n] */
+	struct rank *ranks;     /* [this process's ranks] */
 	/* TD_DDP_FAIL_AT=RANK:STEP[:stall], a test hook: that rank fails (or
 	 * stalls, as on a hung device, until the others give up) in that step,
 	 * before its gradients are summed. fail_rank -1: off. */
@@ -586,6 +588,11 @@ static td_err train_rank(const Traind__JobSpec *spec, const struct tr_train_opts
 {
 	struct job j = {0};
 	const bool lead = r == 0;
+	/* This process's first rank: it polls should_stop (a gang of one
+	 * process: the lead). */
+	const bool head = !G || r == G->base;
+	struct rank *self = G ? &G->ranks[r - G->base] : NULL;
+	double *lsv = NULL; /* a gang across processes: this rank's micro-batch losses */
 	FILE *log = lead && opts ? opts->log : NULL;
 	struct gpu_comm *comm = NULL;
 	struct tr_ddp *ddp = NULL;
@@ -638,7 +645,7 @@ static td_err train_rank(const Traind__JobSpec *spec, const struct tr_train_opts
 	struct tr_weights *w = NULL;
 	if ((e = tr_weights_open(&w, spec->model_dir, eb)) != TD_OK)
 		goto out;
-	int device = G ? G->ranks[r].device
+	int device = G ? self->device
 		       : opts && opts->has_device && opts->device_index >= 0 ? opts->device_index : -1;
 	struct gpu_open_opts bo = {.name = backend_for(spec, opts), .device = device,
 				   .cache_dir = opts ? opts->cache_dir : NULL};
@@ -647,7 +654,7 @@ static td_err train_rank(const Traind__JobSpec *spec, const struct tr_train_opts
 		goto out;
 	}
 	if (G)
-		G->ranks[r].cuda = strcmp(j.be->ops->name, "cuda") == 0;
+		self->cuda = strcmp(j.be->ops->name, "cuda") == 0;
 	/* Precision: as asked; unset means bf16 on a GPU and fp32 on the CPU.
 	 * Set before the model is built: its plan follows the attention the
 	 * backend runs in this precision. */
@@ -746,6 +753,24 @@ static td_err train_rank(const Traind__JobSpec *spec, const struct tr_train_opts
 							    : ", writable (the device cannot map it read-only)"
 					 : "");
 
+	/* Across processes every rank must start from the same step: the
+	 * newest checkpoint of one directory, seen alike from every host. Each
+	 * rank holds its step against the gang's sum of them. */
+	if (G && G->net) {
+		double v = (double)j.step;
+		bool no = false;
+		if ((e = gpu_gang_exchange(G->g, r, &v, 1, &no, eb)) != TD_OK)
+			goto out;
+		if (v != (double)j.step * G->n) {
+			e = td_fail(eb, TD_ESTATE,
+				    "rank %d resumed from step %llu, and the gang's %d ranks did not all "
+				    "(their steps sum to %.0f): output.dir %s must be the same directory on "
+				    "every host of the job",
+				    r, (unsigned long long)j.step, G->n, v, spec->output->dir);
+			goto out;
+		}
+	}
+
 	/* This rank's micro-batches of each step, and its end of the sums. */
 	int a0 = 0, a1 = j.accum;
 	if (G) {
@@ -763,6 +788,13 @@ static td_err train_rank(const Traind__JobSpec *spec, const struct tr_train_opts
 	}
 	const struct tr_plan *jp = tr_model_plan(j.m);
 	const bool sharded = G && jp->opts.shard != TR_SHARD_NONE && jp->opts.shard_ranks > 1;
+	if (sharded && G->net) {
+		e = td_fail(eb, TD_EINVAL,
+			    "memory.shard: %s across processes is not built (a checkpoint gathers the "
+			    "moments in one process); NONE",
+			    tr_shard_name(jp->opts.shard));
+		goto out;
+	}
 	if (sharded && log)
 		fprintf(log, "sharded: %s; each rank keeps the AdamW moments of %zu of the %zu trainable "
 			     "floats and steps them; the weights are all-gathered after each step\n",
@@ -778,7 +810,9 @@ static td_err train_rank(const Traind__JobSpec *spec, const struct tr_train_opts
 	ids = malloc(rows * (size_t)j.accum * sizeof(int32_t));
 	labels = malloc(rows * (size_t)j.accum * sizeof(int32_t));
 	cls = malloc((size_t)j.B * (size_t)j.accum * sizeof(int32_t));
-	if (!ids || !labels || !cls) {
+	if (G && G->net)
+		lsv = calloc((size_t)j.accum, sizeof(double));
+	if (!ids || !labels || !cls || (G && G->net && !lsv)) {
 		e = td_fail(eb, TD_ENOMEM, "trainer: out of memory");
 		goto out;
 	}
@@ -799,6 +833,8 @@ static td_err train_rank(const Traind__JobSpec *spec, const struct tr_train_opts
 			break;
 		tr_model_zero_grad(j.m);
 		double loss_sum = 0;
+		if (lsv)
+			memset(lsv, 0, (size_t)j.accum * sizeof(double));
 		const float dloss = valid ? (float)(1.0 / (double)valid) : 0.0f;
 		for (int a = a0; a < a1 && e == TD_OK; a++) {
 			double ls;
@@ -810,7 +846,9 @@ static td_err train_rank(const Traind__JobSpec *spec, const struct tr_train_opts
 				e = injected_failure(G, r, j.step + 1, eb);
 			if (e == TD_OK) {
 				loss_sum += ls;
-				if (G)
+				if (lsv)
+					lsv[a] = ls;
+				else if (G)
 					G->ls[(j.step & 1) * (uint64_t)j.accum + (uint64_t)a] = ls;
 				if (ddp && a == a1 - 1)
 					tr_ddp_arm(ddp); /* its layers' sums overlap the layers below */
@@ -855,9 +893,18 @@ static td_err train_rank(const Traind__JobSpec *spec, const struct tr_train_opts
 
 		/* Rank 0 asks whether to stop; the ranks agree at the step's end
 		 * (and learn the other ranks' losses there). */
-		bool stop = lead && ((hooks && hooks->should_stop && hooks->should_stop(hooks->ctx)) ||
+		bool stop = head && ((hooks && hooks->should_stop && hooks->should_stop(hooks->ctx)) ||
 				     (opts && opts->stop_after && j.step - start_step >= opts->stop_after));
-		if (G) {
+		if (G && G->net) {
+			/* Across processes: the losses and any process's stop,
+			 * through the hub. Each micro-batch's loss is one rank's,
+			 * the others' 0: the sums are those losses exactly. */
+			if ((e = gpu_gang_exchange(G->g, r, lsv, (size_t)j.accum, &stop, eb)) != TD_OK)
+				break;
+			loss_sum = 0; /* in micro-batch order, as one device sums them */
+			for (int a = 0; a < j.accum; a++)
+				loss_sum += lsv[a];
+		} else if (G) {
 			uint64_t par = (j.step - 1) & 1;
 			if (lead)
 				G->stop[par] = stop;
@@ -960,6 +1007,7 @@ static td_err train_rank(const Traind__JobSpec *spec, const struct tr_train_opts
 out:
 	if (G && e != TD_OK)
 		gpu_gang_fail(G->g, r, e, eb->msg);
+	free(lsv);
 	free(ids);
 	free(labels);
 	free(cls);
@@ -998,8 +1046,9 @@ static long long env_count(const char *name, long long def)
 td_err tr_train(const Traind__JobSpec *spec, const struct tr_train_opts *opts,
 		const struct tr_hooks *hooks, struct tr_train_result *res, struct td_errbuf *eb)
 {
-	int n = opts && opts->ranks > 1 ? opts->ranks : 1;
-	if (n == 1) {
+	int n = opts && opts->ranks > 1 ? opts->ranks : 1; /* this process's ranks */
+	const bool net = opts && opts->hub;
+	if (n == 1 && !net) {
 		td_err e = train_rank(spec, opts, hooks, res, NULL, 0, eb);
 		res->ranks = 1;
 		res->failed_rank = e != TD_OK ? 0 : -1;
@@ -1010,18 +1059,22 @@ td_err tr_train(const Traind__JobSpec *spec, const struct tr_train_opts *opts,
 	res->failed_rank = res->failed_device = -1;
 	res->eval_loss = NAN;
 	snprintf(res->output_dir, sizeof(res->output_dir), "%s", spec->output->dir);
-	if (n > GPU_GANG_MAX)
-		return td_fail(eb, TD_EINVAL, "resources.gpus: %d; data parallel runs at most %d ranks", n,
-			       GPU_GANG_MAX);
+	const int world = net ? opts->world : n, base = net ? opts->rank_base : 0;
+	if (world > GPU_GANG_MAX)
+		return td_fail(eb, TD_EINVAL, "resources.gpus: %d; data parallel runs at most %d ranks",
+			       world, GPU_GANG_MAX);
+	if (net && (base < 0 || base + n > world || !opts->hub_token))
+		return td_fail(eb, TD_EINVAL, "ranks %d to %d of a gang of %d", base, base + n - 1, world);
 	uint32_t accum = spec->hyper->grad_accum ? spec->hyper->grad_accum : 1;
-	if (accum < (uint32_t)n)
+	if (accum < (uint32_t)world)
 		return td_fail(eb, TD_EINVAL,
 			       "hyper.grad_accum: %u micro-batches a step cannot be shared by %d GPUs "
-			       "(resources.gpus): each runs at least one, so the step is one GPU's; set "
+			       "(resources.gpus%s): each runs at least one, so the step is one GPU's; set "
 			       "grad_accum to a multiple of %d",
-			       accum, n, n);
+			       accum, world, net ? " on each of resources.hosts and this daemon" : "",
+			       world);
 
-	struct gang G = {.n = n, .fail_rank = -1};
+	struct gang G = {.n = world, .base = base, .net = net, .fail_rank = -1};
 	G.comm = opts->comm == GPU_COMM_HOST || opts->comm == GPU_COMM_NCCL ? (enum gpu_comm_kind)opts->comm
 									    : GPU_COMM_AUTO;
 	const char *ck = getenv("TD_DDP_COMM");
@@ -1048,15 +1101,17 @@ td_err tr_train(const Traind__JobSpec *spec, const struct tr_train_opts *opts,
 	if (!G.ls || !G.ranks)
 		e = td_fail(eb, TD_ENOMEM, "data parallel: out of memory");
 	if (e == TD_OK)
-		e = gpu_gang_new(&G.g, n, timeout, eb);
+		e = net ? gpu_gang_new_net(&G.g, world, base, n, opts->hub, opts->hub_token,
+					   opts->hub_label, timeout, eb)
+			: gpu_gang_new(&G.g, n, timeout, eb);
 	if (e != TD_OK) {
 		free(G.ls);
 		free(G.ranks);
 		return e;
 	}
-	for (int r = 0; r < n; r++)
-		G.ranks[r] = (struct rank){.gang = &G, .r = r, .spec = spec, .opts = opts,
-					   .device = opts->devices ? opts->devices[r] : r};
+	for (int k = 0; k < n; k++)
+		G.ranks[k] = (struct rank){.gang = &G, .r = base + k, .spec = spec, .opts = opts,
+					   .device = opts->devices ? opts->devices[k] : k};
 	/* Ranks 1.. on threads of their own (which inherit this thread's file
 	 * credentials: a daemon's runner has taken the submitter's), rank 0
 	 * here. */
@@ -1071,7 +1126,7 @@ td_err tr_train(const Traind__JobSpec *spec, const struct tr_train_opts *opts,
 			break;
 		}
 	}
-	td_err e0 = train_rank(spec, opts, hooks, res, &G, 0, eb);
+	td_err e0 = train_rank(spec, opts, hooks, res, &G, base, eb);
 	for (int r = 1; r < started; r++)
 		pthread_join(G.ranks[r].thread, NULL);
 	res->failed_rank = res->failed_device = -1;
@@ -1079,26 +1134,32 @@ td_err tr_train(const Traind__JobSpec *spec, const struct tr_train_opts *opts,
 	e = gpu_gang_error(G.g, &fr, eb);
 	if (e == TD_OK)
 		e = e0;
-	else if (fr >= 0 && fr < n) {
+	else if (fr >= 0 && fr < world) {
 		char msg[sizeof(eb->msg)];
 		snprintf(msg, sizeof(msg), "%s", eb->msg);
 		res->failed_rank = fr;
-		res->failed_device = G.ranks[fr].cuda ? G.ranks[fr].device : -1;
-		if (fr == 0)
+		/* Another process's rank: its GPU is that daemon's. */
+		bool here = fr >= base && fr < base + n;
+		res->failed_device = here && G.ranks[fr - base].cuda ? G.ranks[fr - base].device : -1;
+		if (fr == base)
 			td_fail(eb, e, "%s", msg);
 		else if (res->failed_device >= 0)
-			td_fail(eb, e, "rank %d of %d (CUDA device %d): %s", fr, n, res->failed_device, msg);
+			td_fail(eb, e, "rank %d of %d (CUDA device %d): %s", fr, world, res->failed_device,
+				msg);
 		else
-			td_fail(eb, e, "rank %d of %d: %s", fr, n, msg);
+			td_fail(eb, e, "rank %d of %d: %s", fr, world, msg);
 	}
-	res->ranks = n;
+	res->ranks = world;
 	for (int r = 1; r < started; r++) {
 		res->compiles += G.ranks[r].res.compiles;
 		res->compiles_after_seal += G.ranks[r].res.compiles_after_seal;
 	}
 	if (res->device[0]) {
 		size_t l = strlen(res->device);
-		snprintf(res->device + l, sizeof(res->device) - l, " (x%d)", n);
+		if (net)
+			snprintf(res->device + l, sizeof(res->device) - l, " (x%d of %d ranks)", n, world);
+		else
+			snprintf(res->device + l, sizeof(res->device) - l, " (x%d)", n);
 	}
 	gpu_gang_free(G.g);
 	free(G.ck_m1); /* a checkpoint's gather that a failure cut short */

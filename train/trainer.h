@@ -89,6 +89,20 @@ struct tr_train_opts {
 	int comm;               /* enum gpu_comm_kind */
 	size_t bucket_floats;
 	int comm_timeout_ms;
+	/* One job across processes (daemons: resources.hosts): hub set, this
+	 * process runs ranks rank_base .. rank_base + ranks - 1 of world (ranks
+	 * may be 1), joined through the gang's hub at hub ("HOST:PORT",
+	 * gpu/comm.h: gpu_hub) with hub_token; hub_label names this process in
+	 * the others' errors. Rank 0 (rank_base 0) alone logs, calls on_step and
+	 * on_checkpoint, evaluates and writes; every process's first rank polls
+	 * should_stop, and the ranks stop together when any asks (the job's
+	 * checkpoint is rank 0's). Every rank resumes from the newest checkpoint
+	 * under output.dir, which must be the same directory for all (they check
+	 * that they resumed the same step). memory.shard must be NONE. */
+	const char *hub;
+	const uint8_t *hub_token; /* GPU_HUB_TOKEN_BYTES */
+	const char *hub_label;
+	int world, rank_base;
 };
 
 struct tr_train_result {
