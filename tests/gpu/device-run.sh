@@ -3,7 +3,11 @@
 # PyTorch peer, in one call. Expects .gpu-run/ (binaries and the CUDA module)
 # and .gpu-libs/lib (bundle-libs.sh) in the repo root: tests/gpu/bundle.sh
 # makes them.
-# usage: tests/gpu/device-run.sh [tests|bench|faults|memory|ddp|profile|preempt|share|all]
+# usage: tests/gpu/device-run.sh [tests|bench|faults|memory|ddp|profile|preempt|share|attn|all]
+# attn: attention alone (issue 13): bench_attn (the fused kernels' forward and
+# backward, causal, bf16, HS 128 and 64, T 2048 and 8192, after its sanity
+# check) beside peer_attn.py (PyTorch SDPA's flash backend) on the same
+# shapes, and a ratio line per (T, HS, direction); ~3 minutes. Not in all.
 # preempt: tests/gpu/preempt_gpu.sh alone (also part of tests).
 # share: tests/gpu/share_gpu.sh — four Llama-3-8B-shaped LoRA jobs from two
 # users sharing one frozen base on GPU 0 (the model dir made on the device),
@@ -109,6 +113,36 @@ if [ "$what" = share ]; then
 	TRAIND=$bin/traind TRAINCTL=$bin/trainctl TD_FIXTURES=$fx TD_SRC=$root bash tests/gpu/share_gpu.sh
 	rc=$?
 	[ $rc = 0 ] || [ $rc = 77 ] || status=1
+	exit $status
+fi
+if [ "$what" = attn ]; then
+	echo "== attention alone: traind's fused kernels (bench_attn) beside PyTorch SDPA's flash backend (peer_attn.py)"
+	"$bin/bench_attn" | tee "$out/bench_attn.jsonl" || status=1
+	peer=$root/.gpu-libs/peer_attn.py
+	[ -f "$peer" ] || peer=$root/tests/bench/peer_attn.py
+	PYTHONUNBUFFERED=1 timeout 400 python3 "$peer" | tee "$out/peer_attn.jsonl" || status=1
+	python3 - "$out/bench_attn.jsonl" "$out/peer_attn.jsonl" <<'PY' || status=1
+import json, sys
+def load(path):
+    rows = {}
+    for line in open(path):
+        if line.startswith("{"):
+            r = json.loads(line)
+            if "error" not in r:
+                rows[(r["T"], r["HS"], r["dir"])] = r
+    return rows
+ours, peer = load(sys.argv[1]), load(sys.argv[2])
+if not ours or not peer:
+    sys.exit("attn: no lines to compare")
+for key in sorted(ours, key=lambda k: (-k[1], k[0], k[2] != "fwd")):
+    o, p = ours[key], peer.get(key)
+    if not p:
+        print(f"ratio T={key[0]} HS={key[1]} {key[2]}: traind {o['tflops']} TFLOP/s, no peer line")
+        continue
+    print(f"ratio B={o['B']} T={key[0]} NH={o['NH']}/{o['NKV']} HS={key[1]} {key[2]}: traind {o['ms']:.3f} ms "
+          f"{o['tflops']:.1f} TFLOP/s, sdpa-flash ({p['gqa']}) {p['ms']:.3f} ms {p['tflops']:.1f} TFLOP/s: "
+          f"traind/peer {o['tflops'] / p['tflops']:.2f}x")
+PY
 	exit $status
 fi
 if [ "$what" = preempt ]; then
