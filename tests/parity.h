@@ -24,7 +24,7 @@ struct parity_opts {
 
 /* The float32 tolerances of the shared fixtures, and the bounds of the bf16
  * compute mode (GEMM operands rounded to bf16, 8 significant bits: a relative
- * error of 2^-9 per operand, which grows through the layers to ~1e-3..1e-2):
+ * error of up to 2^-8 per operand, growing through the layers to ~1e-3..1e-2):
  *   forward (logits, hidden)  2e-2 normwise, loss 1e-2 relative;
  *   gradients                 5e-2 normwise;
  *   parameters after k steps  absolute 2 * lr * k (6e-3 at the fixtures'

@@ -400,7 +400,7 @@ static __device__ __forceinline__ void flash_fwd(float *out, fa_bf16 *out16, flo
  * dout16 = dout rounded to bf16 (the backward kernels' copy): a warp per
  * (row, head), lanes over the columns, a fixed shuffle tree. out is read
  * as out16 widened where out16 is not NULL (the forward's bf16 twin: each
- * term then within 2^-9 of dout * out relatively), else in fp32. */
+ * term then within 2^-8 of dout * out relatively), else in fp32. */
 extern "C" __global__ void flash_rowdot_f32(float *dr, fa_bf16 *dout16, const float *dout,
 					    const float *out, const fa_bf16 *out16, int B, int T,
 					    int NH, int HS)
