@@ -329,6 +329,24 @@ static void cu_rmsnorm_forward(struct gpu_backend *be, float *out, gpu_bf16 *out
 	launch_rows(cu_of(be), CU_K_rmsnorm_forward_f32, N, row_threads(C), args);
 }
 
+/* rmsnorm.cu's RMS_VEC, and the bounds on rmsnorm_backward_dw_f32's blocks:
+ * at most RMS_FUSED_MAX_PARTS partial rows (bias_grad_f32 then sums at most
+ * that many a column), at least RMS_FUSED_MIN_PARTS (else the one-pass row
+ * kernel is too narrow a grid, unless N itself is smaller). */
+#define RMS_VEC 4
+#define RMS_FUSED_MAX_PARTS 1024
+#define RMS_FUSED_MIN_PARTS 256
+
+/* rmsnorm_backward_f32's vector path conditions, which the fused kernel
+ * assumes: C a multiple of 4 that the block's float4 registers hold, every
+ * row pointer 16-byte aligned. */
+static bool rms_fused_vec(const float *dinp, const float *dout, const float *inp,
+			  const float *weight, int C, unsigned threads)
+{
+	return (C & 3) == 0 && C / 4 <= RMS_VEC * (int)threads &&
+	       (((uintptr_t)dinp | (uintptr_t)dout | (uintptr_t)inp | (uintptr_t)weight) & 15) == 0;
+}
+
 static void cu_rmsnorm_backward(struct gpu_backend *be, float *dinp, float *dweight,
 				const float *dout, const float *inp, const float *weight,
 				const float *rstd, int N, int C)
@@ -336,8 +354,34 @@ static void cu_rmsnorm_backward(struct gpu_backend *be, float *dinp, float *dwei
 	struct cu_backend *cb = cu_of(be);
 	if (N <= 0 || C <= 0)
 		return;
+	const unsigned threads = row_threads(C);
+	if (dweight && rms_fused_vec(dinp, dout, inp, weight, C, threads)) {
+		/* One pass (rmsnorm_backward_dw_f32): G blocks, each a partial row
+		 * of dweight in the scratch, added by bias_grad_f32 in block order.
+		 * G from N, C and the scratch only: the same order on every run
+		 * and device. At least RMS_FUSED_MIN_PARTS blocks, else the row
+		 * pass would be too narrow: then the two-pass way below. */
+		size_t cap;
+		float *part = scratch_floats(cb, &cap);
+		size_t G = cap / (size_t)C;
+		if (G > RMS_FUSED_MAX_PARTS)
+			G = RMS_FUSED_MAX_PARTS;
+		if (G > (size_t)N)
+			G = (size_t)N;
+		if (G >= RMS_FUSED_MIN_PARTS || G == (size_t)N) {
+			void *fargs[] = {&dinp, &part, &dout, &inp, &weight, &rstd, &N, &C};
+			cu_launch(cb, CU_K_rmsnorm_backward_dw_f32, dim1((unsigned)G), dim1(threads), 0,
+				  fargs);
+			int P = (int)G, direct = 1;
+			const float *cpart = part;
+			void *cargs[] = {&dweight, &cpart, &P, &C, &P, &direct};
+			cu_launch(cb, CU_K_bias_grad_f32, (struct cu_dim){cu_blocks((size_t)C, 32), 1, 1},
+				  (struct cu_dim){32, 32, 1}, 0, cargs);
+			return;
+		}
+	}
 	void *args[] = {&dinp, &dout, &inp, &weight, &rstd, &N, &C};
-	launch_rows(cb, CU_K_rmsnorm_backward_f32, N, row_threads(C), args);
+	launch_rows(cb, CU_K_rmsnorm_backward_f32, N, threads, args);
 	if (!dweight)
 		return;
 	struct colsum_plan p = plan_colsum(cb, N, C);
@@ -837,7 +881,13 @@ static void cu_adamw_update(struct gpu_backend *be, float *param, gpu_bf16 *para
 	float step_size = (float)((double)lr / (1.0 - pow(beta1, t)));
 	void *args[] = {&param,	&param16, &grad, &m,	     &v,	 &n,	     &decay,
 			&one_minus_b1, &one_minus_b2, &beta2, &bc2_sqrt, &step_size, &eps};
-	launch_n(cu_of(be), CU_K_adamw_update_f32, n, args);
+	/* Four values a thread step where the pointers allow (the same bits). */
+	bool v4 = (((uintptr_t)param | (uintptr_t)grad | (uintptr_t)m | (uintptr_t)v) & 15) == 0 &&
+		  ((uintptr_t)param16 & 7) == 0;
+	if (v4)
+		launch_n4(cu_of(be), CU_K_adamw_update_v4_f32, n, args);
+	else
+		launch_n(cu_of(be), CU_K_adamw_update_f32, n, args);
 }
 
 /* Blocking. Per-block double partials into reduce_buf, downloaded (which
@@ -861,7 +911,9 @@ static double cu_sumsq(struct gpu_backend *be, const float *x, size_t n)
 		blocks = cb->reduce_cap;
 	double *partial = cb->reduce_buf;
 	void *args[] = {&partial, &x, &n};
-	cu_launch(cb, CU_K_sumsq_f32, dim1((unsigned)blocks), dim1(CU_THREADS), 0, args);
+	/* four values a thread step where x is aligned (an order as fixed) */
+	cu_launch(cb, ((uintptr_t)x & 15) == 0 ? CU_K_sumsq_v4_f32 : CU_K_sumsq_f32,
+		  dim1((unsigned)blocks), dim1(CU_THREADS), 0, args);
 	double host[CU_SUMSQ_MAX_BLOCKS];
 	be->ops->download(be, host, partial, blocks * sizeof(double));
 	if (cb->first_error != CUDA_SUCCESS)
@@ -875,7 +927,10 @@ static double cu_sumsq(struct gpu_backend *be, const float *x, size_t n)
 static void cu_scale(struct gpu_backend *be, float *x, float s, size_t n)
 {
 	void *args[] = {&x, &s, &n};
-	launch_n(cu_of(be), CU_K_scale_f32, n, args);
+	if (((uintptr_t)x & 15) == 0)
+		launch_n4(cu_of(be), CU_K_scale_v4_f32, n, args);
+	else
+		launch_n(cu_of(be), CU_K_scale_f32, n, args);
 }
 
 /* ------------------------------------------------------------------ bf16 -- */

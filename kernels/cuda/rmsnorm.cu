@@ -4,11 +4,13 @@
  * One block per row for the row-wise parts; the row's reductions are fp32
  * per-thread partials combined by a fixed warp-shuffle tree (the CPU sums in
  * double: the two agree to a few ulp of the row's sum for the C of a model).
- * dweight, a sum over all N rows, is a separate column-sum kernel whose
- * order is fixed by its launch shape, so the gradient is the same bits on
- * every run: either one pass straight into dweight, or partial sums per
- * chunk of rows into the backend's scratch that colsum_reduce_f32
- * (matmul.cu) then adds to dweight in chunk order.
+ * dweight, a sum over all N rows, has an order fixed by the launch shape,
+ * so the gradient is the same bits on every run: on the vector path each
+ * block of the row pass keeps partial column sums of its rows and
+ * bias_grad_f32 (matmul.cu) adds them up (rmsnorm_backward_dw_f32: one pass
+ * over dout and inp); otherwise a separate column-sum kernel, either
+ * straight into dweight or by chunks of rows into the backend's scratch
+ * that colsum_reduce_f32 (matmul.cu) then adds in chunk order.
  *
  * Not here: fused residual + norm (a bf16-path optimisation for later).
  *
@@ -128,6 +130,70 @@ extern "C" __global__ void rmsnorm_backward_f32(float *dinp, const float *dout, 
 		const float k = dot / (float)C * r * r * r;
 		for (int c = threadIdx.x; c < C; c += blockDim.x)
 			dx[c] += r * (weight[c] * d[c]) - k * x[c];
+	}
+}
+
+/* rmsnorm_backward_f32's vector path with dweight's partial sums fused in:
+ * block b takes rows b, b + G, b + 2G, ... (G = gridDim.x) and, beside each
+ * row's dinp, adds dout * (inp * rstd) of its columns into registers, in
+ * row order; at the end it writes its partial row part[b * C + c] (every
+ * column, zeros where it had no rows). bias_grad_f32 then adds the G
+ * partials to dweight in block order. The order is fixed by G, which the
+ * launcher derives from N, C and the scratch alone, so dweight is the same
+ * bits on every run; one pass over dout and inp instead of two. The
+ * launcher uses it only where the vector path applies (its conditions
+ * checked there, as rmsnorm_backward_f32's here). */
+extern "C" __global__ void rmsnorm_backward_dw_f32(float *dinp, float *part, const float *dout,
+						   const float *inp, const float *weight,
+						   const float *rstd, int N, int C)
+{
+	float4 wacc[RMS_VEC];
+#pragma unroll
+	for (int k = 0; k < RMS_VEC; k++)
+		wacc[k] = make_float4(0.f, 0.f, 0.f, 0.f);
+	for (int n = blockIdx.x; n < N; n += gridDim.x) {
+		const float *x = inp + (size_t)n * C;
+		const float *d = dout + (size_t)n * C;
+		float *dx = dinp + (size_t)n * C;
+		const float r = rstd[n];
+		float dot = 0.0f;
+		float4 xv[RMS_VEC], gv[RMS_VEC];
+#pragma unroll
+		for (int k = 0; k < RMS_VEC; k++) {
+			const int i = threadIdx.x + k * blockDim.x;
+			if (i < C / 4) {
+				const float4 w = reinterpret_cast<const float4 *>(weight)[i];
+				const float4 dd = reinterpret_cast<const float4 *>(d)[i];
+				xv[k] = reinterpret_cast<const float4 *>(x)[i];
+				gv[k] = make_float4(w.x * dd.x, w.y * dd.y, w.z * dd.z, w.w * dd.w);
+				dot += gv[k].x * xv[k].x + gv[k].y * xv[k].y + gv[k].z * xv[k].z +
+				       gv[k].w * xv[k].w;
+				wacc[k].x += dd.x * (xv[k].x * r);
+				wacc[k].y += dd.y * (xv[k].y * r);
+				wacc[k].z += dd.z * (xv[k].z * r);
+				wacc[k].w += dd.w * (xv[k].w * r);
+			}
+		}
+		dot = cu_block_sum(dot);
+		const float kk = dot / (float)C * r * r * r;
+#pragma unroll
+		for (int k = 0; k < RMS_VEC; k++) {
+			const int i = threadIdx.x + k * blockDim.x;
+			if (i < C / 4) {
+				float4 o = reinterpret_cast<float4 *>(dx)[i];
+				o.x += r * gv[k].x - kk * xv[k].x;
+				o.y += r * gv[k].y - kk * xv[k].y;
+				o.z += r * gv[k].z - kk * xv[k].z;
+				o.w += r * gv[k].w - kk * xv[k].w;
+				reinterpret_cast<float4 *>(dx)[i] = o;
+			}
+		}
+	}
+#pragma unroll
+	for (int k = 0; k < RMS_VEC; k++) {
+		const int i = threadIdx.x + k * blockDim.x;
+		if (i < C / 4)
+			reinterpret_cast<float4 *>(part + (size_t)blockIdx.x * C)[i] = wacc[k];
 	}
 }
 

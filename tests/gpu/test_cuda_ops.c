@@ -328,11 +328,15 @@ static void test_embedding(void)
 
 static void test_rmsnorm(void)
 {
-	/* N >= 256 makes the dweight column sum split into parts (when the
-	 * backend's scratch has room); N < 128 keeps one. */
+	/* C a multiple of 4 takes the one-pass backward (dweight's partial
+	 * rows in the row pass): one row a block ({5, 8}, {64, 896}, {1024,
+	 * 256}), several ({2048, 896}: 2 a block of 1024; {3000, 4096}: the
+	 * scratch holds 256 partial rows, ~12 a block). Otherwise the separate
+	 * column sum: N >= 256 splits it into parts (when the backend's scratch
+	 * has room); N < 128 keeps one. */
 	static const struct { int N, C; } cases[] = {
 		{ 1, 1 }, { 5, 8 }, { 10, 67 }, { 64, 896 }, { 1024, 256 }, { 300, 4096 },
-		{ 4100, 33 },
+		{ 4100, 33 }, { 2048, 896 }, { 3000, 4096 },
 	};
 	const float eps = 1e-6f;
 	op_begin();
@@ -1124,6 +1128,14 @@ static void test_residual_scale(void)
 		scale_inplace(x, s, n);
 		gpu_scale(be, d_a, s, n);
 		expect_exact("scale", hget(d_a, n), x, n);
+		/* one float in: not 16-byte aligned, the one-wide kernel */
+		if (n > 1) {
+			gpu_upload(be, d_a, a, n * sizeof(float));
+			float *y = fcopy(a, n);
+			scale_inplace(y + 1, s, n - 1);
+			gpu_scale(be, d_a + 1, s, n - 1);
+			expect_exact("scale (unaligned)", hget(d_a, n), y, n);
+		}
 		case_end();
 	}
 	op_report("residual, scale");
@@ -1181,8 +1193,13 @@ static void test_crossentropy(void)
 
 static void test_adamw(void)
 {
-	static const struct { size_t n; int t; float wd; } cases[] = {
-		{ 1, 1, 0.0f }, { 67, 1, 0.1f }, { 1000, 7, 0.0f }, { (1u << 20) + 7, 1000, 0.01f },
+	/* off: the tensors start off floats into their allocations. 0 takes the
+	 * four-wide kernel where n allows (its n % 4 tail too: 67, 2^20 + 7),
+	 * 1 the one-wide (the pointers not 16-byte aligned); both the same bits
+	 * as the CPU. */
+	static const struct { size_t n; int t; float wd; size_t off; } cases[] = {
+		{ 1, 1, 0.0f, 0 }, { 67, 1, 0.1f, 0 }, { 1000, 7, 0.0f, 0 },
+		{ (1u << 20) + 7, 1000, 0.01f, 0 }, { 1001, 3, 0.01f, 1 }, { 4096, 2, 0.0f, 1 },
 	};
 	const float lr = 1e-3f, beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f;
 	op_begin();
@@ -1191,12 +1208,14 @@ static void test_adamw(void)
 		int t = cases[ci].t;
 		float wd = cases[ci].wd;
 		snprintf(where, sizeof(where), "adamw (n=%zu t=%d wd=%g)", n, t, wd);
-		float *param = frand(n, 1.0, 0.0), *grad = frand(n, 1.0, 0.0);
-		float *m = frand(n, 0.1, 0.0), *v = frand(n, 0.005, 0.005);
-		float *d_param = dputf(param, n), *d_grad = dputf(grad, n);
-		float *d_m = dputf(m, n), *d_v = dputf(v, n);
+		const size_t off = cases[ci].off, na = n + off;
+		float *param = frand(na, 1.0, 0.0), *grad = frand(na, 1.0, 0.0);
+		float *m = frand(na, 0.1, 0.0), *v = frand(na, 0.005, 0.005);
+		float *d_param = dputf(param, na) + off, *d_grad = dputf(grad, na) + off;
+		float *d_m = dputf(m, na) + off, *d_v = dputf(v, na) + off;
+		param += off, grad += off, m += off, v += off;
 		adamw_update(param, grad, m, v, n, lr, beta1, beta2, eps, wd, t);
-		gpu_bf16 *d_param16 = ci % 2 ? dnan16(n) : NULL; /* with a bf16 copy, and without */
+		gpu_bf16 *d_param16 = ci % 2 ? dnan16(na) + off : NULL; /* with a bf16 copy, and without */
 		gpu_adamw_update(be, d_param, d_param16, d_grad, d_m, d_v, n, lr, beta1, beta2, eps, wd,
 				 t);
 		expect_exact("param", hget(d_param, n), param, n);
@@ -1211,13 +1230,19 @@ static void test_adamw(void)
 
 static void test_sumsq(void)
 {
-	static const size_t sizes[] = { 0, 1, 67, 4096, (1u << 20) + 7, (1u << 23) + 3 };
+	/* off 1: x one float into its allocation, not 16-byte aligned (the
+	 * one-wide kernel); 0: the four-wide, with an n % 4 tail where n has. */
+	static const struct { size_t n, off; } sizes[] = {
+		{ 0, 0 }, { 1, 0 }, { 67, 0 }, { 4096, 0 }, { (1u << 20) + 7, 0 }, { (1u << 23) + 3, 0 },
+		{ 67, 1 }, { (1u << 20) + 7, 1 },
+	};
 	op_begin();
 	for (size_t ci = 0; ci < COUNT(sizes); ci++) {
-		size_t n = sizes[ci];
-		snprintf(where, sizeof(where), "sumsq (n=%zu)", n);
-		float *x = frand(n, 1.0, 0.0);
-		float *d_x = dputf(x, n);
+		size_t n = sizes[ci].n, off = sizes[ci].off;
+		snprintf(where, sizeof(where), "sumsq (n=%zu, offset %zu)", n, off);
+		float *x = frand(n + off, 1.0, 0.0);
+		float *d_x = dputf(x, n + off) + off;
+		x += off;
 		double ref = sumsq(x, n);
 		double got = gpu_sumsq(be, d_x, n);
 		double again = gpu_sumsq(be, d_x, n);
