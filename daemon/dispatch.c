@@ -444,18 +444,24 @@ static void submit_done(uv_work_t *req, int status)
 	}
 	dmn_sched_claim_bind(env->sched, c->claim, id);
 	dmn_sched_set_plan(env->sched, id, &c->plan);
-	char sharded[200] = ""; /* memory.shard AUTO: the plans with the optimizer sharded */
-	if (c->plan.auto_shard && c->plan.auto_policy)
-		snprintf(sharded, sizeof(sharded),
-			 "; with memory.shard optimizer %llu bytes with recompute none, %llu selective, "
-			 "%llu full (memory.shard AUTO)",
-			 (unsigned long long)c->plan.shard_by_policy[TR_RECOMPUTE_NONE],
-			 (unsigned long long)c->plan.shard_by_policy[TR_RECOMPUTE_SELECTIVE],
-			 (unsigned long long)c->plan.shard_by_policy[TR_RECOMPUTE_FULL]);
-	else if (c->plan.auto_shard)
-		snprintf(sharded, sizeof(sharded),
-			 "; with memory.shard optimizer %llu bytes (memory.shard AUTO)",
-			 (unsigned long long)c->plan.shard_bytes);
+	char sharded[480] = ""; /* memory.shard AUTO: the plans of each sharding */
+	for (int sk = TR_SHARD_OPTIMIZER, len = 0; c->plan.auto_shard && sk < TR_SHARD_BUILT &&
+						   len < (int)sizeof(sharded); sk++) {
+		if (c->plan.auto_policy)
+			len += snprintf(sharded + len, sizeof(sharded) - (size_t)len,
+					"; with memory.shard %s %llu bytes with recompute none, %llu selective, "
+					"%llu full",
+					tr_shard_name((enum tr_shard)sk),
+					(unsigned long long)c->plan.shard_by_policy[sk][TR_RECOMPUTE_NONE],
+					(unsigned long long)c->plan.shard_by_policy[sk][TR_RECOMPUTE_SELECTIVE],
+					(unsigned long long)c->plan.shard_by_policy[sk][TR_RECOMPUTE_FULL]);
+		else
+			len += snprintf(sharded + len, sizeof(sharded) - (size_t)len,
+					"; with memory.shard %s %llu bytes", tr_shard_name((enum tr_shard)sk),
+					(unsigned long long)c->plan.shard_bytes[sk]);
+		if (sk == TR_SHARD_BUILT - 1 && len < (int)sizeof(sharded))
+			len += snprintf(sharded + len, sizeof(sharded) - (size_t)len, " (memory.shard AUTO)");
+	}
 	if (c->plan.auto_policy)
 		st_event_addf(env->db, id, "info", NULL,
 			      "plan: %llu bytes with recompute none, %llu selective, %llu full "

@@ -183,7 +183,8 @@ static const char *default_cache_dir(char *buf, size_t cap)
  * would place the job now — the fastest combination whose lease (plan +
  * backend + context allowance, + NCCL's for a gang) the GPU grants (its
  * memory x vram_factor, and what is free now), in the scheduler's order:
- * each recompute policy unsharded, then with the optimizer sharded. The
+ * each recompute policy unsharded, then with the optimizer sharded, then
+ * the gradients too. The
  * settings are the daemon's (config file, environment); a teacher's plan
  * is not counted. */
 static void print_auto_on_host(Traind__JobSpec *spec, FILE *out)
@@ -215,7 +216,8 @@ static void print_auto_on_host(Traind__JobSpec *spec, FILE *out)
 	struct tr_model_config mc;
 	struct tr_plan_opts po;
 	/* [shard][recompute]: the plans' totals and host bytes */
-	size_t acts[TR_RECOMPUTE_COUNT], total[2][TR_RECOMPUTE_COUNT], host[2][TR_RECOMPUTE_COUNT];
+	size_t acts[TR_RECOMPUTE_COUNT], total[TR_SHARD_BUILT][TR_RECOMPUTE_COUNT],
+		host[TR_SHARD_BUILT][TR_RECOMPUTE_COUNT];
 	if (rpc_jobspec_resolve_precision(spec, true, &eb) != TD_OK ||
 	    tr_config_load(&mc, path, &eb) != TD_OK ||
 	    tr_method_plan_opts(spec, &mc, (int)spec->hyper->micro_batch, (int)spec->data->seq_len,
@@ -225,16 +227,18 @@ static void print_auto_on_host(Traind__JobSpec *spec, FILE *out)
 		return;
 	}
 	struct tr_plan_opts so = po;
-	so.shard = TR_SHARD_OPTIMIZER;
-	if (ash && tr_plan_policy_bytes(&mc, &so, acts, total[1], host[1], &eb) != TD_OK) {
-		fprintf(out, "auto       (%s)\n", eb.msg);
-		return;
+	for (int sk = TR_SHARD_OPTIMIZER; ash && sk < TR_SHARD_BUILT; sk++) {
+		so.shard = (enum tr_shard)sk;
+		if (tr_plan_policy_bytes(&mc, &so, acts, total[sk], host[sk], &eb) != TD_OK) {
+			fprintf(out, "auto       (%s)\n", eb.msg);
+			return;
+		}
 	}
 	const unsigned ngpus = spec->resources->gpus;
 	const uint64_t extra = (uint64_t)GPU_CUDA_FIXED_BYTES + ((uint64_t)cfg.cuda_context_mib << 20) +
 			       (ngpus > 1 ? GPU_NCCL_RESERVE_BYTES : 0);
 	const int k0 = arc ? 0 : (int)po.recompute, k1 = arc ? TR_RECOMPUTE_COUNT : k0 + 1;
-	const int nsh = ash ? 2 : 1;
+	const int nsh = ash ? TR_SHARD_BUILT : 1;
 	for (int i = 0; i < n; i++) {
 		uint64_t share = (uint64_t)((long double)dev[i].total_bytes * (long double)cfg.vram_factor);
 		uint64_t avail = share < dev[i].free_bytes ? share : dev[i].free_bytes;

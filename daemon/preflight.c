@@ -138,12 +138,17 @@ bool dmn_shard_is_auto(const Traind__JobSpec *spec)
 	       m->shard == TRAIND__SHARD__SHARD_AUTO;
 }
 
+uint64_t dmn_plan_of(const struct dmn_plan_bytes *pb, int sh, int k)
+{
+	if (sh > TR_SHARD_NONE)
+		return pb->auto_policy ? pb->shard_by_policy[sh][k] : pb->shard_bytes[sh];
+	return pb->auto_policy ? pb->by_policy[k] : pb->bytes;
+}
+
 uint64_t dmn_plan_smallest(const struct dmn_plan_bytes *pb)
 {
-	const int last = TR_RECOMPUTE_COUNT - 1;
-	if (pb->auto_policy)
-		return pb->auto_shard ? pb->shard_by_policy[last] : pb->by_policy[last];
-	return pb->auto_shard ? pb->shard_bytes : pb->bytes;
+	return dmn_plan_of(pb, pb->auto_shard ? TR_SHARD_BUILT - 1 : TR_SHARD_NONE,
+			   TR_RECOMPUTE_COUNT - 1);
 }
 
 static td_err checks(const Traind__JobSpec *s, struct dmn_plan_bytes *out, struct td_errbuf *eb)
@@ -199,13 +204,13 @@ static td_err checks(const Traind__JobSpec *s, struct dmn_plan_bytes *out, struc
 		}
 	}
 	tr_plan_fini(&p);
-	/* Shard AUTO: the method planned NONE; the optimizer sharded too. */
+	/* Shard AUTO: the method planned NONE; each sharding built too. */
 	struct tr_plan_opts so = po;
-	so.shard = TR_SHARD_OPTIMIZER;
-	if (pb.auto_shard) {
+	for (int sh = TR_SHARD_OPTIMIZER; pb.auto_shard && sh < TR_SHARD_BUILT; sh++) {
+		so.shard = (enum tr_shard)sh;
 		if ((e = tr_plan_build(&p, &cfg, &so, eb)) != TD_OK)
 			return e;
-		pb.shard_bytes = tr_plan_total_bytes(&p);
+		pb.shard_bytes[sh] = tr_plan_total_bytes(&p);
 		tr_plan_fini(&p);
 	}
 	/* AUTO: every policy's plan, for the scheduler to choose from where it
@@ -219,10 +224,11 @@ static td_err checks(const Traind__JobSpec *s, struct dmn_plan_bytes *out, struc
 		pb.host_by_policy[k] = tr_plan_host_bytes(&p);
 		tr_plan_fini(&p);
 		so.recompute = po.recompute;
-		if (pb.auto_shard) {
+		for (int sh = TR_SHARD_OPTIMIZER; pb.auto_shard && sh < TR_SHARD_BUILT; sh++) {
+			so.shard = (enum tr_shard)sh;
 			if ((e = tr_plan_build(&p, &cfg, &so, eb)) != TD_OK)
 				return e;
-			pb.shard_by_policy[k] = tr_plan_total_bytes(&p);
+			pb.shard_by_policy[sh][k] = tr_plan_total_bytes(&p);
 			tr_plan_fini(&p);
 		}
 	}
@@ -242,10 +248,12 @@ static td_err checks(const Traind__JobSpec *s, struct dmn_plan_bytes *out, struc
 		tr_plan_fini(&p);
 	}
 	pb.bytes += teacher;
-	pb.shard_bytes += pb.auto_shard ? teacher : 0;
+	for (int sh = TR_SHARD_OPTIMIZER; pb.auto_shard && sh < TR_SHARD_BUILT; sh++)
+		pb.shard_bytes[sh] += teacher;
 	for (int k = 0; pb.auto_policy && k < TR_RECOMPUTE_COUNT; k++) {
 		pb.by_policy[k] += teacher;
-		pb.shard_by_policy[k] += pb.auto_shard ? teacher : 0;
+		for (int sh = TR_SHARD_OPTIMIZER; pb.auto_shard && sh < TR_SHARD_BUILT; sh++)
+			pb.shard_by_policy[sh][k] += teacher;
 	}
 	*out = pb;
 	return TD_OK;

@@ -44,15 +44,21 @@ struct dmn_plan_bytes {
 	char base_digest[65];
 	/* memory.shard AUTO (or unset) on a gang (resources.gpus > 1) without
 	 * memory.max_bytes: the scheduler chooses the sharding with the
-	 * recompute policy, so the plans with the optimizer sharded
-	 * (train/plan.h: TR_SHARD_OPTIMIZER) are known too: shard_bytes beside
-	 * bytes, shard_by_policy[k] beside by_policy[k] (the host bytes are the
-	 * same). Otherwise auto_shard is false and these are 0: bytes and
-	 * by_policy are the plans of the sharding the spec fixes. */
+	 * recompute policy, so the plans of every sharding this build has
+	 * (train/plan.h: enum tr_shard, from TR_SHARD_OPTIMIZER to
+	 * TR_SHARD_BUILT - 1) are known too: shard_bytes[s] beside bytes,
+	 * shard_by_policy[s][k] beside by_policy[k] (the host bytes are the
+	 * same; [TR_SHARD_NONE] is unused). Otherwise auto_shard is false and
+	 * these are 0: bytes and by_policy are the plans of the sharding the
+	 * spec fixes. */
 	bool auto_shard;
-	uint64_t shard_bytes;
-	uint64_t shard_by_policy[TR_RECOMPUTE_COUNT];
+	uint64_t shard_bytes[TR_SHARD_COUNT];
+	uint64_t shard_by_policy[TR_SHARD_COUNT][TR_RECOMPUTE_COUNT];
 };
+
+/* The plan of sharding sh (enum tr_shard; NONE: the unsharded one) and
+ * recompute policy k (ignored unless auto_policy): what placement offers. */
+uint64_t dmn_plan_of(const struct dmn_plan_bytes *pb, int sh, int k);
 
 /* The ledger's key of pb's base on a GPU of this kind (fake: the job runs
  * on the CPU backend), for spec: the files' digest, the method's storage
@@ -64,7 +70,7 @@ bool dmn_base_key(const Traind__JobSpec *spec, const struct dmn_plan_bytes *pb, 
 		  char out[65]);
 
 /* The plan AUTO waits with: the smallest it may take (the last policy's,
- * FULL_OFFLOAD, with the optimizer sharded where that is AUTO too), else
+ * FULL_OFFLOAD, with the most sharded state where that is AUTO too), else
  * the fixed plan's bytes. */
 uint64_t dmn_plan_smallest(const struct dmn_plan_bytes *pb);
 

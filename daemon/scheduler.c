@@ -628,11 +628,12 @@ static enum place try_place(struct dmn_sched *s, const struct st_queued *q)
 		/* memory.recompute AUTO: the fastest policy whose plan a GPU grants
 		 * now — NONE, SELECTIVE, FULL, then FULL_OFFLOAD (each keeps less and
 		 * recomputes more); a gang's memory.shard AUTO tries each policy
-		 * unsharded, then with the optimizer sharded (an all-gather a step
-		 * costs less than the next policy's recompute). Not placed, it waits
-		 * with the smallest plan (dmn_plan_smallest), which fits soonest. */
+		 * unsharded, then with the optimizer sharded, then the gradients
+		 * too (each sharding's collectives cost less than the next
+		 * policy's recompute). Not placed, it waits with the smallest plan
+		 * (dmn_plan_smallest), which fits soonest. */
 		const int npol = p->pb.auto_policy ? TR_RECOMPUTE_COUNT : 1;
-		const int nsh = p->pb.auto_shard ? 2 : 1;
+		const int nsh = p->pb.auto_shard ? TR_SHARD_BUILT : 1;
 		struct dmn_place_gpu pg[DMN_MAX_GPUS];
 		uint32_t mask = 0;
 		/* A base it may share (memory.share_base, the share_bases setting):
@@ -646,14 +647,13 @@ static enum place try_place(struct dmn_sched *s, const struct st_queued *q)
 				 rpc_method_name(spec->method));
 		for (int k = 0; k < npol * nsh && !mask; k++) {
 			const int pk = k / nsh, sk = k % nsh;
-			plan_bytes = sk ? (p->pb.auto_policy ? p->pb.shard_by_policy[pk] : p->pb.shard_bytes)
-					: (p->pb.auto_policy ? p->pb.by_policy[pk] : p->pb.bytes);
+			plan_bytes = dmn_plan_of(&p->pb, sk, pk);
 			offer(s, q, plan_bytes, ngpus, true, true, pg, shares ? &sh : NULL);
 			mask = dmn_place_pick(pg, s->dev->n, s->dev->nvlink, (int)ngpus, DMN_PLACE_NOW);
 			if (mask && p->pb.auto_policy)
 				policy = pk;
 			if (mask && p->pb.auto_shard)
-				shard = sk ? TR_SHARD_OPTIMIZER : TR_SHARD_NONE;
+				shard = sk;
 		}
 		if (mask) {
 			td_err e = reserve_gpus(s, q, mask, pg, shares ? &sh : NULL, &rr, &eb);
@@ -722,16 +722,23 @@ static enum place try_place(struct dmn_sched *s, const struct st_queued *q)
 	}
 	if (gpu && shard >= 0) {
 		spec->memory->has_shard = true;
-		spec->memory->shard = shard == TR_SHARD_OPTIMIZER ? TRAIND__SHARD__SHARD_OPTIMIZER
-								  : TRAIND__SHARD__SHARD_NONE;
+		static const Traind__Shard wire[TR_SHARD_COUNT] = {
+			TRAIND__SHARD__SHARD_NONE, TRAIND__SHARD__SHARD_OPTIMIZER,
+			TRAIND__SHARD__SHARD_GRADIENTS, TRAIND__SHARD__SHARD_PARAMETERS};
+		spec->memory->shard = wire[shard];
 		size_t len = strlen(chose);
-		snprintf(chose + len, sizeof(chose) - len,
-			 "; memory.shard AUTO chose %s (plan %.1f MiB a GPU; unsharded %.1f MiB, the "
-			 "optimizer sharded %.1f MiB)",
-			 tr_shard_name((enum tr_shard)shard), (double)plan_bytes / (1 << 20),
-			 (double)(p->pb.auto_policy ? p->pb.by_policy[policy] : p->pb.bytes) / (1 << 20),
-			 (double)(p->pb.auto_policy ? p->pb.shard_by_policy[policy] : p->pb.shard_bytes) /
-				 (1 << 20));
+		len += (size_t)snprintf(chose + len, sizeof(chose) - len,
+					"; memory.shard AUTO chose %s (plan %.1f MiB a GPU; unsharded %.1f MiB",
+					tr_shard_name((enum tr_shard)shard), (double)plan_bytes / (1 << 20),
+					(double)dmn_plan_of(&p->pb, TR_SHARD_NONE, policy) / (1 << 20));
+		for (int sk = TR_SHARD_OPTIMIZER; sk < TR_SHARD_BUILT && len < sizeof(chose); sk++)
+			len += (size_t)snprintf(chose + len, sizeof(chose) - len, ", %s sharded %.1f MiB",
+						sk == TR_SHARD_OPTIMIZER ? "the optimizer"
+						: sk == TR_SHARD_GRADIENTS ? "the gradients"
+									   : "the parameters",
+						(double)dmn_plan_of(&p->pb, sk, policy) / (1 << 20));
+		if (len < sizeof(chose))
+			snprintf(chose + len, sizeof(chose) - len, ")");
 	}
 	/* The job's device: "cpu", its GPU's uuid, or a gang's uuids joined by ','. */
 	char device[DMN_MAX_GPUS * 97] = "cpu";

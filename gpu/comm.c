@@ -217,7 +217,13 @@ struct side_fns {
 	int (*query)(struct cu_side *s);
 	td_err (*error)(struct cu_side *s, struct td_errbuf *eb);
 	void (*free_)(struct cu_side *s);
+	void (*record)(struct cu_side *s, int k);
+	int (*event_query)(struct cu_side *s, int k);
 };
+
+/* NCCL: the events recorded after the last collectives, one each, in a
+ * ring (gpu_comm_wait_for); the CUDA module's side stream has as many. */
+#define COMM_EVENTS 16
 
 struct gpu_comm {
 	enum gpu_comm_kind kind; /* HOST or NCCL */
@@ -235,6 +241,8 @@ struct gpu_comm {
 	struct side_fns side_fn;
 	struct cu_side *side;
 	bool pending; /* sums enqueued since the last wait */
+	uint64_t started; /* collectives started (gpu_comm_mark) */
+	uint64_t done;    /* those known complete */
 };
 
 static int64_t mono_us(void)
@@ -320,9 +328,10 @@ static td_err side_resolve(struct side_fns *f, struct td_errbuf *eb)
 {
 	static const char *const names[] = {"gpu_cuda_side_new",   "gpu_cuda_side_stream",
 					    "gpu_cuda_side_fork",  "gpu_cuda_side_query",
-					    "gpu_cuda_side_error", "gpu_cuda_side_free"};
-	void *p[6];
-	for (int k = 0; k < 6; k++)
+					    "gpu_cuda_side_error", "gpu_cuda_side_free",
+					    "gpu_cuda_side_record", "gpu_cuda_side_event_query"};
+	void *p[8];
+	for (int k = 0; k < 8; k++)
 		if (!(p[k] = gpu_cuda_module_sym(names[k], eb)))
 			return TD_EUNSUPPORTED;
 	/* Function pointers all share one representation on this ABI. */
@@ -332,6 +341,8 @@ static td_err side_resolve(struct side_fns *f, struct td_errbuf *eb)
 	memcpy(&f->query, &p[3], sizeof(p[3]));
 	memcpy(&f->error, &p[4], sizeof(p[4]));
 	memcpy(&f->free_, &p[5], sizeof(p[5]));
+	memcpy(&f->record, &p[6], sizeof(p[6]));
+	memcpy(&f->event_query, &p[7], sizeof(p[7]));
 	return TD_OK;
 }
 
@@ -567,14 +578,49 @@ static td_err host_all_gather(struct gpu_comm *c, float *x, size_t count, struct
 	return gpu_gang_barrier(g, c->rank, eb);
 }
 
-enum coll { COLL_ALL_REDUCE, COLL_REDUCE_SCATTER, COLL_ALL_GATHER };
+/* Host reduce: every rank's x published, the root sums them in rank order
+ * and uploads the sum into y; the second barrier keeps the others' copies
+ * alive until it has read them. */
+static td_err host_reduce(struct gpu_comm *c, const float *x, size_t n, int root, float *y,
+			  struct td_errbuf *eb)
+{
+	struct gpu_gang *g = c->g;
+	td_err e = host_reserve(c, n, "reduce", eb);
+	if (e != TD_OK)
+		return e;
+	gpu_download(c->be, c->buf, x, n * sizeof(float));
+	if (g->net) { /* across processes: the hub's all-reduce, the same sums; the root keeps its */
+		if ((e = gpu__net_all_reduce(g, c->rank, c->buf, n, eb)) == TD_OK && c->rank == root)
+			gpu_upload(c->be, y, c->buf, n * sizeof(float));
+		return e;
+	}
+	pthread_mutex_lock(&g->mu);
+	g->slot[c->rank] = c->buf;
+	pthread_mutex_unlock(&g->mu);
+	if ((e = gpu_gang_barrier(g, c->rank, eb)) != TD_OK)
+		return e;
+	if (c->rank == root)
+		for (size_t i = 0; i < n; i++) {
+			float v = g->slot[0][i];
+			for (int j = 1; j < g->n; j++)
+				v += g->slot[j][i];
+			c->buf[i] = v; /* the root's own slot: read by no other rank */
+		}
+	if ((e = gpu_gang_barrier(g, c->rank, eb)) != TD_OK)
+		return e;
+	if (c->rank == root)
+		gpu_upload(c->be, y, c->buf, n * sizeof(float));
+	return TD_OK;
+}
+
+enum coll { COLL_ALL_REDUCE, COLL_REDUCE_SCATTER, COLL_ALL_GATHER, COLL_REDUCE };
 
 /* One NCCL collective enqueued on the side stream (after the backend's work
- * so far); n: x's floats. */
+ * so far); n: x's floats; COLL_REDUCE: onto rank root's y. */
 static td_err nccl_coll(struct gpu_comm *c, enum coll k, float *x, size_t n, size_t count,
-			struct td_errbuf *eb)
+			int root, float *y, struct td_errbuf *eb)
 {
-	static const char *const names[] = {"all-reduce", "reduce-scatter", "all-gather"};
+	static const char *const names[] = {"all-reduce", "reduce-scatter", "all-gather", "reduce"};
 	if (!c->comm)
 		return rank_fail(c, td_fail(eb, TD_EDEVICE, "%s, rank %d: no communicator", names[k],
 					    c->rank), eb);
@@ -586,11 +632,22 @@ static td_err nccl_coll(struct gpu_comm *c, enum coll k, float *x, size_t n, siz
 		r = c->nc->all_reduce(x, x, n, GPU_NCCL_FLOAT32, GPU_NCCL_SUM, c->comm, st);
 	else if (k == COLL_REDUCE_SCATTER) /* in place: recv is send + rank * count */
 		r = c->nc->reduce_scatter(x, own, count, GPU_NCCL_FLOAT32, GPU_NCCL_SUM, c->comm, st);
-	else /* in place: send is recv + rank * count */
+	else if (k == COLL_ALL_GATHER) /* in place: send is recv + rank * count */
 		r = c->nc->all_gather(own, x, count, GPU_NCCL_FLOAT32, c->comm, st);
+	else /* recv is read on the root only */
+		r = c->nc->reduce(x, c->rank == root ? y : x, n, GPU_NCCL_FLOAT32, GPU_NCCL_SUM, root,
+				  c->comm, st);
 	c->pending = true;
-	if (r == GPU_NCCL_IN_PROGRESS) /* complete the call before the next one */
-		return nccl_poll(c, false, c->g->timeout_ms, names[k], eb);
+	if (r == GPU_NCCL_IN_PROGRESS) { /* complete the call before the next one */
+		td_err e = nccl_poll(c, false, c->g->timeout_ms, names[k], eb);
+		if (e != TD_OK)
+			return e;
+		r = GPU_NCCL_SUCCESS;
+	}
+	/* its completion, for gpu_comm_wait_for: an event after it on the side
+	 * stream (the call is enqueued by now) */
+	if (r == GPU_NCCL_SUCCESS)
+		c->side_fn.record(c->side, (int)((c->started - 1) % COMM_EVENTS));
 	if (r != GPU_NCCL_SUCCESS) {
 		char where[96];
 		snprintf(where, sizeof(where), "%s of %zu floats, rank %d of %d", names[k], n, c->rank,
@@ -612,6 +669,9 @@ static td_err coll_begin(struct gpu_comm *c, size_t n, struct td_errbuf *eb)
 	}
 	c->stats.calls++;
 	c->stats.floats += n;
+	c->started++;
+	if (c->kind == GPU_COMM_HOST)
+		c->done = c->started; /* complete when the call returns */
 	return TD_OK;
 }
 
@@ -624,7 +684,7 @@ td_err gpu_comm_reduce_scatter_sum(struct gpu_comm *c, float *x, size_t count,
 		return e;
 	if (c->kind == GPU_COMM_HOST)
 		return host_reduce_scatter(c, x, count, eb);
-	return nccl_coll(c, COLL_REDUCE_SCATTER, x, n, count, eb);
+	return nccl_coll(c, COLL_REDUCE_SCATTER, x, n, count, 0, NULL, eb);
 }
 
 td_err gpu_comm_all_gather(struct gpu_comm *c, float *x, size_t count, struct td_errbuf *eb)
@@ -635,7 +695,7 @@ td_err gpu_comm_all_gather(struct gpu_comm *c, float *x, size_t count, struct td
 		return e;
 	if (c->kind == GPU_COMM_HOST)
 		return host_all_gather(c, x, count, eb);
-	return nccl_coll(c, COLL_ALL_GATHER, x, n, count, eb);
+	return nccl_coll(c, COLL_ALL_GATHER, x, n, count, 0, NULL, eb);
 }
 
 td_err gpu_comm_all_reduce_sum(struct gpu_comm *c, float *x, size_t n, struct td_errbuf *eb)
@@ -645,7 +705,72 @@ td_err gpu_comm_all_reduce_sum(struct gpu_comm *c, float *x, size_t n, struct td
 		return e;
 	if (c->kind == GPU_COMM_HOST)
 		return host_all_reduce(c, x, n, eb);
-	return nccl_coll(c, COLL_ALL_REDUCE, x, n, 0, eb);
+	return nccl_coll(c, COLL_ALL_REDUCE, x, n, 0, 0, NULL, eb);
+}
+
+td_err gpu_comm_reduce_sum(struct gpu_comm *c, const float *x, size_t n, int root, float *y,
+			   struct td_errbuf *eb)
+{
+	if (root < 0 || root >= c->g->n)
+		return rank_fail(c, td_fail(eb, TD_EINTERNAL, "reduce onto rank %d of %d", root, c->g->n),
+				 eb);
+	td_err e = coll_begin(c, n, eb);
+	if (e != TD_OK)
+		return e;
+	if (c->kind == GPU_COMM_HOST)
+		return host_reduce(c, x, n, root, y, eb);
+	return nccl_coll(c, COLL_REDUCE, (float *)x, n, 0, root, y, eb);
+}
+
+td_err gpu_comm_sum_host(struct gpu_comm *c, double *v, struct td_errbuf *eb)
+{
+	bool any = false;
+	return gpu_gang_exchange(c->g, c->rank, v, 1, &any, eb);
+}
+
+uint64_t gpu_comm_mark(const struct gpu_comm *c)
+{
+	return c->started;
+}
+
+td_err gpu_comm_wait_for(struct gpu_comm *c, uint64_t mark, struct td_errbuf *eb)
+{
+	if (gpu_gang_failed(c->g)) {
+		nccl_abort(c);
+		return gang_stopped(c->g, c->rank, eb);
+	}
+	if (mark <= c->done)
+		return TD_OK;
+	if (c->kind == GPU_COMM_HOST || !c->pending)
+		return TD_OK;
+	if (c->started - mark >= COMM_EVENTS) /* its event was recorded again, later: all of them */
+		return gpu_comm_wait(c, eb);
+	/* Collective mark - 1's event: the side stream is in order, so the
+	 * earlier ones are complete with it. Polled as nccl_poll polls. */
+	const int k = (int)((mark - 1) % COMM_EVENTS);
+	int64_t start = mono_us();
+	long sleep_ns = 2000;
+	for (;;) {
+		int d = c->side_fn.event_query(c->side, k);
+		if (d == 1) {
+			c->done = mark;
+			return TD_OK;
+		}
+		if (d < 0 || gpu_gang_failed(c->g))
+			return gpu_comm_wait(c, eb); /* says why, aborting as it does */
+		if (mono_us() - start >= (int64_t)c->g->timeout_ms * 1000) {
+			nccl_abort(c);
+			return rank_fail(c, td_fail(eb, TD_EDEVICE,
+						    "collective %llu, rank %d of %d: not complete in %d ms "
+						    "(a rank is stuck); its communicator was aborted",
+						    (unsigned long long)mark - 1, c->rank, c->g->n,
+						    c->g->timeout_ms), eb);
+		}
+		struct timespec ts = {0, sleep_ns};
+		nanosleep(&ts, NULL);
+		if (sleep_ns < 50000)
+			sleep_ns *= 2;
+	}
 }
 
 td_err gpu_comm_wait(struct gpu_comm *c, struct td_errbuf *eb)
@@ -657,7 +782,9 @@ td_err gpu_comm_wait(struct gpu_comm *c, struct td_errbuf *eb)
 	if (c->kind == GPU_COMM_HOST || !c->pending)
 		return TD_OK;
 	td_err e = nccl_poll(c, true, c->g->timeout_ms, "collectives of the step", eb);
-	if (e == TD_OK)
+	if (e == TD_OK) {
 		c->pending = false;
+		c->done = c->started;
+	}
 	return e;
 }

@@ -186,6 +186,31 @@ td_err gpu_comm_reduce_scatter_sum(struct gpu_comm *c, float *x, size_t count,
 				   struct td_errbuf *eb);
 td_err gpu_comm_all_gather(struct gpu_comm *c, float *x, size_t count, struct td_errbuf *eb);
 
+/* Sharded gradients (train/ddp.h): sums n floats at x over the ranks onto
+ * rank `root` only: afterwards y (on root; may be x) holds the sum (host:
+ * in rank order from the left, the bits gpu_comm_all_reduce_sum gives); y
+ * is not read nor written on the other ranks. All-reduce's rules: the same
+ * calls in the same order with the same n and root on every rank; async on
+ * NCCL (gpu_comm_wait, gpu_comm_wait_for), errors fail the gang. */
+td_err gpu_comm_reduce_sum(struct gpu_comm *c, const float *x, size_t n, int root, float *y,
+			   struct td_errbuf *eb);
+
+/* A host value summed over the ranks, in rank order (v0 + v1 + ... from
+ * the left, in double: the same bits on every rank): *v is this rank's on
+ * entry, the sum on return. Blocking on both kinds (the ranks are threads
+ * of this process: through the gang's memory, not NCCL). Errors: the
+ * gang's failure. */
+td_err gpu_comm_sum_host(struct gpu_comm *c, double *v, struct td_errbuf *eb);
+
+/* The collectives this rank has started so far, as a count: a mark that
+ * gpu_comm_wait_for takes. */
+uint64_t gpu_comm_mark(const struct gpu_comm *c);
+/* Blocks until the collectives started before `mark` (gpu_comm_mark then)
+ * are complete, leaving later ones in flight where the kind can (NCCL: an
+ * event recorded after each; the host kind's calls are complete when they
+ * return). Bounded and failing as gpu_comm_wait. */
+td_err gpu_comm_wait_for(struct gpu_comm *c, uint64_t mark, struct td_errbuf *eb);
+
 /* Blocks until every sum this rank started is complete: work enqueued on
  * the backend from then on sees them. Bounded: another rank's failure, an
  * NCCL error (asynchronous, of a peer too), an error of the stream or no

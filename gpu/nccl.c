@@ -48,6 +48,7 @@ td_err gpu_nccl_open(struct gpu_nccl *nc, const char *path, struct td_errbuf *eb
 		SYM(reduce_scatter, "ncclReduceScatter", false),
 		SYM(all_gather, "ncclAllGather", false),
 		SYM(broadcast, "ncclBroadcast", false),
+		SYM(reduce, "ncclReduce", false),
 		SYM(group_start, "ncclGroupStart", false),
 		SYM(group_end, "ncclGroupEnd", false),
 		SYM(get_error_string, "ncclGetErrorString", false),

@@ -145,6 +145,8 @@ struct gpu_nccl {
 					gpu_nccl_comm comm, void *stream);
 	gpu_nccl_result_t (*broadcast)(const void *send, void *recv, size_t count, int dtype,
 				       int root, gpu_nccl_comm comm, void *stream);
+	gpu_nccl_result_t (*reduce)(const void *send, void *recv, size_t count, int dtype, int op,
+				    int root, gpu_nccl_comm comm, void *stream);
 	gpu_nccl_result_t (*group_start)(void);
 	gpu_nccl_result_t (*group_end)(void);
 	const char *(*get_error_string)(gpu_nccl_result_t result);

@@ -1203,11 +1203,11 @@ static td_err check_memory(const Traind__JobSpec *s, struct td_errbuf *eb)
 	if (!m || !m->has_shard)
 		return TD_OK;
 	TRY(check_enum(eb, "memory.shard", &traind__shard__descriptor, m->shard));
-	if (m->shard == TRAIND__SHARD__SHARD_GRADIENTS || m->shard == TRAIND__SHARD__SHARD_PARAMETERS)
+	if (m->shard == TRAIND__SHARD__SHARD_PARAMETERS)
 		return td_fail(eb, TD_EINVAL,
-			       "memory.shard: %s is not built yet; OPTIMIZER (each GPU keeps the AdamW "
-			       "moments of its part of the weights), NONE or AUTO",
-			       m->shard == TRAIND__SHARD__SHARD_GRADIENTS ? "GRADIENTS" : "PARAMETERS");
+			       "memory.shard: PARAMETERS is not built yet; GRADIENTS (each GPU keeps "
+			       "the AdamW moments and the summed gradients of its part of the weights), "
+			       "OPTIMIZER (the moments), NONE or AUTO");
 	return TD_OK;
 }
 

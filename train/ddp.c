@@ -2,6 +2,8 @@
  * (train/ddp.h). */
 #include "train/ddp.h"
 
+#include <assert.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -11,6 +13,22 @@ struct span {
 	size_t off, end;
 	size_t ready;
 	bool summed;
+};
+
+/* GRADIENTS: a run of trainable floats [off, off + n) whose gradients the
+ * backward writes at work buffer slot's soff (train/plan.h: tr_param.gslot). */
+struct piece {
+	size_t off, n;
+	int slot;
+	size_t soff;
+};
+
+/* GRADIENTS: what one reduction covers — a decoder layer's gradients (unit
+ * l) or the other tensors' (unit L) — its pieces [p0, p1), and the comm's
+ * mark after its sums (their completion frees its slot). */
+struct unit {
+	size_t p0, p1;
+	uint64_t mark;
 };
 
 struct tr_ddp {
@@ -26,6 +44,12 @@ struct tr_ddp {
 	td_err err;         /* the first error of a sum started from the hook */
 	struct td_errbuf eb;
 	struct tr_ddp_stats stats;
+	/* GRADIENTS (tr_shard_grads): units [0, L] and their pieces */
+	bool gr;
+	int L;
+	struct unit *units;
+	struct piece *pieces;
+	size_t npieces;
 };
 
 static int by_off(const void *a, const void *b)
@@ -61,9 +85,170 @@ static void sum_runs(struct tr_ddp *d, size_t done, size_t min, bool at_finish)
 	}
 }
 
+/* --- GRADIENTS --- */
+
+static int piece_by_off(const void *a, const void *b)
+{
+	const struct piece *x = a, *y = b;
+	return x->off < y->off ? -1 : x->off > y->off;
+}
+
+/* The units and their pieces from the plan: each unit's tensors by offset,
+ * adjacent ones (in the arena and in their slot) merged into one piece. */
+static td_err grads_units(struct tr_ddp *d, const struct tr_plan *p, struct td_errbuf *eb)
+{
+	d->L = p->cfg.num_layers;
+	d->units = calloc((size_t)d->L + 1, sizeof(*d->units));
+	d->pieces = calloc(p->nparams ? p->nparams : 1, sizeof(*d->pieces));
+	if (!d->units || !d->pieces)
+		return td_fail(eb, TD_ENOMEM, "data parallel: out of memory");
+	for (int u = 0; u <= d->L; u++) {
+		d->units[u].p0 = d->npieces;
+		size_t first = d->npieces;
+		for (size_t i = 0; i < p->nparams; i++) {
+			const struct tr_param *t = &p->params[i];
+			if (!t->trainable || !t->numel || (t->layer >= 0 ? t->layer : d->L) != u)
+				continue;
+			assert(t->gslot >= 0);
+			d->pieces[d->npieces++] = (struct piece){t->goffset, t->numel, t->gslot, t->gsoff};
+		}
+		qsort(d->pieces + first, d->npieces - first, sizeof(*d->pieces), piece_by_off);
+		size_t k = first;
+		for (size_t i = first; i < d->npieces; i++) {
+			struct piece *q = &d->pieces[k - 1];
+			if (i > first && q->off + q->n == d->pieces[i].off && q->slot == d->pieces[i].slot &&
+			    q->soff + q->n == d->pieces[i].soff)
+				q->n += d->pieces[i].n;
+			else
+				d->pieces[k++] = d->pieces[i];
+		}
+		d->npieces = k;
+		d->units[u].p1 = d->npieces;
+	}
+	return TD_OK;
+}
+
+/* Unit u's gradients summed onto their owners' parts. Each piece is split
+ * where the parts (shard_numel floats each, rank r's from r * shard_numel)
+ * split it, and each share reduced onto its owner's part; the owner first
+ * adds its part's running sum into its own share (this rank's earlier
+ * micro-batches, zero at the first), so that the reduction writes the new
+ * running sum: x0 + x1 + ... in rank order, with the owner's term its
+ * gradient plus the part — at the first micro-batch the part is zero and
+ * the sum NONE's all-reduce bits. Every rank makes the same calls in the
+ * same order (the plan's). */
+static void grads_reduce(struct tr_ddp *d, int u)
+{
+	const struct tr_plan *p = tr_model_plan(d->m);
+	struct gpu_backend *be = tr_model_backend(d->m);
+	const size_t S = p->shard_numel, lo = p->shard_lo;
+	const int me = p->opts.shard_rank;
+	float *part = tr_model_grads(d->m);
+	for (size_t i = d->units[u].p0; i < d->units[u].p1 && d->err == TD_OK; i++) {
+		const struct piece *q = &d->pieces[i];
+		float *w = tr_model_grad_slot(d->m, q->slot) + q->soff;
+		const size_t end = q->off + q->n;
+		for (size_t r = q->off / S; r * S < end && d->err == TD_OK; r++) {
+			const size_t x0 = q->off > r * S ? q->off : r * S;
+			const size_t x1 = end < (r + 1) * S ? end : (r + 1) * S;
+			float *send = w + (x0 - q->off);
+			if ((int)r == me)
+				gpu_residual_forward(be, send, send, part + (x0 - lo), x1 - x0);
+			d->err = gpu_comm_reduce_sum(d->c, send, x1 - x0, (int)r,
+						     (int)r == me ? part + (x0 - lo) : NULL, &d->eb);
+			d->stats.floats += x1 - x0;
+		}
+	}
+	d->units[u].mark = gpu_comm_mark(d->c);
+}
+
+/* After layer l's backward (or its place in an empty round): its sums
+ * started, and the slot of layer l - 1 — last layer l + 1's — made free
+ * (its sums complete) and zero. */
+static void grads_after_layer(struct tr_ddp *d, int l)
+{
+	grads_reduce(d, l);
+	d->stats.overlapped++;
+	if (l == 0 || l + 1 >= d->L || d->err != TD_OK)
+		return; /* the first two layers' slots were zeroed by micro_begin */
+	const int k = (l - 1) % TR_GRAD_RING;
+	d->err = gpu_comm_wait_for(d->c, d->units[l + 1].mark, &d->eb);
+	if (d->err == TD_OK)
+		gpu_zero(tr_model_backend(d->m), tr_model_grad_slot(d->m, k),
+			 tr_model_plan(d->m)->grad_slot_numel[k] * sizeof(float));
+}
+
+static td_err take_err(struct tr_ddp *d, struct td_errbuf *eb)
+{
+	td_err e = d->err;
+	if (e != TD_OK)
+		snprintf(eb->msg, sizeof(eb->msg), "%s", d->eb.msg);
+	d->err = TD_OK;
+	return e;
+}
+
+bool tr_ddp_sharded_grads(const struct tr_ddp *d)
+{
+	return d->gr;
+}
+
+td_err tr_ddp_micro_begin(struct tr_ddp *d, struct td_errbuf *eb)
+{
+	if (!d->gr)
+		return TD_OK;
+	/* The last micro-batch's sums read the slots: done before they are
+	 * zeroed for this one. */
+	td_err e = gpu_comm_wait(d->c, eb);
+	if (e != TD_OK)
+		return e;
+	const struct tr_plan *p = tr_model_plan(d->m);
+	for (int k = 0; k <= TR_GRAD_RING; k++)
+		if (p->grad_slot_numel[k])
+			gpu_zero(tr_model_backend(d->m), tr_model_grad_slot(d->m, k),
+				 p->grad_slot_numel[k] * sizeof(float));
+	return TD_OK;
+}
+
+td_err tr_ddp_micro_end(struct tr_ddp *d, struct td_errbuf *eb)
+{
+	if (!d->gr)
+		return TD_OK;
+	if (d->err == TD_OK) {
+		grads_reduce(d, d->L);
+		d->stats.at_finish++;
+	}
+	return take_err(d, eb);
+}
+
+td_err tr_ddp_micro_empty(struct tr_ddp *d, struct td_errbuf *eb)
+{
+	assert(d->gr);
+	td_err e = tr_ddp_micro_begin(d, eb);
+	for (int l = d->L - 1; l >= 0 && e == TD_OK && d->err == TD_OK; l--)
+		grads_after_layer(d, l);
+	return e != TD_OK ? e : tr_ddp_micro_end(d, eb);
+}
+
+td_err tr_ddp_grad_norm(struct tr_ddp *d, double *norm, struct td_errbuf *eb)
+{
+	double ss = tr_model_grad_sumsq(d->m);
+	if (d->gr) {
+		td_err e = gpu_comm_sum_host(d->c, &ss, eb);
+		if (e != TD_OK)
+			return e;
+	}
+	*norm = sqrt(ss);
+	return TD_OK;
+}
+
 static void on_stage(void *ctx, const struct tr_stage *s)
 {
 	struct tr_ddp *d = ctx;
+	if (d->gr) {
+		if (s->kind == TR_STAGE_LAYER_BACKWARD && d->err == TD_OK)
+			grads_after_layer(d, s->layer);
+		return;
+	}
 	if (!d->armed)
 		return;
 	size_t idx = (size_t)(s - tr_model_plan(d->m)->stages);
@@ -85,6 +270,20 @@ td_err tr_ddp_new(struct tr_ddp **out, struct tr_model *m, struct gpu_comm *c, s
 	d->bucket_floats = bucket_floats ? bucket_floats : TR_DDP_BUCKET_FLOATS;
 	d->overlap = overlap || gpu_comm_async(c);
 	d->nstages = p->nstages;
+	d->gr = tr_shard_grads(p->opts.shard, p->opts.shard_ranks);
+	if (d->gr) {
+		td_err e = grads_units(d, p, eb);
+		if (e != TD_OK) {
+			free(d->units);
+			free(d->pieces);
+			free(d->spans);
+			free(d);
+			return e;
+		}
+		tr_model_set_stage_hook(m, on_stage, d);
+		*out = d;
+		return TD_OK;
+	}
 	for (size_t i = 0; i < p->nparams; i++) {
 		const struct tr_param *t = &p->params[i];
 		if (!t->trainable || !t->numel)
@@ -119,6 +318,8 @@ void tr_ddp_free(struct tr_ddp *d)
 		return;
 	tr_model_set_stage_hook(d->m, NULL, NULL);
 	free(d->spans);
+	free(d->units);
+	free(d->pieces);
 	free(d);
 }
 
@@ -129,6 +330,13 @@ void tr_ddp_arm(struct tr_ddp *d)
 
 td_err tr_ddp_finish(struct tr_ddp *d, struct td_errbuf *eb)
 {
+	if (d->gr) { /* every unit was summed by its micro-batches */
+		td_err e = take_err(d, eb);
+		if (e == TD_OK)
+			e = gpu_comm_wait(d->c, eb);
+		d->stats.steps++;
+		return e;
+	}
 	d->armed = false;
 	/* Whatever is left, final now: each remaining run in one sum. */
 	sum_runs(d, d->nstages, 0, true);

@@ -58,6 +58,34 @@ void tr_ddp_arm(struct tr_ddp *d);
 td_err tr_ddp_finish(struct tr_ddp *d, struct td_errbuf *eb);
 void tr_ddp_get_stats(const struct tr_ddp *d, struct tr_ddp_stats *out);
 
+/* Sharded gradients (the model's plan is tr_shard_grads': memory.shard
+ * GRADIENTS): the backward writes each micro-batch's gradients into the
+ * model's work buffers (train/plan.h: tr_param.gslot), and each is summed
+ * onto the ranks that own its floats (gpu_comm_reduce_sum) — a layer's
+ * from the stage hook as its backward ends, the others' at
+ * tr_ddp_micro_end — into the model's grads, which holds the part
+ * (plan.shard_lo .. shard_hi). A layer's ring slot is zeroed for the layer
+ * two below once its sums are complete (gpu_comm_wait_for), so the sums
+ * overlap the next layer's backward. Every micro-batch is summed, so every
+ * rank runs the same number of rounds, ceil(grad_accum / ranks): a rank
+ * whose share is one fewer runs tr_ddp_micro_empty for its last (the same
+ * calls, with zero gradients). Around each micro-batch's forward and
+ * backward: tr_ddp_micro_begin (waits for the last one's sums, zeroes the
+ * work buffers), tr_ddp_micro_end. tr_ddp_arm does nothing then. Errors of
+ * the sums started from the hook come back from micro_end or finish. The
+ * gradient norm is the ranks' parts' (tr_ddp_grad_norm). Unsharded
+ * gradients: micro_begin and micro_end do nothing, micro_empty is not
+ * called. */
+bool tr_ddp_sharded_grads(const struct tr_ddp *d);
+td_err tr_ddp_micro_begin(struct tr_ddp *d, struct td_errbuf *eb);
+td_err tr_ddp_micro_end(struct tr_ddp *d, struct td_errbuf *eb);
+td_err tr_ddp_micro_empty(struct tr_ddp *d, struct td_errbuf *eb);
+/* The L2 norm of the step's summed gradients, every rank's the same: this
+ * model's (unsharded gradients) or the square root of the ranks' parts'
+ * sums of squares added in rank order (gpu_comm_sum_host). After
+ * tr_ddp_finish; every rank calls it. */
+td_err tr_ddp_grad_norm(struct tr_ddp *d, double *norm, struct td_errbuf *eb);
+
 /* Sharded state (the model's plan shards its optimizer: memory.shard
  * OPTIMIZER): after tr_model_adamw stepped this rank's part of the
  * weights, all-gathers every rank's part (plan.shard_numel floats each, the

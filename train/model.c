@@ -88,6 +88,10 @@ struct tr_model {
 	void *arena[TR_ARENA_ALL];       /* [TR_ARENA_HOST]: pinned host memory (gpu_host_alloc) */
 
 	float *params, *grads, *m1, *m2;
+	/* GRADIENTS (plan.grad_slot_numel): the work buffers the backward
+	 * writes gradients into (grads.ring.K, grads.rest; NULL where none);
+	 * grads is then the rank's part of the summed gradients. */
+	float *gslot[TR_GRAD_RING + 1];
 	float *base32;                   /* frozen fp32 tensors (base.f32, the base arena) */
 	/* The base arena belongs to a train/base.h entry, not to this model
 	 * (tr_model_new_shared): never allocated nor freed here; base_loaded:
@@ -228,8 +232,13 @@ static float *param_ptr(struct tr_model *m, const struct tr_param *p, bool grad)
 {
 	if (!p || p->nf4 || p->bf16)
 		return NULL;
-	if (grad)
-		return p->trainable ? m->grads + p->goffset : NULL;
+	if (grad) {
+		if (!p->trainable)
+			return NULL;
+		if (p->gslot >= 0) /* GRADIENTS: its work buffer (train/plan.h) */
+			return m->gslot[p->gslot] + p->gsoff;
+		return m->grads + p->goffset;
+	}
 	return p->trainable ? m->params + p->offset : m->base32 + p->offset;
 }
 
@@ -282,6 +291,8 @@ static void bind(struct tr_model *m)
 	m->params16 = buf(m, "params16");
 	m->copy16 = buf(m, "scratch.params_bf16");
 	m->grads = buf(m, "grads");
+	for (int k = 0; k <= TR_GRAD_RING; k++)
+		m->gslot[k] = k < TR_GRAD_RING ? buf(m, "grads.ring.%d", k) : buf(m, "grads.rest");
 	m->m1 = buf(m, "optim.m");
 	m->m2 = buf(m, "optim.v");
 	m->nf4_codes = buf(m, "nf4.codes");
@@ -776,7 +787,7 @@ td_err tr_model_set_param(struct tr_model *m, const struct tr_param *p, const fl
 
 void tr_model_get_grad(struct tr_model *m, const struct tr_param *p, float *dst)
 {
-	assert(p->trainable);
+	assert(p->trainable && p->gslot < 0);
 	gpu_download(m->be, dst, m->grads + p->goffset, p->numel * sizeof(float));
 }
 
@@ -1592,6 +1603,11 @@ float *tr_model_grads(struct tr_model *m)
 	return m->grads;
 }
 
+float *tr_model_grad_slot(struct tr_model *m, int k)
+{
+	return k >= 0 && k <= TR_GRAD_RING ? m->gslot[k] : NULL;
+}
+
 void tr_model_set_stage_hook(struct tr_model *m, tr_stage_hook fn, void *ctx)
 {
 	m->stage_hook = fn;
@@ -1600,26 +1616,47 @@ void tr_model_set_stage_hook(struct tr_model *m, tr_stage_hook fn, void *ctx)
 
 /* --- optimizer --- */
 
+/* The gradient floats this model holds summed: every trainable float's,
+ * or (GRADIENTS) its part's [shard_lo, shard_hi), at grads. */
+static size_t grads_held(const struct tr_model *m)
+{
+	const struct tr_plan *p = &m->plan;
+	return tr_shard_grads(p->opts.shard, p->opts.shard_ranks) ? p->shard_hi - p->shard_lo
+								    : p->numel_trainable;
+}
+
 void tr_model_zero_grad(struct tr_model *m)
 {
-	gpu_zero(m->be, m->grads, m->plan.numel_trainable * sizeof(float));
+	gpu_zero(m->be, m->grads, grads_held(m) * sizeof(float));
+	for (int k = 0; k <= TR_GRAD_RING; k++)
+		if (m->gslot[k])
+			gpu_zero(m->be, m->gslot[k], m->plan.grad_slot_numel[k] * sizeof(float));
+}
+
+double tr_model_grad_sumsq(struct tr_model *m)
+{
+	return gpu_sumsq(m->be, m->grads, grads_held(m));
 }
 
 double tr_model_grad_norm(struct tr_model *m)
 {
-	return sqrt(gpu_sumsq(m->be, m->grads, m->plan.numel_trainable));
+	return sqrt(tr_model_grad_sumsq(m));
 }
 
-double tr_model_clip_grads(struct tr_model *m, double max_norm)
+double tr_model_clip_grads_by(struct tr_model *m, double max_norm, double norm)
 {
-	double norm = tr_model_grad_norm(m);
 	if (max_norm > 0) {
 		/* torch.nn.utils.clip_grad_norm_: coef = max / (norm + 1e-6), clamped to 1. */
 		double coef = max_norm / (norm + 1e-6);
 		if (coef < 1.0)
-			gpu_scale(m->be, m->grads, (float)coef, m->plan.numel_trainable);
+			gpu_scale(m->be, m->grads, (float)coef, grads_held(m));
 	}
 	return norm;
+}
+
+double tr_model_clip_grads(struct tr_model *m, double max_norm)
+{
+	return tr_model_clip_grads_by(m, max_norm, tr_model_grad_norm(m));
 }
 
 void tr_model_adamw(struct tr_model *m, const struct tr_adamw *h, float lr, int t)
@@ -1631,13 +1668,17 @@ void tr_model_adamw(struct tr_model *m, const struct tr_adamw *h, float lr, int 
 	const size_t nd = p->numel_decay, lo = p->shard_lo, hi = p->shard_hi;
 	/* In the bf16 mode the weights' bf16 copy is written with them. */
 	gpu_bf16 *c16 = m->copy16;
+	/* The summed gradient of trainable float i: grads[i], or (GRADIENTS,
+	 * the part's only) grads[i - lo]. */
+	float *g = m->grads;
+	const size_t glo = tr_shard_grads(p->opts.shard, p->opts.shard_ranks) ? lo : 0;
 	const size_t d1 = nd < hi ? nd : hi; /* decayed: [lo, d1) */
 	if (d1 > lo)
-		gpu_adamw_update(m->be, m->params + lo, c16 ? c16 + lo : NULL, m->grads + lo, m->m1,
+		gpu_adamw_update(m->be, m->params + lo, c16 ? c16 + lo : NULL, g + (lo - glo), m->m1,
 				 m->m2, d1 - lo, lr, h->beta1, h->beta2, h->eps, h->weight_decay, t);
 	const size_t u0 = nd > lo ? nd : lo; /* undecayed: [u0, hi) */
 	if (hi > u0)
-		gpu_adamw_update(m->be, m->params + u0, c16 ? c16 + u0 : NULL, m->grads + u0,
+		gpu_adamw_update(m->be, m->params + u0, c16 ? c16 + u0 : NULL, g + (u0 - glo),
 				 m->m1 + (u0 - lo), m->m2 + (u0 - lo), hi - u0, lr, h->beta1, h->beta2,
 				 h->eps, 0.0f, t);
 }

@@ -159,6 +159,12 @@ void tr_model_zero_grad(struct tr_model *m);
  * gradients, final after its TR_STAGE_LAYER_BACKWARD, are summed while the
  * layers below run. fn NULL: none. */
 float *tr_model_grads(struct tr_model *m);
+/* GRADIENTS (train/plan.h: tr_param.gslot): work buffer k (0 ..
+ * TR_GRAD_RING) that the backward writes gradients into,
+ * plan.grad_slot_numel[k] floats; NULL where the plan has none. The grads
+ * buffer (tr_model_grads) is then the part's summed gradients,
+ * plan.shard_numel floats, trainable float i at i - plan.shard_lo. */
+float *tr_model_grad_slot(struct tr_model *m, int k);
 typedef void (*tr_stage_hook)(void *ctx, const struct tr_stage *s);
 void tr_model_set_stage_hook(struct tr_model *m, tr_stage_hook fn, void *ctx);
 /* Sharded data parallel (train/ddp.h): the params buffer on the device,
@@ -168,11 +174,16 @@ void tr_model_set_stage_hook(struct tr_model *m, tr_stage_hook fn, void *ctx);
  * mode; the same rounding AdamW's own writes make). */
 float *tr_model_params(struct tr_model *m);
 void tr_model_params_written(struct tr_model *m, size_t lo, size_t hi);
-/* Global L2 norm of all gradients (blocking). */
+/* Global L2 norm of all gradients (blocking). GRADIENTS: of the part's
+ * only; the ranks' sums of squares add up to the global one
+ * (tr_model_grad_sumsq, train/ddp.h: tr_ddp_sum). */
 double tr_model_grad_norm(struct tr_model *m);
+double tr_model_grad_sumsq(struct tr_model *m);
 /* PyTorch's clip_grad_norm_: scale by max_norm / (norm + 1e-6) when that is < 1.
- * Returns the norm before clipping. max_norm <= 0 only measures. */
+ * Returns the norm before clipping. max_norm <= 0 only measures. _by: with
+ * the norm given (a sharded gang's, summed over the ranks). */
 double tr_model_clip_grads(struct tr_model *m, double max_norm);
+double tr_model_clip_grads_by(struct tr_model *m, double max_norm, double norm);
 /* One AdamW step t (1-based) at learning rate lr, of the trainable floats
  * [plan.shard_lo, plan.shard_hi) (all of them unsharded): a sharded rank
  * steps its part, and the parts are then all-gathered (tr_ddp_gather_params). */

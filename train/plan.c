@@ -208,6 +208,33 @@ static td_err build_params(struct tr_plan *p, struct td_errbuf *eb)
 		}
 	}
 	p->numel_f32 = off;
+	/* GRADIENTS: each trainable tensor's place in the work buffers the
+	 * backward writes (train/plan.h: tr_param.gslot), visited in goffset
+	 * order (the passes above), so that a layer's decayed tensors and its
+	 * undecayed ones are each one run of its slot and of the arena. */
+	for (size_t i = 0; i < p->nparams; i++)
+		p->params[i].gslot = -1;
+	if (tr_shard_grads(o->shard, o->shard_ranks)) {
+		const int L = p->cfg.num_layers;
+		size_t *used = calloc((size_t)L + 1, sizeof(size_t)); /* [L]: grads.rest */
+		if (!used)
+			return td_fail(eb, TD_ENOMEM, "plan: out of memory");
+		for (int pass = 0; pass < 2; pass++)
+			for (size_t i = 0; i < p->nparams; i++) {
+				struct tr_param *t = &p->params[i];
+				if (!t->trainable || (t->decay ? 0 : 1) != pass)
+					continue;
+				const int u = t->layer >= 0 ? t->layer : L;
+				t->gslot = t->layer >= 0 ? t->layer % TR_GRAD_RING : TR_GRAD_RING;
+				t->gsoff = used[u];
+				used[u] += t->numel;
+			}
+		for (int l = 0; l < L; l++) /* each slot: the largest of its layers */
+			if (used[l] > p->grad_slot_numel[l % TR_GRAD_RING])
+				p->grad_slot_numel[l % TR_GRAD_RING] = used[l];
+		p->grad_slot_numel[TR_GRAD_RING] = used[L];
+		free(used);
+	}
 	size_t codes = 0;
 	for (size_t i = 0; i < p->nparams; i++) {
 		struct tr_param *t = &p->params[i];
@@ -250,7 +277,7 @@ static td_err check_opts(const struct tr_plan_opts *o, const struct tr_model_con
 		return td_fail(eb, TD_EINVAL, "plan: lora rank %d is negative", o->lora_rank);
 	if ((unsigned)o->shard >= TR_SHARD_BUILT)
 		return td_fail(eb, TD_EUNSUPPORTED,
-			       "plan: sharding %s is not built yet (none and optimizer are)",
+			       "plan: sharding %s is not built yet (none, optimizer and gradients are)",
 			       tr_shard_name(o->shard));
 	if (o->shard_ranks < 0 || (o->shard_ranks > 1 && (o->shard_rank < 0 || o->shard_rank >= o->shard_ranks)))
 		return td_fail(eb, TD_EINVAL, "plan: shard rank %d of %d", o->shard_rank, o->shard_ranks);
@@ -645,8 +672,20 @@ td_err tr_plan_build(struct tr_plan *p, const struct tr_model_config *cfg,
 		}
 	}
 	if (p->numel_trainable) {
+		/* Every trainable float's gradient; GRADIENTS: the part's summed
+		 * gradients, and the work buffers the backward writes. */
+		const bool gpart = tr_shard_grads(o->shard, o->shard_ranks);
 		NAMED("grads");
-		BUF(TR_ARENA_GRADS, f32_bytes(p->numel_trainable, 1, 1));
+		BUF(TR_ARENA_GRADS, f32_bytes(gpart ? p->shard_numel : p->numel_trainable, 1, 1));
+		for (int k = 0; gpart && k <= TR_GRAD_RING; k++) {
+			if (!p->grad_slot_numel[k])
+				continue;
+			if (k < TR_GRAD_RING)
+				NAMED("grads.ring.%d", k);
+			else
+				NAMED("grads.rest");
+			BUF(TR_ARENA_GRADS, f32_bytes(p->grad_slot_numel[k], 1, 1));
+		}
 		/* The moments of this rank's part (all of them unsharded). */
 		NAMED("optim.m");
 		BUF(TR_ARENA_OPTIM, f32_bytes(p->shard_numel, 1, 1));
@@ -1046,10 +1085,15 @@ void tr_plan_print(const struct tr_plan *p, FILE *f)
 		p->numel_trainable, p->numel_decay);
 	const struct tr_plan_opts *o = &p->opts;
 	if (o->shard != TR_SHARD_NONE && o->shard_ranks > 1)
-		fprintf(f, "shard      %s over %d ranks: each keeps the moments of %zu trainable floats "
+		fprintf(f, "shard      %s over %d ranks: each keeps the moments%s of %zu trainable floats "
 			"(rank %d: [%zu, %zu)); the weights are all-gathered after each step\n",
-			tr_shard_name(o->shard), o->shard_ranks, p->shard_numel, o->shard_rank,
-			p->shard_lo, p->shard_hi);
+			tr_shard_name(o->shard), o->shard_ranks,
+			tr_shard_grads(o->shard, o->shard_ranks) ? " and summed gradients" : "",
+			p->shard_numel, o->shard_rank, p->shard_lo, p->shard_hi);
+	if (tr_shard_grads(o->shard, o->shard_ranks))
+		fprintf(f, "grads      the backward writes a layer's into a ring of %d slots of %zu floats, "
+			"the others' into %zu floats; each summed onto its owners' parts as its backward ends\n",
+			TR_GRAD_RING, p->grad_slot_numel[0], p->grad_slot_numel[TR_GRAD_RING]);
 	if (o->lora_rank > 0) {
 		char targets[96] = "";
 		size_t len = 0;

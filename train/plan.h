@@ -102,7 +102,18 @@ struct tr_param {
 	bool decay;        /* weight decay applies: trainable and ndim >= 2 */
 	size_t offset;     /* in floats, into the params buffer (trainable) or base.f32
 			    * (frozen); bf16: in bf16 values, into params16; unused when nf4 */
-	size_t goffset;    /* in floats, into the grads arena (and each half of optim) */
+	size_t goffset;    /* in floats, into the trainable floats: the grads arena
+			    * unsharded (and each half of optim: less shard_lo) */
+	/* Where the backward writes this tensor's gradient: gslot -1, the
+	 * grads buffer at goffset; else (memory.shard GRADIENTS and past: the
+	 * grads buffer is the rank's part) work buffer gslot at gsoff floats:
+	 * 0 .. TR_GRAD_RING - 1 the ring slot of a decoder layer (l %
+	 * TR_GRAD_RING: grads.ring.K), TR_GRAD_RING the other tensors'
+	 * (grads.rest). A layer's tensors are packed in goffset order (its
+	 * decayed ones, then the rest), so a slot holds runs of the trainable
+	 * floats (train/ddp.c reduces them onto their owners). */
+	int gslot;
+	size_t gsoff;
 	enum tr_param_kind kind;
 	int layer;         /* decoder layer, -1 for embeddings, final norm and heads */
 	int lin;           /* enum tr_lin of a projection's weight, bias or adapter; -1 otherwise */
@@ -225,19 +236,34 @@ static inline bool tr_recompute_full(enum tr_recompute r)
  * instead, each rank keeping a contiguous part of the trainable floats
  * (tr_plan.shard_lo .. shard_hi). OPTIMIZER: the AdamW moments; each rank
  * steps its part and the updated weights are all-gathered (train/ddp.h).
- * GRADIENTS (the gradients reduce-scattered, kept for the part only) and
- * PARAMETERS (the weights too, all-gathered a layer ahead of its use) are
- * named for the spec and not built yet: tr_plan_build refuses them. The
- * order is the expected speed's: each saves more memory and costs more. */
+ * GRADIENTS: the summed gradients too: the grads buffer is the part
+ * (shard_numel floats), and the backward writes each micro-batch's
+ * gradients into work buffers — a ring of TR_GRAD_RING layer-sized slots
+ * (grads.ring.K, layer l's in slot l % TR_GRAD_RING) and the other
+ * tensors' (grads.rest) — that are summed onto their owners' parts as each
+ * layer's backward ends (train/ddp.h). PARAMETERS (the weights too,
+ * all-gathered a layer ahead of its use) is named for the spec and not
+ * built yet: tr_plan_build refuses it. The order is the expected speed's:
+ * each saves more memory and costs more. */
 enum tr_shard {
 	TR_SHARD_NONE,       /* every rank holds the whole state */
 	TR_SHARD_OPTIMIZER,  /* ZeRO-1 */
-	TR_SHARD_GRADIENTS,  /* ZeRO-2 (not built) */
+	TR_SHARD_GRADIENTS,  /* ZeRO-2 */
 	TR_SHARD_PARAMETERS, /* ZeRO-3, FSDP (not built) */
 	TR_SHARD_COUNT
 };
-/* The policies a plan builds: NONE and OPTIMIZER. */
-#define TR_SHARD_BUILT 2
+/* The policies a plan builds: NONE, OPTIMIZER and GRADIENTS. */
+#define TR_SHARD_BUILT 3
+/* GRADIENTS: the layer gradient slots; a slot is written again two layers
+ * later, so each layer's sums overlap the next layer's backward. */
+#define TR_GRAD_RING 2
+
+/* Whether plan options o keep only a part of the summed gradients
+ * (GRADIENTS and past, over more than one rank). */
+static inline bool tr_shard_grads(enum tr_shard s, int ranks)
+{
+	return s >= TR_SHARD_GRADIENTS && ranks > 1;
+}
 
 /* "none", "optimizer", "gradients", "parameters"; "?" out of range. */
 const char *tr_shard_name(enum tr_shard s);
@@ -313,8 +339,12 @@ struct tr_plan {
 	 * numel_f32) so that the parts all-gather as equal counts; the padding
 	 * is never read. optim.m and optim.v hold shard_numel floats,
 	 * the part's moments. Unsharded: shard_lo 0, shard_hi = shard_numel =
-	 * numel_trainable_padded = numel_trainable. */
+	 * numel_trainable_padded = numel_trainable. GRADIENTS: the grads
+	 * buffer holds shard_numel floats, the part's summed gradients
+	 * (trainable float i at i - shard_lo), and the backward writes into
+	 * work buffers of grad_slot_numel[k] floats each (tr_param.gslot). */
 	size_t shard_numel, shard_lo, shard_hi, numel_trainable_padded;
+	size_t grad_slot_numel[TR_GRAD_RING + 1];
 	size_t numel_bf16;            /* bf16 values of the params16 buffer (opts.frozen_bf16) */
 	size_t bf16_max_numel;        /* the largest bf16 tensor */
 	size_t numel_frozen;          /* elements of frozen tensors */

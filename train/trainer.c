@@ -796,9 +796,11 @@ static td_err train_rank(const Traind__JobSpec *spec, const struct tr_train_opts
 		goto out;
 	}
 	if (sharded && log)
-		fprintf(log, "sharded: %s; each rank keeps the AdamW moments of %zu of the %zu trainable "
+		fprintf(log, "sharded: %s; each rank keeps the AdamW moments%s of %zu of the %zu trainable "
 			     "floats and steps them; the weights are all-gathered after each step\n",
-			tr_shard_name(jp->opts.shard), jp->shard_numel, jp->numel_trainable);
+			tr_shard_name(jp->opts.shard),
+			tr_shard_grads(jp->opts.shard, jp->opts.shard_ranks) ? " and summed gradients" : "",
+			jp->shard_numel, jp->numel_trainable);
 
 	struct tr_adamw hp = {
 		.beta1 = (float)spec->hyper->beta1,
@@ -836,9 +838,21 @@ static td_err train_rank(const Traind__JobSpec *spec, const struct tr_train_opts
 		if (lsv)
 			memset(lsv, 0, (size_t)j.accum * sizeof(double));
 		const float dloss = valid ? (float)(1.0 / (double)valid) : 0.0f;
-		for (int a = a0; a < a1 && e == TD_OK; a++) {
+		/* Sharded gradients are summed every micro-batch: every rank runs
+		 * as many rounds as the largest share, a short one an empty
+		 * round (train/ddp.h). */
+		const bool gr = ddp && tr_ddp_sharded_grads(ddp);
+		const int rounds = gr ? (j.accum + G->n - 1) / G->n : a1 - a0;
+		for (int k = 0; k < rounds && e == TD_OK; k++) {
+			const int a = a0 + k;
 			double ls;
 			int64_t nv;
+			if (a >= a1) {
+				e = tr_ddp_micro_empty(ddp, eb);
+				continue;
+			}
+			if (gr && (e = tr_ddp_micro_begin(ddp, eb)) != TD_OK)
+				break;
 			tr_method_fuse_head(j.meth, dloss);
 			e = tr_method_forward(j.meth, ids + a * rows, labels + a * rows, cls + (size_t)a * j.B,
 					      j.step * (uint64_t)j.accum + (uint64_t)a, &ls, &nv, eb);
@@ -853,6 +867,8 @@ static td_err train_rank(const Traind__JobSpec *spec, const struct tr_train_opts
 				if (ddp && a == a1 - 1)
 					tr_ddp_arm(ddp); /* its layers' sums overlap the layers below */
 				tr_model_backward(j.m, dloss);
+				if (gr)
+					e = tr_ddp_micro_end(ddp, eb);
 			}
 		}
 		/* The ranks' gradients summed: every rank holds the step's. */
@@ -873,7 +889,14 @@ static td_err train_rank(const Traind__JobSpec *spec, const struct tr_train_opts
 		 * each micro-batch's forward and backward stages. */
 		assert(tr_model_plan(j.m)->stages[tr_model_plan(j.m)->nstages - 1].kind ==
 		       TR_STAGE_OPTIMIZER);
-		double norm = tr_model_clip_grads(j.m, spec->hyper->clip_norm);
+		double norm;
+		if (gr) { /* the ranks' parts' norm */
+			if ((e = tr_ddp_grad_norm(ddp, &norm, eb)) != TD_OK)
+				break;
+			tr_model_clip_grads_by(j.m, spec->hyper->clip_norm, norm);
+		} else {
+			norm = tr_model_clip_grads(j.m, spec->hyper->clip_norm);
+		}
 		if (!isfinite(norm)) {
 			/* A device fault makes the reduction NaN too: report the
 			 * fault (its name, and whether the context is lost), not NaN. */

@@ -24,10 +24,16 @@
 #define CU_SIDE_STR2_(x) #x
 #define CU_SIDE_STR_(x) CU_SIDE_STR2_(x) /* the versioned name cuda.h maps to */
 
+/* Events recorded on the side stream after its collectives, in a ring
+ * (gpu/comm.c: COMM_EVENTS, the same count). */
+#define CU_SIDE_EVENTS 16
+
 struct cu_side {
 	struct cu_backend *cb;
 	CUstream stream;
 	CUevent ev;
+	CUevent marks[CU_SIDE_EVENTS];
+	__typeof__(&cuEventQuery) event_query;
 	__typeof__(&cuStreamQuery) query;
 	__typeof__(&cuStreamWaitEvent) wait_event;
 	CUresult first_error;
@@ -43,6 +49,8 @@ CU_SIDE_EXPORT void gpu_cuda_side_fork(struct cu_side *s);
 CU_SIDE_EXPORT int gpu_cuda_side_query(struct cu_side *s);
 CU_SIDE_EXPORT td_err gpu_cuda_side_error(struct cu_side *s, struct td_errbuf *eb);
 CU_SIDE_EXPORT void gpu_cuda_side_free(struct cu_side *s);
+CU_SIDE_EXPORT void gpu_cuda_side_record(struct cu_side *s, int k);
+CU_SIDE_EXPORT int gpu_cuda_side_event_query(struct cu_side *s, int k);
 
 static void side_check(struct cu_side *s, CUresult r, const char *what)
 {
@@ -84,10 +92,12 @@ td_err gpu_cuda_side_new(struct gpu_backend *be, struct cu_side **out, struct td
 		cb->drv.lib, CU_SIDE_STR_(cuStreamCreateWithPriority));
 	__typeof__(&cuCtxGetStreamPriorityRange) prio_range = (__typeof__(prio_range))dlsym(
 		cb->drv.lib, CU_SIDE_STR_(cuCtxGetStreamPriorityRange));
-	if (!s->query || !s->wait_event) {
+	s->event_query = (__typeof__(s->event_query))dlsym(cb->drv.lib, CU_SIDE_STR_(cuEventQuery));
+	if (!s->query || !s->wait_event || !s->event_query) {
 		free(s);
 		return td_fail(eb, TD_EUNSUPPORTED,
-			       "the NVIDIA driver lacks cuStreamQuery or cuStreamWaitEvent (too old?)");
+			       "the NVIDIA driver lacks cuStreamQuery, cuStreamWaitEvent or cuEventQuery "
+			       "(too old?)");
 	}
 	CUresult r = cb->drv.cuCtxSetCurrent(cb->ctx);
 	int least = 0, greatest = 0;
@@ -98,6 +108,8 @@ td_err gpu_cuda_side_new(struct gpu_backend *be, struct cu_side **out, struct td
 		r = cb->drv.cuStreamCreate(&s->stream, CU_STREAM_NON_BLOCKING);
 	if (r == CUDA_SUCCESS)
 		r = cb->drv.cuEventCreate(&s->ev, CU_EVENT_DISABLE_TIMING);
+	for (int k = 0; k < CU_SIDE_EVENTS && r == CUDA_SUCCESS; k++)
+		r = cb->drv.cuEventCreate(&s->marks[k], CU_EVENT_DISABLE_TIMING);
 	if (r != CUDA_SUCCESS) {
 		td_err e = side_err(s, r, "creating a side stream", eb);
 		gpu_cuda_side_free(s);
@@ -156,5 +168,32 @@ void gpu_cuda_side_free(struct cu_side *s)
 	}
 	if (s->ev)
 		cb->drv.cuEventDestroy(s->ev);
+	for (int k = 0; k < CU_SIDE_EVENTS; k++)
+		if (s->marks[k])
+			cb->drv.cuEventDestroy(s->marks[k]);
 	free(s);
+}
+
+/* Event k (mod CU_SIDE_EVENTS) recorded on the side stream after the work
+ * enqueued on it so far: gpu_cuda_side_event_query(k) tells when that is
+ * done. */
+void gpu_cuda_side_record(struct cu_side *s, int k)
+{
+	side_check(s, s->cb->drv.cuEventRecord(s->marks[k % CU_SIDE_EVENTS], s->stream),
+		   "cuEventRecord");
+}
+
+/* 1: event k's work is done (or it was never recorded); 0: not yet; -1:
+ * the side stream failed (gpu_cuda_side_error). Never blocks. */
+int gpu_cuda_side_event_query(struct cu_side *s, int k)
+{
+	if (s->first_error != CUDA_SUCCESS)
+		return -1;
+	CUresult r = s->event_query(s->marks[k % CU_SIDE_EVENTS]);
+	if (r == CUDA_SUCCESS)
+		return 1;
+	if (r == CUDA_ERROR_NOT_READY)
+		return 0;
+	side_check(s, r, "cuEventQuery");
+	return -1;
 }

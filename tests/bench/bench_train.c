@@ -10,7 +10,7 @@
  *               [--batch B] [--seq T] [--steps N] [--warm N] [--lora-rank R]
  *               [--lora-targets qv|all] [--precision fp32|bf16] [--phases]
  *               [--recompute none|selective|full|full-offload] [--qlora]
- *               [--gpus N [--comm auto|host|nccl] [--shard none|optimizer]]
+ *               [--gpus N [--comm auto|host|nccl] [--shard none|optimizer|gradients]]
  *
  * --gpus N: data parallel, N ranks (threads of this process) on CUDA
  * devices 0 .. N-1 (the CPU backend: N CPU ranks), each B x T of its own
@@ -19,7 +19,10 @@
  * rank's (N x B x T a step), used_gib is the largest rank's. --shard
  * optimizer: each rank keeps the AdamW moments of 1/N of the weights and
  * steps them, and the weights are all-gathered after each step
- * (memory.shard OPTIMIZER; the gather is in the "adamw" phase).
+ * (memory.shard OPTIMIZER; the gather is in the "adamw" phase). --shard
+ * gradients: the summed gradients too (memory.shard GRADIENTS: each
+ * layer's reduced onto its owners during the backward, the rest after it:
+ * in the "backward" phase).
  *
  * --qlora: with --lora-rank, the frozen projections in NF4 with double
  * quantization (QLoRA).
@@ -244,6 +247,8 @@ static td_err bench_rank(struct rank_run *rr)
 		 * forward, which also runs the head's backward; over the global
 		 * batch (gpus x B rows) with several ranks. */
 		const float dloss = 1.0f / (float)((int64_t)b->gpus * B * (T - 1));
+		if (ddp && (e = tr_ddp_micro_begin(ddp, eb)) != TD_OK)
+			break;
 		tr_model_fuse_head_backward(m, dloss);
 		if ((e = tr_model_forward(m, ids, ids, &ls, &nv, eb)) != TD_OK)
 			break;
@@ -259,6 +264,8 @@ static td_err bench_rank(struct rank_run *rr)
 		if (ddp)
 			tr_ddp_arm(ddp);
 		tr_model_backward(m, dloss);
+		if (ddp && (e = tr_ddp_micro_end(ddp, eb)) != TD_OK)
+			break;
 		if (timed) {
 			gpu_sync(be, eb);
 			rr->ph[1] += now_s() - tp;
@@ -270,7 +277,14 @@ static td_err bench_rank(struct rank_run *rr)
 			rr->ph[2] += now_s() - tp;
 			tp = now_s();
 		}
-		tr_model_clip_grads(m, 1.0); /* blocking: the step's end */
+		if (ddp && tr_ddp_sharded_grads(ddp)) { /* the ranks' parts' norm */
+			double norm;
+			if ((e = tr_ddp_grad_norm(ddp, &norm, eb)) != TD_OK)
+				break;
+			tr_model_clip_grads_by(m, 1.0, norm);
+		} else {
+			tr_model_clip_grads(m, 1.0); /* blocking: the step's end */
+		}
 		if (timed) {
 			rr->ph[3] += now_s() - tp;
 			tp = now_s();
@@ -355,7 +369,7 @@ int main(int argc, char **argv)
 			while (k < TR_SHARD_BUILT && strcmp(tr_shard_name((enum tr_shard)k), v))
 				k++;
 			if (k == TR_SHARD_BUILT) {
-				fprintf(stderr, "bench_train: --shard none|optimizer, not %s\n", v);
+				fprintf(stderr, "bench_train: --shard none|optimizer|gradients, not %s\n", v);
 				return 2;
 			}
 			b.shard = (enum tr_shard)k;

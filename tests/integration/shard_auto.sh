@@ -6,13 +6,16 @@
 # 1. Two GPUs too small for any plan: a gang of 2 fails naming its smallest
 #    plan; its submit event gives the plans unsharded and sharded, which
 #    size the GPUs of:
-# 2. Two GPUs between the sharded NONE plan and the unsharded one (and above
-#    SELECTIVE's unsharded: sharding comes before recompute): the gang is
-#    placed with memory.shard optimizer and recompute none, says so in its
-#    events, trains sharded (its log) and succeeds; the same gang with
-#    --shard none --recompute none fails (no GPU can ever grant its plan);
-#    --shard gradients
-#    is refused at submit naming memory.shard.
+# 2. Two GPUs between the sharded NONE plans (the optimizer's, the
+#    gradients') and the unsharded one (and above SELECTIVE's unsharded:
+#    sharding comes before recompute): the gang is placed with memory.shard
+#    optimizer (the first sharding that fits: on this two-layer model the
+#    gradients' ring of two layer slots holds as much as the gradients it
+#    shards) and recompute none, says so in its events, trains sharded (its
+#    log) and succeeds; the same gang fixed at --shard gradients trains with
+#    its gradients sharded and succeeds; with --shard none --recompute none
+#    it fails (no GPU can ever grant its plan); --shard parameters is
+#    refused at submit naming memory.shard.
 . "$(dirname "$0")/lib.sh"
 cd "$TD_SRC" || exit 1
 JOB=tests/integration/job.txtpb
@@ -33,21 +36,24 @@ line=$(printf '%s\n' "$ev" | grep 'plan: [0-9]* bytes with recompute none')
 none=$(printf '%s\n' "$line" | sed -n 's/.*plan: \([0-9]*\) bytes with recompute none, \([0-9]*\) selective.*/\1/p')
 sel=$(printf '%s\n' "$line" | sed -n 's/.*plan: \([0-9]*\) bytes with recompute none, \([0-9]*\) selective.*/\2/p')
 snone=$(printf '%s\n' "$line" | sed -n 's/.*with memory.shard optimizer \([0-9]*\) bytes with recompute none.*/\1/p')
-if [ -z "$none" ] || [ -z "$sel" ] || [ -z "$snone" ]; then
+gnone=$(printf '%s\n' "$line" | sed -n 's/.*with memory.shard gradients \([0-9]*\) bytes with recompute none.*/\1/p')
+if [ -z "$none" ] || [ -z "$sel" ] || [ -z "$snone" ] || [ -z "$gnone" ]; then
 	bad "the submit event gives the plans unsharded and sharded: '$line'"
 	finish
 	exit 1
 fi
-note "plans: none $none, selective $sel, none with the optimizer sharded $snone bytes"
+note "plans: none $none, selective $sel, none with the optimizer sharded $snone bytes, the gradients $gnone"
 check "sharded NONE < NONE" test "$snone" -lt "$none"
+check "gradients-sharded NONE < NONE" test "$gnone" -lt "$none"
 stop_daemon
 
-# --- 2: the GPUs grant the sharded plan only ---
+# --- 2: the GPUs grant the sharded plans only ---
 rm -rf "$STATE"
 lo=$snone
 [ "$sel" -gt "$lo" ] && lo=$sel
+[ "$gnone" -gt "$lo" ] && lo=$gnone
 g=$(((lo + none) / 2))
-check "a GPU size above sharded NONE's and selective's, below NONE's" test "$g" -gt "$snone" -a "$g" -lt "$none"
+check "a GPU size above sharded NONE's and selective's, below NONE's" test "$g" -gt "$lo" -a "$g" -lt "$none"
 start_daemon --user --cpu-slots 0 --vram-factor 1 --fake-gpus "$U0:$g,$U1:$g"
 j=$(submit s1)
 check "the gang succeeds" wait_for 120 job_is "$j" SUCCEEDED
@@ -56,13 +62,17 @@ expect_contains "AUTO kept recompute none" "$ev" "memory.recompute AUTO chose no
 expect_contains "AUTO sharded the optimizer" "$ev" "memory.shard AUTO chose optimizer"
 expect_contains "and the ranks trained sharded" "$ev" "sharded: optimizer"
 check "a model was written" test -s "$WORK/s1/model.safetensors"
+jg=$(submit grads --shard gradients --recompute none)
+check "the gang with its gradients sharded succeeds" wait_for 120 job_is "$jg" SUCCEEDED
+expect_contains "and trained so" "$(ctl logs "$jg")" "sharded: gradients"
+check "a model was written" test -s "$WORK/grads/model.safetensors"
 jn=$(submit fixed --shard none --recompute none)
 check "a fixed shard none (and recompute none) fails" wait_for 30 job_is "$jn" FAILED
 expect_contains "naming what it needs" "$(ctl logs "$jn")" "can ever grant"
 expect_contains "its effective spec shows the sharding" "$(ctl show "$jn")" "memory.shard: none"
-ctl submit "$JOB" --device any --gpus 2 --grad-accum 2 --shard gradients --output "$WORK/m" \
+ctl submit "$JOB" --device any --gpus 2 --grad-accum 2 --shard parameters --output "$WORK/m" \
 	>/dev/null 2>"$WORK/err"
-expect_eq "--shard gradients: refused (exit 2)" "$?" 2
+expect_eq "--shard parameters: refused (exit 2)" "$?" 2
 expect_contains "naming memory.shard" "$(cat "$WORK/err")" "memory.shard"
 ctl submit "$JOB" --device any --gpus 2 --grad-accum 2 --shard sometimes --output "$WORK/m" \
 	>/dev/null 2>"$WORK/err"

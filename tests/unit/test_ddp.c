@@ -9,9 +9,13 @@
  * micro-batch; a checkpoint of 2 ranks resumes on 2 (bit-identical) and on
  * 1; a rank that fails fails the job on every rank, naming it, at once.
  * With the argument "shard" (meson's ddp-shard), sharded state (issue 12,
- * item 3): reduce-scatter and all-gather, the plan of a sharded rank, and
- * memory.shard OPTIMIZER against NONE — the same bits, in training and
- * through checkpoints resumed on 1, 2 and 3 ranks.
+ * item 3): reduce-scatter, all-gather, reduce onto one rank and the host
+ * sum, the plan of a sharded rank, memory.shard OPTIMIZER against NONE —
+ * the same bits, in training and through checkpoints resumed on 1, 2 and 3
+ * ranks — and GRADIENTS against NONE: the same bits with one micro-batch a
+ * rank (2, 3, 4 ranks, recompute, LoRA, a 5-layer model whose gradient
+ * slots are reused), a derived bound with more, and its checkpoints
+ * resumed on 1 to 4 ranks.
  *
  * Every rank here is a CPU backend on a thread of this process, summing
  * through gpu/comm.h's host comm; the NCCL comm is the same interface on
@@ -32,6 +36,7 @@
 #include "train/ddp.h"
 #include "train/hfconfig.h"
 #include "train/plan.h"
+#include "train/safetensors.h"
 #include "train/trainer.h"
 
 static char tmp[256];
@@ -208,6 +213,8 @@ struct rs_arg {
 	float reduced[RS_N];  /* after reduce-scatter, then all-gather */
 	float own[RS_COUNT];  /* this rank's part after the reduce-scatter */
 	float gathered[RS_N]; /* the all-gather of parts ar_value(r, .) */
+	float rooted[RS_COUNT]; /* a reduce onto rank 1 (NaN where not its) */
+	double hsum;          /* gpu_comm_sum_host of r + 0.25 */
 	td_err e;
 	struct td_errbuf eb;
 };
@@ -242,10 +249,23 @@ static void *rs_rank(void *p)
 	}
 	if (a->e == TD_OK && (a->e = gpu_comm_wait(c, &a->eb)) == TD_OK)
 		gpu_download(be, a->gathered, x, sizeof(a->gathered));
+	/* Sharded gradients: a reduce onto rank 1, into another buffer there
+	 * (the others' left as they were: NaN), and a host sum. */
+	if (a->e == TD_OK) {
+		for (int i = 0; i < RS_N; i++)
+			host[i] = i < RS_COUNT ? ar_value(a->r, i) : NAN;
+		gpu_upload(be, x, host, sizeof(host));
+		a->e = gpu_comm_reduce_sum(c, x, RS_COUNT, 1, x + RS_COUNT, &a->eb);
+	}
+	a->hsum = a->r + 0.25;
+	if (a->e == TD_OK && (a->e = gpu_comm_wait_for(c, gpu_comm_mark(c), &a->eb)) == TD_OK &&
+	    (a->e = gpu_comm_sum_host(c, &a->hsum, &a->eb)) == TD_OK)
+		gpu_download(be, a->rooted, x + RS_COUNT, sizeof(a->rooted));
 	if (c) {
 		struct gpu_comm_stats st;
 		gpu_comm_stats(c, &st);
-		if (a->e == TD_OK && (st.calls != 3 || st.floats != 3 * (uint64_t)RS_N))
+		if (a->e == TD_OK &&
+		    (st.calls != 4 || st.floats != 3 * (uint64_t)RS_N + RS_COUNT || gpu_comm_mark(c) != 4))
 			a->e = td_fail(&a->eb, TD_EINTERNAL, "stats: %llu calls, %llu floats",
 				       (unsigned long long)st.calls, (unsigned long long)st.floats);
 	}
@@ -289,6 +309,21 @@ static void test_shard_collectives(void)
 	CHECK_MSG(wrong_all == 0, "%d floats of reduce-scatter + all-gather are not the all-reduce's",
 		  wrong_all);
 	CHECK_MSG(wrong_gather == 0, "%d floats of the all-gather are not their owner's", wrong_gather);
+	int wrong_root = 0;
+	for (int r = 0; r < AR_RANKS; r++) {
+		for (int i = 0; i < RS_COUNT; i++) {
+			float want = ar_value(0, i); /* from the left, as the all-reduce */
+			for (int k = 1; k < AR_RANKS; k++)
+				want += ar_value(k, i);
+			wrong_root += r == 1 ? memcmp(&a[r].rooted[i], &want, sizeof(float)) != 0
+					     : !isnan(a[r].rooted[i]);
+		}
+		/* r + 0.25 summed in rank order: exact in double */
+		CHECK_MSG(a[r].hsum == 0.25 * AR_RANKS + AR_RANKS * (AR_RANKS - 1) / 2.0,
+			  "rank %d: host sum %.17g", r, a[r].hsum);
+	}
+	CHECK_MSG(wrong_root == 0, "%d floats of the reduce onto rank 1 are wrong (or written elsewhere)",
+		  wrong_root);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -310,11 +345,12 @@ static Traind__JobSpec *spec_model(const char *name, const char *model, const ch
 	char path[512], text[4096];
 	snprintf(path, sizeof(path), "%s/%s.txtpb", tmp, name);
 	snprintf(text, sizeof(text),
-		 "name: \"%s\"\nmodel_dir: \"%s/%s\"\n"
+		 "name: \"%s\"\nmodel_dir: \"%s%s%s\"\n"
 		 "data { train_file: \"%s/demo/fortunes.tokens\" format: DATA_FORMAT_TOKENS seq_len: 16 }\n"
 		 "hyper { schedule: SCHEDULE_CONSTANT lr: 1e-3 weight_decay: 0.01 seed: 7 micro_batch: 2 %s }\n"
 		 "output { dir: \"%s/%s\" %s }\nresources { device: DEVICE_CPU }\n%s\n",
-		 name, fx, model, fx, hyper, tmp, name, output, top);
+		 name, model[0] == '/' ? "" : fx, model[0] == '/' ? "" : "/", model, fx, hyper, tmp,
+		 name, output, top);
 	write_file(path, text, strlen(text));
 	Traind__JobSpec *s = NULL;
 	struct td_errbuf eb = {{0}};
@@ -561,7 +597,7 @@ static int diff_files(const char *a, const char *b)
  * (clipped); the moments are shard_numel floats each, on every rank; the
  * params buffer (the trainable tensors) is padded to N parts, the frozen
  * fp32 floats unchanged; the other arenas are the unsharded plan's.
- * GRADIENTS and PARAMETERS are refused, naming themselves. */
+ * PARAMETERS is refused, naming itself. */
 static void test_shard_plan(void)
 {
 	char path[512];
@@ -598,7 +634,7 @@ static void test_shard_plan(void)
 		}
 		CHECK_EQ_INT(next, nt);
 	}
-	for (int k = TR_SHARD_GRADIENTS; k < TR_SHARD_COUNT; k++) {
+	for (int k = TR_SHARD_PARAMETERS; k < TR_SHARD_COUNT; k++) {
 		struct tr_plan p;
 		struct tr_plan_opts so = o;
 		so.shard = (enum tr_shard)k;
@@ -607,6 +643,111 @@ static void test_shard_plan(void)
 		CHECK_CONTAINS(eb.msg, tr_shard_name((enum tr_shard)k));
 	}
 	tr_plan_fini(&base);
+}
+
+/* The plan of a rank with sharded gradients, against the unsharded plan's
+ * parameter table: the grads buffer is the part (shard_numel floats); each
+ * decoder layer's trainable tensors are packed into ring slot l %
+ * TR_GRAD_RING, whose size is the largest of its layers' trainable floats,
+ * the others' into grads.rest; every trainable float has one place in its
+ * slot (no two tensors of a layer overlap), in goffset order; the grads
+ * arena is those buffers, aligned; the other arenas are OPTIMIZER's. On 5
+ * layers (tests/unit: deep_model's config) with and without LoRA. */
+static void test_shard_grads_plan(const char *model_dir)
+{
+	char path[512];
+	snprintf(path, sizeof(path), "%s/config.json", model_dir);
+	struct tr_model_config cfg;
+	struct td_errbuf eb = {{0}};
+	CHECK_EQ_INT(tr_config_load(&cfg, path, &eb), TD_OK);
+	CHECK(cfg.num_layers > TR_GRAD_RING);
+	for (int lora = 0; lora < 2; lora++) {
+		struct tr_plan_opts o = {.B = 2, .T = 16};
+		if (lora) {
+			o.lora_rank = 4;
+			o.lora_alpha = 8;
+			o.lora_targets = 1u << TR_LIN_Q | 1u << TR_LIN_DOWN;
+		}
+		struct tr_plan base;
+		CHECK_EQ_INT(tr_plan_build(&base, &cfg, &o, &eb), TD_OK);
+		const int L = cfg.num_layers;
+		size_t layer_floats[64] = {0}, rest = 0, slot_want[TR_GRAD_RING + 1] = {0};
+		for (size_t i = 0; i < base.nparams; i++) {
+			const struct tr_param *t = &base.params[i];
+			CHECK_EQ_INT(t->gslot, -1);
+			if (!t->trainable)
+				continue;
+			if (t->layer >= 0)
+				layer_floats[t->layer] += t->numel;
+			else
+				rest += t->numel;
+		}
+		for (int l = 0; l < L; l++)
+			if (layer_floats[l] > slot_want[l % TR_GRAD_RING])
+				slot_want[l % TR_GRAD_RING] = layer_floats[l];
+		slot_want[TR_GRAD_RING] = rest;
+		for (int n = 2; n <= 4; n++) {
+			struct tr_plan p, po;
+			struct tr_plan_opts so = o;
+			so.shard = TR_SHARD_GRADIENTS;
+			so.shard_ranks = n;
+			so.shard_rank = n - 1;
+			CHECK_EQ_INT(tr_plan_build(&p, &cfg, &so, &eb), TD_OK);
+			so.shard = TR_SHARD_OPTIMIZER;
+			CHECK_EQ_INT(tr_plan_build(&po, &cfg, &so, &eb), TD_OK);
+			CHECK_EQ_INT(tr_plan_find(&p, "grads")->bytes, p.shard_numel * sizeof(float));
+			size_t arena = (p.shard_numel * sizeof(float) + TR_PLAN_ALIGN - 1) / TR_PLAN_ALIGN * TR_PLAN_ALIGN;
+			for (int k = 0; k <= TR_GRAD_RING; k++) {
+				char nm[32];
+				if (k < TR_GRAD_RING)
+					snprintf(nm, sizeof(nm), "grads.ring.%d", k);
+				else
+					snprintf(nm, sizeof(nm), "grads.rest");
+				const struct tr_plan_buf *b = tr_plan_find(&p, nm);
+				CHECK_EQ_INT(p.grad_slot_numel[k], slot_want[k]);
+				CHECK_MSG(slot_want[k] ? b && b->bytes == slot_want[k] * sizeof(float) : !b,
+					  "%s: %zu bytes, want %zu floats", nm, b ? b->bytes : 0, slot_want[k]);
+				arena += (slot_want[k] * sizeof(float) + TR_PLAN_ALIGN - 1) / TR_PLAN_ALIGN * TR_PLAN_ALIGN;
+			}
+			CHECK_EQ_INT(p.arena_bytes[TR_ARENA_GRADS], arena);
+			for (int a = 0; a < TR_ARENA_ALL; a++)
+				if (a != TR_ARENA_GRADS)
+					CHECK_EQ_INT(p.arena_bytes[a], po.arena_bytes[a]);
+			/* each unit's tensors tile [0, its floats) of its slot, each
+			 * float once, a tensor after another where its goffset is */
+			for (int u = 0; u <= L; u++) {
+				const size_t want = u < L ? layer_floats[u] : rest;
+				unsigned char *hit = calloc(want + 1, 1);
+				int bad = 0;
+				for (size_t i = 0; i < p.nparams; i++) {
+					const struct tr_param *t = &p.params[i];
+					if (!t->trainable || (t->layer >= 0 ? t->layer : L) != u)
+						continue;
+					CHECK_EQ_INT(t->gslot, u < L ? u % TR_GRAD_RING : TR_GRAD_RING);
+					for (size_t j = 0; j < p.nparams; j++) {
+						const struct tr_param *v = &p.params[j];
+						if (v->trainable && (v->layer >= 0 ? v->layer : L) == u &&
+						    v->goffset < t->goffset)
+							bad += v->gsoff >= t->gsoff;
+					}
+					if (t->gsoff + t->numel > want) {
+						bad++;
+						continue;
+					}
+					for (size_t f = 0; f < t->numel; f++)
+						bad += hit[t->gsoff + f]++ != 0;
+				}
+				for (size_t f = 0; f < want; f++)
+					bad += hit[f] != 1;
+				CHECK_MSG(bad == 0, "lora %d, %d ranks, unit %d: %d floats misplaced in its slot",
+					  lora, n, u, bad);
+				free(hit);
+			}
+			tr_plan_fini(&p);
+			tr_plan_fini(&po);
+		}
+		tr_plan_fini(&base);
+	}
 }
 
 /* memory.shard OPTIMIZER against NONE on the same ranks: the same bits.
@@ -662,6 +803,259 @@ static void test_shard_optimizer(void)
 		printf("%-12s %d ranks, shard optimizer: %d steps, weights and curve NONE's bits\n",
 		       cases[i].name, cases[i].ranks, STEPS);
 	}
+}
+
+/* A model dir of the llama fixture's shapes with `layers` decoder layers
+ * (its layers' weights repeated: layer l is layer l % 2's), in dir: deeper
+ * than the fixtures' two, so that a ring slot of sharded gradients is
+ * used again (train/plan.h: TR_GRAD_RING). */
+static void deep_model(const char *dir, int layers)
+{
+	char src[512], dst[512];
+	mkdir(dir, 0755);
+	snprintf(src, sizeof(src), "%s/llama/config.json", fx);
+	FILE *f = fopen(src, "rb");
+	static char text[8192];
+	size_t n = f ? fread(text, 1, sizeof(text) - 1, f) : 0;
+	if (f)
+		fclose(f);
+	text[n] = 0;
+	char *at = strstr(text, "\"num_hidden_layers\": 2,");
+	if (!at) {
+		fprintf(stderr, "deep_model: %s has no \"num_hidden_layers\": 2\n", src);
+		exit(2);
+	}
+	at[strlen("\"num_hidden_layers\": ")] = (char)('0' + layers);
+	snprintf(dst, sizeof(dst), "%s/config.json", dir);
+	write_file(dst, text, n);
+	snprintf(src, sizeof(src), "%s/llama/model.safetensors", fx);
+	struct tr_st_file *st = NULL;
+	struct td_errbuf eb = {{0}};
+	if (tr_st_open(&st, src, &eb) != TD_OK) {
+		fprintf(stderr, "deep_model: %s\n", eb.msg);
+		exit(2);
+	}
+	size_t cnt = tr_st_count(st);
+	struct tr_st_entry *es = calloc(cnt * (size_t)layers, sizeof(*es));
+	char(*names)[128] = calloc(cnt * (size_t)layers, sizeof(*names));
+	size_t k = 0;
+	for (size_t i = 0; i < cnt; i++) {
+		const struct tr_st_tensor *t = tr_st_at(st, i);
+		int l = -1, used = 0;
+		if (sscanf(t->name, "model.layers.%d.%n", &l, &used) == 1 && used > 0) {
+			for (int m = l; m < layers; m += 2) {
+				snprintf(names[k], sizeof(names[k]), "model.layers.%d.%s", m, t->name + used);
+				es[k] = (struct tr_st_entry){names[k], t->dtype, t->ndim, {0}, t->data};
+				memcpy(es[k].shape, t->shape, sizeof(es[k].shape));
+				k++;
+			}
+			continue;
+		}
+		snprintf(names[k], sizeof(names[k]), "%s", t->name);
+		es[k] = (struct tr_st_entry){names[k], t->dtype, t->ndim, {0}, t->data};
+		memcpy(es[k].shape, t->shape, sizeof(es[k].shape));
+		k++;
+	}
+	snprintf(dst, sizeof(dst), "%s/model.safetensors", dir);
+	if (tr_st_write(dst, es, k, NULL, &eb) != TD_OK) {
+		fprintf(stderr, "deep_model: %s\n", eb.msg);
+		exit(2);
+	}
+	tr_st_close(st);
+	free(es);
+	free(names);
+}
+
+#define SHARD_GRADS "memory { shard: SHARD_GRADIENTS }"
+
+/* memory.shard GRADIENTS against NONE on the same ranks. Each rank's
+ * backward writes a micro-batch's gradients into work buffers that are
+ * summed onto their owners' parts (train/ddp.h): where every rank runs one
+ * micro-batch of the step (grad_accum = ranks), each sum is the host
+ * all-reduce's, x0 + x1 + ... in rank order (the owner's term its
+ * gradient plus its zero part: exact), so the losses, the weights and a
+ * checkpoint's moments are NONE's bits. The norm is the square root of the
+ * parts' sums of squares added in rank order, where NONE sums all of them
+ * in one order (kernels/cpu/ops.c: sumsq, four double partials): each
+ * square is exact in double (24-bit significands), and two orders of a sum
+ * of n non-negative doubles differ by at most 2 gamma_n (double) of it,
+ * so the norms by gamma_n + a rounding of the square root:
+ * (n + 1) * 2^-53 relative, n the trainable floats. The clip factor is
+ * rounded to float from them, so the weights stay NONE's bits unless that
+ * difference straddles a float rounding boundary (a 1e-9 chance at this
+ * n; it would show as a weight difference here, never silently).
+ * Where ranks run more micro-batches than one (grad_accum > ranks, and
+ * shares that differ: a short rank runs an empty round), a micro-batch's
+ * sums come before the next one's instead of after each rank's own
+ * accumulation: another order of the step's float sum, check_curves'
+ * bound against NONE. Cases: 2, 3 and 4 ranks, a 5-layer model (its ring
+ * slots reused, lm_head and the embedding untied), recompute FULL and
+ * SELECTIVE, LoRA with dropout, a tied head. */
+static void test_shard_gradients(const char *deep)
+{
+	enum { STEPS = 6 };
+	static const struct {
+		const char *name, *model, *top;
+		int accum, ranks;
+	} cases[] = {
+		{"zg-full", "qwen2", "", 2, 2},
+		{"zg-full3", "qwen2", "", 3, 3},
+		{"zg-deep", NULL, "", 2, 2},
+		{"zg-deep-full", NULL, "memory { recompute: RECOMPUTE_FULL shard: SHARD_GRADIENTS }", 3, 3},
+		{"zg-deep-sel", NULL, "memory { recompute: RECOMPUTE_SELECTIVE shard: SHARD_GRADIENTS }", 2, 2},
+		{"zg-lora", "qwen2",
+		 "method: METHOD_LORA lora { rank: 4 dropout: 0.1 target_modules: [\"q_proj\", \"v_proj\"] }",
+		 4, 4},
+		{"zg-deep-lora", NULL,
+		 "method: METHOD_LORA lora { rank: 4 target_modules: [\"q_proj\", \"down_proj\"] }", 2, 2},
+		/* more micro-batches than ranks: a bound, not the bits */
+		{"zg-accum5", NULL, "", 5, 2},
+		{"zg-accum7", "qwen2", "", 7, 3},
+		{"zg-accum6-full", NULL, "memory { recompute: RECOMPUTE_FULL shard: SHARD_GRADIENTS }", 6, 4},
+	};
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+		char hyper[160], top[512], name[2][96];
+		const bool exact = cases[i].accum == cases[i].ranks;
+		const char *model = cases[i].model ? cases[i].model : deep;
+		/* clip_norm 0.01: every step clips, so the scaled gradients are what AdamW reads */
+		snprintf(hyper, sizeof(hyper), "max_steps: %d grad_accum: %d clip_norm: 0.01", STEPS,
+			 cases[i].accum);
+		struct curve c[2] = {{0}};
+		size_t nt = 0;
+		for (int sh = 0; sh < 2; sh++) {
+			snprintf(name[sh], sizeof(name[sh]), "%s-%s", cases[i].name, sh ? "grads" : "none");
+			const char *mem = cases[i].top;
+			char none_top[512];
+			/* NONE: the case's memory section with the sharding NONE */
+			snprintf(none_top, sizeof(none_top), "%s", mem);
+			char *sp = strstr(none_top, "SHARD_GRADIENTS");
+			if (sp)
+				memcpy(sp, "SHARD_NONE     ", 15);
+			if (sh)
+				snprintf(top, sizeof(top), "%s\n%s", mem, strstr(mem, "memory") ? "" : SHARD_GRADS);
+			else
+				snprintf(top, sizeof(top), "%s\n%s", none_top,
+					 strstr(mem, "memory") ? "" : "memory { shard: SHARD_NONE }");
+			Traind__JobSpec *s = spec_model(name[sh], model, hyper, exact ? "checkpoint_every: 5" : "",
+							top);
+			struct tr_train_result r;
+			struct td_errbuf eb = {{0}};
+			CHECK_MSG(train(s, cases[i].ranks, 0, 0, &c[sh], &r, &eb) == TD_OK, "%s: %s", name[sh],
+				  eb.msg);
+			CHECK_EQ_INT(r.ranks, cases[i].ranks);
+			rpc_jobspec_free(s);
+		}
+		{
+			/* n: the trainable floats, from the plan of the case's model */
+			char path[512];
+			snprintf(path, sizeof(path), "%s%s%s/config.json", model[0] == '/' ? "" : fx,
+				 model[0] == '/' ? "" : "/", model);
+			struct tr_model_config cfg;
+			struct td_errbuf eb = {{0}};
+			struct tr_plan p;
+			struct tr_plan_opts o = {.B = 2, .T = 16};
+			if (strstr(cases[i].top, "LORA")) {
+				o.lora_rank = 4;
+				o.lora_alpha = 8;
+				o.lora_targets = 1u << TR_LIN_Q | 1u << TR_LIN_V | 1u << TR_LIN_DOWN;
+			}
+			CHECK_EQ_INT(tr_config_load(&cfg, path, &eb), TD_OK);
+			CHECK_EQ_INT(tr_plan_build(&p, &cfg, &o, &eb), TD_OK);
+			nt = p.numel_trainable; /* LoRA: at least this case's adapters */
+			tr_plan_fini(&p);
+		}
+		CHECK_EQ_INT(c[1].n, STEPS);
+		CHECK_MSG(c[1].norm[1] > 0.01, "%s: step 1's norm %g does not clip", cases[i].name,
+			  c[1].norm[1]);
+		if (!exact) {
+			char what[96];
+			snprintf(what, sizeof(what), "%s: %d ranks, accum %d", cases[i].name, cases[i].ranks,
+				 cases[i].accum);
+			check_curves(what, &c[0], &c[1], STEPS);
+			continue;
+		}
+		const double nbound = (double)(nt + 1) * 0x1p-53;
+		int same = c[0].n == c[1].n;
+		double worst = 0;
+		for (int k = 1; k <= STEPS; k++) {
+			same &= c[0].loss[k] == c[1].loss[k];
+			double d = fabs(c[0].norm[k] - c[1].norm[k]) / c[0].norm[k];
+			worst = d > worst ? d : worst;
+		}
+		CHECK_MSG(same, "%s: the sharded gradients' losses are not NONE's", cases[i].name);
+		CHECK_MSG(worst <= nbound, "%s: the norms differ by %.3g (relative), bound %.3g",
+			  cases[i].name, worst, nbound);
+		CHECK_EQ_INT(diff_models(name[0], name[1]), 0);
+		static const char *const files[] = {"model.safetensors", "adapter_model.safetensors",
+						    "optimizer.safetensors"};
+		int compared = 0;
+		for (int f = 0; f < 3; f++) {
+			char a[512], b[512];
+			snprintf(a, sizeof(a), "%s/%s/checkpoints/step-00000005/%s", tmp, name[0], files[f]);
+			snprintf(b, sizeof(b), "%s/%s/checkpoints/step-00000005/%s", tmp, name[1], files[f]);
+			struct stat st;
+			if (stat(a, &st) != 0)
+				continue;
+			compared++;
+			CHECK_MSG(diff_files(a, b) == 0, "%s: the checkpoint's %s is not NONE's", cases[i].name,
+				  files[f]);
+		}
+		CHECK_EQ_INT(compared, 2);
+		printf("%-16s %d ranks, shard gradients: %d steps, weights, losses and checkpoint NONE's "
+		       "bits; norms within %.1e (worst %.1e)\n",
+		       cases[i].name, cases[i].ranks, STEPS, nbound, worst);
+	}
+}
+
+/* A checkpoint of sharded gradients is one device's: a 2-rank GRADIENTS
+ * run (grad_accum 6: three micro-batches a rank, each summed) stopped at
+ * step 3 resumes on 1, 2, 3 and 4 ranks, GRADIENTS (on 1: unsharded) and
+ * OPTIMIZER, each rank reading its part of the moments. On 2 ranks
+ * GRADIENTS the curve and the weights are the uninterrupted run's bits
+ * (contract 6); elsewhere the sums' order follows the ranks and the
+ * sharding: check_curves' bound. On the 5-layer model. */
+static void test_shard_grads_resume(const char *deep)
+{
+	enum { STEPS = 8 };
+	const char *hyper = "max_steps: 8 grad_accum: 6";
+	struct curve straight = {0};
+	struct tr_train_result r;
+	struct td_errbuf eb = {{0}};
+	Traind__JobSpec *s = spec_model("zgr-straight", deep, hyper, "checkpoint_every: 4", SHARD_GRADS);
+	CHECK_MSG(train(s, 2, 0, 0, &straight, &r, &eb) == TD_OK, "straight: %s", eb.msg);
+	rpc_jobspec_free(s);
+	for (int n = 1; n <= 4; n++)
+		for (int opt = 0; opt < 2; opt++) {
+			if (n == 1 && opt)
+				continue;
+			char name[64];
+			snprintf(name, sizeof(name), "zgr-on%d%s", n, opt ? "-opt" : "");
+			s = spec_model(name, deep, hyper, "checkpoint_every: 4", SHARD_GRADS);
+			struct curve c = {0};
+			memset(&eb, 0, sizeof(eb));
+			CHECK_MSG(train(s, 2, 0, 3, &c, &r, &eb) == TD_OK, "%s: %s", name, eb.msg);
+			CHECK_EQ_INT(r.steps_done, 3);
+			rpc_jobspec_free(s);
+			/* the same output dir, resumed with the other settings */
+			s = spec_model(name, deep, hyper, "checkpoint_every: 4", opt ? SHARD_OPT : SHARD_GRADS);
+			CHECK_MSG(train(s, n, 0, 0, &c, &r, &eb) == TD_OK, "%s: resume on %d: %s", name, n,
+				  eb.msg);
+			CHECK_EQ_INT(r.resumed_from, 3);
+			CHECK_EQ_INT(r.steps_done, STEPS);
+			rpc_jobspec_free(s);
+			if (n == 2 && !opt) {
+				int same = 1;
+				for (int k = 1; k <= STEPS; k++)
+					same &= c.loss[k] == straight.loss[k];
+				CHECK_MSG(same, "resumed on 2 ranks: the curve is not the uninterrupted run's");
+				CHECK_EQ_INT(diff_models("zgr-straight", name), 0);
+			} else {
+				char what[96];
+				snprintf(what, sizeof(what), "grads 2-rank checkpoint on %d%s", n,
+					 opt ? " (optimizer)" : "");
+				check_curves(what, &straight, &c, STEPS);
+			}
+		}
 }
 
 /* A sharded checkpoint is one device's, and resumes on any number of ranks.
@@ -802,10 +1196,16 @@ int main(int argc, char **argv)
 	unsetenv("TD_DDP_COMM");
 	unsetenv("TD_DDP_FAIL_AT");
 	if (argc > 1 && strcmp(argv[1], "shard") == 0) { /* meson's ddp-shard: sharded state */
+		char deep[512];
+		snprintf(deep, sizeof(deep), "%s/deep5", tmp);
+		deep_model(deep, 5);
 		test_shard_collectives();
 		test_shard_plan();
+		test_shard_grads_plan(deep);
 		test_shard_optimizer();
 		test_shard_resume();
+		test_shard_gradients(deep);
+		test_shard_grads_resume(deep);
 	} else {
 		test_gang();
 		test_all_reduce();
