@@ -495,7 +495,7 @@ static td_err h_submit(struct dmn_call *c)
 	    (e = dmn_devices_check_gpus(c->env->dev, c->spec->resources->gpus, &c->eb)) != TD_OK ||
 	    (e = dmn_spec_check_paths(c->spec, &c->eb)) != TD_OK)
 		return e;
-	if (c->spec->resources->n_hosts)
+	if (c->spec->resources->n_hosts && !c->env->cfg->peer_listen[0])
 		return td_fail(&c->eb, TD_EINVAL,
 			       "resources.hosts: this daemon takes no part in jobs across daemons "
 			       "(it has no peer_listen setting)");

@@ -19,6 +19,7 @@
 #include <unistd.h>
 
 #include "daemon/identity.h"
+#include "daemon/peers.h"
 #include "daemon/tfevents.h"
 #include "proto/jobspec.h"
 #include "proto/log.h"
@@ -28,6 +29,9 @@
  * milliseconds late (watch polls; a resume replays the steps anyway). */
 #define METRICS_BATCH 32
 #define METRICS_FLUSH_MS 1000
+/* A job across daemons requeued because one of them was unreachable, busy or
+ * lost is placed again no sooner than this. */
+#define PEER_RETRY_MS 3000
 
 struct dmn_runner {
 	struct dmn_runners *set;
@@ -58,6 +62,8 @@ struct dmn_runner {
 	atomic_bool preempt;
 	char preempt_why[256];     /* under set->mu */
 	char requeue_reason[1024]; /* runner thread, then the loop's after the join */
+	int64_t retry_ms;          /* with requeue: not placed again before (ms) */
+	const struct dmn_peer_client *peer; /* resources.hosts: the other daemons' ranks */
 
 	/* runner thread only */
 	struct st_db *db;
@@ -467,11 +473,42 @@ static enum st_job_state run_job(struct dmn_runner *rn, char *reason, size_t cap
 		event(rn, "info", "running on %s (%s backend), attempt %d, as uid %u", rn->device,
 		      rn->backend, rn->attempts + 1, (unsigned)rn->uid);
 
+	/* Across daemons: the other daemons reserve their GPUs and start their
+	 * ranks, which wait in this run's hub. One unreachable, busy or still
+	 * ending its last run: requeued and tried again shortly. */
+	struct dmn_peer_job *pj = NULL;
+	if (rn->peer) {
+		bool retry = false;
+		e = dmn_peer_job_start(&pj, rn->peer, rn->job_id, (uint32_t)rn->attempts + 1, rn->uid,
+				       rn->gid, rn->spec, rn->ngpus ? rn->gpu[0].bytes : 0, &retry, &eb);
+		if (e != TD_OK && retry) {
+			rn->requeue = true;
+			rn->retry_ms = PEER_RETRY_MS;
+			snprintf(rn->requeue_reason, sizeof(rn->requeue_reason),
+				 "waits for the daemons of resources.hosts: %s; tried again every %d s",
+				 eb.msg, PEER_RETRY_MS / 1000);
+			snprintf(reason, cap, "%s; requeued", eb.msg);
+			return ST_INTERRUPTED;
+		}
+		if (e != TD_OK) {
+			snprintf(reason, cap, "%s", eb.msg);
+			return ST_FAILED;
+		}
+		event(rn, "info",
+		      "across daemons: %d ranks; this daemon's %d (ranks 0 to %d), %s; their gang's hub "
+		      "%s",
+		      dmn_peer_job_world(pj), rn->ngpus, rn->ngpus - 1, dmn_peer_job_where(pj),
+		      dmn_peer_job_hub(pj));
+		if (rn->ngpus == 1)
+			devices[0] = rn->gpu[0].fake ? -1 : rn->gpu[0].ordinal;
+	}
 	if ((e = dmn_fscreds_enter(&rn->creds, &eb)) != TD_OK) {
+		dmn_peer_job_end(pj);
 		snprintf(reason, cap, "%s", eb.msg);
 		return ST_FAILED;
 	}
 	if (finished_before(rn)) {
+		dmn_peer_job_end(pj);
 		dmn_fscreds_leave(&rn->creds);
 		snprintf(reason, cap, "the previous run finished before the daemon restarted; the "
 				      "model is in %s",
@@ -493,7 +530,12 @@ static enum st_job_state run_job(struct dmn_runner *rn, char *reason, size_t cap
 				     .cache_dir = rn->cache_dir[0] && !rn->as_user ? rn->cache_dir : NULL,
 				     /* a gang: one rank on each of its GPUs */
 				     .ranks = rn->ngpus > 1 ? rn->ngpus : 1,
-				     .devices = rn->ngpus > 1 ? devices : NULL,
+				     .devices = rn->ngpus > 1 || pj ? devices : NULL,
+				     /* across daemons: ranks 0 .. ngpus - 1 of the job's */
+				     .hub = pj ? dmn_peer_job_hub(pj) : NULL,
+				     .hub_token = pj ? dmn_peer_job_token(pj) : NULL,
+				     .hub_label = pj ? rn->peer->self : NULL,
+				     .world = pj ? dmn_peer_job_world(pj) : 0,
 				     .bases = rn->base_key[0] ? rn->set->bases : NULL,
 				     .base_key = rn->base_key[0] ? rn->base_key : NULL,
 				     .base_digest = rn->base_digest[0] ? rn->base_digest : NULL};
@@ -510,6 +552,7 @@ static enum st_job_state run_job(struct dmn_runner *rn, char *reason, size_t cap
 	dmn_tfevents_close(rn->tb);
 	rn->tb = NULL;
 	dmn_fscreds_leave(&rn->creds);
+	dmn_peer_job_end(pj);
 	flush_metrics(rn);
 	index_module_cache(rn, &res.cache);
 
@@ -525,7 +568,7 @@ static enum st_job_state run_job(struct dmn_runner *rn, char *reason, size_t cap
 	bool dev_err = e == TD_EDEVICE_LOST || ((e == TD_EDEVICE || e == TD_ENOMEM) &&
 						 atomic_load(&rn->device_lost));
 	/* A gang's error is its first failing rank's, on that rank's GPU. */
-	int lost_dev = rn->ngpus > 1 ? res.failed_device : rn->cuda_device;
+	int lost_dev = rn->ngpus > 1 || pj ? res.failed_device : rn->cuda_device;
 	if (lost_dev >= 0 && dev_err) {
 		if (device_lost_first(rn, lost_dev)) {
 			snprintf(reason, cap, "%s (CUDA device %d: the other jobs on it are requeued and "
@@ -543,6 +586,19 @@ static enum st_job_state run_job(struct dmn_runner *rn, char *reason, size_t cap
 		snprintf(reason, cap, "CUDA device %d lost its context by another job's fault (%s); "
 				      "requeued, resumes from its last checkpoint",
 			 lost_dev, eb.msg[0] ? eb.msg : td_strerror(e));
+		return ST_INTERRUPTED;
+	}
+	/* A daemon of the job lost (its process, its host, the network): no
+	 * rank's fault; the job goes back to the queue and resumes from its
+	 * last checkpoint once every daemon answers again. */
+	if (e == TD_EPEER_LOST && pj && !atomic_load(&rn->cancel) && !atomic_load(&rn->shutdown)) {
+		rn->requeue = true;
+		rn->retry_ms = PEER_RETRY_MS;
+		snprintf(rn->requeue_reason, sizeof(rn->requeue_reason),
+			 "a daemon of the job was lost at step %llu (%s); requeued, resumes from its last "
+			 "checkpoint once every daemon of resources.hosts answers",
+			 (unsigned long long)res.steps_done, eb.msg);
+		snprintf(reason, cap, "%s; requeued", eb.msg);
 		return ST_INTERRUPTED;
 	}
 	if (e != TD_OK) {
@@ -577,6 +633,20 @@ static enum st_job_state run_job(struct dmn_runner *rn, char *reason, size_t cap
 			 "%s at step %llu/%llu; resumes from its checkpoint at step %llu", why,
 			 (unsigned long long)res.steps_done, (unsigned long long)res.total_steps,
 			 (unsigned long long)res.steps_done);
+		return ST_INTERRUPTED;
+	}
+	if (res.stopped && pj && !atomic_load(&rn->shutdown)) {
+		/* Another daemon of the job asked its ranks to stop (it is
+		 * stopping): the ranks stopped together after rank 0's
+		 * checkpoint. */
+		rn->requeue = true;
+		rn->retry_ms = PEER_RETRY_MS;
+		snprintf(rn->requeue_reason, sizeof(rn->requeue_reason),
+			 "a daemon of resources.hosts stopped the job at step %llu/%llu (it is "
+			 "stopping); resumes from its checkpoint once every daemon answers",
+			 (unsigned long long)res.steps_done, (unsigned long long)res.total_steps);
+		snprintf(reason, cap, "stopped at step %llu/%llu by another daemon of the job; requeued",
+			 (unsigned long long)res.steps_done, (unsigned long long)res.total_steps);
 		return ST_INTERRUPTED;
 	}
 	if (res.stopped) {
@@ -667,7 +737,8 @@ static void done_cb(uv_async_t *h)
 		pthread_join(d->thread, NULL);
 		if (set->done)
 			set->done(set->ctx, d->job_id, d->final, d->on_gpu,
-				  d->final == ST_QUEUED ? d->requeue_reason : "");
+				  d->final == ST_QUEUED ? d->requeue_reason : "",
+				  d->final == ST_QUEUED ? d->retry_ms : 0);
 		runner_free(d);
 	}
 }
@@ -715,6 +786,7 @@ td_err dmn_runners_start(struct dmn_runners *r, struct dmn_run_request *req, str
 	snprintf(rn->device, sizeof(rn->device), "%s", req->device);
 	snprintf(rn->backend, sizeof(rn->backend), "%s", req->backend);
 	rn->cuda_device = req->cuda_device;
+	rn->peer = req->peer;
 	rn->ngpus = req->ngpus > 0 && req->ngpus <= DMN_MAX_GPUS ? req->ngpus : 0;
 	memcpy(rn->gpu, req->gpu, (size_t)rn->ngpus * sizeof(rn->gpu[0]));
 	if (req->cache_dir)

@@ -30,6 +30,7 @@
 #include "traind.pb-c.h"
 
 struct dmn_runners;
+struct dmn_peer_client;
 
 /* One of a job's GPUs, with its lease. */
 struct dmn_run_gpu {
@@ -67,6 +68,9 @@ struct dmn_run_request {
 	uint64_t base_bytes;
 	char base_key[200];
 	const char *base_digest;
+	/* resources.hosts: the peer client (daemon/peers.h) through which the
+	 * runner starts the job's ranks on the other daemons; NULL otherwise. */
+	const struct dmn_peer_client *peer;
 };
 
 /* Called on the loop thread after a runner thread ended and was joined.
@@ -75,9 +79,11 @@ struct dmn_run_request {
  * was preempted (dmn_runners_preempt), and asks to be requeued now
  * (INTERRUPTED -> QUEUED with requeue_reason, done on the loop thread so
  * that no pass admits the job again while this runner is still in the set).
- * requeue_reason is "" unless final is ST_QUEUED. */
+ * requeue_reason is "" unless final is ST_QUEUED. retry_ms > 0: a job across
+ * daemons that found one of them unreachable, busy or lost, requeued to be
+ * placed again no sooner than that. */
 typedef void (*dmn_runner_done_fn)(void *ctx, int64_t job_id, enum st_job_state final,
-				   bool on_gpu, const char *requeue_reason);
+				   bool on_gpu, const char *requeue_reason, int64_t retry_ms);
 
 /* A runner set whose threads open db_path for their own handles. */
 td_err dmn_runners_new(struct dmn_runners **out, uv_loop_t *loop, const char *db_path,

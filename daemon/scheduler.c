@@ -47,6 +47,7 @@ struct preemption {
 	int64_t victim, by;
 };
 #define PREEMPT_MAX 64
+#define DEFER_MAX 256
 
 /* A running job (for preemption: scheduler.h). */
 struct cand {
@@ -94,6 +95,18 @@ struct dmn_sched {
 	/* This pass's running jobs, for preemption (SIZE_MAX: not read yet). */
 	struct cand *running;
 	size_t nrunning;
+	/* Jobs across daemons (resources.hosts): the peer client (NULL: this
+	 * daemon has no peer_listen), whether the job being offered GPUs runs
+	 * NCCL (a gang, or ranks on other daemons: its leases hold NCCL's
+	 * buffers), and the jobs whose last try found a daemon of theirs
+	 * unreachable or busy: not placed again before until_ms. */
+	const struct dmn_peer_client *peer;
+	bool cur_nccl;
+	struct defer {
+		int64_t job_id, until_ms;
+		char why[240];
+	} defer[DEFER_MAX];
+	size_t ndefer;
 };
 
 struct why {
@@ -392,7 +405,7 @@ static void offer(struct dmn_sched *s, const struct st_queued *q, uint64_t plan_
 				  !(lost && !g->fake && dmn_runners_lost(s->run, g->ordinal)),
 			/* A gang's real GPUs hold NCCL's buffers too (gpu/comm.h). */
 			.need = dmn_sched_lease_bytes(s->cfg, g, plan_bytes) +
-				(want > 1 && !g->fake ? GPU_NCCL_RESERVE_BYTES : 0) -
+				((want > 1 || s->cur_nccl) && !g->fake ? GPU_NCCL_RESERVE_BYTES : 0) -
 				(s->attach[i] ? sh->bytes : 0),
 			.avail = avail,
 			.share = share,
@@ -580,13 +593,25 @@ static enum place try_place(struct dmn_sched *s, const struct st_queued *q)
 	}
 	Traind__Device want = spec->resources->device;
 	unsigned ngpus = spec->resources->gpus ? spec->resources->gpus : 1;
+	/* Ranks on other daemons too (resources.hosts): a gang across them. */
+	const bool hosts = spec->resources->n_hosts > 0;
+	if (hosts && !s->peer) {
+		rpc_jobspec_free(spec);
+		fail_job(s, q->id,
+			 "resources.hosts: this daemon takes no part in jobs across daemons (it has no "
+			 "peer_listen setting now)");
+		return PLACE_ENDED;
+	}
+	s->cur_nccl = ngpus > 1 || hosts;
 	/* A gang never runs on the CPU: it asked for several GPUs. */
-	bool allow_cpu = ngpus == 1 && (want == TRAIND__DEVICE__DEVICE_CPU || spec->resources->allow_cpu);
+	bool allow_cpu = ngpus == 1 && !hosts &&
+			 (want == TRAIND__DEVICE__DEVICE_CPU || spec->resources->allow_cpu);
 	bool gpu_ok = want != TRAIND__DEVICE__DEVICE_CPU && s->dev->n > 0;
 	if (!gpu_ok && !allow_cpu) {
 		rpc_jobspec_free(spec);
 		fail_job(s, q->id,
-			 ngpus > 1 ? "resources.gpus: the job needs several GPUs and this host has none"
+			 hosts ? "resources.hosts: the job runs on GPUs and this host has none"
+			 : ngpus > 1 ? "resources.gpus: the job needs several GPUs and this host has none"
 				   : "resources.device: the job needs a GPU and this host has none; set "
 				     "resources.allow_cpu: true (or device: DEVICE_CPU) to run it on the CPU");
 		return PLACE_ENDED;
@@ -633,7 +658,8 @@ static enum place try_place(struct dmn_sched *s, const struct st_queued *q)
 		 * policy's recompute). Not placed, it waits with the smallest plan
 		 * (dmn_plan_smallest), which fits soonest. */
 		const int npol = p->pb.auto_policy ? TR_RECOMPUTE_COUNT : 1;
-		const int nsh = p->pb.auto_shard ? TR_SHARD_BUILT : 1;
+		/* Across daemons the optimizer state is whole on every rank. */
+		const int nsh = p->pb.auto_shard && !hosts ? TR_SHARD_BUILT : 1;
 		struct dmn_place_gpu pg[DMN_MAX_GPUS];
 		uint32_t mask = 0;
 		/* A base it may share (memory.share_base, the share_bases setting):
@@ -652,8 +678,8 @@ static enum place try_place(struct dmn_sched *s, const struct st_queued *q)
 			mask = dmn_place_pick(pg, s->dev->n, s->dev->nvlink, (int)ngpus, DMN_PLACE_NOW);
 			if (mask && p->pb.auto_policy)
 				policy = pk;
-			if (mask && p->pb.auto_shard)
-				shard = sk;
+			if (mask && (p->pb.auto_shard || hosts))
+				shard = hosts ? TR_SHARD_NONE : sk;
 		}
 		if (mask) {
 			td_err e = reserve_gpus(s, q, mask, pg, shares ? &sh : NULL, &rr, &eb);
@@ -720,7 +746,14 @@ static enum place try_place(struct dmn_sched *s, const struct st_queued *q)
 				 "; memory.recompute AUTO chose none: its plan of %.1f MiB fits",
 				 (double)plan_bytes / (1 << 20));
 	}
-	if (gpu && shard >= 0) {
+	if (gpu && shard >= 0 && hosts) {
+		spec->memory->has_shard = true;
+		spec->memory->shard = TRAIND__SHARD__SHARD_NONE;
+		size_t len = strlen(chose);
+		snprintf(chose + len, sizeof(chose) - len,
+			 "; memory.shard: none (across daemons every rank keeps the whole optimizer "
+			 "state)");
+	} else if (gpu && shard >= 0) {
 		spec->memory->has_shard = true;
 		static const Traind__Shard wire[TR_SHARD_COUNT] = {
 			TRAIND__SHARD__SHARD_NONE, TRAIND__SHARD__SHARD_OPTIMIZER,
@@ -810,6 +843,7 @@ static enum place try_place(struct dmn_sched *s, const struct st_queued *q)
 	rr.cuda_device = real_gpu ? gpu->ordinal : -1;
 	rr.cache_dir = s->cfg->cache_dir;
 	rr.base_digest = rr.base_shared ? p->pb.base_digest : NULL;
+	rr.peer = hosts ? s->peer : NULL;
 	if ((e = dmn_runners_start(s->run, &rr, &eb)) != TD_OK) {
 		td_err_log("TD-SCHED-START", "job %lld: %s", (long long)q->id, eb.msg);
 		struct td_errbuf eb2 = {{0}};
@@ -1169,7 +1203,9 @@ static bool maybe_preempt(struct dmn_sched *s, const struct st_queued *q)
 	}
 	Traind__Device dev = spec->resources->device;
 	unsigned want = spec->resources->gpus ? spec->resources->gpus : 1;
-	bool allow_cpu = want == 1 && (dev == TRAIND__DEVICE__DEVICE_CPU || spec->resources->allow_cpu);
+	s->cur_nccl = want > 1 || spec->resources->n_hosts > 0;
+	bool allow_cpu = want == 1 && !spec->resources->n_hosts &&
+			 (dev == TRAIND__DEVICE__DEVICE_CPU || spec->resources->allow_cpu);
 	bool gpu_ok = dev != TRAIND__DEVICE__DEVICE_CPU && s->dev->n > 0;
 	rpc_jobspec_free(spec);
 
@@ -1261,6 +1297,40 @@ static void explain_preempting(struct dmn_sched *s, const struct st_queued *q)
 			n > 1 ? "their" : "its");
 }
 
+/* Job across daemons: not placed again for ms (its requeue said why). */
+static void defer_add(struct dmn_sched *s, int64_t job_id, int64_t ms, const char *why)
+{
+	int64_t until = st_now_ms() + ms;
+	size_t k = 0;
+	while (k < s->ndefer && s->defer[k].job_id != job_id)
+		k++;
+	if (k == s->ndefer) {
+		if (s->ndefer == DEFER_MAX)
+			return; /* placed again at once: no harm but the retries */
+		s->ndefer++;
+	}
+	s->defer[k] = (struct defer){.job_id = job_id, .until_ms = until};
+	snprintf(s->defer[k].why, sizeof(s->defer[k].why), "%s", why);
+	why_set(s, job_id, "%s", why);
+}
+
+/* The deferral job waits out (expired ones are dropped), or NULL. */
+static const struct defer *deferred(struct dmn_sched *s, int64_t job_id)
+{
+	int64_t now = st_now_ms();
+	const struct defer *found = NULL;
+	for (size_t k = 0; k < s->ndefer;) {
+		if (s->defer[k].until_ms <= now) {
+			s->defer[k] = s->defer[--s->ndefer];
+			continue;
+		}
+		if (s->defer[k].job_id == job_id)
+			found = &s->defer[k];
+		k++;
+	}
+	return found;
+}
+
 static void pass(struct dmn_sched *s, bool from_tick)
 {
 	if (s->stopping)
@@ -1318,6 +1388,7 @@ static void pass(struct dmn_sched *s, bool from_tick)
 	const double quota_ms = s->cfg->quota_gpu_hours * 3600e3;
 	for (size_t i = 0; i < n; i++) {
 		int64_t gpu_ms = 0;
+		const struct defer *df;
 		for (size_t k = 0; k < nuse; k++) {
 			if (use[k].uid == q[i].uid) {
 				used[i] = use[k].u.gpu_ms + use[k].u.cpu_ms;
@@ -1330,6 +1401,8 @@ static void pass(struct dmn_sched *s, bool from_tick)
 			why_set(s, q[i].id, "waits for job %lld%s to succeed (submit --after)",
 				(long long)q[i].dep_waiting,
 				q[i].deps_pending > 1 ? " and others" : "");
+		else if ((df = deferred(s, q[i].id)) != NULL)
+			why_set(s, q[i].id, "%s", df->why); /* its requeue's reason */
 		else if (quota_ms > 0 && (double)gpu_ms >= quota_ms)
 			why_set(s, q[i].id,
 				"quota_gpu_hours: uid %u used %.2f of its %.2f GPU-hours in the last %ld "
@@ -1470,9 +1543,11 @@ void dmn_sched_tick(struct dmn_sched *s)
 /* Runner ends */
 
 static void runner_done(void *ctx, int64_t job_id, enum st_job_state final, bool on_gpu,
-			const char *requeue_reason)
+			const char *requeue_reason, int64_t retry_ms)
 {
 	struct dmn_sched *s = ctx;
+	if (final == ST_QUEUED && retry_ms > 0)
+		defer_add(s, job_id, retry_ms, requeue_reason);
 	for (size_t i = 0; i < s->npreempting;) {
 		if (s->preempting[i].victim == job_id)
 			s->preempting[i] = s->preempting[--s->npreempting];
@@ -1531,6 +1606,7 @@ td_err dmn_sched_new(struct dmn_sched **out, const struct dmn_sched_deps *d, str
 	s->db = d->db;
 	s->cfg = d->cfg;
 	s->dev = d->dev;
+	s->peer = d->peer;
 	td_err e = dmn_runners_new(&s->run, d->loop, d->db_path, runner_done, s, eb);
 	if (e != TD_OK) {
 		free(s->running);

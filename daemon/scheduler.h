@@ -71,12 +71,17 @@
 
 struct dmn_sched;
 
+struct dmn_peer_client;
+
 struct dmn_sched_deps {
 	uv_loop_t *loop;
 	struct st_db *db;               /* the loop thread's handle */
 	const char *db_path;            /* for the runners' own handles */
 	const struct dmn_config *cfg;   /* live settings (SIGHUP may change them) */
 	const struct dmn_devices *dev;
+	/* peer_listen set: this daemon coordinates jobs across daemons
+	 * (daemon/peers.h); NULL: it refuses them. Outlives the scheduler. */
+	const struct dmn_peer_client *peer;
 };
 
 /* Reads the jobs that have not ended (after st_jobs_recover) to know their

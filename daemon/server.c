@@ -29,6 +29,7 @@
 #include "daemon/identity.h"
 #include "daemon/metrics.h"
 #include "daemon/notify.h"
+#include "daemon/peers.h"
 #include "daemon/scheduler.h"
 #include "proto/log.h"
 #include "state/state.h"
@@ -69,6 +70,9 @@ struct server {
 	bool loop_ready, stopping, closing;
 	bool reexec; /* stopping to re-execute (a GPU context that cannot be reset) */
 	struct dmn_metrics_http *metrics_http; /* metrics_port */
+	/* peer_listen: jobs across daemons (daemon/peers.h) */
+	struct dmn_peer_client peerc;
+	struct dmn_peers *peers;
 	char metrics_err[256];                 /* the textfile's last error, logged once */
 	int exit_code;
 	char db_path[PATH_MAX];
@@ -479,7 +483,8 @@ static void stop_poll_cb(uv_timer_t *t)
 	struct server *srv = t->data;
 	if (srv->closing)
 		return;
-	if (dmn_runners_count(dmn_sched_runners(srv->sched)) == 0 && srv->env.pending == 0) {
+	if (dmn_runners_count(dmn_sched_runners(srv->sched)) == 0 && srv->env.pending == 0 &&
+	    dmn_peers_running(srv->peers) == 0) {
 		td_info("TD-STOP", "every job stopped; exiting");
 		close_handles(srv);
 	}
@@ -521,6 +526,7 @@ static void begin_stop(struct server *srv, const char *why)
 	td_info("TD-STOP", "%s: stopping; %zu running job(s) checkpoint and stop", why, n);
 	dmn_notify_stopping();
 	dmn_sched_stop(srv->sched);
+	dmn_peers_stop(srv->peers); /* other daemons' jobs' ranks here: they stop together */
 	notify_status(srv);
 	uv_timer_start(&srv->stop_poll, stop_poll_cb, 0, STOP_POLL_MS);
 	uv_timer_start(&srv->deadline, deadline_cb, (uint64_t)srv->cfg->shutdown_timeout_s * 1000, 0);
@@ -622,8 +628,14 @@ static td_err start(struct server *srv, struct td_errbuf *eb)
 	if (rv != 0)
 		return td_fail(eb, TD_EINTERNAL, "uv_loop_init: %s", uv_strerror(rv));
 	srv->loop_ready = true;
-	struct dmn_sched_deps deps = {
-		.loop = &srv->loop, .db = srv->db, .db_path = srv->db_path, .cfg = cfg, .dev = &srv->dev};
+	if (cfg->peer_listen[0] && (e = dmn_peer_client_init(&srv->peerc, cfg, eb)) != TD_OK)
+		return e;
+	struct dmn_sched_deps deps = {.loop = &srv->loop,
+				      .db = srv->db,
+				      .db_path = srv->db_path,
+				      .cfg = cfg,
+				      .dev = &srv->dev,
+				      .peer = cfg->peer_listen[0] ? &srv->peerc : NULL};
 	if ((e = dmn_sched_new(&srv->sched, &deps, eb)) != TD_OK)
 		return e;
 	srv->env = (struct dmn_env){
@@ -661,6 +673,13 @@ static td_err start(struct server *srv, struct td_errbuf *eb)
 			return e;
 		td_info("TD-METRICS", "Prometheus metrics at http://127.0.0.1:%ld/metrics",
 			cfg->metrics_port);
+	}
+	if (cfg->peer_listen[0]) {
+		if ((e = dmn_peers_start(&srv->peers, &srv->peerc, cfg, srv->db_path, &srv->dev, eb)) !=
+		    TD_OK)
+			return e;
+		td_info("TD-PEER-LISTEN", "other daemons' jobs (resources.hosts) at %s",
+			srv->peerc.self);
 	}
 	dmn_sched_kick(srv->sched);
 	td_info("TD-READY",
@@ -705,6 +724,7 @@ int dmn_serve(struct dmn_config *cfg, int argc, char **argv)
 		if (uv_loop_close(&srv->loop) != 0)
 			td_err_log("TD-STOP", "libuv handles were left open at exit");
 	}
+	dmn_peers_free(srv->peers);
 	dmn_metrics_http_free(srv->metrics_http);
 	free(srv->ctxs);
 	st_close(srv->db);

@@ -111,6 +111,16 @@ static const struct setting settings[] = {
 	{"metrics_port", T_INT, F(metrics_port), "0", 0, 65535, NULL, false,
 	 "serve the Prometheus exposition at http://127.0.0.1:PORT/metrics (loopback only); "
 	 "0: not served"},
+	{"peer_listen", T_STR, F(peer_listen), "", 0, 0, NULL, false,
+	 "take part in jobs across daemons (resources.hosts): listen for the other daemons at this "
+	 "address, tcp://HOST:PORT (HOST one they reach; the job's gang hub listens there too, on a "
+	 "free port); empty: no such jobs. Needs peer_secret_file"},
+	{"peer_secret_file", T_PATH, F(peer_secret_file), "", 0, 0, NULL, false,
+	 "the secret every daemon of a job across daemons shares (16 .. 4096 bytes; a file of the "
+	 "daemon's own user, mode 0600): each request between daemons is signed with it"},
+	{"peer_lease_ttl_s", T_INT, F(peer_lease_ttl_s), "60", 2, 3600, NULL, false,
+	 "a peer's leases for a job across daemons expire, and its ranks stop, when the job's "
+	 "coordinating daemon has not renewed them for this many seconds (it renews every quarter)"},
 };
 #define NSETTINGS (sizeof(settings) / sizeof(settings[0]))
 _Static_assert(NSETTINGS <= DMN_NSETTINGS_MAX, "raise DMN_NSETTINGS_MAX");

@@ -62,6 +62,9 @@ struct dmn_config {
 	long preempt_grace_s;       /* a preempted job is not preempted again within this */
 	char metrics_textfile[PATH_MAX]; /* Prometheus exposition written each tick; "": none */
 	long metrics_port;          /* immutable: 127.0.0.1:PORT/metrics; 0: none */
+	char peer_listen[256];      /* immutable: "tcp://HOST:PORT" for other daemons; "": none */
+	char peer_secret_file[PATH_MAX]; /* immutable: their shared secret (daemon/peers.h) */
+	long peer_lease_ttl_s;      /* immutable: a peer's leases expire without a heartbeat */
 
 	/* not settings: how this config came to be */
 	char config_file[PATH_MAX]; /* "" if none was read */

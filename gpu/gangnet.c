@@ -730,8 +730,10 @@ static td_err net_op(struct gpu_gang *g, int rank, int op, const void *in, uint6
 	pthread_mutex_unlock(&nt->send_mu);
 	if (!ok) {
 		char msg[300];
-		snprintf(msg, sizeof(msg), "%s: rank %d cannot reach the gang's hub at %s: %s",
-			 op_name(op), rank, nt->hub, strerror(errno));
+		snprintf(msg, sizeof(msg),
+			 "lost the gang's hub at %s (the coordinating daemon or its host is gone): rank "
+			 "%d's %s: %s",
+			 nt->hub, rank, op_name(op), strerror(errno));
 		gpu__gang_fail_first(g, rank, TD_EPEER_LOST, msg);
 		return gpu__gang_stopped(g, rank, eb);
 	}

@@ -38,16 +38,25 @@
 #           >= 1.9, reported, not asserted), each GPU's peak as nvidia-smi
 #           sees it beside the lease a gang takes there; then peer_dist.py
 #           (PyTorch DDP) on 2 GPUs where torchrun is found
+#   hosts   one job across two daemons (issue 12, item 4): daemon A owns
+#           GPU 0 and daemon B GPU 1 (CUDA_VISIBLE_DEVICES), peers over
+#           loopback with a shared secret; a job submitted to A with hosts
+#           [B] trains on both (NCCL between the two processes, its unique id
+#           through A's gang hub), B's ledger holding its lease while it
+#           runs; its curve within the bf16 bound of traind --run --gpus 2
+#           (one process); kill -9 of B mid-job: requeued, resumes once B is
+#           back, succeeds; kill -9 of A mid-job: B's ranks and lease go at
+#           once, A restarted resumes it; no lease left on either daemon
 # Environment: TRAIND, TRAINCTL, TD_FIXTURES, TD_SRC (as tests/integration),
 # BENCH_TRAIN for bench, PEER_DIST (peer_dist.py) optionally, OUT for the
 # bench's JSON lines (default /tmp). NCCL_NVLS_ENABLE=0 is set here
 # (multicast stays off). DDP_BACKEND=cpu runs curves, resume and the first
 # fault on CPU ranks instead (this script's own check, on any machine).
-# usage: ddp.sh [curves] [resume] [faults] [daemon] [shard] [bench]
+# usage: ddp.sh [curves] [resume] [faults] [daemon] [shard] [bench] [hosts]
 . "$(dirname "$0")/../integration/lib.sh"
 cd "$TD_SRC" || exit 1
 export NCCL_NVLS_ENABLE=0
-parts=${*:-curves resume faults daemon shard bench}
+parts=${*:-curves resume faults daemon shard bench hosts}
 fx=$TD_FIXTURES
 out=${OUT:-/tmp}
 
@@ -334,5 +343,114 @@ if [[ " $parts " == *" bench "* ]]; then
 	else
 		note "no peer: PEER_DIST unset or no torchrun"
 	fi
+fi
+if [[ " $parts " == *" hosts "* ]] && [ "$be" != cuda ]; then
+	note "hosts: the CPU version is tests/integration/hosts.sh (it-hosts)"
+elif [[ " $parts " == *" hosts "* ]]; then
+	echo "== hosts: one job across two daemons, one GPU each, kill -9 of either mid-job"
+	STEPS=${HOSTS_STEPS:-4000}
+	EVERY=${HOSTS_EVERY:-200}
+	cat >"$WORK/hosts.txtpb" <<SPEC
+name: "ddp-hosts"
+model_dir: "$fx/qwen2"
+data { train_file: "$fx/demo/fortunes.tokens" format: DATA_FORMAT_TOKENS seq_len: 24 }
+hyper { lr: 1e-3 schedule: SCHEDULE_CONSTANT max_steps: $STEPS micro_batch: 2 grad_accum: 2 seed: 3 weight_decay: 0.01 }
+output { dir: "$WORK/unused" checkpoint_every: $EVERY }
+resources { device: DEVICE_GPU allow_cpu: false }
+SPEC
+	free_port() {
+		local p
+		for _ in $(seq 1 200); do
+			p=$((20000 + RANDOM % 40000))
+			(exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null || { echo "$p"; return 0; }
+		done
+		return 1
+	}
+	PA=$(free_port)
+	PB=$(free_port)
+	(umask 077 && head -c 48 /dev/urandom | base64 >"$WORK/peer.secret")
+	printf '  hosts: "tcp://127.0.0.1:%s"\n' "$PB" >"$WORK/hosts.line"
+	sed -e "s|^resources { device: DEVICE_GPU allow_cpu: false }|resources {\n  device: DEVICE_GPU\n  allow_cpu: false\n$(cat "$WORK/hosts.line")\n}|" \
+		"$WORK/hosts.txtpb" >"$WORK/hosts-ab.txtpb"
+	BSOCK=$WORK/b.sock
+	BLOG=$WORK/b.log
+	BPID=
+	extra_cleanup() { [ -n "$BPID" ] && kill -KILL "$BPID" 2>/dev/null; }
+	ctlb() { "$TRAINCTL" --socket "$BSOCK" "$@"; }
+	start_b() {
+		CUDA_VISIBLE_DEVICES=1 "$TRAIND" --socket "$BSOCK" --state-dir "$WORK/b-state" \
+			--cache-dir "$WORK/cache-b" --user --cpu-slots 0 --peer-listen "tcp://127.0.0.1:$PB" \
+			--peer-secret-file "$WORK/peer.secret" >>"$BLOG" 2>&1 &
+		BPID=$!
+		wait_for 60 sh -c "$TRAINCTL --socket $BSOCK info >/dev/null 2>&1"
+	}
+	start_a() {
+		CUDA_VISIBLE_DEVICES=0 start_daemon --user --cpu-slots 0 \
+			--peer-listen "tcp://127.0.0.1:$PA" --peer-secret-file "$WORK/peer.secret"
+	}
+	ckpt() { [ -d "$1/checkpoints/step-$(printf %08d "$2")" ]; }
+	b_leases() { ctlb ledger | grep -c "of tcp://127.0.0.1:$PA"; }
+	no_b_lease() { [ "$(b_leases)" = 0 ]; }
+	ended() { case $(job_state "$1") in SUCCEEDED | FAILED | CANCELLED) return 0 ;; esac; return 1; }
+	# steps ID LOG: the job's first 100 steps' lines, as traind --run prints
+	# them (the curves part's bound is for 100 bf16 steps).
+	steps() {
+		ctl logs "$1" | sed -n 's/^[0-9-]* [0-9:]* *step /step /p' |
+			awk '{ split($2, s, "/"); if (s[1] + 0 <= 100) print }' >"$2"
+	}
+
+	# the reference: one process, both GPUs
+	sed "s|dir: \"$WORK/unused\"|dir: \"$WORK/out-h1\"|" "$WORK/hosts.txtpb" >"$WORK/h1.txtpb"
+	check "the reference: traind --run --gpus 2" \
+		"$TRAIND" --run "$WORK/h1.txtpb" --gpus 2 >"$WORK/h1.log" 2>"$WORK/h1.err"
+	check "B starts on GPU 1" start_b
+	start_a
+	info=$(ctl info)
+	expect_contains "A sees one GPU" "$info" "GPU"
+	j=$(ctl submit "$WORK/hosts-ab.txtpb" --output "$WORK/out-h2")
+	check "the job across A and B runs" wait_for 120 job_is "$j" RUNNING
+	check "B's ledger holds its lease" wait_for 30 test "$(b_leases)" = 1
+	note "$(ctlb ledger | grep "of tcp://127.0.0.1:$PA")"
+	check "it ends" wait_for 600 ended "$j"
+	expect_eq "it succeeds" "$(job_state "$j")" SUCCEEDED
+	logs=$(ctl logs "$j")
+	expect_contains "across daemons" "$logs" "across daemons: 2 ranks"
+	expect_contains "summed over NCCL" "$logs" "gradients summed over nccl"
+	steps "$j" "$WORK/h2.log"
+	compare "two daemons vs one process of 2 GPUs (bf16)" "$WORK/h1.log" "$WORK/h2.log" 2e-2
+	check "no lease left on B" wait_for 10 no_b_lease
+	expect_contains "no lease left on A" "$(ctl ledger)" "no reservations"
+
+	j3=$(ctl submit "$WORK/hosts-ab.txtpb" --output "$WORK/out-kb")
+	check "kill -9 of B: the job is past a checkpoint" wait_for 300 ckpt "$WORK/out-kb" "$EVERY"
+	kill -KILL "$BPID"
+	wait "$BPID" 2>/dev/null
+	BPID=
+	check "the job is requeued" wait_for 60 job_is "$j3" QUEUED
+	expect_contains "naming the lost daemon" "$(ctl show "$j3")" "a daemon of the job was lost"
+	expect_contains "A keeps no lease" "$(ctl ledger)" "no reservations"
+	check "B restarts" start_b
+	check "the job ends" wait_for 600 ended "$j3"
+	expect_eq "it succeeds" "$(job_state "$j3")" SUCCEEDED
+	expect_contains "resumed from its checkpoint" "$(ctl logs "$j3")" "resumed from $WORK/out-kb/checkpoints/step-"
+	steps "$j3" "$WORK/h3.log"
+	compare "B killed and back vs one process (bf16)" "$WORK/h1.log" "$WORK/h3.log" 2e-2
+	check "no lease left on B" wait_for 10 no_b_lease
+
+	j4=$(ctl submit "$WORK/hosts-ab.txtpb" --output "$WORK/out-ka")
+	check "kill -9 of A: the job is past a checkpoint" wait_for 300 ckpt "$WORK/out-ka" "$EVERY"
+	kill9_daemon
+	check "B's ranks end and its lease goes" wait_for 60 no_b_lease
+	start_a
+	check "A restarted: the job ends" wait_for 600 ended "$j4"
+	expect_eq "it succeeds" "$(job_state "$j4")" SUCCEEDED
+	expect_contains "resumed from its checkpoint" "$(ctl logs "$j4")" "resumed from $WORK/out-ka/checkpoints/step-"
+	expect_contains "no lease left on A" "$(ctl ledger)" "no reservations"
+	check "no lease left on B" wait_for 10 no_b_lease
+	stop_daemon
+	kill -TERM "$BPID"
+	wait "$BPID"
+	expect_eq "B exits 0" "$?" 0
+	BPID=
 fi
 finish
