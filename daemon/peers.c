@@ -217,6 +217,7 @@ struct guest {
 	int devices[DMN_MAX_GPUS];
 	char gpus[DMN_MAX_GPUS * 97];
 	atomic_bool stop, done, expired;
+	char why_expired[400];
 	_Atomic int64_t last_hb_ms; /* monotonic */
 	pthread_t thread;
 };
@@ -272,6 +273,8 @@ static void *guest_main(void *arg)
 			.hub_label = p->c->self,
 			.world = g->world,
 			.rank_base = g->base,
+			.abort = &g->expired,
+			.abort_why = g->why_expired,
 		};
 		struct tr_hooks hooks = {.should_stop = guest_should_stop, .ctx = g};
 		e = tr_train(g->spec, &opts, &hooks, &res, &eb);
@@ -469,6 +472,10 @@ static td_err handle_run(struct dmn_peers *p, const char *coord, const Traind__P
 	g->base = (int)r->rank_base;
 	g->ngpus = (int)r->ranks;
 	atomic_init(&g->last_hb_ms, mono_ms());
+	snprintf(g->why_expired, sizeof(g->why_expired),
+		 "the daemon at %s gave up job %lld: its coordinator %s stopped renewing its leases for "
+		 "%ld s (peer_lease_ttl_s)",
+		 p->c->self, (long long)r->job, coord, p->c->ttl_s);
 	td_err e = rpc_jobspec_copy(&g->spec, r->spec);
 	if (e == TD_OK && (e = rpc_jobspec_apply_defaults(g->spec, eb)) == TD_OK)
 		e = rpc_jobspec_validate(g->spec, eb);

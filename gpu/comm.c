@@ -154,6 +154,20 @@ bool gpu_gang_is_net(const struct gpu_gang *g)
 	return g->net != NULL;
 }
 
+void gpu_gang_set_abort(struct gpu_gang *g, const atomic_bool *flag, const char *why)
+{
+	g->abort = flag;
+	snprintf(g->abort_why, sizeof(g->abort_why), "%s", why && *why ? why : "aborted");
+}
+
+bool gpu__gang_poll_abort(struct gpu_gang *g, int rank)
+{
+	if (!g->abort || !atomic_load(g->abort) || atomic_load(&g->failed))
+		return false;
+	gpu_gang_fail(g, rank, TD_EPEER_LOST, g->abort_why);
+	return true;
+}
+
 td_err gpu_gang_exchange(struct gpu_gang *g, int rank, double *v, size_t n, bool *flag,
 			 struct td_errbuf *eb)
 {
@@ -278,6 +292,7 @@ static td_err nccl_poll(struct gpu_comm *c, bool side, int timeout_ms, const cha
 	int64_t start = mono_us();
 	long sleep_ns = 2000;
 	for (;;) {
+		gpu__gang_poll_abort(c->g, c->rank);
 		if (gpu_gang_failed(c->g)) {
 			nccl_abort(c);
 			return gang_stopped(c->g, c->rank, eb);

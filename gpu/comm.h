@@ -30,6 +30,7 @@
 #ifndef GPU_COMM_H
 #define GPU_COMM_H
 
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -110,6 +111,12 @@ td_err gpu_gang_new_net(struct gpu_gang **out, int world, int base, int nlocal, 
 			struct td_errbuf *eb);
 /* Whether g spans processes (gpu_gang_new_net). */
 bool gpu_gang_is_net(const struct gpu_gang *g);
+/* Once *flag is true the gang fails with TD_EPEER_LOST and why, at the
+ * next wait of any rank of this process (a wait for the hub polls it twice a
+ * second; an NCCL wait at each poll): for a process whose coordinator went
+ * silent without closing its connections (a stopped or wedged daemon).
+ * Set it before the ranks start; flag outlives the gang. */
+void gpu_gang_set_abort(struct gpu_gang *g, const atomic_bool *flag, const char *why);
 
 /* Every rank calls it with n doubles at v and a flag: afterwards v holds
  * the sums over the ranks (in rank order from the left) and *flag whether

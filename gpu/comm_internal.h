@@ -36,7 +36,14 @@ struct gpu_gang {
 	 * NULL in-process. Its ranks here are base .. base + nlocal - 1. */
 	struct gpu__net *net;
 	int base, nlocal;
+	/* gpu_gang_set_abort */
+	const atomic_bool *abort;
+	char abort_why[256];
 };
+
+/* Fails the gang if its abort flag is set (and it has not failed yet);
+ * true when it did. g->mu not held. */
+bool gpu__gang_poll_abort(struct gpu_gang *g, int rank);
 
 /* The first failure recorded (true: this call's) and the waiters woken. */
 bool gpu__gang_fail_first(struct gpu_gang *g, int rank, td_err e, const char *msg);

@@ -738,8 +738,24 @@ static td_err net_op(struct gpu_gang *g, int rank, int op, const void *in, uint6
 		return gpu__gang_stopped(g, rank, eb);
 	}
 	pthread_mutex_lock(&g->mu);
-	while (!nt->box[k].ready && !atomic_load(&g->failed))
-		pthread_cond_wait(&g->cv, &g->mu);
+	while (!nt->box[k].ready && !atomic_load(&g->failed)) {
+		if (!g->abort) {
+			pthread_cond_wait(&g->cv, &g->mu);
+			continue;
+		}
+		/* Polls the abort flag twice a second (gpu_gang_set_abort). */
+		struct timespec ts;
+		clock_gettime(CLOCK_REALTIME, &ts);
+		ts.tv_nsec += 500 * 1000 * 1000;
+		if (ts.tv_nsec >= 1000000000)
+			ts.tv_sec++, ts.tv_nsec -= 1000000000;
+		pthread_cond_timedwait(&g->cv, &g->mu, &ts);
+		if (atomic_load(g->abort) && !atomic_load(&g->failed)) {
+			pthread_mutex_unlock(&g->mu);
+			gpu__gang_poll_abort(g, rank);
+			pthread_mutex_lock(&g->mu);
+		}
+	}
 	if (atomic_load(&g->failed)) {
 		pthread_mutex_unlock(&g->mu);
 		return gpu__gang_stopped(g, rank, eb);

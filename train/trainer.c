@@ -1127,6 +1127,8 @@ td_err tr_train(const Traind__JobSpec *spec, const struct tr_train_opts *opts,
 		e = net ? gpu_gang_new_net(&G.g, world, base, n, opts->hub, opts->hub_token,
 					   opts->hub_label, timeout, eb)
 			: gpu_gang_new(&G.g, n, timeout, eb);
+	if (e == TD_OK && net && opts->abort)
+		gpu_gang_set_abort(G.g, opts->abort, opts->abort_why);
 	if (e != TD_OK) {
 		free(G.ls);
 		free(G.ranks);

@@ -13,6 +13,7 @@
 #ifndef TRAIN_TRAINER_H
 #define TRAIN_TRAINER_H
 
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -103,6 +104,11 @@ struct tr_train_opts {
 	const uint8_t *hub_token; /* GPU_HUB_TOKEN_BYTES */
 	const char *hub_label;
 	int world, rank_base;
+	/* Across processes: once *abort is true the run fails at its next
+	 * wait for the others with TD_EPEER_LOST and abort_why (gpu/comm.h:
+	 * gpu_gang_set_abort); NULL: never. */
+	const atomic_bool *abort;
+	const char *abort_why;
 };
 
 struct tr_train_result {

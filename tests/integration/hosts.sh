@@ -17,6 +17,9 @@
 #     from its checkpoint and ends with the uninterrupted run's model bytes.
 #  4. kill -9 of A mid-job: B's ranks fail at once and B's lease goes; A,
 #     restarted, requeues the job, which resumes and ends with the same bytes.
+#     SIGSTOP of A (silent, connections open): B gives the run up once A's
+#     heartbeats stop for peer_lease_ttl_s and frees its lease; A, continued,
+#     requeues the job, which resumes and ends with the same bytes.
 #  5. B's GPU taken (a ledger lease on B): the job waits, saying why, and runs
 #     once it is released.
 #  6. A daemon C with another secret: B refuses C's request (its MAC), and
@@ -101,7 +104,7 @@ ctlb() { "$TRAINCTL" --socket "$BSOCK" "$@"; }
 start_b() {
 	"$TRAIND" --socket "$BSOCK" --state-dir "$BSTATE" --cache-dir "$WORK/cache-b" --user \
 		--cpu-slots 0 --fake-gpus GPU-host-b:64M --peer-listen "tcp://127.0.0.1:$PB" \
-		--peer-secret-file "$SECRET" >>"$BLOG" 2>&1 &
+		--peer-secret-file "$SECRET" "$@" >>"$BLOG" 2>&1 &
 	BPID=$!
 	for _ in $(seq 1 300); do
 		ctlb info >/dev/null 2>&1 && return 0
@@ -180,6 +183,29 @@ expect_contains "resumed from its checkpoint" "$(ctl logs "$j4")" "resumed from 
 check "with the uninterrupted run's model" cmp -s "$WORK/out-run/model.safetensors" "$WORK/out-ka/model.safetensors"
 check "no lease left on B" wait_for 10 no_b_lease
 
+# --- 4b. A stops answering without closing anything (SIGSTOP): B gives up
+# the run once A's heartbeats stop for peer_lease_ttl_s, its lease goes;
+# A, continued, hears it and requeues the job, which resumes and ends with
+# the same bytes ---
+kill -TERM "$BPID"
+wait "$BPID"
+BPID=
+start_b --peer-lease-ttl-s 3
+j7=$(ctl submit "$WORK/h.txtpb" --output "$WORK/out-stop" --steps "$STEPS" --checkpoint-every "$EVERY")
+check "running, past its second checkpoint" wait_for 60 ckpt "$WORK/out-stop" $((2 * EVERY))
+kill -STOP "$DPID"
+check "A stopped: B gives the run up and its lease goes" wait_for 20 no_b_lease
+# (the ledger's ttl may free the lease before B's ranks have ended)
+check "B says why" wait_for 20 grep -q \
+	"job $j7 of tcp://127.0.0.1:$PA: no heartbeat from its coordinator for 3 s" "$BLOG"
+check "its ranks end on it" wait_for 20 grep -q \
+	"job $j7 of tcp://127.0.0.1:$PA (attempt [0-9]*): ranks 1 to 1 ended: .*stopped renewing its leases for 3 s (peer_lease_ttl_s)" "$BLOG"
+kill -CONT "$DPID"
+check "A, continued, runs the job again to the end" wait_for 120 job_is "$j7" SUCCEEDED
+expect_contains "after a requeue naming B's reason" "$(ctl logs "$j7")" "stopped renewing its leases"
+check "with the uninterrupted run's model" cmp -s "$WORK/out-run/model.safetensors" "$WORK/out-stop/model.safetensors"
+check "no lease left on B" wait_for 10 no_b_lease
+
 # --- 5. B's GPU taken: the job waits, then runs ---
 lease=$(ctlb ledger reserve --gpu 0 --bytes 56M --pid $$ --note "outside traind")
 check "B's GPU taken" test -n "$lease"
@@ -202,6 +228,14 @@ expect_contains "B refused it: the MAC" "$("$TRAINCTL" --socket "$WORK/c.sock" s
 	"refused the request: its MAC does not match this daemon's peer secret"
 expect_contains "B logged the refusal" "$(cat "$BLOG")" "TD-PEER-AUTH"
 check "B holds no lease of it" no_b_lease
+kill -TERM "$CPID"
+wait "$CPID"
+expect_eq "C exits 0 after SIGTERM" "$?" 0
+CPID=
+kill -TERM "$BPID"
+wait "$BPID"
+expect_eq "B exits 0 after SIGTERM (under ASan: without leaks)" "$?" 0
+BPID=
 
 # --- the reference: the same job on one daemon's gang of two simulated GPUs ---
 stop_daemon

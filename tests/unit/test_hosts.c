@@ -9,7 +9,9 @@
  * - A rank's failure reaches the other process's ranks with its code and
  *   message; a process killed with SIGKILL (a forked child) fails the
  *   others with TD_EPEER_LOST; a hub that goes away does too; a wrong token
- *   is refused; a rank that never joins fails the gang after the join time.
+ *   is refused; a rank that never joins fails the gang after the join time;
+ *   a process whose abort flag is set (its coordinator silent) gives up its
+ *   wait within a second and the others hear why.
  * - tr_train with the ranks in two "processes" (two gangs of a hub in this
  *   process, one rank each) against tr_train with two in-process ranks: the
  *   same curve bit for bit and the same model bytes; a stop asked by the
@@ -20,6 +22,7 @@
 #include <math.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -322,6 +325,39 @@ static void test_process_killed(void)
 	gpu_gang_free(ga);
 }
 
+/* A silent coordinator (gpu_gang_set_abort): a rank waiting for the hub
+ * gives up within a second of the flag, with TD_EPEER_LOST and the reason,
+ * and the other process hears it. */
+static void test_abort(void)
+{
+	struct td_errbuf eb = {{0}};
+	struct gpu_hub *h = NULL;
+	CHECK_EQ_INT(gpu_hub_new(&h, "127.0.0.1", 2, token, 0, &eb), TD_OK);
+	struct gpu_gang *ga = NULL, *gb = NULL;
+	CHECK_EQ_INT(gpu_gang_new_net(&ga, 2, 0, 1, gpu_hub_addr(h), token, "A", 0, &eb), TD_OK);
+	CHECK_EQ_INT(gpu_gang_new_net(&gb, 2, 1, 1, gpu_hub_addr(h), token, "B", 0, &eb), TD_OK);
+	static atomic_bool flag;
+	atomic_init(&flag, false);
+	gpu_gang_set_abort(gb, &flag, "the coordinator went silent (a test)");
+	struct bar_arg b1 = {.g = gb, .r = 1, .rounds = 1};
+	pthread_t t;
+	pthread_create(&t, NULL, bar_rank, &b1); /* rank 0 never comes */
+	nanosleep(&(struct timespec){.tv_nsec = 200 * 1000 * 1000}, NULL);
+	double t0 = now_s();
+	atomic_store(&flag, true);
+	pthread_join(t, NULL);
+	CHECK_EQ_INT(b1.e, TD_EPEER_LOST);
+	CHECK_MSG(strstr(b1.eb.msg, "the coordinator went silent (a test)") != NULL, "says: %s",
+		  b1.eb.msg);
+	CHECK_MSG(b1.t_end - t0 < 2.0, "gave up %.2f s after the flag", b1.t_end - t0);
+	td_err e = gpu_gang_barrier(ga, 0, &eb);
+	CHECK_MSG(e == TD_EPEER_LOST && strstr(eb.msg, "went silent"), "rank 0 hears: %s: %s",
+		  td_errname(e), eb.msg);
+	gpu_gang_free(ga);
+	gpu_gang_free(gb);
+	gpu_hub_free(h);
+}
+
 static void test_refusals(void)
 {
 	struct td_errbuf eb = {{0}};
@@ -568,6 +604,7 @@ int main(void)
 	test_bcast_and_fail();
 	test_process_killed();
 	test_refusals();
+	test_abort();
 	test_train();
 	if (!check_failures_)
 		check_rm_tree(tmp);
