@@ -198,6 +198,12 @@ static void print_job(const Traind__JobInfo *j)
 	if (j->spec && j->spec->resources && j->spec->resources->gpus > 1)
 		printf("gpus:        %u (a gang: all at once or none; data parallel, a rank on each)\n",
 		       j->spec->resources->gpus);
+	if (j->spec && j->spec->resources && j->spec->resources->n_hosts) {
+		const Traind__Resources *r = j->spec->resources;
+		for (size_t i = 0; i < r->n_hosts; i++)
+			printf("%s %s (ranks %u to %u)\n", i ? "            " : "hosts:      ", r->hosts[i],
+			       r->gpus * (unsigned)(i + 1), r->gpus * (unsigned)(i + 2) - 1);
+	}
 	for (size_t i = 0; i < j->n_leases; i++) {
 		const Traind__Lease *l = j->leases[i];
 		char b[32];
@@ -503,6 +509,25 @@ static int cmd_submit(const struct opts *o, int argc, char **argv)
 		} else if (strcmp(a, "--gpus") == 0 && (ok = parse_u64(v, &u) && u >= 1 && u <= UINT32_MAX)) {
 			s->resources->has_gpus = true;
 			s->resources->gpus = (uint32_t)u;
+		} else if (strcmp(a, "--hosts") == 0) {
+			/* ADDR[,ADDR...]: replaces resources.hosts ("" clears it) */
+			Traind__Resources *r = s->resources;
+			for (size_t k = 0; k < r->n_hosts; k++)
+				free(r->hosts[k]);
+			free(r->hosts);
+			r->hosts = NULL;
+			r->n_hosts = 0;
+			size_t cap = 1;
+			for (const char *c = v; *c; c++)
+				cap += *c == ',';
+			r->hosts = *v ? calloc(cap, sizeof(char *)) : NULL;
+			ok = !*v || r->hosts;
+			char *buf = strdup(v), *save = NULL;
+			ok = ok && buf;
+			for (char *t = buf ? strtok_r(buf, ",", &save) : NULL; t && ok;
+			     t = strtok_r(NULL, ",", &save))
+				ok = (r->hosts[r->n_hosts++] = strdup(t)) != NULL;
+			free(buf);
 		} else if (strcmp(a, "--after") == 0) {
 			/* ID[,ID...], each a job id */
 			char buf[1024];
@@ -1840,6 +1865,7 @@ static const struct command {
 	 "         [--grad-accum N] (a step's micro-batches, shared by a gang's GPUs)\n"
 	 "         [--recompute auto|none|selective|full|full-offload] [--max-memory BYTES[K|M|G|T]]\n"
 	 "         [--shard auto|none|optimizer|gradients] (a gang's state split over its GPUs)\n"
+	 "         [--hosts tcp://HOST:PORT[,...]] (other daemons that run the job's next ranks)\n"
 	 "         [--after ID[,ID...]] [--hold] [--watch]\n"
 	 "      queue a job (flags override the file; relative paths are taken from here);\n"
 	 "      prints its id"},

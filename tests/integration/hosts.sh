@@ -209,7 +209,11 @@ check "no lease left on B" wait_for 10 no_b_lease
 # --- 5. B's GPU taken: the job waits, then runs ---
 lease=$(ctlb ledger reserve --gpu 0 --bytes 56M --pid $$ --note "outside traind")
 check "B's GPU taken" test -n "$lease"
-j5=$(ctl submit "$WORK/h.txtpb" --output "$WORK/out-busy" --steps 40 --checkpoint-every 0)
+hjob "$WORK/h0.txtpb" # no hosts in the file: trainctl submit --hosts names them
+j5=$(ctl submit "$WORK/h0.txtpb" --hosts "tcp://127.0.0.1:$PB" --output "$WORK/out-busy" --steps 40 \
+	--checkpoint-every 0)
+expect_contains "show lists the host and its ranks" "$(ctl show "$j5")" \
+	"hosts:       tcp://127.0.0.1:$PB (ranks 1 to 1)"
 check "the job waits" wait_for 20 sh -c "$TRAINCTL --socket $SOCK show $j5 | grep -q 'waits for the daemons of resources.hosts'"
 expect_contains "saying B has no room" "$(ctl show "$j5")" "has no 1 GPU(s) with"
 ctlb ledger release "$lease" >/dev/null
