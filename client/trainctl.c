@@ -1864,7 +1864,7 @@ static const struct command {
 	 "         [--eval FILE] [--name NAME] [--priority N] [--device cpu|gpu|any] [--gpus N]\n"
 	 "         [--grad-accum N] (a step's micro-batches, shared by a gang's GPUs)\n"
 	 "         [--recompute auto|none|selective|full|full-offload] [--max-memory BYTES[K|M|G|T]]\n"
-	 "         [--shard auto|none|optimizer|gradients] (a gang's state split over its GPUs)\n"
+	 "         [--shard auto|none|optimizer|gradients|parameters] (a gang's state split over its GPUs)\n"
 	 "         [--hosts tcp://HOST:PORT[,...]] (other daemons that run the job's next ranks)\n"
 	 "         [--after ID[,ID...]] [--hold] [--watch]\n"
 	 "      queue a job (flags override the file; relative paths are taken from here);\n"

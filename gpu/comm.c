@@ -628,14 +628,38 @@ static td_err host_reduce(struct gpu_comm *c, const float *x, size_t n, int root
 	return TD_OK;
 }
 
-enum coll { COLL_ALL_REDUCE, COLL_REDUCE_SCATTER, COLL_ALL_GATHER, COLL_REDUCE };
+/* Host broadcast: the root's x published, every rank uploads it into its
+ * y; the second barrier keeps the root's copy alive until all have read. */
+static td_err host_broadcast(struct gpu_comm *c, const float *x, size_t n, int root, float *y,
+			     struct td_errbuf *eb)
+{
+	struct gpu_gang *g = c->g;
+	if (g->net) /* sharded state stays in one process (proto/jobspec.c) */
+		return rank_fail(c, td_fail(eb, TD_EUNSUPPORTED,
+					    "broadcast: not across processes (sharded weights)"), eb);
+	td_err e = host_reserve(c, n, "broadcast", eb);
+	if (e != TD_OK)
+		return e;
+	if (c->rank == root)
+		gpu_download(c->be, c->buf, x, n * sizeof(float));
+	pthread_mutex_lock(&g->mu);
+	g->slot[c->rank] = c->buf;
+	pthread_mutex_unlock(&g->mu);
+	if ((e = gpu_gang_barrier(g, c->rank, eb)) != TD_OK)
+		return e;
+	gpu_upload(c->be, y, g->slot[root], n * sizeof(float));
+	return gpu_gang_barrier(g, c->rank, eb);
+}
+
+enum coll { COLL_ALL_REDUCE, COLL_REDUCE_SCATTER, COLL_ALL_GATHER, COLL_REDUCE, COLL_BROADCAST };
 
 /* One NCCL collective enqueued on the side stream (after the backend's work
  * so far); n: x's floats; COLL_REDUCE: onto rank root's y. */
 static td_err nccl_coll(struct gpu_comm *c, enum coll k, float *x, size_t n, size_t count,
 			int root, float *y, struct td_errbuf *eb)
 {
-	static const char *const names[] = {"all-reduce", "reduce-scatter", "all-gather", "reduce"};
+	static const char *const names[] = {"all-reduce", "reduce-scatter", "all-gather", "reduce",
+					    "broadcast"};
 	if (!c->comm)
 		return rank_fail(c, td_fail(eb, TD_EDEVICE, "%s, rank %d: no communicator", names[k],
 					    c->rank), eb);
@@ -649,9 +673,11 @@ static td_err nccl_coll(struct gpu_comm *c, enum coll k, float *x, size_t n, siz
 		r = c->nc->reduce_scatter(x, own, count, GPU_NCCL_FLOAT32, GPU_NCCL_SUM, c->comm, st);
 	else if (k == COLL_ALL_GATHER) /* in place: send is recv + rank * count */
 		r = c->nc->all_gather(own, x, count, GPU_NCCL_FLOAT32, c->comm, st);
-	else /* recv is read on the root only */
+	else if (k == COLL_REDUCE) /* recv is read on the root only */
 		r = c->nc->reduce(x, c->rank == root ? y : x, n, GPU_NCCL_FLOAT32, GPU_NCCL_SUM, root,
 				  c->comm, st);
+	else /* send is read on the root only */
+		r = c->nc->broadcast(c->rank == root ? x : y, y, n, GPU_NCCL_FLOAT32, root, c->comm, st);
 	c->pending = true;
 	if (r == GPU_NCCL_IN_PROGRESS) { /* complete the call before the next one */
 		td_err e = nccl_poll(c, false, c->g->timeout_ms, names[k], eb);
@@ -735,6 +761,20 @@ td_err gpu_comm_reduce_sum(struct gpu_comm *c, const float *x, size_t n, int roo
 	if (c->kind == GPU_COMM_HOST)
 		return host_reduce(c, x, n, root, y, eb);
 	return nccl_coll(c, COLL_REDUCE, (float *)x, n, 0, root, y, eb);
+}
+
+td_err gpu_comm_broadcast(struct gpu_comm *c, const float *x, size_t n, int root, float *y,
+			  struct td_errbuf *eb)
+{
+	if (root < 0 || root >= c->g->n)
+		return rank_fail(c, td_fail(eb, TD_EINTERNAL, "broadcast from rank %d of %d", root,
+					    c->g->n), eb);
+	td_err e = coll_begin(c, n, eb);
+	if (e != TD_OK)
+		return e;
+	if (c->kind == GPU_COMM_HOST)
+		return host_broadcast(c, x, n, root, y, eb);
+	return nccl_coll(c, COLL_BROADCAST, (float *)x, n, 0, root, y, eb);
 }
 
 td_err gpu_comm_sum_host(struct gpu_comm *c, double *v, struct td_errbuf *eb)

@@ -202,6 +202,12 @@ td_err gpu_comm_all_gather(struct gpu_comm *c, float *x, size_t count, struct td
 td_err gpu_comm_reduce_sum(struct gpu_comm *c, const float *x, size_t n, int root, float *y,
 			   struct td_errbuf *eb);
 
+/* Sharded weights (train/ddp.h): n floats at x on rank `root` to every
+ * rank's y (root's too; x is read on root only, and may be y there).
+ * All-reduce's rules; in one process only (a gang of a hub: TD_EUNSUPPORTED). */
+td_err gpu_comm_broadcast(struct gpu_comm *c, const float *x, size_t n, int root, float *y,
+			  struct td_errbuf *eb);
+
 /* A host value summed over the ranks, in rank order (v0 + v1 + ... from
  * the left, in double: the same bits on every rank): *v is this rank's on
  * entry, the sum on return. Blocking on both kinds (the ranks are threads

@@ -50,6 +50,12 @@ struct tr_ddp {
 	struct unit *units;
 	struct piece *pieces;
 	size_t npieces;
+	/* PARAMETERS (tr_shard_params): each unit's gather's mark, whether it
+	 * is in its work buffer and rounded (ensured), and its floats there */
+	bool wp;
+	uint64_t *wmark;
+	bool *wready;
+	size_t *wfloats;
 };
 
 static int by_off(const void *a, const void *b)
@@ -178,6 +184,75 @@ static void grads_after_layer(struct tr_ddp *d, int l)
 			 tr_model_plan(d->m)->grad_slot_numel[k] * sizeof(float));
 }
 
+/* --- PARAMETERS --- */
+
+/* Unit u's weights from their owners into its work buffer: each piece
+ * split where the parts split it, each share broadcast from its owner's
+ * part (gpu_comm_broadcast, in the same order on every rank). */
+static void weights_gather(struct tr_ddp *d, int u)
+{
+	const struct tr_plan *p = tr_model_plan(d->m);
+	const size_t S = p->shard_numel, lo = p->shard_lo;
+	const int me = p->opts.shard_rank;
+	const float *part = tr_model_params(d->m);
+	for (size_t i = d->units[u].p0; i < d->units[u].p1 && d->err == TD_OK; i++) {
+		const struct piece *q = &d->pieces[i];
+		float *w = tr_model_weight_slot(d->m, q->slot) + q->soff;
+		const size_t end = q->off + q->n;
+		for (size_t r = q->off / S; r * S < end && d->err == TD_OK; r++) {
+			const size_t x0 = q->off > r * S ? q->off : r * S;
+			const size_t x1 = end < (r + 1) * S ? end : (r + 1) * S;
+			d->err = gpu_comm_broadcast(d->c, (int)r == me ? part + (x0 - lo) : NULL, x1 - x0,
+						    (int)r, w + (x0 - q->off), &d->eb);
+			d->stats.gathered += x1 - x0;
+		}
+	}
+	d->wmark[u] = gpu_comm_mark(d->c);
+	d->wready[u] = false;
+}
+
+/* Unit u's weights usable by the work enqueued next: its gather complete
+ * and, in the bf16 mode, rounded into the bf16 work buffer (the bits
+ * AdamW's own rounding gives an unsharded copy). */
+static void weights_ensure(struct tr_ddp *d, int u)
+{
+	if (d->wready[u] || d->err != TD_OK)
+		return;
+	d->err = gpu_comm_wait_for(d->c, d->wmark[u], &d->eb);
+	if (d->err != TD_OK)
+		return;
+	const int k = u < d->L ? u % TR_GRAD_RING : TR_GRAD_RING;
+	gpu_bf16 *h = tr_model_weight_slot16(d->m, k);
+	if (h && d->wfloats[u])
+		gpu_bf16_round(tr_model_backend(d->m), h, tr_model_weight_slot(d->m, k), d->wfloats[u]);
+	d->wready[u] = true;
+}
+
+/* The gathers around the stages: a layer's weights are gathered one layer
+ * ahead (into the slot the layer before it has finished with) and ensured
+ * before its forward; the backward finds the last two layers' still in the
+ * ring and gathers layer l - 2 once layer l's backward has freed its slot.
+ * The other tensors' (embedding, final norm, head) and layer 0's are
+ * gathered by micro_begin. */
+static void weights_on_stage(struct tr_ddp *d, const struct tr_stage *s)
+{
+	const int L = d->L;
+	if (s->kind == TR_STAGE_EMBED) {
+		if (L > 1)
+			weights_gather(d, 1);
+	} else if (s->kind == TR_STAGE_LAYER) {
+		if (s->layer + 2 < L)
+			weights_gather(d, s->layer + 2);
+		if (s->layer + 1 < L)
+			weights_ensure(d, s->layer + 1);
+	} else if (s->kind == TR_STAGE_LAYER_BACKWARD) {
+		if (s->layer - 2 >= 0)
+			weights_gather(d, s->layer - 2);
+		if (s->layer - 1 >= 0)
+			weights_ensure(d, s->layer - 1);
+	}
+}
+
 static td_err take_err(struct tr_ddp *d, struct td_errbuf *eb)
 {
 	td_err e = d->err;
@@ -206,6 +281,15 @@ td_err tr_ddp_micro_begin(struct tr_ddp *d, struct td_errbuf *eb)
 		if (p->grad_slot_numel[k])
 			gpu_zero(tr_model_backend(d->m), tr_model_grad_slot(d->m, k),
 				 p->grad_slot_numel[k] * sizeof(float));
+	if (d->wp) { /* the weights the forward starts with */
+		weights_gather(d, d->L);
+		if (d->L > 0)
+			weights_gather(d, 0);
+		weights_ensure(d, d->L);
+		if (d->L > 0)
+			weights_ensure(d, 0);
+		return take_err(d, eb);
+	}
 	return TD_OK;
 }
 
@@ -220,12 +304,18 @@ td_err tr_ddp_micro_end(struct tr_ddp *d, struct td_errbuf *eb)
 	return take_err(d, eb);
 }
 
+static void on_stage(void *ctx, const struct tr_stage *s);
+
 td_err tr_ddp_micro_empty(struct tr_ddp *d, struct td_errbuf *eb)
 {
 	assert(d->gr);
+	/* The hook's calls after every stage of a forward and backward, on
+	 * zero gradients: the same collectives in the same order. */
 	td_err e = tr_ddp_micro_begin(d, eb);
-	for (int l = d->L - 1; l >= 0 && e == TD_OK && d->err == TD_OK; l--)
-		grads_after_layer(d, l);
+	const struct tr_plan *p = tr_model_plan(d->m);
+	for (size_t i = 0; i < p->nstages && e == TD_OK && d->err == TD_OK; i++)
+		if (p->stages[i].kind != TR_STAGE_OPTIMIZER)
+			on_stage(d, &p->stages[i]);
 	return e != TD_OK ? e : tr_ddp_micro_end(d, eb);
 }
 
@@ -247,6 +337,8 @@ static void on_stage(void *ctx, const struct tr_stage *s)
 	if (d->gr) {
 		if (s->kind == TR_STAGE_LAYER_BACKWARD && d->err == TD_OK)
 			grads_after_layer(d, s->layer);
+		if (d->wp && d->err == TD_OK)
+			weights_on_stage(d, s);
 		return;
 	}
 	if (!d->armed)
@@ -271,12 +363,27 @@ td_err tr_ddp_new(struct tr_ddp **out, struct tr_model *m, struct gpu_comm *c, s
 	d->overlap = overlap || gpu_comm_async(c);
 	d->nstages = p->nstages;
 	d->gr = tr_shard_grads(p->opts.shard, p->opts.shard_ranks);
+	d->wp = tr_shard_params(p->opts.shard, p->opts.shard_ranks);
 	if (d->gr) {
 		td_err e = grads_units(d, p, eb);
+		if (e == TD_OK && d->wp) {
+			d->wmark = calloc((size_t)d->L + 1, sizeof(*d->wmark));
+			d->wready = calloc((size_t)d->L + 1, sizeof(*d->wready));
+			d->wfloats = calloc((size_t)d->L + 1, sizeof(*d->wfloats));
+			if (!d->wmark || !d->wready || !d->wfloats)
+				e = td_fail(eb, TD_ENOMEM, "data parallel: out of memory");
+			for (int u = 0; e == TD_OK && u <= d->L; u++)
+				for (size_t i = d->units[u].p0; i < d->units[u].p1; i++)
+					if (d->pieces[i].soff + d->pieces[i].n > d->wfloats[u])
+						d->wfloats[u] = d->pieces[i].soff + d->pieces[i].n;
+		}
 		if (e != TD_OK) {
 			free(d->units);
 			free(d->pieces);
 			free(d->spans);
+			free(d->wmark);
+			free(d->wready);
+			free(d->wfloats);
 			free(d);
 			return e;
 		}
@@ -320,6 +427,9 @@ void tr_ddp_free(struct tr_ddp *d)
 	free(d->spans);
 	free(d->units);
 	free(d->pieces);
+	free(d->wmark);
+	free(d->wready);
+	free(d->wfloats);
 	free(d);
 }
 
@@ -360,8 +470,8 @@ void tr_ddp_get_stats(const struct tr_ddp *d, struct tr_ddp_stats *out)
 td_err tr_ddp_gather_params(struct tr_ddp *d, struct td_errbuf *eb)
 {
 	const struct tr_plan *p = tr_model_plan(d->m);
-	if (p->opts.shard == TR_SHARD_NONE || p->opts.shard_ranks < 2 || !p->shard_numel)
-		return TD_OK;
+	if (p->opts.shard == TR_SHARD_NONE || p->opts.shard_ranks < 2 || !p->shard_numel || d->wp)
+		return TD_OK; /* PARAMETERS: the part is all a rank keeps; the gathers are per use */
 	td_err e = gpu_comm_all_gather(d->c, tr_model_params(d->m), p->shard_numel, eb);
 	if (e == TD_OK)
 		e = gpu_comm_wait(d->c, eb);

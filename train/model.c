@@ -92,6 +92,15 @@ struct tr_model {
 	 * writes gradients into (grads.ring.K, grads.rest; NULL where none);
 	 * grads is then the rank's part of the summed gradients. */
 	float *gslot[TR_GRAD_RING + 1];
+	/* PARAMETERS: the weights gathered into the same layout (params.ring.K,
+	 * params.rest) and their bf16 rounding (params16.*, the bf16 mode);
+	 * params is then the part's fp32 masters, and wholes (when set:
+	 * tr_model_set_whole_weights) every trainable float on the host, for
+	 * tr_model_get_param. */
+	bool wpart;
+	float *wslot[TR_GRAD_RING + 1];
+	gpu_bf16 *wslot16[TR_GRAD_RING + 1];
+	const float *wholes;
 	float *base32;                   /* frozen fp32 tensors (base.f32, the base arena) */
 	/* The base arena belongs to a train/base.h entry, not to this model
 	 * (tr_model_new_shared): never allocated nor freed here; base_loaded:
@@ -239,7 +248,19 @@ static float *param_ptr(struct tr_model *m, const struct tr_param *p, bool grad)
 			return m->gslot[p->gslot] + p->gsoff;
 		return m->grads + p->goffset;
 	}
+	if (p->trainable && m->wpart) /* PARAMETERS: where it is gathered */
+		return m->wslot[p->gslot] + p->gsoff;
 	return p->trainable ? m->params + p->offset : m->base32 + p->offset;
+}
+
+/* The bf16 copy of trainable p (the bf16 mode), else NULL. */
+static gpu_bf16 *copy16_ptr(struct tr_model *m, const struct tr_param *p)
+{
+	if (!p || !p->trainable)
+		return NULL;
+	if (m->wpart)
+		return m->wslot16[p->gslot] ? m->wslot16[p->gslot] + p->gsoff : NULL;
+	return m->copy16 ? m->copy16 + p->offset : NULL;
 }
 
 /* Parameter (or gradient) pointer by name; NULL as param_ptr. */
@@ -274,8 +295,8 @@ static void bind_lin(struct tr_model *m, int l, int k)
 	L->dA = param_ptr(m, ap, true);
 	L->B = param_ptr(m, bp2, false);
 	L->dB = param_ptr(m, bp2, true);
-	L->A16 = ap && m->copy16 ? m->copy16 + ap->offset : NULL;
-	L->B16 = bp2 && m->copy16 ? m->copy16 + bp2->offset : NULL;
+	L->A16 = copy16_ptr(m, ap);
+	L->B16 = copy16_ptr(m, bp2);
 	snprintf(name, sizeof(name), "lora_u.%s", tr_lin_name(k));
 	L->u = act(m, l, name);
 	snprintf(name, sizeof(name), "lora_x.%s", tr_lin_name(k));
@@ -293,6 +314,11 @@ static void bind(struct tr_model *m)
 	m->grads = buf(m, "grads");
 	for (int k = 0; k <= TR_GRAD_RING; k++)
 		m->gslot[k] = k < TR_GRAD_RING ? buf(m, "grads.ring.%d", k) : buf(m, "grads.rest");
+	m->wpart = tr_shard_params(m->plan.opts.shard, m->plan.opts.shard_ranks);
+	for (int k = 0; m->wpart && k <= TR_GRAD_RING; k++) {
+		m->wslot[k] = k < TR_GRAD_RING ? buf(m, "params.ring.%d", k) : buf(m, "params.rest");
+		m->wslot16[k] = k < TR_GRAD_RING ? buf(m, "params16.ring.%d", k) : buf(m, "params16.rest");
+	}
 	m->m1 = buf(m, "optim.m");
 	m->m2 = buf(m, "optim.v");
 	m->nf4_codes = buf(m, "nf4.codes");
@@ -654,8 +680,8 @@ static struct wref weight_of(struct tr_model *m, const struct tr_param *p)
 		return (struct wref){m->deq, NULL};
 	}
 	/* fp32: in the bf16 mode only trainable weights (frozen ones are bf16). */
-	assert(!g16 || (p->trainable && m->copy16));
-	return (struct wref){param_ptr(m, p, false), g16 && p->trainable ? m->copy16 + p->offset : NULL};
+	assert(!g16 || (p->trainable && copy16_ptr(m, p)));
+	return (struct wref){param_ptr(m, p, false), g16 ? copy16_ptr(m, p) : NULL};
 }
 
 /* --- loading and host access --- */
@@ -690,6 +716,15 @@ static td_err upload_param(struct tr_model *m, const struct tr_param *p, const f
 		bf16_round(h, src, p->numel);
 		gpu_upload(m->be, m->params16 + p->offset, h, p->numel * sizeof(gpu_bf16));
 		free(h); /* gpu_upload has taken the bytes (gpu/backend.h) */
+		return TD_OK;
+	}
+	if (p->trainable && m->wpart) {
+		/* PARAMETERS: the part's floats of it, into the part */
+		const size_t lo = m->plan.shard_lo, hi = m->plan.shard_hi;
+		const size_t a = p->goffset, b = a + p->numel;
+		const size_t x0 = a > lo ? a : lo, x1 = b < hi ? b : hi;
+		if (x1 > x0)
+			gpu_upload(m->be, m->params + (x0 - lo), src + (x0 - a), (x1 - x0) * sizeof(float));
 		return TD_OK;
 	}
 	gpu_upload(m->be, param_ptr(m, p, false), src, p->numel * sizeof(float));
@@ -763,6 +798,11 @@ td_err tr_model_load(struct tr_model *m, const struct tr_weights *w, struct td_e
 
 void tr_model_get_param(struct tr_model *m, const struct tr_param *p, float *dst)
 {
+	if (p->trainable && m->wpart) { /* PARAMETERS: from the gathered host copy */
+		assert(m->wholes);
+		memcpy(dst, m->wholes + p->goffset, p->numel * sizeof(float));
+		return;
+	}
 	if (!p->nf4 && !p->bf16) {
 		gpu_download(m->be, dst, param_ptr(m, p, false), p->numel * sizeof(float));
 		return;
@@ -808,6 +848,21 @@ void tr_model_set_moments(struct tr_model *m, const float *m1, const float *m2)
 float *tr_model_params(struct tr_model *m)
 {
 	return m->params;
+}
+
+void tr_model_set_whole_weights(struct tr_model *m, const float *wholes)
+{
+	m->wholes = wholes;
+}
+
+float *tr_model_weight_slot(struct tr_model *m, int k)
+{
+	return m->wpart && k >= 0 && k <= TR_GRAD_RING ? m->wslot[k] : NULL;
+}
+
+gpu_bf16 *tr_model_weight_slot16(struct tr_model *m, int k)
+{
+	return m->wpart && k >= 0 && k <= TR_GRAD_RING ? m->wslot16[k] : NULL;
 }
 
 void tr_model_params_written(struct tr_model *m, size_t lo, size_t hi)
@@ -1239,6 +1294,8 @@ static void forward_walk(struct tr_model *m, const struct head_args *h)
 		default:
 			assert(!"a backward stage among the forward's");
 		}
+		if (m->stage_hook) /* sharded weights: the next layer's gathered */
+			m->stage_hook(m->stage_ctx, s);
 	}
 }
 
@@ -1666,19 +1723,24 @@ void tr_model_adamw(struct tr_model *m, const struct tr_adamw *h, float lr, int 
 	 * this rank's part [lo, hi) (all of them unsharded) is at most two
 	 * runs: [lo, nd) decayed, [nd, hi) not; the moments are the part's. */
 	const size_t nd = p->numel_decay, lo = p->shard_lo, hi = p->shard_hi;
-	/* In the bf16 mode the weights' bf16 copy is written with them. */
+	/* In the bf16 mode the weights' bf16 copy is written with them
+	 * (PARAMETERS: none; the gathers round it). */
 	gpu_bf16 *c16 = m->copy16;
+	/* The fp32 master of trainable float i: params[i], or (PARAMETERS,
+	 * the part's only) params[i - lo]. */
+	float *w = m->params;
+	const size_t wlo = m->wpart ? lo : 0;
 	/* The summed gradient of trainable float i: grads[i], or (GRADIENTS,
 	 * the part's only) grads[i - lo]. */
 	float *g = m->grads;
 	const size_t glo = tr_shard_grads(p->opts.shard, p->opts.shard_ranks) ? lo : 0;
 	const size_t d1 = nd < hi ? nd : hi; /* decayed: [lo, d1) */
 	if (d1 > lo)
-		gpu_adamw_update(m->be, m->params + lo, c16 ? c16 + lo : NULL, g + (lo - glo), m->m1,
+		gpu_adamw_update(m->be, w + (lo - wlo), c16 ? c16 + lo : NULL, g + (lo - glo), m->m1,
 				 m->m2, d1 - lo, lr, h->beta1, h->beta2, h->eps, h->weight_decay, t);
 	const size_t u0 = nd > lo ? nd : lo; /* undecayed: [u0, hi) */
 	if (hi > u0)
-		gpu_adamw_update(m->be, m->params + u0, c16 ? c16 + u0 : NULL, g + (u0 - glo),
+		gpu_adamw_update(m->be, w + (u0 - wlo), c16 ? c16 + u0 : NULL, g + (u0 - glo),
 				 m->m1 + (u0 - lo), m->m2 + (u0 - lo), hi - u0, lr, h->beta1, h->beta2,
 				 h->eps, 0.0f, t);
 }

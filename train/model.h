@@ -155,7 +155,8 @@ void tr_model_zero_grad(struct tr_model *m);
 /* Data parallel (train/ddp.h): the gradients arena on the device
  * (plan.numel_trainable floats; a trainable tensor's at its goffset), which
  * the ranks sum; and a hook that tr_model_backward calls (fn(ctx, s), on the
- * calling thread) after each backward stage it runs, so that a layer's
+ * calling thread) after each backward stage it runs (and the forwards after
+ * each forward stage), so that a layer's
  * gradients, final after its TR_STAGE_LAYER_BACKWARD, are summed while the
  * layers below run. fn NULL: none. */
 float *tr_model_grads(struct tr_model *m);
@@ -174,6 +175,18 @@ void tr_model_set_stage_hook(struct tr_model *m, tr_stage_hook fn, void *ctx);
  * mode; the same rounding AdamW's own writes make). */
 float *tr_model_params(struct tr_model *m);
 void tr_model_params_written(struct tr_model *m, size_t lo, size_t hi);
+/* PARAMETERS (train/plan.h: tr_shard_params): params is the part's fp32
+ * masters (plan.shard_numel floats, trainable float i at i -
+ * plan.shard_lo); tr_model_set_param writes a tensor's floats of the part
+ * only; the ops read each trainable weight where the plan gathers it
+ * (tr_param.gslot at gsoff: work buffer k, fp32, and its bf16 rounding in
+ * the bf16 mode; NULL where none), which train/ddp.h fills before each use
+ * (the stage hook runs after each forward stage too); tr_model_get_param
+ * of a trainable tensor reads the host copy of every trainable float set
+ * by tr_model_set_whole_weights (NULL: none; the caller keeps it alive). */
+float *tr_model_weight_slot(struct tr_model *m, int k);
+gpu_bf16 *tr_model_weight_slot16(struct tr_model *m, int k);
+void tr_model_set_whole_weights(struct tr_model *m, const float *wholes);
 /* Global L2 norm of all gradients (blocking). GRADIENTS: of the part's
  * only; the ranks' sums of squares add up to the global one
  * (tr_model_grad_sumsq, train/ddp.h: tr_ddp_sum). */

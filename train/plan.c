@@ -277,8 +277,7 @@ static td_err check_opts(const struct tr_plan_opts *o, const struct tr_model_con
 		return td_fail(eb, TD_EINVAL, "plan: lora rank %d is negative", o->lora_rank);
 	if ((unsigned)o->shard >= TR_SHARD_BUILT)
 		return td_fail(eb, TD_EUNSUPPORTED,
-			       "plan: sharding %s is not built yet (none, optimizer and gradients are)",
-			       tr_shard_name(o->shard));
+			       "plan: unknown sharding %d", (int)o->shard);
 	if (o->shard_ranks < 0 || (o->shard_ranks > 1 && (o->shard_rank < 0 || o->shard_rank >= o->shard_ranks)))
 		return td_fail(eb, TD_EINVAL, "plan: shard rank %d of %d", o->shard_rank, o->shard_ranks);
 	if (o->lora_rank > 0) {
@@ -641,9 +640,24 @@ td_err tr_plan_build(struct tr_plan *p, const struct tr_model_config *cfg,
 	p->logits_rows = (int)N;
 	if ((train || o->teacher_rows) && !classify && N > rows)
 		p->logits_rows = (int)rows;
+	const bool wpart = tr_shard_params(o->shard, o->shard_ranks);
 	if (p->numel_trainable) {
-		NAMED("params"); /* padded to the shards' parts where sharded */
-		BUF(TR_ARENA_PARAMS, f32_bytes(p->numel_trainable_padded, 1, 1));
+		/* padded to the shards' parts where sharded; PARAMETERS: the part */
+		NAMED("params");
+		BUF(TR_ARENA_PARAMS, f32_bytes(wpart ? p->shard_numel : p->numel_trainable_padded, 1, 1));
+		/* PARAMETERS: the weights gathered for use, in the gradients'
+		 * layout (tr_param.gslot), and their bf16 rounding for the GEMMs */
+		for (int k = 0; wpart && k <= TR_GRAD_RING; k++) {
+			if (!p->grad_slot_numel[k])
+				continue;
+			for (int h = 0; h < (o->gemm_bf16 ? 2 : 1); h++) {
+				if (k < TR_GRAD_RING)
+					NAMED("%s.ring.%d", h ? "params16" : "params", k);
+				else
+					NAMED("%s.rest", h ? "params16" : "params");
+				BUF(TR_ARENA_PARAMS, f32_bytes(p->grad_slot_numel[k], 1, 1) / (h ? 2 : 1));
+			}
+		}
 	}
 	if (p->numel_f32 > p->numel_trainable) {
 		NAMED("base.f32"); /* frozen tensors in fp32 */
@@ -942,7 +956,8 @@ td_err tr_plan_build(struct tr_plan *p, const struct tr_model_config *cfg,
 		{"gemm_bf16", gemm * 2, gemm > 0, 0},
 		/* the trainable weights rounded once per update, not per product
 		 * (the GEMMs' twins of them; frozen ones are stored in bf16) */
-		{"params_bf16", p->numel_trainable * 2, o->gemm_bf16 && p->numel_trainable > 0, 0},
+		{"params_bf16", p->numel_trainable * 2,
+		 o->gemm_bf16 && p->numel_trainable > 0 && !tr_shard_params(o->shard, o->shard_ranks), 0},
 	};
 	const size_t nscratch = sizeof(scratch) / sizeof(scratch[0]);
 	size_t phase_bytes[4] = {0, 0, 0, 0}, at[4] = {0, 0, 0, 0};
@@ -1086,14 +1101,22 @@ void tr_plan_print(const struct tr_plan *p, FILE *f)
 	const struct tr_plan_opts *o = &p->opts;
 	if (o->shard != TR_SHARD_NONE && o->shard_ranks > 1)
 		fprintf(f, "shard      %s over %d ranks: each keeps the moments%s of %zu trainable floats "
-			"(rank %d: [%zu, %zu)); the weights are all-gathered after each step\n",
+			"(rank %d: [%zu, %zu))%s\n",
 			tr_shard_name(o->shard), o->shard_ranks,
-			tr_shard_grads(o->shard, o->shard_ranks) ? " and summed gradients" : "",
-			p->shard_numel, o->shard_rank, p->shard_lo, p->shard_hi);
+			tr_shard_params(o->shard, o->shard_ranks) ? ", summed gradients and weights"
+			: tr_shard_grads(o->shard, o->shard_ranks) ? " and summed gradients" : "",
+			p->shard_numel, o->shard_rank, p->shard_lo, p->shard_hi,
+			tr_shard_params(o->shard, o->shard_ranks) ? ""
+								   : "; the weights are all-gathered after each step");
 	if (tr_shard_grads(o->shard, o->shard_ranks))
 		fprintf(f, "grads      the backward writes a layer's into a ring of %d slots of %zu floats, "
 			"the others' into %zu floats; each summed onto its owners' parts as its backward ends\n",
 			TR_GRAD_RING, p->grad_slot_numel[0], p->grad_slot_numel[TR_GRAD_RING]);
+	if (tr_shard_params(o->shard, o->shard_ranks))
+		fprintf(f, "weights    each rank keeps its part's fp32 masters; a layer's weights are gathered "
+			"from their owners into the same ring%s a layer ahead of use, forward and backward, "
+			"the others' once a micro-batch\n",
+			o->gemm_bf16 ? " (and rounded to bf16 for the GEMMs)" : "");
 	if (o->lora_rank > 0) {
 		char targets[96] = "";
 		size_t len = 0;

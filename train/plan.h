@@ -241,19 +241,24 @@ static inline bool tr_recompute_full(enum tr_recompute r)
  * gradients into work buffers — a ring of TR_GRAD_RING layer-sized slots
  * (grads.ring.K, layer l's in slot l % TR_GRAD_RING) and the other
  * tensors' (grads.rest) — that are summed onto their owners' parts as each
- * layer's backward ends (train/ddp.h). PARAMETERS (the weights too,
- * all-gathered a layer ahead of its use) is named for the spec and not
- * built yet: tr_plan_build refuses it. The order is the expected speed's:
- * each saves more memory and costs more. */
+ * layer's backward ends (train/ddp.h). PARAMETERS (ZeRO-3, FSDP): the
+ * weights too: the params buffer is the part's fp32 masters (shard_numel
+ * floats), and each unit's weights (a layer's, the others') are gathered
+ * from their owners into work buffers of the gradients' layout
+ * (params.ring.K, params.rest; in the bf16 mode rounded into
+ * params16.ring.K, params16.rest for the GEMMs) a layer ahead of their use
+ * in the forward, and again for the backward (train/ddp.h); no whole
+ * weights nor their bf16 copy. The order is the expected speed's: each
+ * saves more memory and costs more. */
 enum tr_shard {
 	TR_SHARD_NONE,       /* every rank holds the whole state */
 	TR_SHARD_OPTIMIZER,  /* ZeRO-1 */
 	TR_SHARD_GRADIENTS,  /* ZeRO-2 */
-	TR_SHARD_PARAMETERS, /* ZeRO-3, FSDP (not built) */
+	TR_SHARD_PARAMETERS, /* ZeRO-3, FSDP */
 	TR_SHARD_COUNT
 };
-/* The policies a plan builds: NONE, OPTIMIZER and GRADIENTS. */
-#define TR_SHARD_BUILT 3
+/* The policies a plan builds: all of them. */
+#define TR_SHARD_BUILT 4
 /* GRADIENTS: the layer gradient slots; a slot is written again two layers
  * later, so each layer's sums overlap the next layer's backward. */
 #define TR_GRAD_RING 2
@@ -263,6 +268,11 @@ enum tr_shard {
 static inline bool tr_shard_grads(enum tr_shard s, int ranks)
 {
 	return s >= TR_SHARD_GRADIENTS && ranks > 1;
+}
+/* ... and only a part of the weights (PARAMETERS over more than one rank). */
+static inline bool tr_shard_params(enum tr_shard s, int ranks)
+{
+	return s >= TR_SHARD_PARAMETERS && ranks > 1;
 }
 
 /* "none", "optimizer", "gradients", "parameters"; "?" out of range. */

@@ -509,6 +509,9 @@ struct gang {
 	/* A sharded gang's checkpoint: rank 0's host copy of every trainable
 	 * float's moments, each rank writing its part (gather_moments). */
 	float *ck_m1, *ck_m2;
+	/* PARAMETERS: rank 0's host copy of every trainable weight for a
+	 * checkpoint or the output, each rank writing its part (gather_weights). */
+	float *ck_w;
 	struct rank *ranks;     /* [this process's ranks] */
 	/* TD_DDP_FAIL_AT=RANK:STEP[:stall], a test hook: that rank fails (or
 	 * stalls, as on a hung device, until the others give up) in that step,
@@ -575,6 +578,40 @@ static td_err gather_moments(struct job *j, struct gang *G, int r, struct td_err
 	if (r == 0 && !G->ck_m1)
 		return td_fail(eb, TD_ENOMEM, "checkpoint: out of memory for the moments of %zu floats", nt);
 	return TD_OK;
+}
+
+/* PARAMETERS: the sharded weights into rank 0's host copy (G->ck_w), each
+ * rank downloading its part, which rank 0's model then saves from
+ * (tr_model_set_whole_weights); every rank calls it before a checkpoint and
+ * the output. Rank 0 frees it (drop_weights) once written. */
+static td_err gather_weights(struct job *j, struct gang *G, int r, struct td_errbuf *eb)
+{
+	const struct tr_plan *p = tr_model_plan(j->m);
+	size_t nt = p->numel_trainable;
+	if (r == 0 && !(G->ck_w = malloc(nt * sizeof(float) + 1)))
+		(void)0;
+	td_err e = gpu_gang_barrier(G->g, r, eb); /* the copy exists (or not) */
+	if (e != TD_OK)
+		return e;
+	if (G->ck_w && p->shard_hi > p->shard_lo) /* disjoint parts: no lock */
+		gpu_download(j->be, G->ck_w + p->shard_lo, tr_model_params(j->m),
+			     (p->shard_hi - p->shard_lo) * sizeof(float));
+	if ((e = gpu_gang_barrier(G->g, r, eb)) != TD_OK) /* every part is in */
+		return e;
+	if (r == 0 && !G->ck_w)
+		return td_fail(eb, TD_ENOMEM, "checkpoint: out of memory for the weights of %zu floats", nt);
+	if (r == 0)
+		tr_model_set_whole_weights(j->m, G->ck_w);
+	return TD_OK;
+}
+
+static void drop_weights(struct job *j, struct gang *G)
+{
+	if (G && G->ck_w) {
+		tr_model_set_whole_weights(j->m, NULL);
+		free(G->ck_w);
+		G->ck_w = NULL;
+	}
 }
 
 /* One rank's run (the whole job when G is NULL): rank 0 alone logs, calls
@@ -788,6 +825,13 @@ static td_err train_rank(const Traind__JobSpec *spec, const struct tr_train_opts
 	}
 	const struct tr_plan *jp = tr_model_plan(j.m);
 	const bool sharded = G && jp->opts.shard != TR_SHARD_NONE && jp->opts.shard_ranks > 1;
+	const bool wsharded = G && tr_shard_params(jp->opts.shard, jp->opts.shard_ranks);
+	if (wsharded && spec->data->eval_file && spec->data->eval_file[0]) {
+		/* every rank would have to take part in rank 0's forwards */
+		e = td_fail(eb, TD_EUNSUPPORTED, "memory.shard: PARAMETERS does not evaluate "
+			    "(data.eval_file) yet; use GRADIENTS or drop the eval file");
+		goto out;
+	}
 	if (sharded && G->net) {
 		e = td_fail(eb, TD_EINVAL,
 			    "memory.shard: %s across processes is not built (a checkpoint gathers the "
@@ -797,10 +841,14 @@ static td_err train_rank(const Traind__JobSpec *spec, const struct tr_train_opts
 	}
 	if (sharded && log)
 		fprintf(log, "sharded: %s; each rank keeps the AdamW moments%s of %zu of the %zu trainable "
-			     "floats and steps them; the weights are all-gathered after each step\n",
+			     "floats and steps them; %s\n",
 			tr_shard_name(jp->opts.shard),
-			tr_shard_grads(jp->opts.shard, jp->opts.shard_ranks) ? " and summed gradients" : "",
-			jp->shard_numel, jp->numel_trainable);
+			wsharded ? ", summed gradients and fp32 weights"
+			: tr_shard_grads(jp->opts.shard, jp->opts.shard_ranks) ? " and summed gradients"
+									       : "",
+			jp->shard_numel, jp->numel_trainable,
+			wsharded ? "a layer's weights are gathered a layer ahead of each use"
+				 : "the weights are all-gathered after each step");
 
 	struct tr_adamw hp = {
 		.beta1 = (float)spec->hyper->beta1,
@@ -966,8 +1014,11 @@ static td_err train_rank(const Traind__JobSpec *spec, const struct tr_train_opts
 		bool eval_due = spec->data->eval_file && ((eval_every && j.step % eval_every == 0) ||
 							  j.step == j.total);
 		bool ckpt_due = (ckpt_every && j.step % ckpt_every == 0) || (stop && j.step < j.total);
-		/* Sharded moments: every rank's part into rank 0's copy first. */
+		/* Sharded moments (and weights): every rank's part into rank 0's
+		 * copy first. */
 		if (ckpt_due && G && sharded && (e = gather_moments(&j, G, r, eb)) != TD_OK)
+			break;
+		if (ckpt_due && G && wsharded && (e = gather_weights(&j, G, r, eb)) != TD_OK)
 			break;
 		if (lead && eval_due)
 			e = evaluate(&j, ids, labels, log, &res->eval_loss, eb);
@@ -991,6 +1042,8 @@ static td_err train_rank(const Traind__JobSpec *spec, const struct tr_train_opts
 			free(G->ck_m2);
 			G->ck_m1 = G->ck_m2 = NULL;
 		}
+		if (lead)
+			drop_weights(&j, G);
 		/* The others wait for rank 0's evaluation and checkpoint here, not
 		 * in a collective wait (which has a timeout). */
 		if (G && e != TD_OK)
@@ -1015,6 +1068,9 @@ static td_err train_rank(const Traind__JobSpec *spec, const struct tr_train_opts
 				(double)st.overlapped / (double)st.steps, (double)st.at_finish / (double)st.steps,
 				(double)st.floats / (double)st.steps / 1e6);
 	}
+	/* PARAMETERS: the output is saved from the gathered weights */
+	if (wsharded && e == TD_OK && !res->stopped)
+		e = gather_weights(&j, G, r, eb);
 	if (lead && e == TD_OK && !res->stopped) {
 		if ((e = save_params(&j, spec->output->dir, j.cfg.dtype, eb)) != TD_OK ||
 		    (e = gpu_sync(j.be, eb)) != TD_OK) /* a device error: not a finished model */
@@ -1030,6 +1086,8 @@ static td_err train_rank(const Traind__JobSpec *spec, const struct tr_train_opts
 out:
 	if (G && e != TD_OK)
 		gpu_gang_fail(G->g, r, e, eb->msg);
+	if (lead)
+		drop_weights(&j, G);
 	free(lsv);
 	free(ids);
 	free(labels);
@@ -1187,6 +1245,7 @@ td_err tr_train(const Traind__JobSpec *spec, const struct tr_train_opts *opts,
 			snprintf(res->device + l, sizeof(res->device) - l, " (x%d)", n);
 	}
 	gpu_gang_free(G.g);
+	free(G.ck_w);
 	free(G.ck_m1); /* a checkpoint's gather that a failure cut short */
 	free(G.ck_m2);
 	free(G.ls);

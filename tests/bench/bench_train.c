@@ -10,7 +10,7 @@
  *               [--batch B] [--seq T] [--steps N] [--warm N] [--lora-rank R]
  *               [--lora-targets qv|all] [--precision fp32|bf16] [--phases]
  *               [--recompute none|selective|full|full-offload] [--qlora]
- *               [--gpus N [--comm auto|host|nccl] [--shard none|optimizer|gradients]]
+ *               [--gpus N [--comm auto|host|nccl] [--shard none|optimizer|gradients|parameters]]
  *
  * --gpus N: data parallel, N ranks (threads of this process) on CUDA
  * devices 0 .. N-1 (the CPU backend: N CPU ranks), each B x T of its own
@@ -22,7 +22,9 @@
  * (memory.shard OPTIMIZER; the gather is in the "adamw" phase). --shard
  * gradients: the summed gradients too (memory.shard GRADIENTS: each
  * layer's reduced onto its owners during the backward, the rest after it:
- * in the "backward" phase).
+ * in the "backward" phase). --shard parameters: the weights too
+ * (memory.shard PARAMETERS: each layer's gathered a layer ahead of its use,
+ * in the forward and backward phases).
  *
  * --qlora: with --lora-rank, the frozen projections in NF4 with double
  * quantization (QLoRA).
@@ -369,7 +371,7 @@ int main(int argc, char **argv)
 			while (k < TR_SHARD_BUILT && strcmp(tr_shard_name((enum tr_shard)k), v))
 				k++;
 			if (k == TR_SHARD_BUILT) {
-				fprintf(stderr, "bench_train: --shard none|optimizer|gradients, not %s\n", v);
+				fprintf(stderr, "bench_train: --shard none|optimizer|gradients|parameters, not %s\n", v);
 				return 2;
 			}
 			b.shard = (enum tr_shard)k;

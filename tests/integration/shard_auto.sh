@@ -15,7 +15,9 @@
 #    log) and succeeds; the same gang fixed at --shard gradients trains with
 #    its gradients sharded and succeeds; with --shard none --recompute none
 #    it fails (no GPU can ever grant its plan); --shard parameters is
-#    refused at submit naming memory.shard.
+#    refused at submit with an eval file, naming memory.shard.
+# 3. Two larger GPUs: a gang fixed at --shard parameters trains with its
+#    weights sharded and succeeds.
 . "$(dirname "$0")/lib.sh"
 cd "$TD_SRC" || exit 1
 JOB=tests/integration/job.txtpb
@@ -37,12 +39,13 @@ none=$(printf '%s\n' "$line" | sed -n 's/.*plan: \([0-9]*\) bytes with recompute
 sel=$(printf '%s\n' "$line" | sed -n 's/.*plan: \([0-9]*\) bytes with recompute none, \([0-9]*\) selective.*/\2/p')
 snone=$(printf '%s\n' "$line" | sed -n 's/.*with memory.shard optimizer \([0-9]*\) bytes with recompute none.*/\1/p')
 gnone=$(printf '%s\n' "$line" | sed -n 's/.*with memory.shard gradients \([0-9]*\) bytes with recompute none.*/\1/p')
-if [ -z "$none" ] || [ -z "$sel" ] || [ -z "$snone" ] || [ -z "$gnone" ]; then
+pnone=$(printf '%s\n' "$line" | sed -n 's/.*with memory.shard parameters \([0-9]*\) bytes with recompute none.*/\1/p')
+if [ -z "$none" ] || [ -z "$sel" ] || [ -z "$snone" ] || [ -z "$gnone" ] || [ -z "$pnone" ]; then
 	bad "the submit event gives the plans unsharded and sharded: '$line'"
 	finish
 	exit 1
 fi
-note "plans: none $none, selective $sel, none with the optimizer sharded $snone bytes, the gradients $gnone"
+note "plans: none $none, selective $sel, none with the optimizer sharded $snone bytes, the gradients $gnone, the weights $pnone"
 check "sharded NONE < NONE" test "$snone" -lt "$none"
 check "gradients-sharded NONE < NONE" test "$gnone" -lt "$none"
 stop_daemon
@@ -71,12 +74,23 @@ check "a fixed shard none (and recompute none) fails" wait_for 30 job_is "$jn" F
 expect_contains "naming what it needs" "$(ctl logs "$jn")" "can ever grant"
 expect_contains "its effective spec shows the sharding" "$(ctl show "$jn")" "memory.shard: none"
 ctl submit "$JOB" --device any --gpus 2 --grad-accum 2 --shard parameters --output "$WORK/m" \
-	>/dev/null 2>"$WORK/err"
-expect_eq "--shard parameters: refused (exit 2)" "$?" 2
-expect_contains "naming memory.shard" "$(cat "$WORK/err")" "memory.shard"
+	--eval "$TD_FIXTURES/demo/fortunes.tokens" >/dev/null 2>"$WORK/err"
+expect_eq "--shard parameters with an eval file: refused (exit 2)" "$?" 2
+expect_contains "naming memory.shard" "$(cat "$WORK/err")" "memory.shard: PARAMETERS does not evaluate"
 ctl submit "$JOB" --device any --gpus 2 --grad-accum 2 --shard sometimes --output "$WORK/m" \
 	>/dev/null 2>"$WORK/err"
 expect_eq "an unknown sharding: exit 2" "$?" 2
 expect_contains "naming the flag" "$(cat "$WORK/err")" "--shard"
+stop_daemon
+
+# --- 3: the weights sharded too (on this two-layer model its plan is not
+# the smallest: the slots of two layers and of the other tensors hold all
+# the weights and gradients): GPUs with room for it ---
+rm -rf "$STATE"
+start_daemon --user --cpu-slots 0 --vram-factor 1 --fake-gpus "$U0:$((4 * none)),$U1:$((4 * none))"
+jw=$(submit weights --shard parameters --recompute none)
+check "the gang with its weights sharded succeeds" wait_for 120 job_is "$jw" SUCCEEDED
+expect_contains "and trained so" "$(ctl logs "$jw")" "sharded: parameters"
+check "a model was written" test -s "$WORK/weights/model.safetensors"
 stop_daemon
 finish

@@ -12,10 +12,11 @@
  * item 3): reduce-scatter, all-gather, reduce onto one rank and the host
  * sum, the plan of a sharded rank, memory.shard OPTIMIZER against NONE —
  * the same bits, in training and through checkpoints resumed on 1, 2 and 3
- * ranks — and GRADIENTS against NONE: the same bits with one micro-batch a
- * rank (2, 3, 4 ranks, recompute, LoRA, a 5-layer model whose gradient
- * slots are reused), a derived bound with more, and its checkpoints
- * resumed on 1 to 4 ranks.
+ * ranks — and GRADIENTS and PARAMETERS against NONE: the same bits with
+ * one micro-batch a rank (2, 3, 4 ranks, recompute, LoRA, a 5-layer model
+ * whose slots are reused), a derived bound with more, and their
+ * checkpoints resumed on 1 to 4 ranks; the plans of each at Llama-3-8B's
+ * shapes.
  *
  * Every rank here is a CPU backend on a thread of this process, summing
  * through gpu/comm.h's host comm; the NCCL comm is the same interface on
@@ -597,7 +598,7 @@ static int diff_files(const char *a, const char *b)
  * (clipped); the moments are shard_numel floats each, on every rank; the
  * params buffer (the trainable tensors) is padded to N parts, the frozen
  * fp32 floats unchanged; the other arenas are the unsharded plan's.
- * PARAMETERS is refused, naming itself. */
+ * A sharding past the enum's is refused. */
 static void test_shard_plan(void)
 {
 	char path[512];
@@ -634,15 +635,67 @@ static void test_shard_plan(void)
 		}
 		CHECK_EQ_INT(next, nt);
 	}
-	for (int k = TR_SHARD_PARAMETERS; k < TR_SHARD_COUNT; k++) {
-		struct tr_plan p;
-		struct tr_plan_opts so = o;
-		so.shard = (enum tr_shard)k;
-		so.shard_ranks = 2;
-		CHECK_EQ_INT(tr_plan_build(&p, &cfg, &so, &eb), TD_EUNSUPPORTED);
-		CHECK_CONTAINS(eb.msg, tr_shard_name((enum tr_shard)k));
-	}
+	struct tr_plan p;
+	struct tr_plan_opts so = o;
+	so.shard = TR_SHARD_COUNT;
+	so.shard_ranks = 2;
+	CHECK_EQ_INT(tr_plan_build(&p, &cfg, &so, &eb), TD_EUNSUPPORTED);
+	CHECK_CONTAINS(eb.msg, "unknown sharding");
 	tr_plan_fini(&base);
+}
+
+/* Llama-3-8B full fine-tuning, bf16 (bf16 GEMMs, fused attention), B2 x
+ * T2048 on 2 ranks, recompute FULL: the trainable floats from the shapes
+ * (embedding and lm_head V x C; per layer q, o C x C, k, v C x KV, gate,
+ * up, down C x I, two norms; the final norm), each sharding's plan smaller
+ * than the one before it, and the state the sharding keeps per rank as
+ * its part: OPTIMIZER's moments, GRADIENTS' summed gradients,
+ * PARAMETERS' fp32 masters, each ceil(n / 2) floats. Printed beside
+ * PyTorch FSDP2's measured peak (64.8 GiB a GPU, issue 12), not held to
+ * it: PARAMETERS' plan keeps two fp32 gradient slots, the other tensors'
+ * gradients and gathered weights whole, and fp32 layer inputs. */
+static void test_shard_8b_plan(void)
+{
+	char dir[512], path[600];
+	snprintf(dir, sizeof(dir), "%s/l8b", tmp);
+	mkdir(dir, 0755);
+	snprintf(path, sizeof(path), "%s/config.json", dir);
+	const char *json =
+		"{\"model_type\":\"llama\",\"vocab_size\":128256,\"hidden_size\":4096,"
+		"\"intermediate_size\":14336,\"num_hidden_layers\":32,\"num_attention_heads\":32,"
+		"\"num_key_value_heads\":8,\"rope_theta\":500000.0,\"rms_norm_eps\":1e-5,"
+		"\"tie_word_embeddings\":false,\"max_position_embeddings\":8192}";
+	write_file(path, json, strlen(json));
+	struct tr_model_config cfg;
+	struct td_errbuf eb = {{0}};
+	CHECK_EQ_INT(tr_config_load(&cfg, path, &eb), TD_OK);
+	const size_t V = 128256, C = 4096, I = 14336, KV = 8 * 128, L = 32;
+	const size_t nt = 2 * V * C + L * (2 * C * C + 2 * C * KV + 3 * C * I + 2 * C) + C;
+	const size_t S = (nt + 1) / 2;
+	size_t prev = SIZE_MAX;
+	for (int k = 0; k < TR_SHARD_COUNT; k++) {
+		struct tr_plan p;
+		struct tr_plan_opts o = {.B = 2, .T = 2048, .gemm_bf16 = true, .attention_lse = true,
+					 .recompute = TR_RECOMPUTE_FULL, .shard = (enum tr_shard)k,
+					 .shard_ranks = 2, .shard_rank = 1};
+		CHECK_EQ_INT(tr_plan_build(&p, &cfg, &o, &eb), TD_OK);
+		CHECK_EQ_INT(p.numel_trainable, nt);
+		CHECK_EQ_INT(p.shard_numel, k ? S : nt);
+		if (k >= TR_SHARD_OPTIMIZER)
+			CHECK_EQ_INT(tr_plan_find(&p, "optim.m")->bytes, S * sizeof(float));
+		if (k >= TR_SHARD_GRADIENTS)
+			CHECK_EQ_INT(tr_plan_find(&p, "grads")->bytes, S * sizeof(float));
+		if (k >= TR_SHARD_PARAMETERS)
+			CHECK_EQ_INT(tr_plan_find(&p, "params")->bytes, S * sizeof(float));
+		const size_t total = tr_plan_total_bytes(&p);
+		CHECK_MSG(total < prev, "8B: %s's plan %zu is not below the one before it (%zu)",
+			  tr_shard_name((enum tr_shard)k), total, prev);
+		printf("8B full bf16 B2 x T2048, 2 ranks, recompute full, shard %-10s %7.2f GiB a rank "
+		       "(PyTorch FSDP2 with checkpointing: 64.8 GiB peak)\n",
+		       tr_shard_name((enum tr_shard)k), (double)total / (1 << 30));
+		prev = total;
+		tr_plan_fini(&p);
+	}
 }
 
 /* The plan of a rank with sharded gradients, against the unsharded plan's
@@ -713,6 +766,39 @@ static void test_shard_grads_plan(const char *model_dir)
 			for (int a = 0; a < TR_ARENA_ALL; a++)
 				if (a != TR_ARENA_GRADS)
 					CHECK_EQ_INT(p.arena_bytes[a], po.arena_bytes[a]);
+			/* PARAMETERS: the params arena is the part's masters and the
+			 * gathered weights in the same slots' sizes (and their bf16
+			 * rounding in the bf16 mode, where the unsharded bf16 copy of
+			 * every trainable weight goes from scratch); the gradients
+			 * as GRADIENTS'; the rest as GRADIENTS' */
+			for (int g16 = 0; g16 < 2; g16++) {
+				struct tr_plan pp, pg;
+				struct tr_plan_opts sp = so;
+				sp.gemm_bf16 = g16;
+				sp.shard = TR_SHARD_GRADIENTS;
+				CHECK_EQ_INT(tr_plan_build(&pg, &cfg, &sp, &eb), TD_OK);
+				sp.shard = TR_SHARD_PARAMETERS;
+				CHECK_EQ_INT(tr_plan_build(&pp, &cfg, &sp, &eb), TD_OK);
+				size_t want = (pp.shard_numel * sizeof(float) + TR_PLAN_ALIGN - 1) / TR_PLAN_ALIGN *
+					      TR_PLAN_ALIGN;
+				for (int k = 0; k <= TR_GRAD_RING; k++)
+					for (int h = 0; h <= g16; h++)
+						if (slot_want[k])
+							want += (slot_want[k] * (h ? 2 : 4) + TR_PLAN_ALIGN - 1) /
+								TR_PLAN_ALIGN * TR_PLAN_ALIGN;
+				CHECK_EQ_INT(pp.arena_bytes[TR_ARENA_PARAMS], want);
+				CHECK_EQ_INT(tr_plan_find(&pp, "params")->bytes, pp.shard_numel * sizeof(float));
+				CHECK(!tr_plan_find(&pp, "scratch.params_bf16"));
+				const struct tr_plan_buf *c16 = tr_plan_find(&pg, "scratch.params_bf16");
+				CHECK(!g16 || c16);
+				size_t c16b = c16 ? (c16->bytes + TR_PLAN_ALIGN - 1) / TR_PLAN_ALIGN * TR_PLAN_ALIGN : 0;
+				CHECK_EQ_INT(pp.arena_bytes[TR_ARENA_SCRATCH] + c16b, pg.arena_bytes[TR_ARENA_SCRATCH]);
+				for (int a = 0; a < TR_ARENA_ALL; a++)
+					if (a != TR_ARENA_PARAMS && a != TR_ARENA_SCRATCH)
+						CHECK_EQ_INT(pp.arena_bytes[a], pg.arena_bytes[a]);
+				tr_plan_fini(&pp);
+				tr_plan_fini(&pg);
+			}
 			/* each unit's tensors tile [0, its floats) of its slot, each
 			 * float once, a tensor after another where its goffset is */
 			for (int u = 0; u <= L; u++) {
@@ -891,7 +977,33 @@ static void deep_model(const char *dir, int layers)
  * bound against NONE. Cases: 2, 3 and 4 ranks, a 5-layer model (its ring
  * slots reused, lm_head and the embedding untied), recompute FULL and
  * SELECTIVE, LoRA with dropout, a tied head. */
-static void test_shard_gradients(const char *deep)
+/* The spec text of sharding k's memory section: "memory { shard: SHARD_K }". */
+static const char *shard_text(enum tr_shard k)
+{
+	return k == TR_SHARD_PARAMETERS ? "memory { shard: SHARD_PARAMETERS }" : SHARD_GRADS;
+}
+
+/* src with "SHARD_GRADIENTS" replaced by sharding k's name (and a case
+ * name's "zg" by "zp" for PARAMETERS), into out. */
+static void as_shard(char *out, size_t cap, const char *src, enum tr_shard k)
+{
+	const char *sp = strstr(src, "SHARD_GRADIENTS");
+	if (k == TR_SHARD_PARAMETERS && sp)
+		snprintf(out, cap, "%.*sSHARD_PARAMETERS%s", (int)(sp - src), src, sp + 15);
+	else if (k == TR_SHARD_PARAMETERS && strncmp(src, "zg", 2) == 0)
+		snprintf(out, cap, "zp%s", src + 2);
+	else
+		snprintf(out, cap, "%s", src);
+}
+
+/* The same for PARAMETERS (test_shard_sharded(deep, TR_SHARD_PARAMETERS)):
+ * each rank also keeps only its part of the fp32 weights, and each unit's
+ * weights are broadcast from their owners into the ring before each use,
+ * forward and backward — exact copies of the masters that an unsharded
+ * run holds, so the same cases are NONE's bits (or within the same bound)
+ * again; the checkpoint's model.safetensors is written from the weights
+ * gathered to rank 0. */
+static void test_shard_gradients(const char *deep, enum tr_shard kind)
 {
 	enum { STEPS = 6 };
 	static const struct {
@@ -922,17 +1034,23 @@ static void test_shard_gradients(const char *deep)
 			 cases[i].accum);
 		struct curve c[2] = {{0}};
 		size_t nt = 0;
+		char cname[64], memk[512];
+		as_shard(cname, sizeof(cname), cases[i].name, kind);
+		as_shard(memk, sizeof(memk), cases[i].top, kind);
 		for (int sh = 0; sh < 2; sh++) {
-			snprintf(name[sh], sizeof(name[sh]), "%s-%s", cases[i].name, sh ? "grads" : "none");
-			const char *mem = cases[i].top;
+			snprintf(name[sh], sizeof(name[sh]), "%s-%s", cname, sh ? tr_shard_name(kind) : "none");
+			const char *mem = memk;
 			char none_top[512];
 			/* NONE: the case's memory section with the sharding NONE */
 			snprintf(none_top, sizeof(none_top), "%s", mem);
 			char *sp = strstr(none_top, "SHARD_GRADIENTS");
+			if (!sp)
+				sp = strstr(none_top, "SHARD_PARAMETERS");
 			if (sp)
-				memcpy(sp, "SHARD_NONE     ", 15);
+				memcpy(sp, "SHARD_NONE     ", 15), sp[15] = sp[15] == 'S' ? ' ' : sp[15];
 			if (sh)
-				snprintf(top, sizeof(top), "%s\n%s", mem, strstr(mem, "memory") ? "" : SHARD_GRADS);
+				snprintf(top, sizeof(top), "%s\n%s", mem,
+					 strstr(mem, "memory") ? "" : shard_text(kind));
 			else
 				snprintf(top, sizeof(top), "%s\n%s", none_top,
 					 strstr(mem, "memory") ? "" : "memory { shard: SHARD_NONE }");
@@ -965,11 +1083,11 @@ static void test_shard_gradients(const char *deep)
 			tr_plan_fini(&p);
 		}
 		CHECK_EQ_INT(c[1].n, STEPS);
-		CHECK_MSG(c[1].norm[1] > 0.01, "%s: step 1's norm %g does not clip", cases[i].name,
+		CHECK_MSG(c[1].norm[1] > 0.01, "%s: step 1's norm %g does not clip", cname,
 			  c[1].norm[1]);
 		if (!exact) {
 			char what[96];
-			snprintf(what, sizeof(what), "%s: %d ranks, accum %d", cases[i].name, cases[i].ranks,
+			snprintf(what, sizeof(what), "%s: %d ranks, accum %d", cname, cases[i].ranks,
 				 cases[i].accum);
 			check_curves(what, &c[0], &c[1], STEPS);
 			continue;
@@ -982,9 +1100,9 @@ static void test_shard_gradients(const char *deep)
 			double d = fabs(c[0].norm[k] - c[1].norm[k]) / c[0].norm[k];
 			worst = d > worst ? d : worst;
 		}
-		CHECK_MSG(same, "%s: the sharded gradients' losses are not NONE's", cases[i].name);
+		CHECK_MSG(same, "%s: the sharded run's losses are not NONE's", cname);
 		CHECK_MSG(worst <= nbound, "%s: the norms differ by %.3g (relative), bound %.3g",
-			  cases[i].name, worst, nbound);
+			  cname, worst, nbound);
 		CHECK_EQ_INT(diff_models(name[0], name[1]), 0);
 		static const char *const files[] = {"model.safetensors", "adapter_model.safetensors",
 						    "optimizer.safetensors"};
@@ -997,13 +1115,13 @@ static void test_shard_gradients(const char *deep)
 			if (stat(a, &st) != 0)
 				continue;
 			compared++;
-			CHECK_MSG(diff_files(a, b) == 0, "%s: the checkpoint's %s is not NONE's", cases[i].name,
+			CHECK_MSG(diff_files(a, b) == 0, "%s: the checkpoint's %s is not NONE's", cname,
 				  files[f]);
 		}
 		CHECK_EQ_INT(compared, 2);
-		printf("%-16s %d ranks, shard gradients: %d steps, weights, losses and checkpoint NONE's "
+		printf("%-16s %d ranks, shard %s: %d steps, weights, losses and checkpoint NONE's "
 		       "bits; norms within %.1e (worst %.1e)\n",
-		       cases[i].name, cases[i].ranks, STEPS, nbound, worst);
+		       cname, cases[i].ranks, tr_shard_name(kind), STEPS, nbound, worst);
 	}
 }
 
@@ -1013,15 +1131,19 @@ static void test_shard_gradients(const char *deep)
  * OPTIMIZER, each rank reading its part of the moments. On 2 ranks
  * GRADIENTS the curve and the weights are the uninterrupted run's bits
  * (contract 6); elsewhere the sums' order follows the ranks and the
- * sharding: check_curves' bound. On the 5-layer model. */
-static void test_shard_grads_resume(const char *deep)
+ * sharding: check_curves' bound. On the 5-layer model. The same for a
+ * PARAMETERS checkpoint (kind), resumed as PARAMETERS and OPTIMIZER. */
+static void test_shard_grads_resume(const char *deep, enum tr_shard kind)
 {
 	enum { STEPS = 8 };
 	const char *hyper = "max_steps: 8 grad_accum: 6";
 	struct curve straight = {0};
 	struct tr_train_result r;
 	struct td_errbuf eb = {{0}};
-	Traind__JobSpec *s = spec_model("zgr-straight", deep, hyper, "checkpoint_every: 4", SHARD_GRADS);
+	const char *pre = kind == TR_SHARD_PARAMETERS ? "zpr" : "zgr";
+	char straight_name[32];
+	snprintf(straight_name, sizeof(straight_name), "%s-straight", pre);
+	Traind__JobSpec *s = spec_model(straight_name, deep, hyper, "checkpoint_every: 4", shard_text(kind));
 	CHECK_MSG(train(s, 2, 0, 0, &straight, &r, &eb) == TD_OK, "straight: %s", eb.msg);
 	rpc_jobspec_free(s);
 	for (int n = 1; n <= 4; n++)
@@ -1029,15 +1151,15 @@ static void test_shard_grads_resume(const char *deep)
 			if (n == 1 && opt)
 				continue;
 			char name[64];
-			snprintf(name, sizeof(name), "zgr-on%d%s", n, opt ? "-opt" : "");
-			s = spec_model(name, deep, hyper, "checkpoint_every: 4", SHARD_GRADS);
+			snprintf(name, sizeof(name), "%s-on%d%s", pre, n, opt ? "-opt" : "");
+			s = spec_model(name, deep, hyper, "checkpoint_every: 4", shard_text(kind));
 			struct curve c = {0};
 			memset(&eb, 0, sizeof(eb));
 			CHECK_MSG(train(s, 2, 0, 3, &c, &r, &eb) == TD_OK, "%s: %s", name, eb.msg);
 			CHECK_EQ_INT(r.steps_done, 3);
 			rpc_jobspec_free(s);
 			/* the same output dir, resumed with the other settings */
-			s = spec_model(name, deep, hyper, "checkpoint_every: 4", opt ? SHARD_OPT : SHARD_GRADS);
+			s = spec_model(name, deep, hyper, "checkpoint_every: 4", opt ? SHARD_OPT : shard_text(kind));
 			CHECK_MSG(train(s, n, 0, 0, &c, &r, &eb) == TD_OK, "%s: resume on %d: %s", name, n,
 				  eb.msg);
 			CHECK_EQ_INT(r.resumed_from, 3);
@@ -1048,10 +1170,10 @@ static void test_shard_grads_resume(const char *deep)
 				for (int k = 1; k <= STEPS; k++)
 					same &= c.loss[k] == straight.loss[k];
 				CHECK_MSG(same, "resumed on 2 ranks: the curve is not the uninterrupted run's");
-				CHECK_EQ_INT(diff_models("zgr-straight", name), 0);
+				CHECK_EQ_INT(diff_models(straight_name, name), 0);
 			} else {
 				char what[96];
-				snprintf(what, sizeof(what), "grads 2-rank checkpoint on %d%s", n,
+				snprintf(what, sizeof(what), "%s 2-rank checkpoint on %d%s", tr_shard_name(kind), n,
 					 opt ? " (optimizer)" : "");
 				check_curves(what, &straight, &c, STEPS);
 			}
@@ -1202,10 +1324,13 @@ int main(int argc, char **argv)
 		test_shard_collectives();
 		test_shard_plan();
 		test_shard_grads_plan(deep);
+		test_shard_8b_plan();
 		test_shard_optimizer();
 		test_shard_resume();
-		test_shard_gradients(deep);
-		test_shard_grads_resume(deep);
+		test_shard_gradients(deep, TR_SHARD_GRADIENTS);
+		test_shard_grads_resume(deep, TR_SHARD_GRADIENTS);
+		test_shard_gradients(deep, TR_SHARD_PARAMETERS);
+		test_shard_grads_resume(deep, TR_SHARD_PARAMETERS);
 	} else {
 		test_gang();
 		test_all_reduce();
