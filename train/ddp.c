@@ -23,9 +23,11 @@ struct piece {
 	size_t soff;
 };
 
-/* GRADIENTS: what one reduction covers — a decoder layer's gradients (unit
- * l) or the other tensors' (unit L) — its pieces [p0, p1), and the comm's
- * mark after its sums (their completion frees its slot). */
+/* GRADIENTS: what one reduction covers (train/plan.h: tr_param.gunit) — a
+ * decoder layer's gradients (unit l), the head's and final norm's (unit
+ * L), the embedding's (unit L + 1 where apart, else in L) — its pieces
+ * [p0, p1), and the comm's mark after its sums (their completion frees its
+ * slot). */
 struct unit {
 	size_t p0, p1;
 	uint64_t mark;
@@ -53,6 +55,7 @@ struct tr_ddp {
 	/* PARAMETERS (tr_shard_params): each unit's gather's mark, whether it
 	 * is in its work buffer and rounded (ensured), and its floats there */
 	bool wp;
+	bool split;         /* the embedding is unit L + 1, apart from the head's L */
 	uint64_t *wmark;
 	bool *wready;
 	size_t *wfloats;
@@ -104,16 +107,17 @@ static int piece_by_off(const void *a, const void *b)
 static td_err grads_units(struct tr_ddp *d, const struct tr_plan *p, struct td_errbuf *eb)
 {
 	d->L = p->cfg.num_layers;
-	d->units = calloc((size_t)d->L + 1, sizeof(*d->units));
+	d->split = p->grad_units == d->L + 2;
+	d->units = calloc((size_t)d->L + 2, sizeof(*d->units));
 	d->pieces = calloc(p->nparams ? p->nparams : 1, sizeof(*d->pieces));
 	if (!d->units || !d->pieces)
 		return td_fail(eb, TD_ENOMEM, "data parallel: out of memory");
-	for (int u = 0; u <= d->L; u++) {
+	for (int u = 0; u < p->grad_units; u++) {
 		d->units[u].p0 = d->npieces;
 		size_t first = d->npieces;
 		for (size_t i = 0; i < p->nparams; i++) {
 			const struct tr_param *t = &p->params[i];
-			if (!t->trainable || !t->numel || (t->layer >= 0 ? t->layer : d->L) != u)
+			if (!t->trainable || !t->numel || t->gunit != u)
 				continue;
 			assert(t->gslot >= 0);
 			d->pieces[d->npieces++] = (struct piece){t->goffset, t->numel, t->gslot, t->gsoff};
@@ -223,7 +227,8 @@ static void weights_ensure(struct tr_ddp *d, int u)
 		return;
 	const int k = u < d->L ? u % TR_GRAD_RING : TR_GRAD_RING;
 	gpu_bf16 *h = tr_model_weight_slot16(d->m, k);
-	if (h && d->wfloats[u])
+	/* the embedding apart is read in fp32 only (a lookup) */
+	if (h && d->wfloats[u] && !(d->split && u == d->L + 1))
 		gpu_bf16_round(tr_model_backend(d->m), h, tr_model_weight_slot(d->m, k), d->wfloats[u]);
 	d->wready[u] = true;
 }
@@ -233,11 +238,15 @@ static void weights_ensure(struct tr_ddp *d, int u)
  * before its forward; the backward finds the last two layers' still in the
  * ring and gathers layer l - 2 once layer l's backward has freed its slot.
  * The other tensors' (embedding, final norm, head) and layer 0's are
- * gathered by micro_begin. */
+ * gathered by micro_begin — with the embedding apart (d->split) the
+ * embedding's only, and the head's (final norm, head) over it after the
+ * embedding's lookup, ensured after the last layer's forward. */
 static void weights_on_stage(struct tr_ddp *d, const struct tr_stage *s)
 {
 	const int L = d->L;
 	if (s->kind == TR_STAGE_EMBED) {
+		if (d->split) /* the head's over the embedding's, used by now */
+			weights_gather(d, L);
 		if (L > 1)
 			weights_gather(d, 1);
 	} else if (s->kind == TR_STAGE_LAYER) {
@@ -245,12 +254,36 @@ static void weights_on_stage(struct tr_ddp *d, const struct tr_stage *s)
 			weights_gather(d, s->layer + 2);
 		if (s->layer + 1 < L)
 			weights_ensure(d, s->layer + 1);
+		if (d->split && s->layer == L - 1)
+			weights_ensure(d, L);
 	} else if (s->kind == TR_STAGE_LAYER_BACKWARD) {
 		if (s->layer - 2 >= 0)
 			weights_gather(d, s->layer - 2);
 		if (s->layer - 1 >= 0)
 			weights_ensure(d, s->layer - 1);
 	}
+}
+
+/* The embedding's unit apart (d->split): after the final norm's backward
+ * the head's gradients are final and summed; before the embedding's
+ * backward, which writes where they were, those sums are complete and its
+ * part of grads.rest zero. */
+static void grads_head_done(struct tr_ddp *d)
+{
+	grads_reduce(d, d->L);
+	d->stats.overlapped++;
+}
+
+static void grads_before_embed(struct tr_ddp *d)
+{
+	d->err = gpu_comm_wait_for(d->c, d->units[d->L].mark, &d->eb);
+	if (d->err != TD_OK)
+		return;
+	size_t n = 0;
+	for (size_t i = d->units[d->L + 1].p0; i < d->units[d->L + 1].p1; i++)
+		if (d->pieces[i].soff + d->pieces[i].n > n)
+			n = d->pieces[i].soff + d->pieces[i].n;
+	gpu_zero(tr_model_backend(d->m), tr_model_grad_slot(d->m, TR_GRAD_RING), n * sizeof(float));
 }
 
 static td_err take_err(struct tr_ddp *d, struct td_errbuf *eb)
@@ -282,10 +315,11 @@ td_err tr_ddp_micro_begin(struct tr_ddp *d, struct td_errbuf *eb)
 			gpu_zero(tr_model_backend(d->m), tr_model_grad_slot(d->m, k),
 				 p->grad_slot_numel[k] * sizeof(float));
 	if (d->wp) { /* the weights the forward starts with */
-		weights_gather(d, d->L);
+		const int first = d->split ? d->L + 1 : d->L; /* the embedding's */
+		weights_gather(d, first);
 		if (d->L > 0)
 			weights_gather(d, 0);
-		weights_ensure(d, d->L);
+		weights_ensure(d, first);
 		if (d->L > 0)
 			weights_ensure(d, 0);
 		return take_err(d, eb);
@@ -297,8 +331,8 @@ td_err tr_ddp_micro_end(struct tr_ddp *d, struct td_errbuf *eb)
 {
 	if (!d->gr)
 		return TD_OK;
-	if (d->err == TD_OK) {
-		grads_reduce(d, d->L);
+	if (d->err == TD_OK) { /* the embedding's (all the others' unless apart) */
+		grads_reduce(d, d->split ? d->L + 1 : d->L);
 		d->stats.at_finish++;
 	}
 	return take_err(d, eb);
@@ -337,6 +371,12 @@ static void on_stage(void *ctx, const struct tr_stage *s)
 	if (d->gr) {
 		if (s->kind == TR_STAGE_LAYER_BACKWARD && d->err == TD_OK)
 			grads_after_layer(d, s->layer);
+		if (d->split && s->kind == TR_STAGE_FINAL_NORM_BACKWARD && d->err == TD_OK)
+			grads_head_done(d);
+		if (d->split && d->err == TD_OK &&
+		    ((s->kind == TR_STAGE_LAYER_BACKWARD && s->layer == 0) ||
+		     (s->kind == TR_STAGE_FINAL_NORM_BACKWARD && d->L == 0)))
+			grads_before_embed(d);
 		if (d->wp && d->err == TD_OK)
 			weights_on_stage(d, s);
 		return;
@@ -367,12 +407,12 @@ td_err tr_ddp_new(struct tr_ddp **out, struct tr_model *m, struct gpu_comm *c, s
 	if (d->gr) {
 		td_err e = grads_units(d, p, eb);
 		if (e == TD_OK && d->wp) {
-			d->wmark = calloc((size_t)d->L + 1, sizeof(*d->wmark));
-			d->wready = calloc((size_t)d->L + 1, sizeof(*d->wready));
-			d->wfloats = calloc((size_t)d->L + 1, sizeof(*d->wfloats));
+			d->wmark = calloc((size_t)d->L + 2, sizeof(*d->wmark));
+			d->wready = calloc((size_t)d->L + 2, sizeof(*d->wready));
+			d->wfloats = calloc((size_t)d->L + 2, sizeof(*d->wfloats));
 			if (!d->wmark || !d->wready || !d->wfloats)
 				e = td_fail(eb, TD_ENOMEM, "data parallel: out of memory");
-			for (int u = 0; e == TD_OK && u <= d->L; u++)
+			for (int u = 0; e == TD_OK && u < p->grad_units; u++)
 				for (size_t i = d->units[u].p0; i < d->units[u].p1; i++)
 					if (d->pieces[i].soff + d->pieces[i].n > d->wfloats[u])
 						d->wfloats[u] = d->pieces[i].soff + d->pieces[i].n;

@@ -62,8 +62,11 @@ void tr_ddp_get_stats(const struct tr_ddp *d, struct tr_ddp_stats *out);
  * GRADIENTS): the backward writes each micro-batch's gradients into the
  * model's work buffers (train/plan.h: tr_param.gslot), and each is summed
  * onto the ranks that own its floats (gpu_comm_reduce_sum) — a layer's
- * from the stage hook as its backward ends, the others' at
- * tr_ddp_micro_end — into the model's grads, which holds the part
+ * from the stage hook as its backward ends, the head's and final norm's
+ * after the final norm's backward where the embedding trains untied (whose
+ * gradients then take their place in grads.rest: zeroed once their sums
+ * are complete, before the embedding's backward), the embedding's (or all
+ * the others') at tr_ddp_micro_end — into the model's grads, which holds the part
  * (plan.shard_lo .. shard_hi). A layer's ring slot is zeroed for the layer
  * two below once its sums are complete (gpu_comm_wait_for), so the sums
  * overlap the next layer's backward. Every micro-batch is summed, so every

@@ -212,11 +212,24 @@ static td_err build_params(struct tr_plan *p, struct td_errbuf *eb)
 	 * backward writes (train/plan.h: tr_param.gslot), visited in goffset
 	 * order (the passes above), so that a layer's decayed tensors and its
 	 * undecayed ones are each one run of its slot and of the arena. */
-	for (size_t i = 0; i < p->nparams; i++)
+	for (size_t i = 0; i < p->nparams; i++) {
 		p->params[i].gslot = -1;
+		p->params[i].gunit = -1;
+	}
 	if (tr_shard_grads(o->shard, o->shard_ranks)) {
 		const int L = p->cfg.num_layers;
-		size_t *used = calloc((size_t)L + 1, sizeof(size_t)); /* [L]: grads.rest */
+		/* The embedding apart from the head and the final norm (units L + 1
+		 * and L, both from the start of grads.rest) where it trains and is
+		 * not the head: the head's are final (and summed) before the
+		 * embedding's are written, and the embedding's weights are read
+		 * before the head's are (train/ddp.h). */
+		const struct tr_param *emb = tr_plan_param(p, "model.embed_tokens.weight");
+		size_t others = 0;
+		for (size_t i = 0; i < p->nparams; i++)
+			others += p->params[i].trainable && p->params[i].layer < 0 ? p->params[i].numel : 0;
+		const bool split = emb && emb->trainable && !p->cfg.tie_word_embeddings &&
+				   others > emb->numel;
+		size_t *used = calloc((size_t)L + 2, sizeof(size_t)); /* [L], [L + 1]: grads.rest */
 		if (!used)
 			return td_fail(eb, TD_ENOMEM, "plan: out of memory");
 		for (int pass = 0; pass < 2; pass++)
@@ -224,7 +237,8 @@ static td_err build_params(struct tr_plan *p, struct td_errbuf *eb)
 				struct tr_param *t = &p->params[i];
 				if (!t->trainable || (t->decay ? 0 : 1) != pass)
 					continue;
-				const int u = t->layer >= 0 ? t->layer : L;
+				const int u = t->layer >= 0 ? t->layer : split && t == emb ? L + 1 : L;
+				t->gunit = u;
 				t->gslot = t->layer >= 0 ? t->layer % TR_GRAD_RING : TR_GRAD_RING;
 				t->gsoff = used[u];
 				used[u] += t->numel;
@@ -232,7 +246,8 @@ static td_err build_params(struct tr_plan *p, struct td_errbuf *eb)
 		for (int l = 0; l < L; l++) /* each slot: the largest of its layers */
 			if (used[l] > p->grad_slot_numel[l % TR_GRAD_RING])
 				p->grad_slot_numel[l % TR_GRAD_RING] = used[l];
-		p->grad_slot_numel[TR_GRAD_RING] = used[L];
+		p->grad_slot_numel[TR_GRAD_RING] = used[L] > used[L + 1] ? used[L] : used[L + 1];
+		p->grad_units = L + (split ? 2 : 1);
 		free(used);
 	}
 	size_t codes = 0;

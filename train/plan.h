@@ -114,6 +114,13 @@ struct tr_param {
 	 * floats (train/ddp.c reduces them onto their owners). */
 	int gslot;
 	size_t gsoff;
+	/* ... and what it is summed (and, PARAMETERS, gathered) with: decoder
+	 * layer l's tensors unit l, the final norm and the head unit L, the
+	 * embedding unit L + 1 where it trains untied (plan.grad_units; at the
+	 * start of grads.rest, as unit L: the two are never live at once), or
+	 * unit L too; -1 unsharded. A unit's tensors are packed from the start
+	 * of their slot. */
+	int gunit;
 	enum tr_param_kind kind;
 	int layer;         /* decoder layer, -1 for embeddings, final norm and heads */
 	int lin;           /* enum tr_lin of a projection's weight, bias or adapter; -1 otherwise */
@@ -355,6 +362,7 @@ struct tr_plan {
 	 * work buffers of grad_slot_numel[k] floats each (tr_param.gslot). */
 	size_t shard_numel, shard_lo, shard_hi, numel_trainable_padded;
 	size_t grad_slot_numel[TR_GRAD_RING + 1];
+	int grad_units; /* GRADIENTS: units of tr_param.gunit, L + 1 or L + 2 */
 	size_t numel_bf16;            /* bf16 values of the params16 buffer (opts.frozen_bf16) */
 	size_t bf16_max_numel;        /* the largest bf16 tensor */
 	size_t numel_frozen;          /* elements of frozen tensors */

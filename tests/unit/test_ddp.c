@@ -725,6 +725,7 @@ static void test_shard_grads_plan(const char *model_dir)
 		CHECK_EQ_INT(tr_plan_build(&base, &cfg, &o, &eb), TD_OK);
 		const int L = cfg.num_layers;
 		size_t layer_floats[64] = {0}, rest = 0, slot_want[TR_GRAD_RING + 1] = {0};
+		const struct tr_param *emb = tr_plan_param(&base, "model.embed_tokens.weight");
 		for (size_t i = 0; i < base.nparams; i++) {
 			const struct tr_param *t = &base.params[i];
 			CHECK_EQ_INT(t->gslot, -1);
@@ -735,10 +736,17 @@ static void test_shard_grads_plan(const char *model_dir)
 			else
 				rest += t->numel;
 		}
+		/* the embedding apart where it trains untied: unit L + 1, from
+		 * the start of the slot as the head's unit L */
+		const bool split = emb->trainable && !cfg.tie_word_embeddings && rest > emb->numel;
+		layer_floats[L] = split ? rest - emb->numel : rest;
+		layer_floats[L + 1] = split ? emb->numel : 0;
 		for (int l = 0; l < L; l++)
 			if (layer_floats[l] > slot_want[l % TR_GRAD_RING])
 				slot_want[l % TR_GRAD_RING] = layer_floats[l];
-		slot_want[TR_GRAD_RING] = rest;
+		slot_want[TR_GRAD_RING] = layer_floats[L] > layer_floats[L + 1] ? layer_floats[L]
+										 : layer_floats[L + 1];
+		CHECK(lora || split); /* the 5-layer model is untied */
 		for (int n = 2; n <= 4; n++) {
 			struct tr_plan p, po;
 			struct tr_plan_opts so = o;
@@ -801,19 +809,21 @@ static void test_shard_grads_plan(const char *model_dir)
 			}
 			/* each unit's tensors tile [0, its floats) of its slot, each
 			 * float once, a tensor after another where its goffset is */
-			for (int u = 0; u <= L; u++) {
-				const size_t want = u < L ? layer_floats[u] : rest;
+			CHECK_EQ_INT(p.grad_units, L + (split ? 2 : 1));
+			for (int u = 0; u < L + (split ? 2 : 1); u++) {
+				const size_t want = layer_floats[u];
 				unsigned char *hit = calloc(want + 1, 1);
 				int bad = 0;
 				for (size_t i = 0; i < p.nparams; i++) {
 					const struct tr_param *t = &p.params[i];
-					if (!t->trainable || (t->layer >= 0 ? t->layer : L) != u)
+					const int tu = t->layer >= 0 ? t->layer : split && t == tr_plan_param(&p, emb->name) ? L + 1 : L;
+					if (!t->trainable || tu != u)
 						continue;
+					CHECK_EQ_INT(t->gunit, u);
 					CHECK_EQ_INT(t->gslot, u < L ? u % TR_GRAD_RING : TR_GRAD_RING);
 					for (size_t j = 0; j < p.nparams; j++) {
 						const struct tr_param *v = &p.params[j];
-						if (v->trainable && (v->layer >= 0 ? v->layer : L) == u &&
-						    v->goffset < t->goffset)
+						if (v->trainable && v->gunit == u && v->goffset < t->goffset)
 							bad += v->gsoff >= t->gsoff;
 					}
 					if (t->gsoff + t->numel > want) {
