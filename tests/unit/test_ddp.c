@@ -34,6 +34,7 @@
 #include "gpu/comm.h"
 #include "proto/jobspec.h"
 #include "tests/check.h"
+#include "tests/unit/emu16.h"
 #include "train/ddp.h"
 #include "train/hfconfig.h"
 #include "train/plan.h"
@@ -1190,6 +1191,130 @@ static void test_shard_grads_resume(const char *deep, enum tr_shard kind)
 		}
 }
 
+/* The bf16 mode's paths of sharded weights on CPU ranks that play the
+ * CUDA backend's bf16 mode (tests/unit/emu16.h: bf16 GEMM operands, and a
+ * check that every bf16 twin passed beside its fp32 tensor is that tensor
+ * rounded — a stale twin is a violation): each rank a model of the 5-layer
+ * model (recompute full, fused attention), driven as the trainer drives it
+ * (micro_begin, the forward with the head's backward fused, the backward,
+ * micro_end, finish, the ranks' norm, clip, AdamW, the gather), 3 steps of
+ * one micro-batch a rank. GRADIENTS' GEMMs read the bf16 copy AdamW writes
+ * with each weight, PARAMETERS' the rounding the gathers make of the
+ * broadcast masters: the same rounding of the same floats, so the losses
+ * and norms of every step are the same bits, and no twin is stale. */
+enum { EM_RANKS = 2, EM_STEPS = 3 };
+
+struct em_arg {
+	struct gpu_gang *g;
+	const char *dir;
+	enum tr_shard shard;
+	int r;
+	double loss[EM_STEPS], norm[EM_STEPS];
+	td_err e;
+	struct td_errbuf eb;
+};
+
+static void *em_rank(void *p)
+{
+	struct em_arg *a = p;
+	struct gpu_backend *be = NULL;
+	struct gpu_comm *c = NULL;
+	struct tr_model *m = NULL;
+	struct tr_ddp *d = NULL;
+	struct tr_model_config cfg;
+	char path[600];
+	snprintf(path, sizeof(path), "%s/config.json", a->dir);
+	if ((a->e = tr_config_load(&cfg, path, &a->eb)) != TD_OK ||
+	    (a->e = emu16_flash_backend_new(&be, &a->eb)) != TD_OK ||
+	    (a->e = gpu_set_bf16(be, true, &a->eb)) != TD_OK)
+		goto out;
+	struct tr_plan_opts o = {.B = 2, .T = 16, .gemm_bf16 = true, .recompute = TR_RECOMPUTE_FULL,
+				 .shard = a->shard, .shard_ranks = EM_RANKS, .shard_rank = a->r};
+	if ((a->e = tr_model_new(&m, be, &cfg, &o, &a->eb)) != TD_OK)
+		goto out;
+	const struct tr_plan *pl = tr_model_plan(m);
+	for (size_t i = 0; i < pl->nparams && a->e == TD_OK; i++) { /* every rank the same weights */
+		const struct tr_param *t = &pl->params[i];
+		float *h = malloc(t->numel * sizeof(float));
+		for (size_t k = 0; k < t->numel; k++)
+			h[k] = t->ndim == 1 ? 1.0f + 0.01f * (float)((k * 7 + i) % 13)
+					    : 0.02f * (float)((int)((k * 2654435761u + i * 97) % 2001) - 1000) / 1000.0f;
+		a->e = tr_model_set_param(m, t, h);
+		free(h);
+	}
+	if (a->e != TD_OK || (a->e = gpu_comm_new(&c, a->g, a->r, be, GPU_COMM_HOST, &a->eb)) != TD_OK ||
+	    (a->e = tr_ddp_new(&d, m, c, 0, false, &a->eb)) != TD_OK)
+		goto out;
+	int32_t ids[2 * 16];
+	const struct tr_adamw hp = {0.9f, 0.999f, 1e-8f, 0.01f};
+	for (int s = 0; s < EM_STEPS && a->e == TD_OK; s++) {
+		for (int k = 0; k < 2 * 16; k++) /* this rank's tokens of step s */
+			ids[k] = (int32_t)((k * 31 + s * 17 + a->r * 101) % cfg.vocab_size);
+		const float dloss = 1.0f / (float)(EM_RANKS * 2 * 15);
+		double ls, norm;
+		int64_t nv;
+		tr_model_zero_grad(m);
+		if ((a->e = tr_ddp_micro_begin(d, &a->eb)) != TD_OK)
+			break;
+		tr_model_fuse_head_backward(m, dloss);
+		if ((a->e = tr_model_forward(m, ids, ids, &ls, &nv, &a->eb)) != TD_OK)
+			break;
+		tr_model_backward(m, dloss);
+		if ((a->e = tr_ddp_micro_end(d, &a->eb)) != TD_OK || (a->e = tr_ddp_finish(d, &a->eb)) != TD_OK ||
+		    (a->e = tr_ddp_grad_norm(d, &norm, &a->eb)) != TD_OK)
+			break;
+		tr_model_clip_grads_by(m, 0.01, norm);
+		tr_model_adamw(m, &hp, 1e-3f, s + 1);
+		if ((a->e = tr_ddp_gather_params(d, &a->eb)) != TD_OK)
+			break;
+		a->loss[s] = ls;
+		a->norm[s] = norm;
+	}
+out:
+	if (a->e != TD_OK)
+		gpu_gang_fail(a->g, a->r, a->e, a->eb.msg);
+	tr_ddp_free(d);
+	gpu_comm_free(c);
+	tr_model_free(m);
+	gpu_backend_free(be);
+	return NULL;
+}
+
+static void test_shard_emu16(const char *deep)
+{
+	static struct em_arg a[2][EM_RANKS];
+	const size_t v0 = emu16_violations();
+	for (int k = 0; k < 2; k++) {
+		struct gpu_gang *g = NULL;
+		struct td_errbuf eb = {{0}};
+		CHECK_EQ_INT(gpu_gang_new(&g, EM_RANKS, 0, &eb), TD_OK);
+		pthread_t t[EM_RANKS];
+		for (int r = 0; r < EM_RANKS; r++) {
+			a[k][r] = (struct em_arg){.g = g, .dir = deep, .r = r,
+						  .shard = k ? TR_SHARD_PARAMETERS : TR_SHARD_GRADIENTS};
+			pthread_create(&t[r], NULL, em_rank, &a[k][r]);
+		}
+		for (int r = 0; r < EM_RANKS; r++) {
+			pthread_join(t[r], NULL);
+			CHECK_MSG(a[k][r].e == TD_OK, "emu16 %s rank %d: %s", k ? "parameters" : "gradients", r,
+				  a[k][r].eb.msg);
+		}
+		gpu_gang_free(g);
+	}
+	int same = 1;
+	for (int s = 0; s < EM_STEPS; s++)
+		for (int r = 0; r < EM_RANKS; r++)
+			same &= a[0][r].loss[s] == a[1][r].loss[s] && a[0][r].norm[s] == a[1][r].norm[s] &&
+				a[0][r].norm[s] == a[0][0].norm[s];
+	CHECK_MSG(same, "emu16: PARAMETERS' losses or norms are not GRADIENTS' bits");
+	CHECK(a[1][0].loss[EM_STEPS - 1] != a[1][0].loss[0]); /* the steps moved the weights */
+	CHECK_MSG(emu16_violations() == v0, "emu16: %zu stale bf16 twins or scratch overflows",
+		  emu16_violations() - v0);
+	printf("emu16 (bf16 mode), 2 ranks, 5 layers: parameters' %d steps are gradients' bits (loss "
+	       "%.6f -> %.6f), no stale twin\n",
+	       EM_STEPS, a[1][0].loss[0] / 30, a[1][0].loss[EM_STEPS - 1] / 30);
+}
+
 /* A sharded checkpoint is one device's, and resumes on any number of ranks.
  * Compared, each exactly (the same bits, by construction as above):
  *  - the checkpoint of 2 ranks sharded at step 3 against 2 ranks unsharded:
@@ -1335,6 +1460,7 @@ int main(int argc, char **argv)
 		test_shard_plan();
 		test_shard_grads_plan(deep);
 		test_shard_8b_plan();
+		test_shard_emu16(deep);
 		test_shard_optimizer();
 		test_shard_resume();
 		test_shard_gradients(deep, TR_SHARD_GRADIENTS);
