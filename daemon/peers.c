@@ -356,7 +356,13 @@ static void expire_guests(struct dmn_peers *p)
 	pthread_mutex_lock(&p->mu);
 	for (struct guest *g = p->guests; g; g = g->next)
 		if (!atomic_load(&g->done) && now - atomic_load(&g->last_hb_ms) > ttl &&
-		    !atomic_exchange(&g->expired, true)) {
+		    !atomic_load(&g->expired)) {
+			/* The reason first: the gang reads it once the flag is set. */
+			snprintf(g->why_expired, sizeof(g->why_expired),
+				 "the daemon at %s gave up job %lld: its coordinator %s stopped renewing "
+				 "its leases for %ld s (peer_lease_ttl_s)",
+				 p->c->self, (long long)g->job, g->coord, p->c->ttl_s);
+			atomic_store(&g->expired, true);
 			atomic_store(&g->stop, true);
 			td_warn("TD-PEER-EXPIRE",
 				"job %lld of %s: no heartbeat from its coordinator for %ld s; its ranks "
@@ -472,10 +478,6 @@ static td_err handle_run(struct dmn_peers *p, const char *coord, const Traind__P
 	g->base = (int)r->rank_base;
 	g->ngpus = (int)r->ranks;
 	atomic_init(&g->last_hb_ms, mono_ms());
-	snprintf(g->why_expired, sizeof(g->why_expired),
-		 "the daemon at %s gave up job %lld: its coordinator %s stopped renewing its leases for "
-		 "%ld s (peer_lease_ttl_s)",
-		 p->c->self, (long long)r->job, coord, p->c->ttl_s);
 	td_err e = rpc_jobspec_copy(&g->spec, r->spec);
 	if (e == TD_OK && (e = rpc_jobspec_apply_defaults(g->spec, eb)) == TD_OK)
 		e = rpc_jobspec_validate(g->spec, eb);
@@ -711,8 +713,17 @@ void dmn_peers_free(struct dmn_peers *p)
 	atomic_store(&p->closing, true);
 	nng_close(p->sock);
 	pthread_join(p->thread, NULL);
-	for (struct guest *g = p->guests; g; g = g->next)
+	/* The loop waited shutdown_timeout_s for them to stop at a step; one
+	 * still here waits on a coordinator that does not answer: given up. */
+	for (struct guest *g = p->guests; g; g = g->next) {
 		atomic_store(&g->stop, true);
+		if (!atomic_load(&g->done) && !atomic_load(&g->expired)) {
+			snprintf(g->why_expired, sizeof(g->why_expired),
+				 "the daemon at %s gave up job %lld: it is stopping", p->c->self,
+				 (long long)g->job);
+			atomic_store(&g->expired, true);
+		}
+	}
 	while (p->guests) {
 		struct guest *g = p->guests;
 		p->guests = g->next;

@@ -157,14 +157,14 @@ bool gpu_gang_is_net(const struct gpu_gang *g)
 void gpu_gang_set_abort(struct gpu_gang *g, const atomic_bool *flag, const char *why)
 {
 	g->abort = flag;
-	snprintf(g->abort_why, sizeof(g->abort_why), "%s", why && *why ? why : "aborted");
+	g->abort_why = why;
 }
 
 bool gpu__gang_poll_abort(struct gpu_gang *g, int rank)
 {
 	if (!g->abort || !atomic_load(g->abort) || atomic_load(&g->failed))
 		return false;
-	gpu_gang_fail(g, rank, TD_EPEER_LOST, g->abort_why);
+	gpu_gang_fail(g, rank, TD_EPEER_LOST, g->abort_why && *g->abort_why ? g->abort_why : "aborted");
 	return true;
 }
 

@@ -115,7 +115,8 @@ bool gpu_gang_is_net(const struct gpu_gang *g);
  * next wait of any rank of this process (a wait for the hub polls it twice a
  * second; an NCCL wait at each poll): for a process whose coordinator went
  * silent without closing its connections (a stopped or wedged daemon).
- * Set it before the ranks start; flag outlives the gang. */
+ * Set it before the ranks start; flag and why outlive the gang, and why is
+ * read once *flag is true (it may be written until then). */
 void gpu_gang_set_abort(struct gpu_gang *g, const atomic_bool *flag, const char *why);
 
 /* Every rank calls it with n doubles at v and a flag: afterwards v holds

@@ -38,7 +38,7 @@ struct gpu_gang {
 	int base, nlocal;
 	/* gpu_gang_set_abort */
 	const atomic_bool *abort;
-	char abort_why[256];
+	const char *abort_why; /* read once *abort is true */
 };
 
 /* Fails the gang if its abort flag is set (and it has not failed yet);

@@ -48,6 +48,10 @@
 #define NET_LABEL_MAX 200
 /* A peer that stops mid-frame, or does not read: dropped after this. */
 #define NET_IO_TIMEOUT_S 60
+/* A connection that has not joined: it must say HELLO within this (and
+ * finish any frame within it), else it is dropped, so that idle or slow
+ * connections of strangers neither hold the hub's slots nor its thread. */
+#define NET_JOIN_TIMEOUT_MS 5000
 
 enum { M_HELLO = 1, M_WELCOME, M_REJECT, M_OP, M_DONE, M_FAIL, M_BYE };
 enum { OP_BARRIER = 1, OP_SUM_F32, OP_RS_F32, OP_AG_F32, OP_SUM_F64 };
@@ -106,16 +110,17 @@ static bool send_frame(int fd, const struct frame *f, const void *payload)
 	return write_all(fd, f, sizeof(*f)) && (!f->len || write_all(fd, payload, f->len));
 }
 
-/* A frame's header and its payload (malloc'd; NULL when len is 0). false:
- * the connection ended or sent nonsense (why in err). */
-static bool recv_frame(int fd, struct frame *f, void **payload, char *err, size_t cap)
+/* A frame's header and its payload (malloc'd; NULL when len is 0), of at
+ * most max bytes. false: the connection ended or sent nonsense (why in err). */
+static bool recv_frame_max(int fd, struct frame *f, void **payload, uint64_t max, char *err,
+			   size_t cap)
 {
 	*payload = NULL;
 	if (!read_all(fd, f, sizeof(*f))) {
 		snprintf(err, cap, "connection closed");
 		return false;
 	}
-	if (f->magic != NET_MAGIC || f->len > NET_MAX_PAYLOAD) {
+	if (f->magic != NET_MAGIC || f->len > max) {
 		snprintf(err, cap, "not a gang frame (magic 0x%08x, %llu bytes)", f->magic,
 			 (unsigned long long)f->len);
 		return false;
@@ -133,6 +138,11 @@ static bool recv_frame(int fd, struct frame *f, void **payload, char *err, size_
 		return false;
 	}
 	return true;
+}
+
+static bool recv_frame(int fd, struct frame *f, void **payload, char *err, size_t cap)
+{
+	return recv_frame_max(fd, f, payload, NET_MAX_PAYLOAD, err, cap);
 }
 
 /* Keepalive and timeouts: a host that stops answering (powered off, cut
@@ -181,6 +191,7 @@ static bool split_addr(const char *a, char *host, size_t cap, char *port, size_t
 
 struct hub_conn {
 	int fd;
+	int64_t accepted_ms; /* monotonic */
 	bool joined;
 	bool left; /* said BYE: its ranks are done */
 	int base, nlocal;
@@ -387,7 +398,9 @@ static void hub_frame(struct gpu_hub *h, int k)
 	struct frame f;
 	void *p = NULL;
 	char err[160];
-	if (!recv_frame(c->fd, &f, &p, err, sizeof(err))) {
+	/* Before HELLO only a HELLO's size is read: a stranger allocates nothing. */
+	uint64_t max = c->joined ? NET_MAX_PAYLOAD : GPU_HUB_TOKEN_BYTES + NET_LABEL_MAX;
+	if (!recv_frame_max(c->fd, &f, &p, max, err, sizeof(err))) {
 		if (c->joined)
 			hub_fail(h, c->base, TD_EPEER_LOST,
 				 "lost %s (ranks %d to %d): %s; its daemon or host is gone", c->label,
@@ -417,6 +430,8 @@ static void hub_frame(struct gpu_hub *h, int k)
 		c->label[ll] = 0;
 		free(p);
 		c->joined = true;
+		struct timeval tv = {.tv_sec = NET_IO_TIMEOUT_S};
+		setsockopt(c->fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
 		c->base = f.rank;
 		c->nlocal = f.code;
 		for (int r = c->base; r < c->base + c->nlocal; r++)
@@ -517,6 +532,16 @@ static void *hub_main(void *arg)
 				pf[np++] = (struct pollfd){.fd = h->conn[k].fd, .events = POLLIN};
 			}
 		int timeout = -1;
+		/* Strangers that did not join in time go. */
+		int64_t now = mono_ms();
+		for (int k = 0; k < h->nconn; k++)
+			if (h->conn[k].fd >= 0 && !h->conn[k].joined) {
+				int64_t left = h->conn[k].accepted_ms + NET_JOIN_TIMEOUT_MS - now;
+				if (left <= 0)
+					hub_drop(h, k);
+				else if (timeout < 0 || left < timeout)
+					timeout = (int)left;
+			}
 		if (h->joined < h->world && !hub_is_failed(h)) {
 			int64_t left = h->join_deadline_ms - mono_ms();
 			if (left <= 0) {
@@ -526,7 +551,8 @@ static void *hub_main(void *arg)
 					 h->joined, h->world, h->addr);
 				continue;
 			}
-			timeout = (int)left;
+			if (timeout < 0 || left < timeout)
+				timeout = (int)left;
 		}
 		int rv = poll(pf, (nfds_t)np, timeout);
 		if (rv < 0 && errno == EINTR)
@@ -537,17 +563,27 @@ static void *hub_main(void *arg)
 			break; /* gpu_hub_free */
 		if (pf[1].revents & POLLIN) {
 			int fd = accept4(h->lfd, NULL, NULL, SOCK_CLOEXEC);
-			int k = -1;
-			for (int i = 0; fd >= 0 && i < h->nconn; i++)
+			int k = -1, oldest = -1;
+			for (int i = 0; fd >= 0 && i < h->nconn; i++) {
 				if (h->conn[i].fd < 0)
 					k = i;
+				else if (!h->conn[i].joined &&
+					 (oldest < 0 || h->conn[i].accepted_ms < h->conn[oldest].accepted_ms))
+					oldest = i;
+			}
 			if (fd >= 0 && k < 0 && h->nconn < GPU_GANG_MAX + 4)
 				k = h->nconn++;
+			if (fd >= 0 && k < 0 && oldest >= 0) { /* full: the oldest stranger goes */
+				hub_drop(h, oldest);
+				k = oldest;
+			}
 			if (fd >= 0 && k < 0) {
 				close(fd); /* more connections than ranks: none of ours */
 			} else if (fd >= 0) {
 				tune_socket(fd);
-				h->conn[k] = (struct hub_conn){.fd = fd};
+				struct timeval tv = {.tv_sec = NET_JOIN_TIMEOUT_MS / 1000};
+				setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+				h->conn[k] = (struct hub_conn){.fd = fd, .accepted_ms = mono_ms()};
 			}
 		}
 		for (int i = 2; i < np; i++)

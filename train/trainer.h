@@ -105,8 +105,8 @@ struct tr_train_opts {
 	const char *hub_label;
 	int world, rank_base;
 	/* Across processes: once *abort is true the run fails at its next
-	 * wait for the others with TD_EPEER_LOST and abort_why (gpu/comm.h:
-	 * gpu_gang_set_abort); NULL: never. */
+	 * wait for the others with TD_EPEER_LOST and abort_why, read then
+	 * (gpu/comm.h: gpu_gang_set_abort); NULL: never. */
 	const atomic_bool *abort;
 	const char *abort_why;
 };

@@ -27,8 +27,8 @@
 . "$(dirname "$0")/lib.sh"
 cd "$TD_SRC" || exit 1
 JOB=$TD_SRC/tests/integration/job.txtpb
-STEPS=600
-EVERY=25
+STEPS=300
+EVERY=20
 
 # hjob FILE HOSTS...: the test job on simulated GPUs, grad_accum 2 (one
 # micro-batch a rank), with resources.hosts.

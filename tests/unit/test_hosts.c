@@ -11,7 +11,9 @@
  *   others with TD_EPEER_LOST; a hub that goes away does too; a wrong token
  *   is refused; a rank that never joins fails the gang after the join time;
  *   a process whose abort flag is set (its coordinator silent) gives up its
- *   wait within a second and the others hear why.
+ *   wait within a second and the others hear why; strangers on the hub's
+ *   port (idle, more than its slots, or announcing a huge frame) neither
+ *   keep the ranks out nor fail the gang.
  * - tr_train with the ranks in two "processes" (two gangs of a hub in this
  *   process, one rank each) against tr_train with two in-process ranks: the
  *   same curve bit for bit and the same model bytes; a stop asked by the
@@ -26,6 +28,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -358,6 +363,54 @@ static void test_abort(void)
 	gpu_hub_free(h);
 }
 
+/* Strangers on the hub's port: idle connections (more than it has
+ * slots) and one that announces a huge frame neither keep the ranks out nor
+ * fail the gang. */
+static void test_strangers(void)
+{
+	struct td_errbuf eb = {{0}};
+	struct gpu_hub *h = NULL;
+	CHECK_EQ_INT(gpu_hub_new(&h, "127.0.0.1", 2, token, 0, &eb), TD_OK);
+	int port = atoi(strrchr(gpu_hub_addr(h), ':') + 1);
+	enum { NS = GPU_GANG_MAX + 8 };
+	int fds[NS];
+	for (int i = 0; i < NS; i++) {
+		fds[i] = socket(AF_INET, SOCK_STREAM, 0);
+		struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port),
+					 .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+		CHECK(fds[i] >= 0 && connect(fds[i], (struct sockaddr *)&sa, sizeof(sa)) == 0);
+	}
+	/* the last one: a header claiming 1 TiB */
+	struct {
+		uint32_t magic;
+		uint16_t type, op;
+		int32_t rank, code;
+		uint32_t flag, world;
+		uint64_t len;
+	} hdr = {0x474e4454u, 1, 0, 0, 1, 0, 2, (uint64_t)1 << 40};
+	CHECK(write(fds[NS - 1], &hdr, sizeof(hdr)) == (ssize_t)sizeof(hdr));
+	nanosleep(&(struct timespec){.tv_nsec = 200 * 1000 * 1000}, NULL);
+	struct gpu_gang *ga = NULL, *gb = NULL;
+	CHECK_MSG(gpu_gang_new_net(&ga, 2, 0, 1, gpu_hub_addr(h), token, "A", 0, &eb) == TD_OK, "%s",
+		  eb.msg);
+	CHECK_MSG(gpu_gang_new_net(&gb, 2, 1, 1, gpu_hub_addr(h), token, "B", 0, &eb) == TD_OK, "%s",
+		  eb.msg);
+	struct bar_arg b1 = {.g = gb, .r = 1, .rounds = 3};
+	pthread_t t;
+	pthread_create(&t, NULL, bar_rank, &b1);
+	struct bar_arg b0 = {.g = ga, .r = 0, .rounds = 3};
+	bar_rank(&b0);
+	pthread_join(t, NULL);
+	CHECK_MSG(b0.e == TD_OK && b1.e == TD_OK, "with strangers about: %s / %s", b0.eb.msg,
+		  b1.eb.msg);
+	CHECK(!gpu_hub_failed(h, NULL, NULL));
+	for (int i = 0; i < NS; i++)
+		close(fds[i]);
+	gpu_gang_free(ga);
+	gpu_gang_free(gb);
+	gpu_hub_free(h);
+}
+
 static void test_refusals(void)
 {
 	struct td_errbuf eb = {{0}};
@@ -604,6 +657,7 @@ int main(void)
 	test_bcast_and_fail();
 	test_process_killed();
 	test_refusals();
+	test_strangers();
 	test_abort();
 	test_train();
 	if (!check_failures_)
