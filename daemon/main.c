@@ -227,10 +227,8 @@ static void print_auto_on_host(Traind__JobSpec *spec, FILE *out)
 		return;
 	}
 	struct tr_plan_opts so = po;
-	const bool evals = spec->data->eval_file && spec->data->eval_file[0];
 	for (int sk = TR_SHARD_OPTIMIZER; ash && sk < TR_SHARD_BUILT; sk++) {
-		/* PARAMETERS does not evaluate: such a job plans it as GRADIENTS (preflight) */
-		so.shard = sk == TR_SHARD_PARAMETERS && evals ? TR_SHARD_GRADIENTS : (enum tr_shard)sk;
+		so.shard = (enum tr_shard)sk;
 		if (tr_plan_policy_bytes(&mc, &so, acts, total[sk], host[sk], &eb) != TD_OK) {
 			fprintf(out, "auto       (%s)\n", eb.msg);
 			return;

@@ -204,14 +204,10 @@ static td_err checks(const Traind__JobSpec *s, struct dmn_plan_bytes *out, struc
 		}
 	}
 	tr_plan_fini(&p);
-	/* Shard AUTO: the method planned NONE; each sharding built too. One the
-	 * job cannot take (PARAMETERS with an eval file) plans as the one
-	 * before it: never the first that fits. */
+	/* Shard AUTO: the method planned NONE; each sharding built too. */
 	struct tr_plan_opts so = po;
-	const bool evals = s->data->eval_file && s->data->eval_file[0];
-#define SHARD_AS(sh) ((sh) == TR_SHARD_PARAMETERS && evals ? TR_SHARD_GRADIENTS : (enum tr_shard)(sh))
 	for (int sh = TR_SHARD_OPTIMIZER; pb.auto_shard && sh < TR_SHARD_BUILT; sh++) {
-		so.shard = SHARD_AS(sh);
+		so.shard = (enum tr_shard)sh;
 		if ((e = tr_plan_build(&p, &cfg, &so, eb)) != TD_OK)
 			return e;
 		pb.shard_bytes[sh] = tr_plan_total_bytes(&p);
@@ -229,14 +225,13 @@ static td_err checks(const Traind__JobSpec *s, struct dmn_plan_bytes *out, struc
 		tr_plan_fini(&p);
 		so.recompute = po.recompute;
 		for (int sh = TR_SHARD_OPTIMIZER; pb.auto_shard && sh < TR_SHARD_BUILT; sh++) {
-			so.shard = SHARD_AS(sh);
+			so.shard = (enum tr_shard)sh;
 			if ((e = tr_plan_build(&p, &cfg, &so, eb)) != TD_OK)
 				return e;
 			pb.shard_by_policy[sh][k] = tr_plan_total_bytes(&p);
 			tr_plan_fini(&p);
 		}
 	}
-#undef SHARD_AS
 	uint64_t teacher = 0;
 	if (s->method == TRAIND__METHOD__METHOD_DISTILL) {
 		/* The teacher runs forward only. Planned in fp32 even when the

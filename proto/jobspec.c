@@ -1203,14 +1203,6 @@ static td_err check_memory(const Traind__JobSpec *s, struct td_errbuf *eb)
 	if (!m || !m->has_shard)
 		return TD_OK;
 	TRY(check_enum(eb, "memory.shard", &traind__shard__descriptor, m->shard));
-	/* Every rank takes part in each forward of sharded weights: rank 0's
-	 * evaluation cannot run alone (train/trainer.c). */
-	if (m->shard == TRAIND__SHARD__SHARD_PARAMETERS && s->data && s->data->eval_file &&
-	    s->data->eval_file[0])
-		return td_fail(eb, TD_EINVAL,
-			       "memory.shard: PARAMETERS does not evaluate yet (data.eval_file is set); "
-			       "GRADIENTS (each GPU keeps the AdamW moments and the summed gradients of "
-			       "its part of the weights), OPTIMIZER, NONE or AUTO");
 	return TD_OK;
 }
 

@@ -300,6 +300,11 @@ bool tr_ddp_sharded_grads(const struct tr_ddp *d)
 	return d->gr;
 }
 
+td_err tr_ddp_check(struct tr_ddp *d, struct td_errbuf *eb)
+{
+	return take_err(d, eb);
+}
+
 td_err tr_ddp_micro_begin(struct tr_ddp *d, struct td_errbuf *eb)
 {
 	if (!d->gr)
@@ -314,17 +319,21 @@ td_err tr_ddp_micro_begin(struct tr_ddp *d, struct td_errbuf *eb)
 		if (p->grad_slot_numel[k])
 			gpu_zero(tr_model_backend(d->m), tr_model_grad_slot(d->m, k),
 				 p->grad_slot_numel[k] * sizeof(float));
-	if (d->wp) { /* the weights the forward starts with */
-		const int first = d->split ? d->L + 1 : d->L; /* the embedding's */
-		weights_gather(d, first);
-		if (d->L > 0)
-			weights_gather(d, 0);
-		weights_ensure(d, first);
-		if (d->L > 0)
-			weights_ensure(d, 0);
-		return take_err(d, eb);
-	}
 	return TD_OK;
+}
+
+/* PARAMETERS: the weights a forward starts with (the stage hook's call
+ * before its first stage: every forward, a training micro-batch's or an
+ * evaluation's, which every rank then runs). */
+static void weights_begin(struct tr_ddp *d)
+{
+	const int first = d->split ? d->L + 1 : d->L; /* the embedding's */
+	weights_gather(d, first);
+	if (d->L > 0)
+		weights_gather(d, 0);
+	weights_ensure(d, first);
+	if (d->L > 0)
+		weights_ensure(d, 0);
 }
 
 td_err tr_ddp_micro_end(struct tr_ddp *d, struct td_errbuf *eb)
@@ -347,6 +356,8 @@ td_err tr_ddp_micro_empty(struct tr_ddp *d, struct td_errbuf *eb)
 	 * zero gradients: the same collectives in the same order. */
 	td_err e = tr_ddp_micro_begin(d, eb);
 	const struct tr_plan *p = tr_model_plan(d->m);
+	if (e == TD_OK)
+		on_stage(d, NULL);
 	for (size_t i = 0; i < p->nstages && e == TD_OK && d->err == TD_OK; i++)
 		if (p->stages[i].kind != TR_STAGE_OPTIMIZER)
 			on_stage(d, &p->stages[i]);
@@ -368,6 +379,11 @@ td_err tr_ddp_grad_norm(struct tr_ddp *d, double *norm, struct td_errbuf *eb)
 static void on_stage(void *ctx, const struct tr_stage *s)
 {
 	struct tr_ddp *d = ctx;
+	if (!s) { /* a forward begins */
+		if (d->wp && d->err == TD_OK)
+			weights_begin(d);
+		return;
+	}
 	if (d->gr) {
 		if (s->kind == TR_STAGE_LAYER_BACKWARD && d->err == TD_OK)
 			grads_after_layer(d, s->layer);

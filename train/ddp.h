@@ -83,14 +83,18 @@ bool tr_ddp_sharded_grads(const struct tr_ddp *d);
 /* Sharded weights (PARAMETERS, which shards the gradients too): the
  * model's params are the part's fp32 masters, and each unit's weights are
  * broadcast from their owners (gpu_comm_broadcast) into the model's weight
- * work buffers — the other tensors' and layer 0's by tr_ddp_micro_begin,
+ * work buffers — the other tensors' and layer 0's as a forward begins,
  * layer l + 1's after layer l - 1's forward and waited for (and rounded to
  * bf16) before its own, layer l - 2's after layer l's backward — so that
  * each layer's weights are gathered a layer ahead of their use, forward
  * and backward (two slots: the forward leaves the last two layers for the
  * backward). The same calls in an empty round. Nothing is gathered after
- * the step (tr_ddp_gather_params does nothing). A forward outside
- * micro_begin .. micro_end (an evaluation) is not possible then. */
+ * the step (tr_ddp_gather_params does nothing). The first gathers are the
+ * stage hook's before a forward's first stage, so any forward gathers what
+ * it reads — an evaluation's too, which every rank must then run alike;
+ * tr_ddp_check returns a gather's error after one (micro_end does in
+ * training). */
+td_err tr_ddp_check(struct tr_ddp *d, struct td_errbuf *eb);
 td_err tr_ddp_micro_begin(struct tr_ddp *d, struct td_errbuf *eb);
 td_err tr_ddp_micro_end(struct tr_ddp *d, struct td_errbuf *eb);
 td_err tr_ddp_micro_empty(struct tr_ddp *d, struct td_errbuf *eb);

@@ -1261,6 +1261,8 @@ static void forward_walk(struct tr_model *m, const struct head_args *h)
 	use_scratch(m);
 	m->dropout_used = m->dropout_armed && p->opts.lora_dropout > 0.0f;
 	m->dropout_armed = false;
+	if (m->stage_hook) /* a forward begins: sharded weights, the first gathered */
+		m->stage_hook(m->stage_ctx, NULL);
 	for (size_t i = 0; i < p->nforward; i++) {
 		const struct tr_stage *s = &p->stages[i];
 		switch (s->kind) {

@@ -156,7 +156,7 @@ void tr_model_zero_grad(struct tr_model *m);
  * (plan.numel_trainable floats; a trainable tensor's at its goffset), which
  * the ranks sum; and a hook that tr_model_backward calls (fn(ctx, s), on the
  * calling thread) after each backward stage it runs (and the forwards after
- * each forward stage), so that a layer's
+ * each forward stage, and with s NULL before the first), so that a layer's
  * gradients, final after its TR_STAGE_LAYER_BACKWARD, are summed while the
  * layers below run. fn NULL: none. */
 float *tr_model_grads(struct tr_model *m);

@@ -665,7 +665,7 @@ static td_err train_rank(const Traind__JobSpec *spec, const struct tr_train_opts
 	if (G && !lead && (e = gpu_gang_barrier(G->g, r, eb)) != TD_OK)
 		goto out;
 	if ((e = tr_data_open_job(&j.data, spec, &j.cfg, false, log, eb)) != TD_OK ||
-	    (lead && spec->data->eval_file &&
+	    ((lead || (G && tr_method_shard(spec) == TR_SHARD_PARAMETERS)) && spec->data->eval_file &&
 	     (e = tr_data_open_job(&j.eval, spec, &j.cfg, true, log, eb)) != TD_OK))
 		goto out;
 	if (G && lead && (e = gpu_gang_barrier(G->g, r, eb)) != TD_OK)
@@ -825,13 +825,9 @@ static td_err train_rank(const Traind__JobSpec *spec, const struct tr_train_opts
 	}
 	const struct tr_plan *jp = tr_model_plan(j.m);
 	const bool sharded = G && jp->opts.shard != TR_SHARD_NONE && jp->opts.shard_ranks > 1;
+	/* PARAMETERS: every rank takes part in each forward's gathers, so
+	 * every rank runs the evaluation (the same batches); rank 0 reports. */
 	const bool wsharded = G && tr_shard_params(jp->opts.shard, jp->opts.shard_ranks);
-	if (wsharded && spec->data->eval_file && spec->data->eval_file[0]) {
-		/* every rank would have to take part in rank 0's forwards */
-		e = td_fail(eb, TD_EUNSUPPORTED, "memory.shard: PARAMETERS does not evaluate "
-			    "(data.eval_file) yet; use GRADIENTS or drop the eval file");
-		goto out;
-	}
 	if (sharded && G->net) {
 		e = td_fail(eb, TD_EINVAL,
 			    "memory.shard: %s across processes is not built (a checkpoint gathers the "
@@ -1020,8 +1016,11 @@ static td_err train_rank(const Traind__JobSpec *spec, const struct tr_train_opts
 			break;
 		if (ckpt_due && G && wsharded && (e = gather_weights(&j, G, r, eb)) != TD_OK)
 			break;
-		if (lead && eval_due)
+		if ((lead || wsharded) && eval_due) {
 			e = evaluate(&j, ids, labels, log, &res->eval_loss, eb);
+			if (e == TD_OK && wsharded)
+				e = tr_ddp_check(ddp, eb);
+		}
 		if (lead && ckpt_due && e == TD_OK) {
 			if ((e = tr__mkdir_p(j.ckpt_root, eb)) == TD_OK &&
 			    (e = write_checkpoint(&j, loss, G ? G->ck_m1 : NULL, G ? G->ck_m2 : NULL,

@@ -14,10 +14,10 @@
 #    shards) and recompute none, says so in its events, trains sharded (its
 #    log) and succeeds; the same gang fixed at --shard gradients trains with
 #    its gradients sharded and succeeds; with --shard none --recompute none
-#    it fails (no GPU can ever grant its plan); --shard parameters is
-#    refused at submit with an eval file, naming memory.shard.
-# 3. Two larger GPUs: a gang fixed at --shard parameters trains with its
-#    weights sharded and succeeds.
+#    it fails (no GPU can ever grant its plan).
+# 3. Two larger GPUs: a gang fixed at --shard parameters, evaluating
+#    (every rank runs the evaluation's forwards), trains with its weights
+#    sharded and succeeds, its eval loss logged.
 . "$(dirname "$0")/lib.sh"
 cd "$TD_SRC" || exit 1
 JOB=tests/integration/job.txtpb
@@ -73,10 +73,6 @@ jn=$(submit fixed --shard none --recompute none)
 check "a fixed shard none (and recompute none) fails" wait_for 30 job_is "$jn" FAILED
 expect_contains "naming what it needs" "$(ctl logs "$jn")" "can ever grant"
 expect_contains "its effective spec shows the sharding" "$(ctl show "$jn")" "memory.shard: none"
-ctl submit "$JOB" --device any --gpus 2 --grad-accum 2 --shard parameters --output "$WORK/m" \
-	--eval "$TD_FIXTURES/demo/fortunes.tokens" >/dev/null 2>"$WORK/err"
-expect_eq "--shard parameters with an eval file: refused (exit 2)" "$?" 2
-expect_contains "naming memory.shard" "$(cat "$WORK/err")" "memory.shard: PARAMETERS does not evaluate"
 ctl submit "$JOB" --device any --gpus 2 --grad-accum 2 --shard sometimes --output "$WORK/m" \
 	>/dev/null 2>"$WORK/err"
 expect_eq "an unknown sharding: exit 2" "$?" 2
@@ -88,9 +84,10 @@ stop_daemon
 # the weights and gradients): GPUs with room for it ---
 rm -rf "$STATE"
 start_daemon --user --cpu-slots 0 --vram-factor 1 --fake-gpus "$U0:$((4 * none)),$U1:$((4 * none))"
-jw=$(submit weights --shard parameters --recompute none)
+jw=$(submit weights --shard parameters --recompute none --eval "$TD_FIXTURES/demo/fortunes.tokens")
 check "the gang with its weights sharded succeeds" wait_for 120 job_is "$jw" SUCCEEDED
 expect_contains "and trained so" "$(ctl logs "$jw")" "sharded: parameters"
+expect_contains "evaluating" "$(ctl logs "$jw")" "eval "
 check "a model was written" test -s "$WORK/weights/model.safetensors"
 stop_daemon
 finish

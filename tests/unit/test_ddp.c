@@ -341,6 +341,9 @@ static void write_file(const char *path, const void *data, size_t n)
 	fclose(f);
 }
 
+/* More of the data section for the next specs (an eval file): "" none. */
+static const char *extra_data = "";
+
 static Traind__JobSpec *spec_model(const char *name, const char *model, const char *hyper,
 				   const char *output, const char *top)
 {
@@ -348,11 +351,11 @@ static Traind__JobSpec *spec_model(const char *name, const char *model, const ch
 	snprintf(path, sizeof(path), "%s/%s.txtpb", tmp, name);
 	snprintf(text, sizeof(text),
 		 "name: \"%s\"\nmodel_dir: \"%s%s%s\"\n"
-		 "data { train_file: \"%s/demo/fortunes.tokens\" format: DATA_FORMAT_TOKENS seq_len: 16 }\n"
+		 "data { train_file: \"%s/demo/fortunes.tokens\" format: DATA_FORMAT_TOKENS seq_len: 16 %s }\n"
 		 "hyper { schedule: SCHEDULE_CONSTANT lr: 1e-3 weight_decay: 0.01 seed: 7 micro_batch: 2 %s }\n"
 		 "output { dir: \"%s/%s\" %s }\nresources { device: DEVICE_CPU }\n%s\n",
-		 name, model[0] == '/' ? "" : fx, model[0] == '/' ? "" : "/", model, fx, hyper, tmp,
-		 name, output, top);
+		 name, model[0] == '/' ? "" : fx, model[0] == '/' ? "" : "/", model, fx, extra_data, hyper,
+		 tmp, name, output, top);
 	write_file(path, text, strlen(text));
 	Traind__JobSpec *s = NULL;
 	struct td_errbuf eb = {{0}};
@@ -1315,6 +1318,38 @@ static void test_shard_emu16(const char *deep)
 	       EM_STEPS, a[1][0].loss[0] / 30, a[1][0].loss[EM_STEPS - 1] / 30);
 }
 
+/* Evaluation with sharded weights: every rank runs the evaluation's
+ * forwards (each gathers the weights it reads), rank 0 reports. On the
+ * 5-layer model, 2 ranks, evaluating every 2 steps: the eval loss and the
+ * curve are NONE's bits, and so is the model. */
+static void test_shard_eval(const char *deep)
+{
+	char data[600];
+	snprintf(data, sizeof(data), "eval_file: \"%s/demo/fortunes.tokens\" eval_every: 2 eval_batches: 3",
+		 fx);
+	extra_data = data;
+	struct curve c[2] = {{0}};
+	struct tr_train_result r[2];
+	for (int sh = 0; sh < 2; sh++) {
+		char name[32];
+		snprintf(name, sizeof(name), "zpe-%s", sh ? "parameters" : "none");
+		Traind__JobSpec *s = spec_model(name, deep, "max_steps: 4 grad_accum: 2", "",
+						sh ? shard_text(TR_SHARD_PARAMETERS) : "memory { shard: SHARD_NONE }");
+		struct td_errbuf eb = {{0}};
+		CHECK_MSG(train(s, 2, 0, 0, &c[sh], &r[sh], &eb) == TD_OK, "%s: %s", name, eb.msg);
+		rpc_jobspec_free(s);
+	}
+	extra_data = "";
+	CHECK_MSG(isfinite(r[1].eval_loss) && r[1].eval_loss == r[0].eval_loss,
+		  "eval loss with the weights sharded %.17g, unsharded %.17g", r[1].eval_loss, r[0].eval_loss);
+	int same = c[0].n == 4 && c[1].n == 4;
+	for (int k = 1; k <= 4; k++)
+		same &= c[0].loss[k] == c[1].loss[k];
+	CHECK_MSG(same, "evaluating with the weights sharded: the curve is not NONE's");
+	CHECK_EQ_INT(diff_models("zpe-none", "zpe-parameters"), 0);
+	printf("parameters, evaluating on every rank: eval loss %.6f, NONE's bits\n", r[1].eval_loss);
+}
+
 /* A sharded checkpoint is one device's, and resumes on any number of ranks.
  * Compared, each exactly (the same bits, by construction as above):
  *  - the checkpoint of 2 ranks sharded at step 3 against 2 ranks unsharded:
@@ -1466,6 +1501,7 @@ int main(int argc, char **argv)
 		test_shard_gradients(deep, TR_SHARD_GRADIENTS);
 		test_shard_grads_resume(deep, TR_SHARD_GRADIENTS);
 		test_shard_gradients(deep, TR_SHARD_PARAMETERS);
+		test_shard_eval(deep);
 		test_shard_grads_resume(deep, TR_SHARD_PARAMETERS);
 	} else {
 		test_gang();

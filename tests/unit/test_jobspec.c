@@ -485,7 +485,6 @@ M(m_host_cpu, SET(re(s), device, TRAIND__DEVICE__DEVICE_CPU); SET(hy(s), grad_ac
 M(m_host_accum, SET(re(s), gpus, 2); SET(hy(s), grad_accum, 2); HOSTS("tcp://h1:7001"))
 M(m_host_shard, SET(hy(s), grad_accum, 2); SET(me(s), shard, TRAIND__SHARD__SHARD_OPTIMIZER);
   HOSTS("tcp://h1:7001"))
-M(m_shard_params, SET(me(s), shard, TRAIND__SHARD__SHARD_PARAMETERS); set_str(&da(s)->eval_file, "/e"))
 M(m_cpu_bf16, SET(re(s), device, TRAIND__DEVICE__DEVICE_CPU);
   SET(hy(s), precision, TRAIND__PRECISION__PRECISION_BF16))
 M(m_rank0, SET(s, method, TRAIND__METHOD__METHOD_LORA); SET(lo(s), rank, 0))
@@ -594,7 +593,6 @@ static const struct bad_case bad_cases[] = {
 			"to 4" },
 	{ m_host_shard, "memory.shard: a job across daemons (resources.hosts) keeps whole optimizer "
 			"state" },
-	{ m_shard_params, "memory.shard: PARAMETERS does not evaluate yet (data.eval_file is set)" },
 	{ m_rank0, "lora.rank: must be >= 1 (got 0)" },
 	{ m_lora_alpha_nan, "lora.alpha:" },
 	{ m_lora_alpha_neg, "lora.alpha: must be > 0" },
