@@ -288,6 +288,31 @@ static bool hub_is_failed(struct gpu_hub *h)
 	return f;
 }
 
+/* Connection k cannot be written to: a FAIL it sent before it went (a
+ * process that gave up, saying why) is the better reason; read what it left. */
+static bool hub_drain_fail(struct gpu_hub *h, int k)
+{
+	for (;;) {
+		struct pollfd pf = {.fd = h->conn[k].fd, .events = POLLIN};
+		if (poll(&pf, 1, 0) != 1 || !(pf.revents & POLLIN))
+			return false;
+		struct frame f;
+		void *p = NULL;
+		char err[160];
+		if (!recv_frame(h->conn[k].fd, &f, &p, err, sizeof(err)))
+			return false;
+		if (f.type == M_FAIL) {
+			char msg[1024];
+			snprintf(msg, sizeof(msg), "%.*s", (int)(f.len < 1023 ? f.len : 1023),
+				 p ? (char *)p : "");
+			free(p);
+			hub_fail(h, f.rank, f.code < 0 ? f.code : TD_EINTERNAL, "%s", msg);
+			return true;
+		}
+		free(p);
+	}
+}
+
 /* DONE to rank r with len bytes at p. */
 static void hub_done(struct gpu_hub *h, int r, const void *p, uint64_t len)
 {
@@ -298,8 +323,10 @@ static void hub_done(struct gpu_hub *h, int r, const void *p, uint64_t len)
 			  .flag = h->flag, .len = len};
 	if (!send_frame(h->conn[k].fd, &f, p)) {
 		const struct hub_conn *c = &h->conn[k];
-		hub_fail(h, r, TD_EPEER_LOST, "%s (ranks %d to %d) stopped reading the gang's answers",
-			 c->label, c->base, c->base + c->nlocal - 1);
+		if (!hub_drain_fail(h, k))
+			hub_fail(h, r, TD_EPEER_LOST,
+				 "%s (ranks %d to %d) stopped reading the gang's answers", c->label,
+				 c->base, c->base + c->nlocal - 1);
 		hub_drop(h, k);
 	}
 }
