@@ -27,7 +27,7 @@
 . "$(dirname "$0")/lib.sh"
 cd "$TD_SRC" || exit 1
 JOB=$TD_SRC/tests/integration/job.txtpb
-STEPS=300
+STEPS=600
 EVERY=20
 
 # hjob FILE HOSTS...: the test job on simulated GPUs, grad_accum 2 (one
@@ -37,7 +37,7 @@ hjob() {
 	shift
 	{
 		sed -e "s/^  micro_batch: 2\$/  micro_batch: 2\n  grad_accum: 2/" \
-			-e '/^resources {/,$d' "$JOB"
+			-e 's/^  keep_last: 2$/  keep_last: 1000/' -e '/^resources {/,$d' "$JOB"
 		echo "resources {"
 		echo "  device: DEVICE_ANY"
 		echo "  allow_cpu: false"
@@ -124,8 +124,9 @@ kill9_b() {
 	wait "$BPID" 2>/dev/null
 	BPID=
 }
-# ckpt DIR STEP: the job's checkpoint of that step exists.
-ckpt() { [ -d "$1/checkpoints/step-$(printf %08d "$2")" ]; }
+# ckpt DIR: the job has written a checkpoint (the kills come right after
+# its first: the job must still be running, however fast this host trains).
+ckpt() { compgen -G "$1/checkpoints/step-[0-9][0-9][0-9][0-9][0-9][0-9][0-9][0-9]" >/dev/null; }
 # b_leases: B's ledger lines of A's jobs.
 b_leases() { ctlb ledger | grep -c "of tcp://127.0.0.1:$PA" ; }
 no_b_lease() { [ "$(b_leases)" = 0 ]; }
@@ -152,7 +153,7 @@ expect_contains "B logged its ranks' end" "$(cat "$BLOG")" "job $j of tcp://127.
 
 # --- 3. kill -9 of B mid-job ---
 j3=$(ctl submit "$WORK/h.txtpb" --output "$WORK/out-kb" --steps "$STEPS" --checkpoint-every "$EVERY")
-check "running, past its second checkpoint" wait_for 60 ckpt "$WORK/out-kb" $((2 * EVERY))
+check "running, past its first checkpoint" wait_for 60 ckpt "$WORK/out-kb"
 kill9_b
 check "the job is requeued" wait_for 20 job_is "$j3" QUEUED
 show=$(ctl show "$j3")
@@ -171,7 +172,7 @@ check "no lease left on B" wait_for 10 no_b_lease
 
 # --- 4. kill -9 of A mid-job ---
 j4=$(ctl submit "$WORK/h.txtpb" --output "$WORK/out-ka" --steps "$STEPS" --checkpoint-every "$EVERY")
-check "running, past its second checkpoint" wait_for 60 ckpt "$WORK/out-ka" $((2 * EVERY))
+check "running, past its first checkpoint" wait_for 60 ckpt "$WORK/out-ka"
 check "B holds its lease" test "$(b_leases)" = 1
 kill9_daemon
 check "B's ranks end and its lease goes" wait_for 10 no_b_lease
@@ -192,7 +193,7 @@ wait "$BPID"
 BPID=
 start_b --peer-lease-ttl-s 3
 j7=$(ctl submit "$WORK/h.txtpb" --output "$WORK/out-stop" --steps "$STEPS" --checkpoint-every "$EVERY")
-check "running, past its second checkpoint" wait_for 60 ckpt "$WORK/out-stop" $((2 * EVERY))
+check "running, past its first checkpoint" wait_for 60 ckpt "$WORK/out-stop"
 kill -STOP "$DPID"
 check "A stopped: B gives the run up and its lease goes" wait_for 20 no_b_lease
 # (the ledger's ttl may free the lease before B's ranks have ended)
