@@ -651,7 +651,31 @@ static td_err host_broadcast(struct gpu_comm *c, const float *x, size_t n, int r
 	return gpu_gang_barrier(g, c->rank, eb);
 }
 
-enum coll { COLL_ALL_REDUCE, COLL_REDUCE_SCATTER, COLL_ALL_GATHER, COLL_REDUCE, COLL_BROADCAST };
+/* Host broadcast of n bf16 values (bytes: no arithmetic), as host_broadcast. */
+static td_err host_broadcast16(struct gpu_comm *c, const void *x, size_t n, int root, void *y,
+			       struct td_errbuf *eb)
+{
+	struct gpu_gang *g = c->g;
+	if (g->net)
+		return rank_fail(c, td_fail(eb, TD_EUNSUPPORTED,
+					    "broadcast: not across processes (sharded weights)"), eb);
+	td_err e = host_reserve(c, (n + 1) / 2, "broadcast", eb);
+	if (e != TD_OK)
+		return e;
+	if (c->rank == root)
+		gpu_download(c->be, c->buf, x, n * 2);
+	pthread_mutex_lock(&g->mu);
+	g->slot[c->rank] = c->buf;
+	pthread_mutex_unlock(&g->mu);
+	if ((e = gpu_gang_barrier(g, c->rank, eb)) != TD_OK)
+		return e;
+	if (c->rank != root) /* the root's y is x, or written by its caller */
+		gpu_upload(c->be, y, g->slot[root], n * 2);
+	return gpu_gang_barrier(g, c->rank, eb);
+}
+
+enum coll { COLL_ALL_REDUCE, COLL_REDUCE_SCATTER, COLL_ALL_GATHER, COLL_REDUCE, COLL_BROADCAST,
+	    COLL_BROADCAST16 };
 
 /* One NCCL collective enqueued on the side stream (after the backend's work
  * so far); n: x's floats; COLL_REDUCE: onto rank root's y. */
@@ -659,7 +683,7 @@ static td_err nccl_coll(struct gpu_comm *c, enum coll k, float *x, size_t n, siz
 			int root, float *y, struct td_errbuf *eb)
 {
 	static const char *const names[] = {"all-reduce", "reduce-scatter", "all-gather", "reduce",
-					    "broadcast"};
+					    "broadcast", "broadcast"};
 	if (!c->comm)
 		return rank_fail(c, td_fail(eb, TD_EDEVICE, "%s, rank %d: no communicator", names[k],
 					    c->rank), eb);
@@ -676,8 +700,10 @@ static td_err nccl_coll(struct gpu_comm *c, enum coll k, float *x, size_t n, siz
 	else if (k == COLL_REDUCE) /* recv is read on the root only */
 		r = c->nc->reduce(x, c->rank == root ? y : x, n, GPU_NCCL_FLOAT32, GPU_NCCL_SUM, root,
 				  c->comm, st);
-	else /* send is read on the root only */
+	else if (k == COLL_BROADCAST) /* send is read on the root only */
 		r = c->nc->broadcast(c->rank == root ? x : y, y, n, GPU_NCCL_FLOAT32, root, c->comm, st);
+	else /* n bf16 values */
+		r = c->nc->broadcast(c->rank == root ? x : y, y, n, GPU_NCCL_BFLOAT16, root, c->comm, st);
 	c->pending = true;
 	if (r == GPU_NCCL_IN_PROGRESS) { /* complete the call before the next one */
 		td_err e = nccl_poll(c, false, c->g->timeout_ms, names[k], eb);
@@ -775,6 +801,20 @@ td_err gpu_comm_broadcast(struct gpu_comm *c, const float *x, size_t n, int root
 	if (c->kind == GPU_COMM_HOST)
 		return host_broadcast(c, x, n, root, y, eb);
 	return nccl_coll(c, COLL_BROADCAST, (float *)x, n, 0, root, y, eb);
+}
+
+td_err gpu_comm_broadcast16(struct gpu_comm *c, const void *x, size_t n, int root, void *y,
+			    struct td_errbuf *eb)
+{
+	if (root < 0 || root >= c->g->n)
+		return rank_fail(c, td_fail(eb, TD_EINTERNAL, "broadcast from rank %d of %d", root,
+					    c->g->n), eb);
+	td_err e = coll_begin(c, (n + 1) / 2, eb);
+	if (e != TD_OK)
+		return e;
+	if (c->kind == GPU_COMM_HOST)
+		return host_broadcast16(c, x, n, root, y, eb);
+	return nccl_coll(c, COLL_BROADCAST16, (float *)x, n, 0, root, (float *)y, eb);
 }
 
 td_err gpu_comm_sum_host(struct gpu_comm *c, double *v, struct td_errbuf *eb)

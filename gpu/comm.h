@@ -208,6 +208,9 @@ td_err gpu_comm_reduce_sum(struct gpu_comm *c, const float *x, size_t n, int roo
  * All-reduce's rules; in one process only (a gang of a hub: TD_EUNSUPPORTED). */
 td_err gpu_comm_broadcast(struct gpu_comm *c, const float *x, size_t n, int root, float *y,
 			  struct td_errbuf *eb);
+/* The same for n bf16 values (2n bytes; the stats count n / 2 floats). */
+td_err gpu_comm_broadcast16(struct gpu_comm *c, const void *x, size_t n, int root, void *y,
+			    struct td_errbuf *eb);
 
 /* A host value summed over the ranks, in rank order (v0 + v1 + ... from
  * the left, in double: the same bits on every rank): *v is this rank's on

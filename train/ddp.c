@@ -21,6 +21,10 @@ struct piece {
 	size_t off, n;
 	int slot;
 	size_t soff;
+	/* PARAMETERS in the bf16 mode: gathered in bf16 only (tr_plan_gathered16),
+	 * or in fp32 and rounded after (r16: a tied embedding, the head's GEMM
+	 * operand too) */
+	bool g16, r16;
 };
 
 /* GRADIENTS: what one reduction covers (train/plan.h: tr_param.gunit) — a
@@ -120,14 +124,18 @@ static td_err grads_units(struct tr_ddp *d, const struct tr_plan *p, struct td_e
 			if (!t->trainable || !t->numel || t->gunit != u)
 				continue;
 			assert(t->gslot >= 0);
-			d->pieces[d->npieces++] = (struct piece){t->goffset, t->numel, t->gslot, t->gsoff};
+			const bool g16 = tr_plan_gathered16(p, t);
+			const bool r16 = !g16 && p->opts.gemm_bf16 && t->ndim == 2 &&
+					 p->cfg.tie_word_embeddings; /* a tied embedding */
+			d->pieces[d->npieces++] = (struct piece){t->goffset, t->numel, t->gslot, t->gsoff, g16, r16};
 		}
 		qsort(d->pieces + first, d->npieces - first, sizeof(*d->pieces), piece_by_off);
 		size_t k = first;
 		for (size_t i = first; i < d->npieces; i++) {
 			struct piece *q = &d->pieces[k - 1];
 			if (i > first && q->off + q->n == d->pieces[i].off && q->slot == d->pieces[i].slot &&
-			    q->soff + q->n == d->pieces[i].soff)
+			    q->soff + q->n == d->pieces[i].soff && q->g16 == d->pieces[i].g16 &&
+			    q->r16 == d->pieces[i].r16)
 				q->n += d->pieces[i].n;
 			else
 				d->pieces[k++] = d->pieces[i];
@@ -199,13 +207,23 @@ static void weights_gather(struct tr_ddp *d, int u)
 	const size_t S = p->shard_numel, lo = p->shard_lo;
 	const int me = p->opts.shard_rank;
 	const float *part = tr_model_params(d->m);
+	struct gpu_backend *be = tr_model_backend(d->m);
 	for (size_t i = d->units[u].p0; i < d->units[u].p1 && d->err == TD_OK; i++) {
 		const struct piece *q = &d->pieces[i];
 		float *w = tr_model_weight_slot(d->m, q->slot) + q->soff;
+		gpu_bf16 *h = q->g16 ? tr_model_weight_slot16(d->m, q->slot) + q->soff : NULL;
 		const size_t end = q->off + q->n;
 		for (size_t r = q->off / S; r * S < end && d->err == TD_OK; r++) {
 			const size_t x0 = q->off > r * S ? q->off : r * S;
 			const size_t x1 = end < (r + 1) * S ? end : (r + 1) * S;
+			if (h) { /* bf16 only: the owner rounds its share where it goes */
+				gpu_bf16 *y = h + (x0 - q->off);
+				if ((int)r == me)
+					gpu_bf16_round(be, y, part + (x0 - lo), x1 - x0);
+				d->err = gpu_comm_broadcast16(d->c, y, x1 - x0, (int)r, y, &d->eb);
+				d->stats.gathered += (x1 - x0 + 1) / 2;
+				continue;
+			}
 			d->err = gpu_comm_broadcast(d->c, (int)r == me ? part + (x0 - lo) : NULL, x1 - x0,
 						    (int)r, w + (x0 - q->off), &d->eb);
 			d->stats.gathered += x1 - x0;
@@ -225,11 +243,16 @@ static void weights_ensure(struct tr_ddp *d, int u)
 	d->err = gpu_comm_wait_for(d->c, d->wmark[u], &d->eb);
 	if (d->err != TD_OK)
 		return;
-	const int k = u < d->L ? u % TR_GRAD_RING : TR_GRAD_RING;
-	gpu_bf16 *h = tr_model_weight_slot16(d->m, k);
-	/* the embedding apart is read in fp32 only (a lookup) */
-	if (h && d->wfloats[u] && !(d->split && u == d->L + 1))
-		gpu_bf16_round(tr_model_backend(d->m), h, tr_model_weight_slot(d->m, k), d->wfloats[u]);
+	/* what the GEMMs read in bf16 but was gathered in fp32 (a tied
+	 * embedding): rounded now; the matrices came in bf16, the rest is read
+	 * in fp32 only */
+	for (size_t i = d->units[u].p0; i < d->units[u].p1; i++) {
+		const struct piece *q = &d->pieces[i];
+		gpu_bf16 *h = tr_model_weight_slot16(d->m, q->slot);
+		if (q->r16 && h)
+			gpu_bf16_round(tr_model_backend(d->m), h + q->soff,
+				       tr_model_weight_slot(d->m, q->slot) + q->soff, q->n);
+	}
 	d->wready[u] = true;
 }
 

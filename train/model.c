@@ -56,7 +56,9 @@ struct lin {
 	const struct tr_param *wp;  /* the weight's entry in the plan (weight_of) */
 	float *b;                   /* NULL without bias */
 	float *dw, *db;             /* NULL where frozen */
-	float *A, *B, *dA, *dB;     /* LoRA (A NULL: no adapter); d* NULL in a forward-only plan */
+	float *A, *B, *dA, *dB;     /* LoRA; d* NULL in a forward-only plan; A, B NULL where
+				     * there is no adapter, or PARAMETERS gathers it in bf16 only */
+	bool lora;                  /* the projection has an adapter */
 	gpu_bf16 *A16, *B16;        /* the adapter's bf16 copies (bf16 mode), else NULL */
 	float *u;                   /* acts: scale * (x A^T), (N, R) */
 	float *xd;                  /* acts: dropout(x), (N, in); NULL without dropout */
@@ -248,8 +250,8 @@ static float *param_ptr(struct tr_model *m, const struct tr_param *p, bool grad)
 			return m->gslot[p->gslot] + p->gsoff;
 		return m->grads + p->goffset;
 	}
-	if (p->trainable && m->wpart) /* PARAMETERS: where it is gathered */
-		return m->wslot[p->gslot] + p->gsoff;
+	if (p->trainable && m->wpart) /* PARAMETERS: where it is gathered (bf16 only: none) */
+		return tr_plan_gathered16(&m->plan, p) ? NULL : m->wslot[p->gslot] + p->gsoff;
 	return p->trainable ? m->params + p->offset : m->base32 + p->offset;
 }
 
@@ -301,7 +303,8 @@ static void bind_lin(struct tr_model *m, int l, int k)
 	L->u = act(m, l, name);
 	snprintf(name, sizeof(name), "lora_x.%s", tr_lin_name(k));
 	L->xd = act(m, l, name);
-	assert(!L->A == !L->B && (!L->A || L->u));
+	L->lora = ap != NULL;
+	assert(!ap == !bp2 && (!ap || L->u));
 }
 
 static void bind(struct tr_model *m)
@@ -924,7 +927,7 @@ static void lora_input(struct tr_model *m, int l, int k, const float *inp, const
 	struct gpu_backend *be = m->be;
 	const struct lin *L = &m->lin[l][k];
 	const int N = m->plan.opts.B * m->plan.opts.T, R = m->plan.opts.lora_rank;
-	if (!L->A)
+	if (!L->lora)
 		return;
 	const float *x = inp;
 	const gpu_bf16 *x16 = inp16;
@@ -950,10 +953,10 @@ static void linear_forward(struct tr_model *m, int l, int k, float *out, gpu_bf1
 	struct gpu_backend *be = m->be;
 	const struct lin *L = &m->lin[l][k];
 	const int N = m->plan.opts.B * m->plan.opts.T, R = m->plan.opts.lora_rank;
-	assert(!out16 || (!L->A && !L->b));
+	assert(!out16 || (!L->lora && !L->b));
 	const struct wref w = weight_of(m, L->wp);
 	gpu_matmul_forward(be, out, out16, inp, inp16, w.f, w.h, L->b, N, L->in, L->out);
-	if (!L->A)
+	if (!L->lora)
 		return;
 	lora_input(m, l, k, inp, inp16, true);
 	gpu_matmul_forward_add(be, out, L->u, NULL, L->B, L->B16, N, R, L->out);
@@ -974,7 +977,7 @@ static void linear_backward(struct tr_model *m, int l, int k, float *dinp, bool 
 	const struct wref w = weight_of(m, L->wp);
 	gpu_matmul_backward(be, dinp, L->dw, L->db, dout, dout16, inp, inp16, w.f, w.h, N, L->in,
 			    L->out, set);
-	if (!L->A)
+	if (!L->lora)
 		return;
 	/* With u = scale * x A^T kept: dB += dout^T u, du = scale * dout B. */
 	gpu_matmul_backward(be, m->lora_du, L->dB, NULL, dout, dout16, L->u, NULL, L->B, L->B16, N,

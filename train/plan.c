@@ -508,6 +508,12 @@ static td_err add_stage(struct tr_plan *p, size_t *cap, enum tr_stage_kind kind,
  * Qwen2-0.5B at B8 x T1024 does 3.3k and lost 7% of its tokens/s (H200). */
 #define TR_OFFLOAD_MIN_FLOP_PER_BYTE 8192.0
 
+bool tr_plan_gathered16(const struct tr_plan *p, const struct tr_param *t)
+{
+	return tr_shard_params(p->opts.shard, p->opts.shard_ranks) && p->opts.gemm_bf16 &&
+	       t->trainable && t->ndim == 2 && strcmp(t->name, "model.embed_tokens.weight") != 0;
+}
+
 bool tr_plan_attention_y32(const struct tr_plan_opts *o)
 {
 	return !o->attention_lse || !o->gemm_bf16 || (o->lora_rank && o->lora_dropout > 0.0f);

@@ -396,6 +396,13 @@ struct tr_plan {
  * fp32 inputs). The fused backward forms its row sums from y16. */
 bool tr_plan_attention_y32(const struct tr_plan_opts *o);
 
+/* Whether a PARAMETERS plan in the bf16 mode gathers trainable t in bf16
+ * only (params16.*: its owner rounds its part and broadcasts that): a
+ * matrix read by the GEMMs alone — every trainable 2-D tensor but the
+ * embedding, which its lookup reads in fp32 (and, tied, the head in bf16:
+ * gathered in fp32 and rounded). The others are gathered in fp32. */
+bool tr_plan_gathered16(const struct tr_plan *p, const struct tr_param *t);
+
 /* Whether a FULL_OFFLOAD plan of cfg and o keeps each layer's attention
  * output and row statistics (fused attention: the row statistics, y16, and
  * y where tr_plan_attention_y32) on the host beside its input, so that its

@@ -1201,10 +1201,11 @@ static void test_shard_grads_resume(const char *deep, enum tr_shard kind)
  * model (recompute full, fused attention), driven as the trainer drives it
  * (micro_begin, the forward with the head's backward fused, the backward,
  * micro_end, finish, the ranks' norm, clip, AdamW, the gather), 3 steps of
- * one micro-batch a rank. GRADIENTS' GEMMs read the bf16 copy AdamW writes
- * with each weight, PARAMETERS' the rounding the gathers make of the
- * broadcast masters: the same rounding of the same floats, so the losses
- * and norms of every step are the same bits, and no twin is stale. */
+ * one micro-batch a rank, full fine-tuning and LoRA. GRADIENTS' GEMMs read
+ * the bf16 copy AdamW writes with each weight, PARAMETERS' the matrices
+ * their owners round and broadcast in bf16 (the norms gathered in fp32):
+ * the same rounding of the same floats, so the losses and norms of every
+ * step are the same bits, and no twin is stale. */
 enum { EM_RANKS = 2, EM_STEPS = 3 };
 
 struct em_arg {
@@ -1212,6 +1213,7 @@ struct em_arg {
 	const char *dir;
 	enum tr_shard shard;
 	int r;
+	bool lora;
 	double loss[EM_STEPS], norm[EM_STEPS];
 	td_err e;
 	struct td_errbuf eb;
@@ -1233,6 +1235,11 @@ static void *em_rank(void *p)
 		goto out;
 	struct tr_plan_opts o = {.B = 2, .T = 16, .gemm_bf16 = true, .recompute = TR_RECOMPUTE_FULL,
 				 .shard = a->shard, .shard_ranks = EM_RANKS, .shard_rank = a->r};
+	if (a->lora) {
+		o.lora_rank = 4;
+		o.lora_alpha = 8;
+		o.lora_targets = 1u << TR_LIN_Q | 1u << TR_LIN_DOWN;
+	}
 	if ((a->e = tr_model_new(&m, be, &cfg, &o, &a->eb)) != TD_OK)
 		goto out;
 	const struct tr_plan *pl = tr_model_plan(m);
@@ -1283,7 +1290,7 @@ out:
 	return NULL;
 }
 
-static void test_shard_emu16(const char *deep)
+static void test_shard_emu16(const char *deep, bool lora)
 {
 	static struct em_arg a[2][EM_RANKS];
 	const size_t v0 = emu16_violations();
@@ -1293,7 +1300,7 @@ static void test_shard_emu16(const char *deep)
 		CHECK_EQ_INT(gpu_gang_new(&g, EM_RANKS, 0, &eb), TD_OK);
 		pthread_t t[EM_RANKS];
 		for (int r = 0; r < EM_RANKS; r++) {
-			a[k][r] = (struct em_arg){.g = g, .dir = deep, .r = r,
+			a[k][r] = (struct em_arg){.g = g, .dir = deep, .r = r, .lora = lora,
 						  .shard = k ? TR_SHARD_PARAMETERS : TR_SHARD_GRADIENTS};
 			pthread_create(&t[r], NULL, em_rank, &a[k][r]);
 		}
@@ -1313,9 +1320,9 @@ static void test_shard_emu16(const char *deep)
 	CHECK(a[1][0].loss[EM_STEPS - 1] != a[1][0].loss[0]); /* the steps moved the weights */
 	CHECK_MSG(emu16_violations() == v0, "emu16: %zu stale bf16 twins or scratch overflows",
 		  emu16_violations() - v0);
-	printf("emu16 (bf16 mode), 2 ranks, 5 layers: parameters' %d steps are gradients' bits (loss "
+	printf("emu16 (bf16 mode), 2 ranks, 5 layers%s: parameters' %d steps are gradients' bits (loss "
 	       "%.6f -> %.6f), no stale twin\n",
-	       EM_STEPS, a[1][0].loss[0] / 30, a[1][0].loss[EM_STEPS - 1] / 30);
+	       lora ? ", LoRA" : "", EM_STEPS, a[1][0].loss[0] / 30, a[1][0].loss[EM_STEPS - 1] / 30);
 }
 
 /* Evaluation with sharded weights: every rank runs the evaluation's
@@ -1495,7 +1502,8 @@ int main(int argc, char **argv)
 		test_shard_plan();
 		test_shard_grads_plan(deep);
 		test_shard_8b_plan();
-		test_shard_emu16(deep);
+		test_shard_emu16(deep, false);
+		test_shard_emu16(deep, true);
 		test_shard_optimizer();
 		test_shard_resume();
 		test_shard_gradients(deep, TR_SHARD_GRADIENTS);
