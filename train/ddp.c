@@ -25,6 +25,7 @@ struct piece {
 	 * or in fp32 and rounded after (r16: a tied embedding, the head's GEMM
 	 * operand too) */
 	bool g16, r16;
+	size_t wsoff;       /* PARAMETERS: the fp32 copy's place (not g16) */
 };
 
 /* GRADIENTS: what one reduction covers (train/plan.h: tr_param.gunit) — a
@@ -56,13 +57,12 @@ struct tr_ddp {
 	struct unit *units;
 	struct piece *pieces;
 	size_t npieces;
-	/* PARAMETERS (tr_shard_params): each unit's gather's mark, whether it
-	 * is in its work buffer and rounded (ensured), and its floats there */
+	/* PARAMETERS (tr_shard_params): each unit's gather's mark, and whether
+	 * it is in its work buffers and rounded (ensured) */
 	bool wp;
 	bool split;         /* the embedding is unit L + 1, apart from the head's L */
 	uint64_t *wmark;
 	bool *wready;
-	size_t *wfloats;
 };
 
 static int by_off(const void *a, const void *b)
@@ -127,7 +127,8 @@ static td_err grads_units(struct tr_ddp *d, const struct tr_plan *p, struct td_e
 			const bool g16 = tr_plan_gathered16(p, t);
 			const bool r16 = !g16 && p->opts.gemm_bf16 && t->ndim == 2 &&
 					 p->cfg.tie_word_embeddings; /* a tied embedding */
-			d->pieces[d->npieces++] = (struct piece){t->goffset, t->numel, t->gslot, t->gsoff, g16, r16};
+			d->pieces[d->npieces++] =
+				(struct piece){t->goffset, t->numel, t->gslot, t->gsoff, g16, r16, t->wsoff};
 		}
 		qsort(d->pieces + first, d->npieces - first, sizeof(*d->pieces), piece_by_off);
 		size_t k = first;
@@ -135,7 +136,7 @@ static td_err grads_units(struct tr_ddp *d, const struct tr_plan *p, struct td_e
 			struct piece *q = &d->pieces[k - 1];
 			if (i > first && q->off + q->n == d->pieces[i].off && q->slot == d->pieces[i].slot &&
 			    q->soff + q->n == d->pieces[i].soff && q->g16 == d->pieces[i].g16 &&
-			    q->r16 == d->pieces[i].r16)
+			    q->r16 == d->pieces[i].r16 && (q->g16 || q->wsoff + q->n == d->pieces[i].wsoff))
 				q->n += d->pieces[i].n;
 			else
 				d->pieces[k++] = d->pieces[i];
@@ -210,7 +211,7 @@ static void weights_gather(struct tr_ddp *d, int u)
 	struct gpu_backend *be = tr_model_backend(d->m);
 	for (size_t i = d->units[u].p0; i < d->units[u].p1 && d->err == TD_OK; i++) {
 		const struct piece *q = &d->pieces[i];
-		float *w = tr_model_weight_slot(d->m, q->slot) + q->soff;
+		float *w = q->g16 ? NULL : tr_model_weight_slot(d->m, q->slot) + q->wsoff;
 		gpu_bf16 *h = q->g16 ? tr_model_weight_slot16(d->m, q->slot) + q->soff : NULL;
 		const size_t end = q->off + q->n;
 		for (size_t r = q->off / S; r * S < end && d->err == TD_OK; r++) {
@@ -251,7 +252,7 @@ static void weights_ensure(struct tr_ddp *d, int u)
 		gpu_bf16 *h = tr_model_weight_slot16(d->m, q->slot);
 		if (q->r16 && h)
 			gpu_bf16_round(tr_model_backend(d->m), h + q->soff,
-				       tr_model_weight_slot(d->m, q->slot) + q->soff, q->n);
+				       tr_model_weight_slot(d->m, q->slot) + q->wsoff, q->n);
 	}
 	d->wready[u] = true;
 }
@@ -448,13 +449,8 @@ td_err tr_ddp_new(struct tr_ddp **out, struct tr_model *m, struct gpu_comm *c, s
 		if (e == TD_OK && d->wp) {
 			d->wmark = calloc((size_t)d->L + 2, sizeof(*d->wmark));
 			d->wready = calloc((size_t)d->L + 2, sizeof(*d->wready));
-			d->wfloats = calloc((size_t)d->L + 2, sizeof(*d->wfloats));
-			if (!d->wmark || !d->wready || !d->wfloats)
+			if (!d->wmark || !d->wready)
 				e = td_fail(eb, TD_ENOMEM, "data parallel: out of memory");
-			for (int u = 0; e == TD_OK && u < p->grad_units; u++)
-				for (size_t i = d->units[u].p0; i < d->units[u].p1; i++)
-					if (d->pieces[i].soff + d->pieces[i].n > d->wfloats[u])
-						d->wfloats[u] = d->pieces[i].soff + d->pieces[i].n;
 		}
 		if (e != TD_OK) {
 			free(d->units);
@@ -462,7 +458,6 @@ td_err tr_ddp_new(struct tr_ddp **out, struct tr_model *m, struct gpu_comm *c, s
 			free(d->spans);
 			free(d->wmark);
 			free(d->wready);
-			free(d->wfloats);
 			free(d);
 			return e;
 		}
@@ -508,7 +503,6 @@ void tr_ddp_free(struct tr_ddp *d)
 	free(d->pieces);
 	free(d->wmark);
 	free(d->wready);
-	free(d->wfloats);
 	free(d);
 }
 

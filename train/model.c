@@ -251,7 +251,7 @@ static float *param_ptr(struct tr_model *m, const struct tr_param *p, bool grad)
 		return m->grads + p->goffset;
 	}
 	if (p->trainable && m->wpart) /* PARAMETERS: where it is gathered (bf16 only: none) */
-		return tr_plan_gathered16(&m->plan, p) ? NULL : m->wslot[p->gslot] + p->gsoff;
+		return tr_plan_gathered16(&m->plan, p) ? NULL : m->wslot[p->gslot] + p->wsoff;
 	return p->trainable ? m->params + p->offset : m->base32 + p->offset;
 }
 

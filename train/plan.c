@@ -248,6 +248,18 @@ static td_err build_params(struct tr_plan *p, struct td_errbuf *eb)
 				p->grad_slot_numel[l % TR_GRAD_RING] = used[l];
 		p->grad_slot_numel[TR_GRAD_RING] = used[L] > used[L + 1] ? used[L] : used[L + 1];
 		p->grad_units = L + (split ? 2 : 1);
+		/* PARAMETERS: the fp32 copies gathered, packed per unit the same way */
+		memset(used, 0, ((size_t)L + 2) * sizeof(size_t));
+		for (int pass = 0; tr_shard_params(o->shard, o->shard_ranks) && pass < 2; pass++)
+			for (size_t i = 0; i < p->nparams; i++) {
+				struct tr_param *t = &p->params[i];
+				if (!t->trainable || (t->decay ? 0 : 1) != pass || tr_plan_gathered16(p, t))
+					continue;
+				t->wsoff = used[t->gunit];
+				used[t->gunit] += t->numel;
+				if (used[t->gunit] > p->wslot_numel[t->gslot])
+					p->wslot_numel[t->gslot] = used[t->gunit];
+			}
 		free(used);
 	}
 	size_t codes = 0;
@@ -669,14 +681,16 @@ td_err tr_plan_build(struct tr_plan *p, const struct tr_model_config *cfg,
 		/* PARAMETERS: the weights gathered for use, in the gradients'
 		 * layout (tr_param.gslot), and their bf16 rounding for the GEMMs */
 		for (int k = 0; wpart && k <= TR_GRAD_RING; k++) {
-			if (!p->grad_slot_numel[k])
-				continue;
 			for (int h = 0; h < (o->gemm_bf16 ? 2 : 1); h++) {
+				/* fp32: the tensors gathered so (wsoff); bf16: all, as gsoff */
+				const size_t n = h ? p->grad_slot_numel[k] : p->wslot_numel[k];
+				if (!n)
+					continue;
 				if (k < TR_GRAD_RING)
 					NAMED("%s.ring.%d", h ? "params16" : "params", k);
 				else
 					NAMED("%s.rest", h ? "params16" : "params");
-				BUF(TR_ARENA_PARAMS, f32_bytes(p->grad_slot_numel[k], 1, 1) / (h ? 2 : 1));
+				BUF(TR_ARENA_PARAMS, f32_bytes(n, 1, 1) / (h ? 2 : 1));
 			}
 		}
 	}

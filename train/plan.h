@@ -121,6 +121,10 @@ struct tr_param {
 	 * unit L too; -1 unsharded. A unit's tensors are packed from the start
 	 * of their slot. */
 	int gunit;
+	/* PARAMETERS: its gathered fp32 copy's place in params.ring.K /
+	 * params.rest (floats; plan.wslot_numel), packed like gsoff but over
+	 * the tensors gathered in fp32 only (not tr_plan_gathered16) */
+	size_t wsoff;
 	enum tr_param_kind kind;
 	int layer;         /* decoder layer, -1 for embeddings, final norm and heads */
 	int lin;           /* enum tr_lin of a projection's weight, bias or adapter; -1 otherwise */
@@ -251,9 +255,10 @@ static inline bool tr_recompute_full(enum tr_recompute r)
  * layer's backward ends (train/ddp.h). PARAMETERS (ZeRO-3, FSDP): the
  * weights too: the params buffer is the part's fp32 masters (shard_numel
  * floats), and each unit's weights (a layer's, the others') are gathered
- * from their owners into work buffers of the gradients' layout
- * (params.ring.K, params.rest; in the bf16 mode rounded into
- * params16.ring.K, params16.rest for the GEMMs) a layer ahead of their use
+ * from their owners into work buffers (params.ring.K, params.rest: the
+ * fp32 copies, tr_param.wsoff; in the bf16 mode params16.ring.K,
+ * params16.rest in the gradients' layout: the matrices, gathered in bf16
+ * only, tr_plan_gathered16) a layer ahead of their use
  * in the forward, and again for the backward (train/ddp.h); no whole
  * weights nor their bf16 copy. The order is the expected speed's: each
  * saves more memory and costs more. */
@@ -363,6 +368,7 @@ struct tr_plan {
 	size_t shard_numel, shard_lo, shard_hi, numel_trainable_padded;
 	size_t grad_slot_numel[TR_GRAD_RING + 1];
 	int grad_units; /* GRADIENTS: units of tr_param.gunit, L + 1 or L + 2 */
+	size_t wslot_numel[TR_GRAD_RING + 1]; /* PARAMETERS: floats of params.ring.K, params.rest */
 	size_t numel_bf16;            /* bf16 values of the params16 buffer (opts.frozen_bf16) */
 	size_t bf16_max_numel;        /* the largest bf16 tensor */
 	size_t numel_frozen;          /* elements of frozen tensors */

@@ -791,13 +791,30 @@ static void test_shard_grads_plan(const char *model_dir)
 				CHECK_EQ_INT(tr_plan_build(&pg, &cfg, &sp, &eb), TD_OK);
 				sp.shard = TR_SHARD_PARAMETERS;
 				CHECK_EQ_INT(tr_plan_build(&pp, &cfg, &sp, &eb), TD_OK);
+				/* fp32: the tensors gathered so — all of them, or in the
+				 * bf16 mode the vectors and the embedding (the other
+				 * matrices come in bf16 only) — per unit, per slot */
+				size_t f32_unit[66] = {0}, f32_want[TR_GRAD_RING + 1] = {0};
+				for (size_t i = 0; i < pp.nparams; i++) {
+					const struct tr_param *t = &pp.params[i];
+					const bool only16 = g16 && t->ndim == 2 && t != tr_plan_param(&pp, emb->name);
+					CHECK_EQ_INT(tr_plan_gathered16(&pp, t), t->trainable && only16);
+					if (t->trainable && !only16)
+						f32_unit[t->gunit] += t->numel;
+				}
+				for (int u = 0; u < pp.grad_units; u++) {
+					const int k = u < L ? u % TR_GRAD_RING : TR_GRAD_RING;
+					f32_want[k] = f32_unit[u] > f32_want[k] ? f32_unit[u] : f32_want[k];
+				}
 				size_t want = (pp.shard_numel * sizeof(float) + TR_PLAN_ALIGN - 1) / TR_PLAN_ALIGN *
 					      TR_PLAN_ALIGN;
-				for (int k = 0; k <= TR_GRAD_RING; k++)
-					for (int h = 0; h <= g16; h++)
-						if (slot_want[k])
-							want += (slot_want[k] * (h ? 2 : 4) + TR_PLAN_ALIGN - 1) /
-								TR_PLAN_ALIGN * TR_PLAN_ALIGN;
+				for (int k = 0; k <= TR_GRAD_RING; k++) {
+					CHECK_EQ_INT(pp.wslot_numel[k], f32_want[k]);
+					want += (f32_want[k] * 4 + TR_PLAN_ALIGN - 1) / TR_PLAN_ALIGN * TR_PLAN_ALIGN;
+					if (g16 && slot_want[k])
+						want += (slot_want[k] * 2 + TR_PLAN_ALIGN - 1) / TR_PLAN_ALIGN *
+							TR_PLAN_ALIGN;
+				}
 				CHECK_EQ_INT(pp.arena_bytes[TR_ARENA_PARAMS], want);
 				CHECK_EQ_INT(tr_plan_find(&pp, "params")->bytes, pp.shard_numel * sizeof(float));
 				CHECK(!tr_plan_find(&pp, "scratch.params_bf16"));
