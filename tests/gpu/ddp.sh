@@ -53,7 +53,9 @@
 #           runs; its curve within the bf16 bound of traind --run --gpus 2
 #           (one process); kill -9 of B mid-job: requeued, resumes once B is
 #           back, succeeds; kill -9 of A mid-job: B's ranks and lease go at
-#           once, A restarted resumes it; no lease left on either daemon.
+#           once, A restarted resumes it; no lease left on either daemon;
+#           a rank's error on B (TD_DDP_FAIL_AT on B) fails the job naming
+#           rank 1 (NCCL aborted on both), no lease left, A serves on.
 #           With DDP_BACKEND=cpu: two simulated GPUs, CPU ranks through the
 #           hub (the fp32 bound)
 # Environment: TRAIND, TRAINCTL, TD_FIXTURES, TD_SRC (as tests/integration),
@@ -489,6 +491,24 @@ SPEC
 	expect_contains "resumed from its checkpoint" "$(ctl logs "$j4")" "resumed from $WORK/out-ka/checkpoints/step-"
 	expect_contains "no lease left on A" "$(ctl ledger)" "no reservations"
 	check "no lease left on B" wait_for 10 no_b_lease
+
+	# a rank's error on B (the trainer's hook, B only): NCCL aborted on
+	# both sides, the job fails naming rank 1, no lease left, both serve on
+	kill -TERM "$BPID"
+	wait "$BPID"
+	BPID=
+	TD_DDP_FAIL_AT=1:5 start_b
+	j5=$(ctl submit "$WORK/hosts-ab.txtpb" --output "$WORK/out-fail" --steps 40)
+	check "a rank's error on B: the job ends" wait_for 300 ended "$j5"
+	expect_eq "it failed" "$(job_state "$j5")" FAILED
+	expect_contains "naming rank 1" "$(ctl show "$j5")" "rank 1 of 2: TD_DDP_FAIL_AT: rank 1 failed at step 5"
+	check "no lease left on B" wait_for 30 no_b_lease
+	expect_contains "no lease left on A" "$(ctl ledger)" "no reservations"
+	sed "s|dir: \"$WORK/unused\"|dir: \"$WORK/out-one\"|; s|max_steps: $STEPS|max_steps: 40|" \
+		"$WORK/hosts.txtpb" >"$WORK/one.txtpb"
+	one=$(ctl submit "$WORK/one.txtpb")
+	check "A serves on: a one-GPU job after it ends" wait_for 300 ended "$one"
+	expect_eq "and succeeds" "$(job_state "$one")" SUCCEEDED
 	stop_daemon
 	kill -TERM "$BPID"
 	wait "$BPID"

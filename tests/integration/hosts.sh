@@ -20,6 +20,8 @@
 #     SIGSTOP of A (silent, connections open): B gives the run up once A's
 #     heartbeats stop for peer_lease_ttl_s and frees its lease; A, continued,
 #     requeues the job, which resumes and ends with the same bytes.
+#     A rank's error on B fails the job on every rank, naming rank 1, with no
+#     lease left; both daemons serve on.
 #  5. B's GPU taken (a ledger lease on B): the job waits, saying why, and runs
 #     once it is released.
 #  6. A daemon C with another secret: B refuses C's request (its MAC), and
@@ -209,6 +211,24 @@ check "after a requeue naming B's reason or B" sh -c "$TRAINCTL --socket $SOCK l
 	grep -q -e 'stopped renewing its leases' -e 'tcp://127.0.0.1:$PB (ranks 1 to 1)'"
 check "with the uninterrupted run's model" cmp -s "$WORK/out-run/model.safetensors" "$WORK/out-stop/model.safetensors"
 check "no lease left on B" wait_for 10 no_b_lease
+
+# --- 4c. a rank's error on B (TD_DDP_FAIL_AT, the trainer's test hook, on
+# B only): the job fails on every rank, naming rank 1 and B's reason, not
+# requeued; no lease is left on either daemon, and both serve on ---
+kill -TERM "$BPID"
+wait "$BPID"
+BPID=
+TD_DDP_FAIL_AT=1:5 start_b
+j8=$(ctl submit "$WORK/h.txtpb" --output "$WORK/out-fail" --steps 40 --checkpoint-every 0)
+check "a rank's error on B fails the job" wait_for 60 job_is "$j8" FAILED
+expect_contains "naming rank 1 and its error" "$(ctl show "$j8")" \
+	"rank 1 of 2: TD_DDP_FAIL_AT: rank 1 failed at step 5 (test hook)"
+check "no lease left on B" wait_for 10 no_b_lease
+check "nor on A" sh -c "! $TRAINCTL --socket $SOCK ledger | grep -q 'job $j8\b'"
+kill -TERM "$BPID"
+wait "$BPID"
+BPID=
+start_b
 
 # --- 5. B's GPU taken: the job waits, then runs ---
 lease=$(ctlb ledger reserve --gpu 0 --bytes 56M --pid $$ --note "outside traind")
