@@ -228,8 +228,13 @@ struct dmn_peers {
 	char db_path[PATH_MAX];
 	const struct dmn_devices *dev;
 	nng_socket sock;
-	pthread_t thread;
-	bool started;
+	nng_listener listener; /* the probe thread's once started */
+	pthread_t thread, probe;
+	bool started, probe_started;
+	atomic_int relistens;
+	/* TD_PEER_DEAF_AFTER_S=N, a test hook: N s after start the listener is
+	 * closed, as nng 1.5's bug leaves it, for the probe to find; -1: off. */
+	int64_t deaf_at_ms;
 	atomic_bool stopping, closing;
 	pthread_mutex_t mu;
 	struct guest *guests; /* under mu */
@@ -648,6 +653,75 @@ static void *peers_main(void *arg)
 	return NULL;
 }
 
+/* nng 1.5 (Debian 12's) stops accepting on a listener for good when a
+ * client closes its connection during the SP handshake (nng #1518; the main
+ * socket's workaround is daemon/server.c's listener_probe): a port scan of
+ * peer_listen would make the daemon deaf to its peers. So a thread asks the
+ * daemon's own peer socket for a heartbeat of job 0 every PROBE_EVERY_MS
+ * (any reply proves the listener hands connections up); after PROBE_FAILS
+ * misses in a row it closes the listener and listens again. */
+enum { PROBE_EVERY_MS = 5000, PROBE_TIMEOUT_MS = 5000, PROBE_FAILS = 3 };
+
+static td_err peers_listen(struct dmn_peers *p, struct td_errbuf *eb)
+{
+	int rv = nng_listener_create(&p->listener, p->sock, p->c->self);
+	if (rv == 0 && (rv = nng_listener_start(p->listener, 0)) != 0)
+		nng_listener_close(p->listener);
+	if (rv != 0)
+		return td_fail(eb, TD_EIO, "peer_listen: cannot listen on %s: %s", p->c->self,
+			       nng_strerror(rv));
+	return TD_OK;
+}
+
+static void *probe_main(void *arg)
+{
+	struct dmn_peers *p = arg;
+	int fails = 0;
+	int64_t next = mono_ms() + PROBE_EVERY_MS;
+	int64_t deaf_at = p->deaf_at_ms;
+	while (!atomic_load(&p->closing)) {
+		if (deaf_at >= 0 && mono_ms() >= deaf_at) {
+			td_warn("TD-PEER-DEAF", "TD_PEER_DEAF_AFTER_S: the peer listener is closed (test hook)");
+			nng_listener_close(p->listener);
+			deaf_at = -1;
+		}
+		if (mono_ms() < next) {
+			nanosleep(&(struct timespec){.tv_nsec = 100 * 1000 * 1000}, NULL);
+			continue;
+		}
+		next = mono_ms() + PROBE_EVERY_MS;
+		Traind__PeerRequest req = TRAIND__PEER_REQUEST__INIT;
+		Traind__PeerJob pj = TRAIND__PEER_JOB__INIT;
+		pj.has_job = 1;
+		pj.job = 0; /* no such run: the answer is TD_ENOENT */
+		req.op_case = TRAIND__PEER_REQUEST__OP_HEARTBEAT;
+		req.heartbeat = &pj;
+		Traind__PeerReply *rep = NULL;
+		struct td_errbuf eb = {{0}};
+		td_err e = dmn_peer_call(p->c, p->c->self, &req, PROBE_TIMEOUT_MS, &rep, &eb);
+		if (rep)
+			traind__peer_reply__free_unpacked(rep, NULL);
+		if (e != TD_EPEER_LOST) { /* answered (or the probe itself could not run) */
+			fails = 0;
+			continue;
+		}
+		if (++fails < PROBE_FAILS || atomic_load(&p->closing))
+			continue;
+		fails = 0;
+		td_warn("TD-PEER-RELISTEN",
+			"peer socket %s accepts no connection (%d probes in a row: %s): listening on it "
+			"again (nng 1.5 stops accepting after a client closes its connection in the "
+			"handshake)",
+			p->c->self, PROBE_FAILS, eb.msg);
+		nng_listener_close(p->listener);
+		if (peers_listen(p, &eb) != TD_OK)
+			td_err_log("TD-PEER-RELISTEN", "%s; the next probe tries again", eb.msg);
+		else
+			atomic_fetch_add(&p->relistens, 1);
+	}
+	return NULL;
+}
+
 td_err dmn_peers_start(struct dmn_peers **out, const struct dmn_peer_client *c,
 		       const struct dmn_config *cfg, const char *db_path,
 		       const struct dmn_devices *dev, struct td_errbuf *eb)
@@ -658,6 +732,8 @@ td_err dmn_peers_start(struct dmn_peers **out, const struct dmn_peer_client *c,
 	p->c = c;
 	p->cfg = cfg;
 	p->dev = dev;
+	const char *deaf = getenv("TD_PEER_DEAF_AFTER_S");
+	p->deaf_at_ms = deaf && *deaf ? mono_ms() + atoll(deaf) * 1000 : -1;
 	snprintf(p->db_path, sizeof(p->db_path), "%s", db_path);
 	pthread_mutex_init(&p->mu, NULL);
 	td_err e = st_open(&p->db, db_path, NULL, eb);
@@ -668,15 +744,18 @@ td_err dmn_peers_start(struct dmn_peers **out, const struct dmn_peer_client *c,
 		nng_socket_set_ms(p->sock, NNG_OPT_RECVTIMEO, 1000);
 		nng_socket_set_ms(p->sock, NNG_OPT_SENDTIMEO, 5000);
 		nng_socket_set_size(p->sock, NNG_OPT_RECVMAXSZ, PEER_MAX_REQUEST);
-		if ((rv = nng_listen(p->sock, c->self, NULL, 0)) != 0) {
-			e = td_fail(eb, TD_EIO, "peer_listen: cannot listen on %s: %s", c->self,
-				    nng_strerror(rv));
+		if ((e = peers_listen(p, eb)) != TD_OK)
 			nng_close(p->sock);
-		}
 	}
 	if (e == TD_OK && (rv = pthread_create(&p->thread, NULL, peers_main, p)) != 0) {
 		e = td_fail(eb, TD_EINTERNAL, "peers: cannot start a thread: %s", strerror(rv));
 		nng_close(p->sock);
+	}
+	if (e == TD_OK) {
+		/* Without its probe the socket still serves: only the workaround is lost. */
+		p->probe_started = pthread_create(&p->probe, NULL, probe_main, p) == 0;
+		if (!p->probe_started)
+			td_warn("TD-PEER-RELISTEN", "peers: cannot start the listener's probe");
 	}
 	if (e != TD_OK) {
 		st_close(p->db);
@@ -695,6 +774,11 @@ void dmn_peers_stop(struct dmn_peers *p)
 		atomic_store(&p->stopping, true);
 }
 
+int dmn_peers_relistens(struct dmn_peers *p)
+{
+	return p ? atomic_load(&p->relistens) : 0;
+}
+
 size_t dmn_peers_running(struct dmn_peers *p)
 {
 	if (!p)
@@ -711,6 +795,8 @@ void dmn_peers_free(struct dmn_peers *p)
 		return;
 	atomic_store(&p->stopping, true);
 	atomic_store(&p->closing, true);
+	if (p->probe_started)
+		pthread_join(p->probe, NULL); /* it uses the listener */
 	nng_close(p->sock);
 	pthread_join(p->thread, NULL);
 	/* The loop waited shutdown_timeout_s for them to stop at a step; one

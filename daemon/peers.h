@@ -24,7 +24,8 @@
  *
  * Threads: the peer end is one thread on the listening socket (requests one
  * at a time, and once a second the housekeeping: a guest whose coordinator
- * stopped renewing is stopped) and one thread per guest run; the coordinator
+ * stopped renewing is stopped), one that probes the listener (nng 1.5 can
+ * go deaf; it listens again) and one thread per guest run; the coordinator
  * end runs on the job's runner thread, plus one heartbeat thread a run. */
 #ifndef DAEMON_PEERS_H
 #define DAEMON_PEERS_H
@@ -73,6 +74,9 @@ td_err dmn_peers_start(struct dmn_peers **out, const struct dmn_peer_client *c,
 void dmn_peers_stop(struct dmn_peers *p);
 /* Guest runs not ended yet. Any thread. */
 size_t dmn_peers_running(struct dmn_peers *p);
+/* How often the listener was found deaf and listened on again (nng 1.5's
+ * bug after a client closes in the handshake; peers.c). Any thread. */
+int dmn_peers_relistens(struct dmn_peers *p);
 /* Closes the socket, joins every thread (after dmn_peers_stop they end at
  * their next step; a guest run whose coordinator is gone ends when the
  * gang notices). dmn_peers_free(NULL) is a no-op. */

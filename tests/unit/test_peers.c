@@ -9,8 +9,15 @@
  * another protocol are refused, each naming why; dmn_peer_call signs as
  * the peer expects. A PeerRun with a bad field is refused without a lease;
  * one whose GPU cannot fit the lease says so. And the secret file: refused
- * when group- or world-readable, short, or missing. */
+ * when group- or world-readable, short, or missing. 1200 connections
+ * closed in the SP handshake (nng 1.5 goes deaf after such) leave the peer
+ * answering within 45 s; a listener closed under the peer (the test hook
+ * TD_PEER_DEAF_AFTER_S, as nng 1.5 leaves one) is found by its probe and
+ * listened on again. */
+#include <arpa/inet.h>
 #include <fcntl.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <nng/nng.h>
 #include <nng/protocol/reqrep0/req.h>
 #include <openssl/evp.h>
@@ -198,6 +205,86 @@ static void test_run_refused(struct st_db *db)
 	free(l);
 }
 
+/* nng 1.5's deaf listener: connections closed in the SP handshake (a port
+ * scan) must not keep the peers out for good — the probe listens again.
+ * Answered within 45 s of the storm (three probe misses of 5 s each, a
+ * probe every 5 s, then a retry a second). */
+static void test_storm(struct dmn_peers *p)
+{
+	int port = atoi(strrchr(pc.self, ':') + 1);
+	for (int round = 0; round < 4; round++)
+		for (int i = 0; i < 300; i++) {
+			int fd = socket(AF_INET, SOCK_STREAM, 0);
+			struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port),
+						 .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+			/* rounds 0, 2: closed with a reset; 1, 3: with a FIN after half
+			 * a handshake */
+			struct linger lg = {.l_onoff = 1, .l_linger = 0};
+			if (round % 2 == 0)
+				setsockopt(fd, SOL_SOCKET, SO_LINGER, &lg, sizeof(lg));
+			if (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0 && round % 2)
+				(void)!write(fd, "\0SP\0", 4);
+			close(fd);
+		}
+	Traind__PeerRequest r = TRAIND__PEER_REQUEST__INIT;
+	Traind__PeerJob j = TRAIND__PEER_JOB__INIT;
+	j.has_job = 1;
+	j.job = 9;
+	r.op_case = TRAIND__PEER_REQUEST__OP_STOP;
+	r.stop = &j;
+	td_err e = TD_EPEER_LOST;
+	struct td_errbuf eb = {{0}};
+	time_t t0 = time(NULL);
+	while (e != TD_OK && time(NULL) - t0 < 45) {
+		Traind__PeerReply *rep = NULL;
+		e = dmn_peer_call(&pc, pc.self, &r, 2000, &rep, &eb);
+		if (rep)
+			traind__peer_reply__free_unpacked(rep, NULL);
+		if (e != TD_OK)
+			sleep(1);
+	}
+	CHECK_MSG(e == TD_OK, "no answer within 45 s of the storm: %s", eb.msg);
+	printf("after 1200 connections closed in the handshake: answered after %ld s, %d relisten(s)\n",
+	       (long)(time(NULL) - t0), dmn_peers_relistens(p));
+}
+
+/* The probe itself: a listener closed under it (TD_PEER_DEAF_AFTER_S, as
+ * nng 1.5 leaves one) is found within three probes and listened on again:
+ * refused at first, answered within 45 s, one relisten. */
+static void test_deaf(struct dmn_peers *p)
+{
+	Traind__PeerRequest r = TRAIND__PEER_REQUEST__INIT;
+	Traind__PeerJob j = TRAIND__PEER_JOB__INIT;
+	j.has_job = 1;
+	j.job = 9;
+	r.op_case = TRAIND__PEER_REQUEST__OP_STOP;
+	r.stop = &j;
+	struct td_errbuf eb = {{0}};
+	Traind__PeerReply *rep = NULL;
+	time_t t0 = time(NULL);
+	td_err e = TD_OK;
+	while (e == TD_OK && time(NULL) - t0 < 10) { /* the hook closes it after 1 s */
+		e = dmn_peer_call(&pc, pc.self, &r, 2000, &rep, &eb);
+		if (rep)
+			traind__peer_reply__free_unpacked(rep, NULL);
+		rep = NULL;
+		if (e == TD_OK)
+			nanosleep(&(struct timespec){.tv_nsec = 200 * 1000 * 1000}, NULL);
+	}
+	CHECK_MSG(e == TD_EPEER_LOST, "the closed listener still answers: %s", td_errname(e));
+	while (e != TD_OK && time(NULL) - t0 < 45) {
+		e = dmn_peer_call(&pc, pc.self, &r, 2000, &rep, &eb);
+		if (rep)
+			traind__peer_reply__free_unpacked(rep, NULL);
+		rep = NULL;
+		if (e != TD_OK)
+			sleep(1);
+	}
+	CHECK_MSG(e == TD_OK, "not answering again within 45 s: %s", eb.msg);
+	CHECK_EQ_INT(dmn_peers_relistens(p), 1);
+	printf("a deaf listener: answered again after %ld s\n", (long)(time(NULL) - t0));
+}
+
 /* The secret file's checks. */
 static void test_secret_file(void)
 {
@@ -263,7 +350,17 @@ int main(void)
 	if (e == TD_OK) {
 		test_auth();
 		test_run_refused(db);
+		test_storm(p);
 		CHECK_EQ_INT(dmn_peers_running(p), 0);
+		dmn_peers_free(p);
+	}
+	/* again, with the hook that closes the listener after a second */
+	setenv("TD_PEER_DEAF_AFTER_S", "1", 1);
+	e = dmn_peers_start(&p, &pc, &cfg, db_path, &dev, &eb);
+	unsetenv("TD_PEER_DEAF_AFTER_S");
+	CHECK_MSG(e == TD_OK, "start again: %s", eb.msg);
+	if (e == TD_OK) {
+		test_deaf(p);
 		dmn_peers_free(p);
 	}
 	st_close(db);
