@@ -84,6 +84,11 @@ struct server {
 	int probe_fails;  /* in a row */
 	uint64_t probe_at;
 	char probe_why[160];
+	/* Listeners replaced by a relisten, kept open (with the connections
+	 * they accepted) until RETIRE_MS after: retire_listener below. */
+	nng_listener retired[4];
+	uint64_t retired_at[4];
+	int nretired;
 };
 
 /* ------------------------------------------------------------------------ */
@@ -346,12 +351,13 @@ static td_err listen_socket(struct server *srv, struct td_errbuf *eb)
  * it-bad_input's clients, timing out under load, sometimes did). So the
  * tick probes the socket as a client would, off the loop thread (a work
  * item: a request over a new connection, answered within PROBE_TIMEOUT_MS);
- * after PROBE_FAILS failures in a row the listener is
- * closed (with the connections it accepted: their clients see a timeout)
- * and the socket is listened on again. A probe that could not even open an
+ * after PROBE_FAILS failures in a row the socket is listened on again by a
+ * new listener, and the old one is retired (kept with the connections it
+ * accepted for a while, then closed). A probe that could not even open an
  * nng socket says nothing about the listener. */
-/* A loaded host answers late, and a relisten drops the connections of the
- * old listener: three misses of 5 s each before one (~15-25 s deaf). */
+/* A loaded host answers late: three misses of 5 s each before a relisten
+ * (~15-25 s deaf). The old listener keeps its connections (retire_listener),
+ * so a relisten where the listener was fine costs no client its answer. */
 enum { PROBE_EVERY_MS = 2000, PROBE_TIMEOUT_MS = 5000, PROBE_FAILS = 3 };
 
 /* 1: a request over a new connection got the daemon's reply; 0: it did
@@ -399,6 +405,56 @@ static void probe_work(uv_work_t *w)
 	srv->probe_result = probe_socket(srv->cfg->socket, srv->probe_why, sizeof(srv->probe_why));
 }
 
+/* A replaced listener's life: open for RETIRE_MS after its relisten, then
+ * closed. nng closes a listener's connections with it, and unlinks its
+ * path, which is the new listener's socket file by then: the file is kept
+ * under a second name across the close and renamed back (a client that
+ * connects in those microseconds finds no socket, as it would while the
+ * daemon restarts). At most RETIRED_MAX at once: a storm of relistens
+ * closes the oldest early. */
+enum { RETIRE_MS = 60000, RETIRED_MAX = 4 };
+
+static void close_retired(struct server *srv, int i)
+{
+	char keep[sizeof(srv->cfg->socket) + 16];
+	snprintf(keep, sizeof(keep), "%s.relisten", srv->cfg->socket);
+	(void)unlink(keep);
+	bool kept = link(srv->cfg->socket, keep) == 0;
+	nng_listener_close(srv->retired[i]);
+	if (kept && rename(keep, srv->cfg->socket) != 0)
+		td_warn("TD-RPC-RELISTEN", "socket: rename %s to %s: %s", keep, srv->cfg->socket,
+			strerror(errno));
+	srv->nretired--;
+	memmove(&srv->retired[i], &srv->retired[i + 1], (size_t)(srv->nretired - i) * sizeof(srv->retired[0]));
+	memmove(&srv->retired_at[i], &srv->retired_at[i + 1],
+		(size_t)(srv->nretired - i) * sizeof(srv->retired_at[0]));
+}
+
+static void retire_listener(struct server *srv, nng_listener l)
+{
+	_Static_assert(RETIRED_MAX <= sizeof(srv->retired) / sizeof(srv->retired[0]), "retired[]");
+	if (srv->nretired == RETIRED_MAX)
+		close_retired(srv, 0);
+	srv->retired[srv->nretired] = l;
+	srv->retired_at[srv->nretired++] = uv_now(&srv->loop);
+}
+
+/* From the tick: the replaced listeners whose time is up. */
+static void reap_retired(struct server *srv)
+{
+	/* TD_RELISTEN_RETIRE_MS: a test hook (it-bad_input), a shorter life. */
+	static long long retire_ms = -1;
+	if (retire_ms < 0) {
+		const char *v = getenv("TD_RELISTEN_RETIRE_MS");
+		char *end;
+		long long x = v && *v ? strtoll(v, &end, 10) : -1;
+		retire_ms = v && *v && !*end && x >= 0 ? x : RETIRE_MS;
+	}
+	uint64_t now = uv_now(&srv->loop);
+	while (srv->nretired > 0 && now - srv->retired_at[0] >= (uint64_t)retire_ms)
+		close_retired(srv, 0);
+}
+
 static void probe_done(uv_work_t *w, int status)
 {
 	struct server *srv = w->data;
@@ -416,10 +472,24 @@ static void probe_done(uv_work_t *w, int status)
 		"(nng 1.5 stops accepting after a client closes its connection in the handshake)",
 		srv->cfg->socket, srv->probe_fails, srv->probe_why);
 	srv->probe_fails = 0;
-	nng_listener_close(srv->listener);
+	/* The new listener binds a new socket file in the path's place (an
+	 * unlinked path is what lets it bind while the old one still
+	 * listens); the old one keeps the connections it accepted, so a
+	 * client in the middle of a request is answered even where the probe
+	 * only missed because the host is loaded. */
+	nng_listener old = srv->listener;
+	if (unlink(srv->cfg->socket) != 0 && errno != ENOENT) {
+		td_err_log("TD-RPC-RELISTEN", "socket: unlink %s: %s; the next probe tries again",
+			   srv->cfg->socket, strerror(errno));
+		return;
+	}
 	struct td_errbuf eb = {{0}};
-	if (start_listener(srv, &eb) != TD_OK)
+	if (start_listener(srv, &eb) != TD_OK) {
 		td_err_log("TD-RPC-RELISTEN", "%s; the next probe tries again", eb.msg);
+		srv->listener = old; /* still the one to retire next time */
+		return;
+	}
+	retire_listener(srv, old);
 }
 
 /* From the tick: a probe every PROBE_EVERY_MS, one at a time. */
@@ -457,6 +527,8 @@ static void tick_cb(uv_timer_t *t)
 	if (!srv->stopping)
 		dmn_sched_tick(srv->sched);
 	listener_probe(srv);
+	if (!srv->stopping)
+		reap_retired(srv);
 	/* metrics_textfile: the exposition, atomically, each tick. An error is
 	 * logged when it first happens and when it changes. */
 	if (*srv->cfg->metrics_textfile) {

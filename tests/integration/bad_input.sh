@@ -17,6 +17,9 @@ cd "$TD_SRC" || exit 1
 # this daemon only, LeakSanitizer ignores allocations inside libnng.
 export LSAN_OPTIONS="suppressions=$TD_SRC/tests/integration/nng-listener.supp${LSAN_OPTIONS:+:$LSAN_OPTIONS}"
 # Debug lines log every request: a daemon that stops answering shows where.
+# A listener replaced by a relisten is closed 3 s after (60 s otherwise),
+# so that the socket file's survival of that close is checked below.
+export TD_RELISTEN_RETIRE_MS=3000
 start_daemon --user --log-level debug
 
 raw_case() {
@@ -143,7 +146,16 @@ served_within() { # SECONDS: a call answered before then (each given 4 s)
 	return 1
 }
 check "after up to 1200 connections closed in the handshake, the daemon answers within 60 s" served_within 60
-grep -q "TD-RPC-RELISTEN" "$LOG" && echo "# (the listener had stopped accepting and was started again)"
+if grep -q "TD-RPC-RELISTEN" "$LOG"; then
+	echo "# (the listener had stopped accepting and was started again)"
+	# The old listener is kept with its connections, then closed: nng
+	# unlinks its path then, which is the new listener's socket file by
+	# now; the daemon keeps that file (a second name across the close).
+	sleep 5
+	check "the replaced listener closed, the socket file is still there" test -S "$SOCK"
+	check "and the daemon still answers on it" served_within 20
+	check "nothing went wrong keeping the socket file" bash -c "! grep -q 'socket: rename' '$LOG'"
+fi
 
 stop_daemon
 finish
