@@ -1006,8 +1006,8 @@ static void deep_model(const char *dir, int layers)
  * sums come before the next one's instead of after each rank's own
  * accumulation: another order of the step's float sum, check_curves'
  * bound against NONE. Cases: 2, 3 and 4 ranks, a 5-layer model (its ring
- * slots reused, lm_head and the embedding untied), recompute FULL and
- * SELECTIVE, LoRA with dropout, a tied head. */
+ * slots reused, lm_head and the embedding untied), recompute FULL,
+ * SELECTIVE and FULL_OFFLOAD, LoRA with dropout, a tied head. */
 /* The spec text of sharding k's memory section: "memory { shard: SHARD_K }". */
 static const char *shard_text(enum tr_shard k)
 {
@@ -1046,6 +1046,7 @@ static void test_shard_gradients(const char *deep, enum tr_shard kind)
 		{"zg-deep", NULL, "", 2, 2},
 		{"zg-deep-full", NULL, "memory { recompute: RECOMPUTE_FULL shard: SHARD_GRADIENTS }", 3, 3},
 		{"zg-deep-sel", NULL, "memory { recompute: RECOMPUTE_SELECTIVE shard: SHARD_GRADIENTS }", 2, 2},
+		{"zg-deep-off", NULL, "memory { recompute: RECOMPUTE_FULL_OFFLOAD shard: SHARD_GRADIENTS }", 2, 2},
 		{"zg-lora", "qwen2",
 		 "method: METHOD_LORA lora { rank: 4 dropout: 0.1 target_modules: [\"q_proj\", \"v_proj\"] }",
 		 4, 4},
