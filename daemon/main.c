@@ -378,6 +378,15 @@ static int run_oneshot(int argc, char **argv)
 		return e == TD_OK ? 0 : 2;
 	}
 
+	if (spec->resources->n_hosts) {
+		/* Its other ranks would wait for daemons that are never asked. */
+		fprintf(stderr,
+			"traind: %s: resources.hosts: --run trains in this process only; submit a job "
+			"across daemons to a daemon with peer_listen\n",
+			run);
+		rpc_jobspec_free(spec);
+		return 2;
+	}
 	struct sigaction sa = {.sa_handler = on_signal};
 	sigaction(SIGINT, &sa, NULL);
 	sigaction(SIGTERM, &sa, NULL);

@@ -5,8 +5,9 @@
 # gang's hub (the CPU backend's transport across processes).
 #
 #  1. Refusals: a daemon without peer_listen refuses resources.hosts at
-#     submit, naming the field; a bad peer address is the spec's error; a
-#     daemon refuses to start with a secret file others may read.
+#     submit, naming the field; a bad peer address is the spec's error;
+#     traind --run refuses such a job; a daemon refuses to start with a
+#     secret file others may read.
 #  2. A job submitted to A with hosts [B] runs ranks 0 on A and 1 on B: B's
 #     ledger holds a lease labelled with the job while it runs and none after;
 #     it succeeds, and its model is the bytes of the same job on two
@@ -74,6 +75,9 @@ expect_eq "a bad peer address: exit 2" "$?" 2
 expect_contains "the refusal names the entry" "$(cat "$WORK/err")" \
 	"resources.hosts[0]: '127.0.0.1:7001' is not a peer address tcp://HOST:PORT"
 stop_daemon
+"$TRAIND" --run "$WORK/h1.txtpb" >/dev/null 2>"$WORK/err"
+expect_eq "traind --run of a job across daemons: exit 2" "$?" 2
+expect_contains "saying why" "$(cat "$WORK/err")" "resources.hosts: --run trains in this process only"
 
 SECRET=$WORK/peer.secret
 (umask 077 && head -c 48 /dev/urandom | base64 >"$SECRET")
