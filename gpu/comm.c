@@ -775,13 +775,21 @@ td_err gpu_comm_all_reduce_sum(struct gpu_comm *c, float *x, size_t n, struct td
 	return nccl_coll(c, COLL_ALL_REDUCE, x, n, 0, 0, NULL, eb);
 }
 
-td_err gpu_comm_reduce_sum(struct gpu_comm *c, const float *x, size_t n, int root, float *y,
+/* coll_begin for a collective with a root: the root is one of the gang's
+ * ranks (what: "reduce onto", "broadcast from"), else the rank fails. */
+static td_err rooted_begin(struct gpu_comm *c, const char *what, int root, size_t n,
 			   struct td_errbuf *eb)
 {
 	if (root < 0 || root >= c->g->n)
-		return rank_fail(c, td_fail(eb, TD_EINTERNAL, "reduce onto rank %d of %d", root, c->g->n),
+		return rank_fail(c, td_fail(eb, TD_EINTERNAL, "%s rank %d of %d", what, root, c->g->n),
 				 eb);
-	td_err e = coll_begin(c, n, eb);
+	return coll_begin(c, n, eb);
+}
+
+td_err gpu_comm_reduce_sum(struct gpu_comm *c, const float *x, size_t n, int root, float *y,
+			   struct td_errbuf *eb)
+{
+	td_err e = rooted_begin(c, "reduce onto", root, n, eb);
 	if (e != TD_OK)
 		return e;
 	if (c->kind == GPU_COMM_HOST)
@@ -792,10 +800,7 @@ td_err gpu_comm_reduce_sum(struct gpu_comm *c, const float *x, size_t n, int roo
 td_err gpu_comm_broadcast(struct gpu_comm *c, const float *x, size_t n, int root, float *y,
 			  struct td_errbuf *eb)
 {
-	if (root < 0 || root >= c->g->n)
-		return rank_fail(c, td_fail(eb, TD_EINTERNAL, "broadcast from rank %d of %d", root,
-					    c->g->n), eb);
-	td_err e = coll_begin(c, n, eb);
+	td_err e = rooted_begin(c, "broadcast from", root, n, eb);
 	if (e != TD_OK)
 		return e;
 	if (c->kind == GPU_COMM_HOST)
@@ -806,10 +811,7 @@ td_err gpu_comm_broadcast(struct gpu_comm *c, const float *x, size_t n, int root
 td_err gpu_comm_broadcast16(struct gpu_comm *c, const void *x, size_t n, int root, void *y,
 			    struct td_errbuf *eb)
 {
-	if (root < 0 || root >= c->g->n)
-		return rank_fail(c, td_fail(eb, TD_EINTERNAL, "broadcast from rank %d of %d", root,
-					    c->g->n), eb);
-	td_err e = coll_begin(c, (n + 1) / 2, eb);
+	td_err e = rooted_begin(c, "broadcast from", root, (n + 1) / 2, eb);
 	if (e != TD_OK)
 		return e;
 	if (c->kind == GPU_COMM_HOST)
