@@ -28,6 +28,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "gpu/backend.h"
@@ -104,10 +105,23 @@ static Traind__JobSpec *lora_spec(const char *name, const char *method, const ch
 
 #define MAX_STEPS 16
 
+/* Where two jobs wait for each other after their first step, so that both
+ * hold the shared base at once: otherwise, on a loaded host, the first
+ * could end (and free the base) before the second attached, and the second
+ * would load it again. A job waits at most MEET_S (the other failed before
+ * its first step: the test's checks then say so). */
+#define MEET_S 120
+struct meet {
+	pthread_mutex_t mu;
+	pthread_cond_t cv;
+	int arrived;
+};
+
 struct run {
 	Traind__JobSpec *spec;
 	struct tr_bases *bases; /* NULL: alone, its own base */
 	const char *key;
+	struct meet *meet; /* NULL: runs alone */
 	struct tr_train_result res;
 	double loss[MAX_STEPS];
 	int nloss;
@@ -115,11 +129,26 @@ struct run {
 	char msg[1024];
 };
 
+static void meet_other(struct meet *m)
+{
+	struct timespec until;
+	clock_gettime(CLOCK_REALTIME, &until);
+	until.tv_sec += MEET_S;
+	pthread_mutex_lock(&m->mu);
+	m->arrived++;
+	pthread_cond_broadcast(&m->cv);
+	while (m->arrived < 2 && pthread_cond_timedwait(&m->cv, &m->mu, &until) != ETIMEDOUT)
+		;
+	pthread_mutex_unlock(&m->mu);
+}
+
 static void on_step(void *ctx, const struct tr_progress *p)
 {
 	struct run *r = ctx;
 	if (r->nloss < MAX_STEPS)
 		r->loss[r->nloss++] = p->loss;
+	if (r->meet && r->nloss == 1)
+		meet_other(r->meet);
 }
 
 static void *run_job(void *arg)
@@ -165,6 +194,8 @@ static void test_two_jobs(const char *method, const char *extra, const char *tag
 	}
 	run_job(&r[0]);
 	run_job(&r[1]);
+	struct meet meet = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0};
+	r[2].meet = r[3].meet = &meet;
 	pthread_t t[2];
 	for (int i = 0; i < 2; i++)
 		CHECK_EQ_INT(pthread_create(&t[i], NULL, run_job, &r[2 + i]), 0);
