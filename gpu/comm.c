@@ -233,6 +233,7 @@ struct side_fns {
 	void (*free_)(struct cu_side *s);
 	void (*record)(struct cu_side *s, int k);
 	int (*event_query)(struct cu_side *s, int k);
+	void (*join)(struct cu_side *s, int k);
 };
 
 /* NCCL: the events recorded after the last collectives, one each, in a
@@ -344,9 +345,10 @@ static td_err side_resolve(struct side_fns *f, struct td_errbuf *eb)
 	static const char *const names[] = {"gpu_cuda_side_new",   "gpu_cuda_side_stream",
 					    "gpu_cuda_side_fork",  "gpu_cuda_side_query",
 					    "gpu_cuda_side_error", "gpu_cuda_side_free",
-					    "gpu_cuda_side_record", "gpu_cuda_side_event_query"};
-	void *p[8];
-	for (int k = 0; k < 8; k++)
+					    "gpu_cuda_side_record", "gpu_cuda_side_event_query",
+					    "gpu_cuda_side_join"};
+	void *p[9];
+	for (int k = 0; k < 9; k++)
 		if (!(p[k] = gpu_cuda_module_sym(names[k], eb)))
 			return TD_EUNSUPPORTED;
 	/* Function pointers all share one representation on this ABI. */
@@ -358,6 +360,7 @@ static td_err side_resolve(struct side_fns *f, struct td_errbuf *eb)
 	memcpy(&f->free_, &p[5], sizeof(p[5]));
 	memcpy(&f->record, &p[6], sizeof(p[6]));
 	memcpy(&f->event_query, &p[7], sizeof(p[7]));
+	memcpy(&f->join, &p[8], sizeof(p[8]));
 	return TD_OK;
 }
 
@@ -868,6 +871,20 @@ td_err gpu_comm_wait_for(struct gpu_comm *c, uint64_t mark, struct td_errbuf *eb
 		if (sleep_ns < 50000)
 			sleep_ns *= 2;
 	}
+}
+
+td_err gpu_comm_after(struct gpu_comm *c, uint64_t mark, struct td_errbuf *eb)
+{
+	if (gpu_gang_failed(c->g)) {
+		nccl_abort(c);
+		return gang_stopped(c->g, c->rank, eb);
+	}
+	if (mark <= c->done || c->kind == GPU_COMM_HOST || !c->pending)
+		return TD_OK;
+	if (c->started - mark >= COMM_EVENTS) /* its event was recorded again, later */
+		return gpu_comm_wait(c, eb);
+	c->side_fn.join(c->side, (int)((mark - 1) % COMM_EVENTS));
+	return TD_OK;
 }
 
 td_err gpu_comm_wait(struct gpu_comm *c, struct td_errbuf *eb)

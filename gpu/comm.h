@@ -227,6 +227,14 @@ uint64_t gpu_comm_mark(const struct gpu_comm *c);
  * event recorded after each; the host kind's calls are complete when they
  * return). Bounded and failing as gpu_comm_wait. */
 td_err gpu_comm_wait_for(struct gpu_comm *c, uint64_t mark, struct td_errbuf *eb);
+/* The same order without holding the host: the work enqueued on the
+ * backend from now on runs after the collectives started before `mark`
+ * (NCCL: the backend's stream waits for the event after them, on the
+ * device; host: complete already). Nothing here is bounded: a rank that
+ * never arrives stalls that stream, so before the host blocks on the
+ * backend (a sync, a download) it must wait for `mark` with
+ * gpu_comm_wait_for or gpu_comm_wait, which time out and abort. */
+td_err gpu_comm_after(struct gpu_comm *c, uint64_t mark, struct td_errbuf *eb);
 
 /* Blocks until every sum this rank started is complete: work enqueued on
  * the backend from then on sees them. Bounded: another rank's failure, an

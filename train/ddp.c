@@ -63,6 +63,10 @@ struct tr_ddp {
 	bool split;         /* the embedding is unit L + 1, apart from the head's L */
 	uint64_t *wmark;
 	bool *wready;
+	/* GRADIENTS: the last mark the backend's stream was made to wait for
+	 * on the device (after): the host waits for it, bounded, before the
+	 * forward's end blocks on that stream (the loss) */
+	uint64_t joined;
 };
 
 static int by_off(const void *a, const void *b)
@@ -147,6 +151,17 @@ static td_err grads_units(struct tr_ddp *d, const struct tr_plan *p, struct td_e
 	return TD_OK;
 }
 
+/* The work enqueued next on the backend runs after the collectives before
+ * mark, the host going on (gpu_comm_after): a slot's sums before it is
+ * zeroed, a unit's gathers before its weights are read. A wait on the host
+ * here would keep it at most a layer ahead of the device. */
+static void after(struct tr_ddp *d, uint64_t mark)
+{
+	d->err = gpu_comm_after(d->c, mark, &d->eb);
+	if (mark > d->joined)
+		d->joined = mark;
+}
+
 /* Unit u's gradients summed onto their owners' parts. Each piece is split
  * where the parts (shard_numel floats each, rank r's from r * shard_numel)
  * split it, and each share reduced onto its owner's part; the owner first
@@ -191,7 +206,7 @@ static void grads_after_layer(struct tr_ddp *d, int l)
 	if (l == 0 || l + 1 >= d->L || d->err != TD_OK)
 		return; /* the first two layers' slots were zeroed by micro_begin */
 	const int k = (l - 1) % TR_GRAD_RING;
-	d->err = gpu_comm_wait_for(d->c, d->units[l + 1].mark, &d->eb);
+	after(d, d->units[l + 1].mark);
 	if (d->err == TD_OK)
 		gpu_zero(tr_model_backend(d->m), tr_model_grad_slot(d->m, k),
 			 tr_model_plan(d->m)->grad_slot_numel[k] * sizeof(float));
@@ -241,7 +256,7 @@ static void weights_ensure(struct tr_ddp *d, int u)
 {
 	if (d->wready[u] || d->err != TD_OK)
 		return;
-	d->err = gpu_comm_wait_for(d->c, d->wmark[u], &d->eb);
+	after(d, d->wmark[u]);
 	if (d->err != TD_OK)
 		return;
 	/* what the GEMMs read in bf16 but was gathered in fp32 (a tied
@@ -300,7 +315,7 @@ static void grads_head_done(struct tr_ddp *d)
 
 static void grads_before_embed(struct tr_ddp *d)
 {
-	d->err = gpu_comm_wait_for(d->c, d->units[d->L].mark, &d->eb);
+	after(d, d->units[d->L].mark);
 	if (d->err != TD_OK)
 		return;
 	size_t n = 0;
@@ -419,6 +434,10 @@ static void on_stage(void *ctx, const struct tr_stage *s)
 			grads_before_embed(d);
 		if (d->wp && d->err == TD_OK)
 			weights_on_stage(d, s);
+		/* The forward's end: tr_model_forward blocks on the stream next */
+		const struct tr_plan *p = tr_model_plan(d->m);
+		if ((size_t)(s - p->stages) + 1 == p->nforward && d->joined && d->err == TD_OK)
+			d->err = gpu_comm_wait_for(d->c, d->joined, &d->eb);
 		return;
 	}
 	if (!d->armed)

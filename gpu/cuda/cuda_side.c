@@ -51,6 +51,7 @@ CU_SIDE_EXPORT td_err gpu_cuda_side_error(struct cu_side *s, struct td_errbuf *e
 CU_SIDE_EXPORT void gpu_cuda_side_free(struct cu_side *s);
 CU_SIDE_EXPORT void gpu_cuda_side_record(struct cu_side *s, int k);
 CU_SIDE_EXPORT int gpu_cuda_side_event_query(struct cu_side *s, int k);
+CU_SIDE_EXPORT void gpu_cuda_side_join(struct cu_side *s, int k);
 
 static void side_check(struct cu_side *s, CUresult r, const char *what)
 {
@@ -196,4 +197,13 @@ int gpu_cuda_side_event_query(struct cu_side *s, int k)
 		return 0;
 	side_check(s, r, "cuEventQuery");
 	return -1;
+}
+
+/* The backend's stream waits, on the device, for event k's work (its
+ * latest record): what follows it there runs after that work; the host
+ * goes on. An error shows at the next query (gpu_cuda_side_query). */
+void gpu_cuda_side_join(struct cu_side *s, int k)
+{
+	side_check(s, s->wait_event(s->cb->stream, s->marks[k % CU_SIDE_EVENTS], 0),
+		   "cuStreamWaitEvent (the stream after a collective)");
 }
