@@ -197,16 +197,25 @@ static void grads_reduce(struct tr_ddp *d, int u)
 }
 
 /* After layer l's backward (or its place in an empty round): its sums
- * started, and the slot of layer l - 1 — last layer l + 1's — made free
- * (its sums complete) and zero. */
+ * started. */
 static void grads_after_layer(struct tr_ddp *d, int l)
 {
 	grads_reduce(d, l);
 	d->stats.overlapped++;
-	if (l == 0 || l + 1 >= d->L || d->err != TD_OK)
-		return; /* the first two layers' slots were zeroed by micro_begin */
-	const int k = (l - 1) % TR_GRAD_RING;
-	after(d, d->units[l + 1].mark);
+}
+
+/* Before layer l's backward, the first writer of its ring slot (the stage
+ * hook's call after the stage before it, as late as the slot can be made
+ * ready): the slot free — the sums of layer l + TR_GRAD_RING, its last
+ * user, complete — and zero. The two layers that use a slot first in a
+ * micro-batch find it holding nothing of this one's (the last
+ * micro-batch's sums were waited for by micro_begin) but not zero: with
+ * plan.rest16_in_ring the forward put the head's bf16 weights there. */
+static void grads_before_layer(struct tr_ddp *d, int l)
+{
+	const int k = l % TR_GRAD_RING;
+	if (l + TR_GRAD_RING < d->L)
+		after(d, d->units[l + TR_GRAD_RING].mark);
 	if (d->err == TD_OK)
 		gpu_zero(tr_model_backend(d->m), tr_model_grad_slot(d->m, k),
 			 tr_model_plan(d->m)->grad_slot_numel[k] * sizeof(float));
@@ -348,16 +357,17 @@ td_err tr_ddp_micro_begin(struct tr_ddp *d, struct td_errbuf *eb)
 {
 	if (!d->gr)
 		return TD_OK;
-	/* The last micro-batch's sums read the slots: done before they are
-	 * zeroed for this one. */
+	/* The last micro-batch's sums read the slots: done before this one's
+	 * forward gathers into them (plan.rest16_in_ring) and grads.rest is
+	 * zeroed (the ring's slots are zeroed before their first writer:
+	 * grads_before_layer). */
 	td_err e = gpu_comm_wait(d->c, eb);
 	if (e != TD_OK)
 		return e;
 	const struct tr_plan *p = tr_model_plan(d->m);
-	for (int k = 0; k <= TR_GRAD_RING; k++)
-		if (p->grad_slot_numel[k])
-			gpu_zero(tr_model_backend(d->m), tr_model_grad_slot(d->m, k),
-				 p->grad_slot_numel[k] * sizeof(float));
+	if (p->grad_slot_numel[TR_GRAD_RING])
+		gpu_zero(tr_model_backend(d->m), tr_model_grad_slot(d->m, TR_GRAD_RING),
+			 p->grad_slot_numel[TR_GRAD_RING] * sizeof(float));
 	return TD_OK;
 }
 
@@ -424,6 +434,8 @@ static void on_stage(void *ctx, const struct tr_stage *s)
 		return;
 	}
 	if (d->gr) {
+		const struct tr_plan *p = tr_model_plan(d->m);
+		const size_t next = (size_t)(s - p->stages) + 1;
 		if (s->kind == TR_STAGE_LAYER_BACKWARD && d->err == TD_OK)
 			grads_after_layer(d, s->layer);
 		if (d->split && s->kind == TR_STAGE_FINAL_NORM_BACKWARD && d->err == TD_OK)
@@ -434,9 +446,10 @@ static void on_stage(void *ctx, const struct tr_stage *s)
 			grads_before_embed(d);
 		if (d->wp && d->err == TD_OK)
 			weights_on_stage(d, s);
+		if (next < p->nstages && p->stages[next].kind == TR_STAGE_LAYER_BACKWARD && d->err == TD_OK)
+			grads_before_layer(d, p->stages[next].layer);
 		/* The forward's end: tr_model_forward blocks on the stream next */
-		const struct tr_plan *p = tr_model_plan(d->m);
-		if ((size_t)(s - p->stages) + 1 == p->nforward && d->joined && d->err == TD_OK)
+		if (next == p->nforward && d->joined && d->err == TD_OK)
 			d->err = gpu_comm_wait_for(d->c, d->joined, &d->eb);
 		return;
 	}

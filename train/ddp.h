@@ -67,14 +67,15 @@ void tr_ddp_get_stats(const struct tr_ddp *d, struct tr_ddp_stats *out);
  * gradients then take their place in grads.rest: zeroed once their sums
  * are complete, before the embedding's backward), the embedding's (or all
  * the others') at tr_ddp_micro_end — into the model's grads, which holds the part
- * (plan.shard_lo .. shard_hi). A layer's ring slot is zeroed for the layer
- * two below once its sums are complete (gpu_comm_wait_for), so the sums
- * overlap the next layer's backward. Every micro-batch is summed, so every
+ * (plan.shard_lo .. shard_hi). A ring slot is zeroed right before the
+ * stage that writes it (the hook after the stage before), once the sums of
+ * its last user, the layer two above, are complete (gpu_comm_after),
+ * so each layer's sums overlap the next layer's recompute and backward. Every micro-batch is summed, so every
  * rank runs the same number of rounds, ceil(grad_accum / ranks): a rank
  * whose share is one fewer runs tr_ddp_micro_empty for its last (the same
  * calls, with zero gradients). Around each micro-batch's forward and
- * backward: tr_ddp_micro_begin (waits for the last one's sums, zeroes the
- * work buffers), tr_ddp_micro_end. tr_ddp_arm does nothing then. Errors of
+ * backward: tr_ddp_micro_begin (waits for the last one's sums, zeroes
+ * grads.rest), tr_ddp_micro_end. tr_ddp_arm does nothing then. Errors of
  * the sums started from the hook come back from micro_end or finish. The
  * gradient norm is the ranks' parts' (tr_ddp_grad_norm). Unsharded
  * gradients: micro_begin and micro_end do nothing, micro_empty is not

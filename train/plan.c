@@ -674,6 +674,13 @@ td_err tr_plan_build(struct tr_plan *p, const struct tr_model_config *cfg,
 	if ((train || o->teacher_rows) && !classify && N > rows)
 		p->logits_rows = (int)rows;
 	const bool wpart = tr_shard_params(o->shard, o->shard_ranks);
+	/* PARAMETERS in the bf16 mode: the other tensors' bf16 copy (the
+	 * head's: params16.rest) lives in the gradient ring's memory, which
+	 * holds nothing between a micro-batch's last sums and its first
+	 * layer backward — the forward's and the head's stages, the only
+	 * ones that read it (train/plan.h: rest16_in_ring). */
+	p->rest16_in_ring = wpart && o->gemm_bf16 && p->grad_slot_numel[TR_GRAD_RING] > 0 &&
+			    (p->grad_slot_numel[0] > 0 || p->grad_slot_numel[1] > 0);
 	if (p->numel_trainable) {
 		/* padded to the shards' parts where sharded; PARAMETERS: the part */
 		NAMED("params");
@@ -684,8 +691,8 @@ td_err tr_plan_build(struct tr_plan *p, const struct tr_model_config *cfg,
 			for (int h = 0; h < (o->gemm_bf16 ? 2 : 1); h++) {
 				/* fp32: the tensors gathered so (wsoff); bf16: all, as gsoff */
 				const size_t n = h ? p->grad_slot_numel[k] : p->wslot_numel[k];
-				if (!n)
-					continue;
+				if (!n || (h && k == TR_GRAD_RING && p->rest16_in_ring))
+					continue; /* in the grads arena's ring (below) */
 				if (k < TR_GRAD_RING)
 					NAMED("%s.ring.%d", h ? "params16" : "params", k);
 				else
@@ -726,6 +733,17 @@ td_err tr_plan_build(struct tr_plan *p, const struct tr_model_config *cfg,
 		const bool gpart = tr_shard_grads(o->shard, o->shard_ranks);
 		NAMED("grads");
 		BUF(TR_ARENA_GRADS, f32_bytes(gpart ? p->shard_numel : p->numel_trainable, 1, 1));
+		/* rest16_in_ring: the ring's slots and params16.rest share one
+		 * region (grads.ring), as large as the larger of the two */
+		size_t ring = 0, region = p->arena_bytes[TR_ARENA_GRADS];
+		for (int k = 0; k < TR_GRAD_RING; k++)
+			ring += aligned(f32_bytes(p->grad_slot_numel[k], 1, 1));
+		const size_t rest16 = f32_bytes(p->grad_slot_numel[TR_GRAD_RING], 1, 1) / 2;
+		if (p->rest16_in_ring) {
+			NAMED("grads.ring");
+			BUF(TR_ARENA_GRADS, max_sz(ring, rest16));
+		}
+		size_t at = 0;
 		for (int k = 0; gpart && k <= TR_GRAD_RING; k++) {
 			if (!p->grad_slot_numel[k])
 				continue;
@@ -733,7 +751,23 @@ td_err tr_plan_build(struct tr_plan *p, const struct tr_model_config *cfg,
 				NAMED("grads.ring.%d", k);
 			else
 				NAMED("grads.rest");
-			BUF(TR_ARENA_GRADS, f32_bytes(p->grad_slot_numel[k], 1, 1));
+			if (k == TR_GRAD_RING || !p->rest16_in_ring) {
+				BUF(TR_ARENA_GRADS, f32_bytes(p->grad_slot_numel[k], 1, 1));
+				continue;
+			}
+			if ((e = add_view(p, TR_ARENA_GRADS, nm, region + at,
+					  f32_bytes(p->grad_slot_numel[k], 1, 1), eb))) {
+				tr_plan_fini(p);
+				return e;
+			}
+			at += aligned(f32_bytes(p->grad_slot_numel[k], 1, 1));
+		}
+		if (p->rest16_in_ring) {
+			NAMED("params16.rest");
+			if ((e = add_view(p, TR_ARENA_GRADS, nm, region, rest16, eb))) {
+				tr_plan_fini(p);
+				return e;
+			}
 		}
 		/* The moments of this rank's part (all of them unsharded). */
 		NAMED("optim.m");

@@ -369,6 +369,17 @@ struct tr_plan {
 	size_t grad_slot_numel[TR_GRAD_RING + 1];
 	int grad_units; /* GRADIENTS: units of tr_param.gunit, L + 1 or L + 2 */
 	size_t wslot_numel[TR_GRAD_RING + 1]; /* PARAMETERS: floats of params.ring.K, params.rest */
+	/* PARAMETERS in the bf16 mode with a ring: params16.rest (the other
+	 * tensors' bf16 copy: the head's) is a view of the grads arena's
+	 * region grads.rest's ring slots are views of too (grads.ring, the
+	 * larger of the two), not a buffer of the params arena. The head's
+	 * bf16 weights are read by the forward and the head's stages only,
+	 * the ring written from the first layer's backward on, after they
+	 * are: train/ddp.c zeroes each slot right before the stage that
+	 * first writes it, and a forward's gathers start after the last
+	 * micro-batch's sums are complete (tr_ddp_micro_begin, and the
+	 * step's end before an evaluation). */
+	bool rest16_in_ring;
 	size_t numel_bf16;            /* bf16 values of the params16 buffer (opts.frozen_bf16) */
 	size_t bf16_max_numel;        /* the largest bf16 tensor */
 	size_t numel_frozen;          /* elements of frozen tensors */

@@ -808,14 +808,47 @@ static void test_shard_grads_plan(const char *model_dir)
 				}
 				size_t want = (pp.shard_numel * sizeof(float) + TR_PLAN_ALIGN - 1) / TR_PLAN_ALIGN *
 					      TR_PLAN_ALIGN;
+				/* the bf16 mode: params16.rest in the gradient ring's
+				 * region (grads.ring), not in the params arena */
+				const bool in_ring = g16 && slot_want[TR_GRAD_RING] && (slot_want[0] || slot_want[1]);
+				CHECK_EQ_INT(pp.rest16_in_ring, in_ring);
 				for (int k = 0; k <= TR_GRAD_RING; k++) {
 					CHECK_EQ_INT(pp.wslot_numel[k], f32_want[k]);
 					want += (f32_want[k] * 4 + TR_PLAN_ALIGN - 1) / TR_PLAN_ALIGN * TR_PLAN_ALIGN;
-					if (g16 && slot_want[k])
+					if (g16 && slot_want[k] && !(k == TR_GRAD_RING && in_ring))
 						want += (slot_want[k] * 2 + TR_PLAN_ALIGN - 1) / TR_PLAN_ALIGN *
 							TR_PLAN_ALIGN;
 				}
 				CHECK_EQ_INT(pp.arena_bytes[TR_ARENA_PARAMS], want);
+				/* ... whose bytes are the larger of the ring's and
+				 * params16.rest's, the ring's slots and params16.rest
+				 * each inside it, params16.rest from its start */
+				size_t gwant = pg.arena_bytes[TR_ARENA_GRADS];
+				if (in_ring) {
+					size_t ring = 0;
+					for (int k = 0; k < TR_GRAD_RING; k++)
+						ring += (slot_want[k] * 4 + TR_PLAN_ALIGN - 1) / TR_PLAN_ALIGN * TR_PLAN_ALIGN;
+					const size_t r16 = (slot_want[TR_GRAD_RING] * 2 + TR_PLAN_ALIGN - 1) /
+							   TR_PLAN_ALIGN * TR_PLAN_ALIGN;
+					gwant = gwant - ring + (ring > r16 ? ring : r16);
+					const struct tr_plan_buf *rg = tr_plan_find(&pp, "grads.ring");
+					const struct tr_plan_buf *r16b = tr_plan_find(&pp, "params16.rest");
+					CHECK(rg && r16b && r16b->arena == TR_ARENA_GRADS && rg->arena == TR_ARENA_GRADS);
+					if (rg && r16b) {
+						CHECK_EQ_INT(r16b->offset, rg->offset);
+						CHECK_EQ_INT(r16b->bytes, slot_want[TR_GRAD_RING] * 2);
+						CHECK(r16b->bytes <= rg->bytes);
+						for (int k = 0; k < TR_GRAD_RING; k++) {
+							char nm[32];
+							snprintf(nm, sizeof(nm), "grads.ring.%d", k);
+							const struct tr_plan_buf *b = tr_plan_find(&pp, nm);
+							CHECK_MSG(!slot_want[k] || (b && b->offset >= rg->offset &&
+										    b->offset + b->bytes <= rg->offset + rg->bytes),
+								  "%s is not inside grads.ring", nm);
+						}
+					}
+				}
+				CHECK_EQ_INT(pp.arena_bytes[TR_ARENA_GRADS], gwant);
 				CHECK_EQ_INT(tr_plan_find(&pp, "params")->bytes, pp.shard_numel * sizeof(float));
 				CHECK(!tr_plan_find(&pp, "scratch.params_bf16"));
 				const struct tr_plan_buf *c16 = tr_plan_find(&pg, "scratch.params_bf16");
@@ -823,7 +856,7 @@ static void test_shard_grads_plan(const char *model_dir)
 				size_t c16b = c16 ? (c16->bytes + TR_PLAN_ALIGN - 1) / TR_PLAN_ALIGN * TR_PLAN_ALIGN : 0;
 				CHECK_EQ_INT(pp.arena_bytes[TR_ARENA_SCRATCH] + c16b, pg.arena_bytes[TR_ARENA_SCRATCH]);
 				for (int a = 0; a < TR_ARENA_ALL; a++)
-					if (a != TR_ARENA_PARAMS && a != TR_ARENA_SCRATCH)
+					if (a != TR_ARENA_PARAMS && a != TR_ARENA_SCRATCH && a != TR_ARENA_GRADS)
 						CHECK_EQ_INT(pp.arena_bytes[a], pg.arena_bytes[a]);
 				tr_plan_fini(&pp);
 				tr_plan_fini(&pg);
