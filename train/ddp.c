@@ -16,7 +16,9 @@ struct span {
 };
 
 /* GRADIENTS: a run of trainable floats [off, off + n) whose gradients the
- * backward writes at work buffer slot's soff (train/plan.h: tr_param.gslot). */
+ * backward writes at work buffer slot's soff (train/plan.h: tr_param.gslot,
+ * gsoff); PARAMETERS: whose weights are gathered into work buffer slot, in
+ * bf16 at soff (tr_param.wslot, w16off) and in fp32 at wsoff. */
 struct piece {
 	size_t off, n;
 	int slot;
@@ -28,11 +30,14 @@ struct piece {
 	size_t wsoff;       /* PARAMETERS: the fp32 copy's place (not g16) */
 };
 
-/* GRADIENTS: what one reduction covers (train/plan.h: tr_param.gunit) — a
- * decoder layer's gradients (unit l), the head's and final norm's (unit
- * L), the embedding's (unit L + 1 where apart, else in L) — its pieces
- * [p0, p1), and the comm's mark after its sums (their completion frees its
- * slot). */
+/* What one reduction covers (train/plan.h: tr_param.gunit) — a decoder
+ * layer's attention half's gradients (unit 2l) or its MLP half's (2l + 1),
+ * the head's and final norm's (unit 2L), the embedding's (unit 2L + 1
+ * where apart, else in 2L) — or one gather (tr_param.wunit: layer l's
+ * weights, unit l; the head's L; the embedding's L + 1): its pieces [p0,
+ * p1) of the reductions' or the gathers' list, and the comm's mark after
+ * its collectives (their completion frees its slot, or makes its weights
+ * usable). */
 struct unit {
 	size_t p0, p1;
 	uint64_t mark;
@@ -51,17 +56,21 @@ struct tr_ddp {
 	td_err err;         /* the first error of a sum started from the hook */
 	struct td_errbuf eb;
 	struct tr_ddp_stats stats;
-	/* GRADIENTS (tr_shard_grads): units [0, L] and their pieces */
+	/* GRADIENTS (tr_shard_grads): the reductions' units [0, 2L + 1] and
+	 * their pieces */
 	bool gr;
 	int L;
 	struct unit *units;
 	struct piece *pieces;
 	size_t npieces;
-	/* PARAMETERS (tr_shard_params): each unit's gather's mark, and whether
-	 * it is in its work buffers and rounded (ensured) */
+	/* PARAMETERS (tr_shard_params): the gathers' units [0, L + 1], their
+	 * pieces, and whether each is in its work buffers and rounded
+	 * (ensured) */
 	bool wp;
-	bool split;         /* the embedding is unit L + 1, apart from the head's L */
-	uint64_t *wmark;
+	bool split;         /* the embedding is apart from the head (units 2L + 1, L + 1) */
+	struct unit *wunits;
+	struct piece *wpieces;
+	size_t nwpieces;
 	bool *wready;
 	/* GRADIENTS: the last mark the backend's stream was made to wait for
 	 * on the device (after): the host waits for it, bounded, before the
@@ -110,44 +119,63 @@ static int piece_by_off(const void *a, const void *b)
 	return x->off < y->off ? -1 : x->off > y->off;
 }
 
-/* The units and their pieces from the plan: each unit's tensors by offset,
- * adjacent ones (in the arena and in their slot) merged into one piece. */
+/* Units [0, nunits) and their pieces from the plan: each unit's tensors
+ * (gunit, or with gather the weights' wunit) by offset, adjacent ones (in
+ * the arena and in their slot) merged into one piece. */
+static void make_units(const struct tr_plan *p, bool gather, int nunits, struct unit *units,
+		       struct piece *pieces, size_t *npieces)
+{
+	size_t np = 0;
+	for (int u = 0; u < nunits; u++) {
+		units[u].p0 = np;
+		size_t first = np;
+		for (size_t i = 0; i < p->nparams; i++) {
+			const struct tr_param *t = &p->params[i];
+			if (!t->trainable || !t->numel || (gather ? t->wunit : t->gunit) != u)
+				continue;
+			assert(t->gslot >= 0 && (!gather || t->wslot >= 0));
+			const bool g16 = gather && tr_plan_gathered16(p, t);
+			const bool r16 = gather && !g16 && p->opts.gemm_bf16 && t->ndim == 2 &&
+					 p->cfg.tie_word_embeddings; /* a tied embedding */
+			pieces[np++] = gather ? (struct piece){t->goffset, t->numel, t->wslot, t->w16off,
+							       g16, r16, t->wsoff}
+					      : (struct piece){t->goffset, t->numel, t->gslot, t->gsoff,
+							       false, false, 0};
+		}
+		qsort(pieces + first, np - first, sizeof(*pieces), piece_by_off);
+		size_t k = first;
+		for (size_t i = first; i < np; i++) {
+			struct piece *q = &pieces[k - 1];
+			if (i > first && q->off + q->n == pieces[i].off && q->slot == pieces[i].slot &&
+			    q->soff + q->n == pieces[i].soff && q->g16 == pieces[i].g16 &&
+			    q->r16 == pieces[i].r16 && (q->g16 || q->wsoff + q->n == pieces[i].wsoff))
+				q->n += pieces[i].n;
+			else
+				pieces[k++] = pieces[i];
+		}
+		np = k;
+		units[u].p1 = np;
+	}
+	*npieces = np;
+}
+
 static td_err grads_units(struct tr_ddp *d, const struct tr_plan *p, struct td_errbuf *eb)
 {
 	d->L = p->cfg.num_layers;
-	d->split = p->grad_units == d->L + 2;
-	d->units = calloc((size_t)d->L + 2, sizeof(*d->units));
+	d->split = p->grad_units == 2 * d->L + 2;
+	d->units = calloc(2 * (size_t)d->L + 2, sizeof(*d->units));
 	d->pieces = calloc(p->nparams ? p->nparams : 1, sizeof(*d->pieces));
 	if (!d->units || !d->pieces)
 		return td_fail(eb, TD_ENOMEM, "data parallel: out of memory");
-	for (int u = 0; u < p->grad_units; u++) {
-		d->units[u].p0 = d->npieces;
-		size_t first = d->npieces;
-		for (size_t i = 0; i < p->nparams; i++) {
-			const struct tr_param *t = &p->params[i];
-			if (!t->trainable || !t->numel || t->gunit != u)
-				continue;
-			assert(t->gslot >= 0);
-			const bool g16 = tr_plan_gathered16(p, t);
-			const bool r16 = !g16 && p->opts.gemm_bf16 && t->ndim == 2 &&
-					 p->cfg.tie_word_embeddings; /* a tied embedding */
-			d->pieces[d->npieces++] =
-				(struct piece){t->goffset, t->numel, t->gslot, t->gsoff, g16, r16, t->wsoff};
-		}
-		qsort(d->pieces + first, d->npieces - first, sizeof(*d->pieces), piece_by_off);
-		size_t k = first;
-		for (size_t i = first; i < d->npieces; i++) {
-			struct piece *q = &d->pieces[k - 1];
-			if (i > first && q->off + q->n == d->pieces[i].off && q->slot == d->pieces[i].slot &&
-			    q->soff + q->n == d->pieces[i].soff && q->g16 == d->pieces[i].g16 &&
-			    q->r16 == d->pieces[i].r16 && (q->g16 || q->wsoff + q->n == d->pieces[i].wsoff))
-				q->n += d->pieces[i].n;
-			else
-				d->pieces[k++] = d->pieces[i];
-		}
-		d->npieces = k;
-		d->units[u].p1 = d->npieces;
-	}
+	make_units(p, false, p->grad_units, d->units, d->pieces, &d->npieces);
+	if (!d->wp)
+		return TD_OK;
+	d->wunits = calloc((size_t)d->L + 2, sizeof(*d->wunits));
+	d->wpieces = calloc(p->nparams ? p->nparams : 1, sizeof(*d->wpieces));
+	d->wready = calloc((size_t)d->L + 2, sizeof(*d->wready));
+	if (!d->wunits || !d->wpieces || !d->wready)
+		return td_fail(eb, TD_ENOMEM, "data parallel: out of memory");
+	make_units(p, true, d->L + (d->split ? 2 : 1), d->wunits, d->wpieces, &d->nwpieces);
 	return TD_OK;
 }
 
@@ -196,29 +224,31 @@ static void grads_reduce(struct tr_ddp *d, int u)
 	d->units[u].mark = gpu_comm_mark(d->c);
 }
 
-/* After layer l's backward (or its place in an empty round): its sums
- * started. */
-static void grads_after_layer(struct tr_ddp *d, int l)
+/* Before unit u's backward stage, the first writer of its ring slot (the
+ * stage hook's call after the stage before it, as late as the slot can be
+ * made ready): the slot free — the sums of unit u + TR_GRAD_RING, its last
+ * user (the backward runs the units from the last) — and zero. The units
+ * that use a slot first in a micro-batch find it holding nothing of this
+ * one's (the last micro-batch's sums were waited for by micro_begin) but
+ * not zero: with plan.rest16_in_ring the forward put the head's bf16
+ * weights there. */
+static void grads_before_unit(struct tr_ddp *d, int u)
 {
-	grads_reduce(d, l);
-	d->stats.overlapped++;
+	const int k = u % TR_GRAD_RING;
+	const size_t n = tr_model_plan(d->m)->grad_slot_numel[k];
+	if (u + TR_GRAD_RING < 2 * d->L)
+		after(d, d->units[u + TR_GRAD_RING].mark);
+	if (d->err == TD_OK && n)
+		gpu_zero(tr_model_backend(d->m), tr_model_grad_slot(d->m, k), n * sizeof(float));
 }
 
-/* Before layer l's backward, the first writer of its ring slot (the stage
- * hook's call after the stage before it, as late as the slot can be made
- * ready): the slot free — the sums of layer l + TR_GRAD_RING, its last
- * user, complete — and zero. The two layers that use a slot first in a
- * micro-batch find it holding nothing of this one's (the last
- * micro-batch's sums were waited for by micro_begin) but not zero: with
- * plan.rest16_in_ring the forward put the head's bf16 weights there. */
-static void grads_before_layer(struct tr_ddp *d, int l)
+/* The gradient unit a backward stage writes: layer l's MLP half 2l + 1,
+ * then its attention half 2l; -1 for the others. */
+static int stage_unit(const struct tr_stage *s)
 {
-	const int k = l % TR_GRAD_RING;
-	if (l + TR_GRAD_RING < d->L)
-		after(d, d->units[l + TR_GRAD_RING].mark);
-	if (d->err == TD_OK)
-		gpu_zero(tr_model_backend(d->m), tr_model_grad_slot(d->m, k),
-			 tr_model_plan(d->m)->grad_slot_numel[k] * sizeof(float));
+	if (s->kind == TR_STAGE_LAYER_BACKWARD_MLP)
+		return 2 * s->layer + 1;
+	return s->kind == TR_STAGE_LAYER_BACKWARD ? 2 * s->layer : -1;
 }
 
 /* --- PARAMETERS --- */
@@ -233,8 +263,8 @@ static void weights_gather(struct tr_ddp *d, int u)
 	const int me = p->opts.shard_rank;
 	const float *part = tr_model_params(d->m);
 	struct gpu_backend *be = tr_model_backend(d->m);
-	for (size_t i = d->units[u].p0; i < d->units[u].p1 && d->err == TD_OK; i++) {
-		const struct piece *q = &d->pieces[i];
+	for (size_t i = d->wunits[u].p0; i < d->wunits[u].p1 && d->err == TD_OK; i++) {
+		const struct piece *q = &d->wpieces[i];
 		float *w = q->g16 ? NULL : tr_model_weight_slot(d->m, q->slot) + q->wsoff;
 		gpu_bf16 *h = q->g16 ? tr_model_weight_slot16(d->m, q->slot) + q->soff : NULL;
 		const size_t end = q->off + q->n;
@@ -254,7 +284,7 @@ static void weights_gather(struct tr_ddp *d, int u)
 			d->stats.gathered += x1 - x0;
 		}
 	}
-	d->wmark[u] = gpu_comm_mark(d->c);
+	d->wunits[u].mark = gpu_comm_mark(d->c);
 	d->wready[u] = false;
 }
 
@@ -265,14 +295,14 @@ static void weights_ensure(struct tr_ddp *d, int u)
 {
 	if (d->wready[u] || d->err != TD_OK)
 		return;
-	after(d, d->wmark[u]);
+	after(d, d->wunits[u].mark);
 	if (d->err != TD_OK)
 		return;
 	/* what the GEMMs read in bf16 but was gathered in fp32 (a tied
 	 * embedding): rounded now; the matrices came in bf16, the rest is read
 	 * in fp32 only */
-	for (size_t i = d->units[u].p0; i < d->units[u].p1; i++) {
-		const struct piece *q = &d->pieces[i];
+	for (size_t i = d->wunits[u].p0; i < d->wunits[u].p1; i++) {
+		const struct piece *q = &d->wpieces[i];
 		gpu_bf16 *h = tr_model_weight_slot16(d->m, q->slot);
 		if (q->r16 && h)
 			gpu_bf16_round(tr_model_backend(d->m), h + q->soff,
@@ -318,17 +348,17 @@ static void weights_on_stage(struct tr_ddp *d, const struct tr_stage *s)
  * part of grads.rest zero. */
 static void grads_head_done(struct tr_ddp *d)
 {
-	grads_reduce(d, d->L);
+	grads_reduce(d, 2 * d->L);
 	d->stats.overlapped++;
 }
 
 static void grads_before_embed(struct tr_ddp *d)
 {
-	after(d, d->units[d->L].mark);
+	after(d, d->units[2 * d->L].mark);
 	if (d->err != TD_OK)
 		return;
 	size_t n = 0;
-	for (size_t i = d->units[d->L + 1].p0; i < d->units[d->L + 1].p1; i++)
+	for (size_t i = d->units[2 * d->L + 1].p0; i < d->units[2 * d->L + 1].p1; i++)
 		if (d->pieces[i].soff + d->pieces[i].n > n)
 			n = d->pieces[i].soff + d->pieces[i].n;
 	gpu_zero(tr_model_backend(d->m), tr_model_grad_slot(d->m, TR_GRAD_RING), n * sizeof(float));
@@ -360,7 +390,7 @@ td_err tr_ddp_micro_begin(struct tr_ddp *d, struct td_errbuf *eb)
 	/* The last micro-batch's sums read the slots: done before this one's
 	 * forward gathers into them (plan.rest16_in_ring) and grads.rest is
 	 * zeroed (the ring's slots are zeroed before their first writer:
-	 * grads_before_layer). */
+	 * grads_before_unit). */
 	td_err e = gpu_comm_wait(d->c, eb);
 	if (e != TD_OK)
 		return e;
@@ -390,7 +420,7 @@ td_err tr_ddp_micro_end(struct tr_ddp *d, struct td_errbuf *eb)
 	if (!d->gr)
 		return TD_OK;
 	if (d->err == TD_OK) { /* the embedding's (all the others' unless apart) */
-		grads_reduce(d, d->split ? d->L + 1 : d->L);
+		grads_reduce(d, 2 * d->L + d->split);
 		d->stats.at_finish++;
 	}
 	return take_err(d, eb);
@@ -436,8 +466,10 @@ static void on_stage(void *ctx, const struct tr_stage *s)
 	if (d->gr) {
 		const struct tr_plan *p = tr_model_plan(d->m);
 		const size_t next = (size_t)(s - p->stages) + 1;
-		if (s->kind == TR_STAGE_LAYER_BACKWARD && d->err == TD_OK)
-			grads_after_layer(d, s->layer);
+		if (stage_unit(s) >= 0 && d->err == TD_OK) { /* its sums started */
+			grads_reduce(d, stage_unit(s));
+			d->stats.overlapped++;
+		}
 		if (d->split && s->kind == TR_STAGE_FINAL_NORM_BACKWARD && d->err == TD_OK)
 			grads_head_done(d);
 		if (d->split && d->err == TD_OK &&
@@ -446,8 +478,9 @@ static void on_stage(void *ctx, const struct tr_stage *s)
 			grads_before_embed(d);
 		if (d->wp && d->err == TD_OK)
 			weights_on_stage(d, s);
-		if (next < p->nstages && p->stages[next].kind == TR_STAGE_LAYER_BACKWARD && d->err == TD_OK)
-			grads_before_layer(d, p->stages[next].layer);
+		/* last: it may wait, with the collectives above enqueued */
+		if (next < p->nstages && stage_unit(&p->stages[next]) >= 0 && d->err == TD_OK)
+			grads_before_unit(d, stage_unit(&p->stages[next]));
 		/* The forward's end: tr_model_forward blocks on the stream next */
 		if (next == p->nforward && d->joined && d->err == TD_OK)
 			d->err = gpu_comm_wait_for(d->c, d->joined, &d->eb);
@@ -478,17 +511,12 @@ td_err tr_ddp_new(struct tr_ddp **out, struct tr_model *m, struct gpu_comm *c, s
 	d->wp = tr_shard_params(p->opts.shard, p->opts.shard_ranks);
 	if (d->gr) {
 		td_err e = grads_units(d, p, eb);
-		if (e == TD_OK && d->wp) {
-			d->wmark = calloc((size_t)d->L + 2, sizeof(*d->wmark));
-			d->wready = calloc((size_t)d->L + 2, sizeof(*d->wready));
-			if (!d->wmark || !d->wready)
-				e = td_fail(eb, TD_ENOMEM, "data parallel: out of memory");
-		}
 		if (e != TD_OK) {
 			free(d->units);
 			free(d->pieces);
 			free(d->spans);
-			free(d->wmark);
+			free(d->wunits);
+			free(d->wpieces);
 			free(d->wready);
 			free(d);
 			return e;
@@ -533,7 +561,8 @@ void tr_ddp_free(struct tr_ddp *d)
 	free(d->spans);
 	free(d->units);
 	free(d->pieces);
-	free(d->wmark);
+	free(d->wunits);
+	free(d->wpieces);
 	free(d->wready);
 	free(d);
 }

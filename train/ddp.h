@@ -62,15 +62,17 @@ void tr_ddp_get_stats(const struct tr_ddp *d, struct tr_ddp_stats *out);
  * GRADIENTS): the backward writes each micro-batch's gradients into the
  * model's work buffers (train/plan.h: tr_param.gslot), and each is summed
  * onto the ranks that own its floats (gpu_comm_reduce_sum) — a layer's
- * from the stage hook as its backward ends, the head's and final norm's
+ * from the stage hook in two units as its backward's two stages end (its
+ * MLP half's, then its attention half's: tr_param.gunit), the head's and final norm's
  * after the final norm's backward where the embedding trains untied (whose
  * gradients then take their place in grads.rest: zeroed once their sums
  * are complete, before the embedding's backward), the embedding's (or all
  * the others') at tr_ddp_micro_end — into the model's grads, which holds the part
  * (plan.shard_lo .. shard_hi). A ring slot is zeroed right before the
  * stage that writes it (the hook after the stage before), once the sums of
- * its last user, the layer two above, are complete (gpu_comm_after),
- * so each layer's sums overlap the next layer's recompute and backward. Every micro-batch is summed, so every
+ * its last user, the unit two above, are complete (gpu_comm_after), so
+ * each half's sums overlap the next half's backward (and a recompute):
+ * the two slots hold one layer's gradients, not two. Every micro-batch is summed, so every
  * rank runs the same number of rounds, ceil(grad_accum / ranks): a rank
  * whose share is one fewer runs tr_ddp_micro_empty for its last (the same
  * calls, with zero gradients). Around each micro-batch's forward and

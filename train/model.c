@@ -251,7 +251,7 @@ static float *param_ptr(struct tr_model *m, const struct tr_param *p, bool grad)
 		return m->grads + p->goffset;
 	}
 	if (p->trainable && m->wpart) /* PARAMETERS: where it is gathered (bf16 only: none) */
-		return tr_plan_gathered16(&m->plan, p) ? NULL : m->wslot[p->gslot] + p->wsoff;
+		return tr_plan_gathered16(&m->plan, p) ? NULL : m->wslot[p->wslot] + p->wsoff;
 	return p->trainable ? m->params + p->offset : m->base32 + p->offset;
 }
 
@@ -261,7 +261,7 @@ static gpu_bf16 *copy16_ptr(struct tr_model *m, const struct tr_param *p)
 	if (!p || !p->trainable)
 		return NULL;
 	if (m->wpart)
-		return m->wslot16[p->gslot] ? m->wslot16[p->gslot] + p->gsoff : NULL;
+		return m->wslot16[p->wslot] ? m->wslot16[p->wslot] + p->w16off : NULL;
 	return m->copy16 ? m->copy16 + p->offset : NULL;
 }
 
@@ -1490,13 +1490,13 @@ td_err tr_model_forward_classify(struct tr_model *m, const int32_t *ids, const i
 }
 /* --- backward --- */
 
-static void layer_backward(struct tr_model *m, int l)
+/* Layer l's backward, its MLP half (TR_STAGE_LAYER_BACKWARD_MLP): every
+ * gradient of tr_plan_mlp_half's tensors. */
+static void layer_backward_mlp(struct tr_model *m, int l)
 {
 	struct gpu_backend *be = m->be;
 	const struct tr_model_config *c = &m->plan.cfg;
-	const int B = m->plan.opts.B, T = m->plan.opts.T, N = B * T;
-	const int C = c->hidden_size, I = c->intermediate_size, NH = c->num_heads;
-	const int NKV = c->num_kv_heads, HS = c->head_dim, H = NH * HS, KV = NKV * HS;
+	const int N = m->plan.opts.B * m->plan.opts.T, C = c->hidden_size, I = c->intermediate_size;
 	const struct layer_w *w = &m->w[l];
 	const struct layer_w *g = &m->g[l];
 	const struct layer_a *a = &m->a[l];
@@ -1509,6 +1509,20 @@ static void layer_backward(struct tr_model *m, int l)
 	linear_backward(m, l, TR_LIN_GATE, m->dln, true, m->dgate, m->dgate16, a->ln2, a->ln2_16);
 	linear_backward(m, l, TR_LIN_UP, m->dln, false, m->dup, m->dup16, a->ln2, a->ln2_16);
 	gpu_rmsnorm_backward(be, m->dres, g->ln2, m->dln, a->res_mid, w->ln2, a->ln2_rstd, N, C);
+}
+
+/* ... and its attention half (TR_STAGE_LAYER_BACKWARD), after it: the
+ * layer's other gradients. */
+static void layer_backward(struct tr_model *m, int l)
+{
+	struct gpu_backend *be = m->be;
+	const struct tr_model_config *c = &m->plan.cfg;
+	const int B = m->plan.opts.B, T = m->plan.opts.T, N = B * T;
+	const int C = c->hidden_size, NH = c->num_heads;
+	const int NKV = c->num_kv_heads, HS = c->head_dim, H = NH * HS, KV = NKV * HS;
+	const struct layer_w *w = &m->w[l];
+	const struct layer_w *g = &m->g[l];
+	const struct layer_a *a = &m->a[l];
 
 	/* dres is now d(res_mid); same for the attention branch. */
 	linear_backward(m, l, TR_LIN_O, m->dy, true, m->dres, NULL, a->y, a->y16);
@@ -1643,6 +1657,9 @@ void tr_model_backward(struct tr_model *m, float dloss)
 		case TR_STAGE_PREFETCH_ATTENTION:
 			gpu_copy_to_device(be, m->att_ring[ring_slot(s->layer)], m->att_host[s->layer],
 					   m->att_span, att_copy(s->layer));
+			break;
+		case TR_STAGE_LAYER_BACKWARD_MLP:
+			layer_backward_mlp(m, s->layer);
 			break;
 		case TR_STAGE_LAYER_BACKWARD:
 			layer_backward(m, s->layer);

@@ -157,8 +157,9 @@ void tr_model_zero_grad(struct tr_model *m);
  * the ranks sum; and a hook that tr_model_backward calls (fn(ctx, s), on the
  * calling thread) after each backward stage it runs (and the forwards after
  * each forward stage, and with s NULL before the first), so that a layer's
- * gradients, final after its TR_STAGE_LAYER_BACKWARD, are summed while the
- * layers below run. fn NULL: none. */
+ * gradients, final after its TR_STAGE_LAYER_BACKWARD (its MLP half's after
+ * TR_STAGE_LAYER_BACKWARD_MLP), are summed while the layers below run. fn
+ * NULL: none. */
 float *tr_model_grads(struct tr_model *m);
 /* GRADIENTS (train/plan.h: tr_param.gslot): work buffer k (0 ..
  * TR_GRAD_RING) that the backward writes gradients into,
@@ -179,8 +180,8 @@ void tr_model_params_written(struct tr_model *m, size_t lo, size_t hi);
  * masters (plan.shard_numel floats, trainable float i at i -
  * plan.shard_lo); tr_model_set_param writes a tensor's floats of the part
  * only; the ops read each trainable weight where the plan gathers it
- * (tr_param.gslot at gsoff: work buffer k, fp32, and its bf16 rounding in
- * the bf16 mode; NULL where none), which train/ddp.h fills before each use
+ * (tr_param.wslot: work buffer k, fp32 at wsoff, and its bf16 rounding
+ * at w16off in the bf16 mode; NULL where none), which train/ddp.h fills before each use
  * (the stage hook runs after each forward stage too); tr_model_get_param
  * of a trainable tensor reads the host copy of every trainable float set
  * by tr_model_set_whole_weights (NULL: none; the caller keeps it alive). */

@@ -110,6 +110,8 @@ static td_err add_param(struct tr_plan *p, size_t *cap, const char *name, int ro
 	return TD_OK;
 }
 
+static size_t max_sz(size_t a, size_t b);
+
 static td_err build_params(struct tr_plan *p, struct td_errbuf *eb)
 {
 	const struct tr_model_config *c = &p->cfg;
@@ -215,12 +217,14 @@ static td_err build_params(struct tr_plan *p, struct td_errbuf *eb)
 	for (size_t i = 0; i < p->nparams; i++) {
 		p->params[i].gslot = -1;
 		p->params[i].gunit = -1;
+		p->params[i].wslot = -1;
+		p->params[i].wunit = -1;
 	}
 	if (tr_shard_grads(o->shard, o->shard_ranks)) {
 		const int L = p->cfg.num_layers;
-		/* The embedding apart from the head and the final norm (units L + 1
-		 * and L, both from the start of grads.rest) where it trains and is
-		 * not the head: the head's are final (and summed) before the
+		/* The embedding apart from the head and the final norm (units 2L +
+		 * 1 and 2L, both from the start of grads.rest) where it trains and
+		 * is not the head: the head's are final (and summed) before the
 		 * embedding's are written, and the embedding's weights are read
 		 * before the head's are (train/ddp.h). */
 		const struct tr_param *emb = tr_plan_param(p, "model.embed_tokens.weight");
@@ -229,37 +233,51 @@ static td_err build_params(struct tr_plan *p, struct td_errbuf *eb)
 			others += p->params[i].trainable && p->params[i].layer < 0 ? p->params[i].numel : 0;
 		const bool split = emb && emb->trainable && !p->cfg.tie_word_embeddings &&
 				   others > emb->numel;
-		size_t *used = calloc((size_t)L + 2, sizeof(size_t)); /* [L], [L + 1]: grads.rest */
+		/* [0, 2L + 2): the gradients' units; [2L + 2, 3L + 4): the
+		 * gathers' (layer l's at 2L + 2 + l), bf16 then fp32 */
+		const size_t nu = 2 * (size_t)L + 2, nw = (size_t)L + 2;
+		size_t *used = calloc(nu + 2 * nw, sizeof(size_t));
 		if (!used)
 			return td_fail(eb, TD_ENOMEM, "plan: out of memory");
+		size_t *w16 = used + nu, *w32 = w16 + nw;
 		for (int pass = 0; pass < 2; pass++)
 			for (size_t i = 0; i < p->nparams; i++) {
 				struct tr_param *t = &p->params[i];
 				if (!t->trainable || (t->decay ? 0 : 1) != pass)
 					continue;
-				const int u = t->layer >= 0 ? t->layer : split && t == emb ? L + 1 : L;
+				const bool emb_apart = split && t == emb;
+				const int u = t->layer >= 0 ? 2 * t->layer + tr_plan_mlp_half(t)
+						  : emb_apart ? 2 * L + 1 : 2 * L;
 				t->gunit = u;
-				t->gslot = t->layer >= 0 ? t->layer % TR_GRAD_RING : TR_GRAD_RING;
+				t->gslot = t->layer >= 0 ? u % TR_GRAD_RING : TR_GRAD_RING;
 				t->gsoff = used[u];
 				used[u] += t->numel;
+				const int w = t->layer >= 0 ? t->layer : emb_apart ? L + 1 : L;
+				t->wunit = w;
+				t->wslot = t->layer >= 0 ? t->layer % TR_GRAD_RING : TR_GRAD_RING;
+				t->w16off = w16[w];
+				w16[w] += t->numel;
 			}
-		for (int l = 0; l < L; l++) /* each slot: the largest of its layers */
-			if (used[l] > p->grad_slot_numel[l % TR_GRAD_RING])
-				p->grad_slot_numel[l % TR_GRAD_RING] = used[l];
-		p->grad_slot_numel[TR_GRAD_RING] = used[L] > used[L + 1] ? used[L] : used[L + 1];
-		p->grad_units = L + (split ? 2 : 1);
-		/* PARAMETERS: the fp32 copies gathered, packed per unit the same way */
-		memset(used, 0, ((size_t)L + 2) * sizeof(size_t));
+		for (int u = 0; u < 2 * L; u++) /* each slot: the largest of its units */
+			if (used[u] > p->grad_slot_numel[u % TR_GRAD_RING])
+				p->grad_slot_numel[u % TR_GRAD_RING] = used[u];
+		p->grad_slot_numel[TR_GRAD_RING] = max_sz(used[2 * L], used[2 * L + 1]);
+		p->grad_units = 2 * L + (split ? 2 : 1);
+		/* PARAMETERS: the gathered copies' slots, per layer; the fp32
+		 * ones packed over the tensors gathered in fp32 */
 		for (int pass = 0; tr_shard_params(o->shard, o->shard_ranks) && pass < 2; pass++)
 			for (size_t i = 0; i < p->nparams; i++) {
 				struct tr_param *t = &p->params[i];
 				if (!t->trainable || (t->decay ? 0 : 1) != pass || tr_plan_gathered16(p, t))
 					continue;
-				t->wsoff = used[t->gunit];
-				used[t->gunit] += t->numel;
-				if (used[t->gunit] > p->wslot_numel[t->gslot])
-					p->wslot_numel[t->gslot] = used[t->gunit];
+				t->wsoff = w32[t->wunit];
+				w32[t->wunit] += t->numel;
+				p->wslot_numel[t->wslot] = max_sz(p->wslot_numel[t->wslot], w32[t->wunit]);
 			}
+		for (int w = 0; tr_shard_params(o->shard, o->shard_ranks) && w < L + 2; w++) {
+			const int k = w < L ? w % TR_GRAD_RING : TR_GRAD_RING;
+			p->wslot16_numel[k] = max_sz(p->wslot16_numel[k], w16[w]);
+		}
 		free(used);
 	}
 	size_t codes = 0;
@@ -491,7 +509,8 @@ const char *tr_stage_name(enum tr_stage_kind k)
 	static const char *const names[TR_STAGE_KIND_COUNT] = {
 		"embed",    "layer",           "final_norm",     "head",           "head_backward",
 		"final_norm_backward", "layer_recompute", "layer_backward", "embed_backward", "optimizer",
-		"offload",  "prefetch",        "offload_attention", "prefetch_attention"};
+		"offload",  "prefetch",        "offload_attention", "prefetch_attention",
+		"layer_backward_mlp"};
 	return k < TR_STAGE_KIND_COUNT ? names[k] : "?";
 }
 
@@ -524,6 +543,14 @@ bool tr_plan_gathered16(const struct tr_plan *p, const struct tr_param *t)
 {
 	return tr_shard_params(p->opts.shard, p->opts.shard_ranks) && p->opts.gemm_bf16 &&
 	       t->trainable && t->ndim == 2 && strcmp(t->name, "model.embed_tokens.weight") != 0;
+}
+
+bool tr_plan_mlp_half(const struct tr_param *t)
+{
+	const size_t n = strlen(t->name), k = strlen("post_attention_layernorm.weight");
+	return t->layer >= 0 &&
+	       (t->lin == TR_LIN_GATE || t->lin == TR_LIN_UP || t->lin == TR_LIN_DOWN ||
+		(n >= k && strcmp(t->name + n - k, "post_attention_layernorm.weight") == 0));
 }
 
 bool tr_plan_attention_y32(const struct tr_plan_opts *o)
@@ -602,6 +629,7 @@ static td_err build_stages(struct tr_plan *p, struct td_errbuf *eb)
 		/* the last layer's working set is still the forward's */
 		if (p->opts.recompute != TR_RECOMPUTE_NONE && l < L - 1)
 			STAGE(TR_STAGE_LAYER_RECOMPUTE, l, 0, 0);
+		STAGE(TR_STAGE_LAYER_BACKWARD_MLP, l, 0, 0);
 		STAGE(TR_STAGE_LAYER_BACKWARD, l, 0, 0);
 		if (offload && l - TR_OFFLOAD_RING >= 0)
 			STAGE(TR_STAGE_PREFETCH, l - TR_OFFLOAD_RING, 0, 0);
@@ -679,7 +707,7 @@ td_err tr_plan_build(struct tr_plan *p, const struct tr_model_config *cfg,
 	 * holds nothing between a micro-batch's last sums and its first
 	 * layer backward — the forward's and the head's stages, the only
 	 * ones that read it (train/plan.h: rest16_in_ring). */
-	p->rest16_in_ring = wpart && o->gemm_bf16 && p->grad_slot_numel[TR_GRAD_RING] > 0 &&
+	p->rest16_in_ring = wpart && o->gemm_bf16 && p->wslot16_numel[TR_GRAD_RING] > 0 &&
 			    (p->grad_slot_numel[0] > 0 || p->grad_slot_numel[1] > 0);
 	if (p->numel_trainable) {
 		/* padded to the shards' parts where sharded; PARAMETERS: the part */
@@ -689,8 +717,8 @@ td_err tr_plan_build(struct tr_plan *p, const struct tr_model_config *cfg,
 		 * layout (tr_param.gslot), and their bf16 rounding for the GEMMs */
 		for (int k = 0; wpart && k <= TR_GRAD_RING; k++) {
 			for (int h = 0; h < (o->gemm_bf16 ? 2 : 1); h++) {
-				/* fp32: the tensors gathered so (wsoff); bf16: all, as gsoff */
-				const size_t n = h ? p->grad_slot_numel[k] : p->wslot_numel[k];
+				/* fp32: the tensors gathered so (wsoff); bf16: all (w16off) */
+				const size_t n = h ? p->wslot16_numel[k] : p->wslot_numel[k];
 				if (!n || (h && k == TR_GRAD_RING && p->rest16_in_ring))
 					continue; /* in the grads arena's ring (below) */
 				if (k < TR_GRAD_RING)
@@ -738,7 +766,7 @@ td_err tr_plan_build(struct tr_plan *p, const struct tr_model_config *cfg,
 		size_t ring = 0, region = p->arena_bytes[TR_ARENA_GRADS];
 		for (int k = 0; k < TR_GRAD_RING; k++)
 			ring += aligned(f32_bytes(p->grad_slot_numel[k], 1, 1));
-		const size_t rest16 = f32_bytes(p->grad_slot_numel[TR_GRAD_RING], 1, 1) / 2;
+		const size_t rest16 = f32_bytes(p->wslot16_numel[TR_GRAD_RING], 1, 1) / 2;
 		if (p->rest16_in_ring) {
 			NAMED("grads.ring");
 			BUF(TR_ARENA_GRADS, max_sz(ring, rest16));
@@ -1178,9 +1206,11 @@ void tr_plan_print(const struct tr_plan *p, FILE *f)
 			tr_shard_params(o->shard, o->shard_ranks) ? ""
 								   : "; the weights are all-gathered after each step");
 	if (tr_shard_grads(o->shard, o->shard_ranks))
-		fprintf(f, "grads      the backward writes a layer's into a ring of %d slots of %zu floats, "
-			"the others' into %zu floats; each summed onto its owners' parts as its backward ends\n",
-			TR_GRAD_RING, p->grad_slot_numel[0], p->grad_slot_numel[TR_GRAD_RING]);
+		fprintf(f, "grads      the backward writes a layer's attention's and MLP's into a ring of %d "
+			"slots (%zu, %zu floats), the others' into %zu floats; each summed onto its owners' "
+			"parts as its backward ends\n",
+			TR_GRAD_RING, p->grad_slot_numel[0], p->grad_slot_numel[1],
+			p->grad_slot_numel[TR_GRAD_RING]);
 	if (tr_shard_params(o->shard, o->shard_ranks))
 		fprintf(f, "weights    each rank keeps its part's fp32 masters; a layer's weights are gathered "
 			"from their owners into the same ring%s a layer ahead of use, forward and backward, "

@@ -107,23 +107,35 @@ struct tr_param {
 	/* Where the backward writes this tensor's gradient: gslot -1, the
 	 * grads buffer at goffset; else (memory.shard GRADIENTS and past: the
 	 * grads buffer is the rank's part) work buffer gslot at gsoff floats:
-	 * 0 .. TR_GRAD_RING - 1 the ring slot of a decoder layer (l %
-	 * TR_GRAD_RING: grads.ring.K), TR_GRAD_RING the other tensors'
-	 * (grads.rest). A layer's tensors are packed in goffset order (its
-	 * decayed ones, then the rest), so a slot holds runs of the trainable
-	 * floats (train/ddp.c reduces them onto their owners). */
+	 * 0 .. TR_GRAD_RING - 1 the ring slot of a unit of a decoder layer
+	 * (gunit % TR_GRAD_RING: grads.ring.K), TR_GRAD_RING the other
+	 * tensors' (grads.rest). A unit's tensors are packed in goffset order
+	 * (its decayed ones, then the rest) from the start of its slot, so a
+	 * slot holds runs of the trainable floats (train/ddp.c reduces them
+	 * onto their owners). */
 	int gslot;
 	size_t gsoff;
-	/* ... and what it is summed (and, PARAMETERS, gathered) with: decoder
-	 * layer l's tensors unit l, the final norm and the head unit L, the
-	 * embedding unit L + 1 where it trains untied (plan.grad_units; at the
-	 * start of grads.rest, as unit L: the two are never live at once), or
-	 * unit L too; -1 unsharded. A unit's tensors are packed from the start
-	 * of their slot. */
+	/* ... and what it is summed with, a unit the backward finishes at
+	 * once: decoder layer l's attention half (input_layernorm, q, k, v,
+	 * o, their biases, q/k norms and adapters: tr_plan_mlp_half false)
+	 * unit 2l, its MLP half (post_attention_layernorm, gate, up, down)
+	 * unit 2l + 1 — the layer's backward is two stages, the MLP's first
+	 * — so that the two slots of the ring hold a layer between them; the
+	 * final norm and the head unit 2L, the embedding unit 2L + 1 where it
+	 * trains untied (plan.grad_units; at the start of grads.rest, as unit
+	 * 2L: the two are never live at once), or unit 2L too; -1 unsharded. */
 	int gunit;
-	/* PARAMETERS: its gathered fp32 copy's place in params.ring.K /
-	 * params.rest (floats; plan.wslot_numel), packed like gsoff but over
-	 * the tensors gathered in fp32 only (not tr_plan_gathered16) */
+	/* PARAMETERS: what it is gathered with — decoder layer l's tensors
+	 * unit l (the whole layer: its forward and recompute read both
+	 * halves), the final norm and the head unit L, an untied trainable
+	 * embedding unit L + 1, as gunit's — and where: work buffer wslot (l
+	 * % TR_GRAD_RING, TR_GRAD_RING the others': params.ring.K,
+	 * params.rest), its bf16 copy at w16off (params16.*: every tensor of
+	 * the unit, packed in goffset order; plan.wslot16_numel), its fp32
+	 * copy at wsoff (packed likewise over the tensors gathered in fp32
+	 * only, not tr_plan_gathered16; plan.wslot_numel). */
+	int wunit, wslot;
+	size_t w16off;
 	size_t wsoff;
 	enum tr_param_kind kind;
 	int layer;         /* decoder layer, -1 for embeddings, final norm and heads */
@@ -152,7 +164,10 @@ enum tr_stage_kind {
 	TR_STAGE_HEAD_BACKWARD,   /* the head's backward of those rows: d(lnf), the head's gradients */
 	TR_STAGE_FINAL_NORM_BACKWARD, /* d(lnf) -> d(res[L]) */
 	TR_STAGE_LAYER_RECOMPUTE, /* layer l's activations that the plan did not keep, regenerated */
-	TR_STAGE_LAYER_BACKWARD,  /* d(res[l+1]) -> d(res[l]), layer l's gradients */
+	/* layer l's backward in two stages, so that a hook runs between
+	 * them: this one, the attention's, d(res_mid) -> d(res[l]) and its
+	 * half's gradients (tr_param.gunit), after TR_STAGE_LAYER_BACKWARD_MLP */
+	TR_STAGE_LAYER_BACKWARD,
 	TR_STAGE_EMBED_BACKWARD,  /* d(res[0]) -> the embedding's gradient */
 	TR_STAGE_OPTIMIZER,       /* clip and AdamW: the trainer's (tr_model_clip_grads, tr_model_adamw) */
 	/* FULL_OFFLOAD (train/plan.h: TR_OFFLOAD_RING): res[l], just written (by
@@ -172,6 +187,9 @@ enum tr_stage_kind {
 	/* ... and copied back into its slot after the stage that last read it
 	 * (layer l + RING's backward); layer l's recompute waits for it. */
 	TR_STAGE_PREFETCH_ATTENTION,
+	/* layer l's MLP backward: d(res[l+1]) -> d(res_mid), the MLP half's
+	 * gradients; right before its TR_STAGE_LAYER_BACKWARD */
+	TR_STAGE_LAYER_BACKWARD_MLP,
 	TR_STAGE_KIND_COUNT
 };
 
@@ -249,16 +267,17 @@ static inline bool tr_recompute_full(enum tr_recompute r)
  * steps its part and the updated weights are all-gathered (train/ddp.h).
  * GRADIENTS: the summed gradients too: the grads buffer is the part
  * (shard_numel floats), and the backward writes each micro-batch's
- * gradients into work buffers — a ring of TR_GRAD_RING layer-sized slots
- * (grads.ring.K, layer l's in slot l % TR_GRAD_RING) and the other
- * tensors' (grads.rest) — that are summed onto their owners' parts as each
- * layer's backward ends (train/ddp.h). PARAMETERS (ZeRO-3, FSDP): the
+ * gradients into work buffers — a ring of TR_GRAD_RING slots
+ * (grads.ring.K: a layer's attention half's gradients in one, its MLP
+ * half's in the other, tr_param.gunit) and the other tensors'
+ * (grads.rest) — that are summed onto their owners' parts as each half's
+ * backward ends (train/ddp.h). PARAMETERS (ZeRO-3, FSDP): the
  * weights too: the params buffer is the part's fp32 masters (shard_numel
  * floats), and each unit's weights (a layer's, the others') are gathered
  * from their owners into work buffers (params.ring.K, params.rest: the
  * fp32 copies, tr_param.wsoff; in the bf16 mode params16.ring.K,
- * params16.rest in the gradients' layout: the matrices, gathered in bf16
- * only, tr_plan_gathered16) a layer ahead of their use
+ * params16.rest: every tensor's bf16 copy, tr_param.w16off, the matrices
+ * gathered in bf16 only, tr_plan_gathered16) a layer ahead of their use
  * in the forward, and again for the backward (train/ddp.h); no whole
  * weights nor their bf16 copy. The order is the expected speed's: each
  * saves more memory and costs more. */
@@ -271,8 +290,11 @@ enum tr_shard {
 };
 /* The policies a plan builds: all of them. */
 #define TR_SHARD_BUILT 4
-/* GRADIENTS: the layer gradient slots; a slot is written again two layers
- * later, so each layer's sums overlap the next layer's backward. */
+/* GRADIENTS: the gradient ring's slots, unit u's in slot u % this
+ * (tr_param.gunit): a layer's attention half in one, its MLP half in the
+ * other, each slot written again two units later, so that a unit's sums
+ * overlap the next unit's backward (and a layer's recompute). PARAMETERS:
+ * the gathered weights' slots, layer l's in slot l % this. */
 #define TR_GRAD_RING 2
 
 /* Whether plan options o keep only a part of the summed gradients
@@ -367,8 +389,11 @@ struct tr_plan {
 	 * work buffers of grad_slot_numel[k] floats each (tr_param.gslot). */
 	size_t shard_numel, shard_lo, shard_hi, numel_trainable_padded;
 	size_t grad_slot_numel[TR_GRAD_RING + 1];
-	int grad_units; /* GRADIENTS: units of tr_param.gunit, L + 1 or L + 2 */
-	size_t wslot_numel[TR_GRAD_RING + 1]; /* PARAMETERS: floats of params.ring.K, params.rest */
+	int grad_units; /* GRADIENTS: units of tr_param.gunit, 2L + 1 or 2L + 2 */
+	/* PARAMETERS: floats of params.ring.K, params.rest (fp32) and bf16
+	 * values of params16.ring.K, params16.rest */
+	size_t wslot_numel[TR_GRAD_RING + 1];
+	size_t wslot16_numel[TR_GRAD_RING + 1];
 	/* PARAMETERS in the bf16 mode with a ring: params16.rest (the other
 	 * tensors' bf16 copy: the head's) is a view of the grads arena's
 	 * region grads.rest's ring slots are views of too (grads.ring, the
@@ -419,6 +444,11 @@ bool tr_plan_attention_y32(const struct tr_plan_opts *o);
  * embedding, which its lookup reads in fp32 (and, tied, the head in bf16:
  * gathered in fp32 and rounded). The others are gathered in fp32. */
 bool tr_plan_gathered16(const struct tr_plan *p, const struct tr_param *t);
+
+/* Whether decoder-layer tensor t is its layer's MLP half's (written by
+ * TR_STAGE_LAYER_BACKWARD_MLP): post_attention_layernorm, and the gate, up
+ * and down projections' weights, biases and adapters. */
+bool tr_plan_mlp_half(const struct tr_param *t);
 
 /* Whether a FULL_OFFLOAD plan of cfg and o keeps each layer's attention
  * output and row statistics (fused attention: the row statistics, y16, and

@@ -10,8 +10,8 @@
 #    gradients') and the unsharded one (and above SELECTIVE's unsharded:
 #    sharding comes before recompute): the gang is placed with memory.shard
 #    optimizer (the first sharding that fits: on this two-layer model the
-#    gradients' ring of two layer slots holds as much as the gradients it
-#    shards) and recompute none, says so in its events, trains sharded (its
+#    gradients' slots, a layer's and the tied embedding's, hold as much as
+#    the gradients they shard) and recompute none, says so in its events, trains sharded (its
 #    log) and succeeds; the same gang fixed at --shard gradients trains with
 #    its gradients sharded and succeeds; with --shard none --recompute none
 #    it fails (no GPU can ever grant its plan).
@@ -80,8 +80,8 @@ expect_contains "naming the flag" "$(cat "$WORK/err")" "--shard"
 stop_daemon
 
 # --- 3: the weights sharded too (on this two-layer model its plan is not
-# the smallest: the slots of two layers and of the other tensors hold all
-# the weights and gradients): GPUs with room for it ---
+# the smallest: the slots of the layers and of the other tensors hold as
+# much as the weights and gradients it shards): GPUs with room for it ---
 rm -rf "$STATE"
 start_daemon --user --cpu-slots 0 --vram-factor 1 --fake-gpus "$U0:$((4 * none)),$U1:$((4 * none))"
 jw=$(submit weights --shard parameters --recompute none --eval "$TD_FIXTURES/demo/fortunes.tokens")

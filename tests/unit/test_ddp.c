@@ -656,8 +656,10 @@ static void test_shard_plan(void)
  * its part: OPTIMIZER's moments, GRADIENTS' summed gradients,
  * PARAMETERS' fp32 masters, each ceil(n / 2) floats. Printed beside
  * PyTorch FSDP2's measured peak (64.8 GiB a GPU, issue 12), not held to
- * it: PARAMETERS' plan keeps two fp32 gradient slots, the other tensors'
- * gradients and gathered weights whole, and fp32 layer inputs. */
+ * it: PARAMETERS' plan keeps a layer's fp32 gradients (two slots, the
+ * halves'), the other tensors' gradients and gathered weights whole (the
+ * head's bf16 weights in the gradient slots' memory), and fp32 layer
+ * inputs. */
 static void test_shard_8b_plan(void)
 {
 	char dir[512], path[600];
@@ -702,13 +704,75 @@ static void test_shard_8b_plan(void)
 	}
 }
 
+/* Whether t is its layer's MLP half's, by its name (the test's own
+ * reading of train/plan.h: tr_param.gunit): post_attention_layernorm, and
+ * mlp.* (the projections' weights, biases and adapters). */
+static bool mlp_named(const struct tr_param *t)
+{
+	return t->layer >= 0 && (strstr(t->name, ".mlp.") || strstr(t->name, ".post_attention_layernorm."));
+}
+
+/* Checks that the tensors of plan p whose unit (by unit_of) is u tile [0,
+ * want) of their slot (by off_of) in goffset order, each float once. */
+static int tiles(const struct tr_plan *p, int u, size_t want, int (*unit_of)(const struct tr_param *),
+		 size_t (*off_of)(const struct tr_param *))
+{
+	unsigned char *hit = calloc(want + 1, 1);
+	int bad = 0;
+	for (size_t i = 0; i < p->nparams; i++) {
+		const struct tr_param *t = &p->params[i];
+		if (!t->trainable || unit_of(t) != u)
+			continue;
+		for (size_t j = 0; j < p->nparams; j++) {
+			const struct tr_param *v = &p->params[j];
+			if (v->trainable && unit_of(v) == u && v->goffset < t->goffset)
+				bad += off_of(v) >= off_of(t);
+		}
+		if (off_of(t) + t->numel > want) {
+			bad++;
+			continue;
+		}
+		for (size_t f = 0; f < t->numel; f++)
+			bad += hit[off_of(t) + f]++ != 0;
+	}
+	for (size_t f = 0; f < want; f++)
+		bad += hit[f] != 1;
+	free(hit);
+	return bad;
+}
+
+static int gunit_of(const struct tr_param *t)
+{
+	return t->gunit;
+}
+
+static size_t gsoff_of(const struct tr_param *t)
+{
+	return t->gsoff;
+}
+
+static int wunit_of(const struct tr_param *t)
+{
+	return t->wunit;
+}
+
+static size_t w16off_of(const struct tr_param *t)
+{
+	return t->w16off;
+}
+
 /* The plan of a rank with sharded gradients, against the unsharded plan's
  * parameter table: the grads buffer is the part (shard_numel floats); each
- * decoder layer's trainable tensors are packed into ring slot l %
- * TR_GRAD_RING, whose size is the largest of its layers' trainable floats,
- * the others' into grads.rest; every trainable float has one place in its
- * slot (no two tensors of a layer overlap), in goffset order; the grads
- * arena is those buffers, aligned; the other arenas are OPTIMIZER's. On 5
+ * decoder layer's trainable tensors are two units, its attention half's
+ * (unit 2l) and its MLP half's (2l + 1, by the names: mlp_named), packed
+ * into ring slot u % TR_GRAD_RING, whose size is the largest of its units'
+ * trainable floats (with a ring of two: one slot the attention halves',
+ * the other the MLP halves'), the others' into grads.rest; every trainable
+ * float has one place in its slot (no two tensors of a unit overlap), in
+ * goffset order; the grads arena is those buffers, aligned; the other
+ * arenas are OPTIMIZER's. PARAMETERS gathers by layer: each layer's
+ * tensors one unit, in ring slot l % TR_GRAD_RING, laid out the same way
+ * (params16.*: all of them; params.*: the ones gathered in fp32). On 5
  * layers (tests/unit: deep_model's config) with and without LoRA. */
 static void test_shard_grads_plan(const char *model_dir)
 {
@@ -728,28 +792,43 @@ static void test_shard_grads_plan(const char *model_dir)
 		struct tr_plan base;
 		CHECK_EQ_INT(tr_plan_build(&base, &cfg, &o, &eb), TD_OK);
 		const int L = cfg.num_layers;
-		size_t layer_floats[64] = {0}, rest = 0, slot_want[TR_GRAD_RING + 1] = {0};
+		/* unit_floats: the gradients' units; layer_floats: the gathers' */
+		size_t unit_floats[132] = {0}, layer_floats[66] = {0}, rest = 0;
+		size_t slot_want[TR_GRAD_RING + 1] = {0}, w16_want[TR_GRAD_RING + 1] = {0};
 		const struct tr_param *emb = tr_plan_param(&base, "model.embed_tokens.weight");
+		int mlp_tensors = 0;
 		for (size_t i = 0; i < base.nparams; i++) {
 			const struct tr_param *t = &base.params[i];
 			CHECK_EQ_INT(t->gslot, -1);
+			CHECK_EQ_INT(t->wslot, -1);
 			if (!t->trainable)
 				continue;
-			if (t->layer >= 0)
+			if (t->layer >= 0) {
 				layer_floats[t->layer] += t->numel;
-			else
+				unit_floats[2 * t->layer + mlp_named(t)] += t->numel;
+				mlp_tensors += mlp_named(t);
+			} else {
 				rest += t->numel;
+			}
 		}
-		/* the embedding apart where it trains untied: unit L + 1, from
-		 * the start of the slot as the head's unit L */
+		CHECK(mlp_tensors > 0); /* both halves have tensors, with LoRA too (down) */
+		/* the embedding apart where it trains untied: unit 2L + 1 (L + 1
+		 * gathered), from the start of the slot as the head's unit 2L (L) */
 		const bool split = emb->trainable && !cfg.tie_word_embeddings && rest > emb->numel;
-		layer_floats[L] = split ? rest - emb->numel : rest;
-		layer_floats[L + 1] = split ? emb->numel : 0;
+		layer_floats[L] = unit_floats[2 * L] = split ? rest - emb->numel : rest;
+		layer_floats[L + 1] = unit_floats[2 * L + 1] = split ? emb->numel : 0;
+		for (int u = 0; u < 2 * L; u++)
+			if (unit_floats[u] > slot_want[u % TR_GRAD_RING])
+				slot_want[u % TR_GRAD_RING] = unit_floats[u];
+		slot_want[TR_GRAD_RING] = unit_floats[2 * L] > unit_floats[2 * L + 1] ? unit_floats[2 * L]
+											: unit_floats[2 * L + 1];
 		for (int l = 0; l < L; l++)
-			if (layer_floats[l] > slot_want[l % TR_GRAD_RING])
-				slot_want[l % TR_GRAD_RING] = layer_floats[l];
-		slot_want[TR_GRAD_RING] = layer_floats[L] > layer_floats[L + 1] ? layer_floats[L]
-										 : layer_floats[L + 1];
+			if (layer_floats[l] > w16_want[l % TR_GRAD_RING])
+				w16_want[l % TR_GRAD_RING] = layer_floats[l];
+		w16_want[TR_GRAD_RING] = slot_want[TR_GRAD_RING];
+		/* the ring holds a layer, not two: the largest attention half and
+		 * the largest MLP half (every layer alike here) */
+		CHECK_EQ_INT(slot_want[0] + slot_want[1], layer_floats[0]);
 		CHECK(lora || split); /* the 5-layer model is untied */
 		for (int n = 2; n <= 4; n++) {
 			struct tr_plan p, po;
@@ -779,7 +858,7 @@ static void test_shard_grads_plan(const char *model_dir)
 				if (a != TR_ARENA_GRADS)
 					CHECK_EQ_INT(p.arena_bytes[a], po.arena_bytes[a]);
 			/* PARAMETERS: the params arena is the part's masters and the
-			 * gathered weights in the same slots' sizes (and their bf16
+			 * gathered weights in per-layer slots (and their bf16
 			 * rounding in the bf16 mode, where the unsharded bf16 copy of
 			 * every trainable weight goes from scratch); the gradients
 			 * as GRADIENTS'; the rest as GRADIENTS' */
@@ -793,30 +872,43 @@ static void test_shard_grads_plan(const char *model_dir)
 				CHECK_EQ_INT(tr_plan_build(&pp, &cfg, &sp, &eb), TD_OK);
 				/* fp32: the tensors gathered so — all of them, or in the
 				 * bf16 mode the vectors and the embedding (the other
-				 * matrices come in bf16 only) — per unit, per slot */
+				 * matrices come in bf16 only) — per layer, per slot */
 				size_t f32_unit[66] = {0}, f32_want[TR_GRAD_RING + 1] = {0};
 				for (size_t i = 0; i < pp.nparams; i++) {
 					const struct tr_param *t = &pp.params[i];
 					const bool only16 = g16 && t->ndim == 2 && t != tr_plan_param(&pp, emb->name);
 					CHECK_EQ_INT(tr_plan_gathered16(&pp, t), t->trainable && only16);
 					if (t->trainable && !only16)
-						f32_unit[t->gunit] += t->numel;
+						f32_unit[t->wunit] += t->numel;
 				}
-				for (int u = 0; u < pp.grad_units; u++) {
+				for (int u = 0; u < L + (split ? 2 : 1); u++) {
 					const int k = u < L ? u % TR_GRAD_RING : TR_GRAD_RING;
 					f32_want[k] = f32_unit[u] > f32_want[k] ? f32_unit[u] : f32_want[k];
+					CHECK_MSG(tiles(&pp, u, layer_floats[u], wunit_of, w16off_of) == 0,
+						  "lora %d, %d ranks, gathered unit %d: floats misplaced in its slot",
+						  lora, n, u);
+				}
+				for (size_t i = 0; i < pp.nparams; i++) {
+					const struct tr_param *t = &pp.params[i];
+					if (!t->trainable)
+						continue;
+					const int w = t->layer >= 0 ? t->layer
+						      : split && t == tr_plan_param(&pp, emb->name) ? L + 1 : L;
+					CHECK_EQ_INT(t->wunit, w);
+					CHECK_EQ_INT(t->wslot, w < L ? w % TR_GRAD_RING : TR_GRAD_RING);
 				}
 				size_t want = (pp.shard_numel * sizeof(float) + TR_PLAN_ALIGN - 1) / TR_PLAN_ALIGN *
 					      TR_PLAN_ALIGN;
 				/* the bf16 mode: params16.rest in the gradient ring's
 				 * region (grads.ring), not in the params arena */
-				const bool in_ring = g16 && slot_want[TR_GRAD_RING] && (slot_want[0] || slot_want[1]);
+				const bool in_ring = g16 && w16_want[TR_GRAD_RING] && (slot_want[0] || slot_want[1]);
 				CHECK_EQ_INT(pp.rest16_in_ring, in_ring);
 				for (int k = 0; k <= TR_GRAD_RING; k++) {
 					CHECK_EQ_INT(pp.wslot_numel[k], f32_want[k]);
+					CHECK_EQ_INT(pp.wslot16_numel[k], w16_want[k]);
 					want += (f32_want[k] * 4 + TR_PLAN_ALIGN - 1) / TR_PLAN_ALIGN * TR_PLAN_ALIGN;
-					if (g16 && slot_want[k] && !(k == TR_GRAD_RING && in_ring))
-						want += (slot_want[k] * 2 + TR_PLAN_ALIGN - 1) / TR_PLAN_ALIGN *
+					if (g16 && w16_want[k] && !(k == TR_GRAD_RING && in_ring))
+						want += (w16_want[k] * 2 + TR_PLAN_ALIGN - 1) / TR_PLAN_ALIGN *
 							TR_PLAN_ALIGN;
 				}
 				CHECK_EQ_INT(pp.arena_bytes[TR_ARENA_PARAMS], want);
@@ -828,7 +920,7 @@ static void test_shard_grads_plan(const char *model_dir)
 					size_t ring = 0;
 					for (int k = 0; k < TR_GRAD_RING; k++)
 						ring += (slot_want[k] * 4 + TR_PLAN_ALIGN - 1) / TR_PLAN_ALIGN * TR_PLAN_ALIGN;
-					const size_t r16 = (slot_want[TR_GRAD_RING] * 2 + TR_PLAN_ALIGN - 1) /
+					const size_t r16 = (w16_want[TR_GRAD_RING] * 2 + TR_PLAN_ALIGN - 1) /
 							   TR_PLAN_ALIGN * TR_PLAN_ALIGN;
 					gwant = gwant - ring + (ring > r16 ? ring : r16);
 					const struct tr_plan_buf *rg = tr_plan_find(&pp, "grads.ring");
@@ -836,7 +928,7 @@ static void test_shard_grads_plan(const char *model_dir)
 					CHECK(rg && r16b && r16b->arena == TR_ARENA_GRADS && rg->arena == TR_ARENA_GRADS);
 					if (rg && r16b) {
 						CHECK_EQ_INT(r16b->offset, rg->offset);
-						CHECK_EQ_INT(r16b->bytes, slot_want[TR_GRAD_RING] * 2);
+						CHECK_EQ_INT(r16b->bytes, w16_want[TR_GRAD_RING] * 2);
 						CHECK(r16b->bytes <= rg->bytes);
 						for (int k = 0; k < TR_GRAD_RING; k++) {
 							char nm[32];
@@ -863,36 +955,20 @@ static void test_shard_grads_plan(const char *model_dir)
 			}
 			/* each unit's tensors tile [0, its floats) of its slot, each
 			 * float once, a tensor after another where its goffset is */
-			CHECK_EQ_INT(p.grad_units, L + (split ? 2 : 1));
-			for (int u = 0; u < L + (split ? 2 : 1); u++) {
-				const size_t want = layer_floats[u];
-				unsigned char *hit = calloc(want + 1, 1);
-				int bad = 0;
-				for (size_t i = 0; i < p.nparams; i++) {
-					const struct tr_param *t = &p.params[i];
-					const int tu = t->layer >= 0 ? t->layer : split && t == tr_plan_param(&p, emb->name) ? L + 1 : L;
-					if (!t->trainable || tu != u)
-						continue;
-					CHECK_EQ_INT(t->gunit, u);
-					CHECK_EQ_INT(t->gslot, u < L ? u % TR_GRAD_RING : TR_GRAD_RING);
-					for (size_t j = 0; j < p.nparams; j++) {
-						const struct tr_param *v = &p.params[j];
-						if (v->trainable && v->gunit == u && v->goffset < t->goffset)
-							bad += v->gsoff >= t->gsoff;
-					}
-					if (t->gsoff + t->numel > want) {
-						bad++;
-						continue;
-					}
-					for (size_t f = 0; f < t->numel; f++)
-						bad += hit[t->gsoff + f]++ != 0;
-				}
-				for (size_t f = 0; f < want; f++)
-					bad += hit[f] != 1;
-				CHECK_MSG(bad == 0, "lora %d, %d ranks, unit %d: %d floats misplaced in its slot",
-					  lora, n, u, bad);
-				free(hit);
+			CHECK_EQ_INT(p.grad_units, 2 * L + (split ? 2 : 1));
+			for (size_t i = 0; i < p.nparams; i++) {
+				const struct tr_param *t = &p.params[i];
+				if (!t->trainable)
+					continue;
+				const int tu = t->layer >= 0 ? 2 * t->layer + mlp_named(t)
+					       : split && t == tr_plan_param(&p, emb->name) ? 2 * L + 1 : 2 * L;
+				CHECK_EQ_INT(t->gunit, tu);
+				CHECK_EQ_INT(t->gslot, tu < 2 * L ? tu % TR_GRAD_RING : TR_GRAD_RING);
+				CHECK_EQ_INT(tr_plan_mlp_half(t), mlp_named(t));
 			}
+			for (int u = 0; u < 2 * L + (split ? 2 : 1); u++)
+				CHECK_MSG(tiles(&p, u, unit_floats[u], gunit_of, gsoff_of) == 0,
+					  "lora %d, %d ranks, unit %d: floats misplaced in its slot", lora, n, u);
 			tr_plan_fini(&p);
 			tr_plan_fini(&po);
 		}

@@ -477,7 +477,8 @@ static void test_same_bits(void)
 
 /* The stage list: the forward, then the head's chunks backward, the final
  * norm, layer by layer from the last (recomputed first, but the last, where
- * the policy recomputes), the embedding and the optimizer. FULL_OFFLOAD:
+ * the policy recomputes; each layer's backward its MLP's stage, then its
+ * attention's), the embedding and the optimizer. FULL_OFFLOAD:
  * each layer's input copied out after the stage that writes it (the last
  * layer's output is not: nothing recomputes from it), and copied back after
  * the stage that last reads its ring slot, TR_OFFLOAD_RING layers above. */
@@ -519,13 +520,15 @@ static void test_stages(void)
 			if (!inf) {
 				w += (size_t)snprintf(want + w, sizeof(want) - w,
 						      " head_backward[0+20] head_backward[20+20] "
-						      "head_backward[40+8] final_norm_backward%s layer_backward2%s",
+						      "head_backward[40+8] final_norm_backward%s layer_backward_mlp2 "
+						      "layer_backward2%s",
 						      off ? " prefetch1" : "", off ? " prefetch0" : "");
 				for (int l = 1; l >= 0; l--) {
 					if (rc)
 						w += (size_t)snprintf(want + w, sizeof(want) - w,
 								      " layer_recompute%d", l);
-					w += (size_t)snprintf(want + w, sizeof(want) - w, " layer_backward%d", l);
+					w += (size_t)snprintf(want + w, sizeof(want) - w,
+							      " layer_backward_mlp%d layer_backward%d", l, l);
 				}
 				w += (size_t)snprintf(want + w, sizeof(want) - w, " embed_backward optimizer");
 			}
