@@ -1002,10 +1002,15 @@ td_err tr_plan_build(struct tr_plan *p, const struct tr_model_config *cfg,
 		const char *what;
 		size_t bytes;
 		bool on;
-		int phase; /* 0: its own bytes; 1, 2, 3: a place in scratch.layer_backward */
+		int phase; /* 0: its own bytes; 1 .. 4: a place in scratch.layer_backward */
 	} scratch[] = {
-		/* the CE gradient overwrites the logits in place */
-		{"logits", classify ? f32_bytes(B, NL, 1) : f32_bytes((size_t)p->logits_rows, V, 1), true, 0},
+		/* the CE gradient overwrites the logits in place. Training, the
+		 * logits and their bf16 gradient are live in the head's stages
+		 * only (its forward chunks and their backward, between the last
+		 * layer's forward and the final norm's backward), which no
+		 * layer's forward, recompute or backward overlaps: phase 4 */
+		{"logits", classify ? f32_bytes(B, NL, 1) : f32_bytes((size_t)p->logits_rows, V, 1), true,
+		 train ? 4 : 0},
 		{"losses", f32_bytes(N, 1, 1), true, 0},
 		{"kl", f32_bytes(N, 1, 1), o->distill, 0},
 		{"dres", f32_bytes(N, C, 1), train, 0},
@@ -1040,7 +1045,7 @@ td_err tr_plan_build(struct tr_plan *p, const struct tr_model_config *cfg,
 		{"v32", f32_bytes(N, KV, 1), qkv16, train ? 3 : 0},
 		/* the causal head's loss gradient, bf16 only in the bf16 mode */
 		{"dlogits16", f32_bytes((size_t)p->logits_rows, V, 1) / 2,
-		 train && o->gemm_bf16 && !classify && !o->distill, 0},
+		 train && o->gemm_bf16 && !classify && !o->distill, 4},
 		{"dpooled", f32_bytes(B, C, 1), train && classify, 0},
 		/* a frozen weight for one use (and an NF4 one's absmax values) */
 		{"deq", deq, deq > 0, 0},
@@ -1057,7 +1062,7 @@ td_err tr_plan_build(struct tr_plan *p, const struct tr_model_config *cfg,
 		 o->gemm_bf16 && p->numel_trainable > 0 && !tr_shard_params(o->shard, o->shard_ranks), 0},
 	};
 	const size_t nscratch = sizeof(scratch) / sizeof(scratch[0]);
-	size_t phase_bytes[4] = {0, 0, 0, 0}, at[4] = {0, 0, 0, 0};
+	size_t phase_bytes[5] = {0, 0, 0, 0, 0}, at[5] = {0, 0, 0, 0, 0};
 	for (size_t i = 0; i < nscratch; i++) {
 		if (!scratch[i].on)
 			continue;
@@ -1073,8 +1078,8 @@ td_err tr_plan_build(struct tr_plan *p, const struct tr_model_config *cfg,
 			placed = true;
 			region = p->arena_bytes[TR_ARENA_SCRATCH];
 			NAMED("scratch.layer_backward");
-			BUF(TR_ARENA_SCRATCH,
-			    max_sz(max_sz(phase_bytes[1], phase_bytes[2]), phase_bytes[3]));
+			BUF(TR_ARENA_SCRATCH, max_sz(max_sz(phase_bytes[1], phase_bytes[2]),
+						     max_sz(phase_bytes[3], phase_bytes[4])));
 		}
 		NAMED("scratch.%s", scratch[i].what);
 		if (!ph) {
