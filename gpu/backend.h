@@ -203,9 +203,11 @@ struct gpu_backend_ops {
 				      gpu_bf16 *dlogits16, const float *logits,
 				      const int32_t *targets, float dloss, int N, int V);
 	/* param16: param's twin (its bf16 copy), or NULL: written with the
-	 * new values as param is. */
+	 * new values as param is. gscale: the gradient is read times it
+	 * (kernels/cpu/ops.h: adamw_update), a clip's coefficient. */
 	void (*adamw_update)(struct gpu_backend *be, float *param, gpu_bf16 *param16,
-			     const float *grad, float *m, float *v, size_t n, float lr, float beta1,
+			     const float *grad, float gscale, float *m, float *v, size_t n, float lr,
+			     float beta1,
 			     float beta2, float eps, float weight_decay, int t);
 	/* Blocking: sum of squares of x (n values), accumulated in double. */
 	double (*sumsq)(struct gpu_backend *be, const float *x, size_t n);
@@ -563,10 +565,12 @@ static inline void gpu_crossentropy_backward(struct gpu_backend *be, float *loss
 	GPU_OP_(crossentropy_backward, losses, dlogits, dlogits16, logits, targets, dloss, N, V);
 }
 static inline void gpu_adamw_update(struct gpu_backend *be, float *param, gpu_bf16 *param16,
-				    const float *grad, float *m, float *v, size_t n, float lr,
-				    float beta1, float beta2, float eps, float weight_decay, int t)
+				    const float *grad, float gscale, float *m, float *v, size_t n,
+				    float lr, float beta1, float beta2, float eps, float weight_decay,
+				    int t)
 {
-	GPU_OP_(adamw_update, param, param16, grad, m, v, n, lr, beta1, beta2, eps, weight_decay, t);
+	GPU_OP_(adamw_update, param, param16, grad, gscale, m, v, n, lr, beta1, beta2, eps,
+		weight_decay, t);
 }
 static inline double gpu_sumsq(struct gpu_backend *be, const float *x, size_t n)
 {

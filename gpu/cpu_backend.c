@@ -279,11 +279,11 @@ static void cpu_crossentropy_backward(struct gpu_backend *be, float *losses, flo
 	crossentropy_backward(dlogits, logits, targets, dloss, N, V);
 }
 static void cpu_adamw_update(struct gpu_backend *be, float *param, gpu_bf16 *param16,
-			     const float *grad, float *m, float *v, size_t n, float lr, float beta1,
-			     float beta2, float eps, float weight_decay, int t)
+			     const float *grad, float gscale, float *m, float *v, size_t n, float lr,
+			     float beta1, float beta2, float eps, float weight_decay, int t)
 {
 	assert(!param16);
-	adamw_update(param, grad, m, v, n, lr, beta1, beta2, eps, weight_decay, t);
+	adamw_update(param, grad, gscale, m, v, n, lr, beta1, beta2, eps, weight_decay, t);
 }
 static double cpu_sumsq(struct gpu_backend *be, const float *x, size_t n)
 {

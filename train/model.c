@@ -90,6 +90,10 @@ struct tr_model {
 	void *arena[TR_ARENA_ALL];       /* [TR_ARENA_HOST]: pinned host memory (gpu_host_alloc) */
 
 	float *params, *grads, *m1, *m2;
+	/* A clip's coefficient not yet applied to grads (1: none): AdamW reads
+	 * the gradients times it (gpu_adamw_update's gscale), saving a pass
+	 * over them; anything else reading grads first applies it (settle). */
+	float gscale;
 	/* GRADIENTS (plan.grad_slot_numel): the work buffers the backward
 	 * writes gradients into (grads.ring.K, grads.rest; NULL where none);
 	 * grads is then the rank's part of the summed gradients. */
@@ -318,6 +322,7 @@ static void bind(struct tr_model *m)
 	for (int k = 0; k <= TR_GRAD_RING; k++)
 		m->gslot[k] = k < TR_GRAD_RING ? buf(m, "grads.ring.%d", k) : buf(m, "grads.rest");
 	m->wpart = tr_shard_params(m->plan.opts.shard, m->plan.opts.shard_ranks);
+	m->gscale = 1.0f;
 	for (int k = 0; m->wpart && k <= TR_GRAD_RING; k++) {
 		m->wslot[k] = k < TR_GRAD_RING ? buf(m, "params.ring.%d", k) : buf(m, "params.rest");
 		m->wslot16[k] = k < TR_GRAD_RING ? buf(m, "params16.ring.%d", k) : buf(m, "params16.rest");
@@ -828,9 +833,12 @@ td_err tr_model_set_param(struct tr_model *m, const struct tr_param *p, const fl
 	return upload_param(m, p, src, NULL);
 }
 
+static void settle(struct tr_model *m);
+
 void tr_model_get_grad(struct tr_model *m, const struct tr_param *p, float *dst)
 {
 	assert(p->trainable && p->gslot < 0);
+	settle(m);
 	gpu_download(m->be, dst, m->grads + p->goffset, p->numel * sizeof(float));
 }
 
@@ -1679,6 +1687,7 @@ void tr_model_backward(struct tr_model *m, float dloss)
 
 float *tr_model_grads(struct tr_model *m)
 {
+	settle(m);
 	return m->grads;
 }
 
@@ -1704,8 +1713,17 @@ static size_t grads_held(const struct tr_model *m)
 								    : p->numel_trainable;
 }
 
+/* A pending clip (gscale) applied to the gradients themselves. */
+static void settle(struct tr_model *m)
+{
+	if (m->gscale != 1.0f)
+		gpu_scale(m->be, m->grads, m->gscale, grads_held(m));
+	m->gscale = 1.0f;
+}
+
 void tr_model_zero_grad(struct tr_model *m)
 {
+	m->gscale = 1.0f;
 	gpu_zero(m->be, m->grads, grads_held(m) * sizeof(float));
 	for (int k = 0; k <= TR_GRAD_RING; k++)
 		if (m->gslot[k])
@@ -1714,6 +1732,7 @@ void tr_model_zero_grad(struct tr_model *m)
 
 double tr_model_grad_sumsq(struct tr_model *m)
 {
+	settle(m);
 	return gpu_sumsq(m->be, m->grads, grads_held(m));
 }
 
@@ -1727,8 +1746,11 @@ double tr_model_clip_grads_by(struct tr_model *m, double max_norm, double norm)
 	if (max_norm > 0) {
 		/* torch.nn.utils.clip_grad_norm_: coef = max / (norm + 1e-6), clamped to 1. */
 		double coef = max_norm / (norm + 1e-6);
-		if (coef < 1.0)
-			gpu_scale(m->be, m->grads, (float)coef, grads_held(m));
+		/* applied by AdamW as it reads them (the same float product) */
+		if (coef < 1.0) {
+			settle(m);
+			m->gscale = (float)coef;
+		}
 	}
 	return norm;
 }
@@ -1757,12 +1779,16 @@ void tr_model_adamw(struct tr_model *m, const struct tr_adamw *h, float lr, int 
 	float *g = m->grads;
 	const size_t glo = tr_shard_grads(p->opts.shard, p->opts.shard_ranks) ? lo : 0;
 	const size_t d1 = nd < hi ? nd : hi; /* decayed: [lo, d1) */
+	const float gs = m->gscale;
 	if (d1 > lo)
-		gpu_adamw_update(m->be, w + (lo - wlo), c16 ? c16 + lo : NULL, g + (lo - glo), m->m1,
-				 m->m2, d1 - lo, lr, h->beta1, h->beta2, h->eps, h->weight_decay, t);
+		gpu_adamw_update(m->be, w + (lo - wlo), c16 ? c16 + lo : NULL, g + (lo - glo), gs,
+				 m->m1, m->m2, d1 - lo, lr, h->beta1, h->beta2, h->eps, h->weight_decay,
+				 t);
 	const size_t u0 = nd > lo ? nd : lo; /* undecayed: [u0, hi) */
 	if (hi > u0)
-		gpu_adamw_update(m->be, w + (u0 - wlo), c16 ? c16 + u0 : NULL, g + (u0 - glo),
+		gpu_adamw_update(m->be, w + (u0 - wlo), c16 ? c16 + u0 : NULL, g + (u0 - glo), gs,
 				 m->m1 + (u0 - lo), m->m2 + (u0 - lo), hi - u0, lr, h->beta1, h->beta2,
 				 h->eps, 0.0f, t);
+	/* gscale stays pending: whatever reads the gradients later (settle)
+	 * reads them clipped, as AdamW did. */
 }

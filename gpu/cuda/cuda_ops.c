@@ -870,8 +870,8 @@ static void cu_crossentropy_backward(struct gpu_backend *be, float *losses, floa
 /* The scalars exactly as the CPU op forms them (double, then rounded to
  * float where torch hands a Python scalar to a float32 kernel). */
 static void cu_adamw_update(struct gpu_backend *be, float *param, gpu_bf16 *param16,
-			    const float *grad, float *m, float *v, size_t n, float lr, float beta1,
-			    float beta2, float eps, float weight_decay, int t)
+			    const float *grad, float gscale, float *m, float *v, size_t n, float lr,
+			    float beta1, float beta2, float eps, float weight_decay, int t)
 {
 	assert(t >= 1);
 	float decay = (float)(1.0 - (double)lr * weight_decay);
@@ -879,8 +879,9 @@ static void cu_adamw_update(struct gpu_backend *be, float *param, gpu_bf16 *para
 	float one_minus_b2 = (float)(1.0 - (double)beta2);
 	float bc2_sqrt = (float)sqrt(1.0 - pow(beta2, t));
 	float step_size = (float)((double)lr / (1.0 - pow(beta1, t)));
-	void *args[] = {&param,	&param16, &grad, &m,	     &v,	 &n,	     &decay,
-			&one_minus_b1, &one_minus_b2, &beta2, &bc2_sqrt, &step_size, &eps};
+	void *args[] = {&param,	       &param16,      &grad,  &gscale,  &m,	    &v,  &n,
+			&decay,	       &one_minus_b1, &one_minus_b2, &beta2, &bc2_sqrt, &step_size,
+			&eps};
 	/* Four values a thread step where the pointers allow (the same bits). */
 	bool v4 = (((uintptr_t)param | (uintptr_t)grad | (uintptr_t)m | (uintptr_t)v) & 15) == 0 &&
 		  ((uintptr_t)param16 & 7) == 0;

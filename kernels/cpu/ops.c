@@ -366,9 +366,9 @@ void crossentropy_backward(float *dlogits, const float *logits, const int32_t *r
 
 /* The scalars are formed in double, as Python forms them, and rounded to
  * float where torch hands a Python scalar to a float32 kernel. */
-void adamw_update(float *restrict param, const float *restrict grad, float *restrict m,
-		  float *restrict v, size_t n, float lr, float beta1, float beta2, float eps,
-		  float weight_decay, int t)
+void adamw_update(float *restrict param, const float *restrict grad, float gscale,
+		  float *restrict m, float *restrict v, size_t n, float lr, float beta1, float beta2,
+		  float eps, float weight_decay, int t)
 {
 	assert(t >= 1);
 	float decay = (float)(1.0 - (double)lr * weight_decay);
@@ -377,7 +377,7 @@ void adamw_update(float *restrict param, const float *restrict grad, float *rest
 	float bc2_sqrt = (float)sqrt(1.0 - pow(beta2, t));
 	float step_size = (float)((double)lr / (1.0 - pow(beta1, t)));
 	for (size_t i = 0; i < n; i++) {
-		float g = grad[i];
+		float g = grad[i] * gscale;
 		float p = param[i] * decay;
 		float mi = m[i] + one_minus_b1 * (g - m[i]);
 		float vi = v[i] * beta2 + one_minus_b2 * g * g;

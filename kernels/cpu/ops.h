@@ -93,12 +93,16 @@ void crossentropy_forward(float *losses, const float *logits, const int32_t *tar
 void crossentropy_backward(float *dlogits, const float *logits, const int32_t *targets,
 			   float dloss, int N, int V);
 
-/* PyTorch's AdamW (torch.optim.AdamW, foreach=False), step t >= 1, in this order:
+/* PyTorch's AdamW (torch.optim.AdamW, foreach=False), step t >= 1, in this order
+ * (grad: the gradient times gscale, rounded to float as scale_inplace
+ * rounds it — a clip's coefficient applied here instead of in a pass of its
+ * own; 1 leaves it as it is):
  *   param *= 1 - lr*weight_decay
  *   m = m + (1-beta1)*(grad - m) ; v = beta2*v + (1-beta2)*grad*grad
  *   denom = sqrt(v) / sqrt(1 - beta2^t) + eps
  *   param -= (lr / (1 - beta1^t)) * m / denom                                   */
-void adamw_update(float *param, const float *grad, float *m, float *v, size_t n, float lr,
+void adamw_update(float *param, const float *grad, float gscale, float *m, float *v, size_t n,
+		  float lr,
 		  float beta1, float beta2, float eps, float weight_decay, int t);
 
 /* bf16, the bf16 mode's storage of frozen weights and of the GEMMs' operands:

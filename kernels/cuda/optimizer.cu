@@ -14,19 +14,20 @@
  * Key: n values. */
 #include "common.cuh"
 
-/* param *= decay ; m += omb1*(g - m) ; v = v*beta2 + omb2*g*g ;
+/* g = grad * gscale (a clip's coefficient, rounded as scale_f32 rounds it;
+ * 1: the gradient as it is) ; param *= decay ; m += omb1*(g - m) ; v = v*beta2 + omb2*g*g ;
  * param -= step_size * m / (sqrt(v) / bc2_sqrt + eps), with decay =
  * 1 - lr*wd, omb = 1 - beta, bc2_sqrt = sqrt(1 - beta2^t), step_size =
  * lr / (1 - beta1^t). param16: NULL, or the parameters' bf16 copy, which
  * gets the new values rounded (the bf16 mode's GEMMs read it). */
 extern "C" __global__ void adamw_update_f32(float *param, __nv_bfloat16 *param16,
-					    const float *grad, float *m, float *v, size_t n,
+					    const float *grad, float gscale, float *m, float *v, size_t n,
 					    float decay, float omb1, float omb2, float beta2,
 					    float bc2_sqrt, float step_size, float eps)
 {
 	for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
 	     i += (size_t)gridDim.x * blockDim.x) {
-		const float g = grad[i], m0 = m[i], v0 = v[i];
+		const float g = __fmul_rn(grad[i], gscale), m0 = m[i], v0 = v[i];
 		const float p = __fmul_rn(param[i], decay);
 		const float mi = __fadd_rn(m0, __fmul_rn(omb1, __fsub_rn(g, m0)));
 		const float vi = __fadd_rn(__fmul_rn(v0, beta2), __fmul_rn(__fmul_rn(omb2, g), g));
@@ -41,11 +42,12 @@ extern "C" __global__ void adamw_update_f32(float *param, __nv_bfloat16 *param16
 }
 
 /* One element of adamw_update_f32, exactly as it rounds. */
-static __device__ __forceinline__ void adamw_one(float &p, float g, float &m, float &v,
+static __device__ __forceinline__ void adamw_one(float &p, float g0, float gscale, float &m,
+						 float &v,
 						 float decay, float omb1, float omb2, float beta2,
 						 float bc2_sqrt, float step_size, float eps)
 {
-	const float m0 = m, v0 = v;
+	const float g = __fmul_rn(g0, gscale), m0 = m, v0 = v;
 	const float pd = __fmul_rn(p, decay);
 	const float mi = __fadd_rn(m0, __fmul_rn(omb1, __fsub_rn(g, m0)));
 	const float vi = __fadd_rn(__fmul_rn(v0, beta2), __fmul_rn(__fmul_rn(omb2, g), g));
@@ -61,7 +63,7 @@ static __device__ __forceinline__ void adamw_one(float &p, float g, float &m, fl
  * wants the wide loads to come near the memory's bandwidth. The n % 4 last
  * values are the first thread's. */
 extern "C" __global__ void adamw_update_v4_f32(float *param, __nv_bfloat16 *param16,
-					       const float *grad, float *m, float *v, size_t n,
+					       const float *grad, float gscale, float *m, float *v, size_t n,
 					       float decay, float omb1, float omb2, float beta2,
 					       float bc2_sqrt, float step_size, float eps)
 {
@@ -72,10 +74,10 @@ extern "C" __global__ void adamw_update_v4_f32(float *param, __nv_bfloat16 *para
 		const float4 g = reinterpret_cast<const float4 *>(grad)[i];
 		float4 mm = reinterpret_cast<const float4 *>(m)[i];
 		float4 vv = reinterpret_cast<const float4 *>(v)[i];
-		adamw_one(p.x, g.x, mm.x, vv.x, decay, omb1, omb2, beta2, bc2_sqrt, step_size, eps);
-		adamw_one(p.y, g.y, mm.y, vv.y, decay, omb1, omb2, beta2, bc2_sqrt, step_size, eps);
-		adamw_one(p.z, g.z, mm.z, vv.z, decay, omb1, omb2, beta2, bc2_sqrt, step_size, eps);
-		adamw_one(p.w, g.w, mm.w, vv.w, decay, omb1, omb2, beta2, bc2_sqrt, step_size, eps);
+		adamw_one(p.x, g.x, gscale, mm.x, vv.x, decay, omb1, omb2, beta2, bc2_sqrt, step_size, eps);
+		adamw_one(p.y, g.y, gscale, mm.y, vv.y, decay, omb1, omb2, beta2, bc2_sqrt, step_size, eps);
+		adamw_one(p.z, g.z, gscale, mm.z, vv.z, decay, omb1, omb2, beta2, bc2_sqrt, step_size, eps);
+		adamw_one(p.w, g.w, gscale, mm.w, vv.w, decay, omb1, omb2, beta2, bc2_sqrt, step_size, eps);
 		reinterpret_cast<float4 *>(param)[i] = p;
 		reinterpret_cast<float4 *>(m)[i] = mm;
 		reinterpret_cast<float4 *>(v)[i] = vv;
@@ -91,7 +93,7 @@ extern "C" __global__ void adamw_update_v4_f32(float *param, __nv_bfloat16 *para
 	if (blockIdx.x == 0 && threadIdx.x == 0)
 		for (size_t i = n4 * 4; i < n; i++) {
 			float p = param[i], mm = m[i], vv = v[i];
-			adamw_one(p, grad[i], mm, vv, decay, omb1, omb2, beta2, bc2_sqrt, step_size, eps);
+			adamw_one(p, grad[i], gscale, mm, vv, decay, omb1, omb2, beta2, bc2_sqrt, step_size, eps);
 			param[i] = p;
 			m[i] = mm;
 			v[i] = vv;

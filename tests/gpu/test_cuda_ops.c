@@ -580,8 +580,8 @@ static void test_matmul_bf16(void)
 		/* an optimizer step writes the weight's copy with the new values */
 		float *g = frand(nw, 1.0, 0.0), *zeros = ffill(nw, 0.0f);
 		float *d_g = dputf(g, nw), *d_m = dputf(zeros, nw), *d_v = dputf(zeros, nw);
-		gpu_adamw_update(be, d_weight, d_w16, d_g, d_m, d_v, nw, 1e-2f, 0.9f, 0.999f, 1e-8f,
-				 0.0f, 1);
+		gpu_adamw_update(be, d_weight, d_w16, d_g, 1.0f, d_m, d_v, nw, 1e-2f, 0.9f, 0.999f,
+				 1e-8f, 0.0f, 1);
 		float *w2 = hget(d_weight, nw);
 		CHECK_MSG(memcmp(w2, weight, nw * sizeof(float)) != 0, "%s: adamw changed nothing", where);
 		expect_twin("adamw_update's param16", d_w16, w2, nw);
@@ -1196,7 +1196,7 @@ static void test_adamw(void)
 	/* off: the tensors start off floats into their allocations. 0 takes the
 	 * four-wide kernel where n allows (its n % 4 tail too: 67, 2^20 + 7),
 	 * 1 the one-wide (the pointers not 16-byte aligned); both the same bits
-	 * as the CPU. */
+	 * as the CPU. gscale (a clip's coefficient) 1 or not, on both kernels. */
 	static const struct { size_t n; int t; float wd; size_t off; } cases[] = {
 		{ 1, 1, 0.0f, 0 }, { 67, 1, 0.1f, 0 }, { 1000, 7, 0.0f, 0 },
 		{ (1u << 20) + 7, 1000, 0.01f, 0 }, { 1001, 3, 0.01f, 1 }, { 4096, 2, 0.0f, 1 },
@@ -1207,17 +1207,18 @@ static void test_adamw(void)
 		size_t n = cases[ci].n;
 		int t = cases[ci].t;
 		float wd = cases[ci].wd;
-		snprintf(where, sizeof(where), "adamw (n=%zu t=%d wd=%g)", n, t, wd);
+		const float gscale = ci % 3 == 1 ? 0.3712f : 1.0f;
+		snprintf(where, sizeof(where), "adamw (n=%zu t=%d wd=%g gscale=%g)", n, t, wd, gscale);
 		const size_t off = cases[ci].off, na = n + off;
 		float *param = frand(na, 1.0, 0.0), *grad = frand(na, 1.0, 0.0);
 		float *m = frand(na, 0.1, 0.0), *v = frand(na, 0.005, 0.005);
 		float *d_param = dputf(param, na) + off, *d_grad = dputf(grad, na) + off;
 		float *d_m = dputf(m, na) + off, *d_v = dputf(v, na) + off;
 		param += off, grad += off, m += off, v += off;
-		adamw_update(param, grad, m, v, n, lr, beta1, beta2, eps, wd, t);
+		adamw_update(param, grad, gscale, m, v, n, lr, beta1, beta2, eps, wd, t);
 		gpu_bf16 *d_param16 = ci % 2 ? dnan16(na) + off : NULL; /* with a bf16 copy, and without */
-		gpu_adamw_update(be, d_param, d_param16, d_grad, d_m, d_v, n, lr, beta1, beta2, eps, wd,
-				 t);
+		gpu_adamw_update(be, d_param, d_param16, d_grad, gscale, d_m, d_v, n, lr, beta1, beta2,
+				 eps, wd, t);
 		expect_exact("param", hget(d_param, n), param, n);
 		if (d_param16)
 			expect_twin("param16", d_param16, param, n);

@@ -370,10 +370,10 @@ static void emu_crossentropy_backward(struct gpu_backend *be, float *losses, flo
 }
 
 static void emu_adamw_update(struct gpu_backend *be, float *param, gpu_bf16 *param16,
-			     const float *grad, float *m, float *v, size_t n, float lr, float beta1,
-			     float beta2, float eps, float weight_decay, int t)
+			     const float *grad, float gscale, float *m, float *v, size_t n, float lr,
+			     float beta1, float beta2, float eps, float weight_decay, int t)
 {
-	adamw_update(param, grad, m, v, n, lr, beta1, beta2, eps, weight_decay, t);
+	adamw_update(param, grad, gscale, m, v, n, lr, beta1, beta2, eps, weight_decay, t);
 	if (param16)
 		bf16_round(param16, param, n);
 }

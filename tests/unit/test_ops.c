@@ -866,7 +866,7 @@ static void test_adamw(void)
 		for (int t = cases[ci].t0; t < cases[ci].t0 + 2; t++) {
 			snprintf(where, sizeof(where), "adamw case %zu step %d", ci, t);
 			float *g = frand(n, 0.1, 0.0);
-			adamw_update(p, g, m, v, n, cases[ci].lr, cases[ci].beta1, cases[ci].beta2,
+			adamw_update(p, g, 1.0f, m, v, n, cases[ci].lr, cases[ci].beta1, cases[ci].beta2,
 				     cases[ci].eps, cases[ci].wd, t);
 			for (size_t i = 0; i < n; i++) {
 				rp[i] *= 1.0 - lr * wd;
@@ -878,6 +878,30 @@ static void test_adamw(void)
 			expect_close("param", p, rp, n, 1e-6, 1e-6, FWD);
 			expect_close("m", m, rm, n, 1e-9, 1e-6, FWD);
 			expect_close("v", v, rv, n, 1e-12, 1e-6, FWD);
+		}
+		/* gscale (a clip's coefficient): the same bits as the gradients
+		 * scaled first (scale_inplace) and stepped with gscale 1 */
+		for (int k = 0; k < 2; k++) {
+			const float s = k ? 0.3712f : 1.0f / 3.0f;
+			snprintf(where, sizeof(where), "adamw case %zu gscale %g", ci, s);
+			float *g = frand(n, 0.1, 0.0), *gs = malloc(n * sizeof(float));
+			float *p2 = malloc(n * sizeof(float)), *m2 = malloc(n * sizeof(float));
+			float *v2 = malloc(n * sizeof(float));
+			memcpy(gs, g, n * sizeof(float));
+			memcpy(p2, p, n * sizeof(float));
+			memcpy(m2, m, n * sizeof(float));
+			memcpy(v2, v, n * sizeof(float));
+			scale_inplace(gs, s, n);
+			const int t = cases[ci].t0 + 2;
+			adamw_update(p, g, s, m, v, n, cases[ci].lr, cases[ci].beta1, cases[ci].beta2,
+				     cases[ci].eps, cases[ci].wd, t);
+			adamw_update(p2, gs, 1.0f, m2, v2, n, cases[ci].lr, cases[ci].beta1,
+				     cases[ci].beta2, cases[ci].eps, cases[ci].wd, t);
+			CHECK_MSG(memcmp(p, p2, n * sizeof(float)) == 0 &&
+					  memcmp(m, m2, n * sizeof(float)) == 0 &&
+					  memcmp(v, v2, n * sizeof(float)) == 0,
+				  "%s: not the bits of scale_inplace then adamw_update", where);
+			free(gs), free(p2), free(m2), free(v2);
 		}
 		scratch_free();
 	}
