@@ -63,6 +63,9 @@ struct tr_ddp {
 	struct unit *units;
 	struct piece *pieces;
 	size_t npieces;
+	/* the parts' running sums are zero: no micro-batch of this step summed
+	 * into them yet (tr_model_zero_grad began it; tr_ddp_finish ends it) */
+	bool fresh;
 	/* PARAMETERS (tr_shard_params): the gathers' units [0, L + 1], their
 	 * pieces, and whether each is in its work buffers and rounded
 	 * (ensured) */
@@ -197,8 +200,9 @@ static void after(struct tr_ddp *d, uint64_t mark)
  * micro-batches, zero at the first), so that the reduction writes the new
  * running sum: x0 + x1 + ... in rank order, with the owner's term its
  * gradient plus the part — at the first micro-batch the part is zero and
- * the sum NONE's all-reduce bits. Every rank makes the same calls in the
- * same order (the plan's). */
+ * the sum NONE's all-reduce bits, and the addition is skipped (fresh: x +
+ * 0 is x; a -0 share would turn +0, which no sum or AdamW step tells
+ * apart). Every rank makes the same calls in the same order (the plan's). */
 static void grads_reduce(struct tr_ddp *d, int u)
 {
 	const struct tr_plan *p = tr_model_plan(d->m);
@@ -214,7 +218,7 @@ static void grads_reduce(struct tr_ddp *d, int u)
 			const size_t x0 = q->off > r * S ? q->off : r * S;
 			const size_t x1 = end < (r + 1) * S ? end : (r + 1) * S;
 			float *send = w + (x0 - q->off);
-			if ((int)r == me)
+			if ((int)r == me && !d->fresh)
 				gpu_residual_forward(be, send, send, part + (x0 - lo), x1 - x0);
 			d->err = gpu_comm_reduce_sum(d->c, send, x1 - x0, (int)r,
 						     (int)r == me ? part + (x0 - lo) : NULL, &d->eb);
@@ -423,6 +427,7 @@ td_err tr_ddp_micro_end(struct tr_ddp *d, struct td_errbuf *eb)
 		grads_reduce(d, 2 * d->L + d->split);
 		d->stats.at_finish++;
 	}
+	d->fresh = false; /* every unit summed into the parts */
 	return take_err(d, eb);
 }
 
@@ -510,6 +515,7 @@ td_err tr_ddp_new(struct tr_ddp **out, struct tr_model *m, struct gpu_comm *c, s
 	d->gr = tr_shard_grads(p->opts.shard, p->opts.shard_ranks);
 	d->wp = tr_shard_params(p->opts.shard, p->opts.shard_ranks);
 	if (d->gr) {
+		d->fresh = true; /* zero_grad before the first step */
 		td_err e = grads_units(d, p, eb);
 		if (e != TD_OK) {
 			free(d->units);
@@ -575,6 +581,7 @@ void tr_ddp_arm(struct tr_ddp *d)
 td_err tr_ddp_finish(struct tr_ddp *d, struct td_errbuf *eb)
 {
 	if (d->gr) { /* every unit was summed by its micro-batches */
+		d->fresh = true; /* the next step's zero_grad zeroes the parts */
 		td_err e = take_err(d, eb);
 		if (e == TD_OK)
 			e = gpu_comm_wait(d->c, eb);
