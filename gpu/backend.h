@@ -117,6 +117,12 @@ struct gpu_backend_ops {
 				  const float *wte, const gpu_bf16 *wte16, int N, int C);
 	void (*embedding_backward)(struct gpu_backend *be, float *dwte, const float *dout,
 				   const int32_t *ids, int N, int C);
+	/* A part [lo, hi) of a table's flat elements (data parallel's rows:
+	 * train/ddp.h); the backward in embedding_backward's order. */
+	void (*embedding_forward_part)(struct gpu_backend *be, float *out, const int32_t *ids,
+				       const float *part, int N, int C, size_t lo, size_t hi);
+	void (*embedding_backward_part)(struct gpu_backend *be, float *part, const float *dout,
+					const int32_t *ids, int N, int C, size_t lo, size_t hi);
 	/* out16: twin of out, or NULL; out may be NULL when out16 is not. */
 	void (*rmsnorm_forward)(struct gpu_backend *be, float *out, gpu_bf16 *out16, float *rstd,
 				const float *inp, const float *weight, int N, int C, float eps);
@@ -424,6 +430,18 @@ static inline void gpu_embedding_backward(struct gpu_backend *be, float *dwte, c
 					  const int32_t *ids, int N, int C)
 {
 	GPU_OP_(embedding_backward, dwte, dout, ids, N, C);
+}
+static inline void gpu_embedding_forward_part(struct gpu_backend *be, float *out,
+					      const int32_t *ids, const float *part, int N, int C,
+					      size_t lo, size_t hi)
+{
+	GPU_OP_(embedding_forward_part, out, ids, part, N, C, lo, hi);
+}
+static inline void gpu_embedding_backward_part(struct gpu_backend *be, float *part,
+					       const float *dout, const int32_t *ids, int N, int C,
+					       size_t lo, size_t hi)
+{
+	GPU_OP_(embedding_backward_part, part, dout, ids, N, C, lo, hi);
 }
 static inline void gpu_rmsnorm_forward(struct gpu_backend *be, float *out, gpu_bf16 *out16,
 				       float *rstd, const float *inp, const float *weight, int N,

@@ -561,22 +561,28 @@ static td_err host_reduce_scatter(struct gpu_comm *c, float *x, size_t count, st
 	return TD_OK;
 }
 
-/* Host all-gather: every rank's own part published, each rank uploads the
- * others' into its x. */
-static td_err host_all_gather(struct gpu_comm *c, float *x, size_t count, struct td_errbuf *eb)
+/* Host all-gather: every rank's own part (read from send: x + rank *
+ * count in place) published, each rank uploads the others' into its x,
+ * and its own where it came from elsewhere. Bytes: no arithmetic. */
+static td_err host_all_gather(struct gpu_comm *c, const float *send, float *x, size_t count,
+			      struct td_errbuf *eb)
 {
 	struct gpu_gang *g = c->g;
+	const size_t lo = count * (size_t)c->rank;
+	const bool own = send != x + lo;
 	if (g->net) {
-		size_t n = count * (size_t)g->n, lo = count * (size_t)c->rank;
+		size_t n = count * (size_t)g->n;
 		td_err e = host_reserve(c, n, "all-gather", eb);
 		if (e != TD_OK)
 			return e;
-		gpu_download(c->be, c->buf + lo, x + lo, count * sizeof(float));
+		gpu_download(c->be, c->buf + lo, send, count * sizeof(float));
 		if ((e = gpu__net_all_gather(g, c->rank, c->buf, count, eb)) != TD_OK)
 			return e;
-		if (lo)
+		if (own)
+			gpu_upload(c->be, x, c->buf, n * sizeof(float));
+		if (!own && lo)
 			gpu_upload(c->be, x, c->buf, lo * sizeof(float));
-		if (lo + count < n)
+		if (!own && lo + count < n)
 			gpu_upload(c->be, x + lo + count, c->buf + lo + count,
 				   (n - lo - count) * sizeof(float));
 		return TD_OK;
@@ -584,14 +590,14 @@ static td_err host_all_gather(struct gpu_comm *c, float *x, size_t count, struct
 	td_err e = host_reserve(c, count, "all-gather", eb);
 	if (e != TD_OK)
 		return e;
-	gpu_download(c->be, c->buf, x + count * (size_t)c->rank, count * sizeof(float));
+	gpu_download(c->be, c->buf, send, count * sizeof(float));
 	pthread_mutex_lock(&g->mu);
 	g->slot[c->rank] = c->buf;
 	pthread_mutex_unlock(&g->mu);
 	if ((e = gpu_gang_barrier(g, c->rank, eb)) != TD_OK)
 		return e;
 	for (int j = 0; j < g->n; j++)
-		if (j != c->rank)
+		if (j != c->rank || own)
 			gpu_upload(c->be, x + count * (size_t)j, g->slot[j], count * sizeof(float));
 	return gpu_gang_barrier(g, c->rank, eb);
 }
@@ -698,8 +704,8 @@ static td_err nccl_coll(struct gpu_comm *c, enum coll k, float *x, size_t n, siz
 		r = c->nc->all_reduce(x, x, n, GPU_NCCL_FLOAT32, GPU_NCCL_SUM, c->comm, st);
 	else if (k == COLL_REDUCE_SCATTER) /* in place: recv is send + rank * count */
 		r = c->nc->reduce_scatter(x, own, count, GPU_NCCL_FLOAT32, GPU_NCCL_SUM, c->comm, st);
-	else if (k == COLL_ALL_GATHER) /* in place: send is recv + rank * count */
-		r = c->nc->all_gather(own, x, count, GPU_NCCL_FLOAT32, c->comm, st);
+	else if (k == COLL_ALL_GATHER) /* send: y, or in place (recv + rank * count) */
+		r = c->nc->all_gather(y ? y : own, x, count, GPU_NCCL_FLOAT32, c->comm, st);
 	else if (k == COLL_REDUCE) /* recv is read on the root only */
 		r = c->nc->reduce(x, c->rank == root ? y : x, n, GPU_NCCL_FLOAT32, GPU_NCCL_SUM, root,
 				  c->comm, st);
@@ -759,13 +765,20 @@ td_err gpu_comm_reduce_scatter_sum(struct gpu_comm *c, float *x, size_t count,
 
 td_err gpu_comm_all_gather(struct gpu_comm *c, float *x, size_t count, struct td_errbuf *eb)
 {
+	return gpu_comm_all_gather_from(c, x + count * (size_t)c->rank, x, count, eb);
+}
+
+td_err gpu_comm_all_gather_from(struct gpu_comm *c, const float *send, float *x, size_t count,
+				struct td_errbuf *eb)
+{
 	size_t n = count * (size_t)c->g->n;
 	td_err e = coll_begin(c, n, eb);
 	if (e != TD_OK)
 		return e;
 	if (c->kind == GPU_COMM_HOST)
-		return host_all_gather(c, x, count, eb);
-	return nccl_coll(c, COLL_ALL_GATHER, x, n, count, 0, NULL, eb);
+		return host_all_gather(c, send, x, count, eb);
+	float *own = x + count * (size_t)c->rank;
+	return nccl_coll(c, COLL_ALL_GATHER, x, n, count, 0, send == own ? NULL : (float *)send, eb);
 }
 
 td_err gpu_comm_all_reduce_sum(struct gpu_comm *c, float *x, size_t n, struct td_errbuf *eb)

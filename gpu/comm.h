@@ -193,6 +193,12 @@ td_err gpu_comm_all_reduce_sum(struct gpu_comm *c, float *x, size_t n, struct td
 td_err gpu_comm_reduce_scatter_sum(struct gpu_comm *c, float *x, size_t count,
 				   struct td_errbuf *eb);
 td_err gpu_comm_all_gather(struct gpu_comm *c, float *x, size_t count, struct td_errbuf *eb);
+/* The same with this rank's part read from send (count floats, or any 4-byte
+ * values: the gather copies bytes; not overlapping x unless it is x +
+ * rank * count) and written to x + rank * count too. On NCCL send is read
+ * by the side stream until the gather completes (gpu_comm_wait_for). */
+td_err gpu_comm_all_gather_from(struct gpu_comm *c, const float *send, float *x, size_t count,
+				struct td_errbuf *eb);
 
 /* Sharded gradients (train/ddp.h): sums n floats at x over the ranks onto
  * rank `root` only: afterwards y (on root; may be x) holds the sum (host:

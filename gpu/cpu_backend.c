@@ -169,6 +169,16 @@ static void cpu_embedding_backward(struct gpu_backend *be, float *dwte, const fl
 {
 	embedding_backward(dwte, dout, ids, N, C);
 }
+static void cpu_embedding_forward_part(struct gpu_backend *be, float *out, const int32_t *ids,
+				       const float *part, int N, int C, size_t lo, size_t hi)
+{
+	embedding_forward_part(out, ids, part, N, C, lo, hi);
+}
+static void cpu_embedding_backward_part(struct gpu_backend *be, float *part, const float *dout,
+					const int32_t *ids, int N, int C, size_t lo, size_t hi)
+{
+	embedding_backward_part(part, dout, ids, N, C, lo, hi);
+}
 static void cpu_rmsnorm_forward(struct gpu_backend *be, float *out, gpu_bf16 *out16, float *rstd,
 				const float *inp, const float *weight, int N, int C, float eps)
 {
@@ -352,6 +362,8 @@ static const struct gpu_backend_ops cpu_ops = {
 	.copy_wait = cpu_copy_wait,
 	.embedding_forward = cpu_embedding_forward,
 	.embedding_backward = cpu_embedding_backward,
+	.embedding_forward_part = cpu_embedding_forward_part,
+	.embedding_backward_part = cpu_embedding_backward_part,
 	.rmsnorm_forward = cpu_rmsnorm_forward,
 	.rmsnorm_backward = cpu_rmsnorm_backward,
 	.matmul_forward = cpu_matmul_forward,

@@ -32,9 +32,9 @@ struct piece {
 
 /* What one reduction covers (train/plan.h: tr_param.gunit) — a decoder
  * layer's attention half's gradients (unit 2l) or its MLP half's (2l + 1),
- * the head's and final norm's (unit 2L), the embedding's (unit 2L + 1
- * where apart, else in 2L) — or one gather (tr_param.wunit: layer l's
- * weights, unit l; the head's L; the embedding's L + 1): its pieces [p0,
+ * the head's, the final norm's and a tied embedding's (unit 2L; an untied
+ * embedding's go by rows) — or one gather (tr_param.wunit: layer l's
+ * weights, unit l; the head's, the final norm's, a tied embedding's L): its pieces [p0,
  * p1) of the reductions' or the gathers' list, and the comm's mark after
  * its collectives (their completion frees its slot, or makes its weights
  * usable). */
@@ -70,7 +70,6 @@ struct tr_ddp {
 	 * pieces, and whether each is in its work buffers and rounded
 	 * (ensured) */
 	bool wp;
-	bool split;         /* the embedding is apart from the head (units 2L + 1, L + 1) */
 	struct unit *wunits;
 	struct piece *wpieces;
 	size_t nwpieces;
@@ -79,6 +78,20 @@ struct tr_ddp {
 	 * on the device (after): the host waits for it, bounded, before the
 	 * forward's end blocks on that stream (the loss) */
 	uint64_t joined;
+	bool head_reduced;  /* GRADIENTS: unit 2L reduced in this micro-batch */
+	bool lookup_l;      /* PARAMETERS: the lookup reads gather unit L (a tied embedding) */
+	/* The embedding's rows (train/plan.h: embed_rows): its floats
+	 * [emb_off, emb_off + emb_n) of the trainable ones, N rows of C a
+	 * rank, R ranks; emb_head: it is the head too, whose part of its
+	 * gradient is a table summed after the head's backward. */
+	bool rows, emb_head, lookup;
+	size_t emb_off, emb_n;
+	int N, C, R;
+	int accum;          /* the step's micro-batches (tr_ddp_set_accum; 0: not known) */
+	size_t emb_span;    /* unsharded: its span's index */
+	bool last;          /* unsharded: this backward is the rank's last of the step */
+	bool empty;         /* sharded: an empty round (tr_ddp_micro_empty) */
+	uint64_t lookup_mark;
 };
 
 static int by_off(const void *a, const void *b)
@@ -165,7 +178,7 @@ static void make_units(const struct tr_plan *p, bool gather, int nunits, struct 
 static td_err grads_units(struct tr_ddp *d, const struct tr_plan *p, struct td_errbuf *eb)
 {
 	d->L = p->cfg.num_layers;
-	d->split = p->grad_units == 2 * d->L + 2;
+	assert(p->grad_units == 2 * d->L + 1);
 	d->units = calloc(2 * (size_t)d->L + 2, sizeof(*d->units));
 	d->pieces = calloc(p->nparams ? p->nparams : 1, sizeof(*d->pieces));
 	if (!d->units || !d->pieces)
@@ -178,7 +191,7 @@ static td_err grads_units(struct tr_ddp *d, const struct tr_plan *p, struct td_e
 	d->wready = calloc((size_t)d->L + 2, sizeof(*d->wready));
 	if (!d->wunits || !d->wpieces || !d->wready)
 		return td_fail(eb, TD_ENOMEM, "data parallel: out of memory");
-	make_units(p, true, d->L + (d->split ? 2 : 1), d->wunits, d->wpieces, &d->nwpieces);
+	make_units(p, true, d->L + 1, d->wunits, d->wpieces, &d->nwpieces);
 	return TD_OK;
 }
 
@@ -315,28 +328,150 @@ static void weights_ensure(struct tr_ddp *d, int u)
 	d->wready[u] = true;
 }
 
+/* --- the embedding's rows (train/plan.h: embed_rows) --- */
+
+/* This rank's floats of the embedding: [*a, *b) of the trainable ones,
+ * the intersection of its part and the table (empty: *a == *b). */
+static void emb_part(const struct tr_ddp *d, size_t *a, size_t *b)
+{
+	const struct tr_plan *p = tr_model_plan(d->m);
+	const size_t lo = p->shard_lo, hi = p->shard_hi, e1 = d->emb_off + d->emb_n;
+	*a = lo > d->emb_off ? lo : d->emb_off;
+	*b = hi < e1 ? hi : e1;
+	if (*b < *a)
+		*b = *a;
+}
+
+/* Every rank's ids (into grads.rows_ids, rank r's at r * N) and, with
+ * dx, its d(res[0]) rows (into grads.rows): gathered from the model's, or
+ * in an empty round zeros (id 0, rows of zeros: adding them changes no
+ * sum). Returns the comm's mark after them. */
+static uint64_t rows_gather(struct tr_ddp *d, bool dx)
+{
+	struct gpu_backend *be = tr_model_backend(d->m);
+	const int me = tr_model_plan(d->m)->opts.shard_rank;
+	const size_t N = (size_t)d->N, NC = N * (size_t)d->C;
+	int32_t *ids;
+	float *rows = tr_model_embed_rows(d->m, &ids);
+	const int32_t *mids;
+	float *res0, *dres;
+	tr_model_embed_io(d->m, &mids, &res0, &dres);
+	if (d->empty) {
+		gpu_zero(be, ids + (size_t)me * N, N * sizeof(int32_t));
+		if (dx)
+			gpu_zero(be, rows + (size_t)me * NC, NC * sizeof(float));
+	}
+	/* the ids as 4-byte values: the gather copies them */
+	const float *sid = d->empty ? (const float *)(ids + (size_t)me * N) : (const float *)mids;
+	d->err = gpu_comm_all_gather_from(d->c, sid, (float *)ids, N, &d->eb);
+	if (dx && d->err == TD_OK) {
+		d->err = gpu_comm_all_gather_from(d->c, d->empty ? rows + (size_t)me * NC : dres, rows,
+						  NC, &d->eb);
+		d->stats.rows += (uint64_t)d->R * NC;
+	}
+	return gpu_comm_mark(d->c);
+}
+
+/* The embedding's backward (after TR_STAGE_EMBED_BACKWARD, the model having
+ * left the scatter of its d(res[0]) to this): every rank's rows gathered,
+ * then scattered in rank order (row n of rank r is row r * N + n: the
+ * order of one device's micro-batches) into what this rank keeps —
+ * sharded gradients: its part's floats of the table, after the head's sums
+ * onto the part where the embedding is the head; unsharded: the whole
+ * table, after its sum over the ranks (the head's part of it, and earlier
+ * micro-batches' own scatters). */
+static void rows_backward(struct tr_ddp *d)
+{
+	const struct tr_plan *p = tr_model_plan(d->m);
+	struct gpu_backend *be = tr_model_backend(d->m);
+	const uint64_t g = rows_gather(d, true);
+	int32_t *ids;
+	const float *rows = tr_model_embed_rows(d->m, &ids);
+	const int NR = d->N * d->R;
+	/* g is after every collective started before the gather's, so the
+	 * scatter also runs after the table's sums: the head's onto the part,
+	 * or (unsharded) the table's own */
+	if (d->err == TD_OK)
+		after(d, g);
+	if (d->gr) {
+		size_t a, b;
+		emb_part(d, &a, &b);
+		if (d->err == TD_OK && b > a)
+			gpu_embedding_backward_part(be, tr_model_grads(d->m) + (a - p->shard_lo), rows,
+						    ids, NR, d->C, a - d->emb_off, b - d->emb_off);
+		return;
+	}
+	if (d->err == TD_OK)
+		gpu_embedding_backward_part(be, d->grads + d->emb_off, rows, ids, NR, d->C, 0,
+					    d->emb_n);
+}
+
+/* PARAMETERS with the embedding apart from the head (plan.embed_lookup_rows;
+ * after TR_STAGE_EMBED, which left res[0] to this): every rank's ids
+ * gathered; this rank writes the floats of the table its part holds for
+ * all of them (zeros elsewhere) and each rank's N rows are summed onto it,
+ * into its res[0] — one part holds each float, so the sum is the table's
+ * row (an empty round's into its own rows). Waited for by lookup_wait. */
+static void lookup_start(struct tr_ddp *d)
+{
+	const struct tr_plan *p = tr_model_plan(d->m);
+	struct gpu_backend *be = tr_model_backend(d->m);
+	const int me = p->opts.shard_rank;
+	const uint64_t g = rows_gather(d, false);
+	int32_t *ids;
+	float *rows = tr_model_embed_rows(d->m, &ids);
+	const int32_t *mids;
+	float *res0, *dres;
+	tr_model_embed_io(d->m, &mids, &res0, &dres);
+	const size_t NC = (size_t)d->N * (size_t)d->C;
+	if (d->err == TD_OK)
+		after(d, g);
+	if (d->err != TD_OK)
+		return;
+	size_t a, b;
+	emb_part(d, &a, &b);
+	if (b > a)
+		gpu_embedding_forward_part(be, rows, ids, tr_model_params(d->m) + (a - p->shard_lo),
+					   d->N * d->R, d->C, a - d->emb_off, b - d->emb_off);
+	else
+		gpu_zero(be, rows, (size_t)d->R * NC * sizeof(float));
+	for (int r = 0; r < d->R && d->err == TD_OK; r++) {
+		float *x = rows + (size_t)r * NC;
+		d->err = gpu_comm_reduce_sum(d->c, x, NC, r,
+					     r == me ? (d->empty ? x : res0) : NULL, &d->eb);
+		d->stats.rows += NC;
+	}
+	d->lookup_mark = gpu_comm_mark(d->c);
+}
+
+static void lookup_wait(struct tr_ddp *d)
+{
+	if (d->err == TD_OK)
+		after(d, d->lookup_mark);
+}
+
 /* The gathers around the stages: a layer's weights are gathered one layer
  * ahead (into the slot the layer before it has finished with) and ensured
  * before its forward; the backward finds the last two layers' still in the
  * ring and gathers layer l - 2 once layer l's backward has freed its slot.
- * The other tensors' (embedding, final norm, head) and layer 0's are
- * gathered by micro_begin — with the embedding apart (d->split) the
- * embedding's only, and the head's (final norm, head) over it after the
- * embedding's lookup, ensured after the last layer's forward. */
+ * The other tensors' (final norm, head, a tied embedding) and layer 0's
+ * are gathered by micro_begin, the others' ensured at once where the
+ * lookup reads them (a tied embedding), else after the last layer's
+ * forward. An untied embedding is never gathered (lookup_start). */
 static void weights_on_stage(struct tr_ddp *d, const struct tr_stage *s)
 {
 	const int L = d->L;
 	if (s->kind == TR_STAGE_EMBED) {
-		if (d->split) /* the head's over the embedding's, used by now */
-			weights_gather(d, L);
 		if (L > 1)
 			weights_gather(d, 1);
+		if (L == 0)
+			weights_ensure(d, L);
 	} else if (s->kind == TR_STAGE_LAYER) {
 		if (s->layer + 2 < L)
 			weights_gather(d, s->layer + 2);
 		if (s->layer + 1 < L)
 			weights_ensure(d, s->layer + 1);
-		if (d->split && s->layer == L - 1)
+		if (s->layer == L - 1)
 			weights_ensure(d, L);
 	} else if (s->kind == TR_STAGE_LAYER_BACKWARD) {
 		if (s->layer - 2 >= 0)
@@ -346,26 +481,14 @@ static void weights_on_stage(struct tr_ddp *d, const struct tr_stage *s)
 	}
 }
 
-/* The embedding's unit apart (d->split): after the final norm's backward
- * the head's gradients are final and summed; before the embedding's
- * backward, which writes where they were, those sums are complete and its
- * part of grads.rest zero. */
+/* After the final norm's backward the head's gradients (the final norm's,
+ * a tied embedding's head part) are final and summed onto their owners,
+ * overlapping the layers' backward. */
 static void grads_head_done(struct tr_ddp *d)
 {
 	grads_reduce(d, 2 * d->L);
+	d->head_reduced = true;
 	d->stats.overlapped++;
-}
-
-static void grads_before_embed(struct tr_ddp *d)
-{
-	after(d, d->units[2 * d->L].mark);
-	if (d->err != TD_OK)
-		return;
-	size_t n = 0;
-	for (size_t i = d->units[2 * d->L + 1].p0; i < d->units[2 * d->L + 1].p1; i++)
-		if (d->pieces[i].soff + d->pieces[i].n > n)
-			n = d->pieces[i].soff + d->pieces[i].n;
-	gpu_zero(tr_model_backend(d->m), tr_model_grad_slot(d->m, TR_GRAD_RING), n * sizeof(float));
 }
 
 static td_err take_err(struct tr_ddp *d, struct td_errbuf *eb)
@@ -410,11 +533,11 @@ td_err tr_ddp_micro_begin(struct tr_ddp *d, struct td_errbuf *eb)
  * evaluation's, which every rank then runs). */
 static void weights_begin(struct tr_ddp *d)
 {
-	const int first = d->split ? d->L + 1 : d->L; /* the embedding's */
-	weights_gather(d, first);
+	weights_gather(d, d->L);
 	if (d->L > 0)
 		weights_gather(d, 0);
-	weights_ensure(d, first);
+	if (d->lookup_l) /* the lookup reads the tied embedding */
+		weights_ensure(d, d->L);
 	if (d->L > 0)
 		weights_ensure(d, 0);
 }
@@ -423,11 +546,12 @@ td_err tr_ddp_micro_end(struct tr_ddp *d, struct td_errbuf *eb)
 {
 	if (!d->gr)
 		return TD_OK;
-	if (d->err == TD_OK) { /* the embedding's (all the others' unless apart) */
-		grads_reduce(d, 2 * d->L + d->split);
+	if (d->err == TD_OK && !d->head_reduced) { /* a plan without the final norm's backward */
+		grads_reduce(d, 2 * d->L);
 		d->stats.at_finish++;
 	}
 	d->fresh = false; /* every unit summed into the parts */
+	d->head_reduced = false;
 	return take_err(d, eb);
 }
 
@@ -440,11 +564,13 @@ td_err tr_ddp_micro_empty(struct tr_ddp *d, struct td_errbuf *eb)
 	 * zero gradients: the same collectives in the same order. */
 	td_err e = tr_ddp_micro_begin(d, eb);
 	const struct tr_plan *p = tr_model_plan(d->m);
+	d->empty = true;
 	if (e == TD_OK)
 		on_stage(d, NULL);
 	for (size_t i = 0; i < p->nstages && e == TD_OK && d->err == TD_OK; i++)
 		if (p->stages[i].kind != TR_STAGE_OPTIMIZER)
 			on_stage(d, &p->stages[i]);
+	d->empty = false;
 	return e != TD_OK ? e : tr_ddp_micro_end(d, eb);
 }
 
@@ -475,14 +601,17 @@ static void on_stage(void *ctx, const struct tr_stage *s)
 			grads_reduce(d, stage_unit(s));
 			d->stats.overlapped++;
 		}
-		if (d->split && s->kind == TR_STAGE_FINAL_NORM_BACKWARD && d->err == TD_OK)
+		if (s->kind == TR_STAGE_FINAL_NORM_BACKWARD && d->err == TD_OK)
 			grads_head_done(d);
-		if (d->split && d->err == TD_OK &&
-		    ((s->kind == TR_STAGE_LAYER_BACKWARD && s->layer == 0) ||
-		     (s->kind == TR_STAGE_FINAL_NORM_BACKWARD && d->L == 0)))
-			grads_before_embed(d);
+		if (s->kind == TR_STAGE_EMBED_BACKWARD && d->rows && d->err == TD_OK)
+			rows_backward(d);
+		const bool lookup = d->lookup && s->kind == TR_STAGE_EMBED && d->err == TD_OK;
+		if (lookup)
+			lookup_start(d);
 		if (d->wp && d->err == TD_OK)
 			weights_on_stage(d, s);
+		if (lookup)
+			lookup_wait(d);
 		/* last: it may wait, with the collectives above enqueued */
 		if (next < p->nstages && stage_unit(&p->stages[next]) >= 0 && d->err == TD_OK)
 			grads_before_unit(d, stage_unit(&p->stages[next]));
@@ -491,11 +620,23 @@ static void on_stage(void *ctx, const struct tr_stage *s)
 			d->err = gpu_comm_wait_for(d->c, d->joined, &d->eb);
 		return;
 	}
-	if (!d->armed)
-		return;
-	size_t idx = (size_t)(s - tr_model_plan(d->m)->stages);
-	sum_runs(d, idx, d->bucket_floats, false);
+	if (d->armed)
+		sum_runs(d, (size_t)(s - tr_model_plan(d->m)->stages), d->bucket_floats, false);
+	if (s->kind == TR_STAGE_EMBED_BACKWARD && d->rows && d->last && d->err == TD_OK) {
+		/* the table's sum (where one is needed: not yet made) before the rows */
+		struct span *e = &d->spans[d->emb_span];
+		if (!e->summed) {
+			d->err = gpu_comm_all_reduce_sum(d->c, d->grads + e->off, e->end - e->off, &d->eb);
+			e->summed = true;
+			d->stats.floats += e->end - e->off;
+			d->stats.overlapped++;
+		}
+		rows_backward(d);
+		tr_model_take_embed_rows(d->m, false);
+		d->last = false;
+	}
 }
+
 
 td_err tr_ddp_new(struct tr_ddp **out, struct tr_model *m, struct gpu_comm *c, size_t bucket_floats,
 		  bool overlap, struct td_errbuf *eb)
@@ -514,6 +655,19 @@ td_err tr_ddp_new(struct tr_ddp **out, struct tr_model *m, struct gpu_comm *c, s
 	d->nstages = p->nstages;
 	d->gr = tr_shard_grads(p->opts.shard, p->opts.shard_ranks);
 	d->wp = tr_shard_params(p->opts.shard, p->opts.shard_ranks);
+	d->L = p->cfg.num_layers;
+	const struct tr_param *emb = tr_plan_param(p, "model.embed_tokens.weight");
+	d->rows = p->embed_rows;
+	d->lookup = p->embed_lookup_rows;
+	if (d->rows) {
+		d->emb_off = emb->goffset;
+		d->emb_n = emb->numel;
+		d->N = p->opts.B * p->opts.T;
+		d->C = p->cfg.hidden_size;
+		d->R = p->opts.shard_ranks;
+		d->emb_head = p->cfg.tie_word_embeddings && p->opts.num_labels == 0;
+		d->lookup_l = d->wp && emb->wunit == d->L;
+	}
 	if (d->gr) {
 		d->fresh = true; /* zero_grad before the first step */
 		td_err e = grads_units(d, p, eb);
@@ -538,14 +692,16 @@ td_err tr_ddp_new(struct tr_ddp **out, struct tr_model *m, struct gpu_comm *c, s
 		/* A decoder layer's tensors: after its backward. An untied head
 		 * (lm_head, a classifier's score): after the head's last backward
 		 * chunk (with the fused head, the forward's). The final norm: after
-		 * its backward. The embedding (a tied head's too): at the end. */
+		 * its backward. The embedding by rows: its table (a tied head's
+		 * part, earlier micro-batches' scatters) after the final norm's
+		 * backward, its rows at its own (on_stage); else at the end. */
 		size_t ready = p->nstages;
 		enum tr_stage_kind after = TR_STAGE_KIND_COUNT;
 		if (t->layer >= 0)
 			after = TR_STAGE_LAYER_BACKWARD;
 		else if (t->kind == TR_P_HEAD || strcmp(t->name, "lm_head.weight") == 0)
 			after = TR_STAGE_HEAD_BACKWARD;
-		else if (strcmp(t->name, "model.norm.weight") == 0)
+		else if (strcmp(t->name, "model.norm.weight") == 0 || (d->rows && t == emb))
 			after = TR_STAGE_FINAL_NORM_BACKWARD;
 		for (size_t k = p->nforward; k < p->nstages; k++)
 			if (p->stages[k].kind == after &&
@@ -554,6 +710,9 @@ td_err tr_ddp_new(struct tr_ddp **out, struct tr_model *m, struct gpu_comm *c, s
 		d->spans[d->nspans++] = (struct span){t->goffset, t->goffset + t->numel, ready, false};
 	}
 	qsort(d->spans, d->nspans, sizeof(*d->spans), by_off);
+	for (size_t i = 0; d->rows && i < d->nspans; i++)
+		if (d->spans[i].off == d->emb_off)
+			d->emb_span = i;
 	tr_model_set_stage_hook(m, on_stage, d);
 	*out = d;
 	return TD_OK;
@@ -573,9 +732,23 @@ void tr_ddp_free(struct tr_ddp *d)
 	free(d);
 }
 
+void tr_ddp_set_accum(struct tr_ddp *d, int accum)
+{
+	d->accum = accum;
+}
+
 void tr_ddp_arm(struct tr_ddp *d)
 {
 	d->armed = d->overlap;
+	if (!d->rows || d->gr)
+		return;
+	d->last = true;
+	tr_model_take_embed_rows(d->m, true);
+	/* An untied table has nothing to sum where no rank ran an earlier
+	 * micro-batch (its scatter): zero on every rank. The same answer on
+	 * every rank: from the step's micro-batches, not this rank's. */
+	if (!d->emb_head && d->accum > 0 && d->accum <= d->R)
+		d->spans[d->emb_span].summed = true;
 }
 
 td_err tr_ddp_finish(struct tr_ddp *d, struct td_errbuf *eb)
@@ -589,6 +762,10 @@ td_err tr_ddp_finish(struct tr_ddp *d, struct td_errbuf *eb)
 		return e;
 	}
 	d->armed = false;
+	if (d->last) { /* no embedding backward ran after tr_ddp_arm */
+		tr_model_take_embed_rows(d->m, false);
+		d->last = false;
+	}
 	/* Whatever is left, final now: each remaining run in one sum. */
 	sum_runs(d, d->nstages, 0, true);
 	td_err e = d->err;

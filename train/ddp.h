@@ -6,7 +6,9 @@
  * A bucket is a run of trainable tensors adjacent in the arena. A tensor of
  * decoder layer l is final after the TR_STAGE_LAYER_BACKWARD of l (of the
  * step's last micro-batch: tr_ddp_arm before that backward only); the
- * others (embedding, final norm, heads) only at the end. After each stage
+ * final norm after its backward, a head after its own, a tied embedding's
+ * table after the final norm's (its rows at its backward: tr_ddp_arm).
+ * After each stage
  * the runs of final tensors not yet summed are summed, each run that holds
  * at least bucket_floats floats; tr_ddp_finish sums the rest and waits. The
  * buckets follow from the plan alone, so every rank makes the same calls in
@@ -39,6 +41,8 @@ struct tr_ddp_stats {
 	uint64_t at_finish;    /* buckets summed by tr_ddp_finish */
 	uint64_t floats;       /* floats summed, all steps */
 	uint64_t gathered;     /* floats all-gathered (sharded weights), all steps */
+	uint64_t rows;         /* floats of the embedding's rows gathered and summed (its
+				* gradient and lookup by rows: train/plan.h embed_rows), all steps */
 };
 
 /* For model m (its plan and gradients) over comm c. bucket_floats: 0 for
@@ -49,8 +53,30 @@ td_err tr_ddp_new(struct tr_ddp **out, struct tr_model *m, struct gpu_comm *c, s
 /* tr_ddp_free(NULL) is a no-op. */
 void tr_ddp_free(struct tr_ddp *d);
 
+/* The step's micro-batches (hyper.grad_accum), the same on every rank:
+ * with it an untied embedding's table is summed only where some rank runs
+ * more than one (see below); without it (0), always. */
+void tr_ddp_set_accum(struct tr_ddp *d, int accum);
 /* The next tr_model_backward on the model is the step's last on this rank:
- * its buckets are summed as they become final. */
+ * its buckets are summed as they become final.
+ *
+ * The embedding's gradient (train/plan.h: embed_rows, a gang with a
+ * trainable embedding) is not summed as a table after the backward: its
+ * input side is a scatter of B*T rows of d(res[0]) by the ids, so after
+ * the embedding's backward stage every rank's ids and rows are
+ * all-gathered (gpu_comm_all_gather_from) and every rank scatters all of
+ * them in rank order (embedding_backward_part) into its summed gradients
+ * — unsharded: the whole table, after the table itself was summed: the
+ * head's part of a tied one (final after the final norm's backward, and
+ * summed then, overlapping the layers' backward) and the scatters of
+ * earlier micro-batches, which stay on their rank (the sum is linear);
+ * sharded gradients: every micro-batch's into the part only (a part
+ * boundary may cut a row), after the head's part of a tied table was
+ * reduced onto its owners. With the weights sharded too an untied
+ * embedding is never gathered: after the embedding stage every rank's ids
+ * are gathered, each rank writes the floats its part holds for all of
+ * them (embedding_forward_part: zeros elsewhere) and each rank's rows are
+ * summed onto it (gpu_comm_reduce_sum) into its res[0]. */
 void tr_ddp_arm(struct tr_ddp *d);
 /* Sums the buckets not summed yet (all of them without an armed backward),
  * then waits until every sum is done: the gradients are the ranks' sum.
@@ -63,16 +89,15 @@ void tr_ddp_get_stats(const struct tr_ddp *d, struct tr_ddp_stats *out);
  * model's work buffers (train/plan.h: tr_param.gslot), and each is summed
  * onto the ranks that own its floats (gpu_comm_reduce_sum) — a layer's
  * from the stage hook in two units as its backward's two stages end (its
- * MLP half's, then its attention half's: tr_param.gunit), the head's and final norm's
- * after the final norm's backward where the embedding trains untied (whose
- * gradients then take their place in grads.rest: zeroed once their sums
- * are complete, before the embedding's backward), the embedding's (or all
- * the others') at tr_ddp_micro_end — into the model's grads, which holds the part
- * (plan.shard_lo .. shard_hi). A ring slot is zeroed right before the
- * stage that writes it (the hook after the stage before), once the sums of
- * its last user, the unit two above, are complete (gpu_comm_after), so
- * each half's sums overlap the next half's backward (and a recompute):
- * the two slots hold one layer's gradients, not two. Every micro-batch is summed, so every
+ * MLP half's, then its attention half's: tr_param.gunit), the head's, the
+ * final norm's and a tied embedding's after the final norm's backward, the
+ * embedding's own by rows after its backward (tr_ddp_arm) — into the
+ * model's grads, which holds the part (plan.shard_lo .. shard_hi). A ring
+ * slot is zeroed right before the stage that writes it (the hook after the
+ * stage before), once the sums of its last user, the unit two above, are
+ * complete (gpu_comm_after), so each half's sums overlap the next half's
+ * backward (and a recompute): the two slots hold one layer's gradients,
+ * not two. Every micro-batch is summed, so every
  * rank runs the same number of rounds, ceil(grad_accum / ranks): a rank
  * whose share is one fewer runs tr_ddp_micro_empty for its last (the same
  * calls, with zero gradients). Around each micro-batch's forward and

@@ -104,6 +104,7 @@ struct tr_model {
 	 * tr_model_set_whole_weights) every trainable float on the host, for
 	 * tr_model_get_param. */
 	bool wpart;
+	bool gpart;                      /* GRADIENTS: grads is the part */
 	float *wslot[TR_GRAD_RING + 1];
 	gpu_bf16 *wslot16[TR_GRAD_RING + 1];
 	const float *wholes;
@@ -121,6 +122,14 @@ struct tr_model {
 	float *lnf;
 	float *dembed, *dlnf, *dlm_head; /* NULL where frozen */
 	float *dscore;                   /* classifier head (NL, C) */
+	/* Data parallel's embedding rows (train/plan.h: embed_rows): every
+	 * rank's d(res[0]) rows and ids (grads.rows, grads.rows_ids); while
+	 * take_rows the embedding's backward leaves the scatter of d(res[0])
+	 * to the stage hook, and with plan.embed_lookup_rows the lookup is the
+	 * stage hook's too (train/ddp.h). */
+	float *rows;
+	int32_t *rows_ids;
+	bool take_rows;
 	struct layer_w *w, *g;           /* [L] */
 	struct lin (*lin)[TR_LIN_COUNT]; /* [L][TR_LIN_COUNT] */
 
@@ -252,10 +261,13 @@ static float *param_ptr(struct tr_model *m, const struct tr_param *p, bool grad)
 			return NULL;
 		if (p->gslot >= 0) /* GRADIENTS: its work buffer (train/plan.h) */
 			return m->gslot[p->gslot] + p->gsoff;
-		return m->grads + p->goffset;
+		/* GRADIENTS without a work buffer: an embedding whose rows go
+		 * straight to the part (plan.embed_rows) */
+		return m->gpart ? NULL : m->grads + p->goffset;
 	}
-	if (p->trainable && m->wpart) /* PARAMETERS: where it is gathered (bf16 only: none) */
-		return tr_plan_gathered16(&m->plan, p) ? NULL : m->wslot[p->wslot] + p->wsoff;
+	if (p->trainable && m->wpart) /* PARAMETERS: where it is gathered (bf16 only, or by rows: none) */
+		return tr_plan_gathered16(&m->plan, p) || p->wslot < 0 ? NULL
+									: m->wslot[p->wslot] + p->wsoff;
 	return p->trainable ? m->params + p->offset : m->base32 + p->offset;
 }
 
@@ -265,7 +277,7 @@ static gpu_bf16 *copy16_ptr(struct tr_model *m, const struct tr_param *p)
 	if (!p || !p->trainable)
 		return NULL;
 	if (m->wpart)
-		return m->wslot16[p->wslot] ? m->wslot16[p->wslot] + p->w16off : NULL;
+		return p->wslot >= 0 && m->wslot16[p->wslot] ? m->wslot16[p->wslot] + p->w16off : NULL;
 	return m->copy16 ? m->copy16 + p->offset : NULL;
 }
 
@@ -323,6 +335,11 @@ static void bind(struct tr_model *m)
 		m->gslot[k] = k < TR_GRAD_RING ? buf(m, "grads.ring.%d", k) : buf(m, "grads.rest");
 	m->wpart = tr_shard_params(m->plan.opts.shard, m->plan.opts.shard_ranks);
 	m->gscale = 1.0f;
+	m->gpart = tr_shard_grads(m->plan.opts.shard, m->plan.opts.shard_ranks);
+	m->rows = buf(m, "grads.rows");
+	m->rows_ids = buf(m, "grads.rows_ids");
+	/* sharded gradients: every micro-batch's rows go to the parts */
+	m->take_rows = m->gpart && m->plan.embed_rows;
 	for (int k = 0; m->wpart && k <= TR_GRAD_RING; k++) {
 		m->wslot[k] = k < TR_GRAD_RING ? buf(m, "params.ring.%d", k) : buf(m, "params.rest");
 		m->wslot16[k] = k < TR_GRAD_RING ? buf(m, "params16.ring.%d", k) : buf(m, "params16.rest");
@@ -837,7 +854,7 @@ static void settle(struct tr_model *m);
 
 void tr_model_get_grad(struct tr_model *m, const struct tr_param *p, float *dst)
 {
-	assert(p->trainable && p->gslot < 0);
+	assert(p->trainable && p->gslot < 0 && !m->gpart); /* unsharded gradients */
 	settle(m);
 	gpu_download(m->be, dst, m->grads + p->goffset, p->numel * sizeof(float));
 }
@@ -1278,9 +1295,14 @@ static void forward_walk(struct tr_model *m, const struct head_args *h)
 		const struct tr_stage *s = &p->stages[i];
 		switch (s->kind) {
 		case TR_STAGE_EMBED: {
+			ring_claim(m, 0);
+			/* by rows from the ranks' parts: the stage hook's (train/ddp.h) */
+			if (m->plan.embed_lookup_rows) {
+				assert(m->stage_hook);
+				break;
+			}
 			/* a lookup, not a GEMM: the fp32 rows where there are */
 			const struct wref w = weight_of(m, m->embed);
-			ring_claim(m, 0);
 			gpu_embedding_forward(be, m->res[0], m->ids, w.f, w.f ? NULL : w.h, N, C);
 			break;
 		}
@@ -1604,7 +1626,7 @@ static void embed_backward(struct tr_model *m)
 	struct gpu_backend *be = m->be;
 	const struct tr_model_config *c = &m->plan.cfg;
 	const int N = m->plan.opts.B * m->plan.opts.T, C = c->hidden_size;
-	if (!m->dembed)
+	if (!m->embed || !m->embed->trainable || m->embed->nf4 || m->embed->bf16)
 		return;
 	/* transformers' embedding has padding_idx = pad_token_id: the pad
 	 * token's row gets no gradient from the input side (a tied lm_head
@@ -1621,6 +1643,8 @@ static void embed_backward(struct tr_model *m)
 		gpu_zero(be, m->dres + (size_t)n * C, (size_t)(end - n) * C * sizeof(float));
 		n = end;
 	}
+	if (m->take_rows) /* every rank's rows, scattered by the stage hook (train/ddp.h) */
+		return;
 	gpu_embedding_backward(be, m->dembed, m->dres, m->ids, N, C);
 }
 
@@ -1694,6 +1718,24 @@ float *tr_model_grads(struct tr_model *m)
 float *tr_model_grad_slot(struct tr_model *m, int k)
 {
 	return k >= 0 && k <= TR_GRAD_RING ? m->gslot[k] : NULL;
+}
+
+void tr_model_take_embed_rows(struct tr_model *m, bool take)
+{
+	m->take_rows = take || (m->gpart && m->plan.embed_rows);
+}
+
+void tr_model_embed_io(struct tr_model *m, const int32_t **ids, float **res0, float **dres)
+{
+	*ids = m->ids;
+	*res0 = m->res[0];
+	*dres = m->dres;
+}
+
+float *tr_model_embed_rows(struct tr_model *m, int32_t **ids)
+{
+	*ids = m->rows_ids;
+	return m->rows;
 }
 
 void tr_model_set_stage_hook(struct tr_model *m, tr_stage_hook fn, void *ctx)

@@ -167,6 +167,18 @@ float *tr_model_grads(struct tr_model *m);
  * buffer (tr_model_grads) is then the part's summed gradients,
  * plan.shard_numel floats, trainable float i at i - plan.shard_lo. */
 float *tr_model_grad_slot(struct tr_model *m, int k);
+/* Data parallel's embedding rows (train/plan.h: embed_rows; train/ddp.h).
+ * take: the backwards from now on leave the scatter of d(res[0]) into the
+ * embedding's gradient to the stage hook (after TR_STAGE_EMBED_BACKWARD,
+ * d(res[0]) is in dres, the pad token's rows zeroed); always so with
+ * sharded gradients. embed_io: the device ids of the last forward (N), the
+ * layers' input res[0] (N, C; the stage hook writes it after TR_STAGE_EMBED
+ * where plan.embed_lookup_rows) and dres (N, C). embed_rows: grads.rows
+ * (shard_ranks * N rows of C floats) and, at *ids, grads.rows_ids; NULL
+ * where the plan has none. */
+void tr_model_take_embed_rows(struct tr_model *m, bool take);
+void tr_model_embed_io(struct tr_model *m, const int32_t **ids, float **res0, float **dres);
+float *tr_model_embed_rows(struct tr_model *m, int32_t **ids);
 typedef void (*tr_stage_hook)(void *ctx, const struct tr_stage *s);
 void tr_model_set_stage_hook(struct tr_model *m, tr_stage_hook fn, void *ctx);
 /* Sharded data parallel (train/ddp.h): the params buffer on the device,

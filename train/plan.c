@@ -220,20 +220,18 @@ static td_err build_params(struct tr_plan *p, struct td_errbuf *eb)
 		p->params[i].wslot = -1;
 		p->params[i].wunit = -1;
 	}
+	const struct tr_param *emb = tr_plan_param(p, "model.embed_tokens.weight");
+	p->embed_rows = o->shard_ranks > 1 && emb && emb->trainable && !o->inference;
+	/* the embedding is no GEMM's operand: its gradient and (PARAMETERS)
+	 * its lookup go by rows alone (train/plan.h: embed_rows) */
+	const bool emb_apart = p->embed_rows && !(p->cfg.tie_word_embeddings && o->num_labels == 0);
+	p->embed_lookup_rows = emb_apart && tr_shard_params(o->shard, o->shard_ranks);
 	if (tr_shard_grads(o->shard, o->shard_ranks)) {
 		const int L = p->cfg.num_layers;
-		/* The embedding apart from the head and the final norm (units 2L +
-		 * 1 and 2L, both from the start of grads.rest) where it trains and
-		 * is not the head: the head's are final (and summed) before the
-		 * embedding's are written, and the embedding's weights are read
-		 * before the head's are (train/ddp.h). */
-		const struct tr_param *emb = tr_plan_param(p, "model.embed_tokens.weight");
-		size_t others = 0;
-		for (size_t i = 0; i < p->nparams; i++)
-			others += p->params[i].trainable && p->params[i].layer < 0 ? p->params[i].numel : 0;
-		const bool split = emb && emb->trainable && !p->cfg.tie_word_embeddings &&
-				   others > emb->numel;
-		/* [0, 2L + 2): the gradients' units; [2L + 2, 3L + 4): the
+		/* Units: layer l's halves units 2l and 2l + 1; the head's, the
+		 * final norm's and a tied embedding's unit 2L (gathered: unit L),
+		 * from the start of grads.rest; an untied embedding's none (by
+		 * rows). [0, 2L + 2): the gradients' units; [2L + 2, 3L + 4): the
 		 * gathers' (layer l's at 2L + 2 + l), bf16 then fp32 */
 		const size_t nu = 2 * (size_t)L + 2, nw = (size_t)L + 2;
 		size_t *used = calloc(nu + 2 * nw, sizeof(size_t));
@@ -243,16 +241,14 @@ static td_err build_params(struct tr_plan *p, struct td_errbuf *eb)
 		for (int pass = 0; pass < 2; pass++)
 			for (size_t i = 0; i < p->nparams; i++) {
 				struct tr_param *t = &p->params[i];
-				if (!t->trainable || (t->decay ? 0 : 1) != pass)
+				if (!t->trainable || (t->decay ? 0 : 1) != pass || (emb_apart && t == emb))
 					continue;
-				const bool emb_apart = split && t == emb;
-				const int u = t->layer >= 0 ? 2 * t->layer + tr_plan_mlp_half(t)
-						  : emb_apart ? 2 * L + 1 : 2 * L;
+				const int u = t->layer >= 0 ? 2 * t->layer + tr_plan_mlp_half(t) : 2 * L;
 				t->gunit = u;
 				t->gslot = t->layer >= 0 ? u % TR_GRAD_RING : TR_GRAD_RING;
 				t->gsoff = used[u];
 				used[u] += t->numel;
-				const int w = t->layer >= 0 ? t->layer : emb_apart ? L + 1 : L;
+				const int w = t->layer >= 0 ? t->layer : L;
 				t->wunit = w;
 				t->wslot = t->layer >= 0 ? t->layer % TR_GRAD_RING : TR_GRAD_RING;
 				t->w16off = w16[w];
@@ -261,14 +257,15 @@ static td_err build_params(struct tr_plan *p, struct td_errbuf *eb)
 		for (int u = 0; u < 2 * L; u++) /* each slot: the largest of its units */
 			if (used[u] > p->grad_slot_numel[u % TR_GRAD_RING])
 				p->grad_slot_numel[u % TR_GRAD_RING] = used[u];
-		p->grad_slot_numel[TR_GRAD_RING] = max_sz(used[2 * L], used[2 * L + 1]);
-		p->grad_units = 2 * L + (split ? 2 : 1);
+		p->grad_slot_numel[TR_GRAD_RING] = used[2 * L];
+		p->grad_units = 2 * L + 1;
 		/* PARAMETERS: the gathered copies' slots, per layer; the fp32
 		 * ones packed over the tensors gathered in fp32 */
 		for (int pass = 0; tr_shard_params(o->shard, o->shard_ranks) && pass < 2; pass++)
 			for (size_t i = 0; i < p->nparams; i++) {
 				struct tr_param *t = &p->params[i];
-				if (!t->trainable || (t->decay ? 0 : 1) != pass || tr_plan_gathered16(p, t))
+				if (!t->trainable || (t->decay ? 0 : 1) != pass || t->gunit < 0 ||
+				    tr_plan_gathered16(p, t))
 					continue;
 				t->wsoff = w32[t->wunit];
 				w32[t->wunit] += t->numel;
@@ -797,6 +794,15 @@ td_err tr_plan_build(struct tr_plan *p, const struct tr_model_config *cfg,
 				return e;
 			}
 		}
+		if (p->embed_rows) {
+			/* every rank's rows of the embedding's gradient (train/plan.h:
+			 * embed_rows), and of its lookup (embed_lookup_rows) */
+			const size_t NR = (size_t)o->shard_ranks * N;
+			NAMED("grads.rows");
+			BUF(TR_ARENA_GRADS, f32_bytes(NR, C, 1));
+			NAMED("grads.rows_ids");
+			BUF(TR_ARENA_GRADS, NR * sizeof(int32_t));
+		}
 		/* The moments of this rank's part (all of them unsharded). */
 		NAMED("optim.m");
 		BUF(TR_ARENA_OPTIM, f32_bytes(p->shard_numel, 1, 1));
@@ -1221,6 +1227,12 @@ void tr_plan_print(const struct tr_plan *p, FILE *f)
 			"from their owners into the same ring%s a layer ahead of use, forward and backward, "
 			"the others' once a micro-batch\n",
 			o->gemm_bf16 ? " (and rounded to bf16 for the GEMMs)" : "");
+	if (p->embed_rows)
+		fprintf(f, "embedding  its gradient by rows: every rank's %d ids and d(res[0]) rows gathered "
+			"(%d x %d), each rank scattering them into %s%s\n",
+			o->B * o->T, o->shard_ranks, o->B * o->T,
+			tr_shard_grads(o->shard, o->shard_ranks) ? "its part" : "its summed gradients",
+			p->embed_lookup_rows ? "; looked up by rows from the parts, never gathered whole" : "");
 	if (o->lora_rank > 0) {
 		char targets[96] = "";
 		size_t len = 0;

@@ -121,14 +121,14 @@ struct tr_param {
 	 * unit 2l, its MLP half (post_attention_layernorm, gate, up, down)
 	 * unit 2l + 1 — the layer's backward is two stages, the MLP's first
 	 * — so that the two slots of the ring hold a layer between them; the
-	 * final norm and the head unit 2L, the embedding unit 2L + 1 where it
-	 * trains untied (plan.grad_units; at the start of grads.rest, as unit
-	 * 2L: the two are never live at once), or unit 2L too; -1 unsharded. */
+	 * final norm, the head and a tied embedding unit 2L; an untied
+	 * trainable embedding none (its gradient goes by rows: plan.embed_rows,
+	 * and so does its lookup under PARAMETERS); -1 unsharded. */
 	int gunit;
 	/* PARAMETERS: what it is gathered with — decoder layer l's tensors
 	 * unit l (the whole layer: its forward and recompute read both
-	 * halves), the final norm and the head unit L, an untied trainable
-	 * embedding unit L + 1, as gunit's — and where: work buffer wslot (l
+	 * halves), the final norm, the head and a tied embedding unit L (an
+	 * untied trainable embedding none, as gunit) — and where: work buffer wslot (l
 	 * % TR_GRAD_RING, TR_GRAD_RING the others': params.ring.K,
 	 * params.rest), its bf16 copy at w16off (params16.*: every tensor of
 	 * the unit, packed in goffset order; plan.wslot16_numel), its fp32
@@ -389,11 +389,24 @@ struct tr_plan {
 	 * work buffers of grad_slot_numel[k] floats each (tr_param.gslot). */
 	size_t shard_numel, shard_lo, shard_hi, numel_trainable_padded;
 	size_t grad_slot_numel[TR_GRAD_RING + 1];
-	int grad_units; /* GRADIENTS: units of tr_param.gunit, 2L + 1 or 2L + 2 */
+	int grad_units; /* GRADIENTS: units of tr_param.gunit, 2L + 1 */
 	/* PARAMETERS: floats of params.ring.K, params.rest (fp32) and bf16
 	 * values of params16.ring.K, params16.rest */
 	size_t wslot_numel[TR_GRAD_RING + 1];
 	size_t wslot16_numel[TR_GRAD_RING + 1];
+	/* Data parallel (opts.shard_ranks > 1) with a trainable embedding:
+	 * its input-side gradient travels as rows — every rank's ids and
+	 * d(res[0]) all-gathered into grads.rows_ids and grads.rows
+	 * (shard_ranks * B*T rows each) and scattered by every rank into what
+	 * it keeps (train/ddp.h) — not summed as a whole table. Where the
+	 * embedding is not the head (untied, or a classifier's) and the
+	 * gradients are sharded, it has no work buffer (tr_param.gunit, gslot,
+	 * wunit and wslot -1): its rows go straight into the part; with the
+	 * weights sharded too (embed_lookup_rows) it has no gathered copy
+	 * either, and the lookup goes by rows: each rank writes the elements
+	 * its part holds for every rank's ids, and each rank's rows are summed
+	 * onto it. */
+	bool embed_rows, embed_lookup_rows;
 	/* PARAMETERS in the bf16 mode with a ring: params16.rest (the other
 	 * tensors' bf16 copy: the head's) is a view of the grads arena's
 	 * region grads.rest's ring slots are views of too (grads.ring, the

@@ -815,6 +815,7 @@ static td_err train_rank(const Traind__JobSpec *spec, const struct tr_train_opts
 		if ((e = gpu_comm_new(&comm, G->g, r, j.be, G->comm, eb)) != TD_OK ||
 		    (e = tr_ddp_new(&ddp, j.m, comm, G->bucket_floats, G->overlap, eb)) != TD_OK)
 			goto out;
+		tr_ddp_set_accum(ddp, j.accum);
 		if (log)
 			fprintf(log, "data parallel: %d ranks (%s), %d micro-batches of each step's %d on "
 				     "each%s; gradients summed over %s%s\n",
@@ -1063,9 +1064,9 @@ static td_err train_rank(const Traind__JobSpec *spec, const struct tr_train_opts
 		tr_ddp_get_stats(ddp, &st);
 		if (st.steps)
 			fprintf(log, "data parallel: %.1f sums a step during the backward, %.1f after it, "
-				     "%.1f M floats a step\n",
+				     "%.1f M floats a step; the embedding's rows %.1f M floats a step\n",
 				(double)st.overlapped / (double)st.steps, (double)st.at_finish / (double)st.steps,
-				(double)st.floats / (double)st.steps / 1e6);
+				(double)st.floats / (double)st.steps / 1e6, (double)st.rows / (double)st.steps / 1e6);
 	}
 	/* PARAMETERS: the output is saved from the gathered weights */
 	if (wsharded && e == TD_OK && !res->stopped)

@@ -311,13 +311,29 @@ static void cu_embedding_forward(struct gpu_backend *be, float *out, const int32
 
 /* Deterministic (see kernels/cuda/embedding.cu): 256 threads scan the ids
  * 256 at a time, whatever C is. */
+static void cu_embedding_backward_part(struct gpu_backend *be, float *part, const float *dout,
+				       const int32_t *ids, int N, int C, size_t lo, size_t hi)
+{
+	if (C <= 0 || lo >= hi)
+		return;
+	void *args[] = {&part, &dout, &ids, &N, &C, &lo, &hi};
+	launch_rows(cu_of(be), CU_K_embedding_backward_f32, N, CU_THREADS, args);
+}
+
+/* The whole table: the part [0, SIZE_MAX). */
 static void cu_embedding_backward(struct gpu_backend *be, float *dwte, const float *dout,
 				  const int32_t *ids, int N, int C)
 {
+	cu_embedding_backward_part(be, dwte, dout, ids, N, C, 0, SIZE_MAX);
+}
+
+static void cu_embedding_forward_part(struct gpu_backend *be, float *out, const int32_t *ids,
+				      const float *part, int N, int C, size_t lo, size_t hi)
+{
 	if (C <= 0)
 		return;
-	void *args[] = {&dwte, &dout, &ids, &N, &C};
-	launch_rows(cu_of(be), CU_K_embedding_backward_f32, N, CU_THREADS, args);
+	void *args[] = {&out, &ids, &part, &N, &C, &lo, &hi};
+	launch_rows(cu_of(be), CU_K_embedding_forward_part_f32, N, row_threads(C), args);
 }
 
 /* ---------------------------------------------------------------- rmsnorm -- */
@@ -1001,6 +1017,8 @@ void cu_ops_fill(struct gpu_backend_ops *ops)
 {
 	ops->embedding_forward = cu_embedding_forward;
 	ops->embedding_backward = cu_embedding_backward;
+	ops->embedding_forward_part = cu_embedding_forward_part;
+	ops->embedding_backward_part = cu_embedding_backward_part;
 	ops->rmsnorm_forward = cu_rmsnorm_forward;
 	ops->rmsnorm_backward = cu_rmsnorm_backward;
 	ops->matmul_forward = cu_matmul_forward;

@@ -42,6 +42,40 @@ void embedding_backward(float *restrict dwte, const float *restrict dout,
 	}
 }
 
+/* Row n's columns [*c0, *c1) whose elements lie in [lo, hi). */
+static void part_cols(int32_t id, int C, size_t lo, size_t hi, int *c0, int *c1)
+{
+	const size_t e0 = (size_t)id * (size_t)C, e1 = e0 + (size_t)C;
+	*c0 = e0 >= lo ? 0 : lo >= e1 ? C : (int)(lo - e0);
+	*c1 = e1 <= hi ? C : hi <= e0 ? 0 : (int)(hi - e0);
+}
+
+void embedding_forward_part(float *restrict out, const int32_t *restrict ids,
+			    const float *restrict part, int N, int C, size_t lo, size_t hi)
+{
+	for (int n = 0; n < N; n++) {
+		float *restrict o = out + (size_t)n * C;
+		int c0, c1;
+		part_cols(ids[n], C, lo, hi, &c0, &c1);
+		const size_t e0 = (size_t)ids[n] * (size_t)C;
+		for (int c = 0; c < C; c++)
+			o[c] = c >= c0 && c < c1 ? part[e0 + (size_t)c - lo] : 0.0f;
+	}
+}
+
+void embedding_backward_part(float *restrict part, const float *restrict dout,
+			     const int32_t *restrict ids, int N, int C, size_t lo, size_t hi)
+{
+	for (int n = 0; n < N; n++) {
+		int c0, c1;
+		part_cols(ids[n], C, lo, hi, &c0, &c1);
+		const size_t e0 = (size_t)ids[n] * (size_t)C;
+		const float *restrict g = dout + (size_t)n * C;
+		for (int c = c0; c < c1; c++)
+			part[e0 + (size_t)c - lo] += g[c];
+	}
+}
+
 /* HF rounds x*rstd to float before multiplying by weight; so do we. */
 void rmsnorm_forward(float *restrict out, float *restrict rstd, const float *restrict inp,
 		     const float *restrict weight, int N, int C, float eps)

@@ -25,6 +25,17 @@
 void embedding_forward(float *out, const int32_t *ids, const float *wte, int N, int C);
 /* dwte (V,C) += scatter of dout (N,C) by ids. */
 void embedding_backward(float *dwte, const float *dout, const int32_t *ids, int N, int C);
+/* A part of a table: the elements [lo, hi) of the flat (V,C) table, at
+ * part[e - lo] for element e = id * C + c (a data-parallel rank's part of
+ * the sharded trainable floats, which may cut a row; train/ddp.h).
+ * forward: out (N,C) = wte's element where the part holds it, else 0
+ * (overwrite: the ranks' outs sum to the lookup). backward: the part +=
+ * the scatter of dout (N,C) by ids, restricted to its elements, rows in n
+ * order (embedding_backward's order, element by element). */
+void embedding_forward_part(float *out, const int32_t *ids, const float *part, int N, int C,
+			    size_t lo, size_t hi);
+void embedding_backward_part(float *part, const float *dout, const int32_t *ids, int N, int C,
+			     size_t lo, size_t hi);
 
 /* HF RMSNorm: rstd[n] = 1/sqrt(mean(inp[n]^2) + eps); out = weight * (inp * rstd).
  * out (N,C) overwrite, rstd (N) overwrite, inp (N,C), weight (C). out may not alias inp. */

@@ -220,6 +220,8 @@ static td_err bench_rank(struct rank_run *rr)
 	if (e == TD_OK && b->gang) {
 		if ((e = gpu_comm_new(&comm, b->gang, rr->r, be, b->comm, eb)) == TD_OK)
 			e = tr_ddp_new(&ddp, m, comm, 0, false, eb);
+		if (e == TD_OK) /* one micro-batch a rank */
+			tr_ddp_set_accum(ddp, b->gpus);
 		if (e == TD_OK)
 			snprintf(rr->comm, sizeof(rr->comm), "%s", gpu_comm_name(comm));
 	}
@@ -462,9 +464,12 @@ int main(int argc, char **argv)
 	       (double)(r0->plan_bytes + r0->fixed_bytes) / (1 << 30), (double)used / (1 << 30),
 	       (double)r0->host_bytes / (1 << 30));
 	if (b.gang)
-		printf("\"comm\": \"%s\", \"sums_in_backward\": %.1f, \"sums_after\": %.1f, ", r0->comm,
+		printf("\"comm\": \"%s\", \"sums_in_backward\": %.1f, \"sums_after\": %.1f, "
+		       "\"summed_mfloats\": %.1f, \"embed_rows_mfloats\": %.1f, ", r0->comm,
 		       (double)r0->st.overlapped / (double)(r0->st.steps ? r0->st.steps : 1),
-		       (double)r0->st.at_finish / (double)(r0->st.steps ? r0->st.steps : 1));
+		       (double)r0->st.at_finish / (double)(r0->st.steps ? r0->st.steps : 1),
+		       (double)r0->st.floats / 1e6 / (double)(r0->st.steps ? r0->st.steps : 1),
+		       (double)r0->st.rows / 1e6 / (double)(r0->st.steps ? r0->st.steps : 1));
 	printf("\"loss\": %.4f}\n", r0->loss);
 	if (b.phases)
 		fprintf(stderr, "phases (ms/step, rank 0): forward+loss %.1f  backward %.1f  sum %.1f  clip %.1f  adamw %.1f\n",

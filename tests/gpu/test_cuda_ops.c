@@ -321,6 +321,22 @@ static void test_embedding(void)
 		float *d_dwte = dputf(dwte0, nw);
 		gpu_embedding_backward(be, d_dwte, d_dout, d_ids, N, C);
 		expect_exact("dwte", hget(d_dwte, nw), dwte, nw);
+
+		/* A part of the table (data parallel's rows, train/ddp.h) that cuts
+		 * rows at both ends: the backward in the CPU's order (exact), the
+		 * lookup of the part's elements and zeros elsewhere (exact). */
+		size_t lo = nw / 3 + (C > 2 ? (size_t)C / 2 : 0), hi = 2 * nw / 3 + 1;
+		if (hi > nw)
+			hi = nw;
+		float *pw = fcopy(dwte0 + lo, hi - lo);
+		embedding_backward_part(pw, dout, ids, N, C, lo, hi);
+		float *d_pw = dputf(dwte0 + lo, hi - lo);
+		gpu_embedding_backward_part(be, d_pw, d_dout, d_ids, N, C, lo, hi);
+		expect_exact("dwte part", hget(d_pw, hi - lo), pw, hi - lo);
+		embedding_forward_part(out, ids, wte + lo, N, C, lo, hi);
+		d_out = dnan(nout);
+		gpu_embedding_forward_part(be, d_out, d_ids, dputf(wte + lo, hi - lo), N, C, lo, hi);
+		expect_exact("out part", hget(d_out, nout), out, nout);
 		case_end();
 	}
 	op_report("embedding");

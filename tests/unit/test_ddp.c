@@ -603,6 +603,14 @@ static int diff_files(const char *a, const char *b)
  * params buffer (the trainable tensors) is padded to N parts, the frozen
  * fp32 floats unchanged; the other arenas are the unsharded plan's.
  * A sharding past the enum's is refused. */
+/* The grads arena's bytes for the embedding's rows of NR tokens of C
+ * (train/plan.h: embed_rows), aligned as the plan aligns its buffers. */
+static size_t rows_bytes(size_t NR, size_t C)
+{
+	const size_t a = TR_PLAN_ALIGN;
+	return (NR * C * sizeof(float) + a - 1) / a * a + (NR * sizeof(int32_t) + a - 1) / a * a;
+}
+
 static void test_shard_plan(void)
 {
 	char path[512];
@@ -634,7 +642,13 @@ static void test_shard_plan(void)
 			CHECK_EQ_INT(tr_plan_find(&p, "optim.v")->bytes, part * sizeof(float));
 			CHECK_EQ_INT(tr_plan_find(&base, "optim.m")->bytes, nt * sizeof(float));
 			CHECK_EQ_INT(p.arena_bytes[TR_ARENA_ACTS], base.arena_bytes[TR_ARENA_ACTS]);
-			CHECK_EQ_INT(p.arena_bytes[TR_ARENA_GRADS], base.arena_bytes[TR_ARENA_GRADS]);
+			/* and the embedding's rows: every rank's B*T ids and rows of C */
+			const size_t NR = (size_t)n * o.B * o.T, C = (size_t)cfg.hidden_size;
+			CHECK(p.embed_rows && !base.embed_rows && !p.embed_lookup_rows);
+			CHECK_EQ_INT(tr_plan_find(&p, "grads.rows")->bytes, NR * C * sizeof(float));
+			CHECK_EQ_INT(tr_plan_find(&p, "grads.rows_ids")->bytes, NR * sizeof(int32_t));
+			CHECK_EQ_INT(p.arena_bytes[TR_ARENA_GRADS],
+				     base.arena_bytes[TR_ARENA_GRADS] + rows_bytes(NR, C));
 			tr_plan_fini(&p);
 		}
 		CHECK_EQ_INT(next, nt);
@@ -657,9 +671,9 @@ static void test_shard_plan(void)
  * PARAMETERS' fp32 masters, each ceil(n / 2) floats. Printed beside
  * PyTorch FSDP2's measured peak (64.8 GiB a GPU, issue 12), not held to
  * it: PARAMETERS' plan keeps a layer's fp32 gradients (two slots, the
- * halves'), the other tensors' gradients and gathered weights whole (the
- * head's bf16 weights in the gradient slots' memory), and fp32 layer
- * inputs. */
+ * halves'), the head's gradients and gathered weights whole (the head's
+ * bf16 weights in the gradient slots' memory), and fp32 layer inputs (not
+ * the embedding's fp32 copy: its lookup and gradient go by rows). */
 static void test_shard_8b_plan(void)
 {
 	char dir[512], path[600];
@@ -812,16 +826,14 @@ static void test_shard_grads_plan(const char *model_dir)
 			}
 		}
 		CHECK(mlp_tensors > 0); /* both halves have tensors, with LoRA too (down) */
-		/* the embedding apart where it trains untied: unit 2L + 1 (L + 1
-		 * gathered), from the start of the slot as the head's unit 2L (L) */
-		const bool split = emb->trainable && !cfg.tie_word_embeddings && rest > emb->numel;
-		layer_floats[L] = unit_floats[2 * L] = split ? rest - emb->numel : rest;
-		layer_floats[L + 1] = unit_floats[2 * L + 1] = split ? emb->numel : 0;
+		/* an untied trainable embedding has no unit: its rows go to the
+		 * parts, and its lookup under PARAMETERS (train/plan.h: embed_rows) */
+		const bool apart = emb->trainable && !cfg.tie_word_embeddings;
+		layer_floats[L] = unit_floats[2 * L] = apart ? rest - emb->numel : rest;
 		for (int u = 0; u < 2 * L; u++)
 			if (unit_floats[u] > slot_want[u % TR_GRAD_RING])
 				slot_want[u % TR_GRAD_RING] = unit_floats[u];
-		slot_want[TR_GRAD_RING] = unit_floats[2 * L] > unit_floats[2 * L + 1] ? unit_floats[2 * L]
-											: unit_floats[2 * L + 1];
+		slot_want[TR_GRAD_RING] = unit_floats[2 * L];
 		for (int l = 0; l < L; l++)
 			if (layer_floats[l] > w16_want[l % TR_GRAD_RING])
 				w16_want[l % TR_GRAD_RING] = layer_floats[l];
@@ -829,7 +841,7 @@ static void test_shard_grads_plan(const char *model_dir)
 		/* the ring holds a layer, not two: the largest attention half and
 		 * the largest MLP half (every layer alike here) */
 		CHECK_EQ_INT(slot_want[0] + slot_want[1], layer_floats[0]);
-		CHECK(lora || split); /* the 5-layer model is untied */
+		CHECK(lora || apart); /* the 5-layer model is untied */
 		for (int n = 2; n <= 4; n++) {
 			struct tr_plan p, po;
 			struct tr_plan_opts so = o;
@@ -841,6 +853,9 @@ static void test_shard_grads_plan(const char *model_dir)
 			CHECK_EQ_INT(tr_plan_build(&po, &cfg, &so, &eb), TD_OK);
 			CHECK_EQ_INT(tr_plan_find(&p, "grads")->bytes, p.shard_numel * sizeof(float));
 			size_t arena = (p.shard_numel * sizeof(float) + TR_PLAN_ALIGN - 1) / TR_PLAN_ALIGN * TR_PLAN_ALIGN;
+			CHECK_EQ_INT(p.embed_rows, emb->trainable);
+			if (emb->trainable)
+				arena += rows_bytes((size_t)n * o.B * o.T, (size_t)cfg.hidden_size);
 			for (int k = 0; k <= TR_GRAD_RING; k++) {
 				char nm[32];
 				if (k < TR_GRAD_RING)
@@ -878,10 +893,13 @@ static void test_shard_grads_plan(const char *model_dir)
 					const struct tr_param *t = &pp.params[i];
 					const bool only16 = g16 && t->ndim == 2 && t != tr_plan_param(&pp, emb->name);
 					CHECK_EQ_INT(tr_plan_gathered16(&pp, t), t->trainable && only16);
-					if (t->trainable && !only16)
+					/* an untied embedding: never gathered (looked up by rows) */
+					const bool byrows = apart && t == tr_plan_param(&pp, emb->name);
+					CHECK_EQ_INT(t->wunit < 0, !t->trainable || byrows);
+					if (t->trainable && !only16 && !byrows)
 						f32_unit[t->wunit] += t->numel;
 				}
-				for (int u = 0; u < L + (split ? 2 : 1); u++) {
+				for (int u = 0; u < L + 1; u++) {
 					const int k = u < L ? u % TR_GRAD_RING : TR_GRAD_RING;
 					f32_want[k] = f32_unit[u] > f32_want[k] ? f32_unit[u] : f32_want[k];
 					CHECK_MSG(tiles(&pp, u, layer_floats[u], wunit_of, w16off_of) == 0,
@@ -893,9 +911,9 @@ static void test_shard_grads_plan(const char *model_dir)
 					if (!t->trainable)
 						continue;
 					const int w = t->layer >= 0 ? t->layer
-						      : split && t == tr_plan_param(&pp, emb->name) ? L + 1 : L;
+						      : apart && t == tr_plan_param(&pp, emb->name) ? -1 : L;
 					CHECK_EQ_INT(t->wunit, w);
-					CHECK_EQ_INT(t->wslot, w < L ? w % TR_GRAD_RING : TR_GRAD_RING);
+					CHECK_EQ_INT(t->wslot, w < 0 ? -1 : w < L ? w % TR_GRAD_RING : TR_GRAD_RING);
 				}
 				size_t want = (pp.shard_numel * sizeof(float) + TR_PLAN_ALIGN - 1) / TR_PLAN_ALIGN *
 					      TR_PLAN_ALIGN;
@@ -941,6 +959,8 @@ static void test_shard_grads_plan(const char *model_dir)
 					}
 				}
 				CHECK_EQ_INT(pp.arena_bytes[TR_ARENA_GRADS], gwant);
+				CHECK_EQ_INT(pp.embed_lookup_rows, apart);
+				CHECK_EQ_INT(tr_plan_param(&pp, emb->name)->gslot < 0, !emb->trainable || apart);
 				CHECK_EQ_INT(tr_plan_find(&pp, "params")->bytes, pp.shard_numel * sizeof(float));
 				CHECK(!tr_plan_find(&pp, "scratch.params_bf16"));
 				const struct tr_plan_buf *c16 = tr_plan_find(&pg, "scratch.params_bf16");
@@ -955,18 +975,18 @@ static void test_shard_grads_plan(const char *model_dir)
 			}
 			/* each unit's tensors tile [0, its floats) of its slot, each
 			 * float once, a tensor after another where its goffset is */
-			CHECK_EQ_INT(p.grad_units, 2 * L + (split ? 2 : 1));
+			CHECK_EQ_INT(p.grad_units, 2 * L + 1);
 			for (size_t i = 0; i < p.nparams; i++) {
 				const struct tr_param *t = &p.params[i];
 				if (!t->trainable)
 					continue;
 				const int tu = t->layer >= 0 ? 2 * t->layer + mlp_named(t)
-					       : split && t == tr_plan_param(&p, emb->name) ? 2 * L + 1 : 2 * L;
+					       : apart && t == tr_plan_param(&p, emb->name) ? -1 : 2 * L;
 				CHECK_EQ_INT(t->gunit, tu);
-				CHECK_EQ_INT(t->gslot, tu < 2 * L ? tu % TR_GRAD_RING : TR_GRAD_RING);
+				CHECK_EQ_INT(t->gslot, tu < 0 ? -1 : tu < 2 * L ? tu % TR_GRAD_RING : TR_GRAD_RING);
 				CHECK_EQ_INT(tr_plan_mlp_half(t), mlp_named(t));
 			}
-			for (int u = 0; u < 2 * L + (split ? 2 : 1); u++)
+			for (int u = 0; u < 2 * L + 1; u++)
 				CHECK_MSG(tiles(&p, u, unit_floats[u], gunit_of, gsoff_of) == 0,
 					  "lora %d, %d ranks, unit %d: floats misplaced in its slot", lora, n, u);
 			tr_plan_fini(&p);
@@ -1417,6 +1437,326 @@ out:
 	return NULL;
 }
 
+/* The embedding's gradient by rows (train/ddp.h: tr_ddp_arm), element by
+ * element against the same float sums made on the host. Each rank a CPU
+ * model (B2 x T8, the same synthetic weights), driven as the trainer
+ * drives it for one step of A micro-batches over R ranks (tr_ddp_share;
+ * sharded gradients: ceil(A / R) rounds, a short share's last empty);
+ * then the summed gradient of the embedding — whole on every rank
+ * unsharded, else the parts put together — against the host's sums of
+ * what one unsharded model gives for each micro-batch alone: its head's
+ * part of a tied table (the backward with the rows left to the caller:
+ * the table then holds only the head's GEMM) and its d(res[0]) rows.
+ * The host adds them in the order the ranks must:
+ *   sharded gradients: each round, a tied table's head parts reduced onto
+ *     each float's owner in rank order (the owner's term its own plus its
+ *     running part), then every rank's rows of the round in rank order
+ *     (an empty round's: id 0, zeros);
+ *   unsharded: each rank scatters its earlier micro-batches' rows into its
+ *     own table, the tables are summed in rank order (an untied one only
+ *     where a rank ran more than one micro-batch), then every rank's last
+ *     rows in rank order; a tied table's head parts summed before them.
+ * These are the same float operations, so the result must be the same
+ * bits — except unsharded, tied, with more than one micro-batch a rank:
+ * there the head's GEMM adds into the running table (beta 1) and its
+ * internal rounding is not the host's; that case is held to a bound that
+ * is not derived (64 ulps of the terms' magnitude, far above the GEMM's
+ * K = 16-term rounding and below any term a missing or misplaced row would
+ * drop), and is there to catch a table left unsummed. Ids repeat within
+ * and across ranks, and the parts' boundaries
+ * are reported where they cut an embedding row (one case must). Each
+ * micro-batch's loss is the reference's bits (PARAMETERS: the lookup by
+ * rows). */
+struct er_arg {
+	struct gpu_gang *g;
+	const struct tr_model_config *cfg;
+	enum tr_shard shard;
+	int r, R, A;
+	const int32_t *ids;   /* A micro-batches of 16 */
+	float *out;           /* the embedding's summed gradient (every float once) */
+	float *whole;         /* unsharded: this rank's copy, to compare between ranks */
+	double loss[16];
+	size_t lo, hi;        /* the part's floats of the embedding [lo, hi) */
+	td_err e;
+	struct td_errbuf eb;
+};
+
+enum { ER_B = 2, ER_T = 8, ER_N = ER_B * ER_T };
+
+static void er_weights(struct tr_model *m, td_err *e)
+{
+	const struct tr_plan *pl = tr_model_plan(m);
+	for (size_t i = 0; i < pl->nparams && *e == TD_OK; i++) {
+		const struct tr_param *t = &pl->params[i];
+		float *h = malloc(t->numel * sizeof(float));
+		for (size_t k = 0; k < t->numel; k++)
+			h[k] = t->ndim == 1 ? 1.0f + 0.01f * (float)((k * 7 + i) % 13)
+					    : 0.05f * (float)((int)((k * 2654435761u + i * 97) % 2001) - 1000) / 1000.0f;
+		*e = tr_model_set_param(m, t, h);
+		free(h);
+	}
+}
+
+static void *er_rank(void *p)
+{
+	struct er_arg *a = p;
+	struct gpu_backend *be = NULL;
+	struct gpu_comm *c = NULL;
+	struct tr_model *m = NULL;
+	struct tr_ddp *d = NULL;
+	struct tr_plan_opts o = {.B = ER_B, .T = ER_T, .shard = a->shard, .shard_ranks = a->R,
+				 .shard_rank = a->r};
+	if ((a->e = gpu_cpu_backend_new(&be, &a->eb)) != TD_OK ||
+	    (a->e = tr_model_new(&m, be, a->cfg, &o, &a->eb)) != TD_OK)
+		goto out;
+	er_weights(m, &a->e);
+	if (a->e != TD_OK || (a->e = gpu_comm_new(&c, a->g, a->r, be, GPU_COMM_HOST, &a->eb)) != TD_OK ||
+	    (a->e = tr_ddp_new(&d, m, c, 0, false, &a->eb)) != TD_OK)
+		goto out;
+	tr_ddp_set_accum(d, a->A);
+	int a0, a1;
+	tr_ddp_share(a->A, a->R, a->r, &a0, &a1);
+	const bool gr = tr_ddp_sharded_grads(d);
+	const int rounds = gr ? (a->A + a->R - 1) / a->R : a1 - a0;
+	const float dloss = 1.0f / (float)(a->A * ER_N);
+	tr_model_zero_grad(m);
+	for (int k = 0; k < rounds && a->e == TD_OK; k++) {
+		const int mb = a0 + k;
+		if (mb >= a1) {
+			a->e = tr_ddp_micro_empty(d, &a->eb);
+			continue;
+		}
+		if (gr && (a->e = tr_ddp_micro_begin(d, &a->eb)) != TD_OK)
+			break;
+		int64_t nv;
+		const int32_t *ids = a->ids + (size_t)mb * ER_N;
+		if ((a->e = tr_model_forward(m, ids, ids, &a->loss[mb], &nv, &a->eb)) != TD_OK)
+			break;
+		if (!gr && mb == a1 - 1)
+			tr_ddp_arm(d);
+		tr_model_backward(m, dloss);
+		if (gr)
+			a->e = tr_ddp_micro_end(d, &a->eb);
+	}
+	if (a->e != TD_OK || (a->e = tr_ddp_finish(d, &a->eb)) != TD_OK)
+		goto out;
+	const struct tr_plan *pl = tr_model_plan(m);
+	const struct tr_param *emb = tr_plan_param(pl, "model.embed_tokens.weight");
+	if (!gr) {
+		gpu_download(be, a->whole, tr_model_grads(m) + emb->goffset, emb->numel * sizeof(float));
+		a->lo = emb->goffset;
+		a->hi = emb->goffset + emb->numel;
+		if (a->r == 0)
+			memcpy(a->out, a->whole, emb->numel * sizeof(float));
+		goto out;
+	}
+	a->lo = pl->shard_lo > emb->goffset ? pl->shard_lo : emb->goffset;
+	a->hi = pl->shard_hi < emb->goffset + emb->numel ? pl->shard_hi : emb->goffset + emb->numel;
+	if (a->hi > a->lo)
+		gpu_download(be, a->out + (a->lo - emb->goffset), tr_model_grads(m) + (a->lo - pl->shard_lo),
+			     (a->hi - a->lo) * sizeof(float));
+out:
+	if (a->e != TD_OK)
+		gpu_gang_fail(a->g, a->r, a->e, a->eb.msg);
+	tr_ddp_free(d);
+	gpu_comm_free(c);
+	tr_model_free(m);
+	gpu_backend_free(be);
+	return NULL;
+}
+
+/* rows (16, C) by ids into the table t, in n order (embedding_backward's) */
+static void er_scatter(float *t, const float *rows, const int32_t *ids, size_t C)
+{
+	for (int n = 0; n < ER_N; n++)
+		for (size_t c = 0; c < C; c++)
+			t[(size_t)ids[n] * C + c] += rows[(size_t)n * C + c];
+}
+
+static int er_cut_rows;
+
+static void er_case(const char *model_dir, enum tr_shard shard, int R, int A)
+{
+	char path[600];
+	snprintf(path, sizeof(path), "%s/config.json", model_dir);
+	struct tr_model_config cfg;
+	struct td_errbuf eb = {{0}};
+	CHECK_EQ_INT(tr_config_load(&cfg, path, &eb), TD_OK);
+	const size_t C = (size_t)cfg.hidden_size, V = (size_t)cfg.vocab_size, VC = V * C;
+	const bool tied = cfg.tie_word_embeddings;
+	/* A micro-batches of ids: the same 8 ids in each (each twice, in
+	 * other places) and 4 of its own, so ids repeat within a micro-batch
+	 * and across micro-batches (so across ranks) */
+	int32_t *ids = malloc((size_t)A * ER_N * sizeof(int32_t));
+	for (int mb = 0; mb < A; mb++)
+		for (int n = 0; n < ER_N; n++)
+			ids[mb * ER_N + n] = (int32_t)(n % 4 == 3 ? (300 + mb * 11) % (int)V
+								  : ((n * 5 + mb * 3) % 8) * 37 % (int)V);
+	/* the reference: each micro-batch alone on one unsharded model */
+	float *H = calloc((size_t)A * VC, sizeof(float)), *D = malloc((size_t)A * ER_N * C * sizeof(float));
+	double rloss[16];
+	struct gpu_backend *be = NULL;
+	struct tr_model *m = NULL;
+	struct tr_plan_opts o = {.B = ER_B, .T = ER_T};
+	CHECK_EQ_INT(gpu_cpu_backend_new(&be, &eb), TD_OK);
+	CHECK_EQ_INT(tr_model_new(&m, be, &cfg, &o, &eb), TD_OK);
+	td_err e = TD_OK;
+	er_weights(m, &e);
+	CHECK_EQ_INT(e, TD_OK);
+	const struct tr_param *emb = tr_plan_param(tr_model_plan(m), "model.embed_tokens.weight");
+	for (int mb = 0; mb < A; mb++) {
+		int64_t nv;
+		tr_model_zero_grad(m);
+		CHECK_EQ_INT(tr_model_forward(m, ids + mb * ER_N, ids + mb * ER_N, &rloss[mb], &nv, &eb), TD_OK);
+		tr_model_take_embed_rows(m, true); /* the table: the head's part only */
+		tr_model_backward(m, 1.0f / (float)(A * ER_N));
+		tr_model_take_embed_rows(m, false);
+		gpu_download(be, H + (size_t)mb * VC, tr_model_grads(m) + emb->goffset, VC * sizeof(float));
+		const int32_t *di;
+		float *res0, *dres;
+		tr_model_embed_io(m, &di, &res0, &dres);
+		gpu_download(be, D + (size_t)mb * ER_N * C, dres, ER_N * C * sizeof(float));
+	}
+	const size_t nt = tr_model_plan(m)->numel_trainable, S = (nt + (size_t)R - 1) / (size_t)R;
+	const size_t eoff = emb->goffset;
+	tr_model_free(m);
+	gpu_backend_free(be);
+	if (!tied)
+		for (size_t i = 0; i < (size_t)A * VC; i++)
+			CHECK_MSG(H[i] == 0.0f, "untied: the table got a head part at %zu", i); /* no head */
+	/* the host's sums, in the ranks' order */
+	const bool gr = tr_shard_grads(shard, R);
+	float *want = calloc(VC, sizeof(float)), *zero = calloc(ER_N * C, sizeof(float));
+	int32_t zid[ER_N] = {0};
+	int a0[GPU_GANG_MAX], a1[GPU_GANG_MAX];
+	for (int r = 0; r < R; r++)
+		tr_ddp_share(A, R, r, &a0[r], &a1[r]);
+	bool exact = true;
+	if (gr) {
+		for (int k = 0; k < (A + R - 1) / R; k++) {
+			for (size_t x = 0; tied && x < VC; x++) {
+				const int own = (int)((eoff + x) / S);
+				float s = 0.0f;
+				for (int r = 0; r < R; r++) {
+					const int mb = a0[r] + k;
+					float t = mb < a1[r] ? H[(size_t)mb * VC + x] : 0.0f;
+					if (r == own)
+						t += want[x];
+					s = r ? s + t : t;
+				}
+				want[x] = s;
+			}
+			for (int r = 0; r < R; r++) {
+				const int mb = a0[r] + k;
+				if (mb < a1[r])
+					er_scatter(want, D + (size_t)mb * ER_N * C, ids + mb * ER_N, C);
+				else
+					er_scatter(want, zero, zid, C);
+			}
+		}
+	} else {
+		float *tab = calloc((size_t)R * VC, sizeof(float));
+		for (int r = 0; r < R; r++)
+			for (int mb = a0[r]; mb < a1[r]; mb++) {
+				float *t = tab + (size_t)r * VC;
+				for (size_t x = 0; tied && x < VC; x++)
+					t[x] += H[(size_t)mb * VC + x];
+				if (mb < a1[r] - 1)
+					er_scatter(t, D + (size_t)mb * ER_N * C, ids + mb * ER_N, C);
+			}
+		exact = !tied || A == R;
+		for (size_t x = 0; x < VC; x++) {
+			float s = tab[x];
+			for (int r = 1; r < R; r++)
+				s += tab[(size_t)r * VC + x];
+			want[x] = s;
+		}
+		for (int r = 0; r < R; r++)
+			er_scatter(want, D + (size_t)(a1[r] - 1) * ER_N * C, ids + (a1[r] - 1) * ER_N, C);
+		free(tab);
+	}
+	/* the ranks */
+	static struct er_arg a[GPU_GANG_MAX];
+	float *out = malloc(VC * sizeof(float));
+	for (size_t x = 0; x < VC; x++)
+		out[x] = NAN; /* every float must be written by its rank */
+	struct gpu_gang *g = NULL;
+	CHECK_EQ_INT(gpu_gang_new(&g, R, 0, &eb), TD_OK);
+	pthread_t t[GPU_GANG_MAX];
+	for (int r = 0; r < R; r++) {
+		a[r] = (struct er_arg){.g = g, .cfg = &cfg, .shard = shard, .r = r, .R = R, .A = A, .ids = ids,
+				       .out = out, .whole = malloc(VC * sizeof(float))};
+		pthread_create(&t[r], NULL, er_rank, &a[r]);
+	}
+	for (int r = 0; r < R; r++)
+		pthread_join(t[r], NULL);
+	gpu_gang_free(g);
+	char what[96];
+	snprintf(what, sizeof(what), "%s, %s, %d ranks, %d micro-batches", tied ? "tied" : "untied",
+		 tr_shard_name(shard), R, A);
+	int cuts = 0;
+	for (int r = 0; r < R; r++) {
+		CHECK_MSG(a[r].e == TD_OK, "%s, rank %d: %s", what, r, a[r].eb.msg);
+		for (int mb = a0[r]; mb < a1[r]; mb++)
+			CHECK_MSG(a[r].loss[mb] == rloss[mb], "%s: micro-batch %d's loss %.17g, one model's %.17g",
+				  what, mb, a[r].loss[mb], rloss[mb]);
+		if (!gr && r > 0)
+			CHECK_MSG(memcmp(a[r].whole, a[0].whole, VC * sizeof(float)) == 0,
+				  "%s: rank %d's summed embedding gradient is not rank 0's", what, r);
+		/* a part that starts inside an embedding row */
+		if (gr && r > 0 && a[r].lo < a[r].hi && (a[r].lo - eoff) % C != 0)
+			cuts++;
+	}
+	for (int r = 0; r < R; r++)
+		free(a[r].whole);
+	size_t bad = 0, worst = 0;
+	double worst_d = 0;
+	for (size_t x = 0; x < VC; x++) {
+		double tol = 0;
+		if (!exact) { /* see above: not derived */
+			double mag = fabs(want[x]);
+			for (int mb = 0; mb < A; mb++)
+				mag += fabs(H[(size_t)mb * VC + x]);
+			tol = 64 * 0x1p-24 * mag;
+		}
+		const double dd = fabs((double)out[x] - (double)want[x]);
+		const bool ok = exact ? memcmp(&out[x], &want[x], sizeof(float)) == 0 : dd <= tol;
+		if (!ok && bad++ == 0)
+			worst = x;
+		if (dd > worst_d || isnan(out[x]))
+			worst_d = isnan(out[x]) ? INFINITY : dd;
+	}
+	CHECK_MSG(bad == 0,
+		  "%s: %zu of the embedding's %zu summed gradient floats are not the host's %s (first: "
+		  "float %zu, row %zu col %zu: %.9g, want %.9g)",
+		  what, bad, VC, exact ? "bits" : "sums within 64 ulps", worst, worst / C, worst % C,
+		  (double)out[worst], (double)want[worst]);
+	er_cut_rows += cuts;
+	printf("%-52s %s%s\n", what, exact ? "the host's bits" : "within the bound",
+	       cuts ? ", a part starting inside a row" : "");
+	free(out);
+	free(want);
+	free(zero);
+	free(H);
+	free(D);
+	free(ids);
+}
+
+static void test_embed_rows(const char *deep)
+{
+	char qwen[512];
+	snprintf(qwen, sizeof(qwen), "%s/qwen2", fx);
+	static const struct {
+		int R, A;
+	} shapes[] = {{2, 2}, {3, 3}, {4, 4}, {2, 5}, {3, 7}};
+	const char *models[] = {qwen, deep};
+	for (int mi = 0; mi < 2; mi++)
+		for (size_t k = 0; k < sizeof(shapes) / sizeof(shapes[0]); k++)
+			for (int sh = 0; sh < TR_SHARD_COUNT; sh++)
+				er_case(models[mi], (enum tr_shard)sh, shapes[k].R, shapes[k].A);
+	CHECK_MSG(er_cut_rows > 0, "no case's part boundary cuts an embedding row");
+}
+
 static void test_shard_emu16(const char *deep, bool lora)
 {
 	static struct em_arg a[2][EM_RANKS];
@@ -1629,6 +1969,7 @@ int main(int argc, char **argv)
 		test_shard_plan();
 		test_shard_grads_plan(deep);
 		test_shard_8b_plan();
+		test_embed_rows(deep);
 		test_shard_emu16(deep, false);
 		test_shard_emu16(deep, true);
 		test_shard_optimizer();

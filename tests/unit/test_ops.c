@@ -352,8 +352,29 @@ static void test_embedding(void)
 		for (int n = 0; n < N; n++)
 			for (int c = 0; c < C; c++)
 				dref[ids[n] * C + c] += dout[n * C + c];
+		float *dwte0 = scratch(sizeof(float) * (size_t)V * C);
+		memcpy(dwte0, dwte, sizeof(float) * (size_t)V * C);
 		embedding_backward(dwte, dout, ids, N, C);
 		expect_close("dwte", dwte, dref, (size_t)V * C, 1e-6, 1e-6, GRAD);
+
+		/* Parts of the table (a data-parallel rank's, train/ddp.h), each
+		 * cutting rows where it can: together the whole table's bits (the
+		 * same sums in the same order), and the lookups of the parts sum
+		 * to the lookup (each element from one part, zeros elsewhere). */
+		const size_t nw = (size_t)V * C, nparts = 3;
+		float *pw = scratch(sizeof(float) * nw);
+		memcpy(pw, dwte0, sizeof(float) * nw);
+		float *sum = ffill((size_t)N * C, 0.0f), *po = ffill((size_t)N * C, NAN);
+		for (size_t k = 0; k < nparts; k++) {
+			const size_t lo = nw * k / nparts + (k ? 1 : 0), hi = nw * (k + 1) / nparts + 1;
+			const size_t l = lo < nw ? lo : nw, h = k + 1 == nparts || hi > nw ? nw : hi;
+			embedding_backward_part(pw + l, dout, ids, N, C, l, h);
+			embedding_forward_part(po, ids, wte + l, N, C, l, h);
+			for (size_t i = 0; i < (size_t)N * C; i++)
+				sum[i] += po[i];
+		}
+		expect_same("dwte by parts", pw, dwte, nw);
+		expect_same("lookup by parts", sum, out, (size_t)N * C);
 		scratch_free();
 	}
 }
