@@ -457,10 +457,16 @@ static void lookup_wait(struct tr_ddp *d)
  * The other tensors' (final norm, head, a tied embedding) and layer 0's
  * are gathered by micro_begin, the others' ensured at once where the
  * lookup reads them (a tied embedding), else after the last layer's
- * forward. An untied embedding is never gathered (lookup_start). */
+ * forward. An untied embedding is never gathered (lookup_start). Where the
+ * head's bf16 weights share layer L - 2's bf16 slot (plan.rest16_slot),
+ * the head's are gathered after layer L - 2's forward instead, and layer
+ * L - 2's again after the final norm's backward (the backward then finds
+ * only the last layer's in the ring). */
 static void weights_on_stage(struct tr_ddp *d, const struct tr_stage *s)
 {
 	const int L = d->L;
+	/* plan.rest16_slot: the head's bf16 weights over layer L - 2's slot */
+	const bool late = tr_model_plan(d->m)->rest16_slot >= 0;
 	if (s->kind == TR_STAGE_EMBED) {
 		if (L > 1)
 			weights_gather(d, 1);
@@ -469,10 +475,15 @@ static void weights_on_stage(struct tr_ddp *d, const struct tr_stage *s)
 	} else if (s->kind == TR_STAGE_LAYER) {
 		if (s->layer + 2 < L)
 			weights_gather(d, s->layer + 2);
+		if (late && s->layer == L - 2) /* its slot read for the last time */
+			weights_gather(d, L);
 		if (s->layer + 1 < L)
 			weights_ensure(d, s->layer + 1);
 		if (s->layer == L - 1)
 			weights_ensure(d, L);
+	} else if (s->kind == TR_STAGE_FINAL_NORM_BACKWARD) {
+		if (late) /* the head's last reader done: layer L - 2's again */
+			weights_gather(d, L - 2);
 	} else if (s->kind == TR_STAGE_LAYER_BACKWARD) {
 		if (s->layer - 2 >= 0)
 			weights_gather(d, s->layer - 2);
@@ -533,7 +544,9 @@ td_err tr_ddp_micro_begin(struct tr_ddp *d, struct td_errbuf *eb)
  * evaluation's, which every rank then runs). */
 static void weights_begin(struct tr_ddp *d)
 {
-	weights_gather(d, d->L);
+	/* plan.rest16_slot: the head's (no embedding in it) after layer L - 2's forward */
+	if (tr_model_plan(d->m)->rest16_slot < 0)
+		weights_gather(d, d->L);
 	if (d->L > 0)
 		weights_gather(d, 0);
 	if (d->lookup_l) /* the lookup reads the tied embedding */

@@ -706,6 +706,14 @@ td_err tr_plan_build(struct tr_plan *p, const struct tr_model_config *cfg,
 	 * ones that read it (train/plan.h: rest16_in_ring). */
 	p->rest16_in_ring = wpart && o->gemm_bf16 && p->wslot16_numel[TR_GRAD_RING] > 0 &&
 			    (p->grad_slot_numel[0] > 0 || p->grad_slot_numel[1] > 0);
+	/* ... with layer L - 2's bf16 slot, where the head's unit holds no
+	 * tensor the lookup reads (train/plan.h: rest16_slot) */
+	p->rest16_slot = -1;
+	const struct tr_param *emb16 = tr_plan_param(p, "model.embed_tokens.weight");
+	if (p->rest16_in_ring && cfg->num_layers >= 2 &&
+	    p->wslot16_numel[(cfg->num_layers - 2) % TR_GRAD_RING] > 0 &&
+	    !(emb16 && emb16->trainable && emb16->wunit == cfg->num_layers))
+		p->rest16_slot = (cfg->num_layers - 2) % TR_GRAD_RING;
 	if (p->numel_trainable) {
 		/* padded to the shards' parts where sharded; PARAMETERS: the part */
 		NAMED("params");
@@ -716,7 +724,8 @@ td_err tr_plan_build(struct tr_plan *p, const struct tr_model_config *cfg,
 			for (int h = 0; h < (o->gemm_bf16 ? 2 : 1); h++) {
 				/* fp32: the tensors gathered so (wsoff); bf16: all (w16off) */
 				const size_t n = h ? p->wslot16_numel[k] : p->wslot_numel[k];
-				if (!n || (h && k == TR_GRAD_RING && p->rest16_in_ring))
+				if (!n || (h && k == TR_GRAD_RING && p->rest16_in_ring) ||
+				    (h && k == p->rest16_slot))
 					continue; /* in the grads arena's ring (below) */
 				if (k < TR_GRAD_RING)
 					NAMED("%s.ring.%d", h ? "params16" : "params", k);
@@ -764,9 +773,16 @@ td_err tr_plan_build(struct tr_plan *p, const struct tr_model_config *cfg,
 		for (int k = 0; k < TR_GRAD_RING; k++)
 			ring += aligned(f32_bytes(p->grad_slot_numel[k], 1, 1));
 		const size_t rest16 = f32_bytes(p->wslot16_numel[TR_GRAD_RING], 1, 1) / 2;
+		/* rest16_slot: layer L - 2's bf16 slot after the gradient
+		 * slots, params16.rest ending where the region ends */
+		const size_t slot16 = p->rest16_slot >= 0
+					      ? aligned(f32_bytes(p->wslot16_numel[p->rest16_slot], 1, 1) / 2)
+					      : 0;
+		const size_t rbytes = p->rest16_slot >= 0 ? max_sz(ring + slot16, aligned(rest16))
+							  : max_sz(ring, rest16);
 		if (p->rest16_in_ring) {
 			NAMED("grads.ring");
-			BUF(TR_ARENA_GRADS, max_sz(ring, rest16));
+			BUF(TR_ARENA_GRADS, rbytes);
 		}
 		size_t at = 0;
 		for (int k = 0; gpart && k <= TR_GRAD_RING; k++) {
@@ -787,9 +803,18 @@ td_err tr_plan_build(struct tr_plan *p, const struct tr_model_config *cfg,
 			}
 			at += aligned(f32_bytes(p->grad_slot_numel[k], 1, 1));
 		}
+		if (p->rest16_slot >= 0) {
+			NAMED("params16.ring.%d", p->rest16_slot);
+			if ((e = add_view(p, TR_ARENA_GRADS, nm, region + ring,
+					  f32_bytes(p->wslot16_numel[p->rest16_slot], 1, 1) / 2, eb))) {
+				tr_plan_fini(p);
+				return e;
+			}
+		}
 		if (p->rest16_in_ring) {
 			NAMED("params16.rest");
-			if ((e = add_view(p, TR_ARENA_GRADS, nm, region, rest16, eb))) {
+			const size_t r0 = p->rest16_slot >= 0 ? rbytes - aligned(rest16) : 0;
+			if ((e = add_view(p, TR_ARENA_GRADS, nm, region + r0, rest16, eb))) {
 				tr_plan_fini(p);
 				return e;
 			}

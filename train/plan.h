@@ -418,6 +418,19 @@ struct tr_plan {
 	 * micro-batch's sums are complete (tr_ddp_micro_begin, and the
 	 * step's end before an evaluation). */
 	bool rest16_in_ring;
+	/* ... and, where the head's unit holds no tensor read before the
+	 * final norm (no embedding: untied, or frozen) and there are two
+	 * layers or more, the bf16 slot of layer L - 2's gathered weights
+	 * (params16.ring.K, K = (L - 2) % TR_GRAD_RING) is in that region
+	 * too, after the gradient slots, and params16.rest ends where the
+	 * region ends, over that slot (and as much of the gradient slots as
+	 * it needs): grads.ring is the larger of the two. The head's weights
+	 * are then gathered once layer L - 2's forward is done with the slot
+	 * (its forward stage's hook: the gather overlaps layer L - 1's
+	 * forward), and layer L - 2's weights again after the final norm's
+	 * backward, the head's last reader (overlapping layer L - 1's
+	 * backward; train/ddp.c). K, or -1 where not so. */
+	int rest16_slot;
 	size_t numel_bf16;            /* bf16 values of the params16 buffer (opts.frozen_bf16) */
 	size_t bf16_max_numel;        /* the largest bf16 tensor */
 	size_t numel_frozen;          /* elements of frozen tensors */

@@ -921,11 +921,17 @@ static void test_shard_grads_plan(const char *model_dir)
 				 * region (grads.ring), not in the params arena */
 				const bool in_ring = g16 && w16_want[TR_GRAD_RING] && (slot_want[0] || slot_want[1]);
 				CHECK_EQ_INT(pp.rest16_in_ring, in_ring);
+				/* ... and layer L - 2's bf16 slot with it, where the
+				 * head's unit has no embedding (the lookup's) */
+				const int kl = L >= 2 ? (L - 2) % TR_GRAD_RING : -1;
+				const bool emb_in_head = emb->trainable && !apart;
+				const int late = in_ring && kl >= 0 && w16_want[kl] && !emb_in_head ? kl : -1;
+				CHECK_EQ_INT(pp.rest16_slot, late);
 				for (int k = 0; k <= TR_GRAD_RING; k++) {
 					CHECK_EQ_INT(pp.wslot_numel[k], f32_want[k]);
 					CHECK_EQ_INT(pp.wslot16_numel[k], w16_want[k]);
 					want += (f32_want[k] * 4 + TR_PLAN_ALIGN - 1) / TR_PLAN_ALIGN * TR_PLAN_ALIGN;
-					if (g16 && w16_want[k] && !(k == TR_GRAD_RING && in_ring))
+					if (g16 && w16_want[k] && !(k == TR_GRAD_RING && in_ring) && k != late)
 						want += (w16_want[k] * 2 + TR_PLAN_ALIGN - 1) / TR_PLAN_ALIGN *
 							TR_PLAN_ALIGN;
 				}
@@ -940,12 +946,31 @@ static void test_shard_grads_plan(const char *model_dir)
 						ring += (slot_want[k] * 4 + TR_PLAN_ALIGN - 1) / TR_PLAN_ALIGN * TR_PLAN_ALIGN;
 					const size_t r16 = (w16_want[TR_GRAD_RING] * 2 + TR_PLAN_ALIGN - 1) /
 							   TR_PLAN_ALIGN * TR_PLAN_ALIGN;
-					gwant = gwant - ring + (ring > r16 ? ring : r16);
+					/* late: the ring's slots, then layer L - 2's bf16
+					 * slot; params16.rest ends with the region */
+					const size_t s16 = late >= 0 ? (w16_want[late] * 2 + TR_PLAN_ALIGN - 1) /
+									   TR_PLAN_ALIGN * TR_PLAN_ALIGN
+								 : 0;
+					const size_t rbytes = ring + s16 > r16 ? ring + s16 : r16;
+					gwant = gwant - ring + rbytes;
 					const struct tr_plan_buf *rg = tr_plan_find(&pp, "grads.ring");
 					const struct tr_plan_buf *r16b = tr_plan_find(&pp, "params16.rest");
 					CHECK(rg && r16b && r16b->arena == TR_ARENA_GRADS && rg->arena == TR_ARENA_GRADS);
+					if (rg && late >= 0) {
+						char nm[32];
+						snprintf(nm, sizeof(nm), "params16.ring.%d", late);
+						const struct tr_plan_buf *b = tr_plan_find(&pp, nm);
+						CHECK(b && b->arena == TR_ARENA_GRADS);
+						/* after the gradient slots, inside the region, and
+						 * under params16.rest (its gather's reason to wait) */
+						CHECK_MSG(b && b->offset == rg->offset + ring &&
+								  b->bytes == w16_want[late] * 2 &&
+								  b->offset + b->bytes <= rg->offset + rg->bytes &&
+								  r16b && r16b->offset < b->offset + b->bytes,
+							  "lora %d, %d ranks: %s misplaced in grads.ring", lora, n, nm);
+					}
 					if (rg && r16b) {
-						CHECK_EQ_INT(r16b->offset, rg->offset);
+						CHECK_EQ_INT(r16b->offset, late >= 0 ? rg->offset + rbytes - r16 : rg->offset);
 						CHECK_EQ_INT(r16b->bytes, w16_want[TR_GRAD_RING] * 2);
 						CHECK(r16b->bytes <= rg->bytes);
 						for (int k = 0; k < TR_GRAD_RING; k++) {
