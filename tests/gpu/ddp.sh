@@ -14,7 +14,8 @@
 #           the run fails in seconds naming rank 1 and its GPU; rank 1
 #           stalls (a hung device) with TD_DDP_TIMEOUT_MS=5000: rank 0's
 #           NCCL wait gives up, both communicators are aborted, the run
-#           fails naming the timeout; a sticky CUDA fault on one rank
+#           fails naming the timeout (also with the weights sharded, where
+#           the backend's stream waits on the collectives' events); a sticky CUDA fault on one rank
 #           (TD_CUDA_FAULT_AFTER_OPS): the run fails naming it, no hang
 #   daemon  a daemon whose gang jobs fail on rank 1 (TD_DDP_FAIL_AT): a gang
 #           of 2 fails on every rank naming rank 1, both leases released,
@@ -193,6 +194,20 @@ if [[ " $parts " == *" faults "* ]] && [ "$be" = cuda ]; then
 	check "within a minute ($dt s)" test "$dt" -lt 60
 	note "the stall: $(tail -n 1 "$WORK/f2.err")"
 	rm -rf "$WORK/out-fault"
+	# The same with the weights sharded: the backend's stream waits on the
+	# collectives' events there (gpu_comm_after), so the abort must release
+	# it too, or the run would hang in its sync instead of failing.
+	spec fault-wp PRECISION_BF16 "" "memory { shard: SHARD_PARAMETERS }"
+	t0=$(date +%s)
+	rc=0
+	TD_DDP_FAIL_AT=1:5:stall TD_DDP_TIMEOUT_MS=5000 timeout 120 "$TRAIND" --run "$WORK/fault-wp.txtpb" \
+		--backend "$be" --gpus 2 >"$WORK/f2p.log" 2>"$WORK/f2p.err" || rc=$?
+	dt=$(($(date +%s) - t0))
+	expect_eq "rank 1 stalls, weights sharded: the run fails (exit 1, not killed)" "$rc" 1
+	expect_contains "the error is a wait giving up" "$(cat "$WORK/f2p.err")" "5000 ms"
+	check "within a minute ($dt s)" test "$dt" -lt 60
+	note "the stall, weights sharded: $(tail -n 1 "$WORK/f2p.err")"
+	rm -rf "$WORK/out-fault-wp"
 	rc=0
 	TD_CUDA_FAULT_AFTER_OPS=3000 timeout 120 "$TRAIND" --run "$WORK/fault.txtpb" --backend cuda \
 		--gpus 2 >"$WORK/f3.log" 2>"$WORK/f3.err" || rc=$?
