@@ -184,30 +184,27 @@ if [[ " $parts " == *" faults "* ]]; then
 fi
 # A stall and a device fault need NCCL's timeout and a real device.
 if [[ " $parts " == *" faults "* ]] && [ "$be" = cuda ]; then
-	t0=$(date +%s)
-	rc=0
-	TD_DDP_FAIL_AT=1:5:stall TD_DDP_TIMEOUT_MS=5000 timeout 120 "$TRAIND" --run "$WORK/fault.txtpb" \
-		--backend "$be" --gpus 2 >"$WORK/f2.log" 2>"$WORK/f2.err" || rc=$?
-	dt=$(($(date +%s) - t0))
-	expect_eq "rank 1 stalls: the run fails (exit 1, not killed)" "$rc" 1
-	expect_contains "the error is rank 0's wait giving up" "$(cat "$WORK/f2.err")" "no progress in 5000 ms"
-	check "within a minute ($dt s)" test "$dt" -lt 60
-	note "the stall: $(tail -n 1 "$WORK/f2.err")"
-	rm -rf "$WORK/out-fault"
+	# stall SPEC WHAT PATTERN: rank 1 stalls at step 5 of SPEC's run (a hung
+	# device); the run must fail, not hang, within a minute, its error
+	# matching PATTERN.
+	stall() {
+		local t0 rc=0 dt
+		t0=$(date +%s)
+		TD_DDP_FAIL_AT=1:5:stall TD_DDP_TIMEOUT_MS=5000 timeout 120 "$TRAIND" --run "$WORK/$1.txtpb" \
+			--backend "$be" --gpus 2 >"$WORK/$1-stall.log" 2>"$WORK/$1-stall.err" || rc=$?
+		dt=$(($(date +%s) - t0))
+		expect_eq "rank 1 stalls$2: the run fails (exit 1, not killed)" "$rc" 1
+		expect_contains "the error is a wait giving up" "$(cat "$WORK/$1-stall.err")" "$3"
+		check "within a minute ($dt s)" test "$dt" -lt 60
+		note "the stall$2: $(tail -n 1 "$WORK/$1-stall.err")"
+		rm -rf "$WORK/out-$1"
+	}
+	stall fault "" "no progress in 5000 ms"
 	# The same with the weights sharded: the backend's stream waits on the
 	# collectives' events there (gpu_comm_after), so the abort must release
 	# it too, or the run would hang in its sync instead of failing.
 	spec fault-wp PRECISION_BF16 "" "memory { shard: SHARD_PARAMETERS }"
-	t0=$(date +%s)
-	rc=0
-	TD_DDP_FAIL_AT=1:5:stall TD_DDP_TIMEOUT_MS=5000 timeout 120 "$TRAIND" --run "$WORK/fault-wp.txtpb" \
-		--backend "$be" --gpus 2 >"$WORK/f2p.log" 2>"$WORK/f2p.err" || rc=$?
-	dt=$(($(date +%s) - t0))
-	expect_eq "rank 1 stalls, weights sharded: the run fails (exit 1, not killed)" "$rc" 1
-	expect_contains "the error is a wait giving up" "$(cat "$WORK/f2p.err")" "5000 ms"
-	check "within a minute ($dt s)" test "$dt" -lt 60
-	note "the stall, weights sharded: $(tail -n 1 "$WORK/f2p.err")"
-	rm -rf "$WORK/out-fault-wp"
+	stall fault-wp ", weights sharded" "5000 ms"
 	rc=0
 	TD_CUDA_FAULT_AFTER_OPS=3000 timeout 120 "$TRAIND" --run "$WORK/fault.txtpb" --backend cuda \
 		--gpus 2 >"$WORK/f3.log" 2>"$WORK/f3.err" || rc=$?
