@@ -991,16 +991,32 @@ static void linear_forward(struct tr_model *m, int l, int k, float *out, gpu_bf1
  * weight, bias and adapter gradients += where they train. dout16, inp16:
  * bf16 twins or NULL (the fp32 tensor may then be NULL: gpu/backend.h; a bias
  * gradient needs dout). */
+static void linear_backward_rows(struct tr_model *m, int l, int k, float *dinp, bool set,
+				 const float *dout, const gpu_bf16 *dout16, const float *inp,
+				 const gpu_bf16 *inp16, int n);
+
 static void linear_backward(struct tr_model *m, int l, int k, float *dinp, bool set,
 			    const float *dout, const gpu_bf16 *dout16, const float *inp,
 			    const gpu_bf16 *inp16)
+{
+	linear_backward_rows(m, l, k, dinp, set, dout, dout16, inp, inp16,
+			     m->plan.opts.B * m->plan.opts.T);
+}
+
+/* ... over n rows (every row, N, where the projection has an adapter:
+ * its kept u and dropout masks are the whole batch's); the weight's and
+ * bias's gradients are added to, so rows taken in parts sum in parts. */
+static void linear_backward_rows(struct tr_model *m, int l, int k, float *dinp, bool set,
+				 const float *dout, const gpu_bf16 *dout16, const float *inp,
+				 const gpu_bf16 *inp16, int n)
 {
 	struct gpu_backend *be = m->be;
 	const struct lin *L = &m->lin[l][k];
 	const int N = m->plan.opts.B * m->plan.opts.T, R = m->plan.opts.lora_rank;
 	assert(dout || !L->db);
+	assert(n == N || !L->lora);
 	const struct wref w = weight_of(m, L->wp);
-	gpu_matmul_backward(be, dinp, L->dw, L->db, dout, dout16, inp, inp16, w.f, w.h, N, L->in,
+	gpu_matmul_backward(be, dinp, L->dw, L->db, dout, dout16, inp, inp16, w.f, w.h, n, L->in,
 			    L->out, set);
 	if (!L->lora)
 		return;
@@ -1532,12 +1548,24 @@ static void layer_backward_mlp(struct tr_model *m, int l)
 	const struct layer_a *a = &m->a[l];
 
 	/* dres holds d(res[l+1]); it flows unchanged into d(res_mid) through the
-	 * residual, and the MLP branch adds its part. */
-	linear_backward(m, l, TR_LIN_DOWN, m->dh, true, m->dres, NULL, a->h, a->h16);
-	gpu_swiglu_backward(be, m->dgate, m->dup, m->dgate16, m->dup16, m->dh, a->gate, a->up,
-			    a->gate16, a->up16, (size_t)N * I);
-	linear_backward(m, l, TR_LIN_GATE, m->dln, true, m->dgate, m->dgate16, a->ln2, a->ln2_16);
-	linear_backward(m, l, TR_LIN_UP, m->dln, false, m->dup, m->dup16, a->ln2, a->ln2_16);
+	 * residual, and the MLP branch adds its part: by parts of
+	 * plan.mlp_rows rows (d(h), d(gate) and d(up) are a part's), each
+	 * part's weight gradients added to the last's, then the norm's over
+	 * every row. */
+#define ROWS(x, r0, w) ((x) ? (x) + (size_t)(r0) * (size_t)(w) : NULL)
+	for (int r0 = 0; r0 < N; r0 += m->plan.mlp_rows) {
+		const int n = N - r0 < m->plan.mlp_rows ? N - r0 : m->plan.mlp_rows;
+		linear_backward_rows(m, l, TR_LIN_DOWN, m->dh, true, ROWS(m->dres, r0, C), NULL,
+				     ROWS(a->h, r0, I), ROWS(a->h16, r0, I), n);
+		gpu_swiglu_backward(be, m->dgate, m->dup, m->dgate16, m->dup16, m->dh,
+				    ROWS(a->gate, r0, I), ROWS(a->up, r0, I), ROWS(a->gate16, r0, I),
+				    ROWS(a->up16, r0, I), (size_t)n * I);
+		linear_backward_rows(m, l, TR_LIN_GATE, ROWS(m->dln, r0, C), true, m->dgate, m->dgate16,
+				     ROWS(a->ln2, r0, C), ROWS(a->ln2_16, r0, C), n);
+		linear_backward_rows(m, l, TR_LIN_UP, ROWS(m->dln, r0, C), false, m->dup, m->dup16,
+				     ROWS(a->ln2, r0, C), ROWS(a->ln2_16, r0, C), n);
+	}
+#undef ROWS
 	gpu_rmsnorm_backward(be, m->dres, g->ln2, m->dln, a->res_mid, w->ln2, a->ln2_rstd, N, C);
 }
 

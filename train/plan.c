@@ -454,9 +454,12 @@ static size_t gemm_scratch_elems(const struct tr_plan *p)
 		tr_lin_dims(c, lin, &in_, &out_);
 		const size_t in = (size_t)in_, out = (size_t)out_;
 		const bool d16 = lin == TR_LIN_GATE || lin == TR_LIN_UP;
+		/* the MLP's backward by parts of plan.mlp_rows rows */
+		const size_t nb = lin == TR_LIN_GATE || lin == TR_LIN_UP || lin == TR_LIN_DOWN
+					  ? (size_t)p->mlp_rows : N;
 		FWD(N, in, out, true);
 		if (train)
-			BWD(N, in, out, true, !R, true, d16);
+			BWD(nb, in, out, true, !R, true, d16);
 		if (!R || !(o->lora_targets & (1u << lin)))
 			continue;
 		FWD(N, in, R, !drop);   /* u = x A^T */
@@ -698,6 +701,11 @@ td_err tr_plan_build(struct tr_plan *p, const struct tr_model_config *cfg,
 	p->logits_rows = (int)N;
 	if ((train || o->teacher_rows) && !classify && N > rows)
 		p->logits_rows = (int)rows;
+	/* the MLP's backward in two parts of rows, where no adapter is on it */
+	const unsigned mlp3 = 1u << TR_LIN_GATE | 1u << TR_LIN_UP | 1u << TR_LIN_DOWN;
+	/* (a multiple of 8 rows: each part's rows start 16-byte aligned whatever I) */
+	const size_t half = ((N + 1) / 2 + 7) / 8 * 8;
+	p->mlp_rows = train && half < N && !(R && (o->lora_targets & mlp3)) ? (int)half : (int)N;
 	const bool wpart = tr_shard_params(o->shard, o->shard_ranks);
 	/* PARAMETERS in the bf16 mode: the other tensors' bf16 copy (the
 	 * head's: params16.rest) lives in the gradient ring's memory, which
@@ -1015,6 +1023,7 @@ td_err tr_plan_build(struct tr_plan *p, const struct tr_model_config *cfg,
 	}
 
 	/* Scratch: shared by every layer, reused forward and backward. */
+	const size_t MR = (size_t)p->mlp_rows;
 	size_t lora_in = 0;
 	for (int lin = 0; R && lin < TR_LIN_COUNT; lin++) {
 		int in, out;
@@ -1060,12 +1069,12 @@ td_err tr_plan_build(struct tr_plan *p, const struct tr_model_config *cfg,
 								     (int)HS), 1, 1)
 				  : f32_bytes(B * NH, T, T),
 		 train, 1},
-		/* d(h) */
-		{"dh", f32_bytes(N, I, 1), train, 2},
-		{"dgate", f32_bytes(N, I, 1), train && !o->gemm_bf16, 2},
-		{"dup", f32_bytes(N, I, 1), train && !o->gemm_bf16, 2},
-		{"dgate16", f32_bytes(N, I, 1) / 2, train && o->gemm_bf16, 2},
-		{"dup16", f32_bytes(N, I, 1) / 2, train && o->gemm_bf16, 2},
+		/* d(h), of plan.mlp_rows rows (MR) */
+		{"dh", f32_bytes(MR, I, 1), train, 2},
+		{"dgate", f32_bytes(MR, I, 1), train && !o->gemm_bf16, 2},
+		{"dup", f32_bytes(MR, I, 1), train && !o->gemm_bf16, 2},
+		{"dgate16", f32_bytes(MR, I, 1) / 2, train && o->gemm_bf16, 2},
+		{"dup16", f32_bytes(MR, I, 1) / 2, train && o->gemm_bf16, 2},
 		/* The fused attention's q, k, v in fp32 before RoPE and their
 		 * rounding (qkv16): a layer's forward or recompute, which never
 		 * overlaps its backward (phase 3; nothing of phases 1 and 2 is

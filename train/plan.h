@@ -79,15 +79,17 @@ enum tr_param_kind {
 
 /* The most logits floats a causal plan holds at once (1 GiB of fp32): the
  * head runs in ceil(N / (this / V)) chunks, and fewer, larger GEMMs are
- * faster (Qwen2-0.5B at B8 T1024: 5 chunks of 1766 rows). */
+ * faster (Qwen2-0.5B at B8 T1024: 5 chunks, of 1756 rows by the bound
+ * below). */
 #define TR_LOGITS_CHUNK_FLOATS ((size_t)256 << 20)
 /* ...but a causal training plan (not a distillation's) takes no more rows a
  * chunk than give the head's GEMM this many inputs (rows x C): past that a
  * chunk's product is big enough for the device (rows x C x V multiply-adds,
- * ~0.5 T at V = 128k), and more rows only make the logits bigger. Llama-3-8B
- * (C 4096): 512 rows, 250 MiB of logits instead of 1 GiB; Qwen2-0.5B (C 896)
- * keeps its 1766. */
-#define TR_LOGITS_CHUNK_INPUTS ((size_t)2 << 20)
+ * ~0.2 T at V = 128k), and more rows only make the logits bigger. Llama-3-8B
+ * (C 4096): 384 rows (three 128-row tiles), 188 MiB of logits instead of
+ * 1 GiB, with their bf16 gradient inside a layer's backward region (its
+ * attention's 288 MiB); Qwen2-0.5B (C 896): 1756 rows. */
+#define TR_LOGITS_CHUNK_INPUTS ((size_t)3 << 19)
 
 /* Offsets inside an arena are multiples of this (enough for any vector load). */
 #define TR_PLAN_ALIGN 256
@@ -444,6 +446,14 @@ struct tr_plan {
 	 * distillation's student and teacher chunk by the floats alone: the same
 	 * rows whatever their hidden sizes. */
 	int logits_rows;
+	/* Rows of a layer's MLP backward at once (a training plan): its
+	 * d(h), d(gate) and d(up) are this many rows' (scratch.dh ...), the
+	 * rows taken in parts whose weight gradients are added up in order —
+	 * the same parts in every mode, so that sharded runs stay NONE's
+	 * bits. ceil(N / 2) rounded up to 8 rows where no adapter is on the
+	 * MLP's projections (an adapter's kept product and dropout are the
+	 * whole batch's) and that is fewer than N, else N. */
+	int mlp_rows;
 	size_t nf4_blocks, nf4_scales;/* absmax values; double-quantization floats */
 	size_t nf4_max_numel;         /* the largest NF4 tensor (the dequantization scratch) */
 	float lora_scale;             /* alpha / rank (rslora: / sqrt(rank)); 0 without LoRA */

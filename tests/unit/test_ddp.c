@@ -714,6 +714,34 @@ static void test_shard_8b_plan(void)
 		       "(PyTorch FSDP2 with checkpointing: 64.8 GiB peak)\n",
 		       tr_shard_name((enum tr_shard)k), (double)total / (1 << 30));
 		prev = total;
+		/* the MLP's backward by halves of the rows (2048 of 4096: d(h)
+		 * fp32, d(gate) and d(up) bf16, I wide) */
+		CHECK_EQ_INT(p.mlp_rows, 2048);
+		CHECK_EQ_INT(tr_plan_find(&p, "scratch.dh")->bytes, 2048 * I * 4);
+		CHECK_EQ_INT(tr_plan_find(&p, "scratch.dup16")->bytes, 2048 * I * 2);
+		tr_plan_fini(&p);
+	}
+	/* The weights sharded with full-offload: within FSDP2's measured peak
+	 * (64.8 GiB a GPU, issue 12; 64.8 * 2^30 bytes) */
+	struct tr_plan p;
+	struct tr_plan_opts o = {.B = 2, .T = 2048, .gemm_bf16 = true, .attention_lse = true,
+				 .recompute = TR_RECOMPUTE_FULL_OFFLOAD, .shard = TR_SHARD_PARAMETERS,
+				 .shard_ranks = 2, .shard_rank = 1};
+	CHECK_EQ_INT(tr_plan_build(&p, &cfg, &o, &eb), TD_OK);
+	const size_t total = tr_plan_total_bytes(&p);
+	CHECK_MSG((double)total <= 64.8 * (1 << 30), "8B full-offload, weights sharded: %zu bytes (%.3f GiB) "
+		  "a rank, over FSDP2's 64.8 GiB", total, (double)total / (1 << 30));
+	printf("8B full bf16 B2 x T2048, 2 ranks, full-offload, shard parameters %7.3f GiB a rank\n",
+	       (double)total / (1 << 30));
+	tr_plan_fini(&p);
+	/* an adapter on the MLP keeps its backward whole (its kept product and
+	 * dropout are the batch's), one elsewhere does not */
+	for (int mlp = 0; mlp < 2; mlp++) {
+		struct tr_plan_opts lo = {.B = 2, .T = 2048, .gemm_bf16 = true, .attention_lse = true,
+					  .lora_rank = 8, .lora_alpha = 16,
+					  .lora_targets = 1u << TR_LIN_Q | (mlp ? 1u << TR_LIN_DOWN : 0)};
+		CHECK_EQ_INT(tr_plan_build(&p, &cfg, &lo, &eb), TD_OK);
+		CHECK_EQ_INT(p.mlp_rows, mlp ? 4096 : 2048);
 		tr_plan_fini(&p);
 	}
 }

@@ -492,9 +492,14 @@ static void test_real_shapes(void)
 		fclose(f);
 		CHECK_CONTAINS(text, "in bf16 only");
 		free(text);
-		/* The head's chunk: no more rows than TR_LOGITS_CHUNK_INPUTS / C
-		 * (Llama-3-8B: 512), Qwen2-0.5B's 1766 by the floats bound. */
-		CHECK_EQ_INT(p.logits_rows, cfg.hidden_size == 4096 ? 512 : 1766);
+		/* The head's chunk: no more rows than TR_LOGITS_CHUNK_FLOATS / V
+		 * nor than ceil(TR_LOGITS_CHUNK_INPUTS / C) (Llama-3-8B: 384,
+		 * Qwen2-0.5B: 1756, both by the inputs). */
+		const size_t by_floats = TR_LOGITS_CHUNK_FLOATS / (size_t)cfg.vocab_size;
+		const size_t by_inputs = (TR_LOGITS_CHUNK_INPUTS + (size_t)cfg.hidden_size - 1) /
+					 (size_t)cfg.hidden_size;
+		CHECK_EQ_INT(p.logits_rows, by_floats < by_inputs ? by_floats : by_inputs);
+		CHECK(by_inputs < by_floats);
 		/* A layer's backward: the MLP's and the attention's buffers share
 		 * one region with the layer forward's q, k, v staging and the
 		 * head's logits chunk and its bf16 gradient (none of them live
@@ -523,8 +528,8 @@ static void test_real_shapes(void)
 		for (int ph = 0; ph < 4; ph++)
 			most = sum[ph] > most ? sum[ph] : most;
 		CHECK(!lb || lb->bytes == most);
-		/* Qwen2-0.5B's logits chunk (1766 rows of 151936) outweighs a
-		 * layer's backward; Llama-3-8B's 512 rows do not */
+		/* Qwen2-0.5B's logits chunk (1756 rows of 151936) outweighs a
+		 * layer's backward; Llama-3-8B's 384 rows do not */
 		CHECK(!lb || (cfg.hidden_size == 4096 ? most > sum[3] : most == sum[3]));
 		CHECK(!tr_plan_find(&p, "scratch.lora_tmp")); /* LoRA's product is added by its GEMM */
 		tr_plan_fini(&p);
