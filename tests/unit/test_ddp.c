@@ -668,12 +668,14 @@ static void test_shard_plan(void)
  * up, down C x I, two norms; the final norm), each sharding's plan smaller
  * than the one before it, and the state the sharding keeps per rank as
  * its part: OPTIMIZER's moments, GRADIENTS' summed gradients,
- * PARAMETERS' fp32 masters, each ceil(n / 2) floats. Printed beside
- * PyTorch FSDP2's measured peak (64.8 GiB a GPU, issue 12), not held to
- * it: PARAMETERS' plan keeps a layer's fp32 gradients (two slots, the
- * halves'), the head's gradients and gathered weights whole (the head's
- * bf16 weights in the gradient slots' memory), and fp32 layer inputs (not
- * the embedding's fp32 copy: its lookup and gradient go by rows). */
+ * PARAMETERS' fp32 masters, each ceil(n / 2) floats; the MLP's backward
+ * by halves of the rows. Printed beside PyTorch FSDP2's measured peak
+ * (64.8 GiB a GPU, issue 12), and held to it with the weights sharded and
+ * FULL_OFFLOAD (FULL's plan keeps the fp32 layer inputs too): PARAMETERS'
+ * plan keeps a layer's fp32 gradients (two slots, the halves'), the
+ * head's gradients and gathered weights whole (the head's bf16 weights in
+ * the gradient slots' memory, over layer L - 2's gathered bf16 slot), and
+ * not the embedding's fp32 copy (its lookup and gradient go by rows). */
 static void test_shard_8b_plan(void)
 {
 	char dir[512], path[600];
