@@ -89,6 +89,17 @@ static td_err send_raw(const uint8_t *buf, size_t len, char *msg, size_t cap)
 	return e;
 }
 
+/* req encoded as it is (whatever its mac) and sent: send_raw's answer. */
+static td_err send_req(const Traind__PeerRequest *req, char *msg, size_t cap)
+{
+	size_t n = traind__peer_request__get_packed_size(req);
+	uint8_t *b = malloc(n);
+	traind__peer_request__pack(req, b);
+	td_err e = send_raw(b, n, msg, cap);
+	free(b);
+	return e;
+}
+
 static void heartbeat_req(Traind__PeerRequest *req, Traind__PeerJob *pj, uint8_t *nonce, int64_t t)
 {
 	traind__peer_request__init(req);
@@ -134,21 +145,13 @@ static void test_auth(void)
 	n = sign(&req, (const char *)pc.secret, &buf, mac);
 	pj.job = 43; /* changed after signing */
 	free(buf);
-	n = traind__peer_request__get_packed_size(&req);
-	buf = malloc(n);
-	traind__peer_request__pack(&req, buf);
-	e = send_raw(buf, n, msg, sizeof(msg));
+	e = send_req(&req, msg, sizeof(msg));
 	CHECK_MSG(e == TD_EPERM && strstr(msg, "its MAC does not match"), "tampered: %s", msg);
-	free(buf);
 
 	nonce[0]++;
 	req.has_mac = 0;
-	n = traind__peer_request__get_packed_size(&req);
-	buf = malloc(n);
-	traind__peer_request__pack(&req, buf);
-	e = send_raw(buf, n, msg, sizeof(msg));
+	e = send_req(&req, msg, sizeof(msg));
 	CHECK_MSG(e == TD_EPERM && strstr(msg, "its MAC does not match"), "no MAC: %s", msg);
-	free(buf);
 
 	nonce[0]++;
 	heartbeat_req(&req, &pj, nonce, wall_ms() - 120000);
