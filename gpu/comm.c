@@ -846,21 +846,35 @@ uint64_t gpu_comm_mark(const struct gpu_comm *c)
 	return c->started;
 }
 
-td_err gpu_comm_wait_for(struct gpu_comm *c, uint64_t mark, struct td_errbuf *eb)
+/* What waiting for the collectives before mark takes: -1 nothing more
+ * (*e says how it went: a failed gang stopped, complete already, or waited
+ * for on the host with every other, its event having been recorded again
+ * since), else the side stream's event k to wait on (collective mark - 1's:
+ * the side stream is in order, so the earlier ones are complete with it). */
+static int mark_event(struct gpu_comm *c, uint64_t mark, td_err *e, struct td_errbuf *eb)
 {
+	*e = TD_OK;
 	if (gpu_gang_failed(c->g)) {
 		nccl_abort(c);
-		return gang_stopped(c->g, c->rank, eb);
+		*e = gang_stopped(c->g, c->rank, eb);
+		return -1;
 	}
-	if (mark <= c->done)
-		return TD_OK;
-	if (c->kind == GPU_COMM_HOST || !c->pending)
-		return TD_OK;
-	if (c->started - mark >= COMM_EVENTS) /* its event was recorded again, later: all of them */
-		return gpu_comm_wait(c, eb);
-	/* Collective mark - 1's event: the side stream is in order, so the
-	 * earlier ones are complete with it. Polled as nccl_poll polls. */
-	const int k = (int)((mark - 1) % COMM_EVENTS);
+	if (mark <= c->done || c->kind == GPU_COMM_HOST || !c->pending)
+		return -1;
+	if (c->started - mark >= COMM_EVENTS) {
+		*e = gpu_comm_wait(c, eb);
+		return -1;
+	}
+	return (int)((mark - 1) % COMM_EVENTS);
+}
+
+td_err gpu_comm_wait_for(struct gpu_comm *c, uint64_t mark, struct td_errbuf *eb)
+{
+	td_err e;
+	const int k = mark_event(c, mark, &e, eb);
+	if (k < 0)
+		return e;
+	/* polled as nccl_poll polls */
 	int64_t start = mono_us();
 	long sleep_ns = 2000;
 	for (;;) {
@@ -888,16 +902,11 @@ td_err gpu_comm_wait_for(struct gpu_comm *c, uint64_t mark, struct td_errbuf *eb
 
 td_err gpu_comm_after(struct gpu_comm *c, uint64_t mark, struct td_errbuf *eb)
 {
-	if (gpu_gang_failed(c->g)) {
-		nccl_abort(c);
-		return gang_stopped(c->g, c->rank, eb);
-	}
-	if (mark <= c->done || c->kind == GPU_COMM_HOST || !c->pending)
-		return TD_OK;
-	if (c->started - mark >= COMM_EVENTS) /* its event was recorded again, later */
-		return gpu_comm_wait(c, eb);
-	c->side_fn.join(c->side, (int)((mark - 1) % COMM_EVENTS));
-	return TD_OK;
+	td_err e;
+	const int k = mark_event(c, mark, &e, eb);
+	if (k >= 0)
+		c->side_fn.join(c->side, k);
+	return e;
 }
 
 td_err gpu_comm_wait(struct gpu_comm *c, struct td_errbuf *eb)
