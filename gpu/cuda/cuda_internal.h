@@ -104,8 +104,9 @@ struct cu_backend {
 	/* A device scratch for reductions, reduce_cap doubles: sumsq's partials
 	 * (1 double per block), and, seen as 2*reduce_cap floats, the per-part
 	 * partials of the column sums (dbias, rmsnorm dweight) in cuda_ops.c,
-	 * which use up to 64*C floats when there is room (else fewer parts).
-	 * Stream-ordered, so the ops share it safely. */
+	 * which use up to 64*C floats when there is room (else fewer parts),
+	 * and, seen as reduce_cap 8-byte keys, the embedding backward's sorted
+	 * rows. Stream-ordered, so the ops share it safely. */
 	double *reduce_buf;
 	size_t reduce_cap;
 	/* cuBLAS's workspace, allocated at creation (counted in fixed_bytes). */

@@ -309,15 +309,46 @@ static void cu_embedding_forward(struct gpu_backend *be, float *out, const int32
 	launch_rows(cu_of(be), CU_K_embedding_forward_f32, N, row_threads(C), args);
 }
 
-/* Deterministic (see kernels/cuda/embedding.cu): 256 threads scan the ids
- * 256 at a time, whatever C is. */
+/* Keys a block of embedding_sort_local sorts (kernels/cuda/embedding.cu). */
+#define CU_EMB_SORT_CHUNK 2048u
+
+/* Deterministic (see kernels/cuda/embedding.cu): the rows' keys sorted in
+ * the reduction scratch (P keys of 8 bytes, P the power of two at or above
+ * N), then folded a run a block; where they do not fit, 256 threads scan
+ * the ids 256 at a time. Both give the CPU's bits. */
 static void cu_embedding_backward_part(struct gpu_backend *be, float *part, const float *dout,
 				       const int32_t *ids, int N, int C, size_t lo, size_t hi)
 {
-	if (C <= 0 || lo >= hi)
+	struct cu_backend *cb = cu_of(be);
+	if (C <= 0 || lo >= hi || N <= 0)
 		return;
-	void *args[] = {&part, &dout, &ids, &N, &C, &lo, &hi};
-	launch_rows(cu_of(be), CU_K_embedding_backward_f32, N, CU_THREADS, args);
+	unsigned P = 2;
+	while (P < (unsigned)N && P <= (1u << 30))
+		P <<= 1;
+	if (!cb->reduce_buf || (size_t)P > cb->reduce_cap || P < (unsigned)N) {
+		void *args[] = {&part, &dout, &ids, &N, &C, &lo, &hi};
+		launch_rows(cb, CU_K_embedding_backward_f32, N, CU_THREADS, args);
+		return;
+	}
+	_Static_assert(sizeof(double) == sizeof(unsigned long long), "a key is a double's room");
+	unsigned long long *keys = (unsigned long long *)cb->reduce_buf;
+	const unsigned chunk = P < CU_EMB_SORT_CHUNK ? P : CU_EMB_SORT_CHUNK;
+	unsigned long long k0 = 2, k1 = chunk;
+	int fill = 1;
+	void *largs[] = {&keys, &ids, &N, &k0, &k1, &fill};
+	cu_launch(cb, CU_K_embedding_sort_local, dim1(P / chunk), dim1(chunk / 2), 0, largs);
+	fill = 0;
+	for (unsigned long long k = 2ull * chunk; k <= P; k <<= 1) {
+		for (unsigned j = (unsigned)(k / 2); j >= chunk; j >>= 1) {
+			void *sargs[] = {&keys, &P, &k, &j};
+			cu_launch(cb, CU_K_embedding_sort_step, dim1(grid_cap(P / 2 / CU_THREADS)),
+				  dim1(CU_THREADS), 0, sargs);
+		}
+		k0 = k1 = k;
+		cu_launch(cb, CU_K_embedding_sort_local, dim1(P / chunk), dim1(chunk / 2), 0, largs);
+	}
+	void *fargs[] = {&part, &dout, &keys, &N, &C, &lo, &hi};
+	launch_rows(cb, CU_K_embedding_fold_f32, N, row_threads(C), fargs);
 }
 
 /* The whole table: the part [0, SIZE_MAX). */

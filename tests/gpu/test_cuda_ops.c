@@ -281,10 +281,15 @@ static int32_t *ids_rand(int N, int V)
 static void test_embedding(void)
 {
 	/* V=1 and V=7: every row, or most, repeat an id (the deterministic
-	 * scatter's hard case); V=50000: few repeats. */
+	 * scatter's hard case); V=50000: few repeats. N above the sort's
+	 * 2048-key chunk, not a power of two, takes its global passes
+	 * (5000: P 8192; 20000: P 32768, Qwen2's vocabulary); N = 600000 has
+	 * more keys than the reduction scratch holds (512K) and takes the
+	 * scanned scatter. */
 	static const struct { int N, C, V; } cases[] = {
 		{ 1, 1, 1 }, { 5, 8, 3 }, { 40, 67, 7 }, { 300, 96, 1 }, { 2048, 256, 50 },
-		{ 1024, 128, 50000 },
+		{ 1024, 128, 50000 }, { 5000, 40, 7 }, { 20000, 24, 151936 }, { 4097, 33, 1 },
+		{ 600000, 1, 1000 },
 	};
 	op_begin();
 	for (size_t ci = 0; ci < COUNT(cases); ci++) {
