@@ -98,6 +98,15 @@ struct tr_model {
 	 * writes gradients into (grads.ring.K, grads.rest; NULL where none);
 	 * grads is then the rank's part of the summed gradients. */
 	float *gslot[TR_GRAD_RING + 1];
+	/* GRADIENTS with every float of the part but [part_zero_lo,
+	 * part_zero_hi) written, not added to, by the first micro-batch's
+	 * reductions (tr_model_zero_part_only): zero_grad zeroes only those. */
+	bool part_overwritten;
+	size_t part_zero_lo, part_zero_hi;
+	/* TD_TEST_POISON_PART set (tests/unit: ddp-shard): zero_grad fills the
+	 * floats it leaves to the reductions with NaN, so a float that the
+	 * first micro-batch only added to would show in every loss after. */
+	bool poison_part;
 	/* PARAMETERS: the weights gathered into the same layout (params.ring.K,
 	 * params.rest) and their bf16 rounding (params16.*, the bf16 mode);
 	 * params is then the part's fp32 masters, and wholes (when set:
@@ -496,6 +505,7 @@ static td_err model_new(struct tr_model **out, struct gpu_backend *be,
 	if (!m)
 		return td_fail(eb, TD_ENOMEM, "model: out of memory");
 	m->be = be;
+	m->poison_part = getenv("TD_TEST_POISON_PART") != NULL;
 	m->base_shared = base != NULL;
 	m->base_loaded = base && base_loaded;
 	m->pad_id = cfg->pad_token_id;
@@ -1791,10 +1801,27 @@ static void settle(struct tr_model *m)
 	m->gscale = 1.0f;
 }
 
+void tr_model_zero_part_only(struct tr_model *m, size_t lo, size_t hi)
+{
+	assert(tr_shard_grads(m->plan.opts.shard, m->plan.opts.shard_ranks));
+	assert(lo <= hi && hi <= grads_held(m));
+	m->part_overwritten = true;
+	m->part_zero_lo = lo;
+	m->part_zero_hi = hi;
+}
+
 void tr_model_zero_grad(struct tr_model *m)
 {
 	m->gscale = 1.0f;
-	gpu_zero(m->be, m->grads, grads_held(m) * sizeof(float));
+	if (m->part_overwritten) {
+		if (m->poison_part)
+			gpu_scale(m->be, m->grads, NAN, grads_held(m));
+		if (m->part_zero_hi > m->part_zero_lo)
+			gpu_zero(m->be, m->grads + m->part_zero_lo,
+				 (m->part_zero_hi - m->part_zero_lo) * sizeof(float));
+	} else {
+		gpu_zero(m->be, m->grads, grads_held(m) * sizeof(float));
+	}
 	for (int k = 0; k <= TR_GRAD_RING; k++)
 		if (m->gslot[k])
 			gpu_zero(m->be, m->gslot[k], m->plan.grad_slot_numel[k] * sizeof(float));

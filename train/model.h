@@ -152,6 +152,11 @@ void tr_model_backward(struct tr_model *m, float dloss);
  * tr_model_backward that follows must pass the same dloss. */
 void tr_model_fuse_head_backward(struct tr_model *m, float dloss);
 void tr_model_zero_grad(struct tr_model *m);
+/* GRADIENTS (train/ddp.c): the first micro-batch's reductions write every
+ * float of the rank's part of grads except [lo, hi) (offsets into the
+ * part), which is only added to; tr_model_zero_grad then zeroes only that
+ * range of the part (its work buffers as before). */
+void tr_model_zero_part_only(struct tr_model *m, size_t lo, size_t hi);
 /* Data parallel (train/ddp.h): the gradients arena on the device
  * (plan.numel_trainable floats; a trainable tensor's at its goffset), which
  * the ranks sum; and a hook that tr_model_backward calls (fn(ctx, s), on the
