@@ -49,6 +49,10 @@ typedef uint16_t gpu_bf16;
  * k, 0 <= k < this, is the last one enqueued under that number. */
 #define GPU_COPY_SLOTS 4
 
+/* matmul_backward's set flags */
+#define GPU_SET_DINP 1u
+#define GPU_SET_DWEIGHT 2u
+
 struct gpu_backend_ops {
 	const char *name;
 
@@ -133,16 +137,18 @@ struct gpu_backend_ops {
 	 * fp32 tensor may be NULL when its twin is not (dout only without
 	 * dbias). out16: NULL, or the product written in bf16 instead of fp32
 	 * (out NULL, no bias). Operands without a twin are rounded into
-	 * gemm_scratch (gpu_matmul_scratch_elems). dinp_set: matmul_backward
-	 * overwrites dinp instead of adding to it (no zeroing pass, no read of
-	 * the old values); dweight and dbias always accumulate. */
+	 * gemm_scratch (gpu_matmul_scratch_elems). set: matmul_backward
+	 * overwrites dinp (GPU_SET_DINP; true converts to it) and/or dweight
+	 * (GPU_SET_DWEIGHT) instead of adding to them (no zeroing pass, no read
+	 * of the old values; an overwrite may leave -0 where 0 + -0 gave +0,
+	 * which no sum or AdamW step tells apart); dbias always accumulates. */
 	void (*matmul_forward)(struct gpu_backend *be, float *out, gpu_bf16 *out16,
 			       const float *inp, const gpu_bf16 *inp16, const float *weight,
 			       const gpu_bf16 *weight16, const float *bias, int N, int C, int OC);
 	void (*matmul_backward)(struct gpu_backend *be, float *dinp, float *dweight, float *dbias,
 				const float *dout, const gpu_bf16 *dout16, const float *inp,
 				const gpu_bf16 *inp16, const float *weight,
-				const gpu_bf16 *weight16, int N, int C, int OC, bool dinp_set);
+				const gpu_bf16 *weight16, int N, int C, int OC, unsigned set);
 	/* out (N,OC) += inp (N,C) @ weight (OC,C)^T, fp32 out, no bias: the
 	 * GEMM adds its product to out as it writes it (beta 1), one pass
 	 * over out instead of a product written and then residual_forward's
@@ -472,10 +478,10 @@ static inline void gpu_matmul_backward(struct gpu_backend *be, float *dinp, floa
 				       float *dbias, const float *dout, const gpu_bf16 *dout16,
 				       const float *inp, const gpu_bf16 *inp16, const float *weight,
 				       const gpu_bf16 *weight16, int N, int C, int OC,
-				       bool dinp_set)
+				       unsigned set)
 {
 	GPU_OP_(matmul_backward, dinp, dweight, dbias, dout, dout16, inp, inp16, weight, weight16,
-		N, C, OC, dinp_set);
+		N, C, OC, set);
 }
 static inline void gpu_rope_forward(struct gpu_backend *be, float *out, const float *inp,
 				    const float *cos, const float *sin, int B, int T, int NH, int HS)

@@ -208,11 +208,13 @@ static void cpu_matmul_forward_add(struct gpu_backend *be, float *out, const flo
 static void cpu_matmul_backward(struct gpu_backend *be, float *dinp, float *dweight, float *dbias,
 				const float *dout, const gpu_bf16 *dout16, const float *inp,
 				const gpu_bf16 *inp16, const float *weight, const gpu_bf16 *weight16,
-				int N, int C, int OC, bool dinp_set)
+				int N, int C, int OC, unsigned set)
 {
 	assert(dout && inp && !dout16 && !inp16 && !weight16 && (weight || !dinp));
-	if (dinp && dinp_set && N > 0 && C > 0)
+	if (dinp && (set & GPU_SET_DINP) && N > 0 && C > 0)
 		memset(dinp, 0, sizeof(float) * (size_t)N * (size_t)C);
+	if (dweight && (set & GPU_SET_DWEIGHT) && OC > 0 && C > 0)
+		memset(dweight, 0, sizeof(float) * (size_t)OC * (size_t)C);
 	matmul_backward(dinp, dweight, dbias, dout, inp, weight, N, C, OC);
 }
 static void cpu_rope_forward(struct gpu_backend *be, float *out, const float *inp, const float *cos,

@@ -41,6 +41,10 @@ struct piece {
 struct unit {
 	size_t p0, p1;
 	uint64_t mark;
+	/* GRADIENTS: its slot's ranges [zr[z0], zr[z1]) to zero before its
+	 * backward — its tensors but those the backward overwrites
+	 * (tr_plan_dw_overwritten) — as (start, count) pairs */
+	size_t z0, z1;
 };
 
 struct tr_ddp {
@@ -63,6 +67,8 @@ struct tr_ddp {
 	struct unit *units;
 	struct piece *pieces;
 	size_t npieces;
+	struct zrange { size_t off, n; } *zr;
+	bool poison;        /* TD_TEST_POISON_PART: the slot's other floats NaN first */
 	/* the parts' running sums are zero: no micro-batch of this step summed
 	 * into them yet (tr_model_zero_grad began it; tr_ddp_finish ends it) */
 	bool fresh;
@@ -207,6 +213,38 @@ static void part_overwrite(struct tr_ddp *d)
 		tr_model_zero_part_only(d->m, a - lo, b - lo);
 }
 
+static int zr_by_off(const void *a, const void *b)
+{
+	const struct zrange *x = a, *y = b;
+	return x->off < y->off ? -1 : x->off > y->off;
+}
+
+/* Each ring unit's ranges of its slot to zero: its tensors that the
+ * backward adds to (norms, biases, adapters), adjacent ones merged. */
+static void zero_ranges(struct tr_ddp *d, const struct tr_plan *p)
+{
+	size_t nz = 0;
+	for (int u = 0; u < 2 * d->L; u++) {
+		d->units[u].z0 = nz;
+		const size_t first = nz;
+		for (size_t i = 0; i < p->nparams; i++) {
+			const struct tr_param *t = &p->params[i];
+			if (!t->trainable || !t->numel || t->gunit != u || tr_plan_dw_overwritten(p, t))
+				continue;
+			d->zr[nz++] = (struct zrange){t->gsoff, t->numel};
+		}
+		qsort(d->zr + first, nz - first, sizeof(*d->zr), zr_by_off);
+		size_t k = first;
+		for (size_t i = first; i < nz; i++)
+			if (k > first && d->zr[k - 1].off + d->zr[k - 1].n == d->zr[i].off)
+				d->zr[k - 1].n += d->zr[i].n;
+			else
+				d->zr[k++] = d->zr[i];
+		nz = k;
+		d->units[u].z1 = nz;
+	}
+}
+
 static td_err grads_units(struct tr_ddp *d, const struct tr_plan *p, struct td_errbuf *eb)
 {
 	d->L = p->cfg.num_layers;
@@ -216,6 +254,9 @@ static td_err grads_units(struct tr_ddp *d, const struct tr_plan *p, struct td_e
 	if (!d->units || !d->pieces)
 		return td_fail(eb, TD_ENOMEM, "data parallel: out of memory");
 	make_units(p, false, p->grad_units, d->units, d->pieces, &d->npieces);
+	if (!(d->zr = calloc(p->nparams ? p->nparams : 1, sizeof(*d->zr))))
+		return td_fail(eb, TD_ENOMEM, "data parallel: out of memory");
+	zero_ranges(d, p);
 	if (!d->wp)
 		return TD_OK;
 	d->wunits = calloc((size_t)d->L + 2, sizeof(*d->wunits));
@@ -276,7 +317,9 @@ static void grads_reduce(struct tr_ddp *d, int u)
 /* Before unit u's backward stage, the first writer of its ring slot (the
  * stage hook's call after the stage before it, as late as the slot can be
  * made ready): the slot free — the sums of unit u + TR_GRAD_RING, its last
- * user (the backward runs the units from the last) — and zero. The units
+ * user (the backward runs the units from the last) — and zero where the
+ * backward adds (its projection weights' first products overwrite theirs:
+ * tr_plan_dw_overwritten; an empty round's zeros are all of it). The units
  * that use a slot first in a micro-batch find it holding nothing of this
  * one's (the last micro-batch's sums were waited for by micro_begin) but
  * not zero: with plan.rest16_in_ring the forward put the head's bf16
@@ -285,10 +328,20 @@ static void grads_before_unit(struct tr_ddp *d, int u)
 {
 	const int k = u % TR_GRAD_RING;
 	const size_t n = tr_model_plan(d->m)->grad_slot_numel[k];
+	struct gpu_backend *be = tr_model_backend(d->m);
+	float *slot = tr_model_grad_slot(d->m, k);
 	if (u + TR_GRAD_RING < 2 * d->L)
 		after(d, d->units[u + TR_GRAD_RING].mark);
-	if (d->err == TD_OK && n)
-		gpu_zero(tr_model_backend(d->m), tr_model_grad_slot(d->m, k), n * sizeof(float));
+	if (d->err != TD_OK || !n)
+		return;
+	if (d->empty) { /* no backward writes it: all of it */
+		gpu_zero(be, slot, n * sizeof(float));
+		return;
+	}
+	if (d->poison)
+		gpu_scale(be, slot, NAN, n);
+	for (size_t z = d->units[u].z0; z < d->units[u].z1; z++)
+		gpu_zero(be, slot + d->zr[z].off, d->zr[z].n * sizeof(float));
 }
 
 /* The gradient unit a backward stage writes: layer l's MLP half 2l + 1,
@@ -715,12 +768,14 @@ td_err tr_ddp_new(struct tr_ddp **out, struct tr_model *m, struct gpu_comm *c, s
 	}
 	if (d->gr) {
 		d->fresh = true; /* zero_grad before the first step */
+		d->poison = getenv("TD_TEST_POISON_PART") != NULL;
 		td_err e = grads_units(d, p, eb);
 		if (e == TD_OK)
 			part_overwrite(d);
 		if (e != TD_OK) {
 			free(d->units);
 			free(d->pieces);
+			free(d->zr);
 			free(d->spans);
 			free(d->wunits);
 			free(d->wpieces);
@@ -773,6 +828,7 @@ void tr_ddp_free(struct tr_ddp *d)
 	free(d->spans);
 	free(d->units);
 	free(d->pieces);
+	free(d->zr);
 	free(d->wunits);
 	free(d->wpieces);
 	free(d->wready);

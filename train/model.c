@@ -1003,22 +1003,25 @@ static void linear_forward(struct tr_model *m, int l, int k, float *out, gpu_bf1
  * gradient needs dout). */
 static void linear_backward_rows(struct tr_model *m, int l, int k, float *dinp, bool set,
 				 const float *dout, const gpu_bf16 *dout16, const float *inp,
-				 const gpu_bf16 *inp16, int n);
+				 const gpu_bf16 *inp16, int n, bool first);
 
 static void linear_backward(struct tr_model *m, int l, int k, float *dinp, bool set,
 			    const float *dout, const gpu_bf16 *dout16, const float *inp,
 			    const gpu_bf16 *inp16)
 {
 	linear_backward_rows(m, l, k, dinp, set, dout, dout16, inp, inp16,
-			     m->plan.opts.B * m->plan.opts.T);
+			     m->plan.opts.B * m->plan.opts.T, true);
 }
 
 /* ... over n rows (every row, N, where the projection has an adapter:
  * its kept u and dropout masks are the whole batch's); the weight's and
- * bias's gradients are added to, so rows taken in parts sum in parts. */
+ * bias's gradients are added to, so rows taken in parts sum in parts —
+ * but first (the micro-batch's first rows) overwrites a weight's gradient
+ * where the plan says so (tr_plan_dw_overwritten: its work buffer was not
+ * zeroed). */
 static void linear_backward_rows(struct tr_model *m, int l, int k, float *dinp, bool set,
 				 const float *dout, const gpu_bf16 *dout16, const float *inp,
-				 const gpu_bf16 *inp16, int n)
+				 const gpu_bf16 *inp16, int n, bool first)
 {
 	struct gpu_backend *be = m->be;
 	const struct lin *L = &m->lin[l][k];
@@ -1026,8 +1029,9 @@ static void linear_backward_rows(struct tr_model *m, int l, int k, float *dinp, 
 	assert(dout || !L->db);
 	assert(n == N || !L->lora);
 	const struct wref w = weight_of(m, L->wp);
+	const bool dw_set = first && L->dw && tr_plan_dw_overwritten(&m->plan, L->wp);
 	gpu_matmul_backward(be, dinp, L->dw, L->db, dout, dout16, inp, inp16, w.f, w.h, n, L->in,
-			    L->out, set);
+			    L->out, (set ? GPU_SET_DINP : 0u) | (dw_set ? GPU_SET_DWEIGHT : 0u));
 	if (!L->lora)
 		return;
 	/* With u = scale * x A^T kept: dB += dout^T u, du = scale * dout B. */
@@ -1566,14 +1570,14 @@ static void layer_backward_mlp(struct tr_model *m, int l)
 	for (int r0 = 0; r0 < N; r0 += m->plan.mlp_rows) {
 		const int n = N - r0 < m->plan.mlp_rows ? N - r0 : m->plan.mlp_rows;
 		linear_backward_rows(m, l, TR_LIN_DOWN, m->dh, true, ROWS(m->dres, r0, C), NULL,
-				     ROWS(a->h, r0, I), ROWS(a->h16, r0, I), n);
+				     ROWS(a->h, r0, I), ROWS(a->h16, r0, I), n, r0 == 0);
 		gpu_swiglu_backward(be, m->dgate, m->dup, m->dgate16, m->dup16, m->dh,
 				    ROWS(a->gate, r0, I), ROWS(a->up, r0, I), ROWS(a->gate16, r0, I),
 				    ROWS(a->up16, r0, I), (size_t)n * I);
 		linear_backward_rows(m, l, TR_LIN_GATE, ROWS(m->dln, r0, C), true, m->dgate, m->dgate16,
-				     ROWS(a->ln2, r0, C), ROWS(a->ln2_16, r0, C), n);
+				     ROWS(a->ln2, r0, C), ROWS(a->ln2_16, r0, C), n, r0 == 0);
 		linear_backward_rows(m, l, TR_LIN_UP, ROWS(m->dln, r0, C), false, m->dup, m->dup16,
-				     ROWS(a->ln2, r0, C), ROWS(a->ln2_16, r0, C), n);
+				     ROWS(a->ln2, r0, C), ROWS(a->ln2_16, r0, C), n, r0 == 0);
 	}
 #undef ROWS
 	gpu_rmsnorm_backward(be, m->dres, g->ln2, m->dln, a->res_mid, w->ln2, a->ln2_rstd, N, C);

@@ -553,6 +553,13 @@ bool tr_plan_mlp_half(const struct tr_param *t)
 		(n >= k && strcmp(t->name + n - k, "post_attention_layernorm.weight") == 0));
 }
 
+bool tr_plan_dw_overwritten(const struct tr_plan *p, const struct tr_param *t)
+{
+	return tr_shard_grads(p->opts.shard, p->opts.shard_ranks) && t->trainable &&
+	       t->kind == TR_P_BASE && t->layer >= 0 && t->lin >= 0 && t->ndim == 2 &&
+	       t->gslot >= 0 && t->gslot < TR_GRAD_RING;
+}
+
 bool tr_plan_attention_y32(const struct tr_plan_opts *o)
 {
 	return !o->attention_lse || !o->gemm_bf16 || (o->lora_rank && o->lora_dropout > 0.0f);

@@ -486,6 +486,13 @@ bool tr_plan_gathered16(const struct tr_plan *p, const struct tr_param *t);
  * and down projections' weights, biases and adapters. */
 bool tr_plan_mlp_half(const struct tr_param *t);
 
+/* Whether the backward writes trainable t's gradient by overwriting, not
+ * adding to, its work buffer at its first product of a micro-batch (the
+ * matmul's GPU_SET_DWEIGHT): GRADIENTS and past, a decoder layer's
+ * projection weight in a ring slot, whose only writers are its weight
+ * products. train/ddp.c then leaves it out of the slot's zeroing. */
+bool tr_plan_dw_overwritten(const struct tr_plan *p, const struct tr_param *t);
+
 /* Whether a FULL_OFFLOAD plan of cfg and o keeps each layer's attention
  * output and row statistics (fused attention: the row statistics, y16, and
  * y where tr_plan_attention_y32) on the host beside its input, so that its

@@ -499,14 +499,18 @@ static void cu_matmul_forward_add(struct gpu_backend *be, float *out, const floa
 static void cu_matmul_backward(struct gpu_backend *be, float *dinp, float *dweight, float *dbias,
 			       const float *dout, const gpu_bf16 *dout16, const float *inp,
 			       const gpu_bf16 *inp16, const float *weight, const gpu_bf16 *weight16,
-			       int N, int C, int OC, bool dinp_set)
+			       int N, int C, int OC, unsigned set)
 {
 	struct cu_backend *cb = cu_of(be);
+	const bool dinp_set = set & GPU_SET_DINP, dw_set = set & GPU_SET_DWEIGHT;
 	if (dinp && dinp_set && N > 0 && C > 0 && OC <= 0)
 		be->ops->zero(be, dinp, sizeof(float) * (size_t)N * (size_t)C);
+	if (dweight && dw_set && C > 0 && OC > 0 && N <= 0)
+		be->ops->zero(be, dweight, sizeof(float) * (size_t)OC * (size_t)C);
 	if (N <= 0 || OC <= 0)
 		return; /* nothing to add */
 	const float beta_in = dinp_set ? 0.0f : 1.0f; /* 0: cuBLAS never reads dinp */
+	const float beta_w = dw_set ? 0.0f : 1.0f;
 	const bool want_in = dinp && C > 0, want_w = dweight && C > 0;
 	size_t nd = (size_t)N * OC, nw = (size_t)OC * C, nx = (size_t)N * C;
 	/* bf16: dout, the second operand of both products, rounded once (or
@@ -528,7 +532,7 @@ static void cu_matmul_backward(struct gpu_backend *be, float *dinp, float *dweig
 			cu_prof_begin(cb);
 			const uint16_t *x16 = inp16 ? inp16 : round_into(cb, slot, inp, nx);
 			gemm16(cb, "matmul_backward (dweight): cublasGemmEx", OP_N, OP_T, C, OC, N,
-			       1.0f, x16, C, d16, OC, 1.0f, dweight, C);
+			       1.0f, x16, C, d16, OC, beta_w, dweight, C);
 			cu_prof_end(cb, "matmul_backward (dweight): cublasGemmEx %dx%dx%d", C, OC, N);
 		}
 	} else {
@@ -537,7 +541,7 @@ static void cu_matmul_backward(struct gpu_backend *be, float *dinp, float *dweig
 			      weight, weight16, C, dout, dout16, OC, beta_in, dinp, C);
 		if (want_w)
 			sgemm(cb, "matmul_backward (dweight): cublasSgemm", OP_N, OP_T, C, OC, N, 1.0f,
-			      inp, inp16, C, dout, dout16, OC, 1.0f, dweight, C);
+			      inp, inp16, C, dout, dout16, OC, beta_w, dweight, C);
 	}
 	if (dbias) {
 		assert(dout);

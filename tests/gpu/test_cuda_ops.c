@@ -474,6 +474,15 @@ static void test_matmul(void)
 				    NULL, N, C, OC, true);
 		expect_red("dinp (set)", hget(d_dset, nin), dset, nin, OC);
 		expect_red("dweight (with dinp set: still added)", hget(d_dw_set, nw), dw_set, nw, N);
+		/* GPU_SET_DWEIGHT: dweight overwritten too, its NaNs never read */
+		float *dw_over = ffill(nw, 0.0f);
+		matmul_backward(NULL, dw_over, NULL, dout, inp, weight, N, C, OC);
+		d_dset = dnan(nin);
+		float *d_dw_over = dnan(nw);
+		gpu_matmul_backward(be, d_dset, d_dw_over, NULL, d_dout, NULL, d_inp, NULL, d_weight,
+				    NULL, N, C, OC, GPU_SET_DINP | GPU_SET_DWEIGHT);
+		expect_red("dinp (set, dweight set)", hget(d_dset, nin), dset, nin, OC);
+		expect_red("dweight (set)", hget(d_dw_over, nw), dw_over, nw, N);
 		case_end();
 	}
 	op_report("matmul");

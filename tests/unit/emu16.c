@@ -167,8 +167,9 @@ static void emu_matmul_forward_add(struct gpu_backend *be, float *out, const flo
 static void emu_matmul_backward(struct gpu_backend *be, float *dinp, float *dweight, float *dbias,
 				const float *dout, const gpu_bf16 *dout16, const float *inp,
 				const gpu_bf16 *inp16, const float *weight, const gpu_bf16 *weight16,
-				int N, int C, int OC, bool dinp_set)
+				int N, int C, int OC, unsigned set)
 {
+	const bool dinp_set = set & GPU_SET_DINP;
 	check_scratch(be, "matmul_backward",
 		      gpu_matmul_scratch_elems((size_t)N, (size_t)C, (size_t)OC, true, dinp, dweight,
 					       weight16, inp16, dout16));
@@ -178,6 +179,8 @@ static void emu_matmul_backward(struct gpu_backend *be, float *dinp, float *dwei
 	float *w = dinp ? operand("matmul_backward weight", weight, weight16, (size_t)OC * C) : NULL;
 	if (dinp && dinp_set)
 		memset(dinp, 0, (size_t)N * C * sizeof(float));
+	if (dweight && (set & GPU_SET_DWEIGHT))
+		memset(dweight, 0, (size_t)OC * C * sizeof(float));
 	/* dweight and dinp from the bf16 operands; dbias from the fp32 dout */
 	matmul_backward(dinp, dweight, NULL, d, x ? x : d, w ? w : d, N, C, OC);
 	if (dbias)
