@@ -655,8 +655,8 @@ static unsigned flash_smem_bytes(enum flash_kind kind, int HS)
 {
 	unsigned tile = 64u * (unsigned)(HS + 8) * 2u, st = HS <= 64 ? 2u : 1u;
 	switch (kind) {
-	case FLASH_FWD:
-		return (1u + 2u * st) * tile;
+	case FLASH_FWD: /* four tiles at every head size (flash.cu's forward) */
+		return 4u * tile;
 	case FLASH_DKDV: /* Q, dO (+ K, V past 64) and the row statistics */
 		return (2u * st + (HS > 64 ? 2u : 0u)) * tile + 2u * st * 64u * 4u;
 	default:
@@ -686,6 +686,7 @@ void cu_flash_prepare(struct cu_backend *cb)
 }
 
 #define FLASH_TILE 64 /* flash.cu's FA_TILE */
+#define FLASH_FWD_ROWS 128 /* flash.cu's FA_FWD_ROWS: queries per forward block */
 #define FLASH_THREADS 128
 
 /* The fused kernels' bf16 q, k, v, dout: copies in be->gemm_scratch
@@ -756,8 +757,14 @@ static void cu_attention_forward(struct gpu_backend *be, float *out, gpu_bf16 *o
 			return;
 		enum cu_kernel f, d1, d2;
 		flash_kernels(HS, &f, &d1, &d2);
+		/* grid (NH, B, query tiles): blocks start in this order, x
+		 * fastest, and the kernel takes the last (heaviest) query tiles
+		 * first, so every head's heaviest tiles start before any
+		 * lighter one (the lightest fill the tail) */
 		void *args[] = {&out, &out16, &att, &fc.q, &fc.k, &fc.v, &T, &NH, &NKV};
-		cu_launch(cb, f, (struct cu_dim){cu_blocks((size_t)T, FLASH_TILE), (unsigned)NH, (unsigned)B},
+		cu_launch(cb, f,
+			  (struct cu_dim){(unsigned)NH, (unsigned)B,
+					  cu_blocks((size_t)T, FLASH_FWD_ROWS)},
 			  dim1(FLASH_THREADS), flash_smem_bytes(FLASH_FWD, HS), args);
 		return;
 	}

@@ -7,12 +7,15 @@
  * accumulation, the softmax in fp32. The
  * fp32 mode keeps the exact path of attention.cu + cuBLAS.
  *
- * Forward: one block per (64 queries, head, batch), a warp per 16 queries,
- * the heaviest (last) query tiles launched first; the keys in tiles of 64 up
- * to the diagonal with the online softmax, the next tile copied in
- * (cp.async) while this one is used; out and, per query row, L = log2 of
- * the sum of 2^(s - m) plus m, where s is the score times log2(e)/sqrt(HS):
- * what the backward needs to rebuild P.
+ * Forward: one block per (128 queries, head, batch), a warp per 32 queries
+ * (two m16 tiles, interleaved: rows 16 w and 64 + 16 w of the block), so
+ * that every K and V fragment read from shared memory feeds two mma's; the
+ * heaviest (last) query tiles of every head launched first; the keys in
+ * tiles of 64 up to the diagonal with the online softmax, the next tile
+ * copied in (cp.async) while this one is used; out and, per query row, L =
+ * log2 of the sum of 2^(s - m) plus m, where s is the score times
+ * log2(e)/sqrt(HS): what the backward needs to rebuild P. (The forward's
+ * own section below says more.)
  * Backward, deterministic (no atomics, fixed orders): flash_rowdot forms
  * Dr = rowsum(dout * out) (out read from its bf16 twin where given);
  * flash_bwd_dkdv, a block per (64 keys, head,
@@ -278,121 +281,328 @@ static __device__ __forceinline__ void fa_store16(fa_bf16 *dst, int ld, const fl
 	}
 }
 
+/* --- The forward ---
+ * A block per (128 queries, head, batch), 4 warps; warp w owns two m16 tiles
+ * of the block's rows, 16 w.. and 64 + 16 w.. (interleaved rather than 32
+ * rows in a row, so that every warp has the same share of the causal
+ * triangle: in the block's last key tile, k0 = q0 + 64, every warp's first
+ * m-tile lies past the diagonal and is skipped, its second is on it). Every
+ * K and V fragment a warp reads (ldmatrix) feeds the mma's of both m-tiles.
+ * Each query row meets the same key tiles (64 keys, from 0 up to the one
+ * holding the row's diagonal, inside T) in the same order, with the same
+ * operations on its elements, as it did under the 16-rows-a-warp layout:
+ * out, its bf16 twin and L are the same functions of the inputs as before;
+ * only the rows' grouping changed. Shared memory, four 64-row tiles in
+ * both layouts (flash_smem_bytes' FLASH_FWD):
+ *  - up to HS 64 Q's A fragments stay in registers (D / 4 a thread for the
+ *    warp's 32 rows), staged once through tiles 2, 3; K, V double-buffered
+ *    (tiles 0, 1 and 2, 3), the next pair copied while this one is used;
+ *  - at HS 128 the O accumulator (32 x 128 fp32: 128 registers a thread)
+ *    and the scores (64) leave no room for Q's 64: Q stays in tiles 0, 1
+ *    and is read a k-step at a time (ldmatrix), K and V have one tile each
+ *    (2, 3) and their copies are staggered as FlashAttention-2 does: V's
+ *    while S = Q K^T and the softmax run, the next K's while P V runs. Two
+ *    buffers each would not fit the 99 KiB a block may have on
+ *    sm_86/89/120. */
+#define FA_FWD_ROWS 128 /* queries per forward block */
+
+/* Q held as A fragments in registers (else read from shared memory). Read
+ * from shared memory, the k-steps of S = Q K^T are unrolled fully up to
+ * sm_90 (ptxas 13.0: 255 registers at HS 128, no spills) and by two from
+ * sm_100 on, where fully unrolled they spill ~100 bytes. */
+template <int D> struct fa_fwd_cfg {
+	static constexpr bool q_regs = D <= 64;
+	static constexpr int qk = q_regs ? D / 16 : 1; /* k-steps of Q held */
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 1000
+	static constexpr int kstep_unroll = 2;
+#else
+	static constexpr int kstep_unroll = D / 16;
+#endif
+};
+
+/* s[mt] (16 x 64 as 8 C tiles) = the scores of m-tile mt, M0 <= mt < 2, of
+ * the warp against the key tile sK (64 rows x D): Q from qa (q_regs) or from
+ * sQ (128 rows; m-tile mt at row 64 mt + 16 warp). The B fragments as in
+ * fa_mm_nt, each ldmatrix.x4 read once for both m-tiles; each element's sum
+ * over the head dimension runs its k-steps in increasing order from 0. */
+template <int D, int M0>
+static __device__ __forceinline__ void fa_fwd_scores(float s[2][8][4],
+						     const uint32_t (*qa)[fa_fwd_cfg<D>::qk][4],
+						     fa_bf16 (*sQ)[D + FA_PAD],
+						     fa_bf16 (*sK)[D + FA_PAD], int warp, int lane)
+{
+#pragma unroll
+	for (int mt = M0; mt < 2; mt++)
+#pragma unroll
+		for (int n = 0; n < 8; n++)
+			s[mt][n][0] = s[mt][n][1] = s[mt][n][2] = s[mt][n][3] = 0.f;
+	const int row = (lane & 7) + (lane >> 4) * 8, col = ((lane >> 3) & 1) * 8;
+	if constexpr (fa_fwd_cfg<D>::q_regs) {
+#pragma unroll
+		for (int n = 0; n < 8; n += 2)
+#pragma unroll
+			for (int kk = 0; kk < D / 16; kk++) {
+				uint32_t b[4];
+				fa_ldm(b, &sK[n * 8 + row][kk * 16 + col]);
+#pragma unroll
+				for (int mt = M0; mt < 2; mt++) {
+					fa_mma(s[mt][n], qa[mt][kk], b[0], b[1]);
+					fa_mma(s[mt][n + 1], qa[mt][kk], b[2], b[3]);
+				}
+			}
+	} else {
+		/* A by ldmatrix.x4 as in fa_mm_nt_s */
+		const int arow = (lane & 7) + ((lane >> 3) & 1) * 8, acol = (lane >> 4) * 8;
+#pragma unroll(fa_fwd_cfg<D>::kstep_unroll)
+		for (int kk = 0; kk < D / 16; kk++) {
+			uint32_t a[2][4];
+#pragma unroll
+			for (int mt = M0; mt < 2; mt++)
+				fa_ldm(a[mt], &sQ[mt * 64 + warp * 16 + arow][kk * 16 + acol]);
+#pragma unroll
+			for (int n = 0; n < 8; n += 2) {
+				uint32_t b[4];
+				fa_ldm(b, &sK[n * 8 + row][kk * 16 + col]);
+#pragma unroll
+				for (int mt = M0; mt < 2; mt++) {
+					fa_mma(s[mt][n], a[mt], b[0], b[1]);
+					fa_mma(s[mt][n + 1], a[mt], b[2], b[3]);
+				}
+			}
+		}
+	}
+}
+
+/* The online softmax of one m-tile over the key tile at k0: s (its scores)
+ * becomes P = 2^(x - m) with x = s log2(e)/sqrt(HS), masked to -inf past the
+ * diagonal and past T; the running max m and sum l of rows r + g and
+ * r + g + 8 (r the m-tile's first row) move to this tile, and o is rescaled
+ * by 2^(m_old - m_new). */
+template <int D>
+static __device__ __forceinline__ void fa_fwd_softmax(float s[8][4], float o[D / 8][4], float m[2],
+						      float l[2], int k0, int r, int T, float sl2,
+						      int g, int t)
+{
+	const int row0 = r + g, row1 = row0 + 8;
+	/* below the diagonal and inside T: no mask to apply */
+	const bool full = k0 + FA_TILE - 1 <= r && k0 + FA_TILE <= T;
+	float mx0 = m[0], mx1 = m[1];
+#pragma unroll
+	for (int n = 0; n < 8; n++)
+#pragma unroll
+		for (int e = 0; e < 4; e++) {
+			const int col = k0 + n * 8 + 2 * t + (e & 1);
+			const int row = e < 2 ? row0 : row1;
+			float x = s[n][e] * sl2;
+			if (!full && (col > row || col >= T))
+				x = -INFINITY;
+			s[n][e] = x;
+			if (e < 2)
+				mx0 = fmaxf(mx0, x);
+			else
+				mx1 = fmaxf(mx1, x);
+		}
+	mx0 = fa_quad_max(mx0);
+	mx1 = fa_quad_max(mx1);
+	const float c0 = exp2f(m[0] - mx0), c1 = exp2f(m[1] - mx1);
+	m[0] = mx0;
+	m[1] = mx1;
+	float rs0 = 0.f, rs1 = 0.f;
+#pragma unroll
+	for (int n = 0; n < 8; n++) {
+		s[n][0] = exp2f(s[n][0] - mx0);
+		s[n][1] = exp2f(s[n][1] - mx0);
+		s[n][2] = exp2f(s[n][2] - mx1);
+		s[n][3] = exp2f(s[n][3] - mx1);
+		rs0 += s[n][0] + s[n][1];
+		rs1 += s[n][2] + s[n][3];
+	}
+	l[0] = l[0] * c0 + rs0;
+	l[1] = l[1] * c1 + rs1;
+#pragma unroll
+	for (int d = 0; d < D / 8; d++) {
+		o[d][0] *= c0;
+		o[d][1] *= c0;
+		o[d][2] *= c1;
+		o[d][3] *= c1;
+	}
+}
+
+/* P[mt] (16 x 64, the C tiles s[mt]) rounded to bf16 as the A fragments of
+ * its four k-steps (16 keys each), M0 <= mt < 2: half the registers of the
+ * fp32 scores, which die here. */
+template <int M0>
+static __device__ __forceinline__ void fa_fwd_pack(uint32_t pa[2][4][4], const float s[2][8][4])
+{
+#pragma unroll
+	for (int mt = M0; mt < 2; mt++)
+#pragma unroll
+		for (int j = 0; j < 4; j++) {
+			pa[mt][j][0] = fa_pack(s[mt][2 * j][0], s[mt][2 * j][1]);
+			pa[mt][j][1] = fa_pack(s[mt][2 * j][2], s[mt][2 * j][3]);
+			pa[mt][j][2] = fa_pack(s[mt][2 * j + 1][0], s[mt][2 * j + 1][1]);
+			pa[mt][j][3] = fa_pack(s[mt][2 * j + 1][2], s[mt][2 * j + 1][3]);
+		}
+}
+
+/* o[mt] += P[mt] (its A fragments pa[mt]) times the tile sV (64 rows x D),
+ * M0 <= mt < 2; the B fragments as in fa_mm_pv, each ldmatrix.trans read
+ * once for both m-tiles; each element's k-steps (16 keys) in increasing
+ * order. */
+template <int D, int M0>
+static __device__ __forceinline__ void fa_fwd_pv(float o[2][D / 8][4], const uint32_t pa[2][4][4],
+						 fa_bf16 (*sV)[D + FA_PAD], int lane)
+{
+	const int row = (lane & 7) + ((lane >> 3) & 1) * 8, col = (lane >> 4) * 8;
+#pragma unroll
+	for (int j = 0; j < 4; j++)
+#pragma unroll
+		for (int d = 0; d < D / 8; d += 2) {
+			uint32_t b[4];
+			fa_ldm_t(b, &sV[j * 16 + row][d * 8 + col]);
+#pragma unroll
+			for (int mt = M0; mt < 2; mt++) {
+				fa_mma(o[mt][d], pa[mt][j], b[0], b[1]);
+				fa_mma(o[mt][d + 1], pa[mt][j], b[2], b[3]);
+			}
+		}
+}
+
+/* One key tile (k0) for m-tiles M0.. of the warp: M0 = 1 in the block's
+ * last tile, k0 = q0 + 64, past every row of the first m-tiles. sK, sV:
+ * this tile's keys and values. Without q_regs (HS 128) sV is still being
+ * copied on entry: the copy is waited for after the softmax, and then, with
+ * next, the next key tile's copy started into sK, once every warp is done
+ * with it. */
+template <int D, int M0>
+static __device__ __forceinline__ void
+fa_fwd_tile(float o[2][D / 8][4], float m[2][2], float l[2][2],
+	    const uint32_t (*qa)[fa_fwd_cfg<D>::qk][4], fa_bf16 (*sQ)[D + FA_PAD],
+	    fa_bf16 (*sK)[D + FA_PAD], fa_bf16 (*sV)[D + FA_PAD], const fa_bf16 *kb, int ldk,
+	    bool next, int k0, int q0, int T, float sl2, int warp, int lane)
+{
+	const int g = lane >> 2, t = lane & 3;
+	float s[2][8][4];
+	fa_fwd_scores<D, M0>(s, qa, sQ, sK, warp, lane);
+#pragma unroll
+	for (int mt = M0; mt < 2; mt++)
+		fa_fwd_softmax<D>(s[mt], o[mt], m[mt], l[mt], k0, q0 + mt * 64 + warp * 16, T, sl2,
+				  g, t);
+	uint32_t pa[2][4][4];
+	fa_fwd_pack<M0>(pa, s);
+	if constexpr (!fa_fwd_cfg<D>::q_regs) {
+		fa_wait<0>();
+		__syncthreads(); /* V has landed; every warp is done with K */
+		if (next) {
+			fa_tile<D>(sK, kb, ldk, k0 + FA_TILE, T);
+			fa_commit();
+		}
+	}
+	fa_fwd_pv<D, M0>(o, pa, sV, lane);
+}
+
 template <int D>
 static __device__ __forceinline__ void flash_fwd(float *out, fa_bf16 *out16, float *lse,
-						 const fa_bf16 *q,
-						 const fa_bf16 *k, const fa_bf16 *v, int T, int NH,
-						 int NKV)
+						 const fa_bf16 *q, const fa_bf16 *k, const fa_bf16 *v,
+						 int T, int NH, int NKV)
 {
-	constexpr int ST = fa_cfg<D>::stages;
-	/* tiles: Q, K[ST], V[ST] */
+	constexpr bool QR = fa_fwd_cfg<D>::q_regs;
 	fa_bf16(*tl)[FA_TILE][D + FA_PAD] = fa_tiles<D>();
-	fa_bf16(*sQ)[D + FA_PAD] = tl[0];
-	const int q0 = (gridDim.x - 1 - blockIdx.x) * FA_TILE, h = blockIdx.y, b = blockIdx.z;
+	/* the heaviest (last) query tiles first, for every head and batch */
+	const int h = blockIdx.x, b = blockIdx.y;
+	const int q0 = (gridDim.z - 1 - blockIdx.z) * FA_FWD_ROWS;
 	const int kvh = h / (NH / NKV), ldq = NH * D, ldk = NKV * D;
 	const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
 	const float sl2 = FA_LOG2E * rsqrtf((float)D);
+	const fa_bf16 *qb = q + (size_t)b * T * ldq + h * D;
 	const fa_bf16 *kb = k + (size_t)b * T * ldk + kvh * D;
 	const fa_bf16 *vb = v + (size_t)b * T * ldk + kvh * D;
+	/* Q's 128 rows: two consecutive tiles, one [128][D + FA_PAD] array */
+	fa_bf16(*sQ)[D + FA_PAD] = tl[QR ? 2 : 0];
 
-	fa_tile<D>(sQ, q + (size_t)b * T * ldq + h * D, ldq, q0, T);
-	fa_tile<D>(tl[1], kb, ldk, 0, T);
-	fa_tile<D>(tl[1 + ST], vb, ldk, 0, T);
+	fa_tile<D>(tl[QR ? 2 : 0], qb, ldq, q0, T);
+	fa_tile<D>(tl[QR ? 3 : 1], qb, ldq, q0 + FA_TILE, T);
+	fa_tile<D>(tl[QR ? 0 : 2], kb, ldk, 0, T);
+	if (QR)
+		fa_tile<D>(tl[1], vb, ldk, 0, T);
 	fa_commit();
 
-	const int row0 = q0 + warp * 16 + g, row1 = row0 + 8;
-	uint32_t qa[D / 16][4];
-	float o[D / 8][4];
-#pragma unroll
-	for (int d = 0; d < D / 8; d++)
-		o[d][0] = o[d][1] = o[d][2] = o[d][3] = 0.f;
-	float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;
-	const int tiles = (min(T, q0 + FA_TILE) - 1) / FA_TILE + 1;
-	for (int it = 0; it < tiles; it++) {
-		const int k0 = it * FA_TILE, buf = ST == 2 ? it & 1 : 0;
-		if (ST == 2 && it + 1 < tiles) {
-			fa_tile<D>(tl[1 + (buf ^ 1)], kb, ldk, k0 + FA_TILE, T);
-			fa_tile<D>(tl[1 + ST + (buf ^ 1)], vb, ldk, k0 + FA_TILE, T);
-			fa_commit();
-			fa_wait<1>();
-		} else {
-			fa_wait<0>();
-		}
+	uint32_t qa[2][fa_fwd_cfg<D>::qk][4];
+	if constexpr (QR) {
+		fa_wait<0>();
 		__syncthreads();
-		if (it == 0)
-			fa_frag_a<D>(qa, sQ, warp * 16, g, t);
-		if (k0 <= q0 + warp * 16 + 15) { /* else every key is past this warp's queries */
-			float s[8][4];
-			fa_mm_nt<D>(s, qa, tl[1 + buf], lane);
-			float mx0 = m0, mx1 = m1;
-			/* below the diagonal and inside T: no mask to apply */
-			const bool full = k0 + FA_TILE - 1 <= q0 + warp * 16 && k0 + FA_TILE <= T;
 #pragma unroll
-			for (int n = 0; n < 8; n++)
+		for (int mt = 0; mt < 2; mt++)
+			fa_frag_a<D>(qa[mt], sQ, mt * 64 + warp * 16, g, t);
+		__syncthreads(); /* tiles 2, 3 are free for the second buffers */
+	}
+
+	float o[2][D / 8][4], m[2][2], l[2][2];
 #pragma unroll
-				for (int e = 0; e < 4; e++) {
-					const int col = k0 + n * 8 + 2 * t + (e & 1);
-					const int row = e < 2 ? row0 : row1;
-					float x = s[n][e] * sl2;
-					if (!full && (col > row || col >= T))
-						x = -INFINITY;
-					s[n][e] = x;
-					if (e < 2)
-						mx0 = fmaxf(mx0, x);
-					else
-						mx1 = fmaxf(mx1, x);
-				}
-			mx0 = fa_quad_max(mx0);
-			mx1 = fa_quad_max(mx1);
-			const float c0 = exp2f(m0 - mx0), c1 = exp2f(m1 - mx1);
-			m0 = mx0;
-			m1 = mx1;
-			float rs0 = 0.f, rs1 = 0.f;
+	for (int mt = 0; mt < 2; mt++) {
 #pragma unroll
-			for (int n = 0; n < 8; n++) {
-				s[n][0] = exp2f(s[n][0] - m0);
-				s[n][1] = exp2f(s[n][1] - m0);
-				s[n][2] = exp2f(s[n][2] - m1);
-				s[n][3] = exp2f(s[n][3] - m1);
-				rs0 += s[n][0] + s[n][1];
-				rs1 += s[n][2] + s[n][3];
+		for (int d = 0; d < D / 8; d++)
+			o[mt][d][0] = o[mt][d][1] = o[mt][d][2] = o[mt][d][3] = 0.f;
+		m[mt][0] = m[mt][1] = -INFINITY;
+		l[mt][0] = l[mt][1] = 0.f;
+	}
+	const int tiles = (min(T, q0 + FA_FWD_ROWS) - 1) / FA_TILE + 1;
+	for (int it = 0; it < tiles; it++) {
+		const int k0 = it * FA_TILE;
+		const bool next = it + 1 < tiles;
+		fa_bf16(*sK)[D + FA_PAD], (*sV)[D + FA_PAD];
+		if constexpr (QR) {
+			const int buf = it & 1;
+			sK = tl[2 * buf];
+			sV = tl[2 * buf + 1];
+			if (next) {
+				fa_tile<D>(tl[2 * (buf ^ 1)], kb, ldk, k0 + FA_TILE, T);
+				fa_tile<D>(tl[2 * (buf ^ 1) + 1], vb, ldk, k0 + FA_TILE, T);
+				fa_commit();
+				fa_wait<1>();
+			} else {
+				fa_wait<0>();
 			}
-			l0 = l0 * c0 + rs0;
-			l1 = l1 * c1 + rs1;
-#pragma unroll
-			for (int d = 0; d < D / 8; d++) {
-				o[d][0] *= c0;
-				o[d][1] *= c0;
-				o[d][2] *= c1;
-				o[d][3] *= c1;
-			}
-			fa_mm_pv<D>(o, s, tl[1 + ST + buf], lane);
-		}
-		__syncthreads(); /* before the next copy overwrites buf */
-		if (ST == 1 && it + 1 < tiles) {
-			fa_tile<D>(tl[1], kb, ldk, k0 + FA_TILE, T);
-			fa_tile<D>(tl[2], vb, ldk, k0 + FA_TILE, T);
+			__syncthreads();
+		} else {
+			sK = tl[2];
+			sV = tl[3];
+			fa_wait<0>();
+			__syncthreads(); /* K (and Q) landed; every warp is done with V */
+			fa_tile<D>(sV, vb, ldk, k0, T);
 			fa_commit();
 		}
+		/* k0 <= q0: both m-tiles; else (k0 = q0 + 64) the second only */
+		if (k0 <= q0)
+			fa_fwd_tile<D, 0>(o, m, l, qa, sQ, sK, sV, kb, ldk, next, k0, q0, T, sl2,
+					  warp, lane);
+		else
+			fa_fwd_tile<D, 1>(o, m, l, qa, sQ, sK, sV, kb, ldk, next, k0, q0, T, sl2,
+					  warp, lane);
+		if constexpr (QR)
+			__syncthreads(); /* before the next copy overwrites this buffer */
 	}
-	l0 = fa_quad_sum(l0);
-	l1 = fa_quad_sum(l1);
-	const float i0 = 1.f / l0, i1 = 1.f / l1;
 #pragma unroll
-	for (int d = 0; d < D / 8; d++) {
-		o[d][0] *= i0, o[d][1] *= i0;
-		o[d][2] *= i1, o[d][3] *= i1;
-	}
-	if (out)
-		fa_store<D>(out + (size_t)b * T * ldq + h * D, ldq, o, 1.f, row0, T, t);
-	if (out16)
-		fa_store16<D>(out16 + (size_t)b * T * ldq + h * D, ldq, o, row0, T, t);
-	if (t == 0) {
-		float *lb = lse + ((size_t)b * NH + h) * T;
-		if (row0 < T)
-			lb[row0] = m0 + log2f(l0);
-		if (row1 < T)
-			lb[row1] = m1 + log2f(l1);
+	for (int mt = 0; mt < 2; mt++) {
+		const int row0 = q0 + mt * 64 + warp * 16 + g, row1 = row0 + 8;
+		const float l0 = fa_quad_sum(l[mt][0]), l1 = fa_quad_sum(l[mt][1]);
+		const float i0 = 1.f / l0, i1 = 1.f / l1;
+#pragma unroll
+		for (int d = 0; d < D / 8; d++) {
+			o[mt][d][0] *= i0, o[mt][d][1] *= i0;
+			o[mt][d][2] *= i1, o[mt][d][3] *= i1;
+		}
+		if (out)
+			fa_store<D>(out + (size_t)b * T * ldq + h * D, ldq, o[mt], 1.f, row0, T, t);
+		if (out16)
+			fa_store16<D>(out16 + (size_t)b * T * ldq + h * D, ldq, o[mt], row0, T, t);
+		if (t == 0) {
+			float *lb = lse + ((size_t)b * NH + h) * T;
+			if (row0 < T)
+				lb[row0] = m[mt][0] + log2f(l0);
+			if (row1 < T)
+				lb[row1] = m[mt][1] + log2f(l1);
+		}
 	}
 }
 
@@ -654,8 +864,9 @@ static __device__ __forceinline__ void flash_bwd_dq(float *dq, const fa_bf16 *do
 	fa_store<D>(dq + (size_t)b * T * ldq + h * D, ldq, dqa, rsqrtf((float)D), row0, T, t);
 }
 
-/* The kernels, one per head size. Grid (ceil(T/64), NH, B), 128 threads,
- * flash_smem_bytes (gpu/cuda/cuda_ops.c) of dynamic shared memory. */
+/* The kernels, one per head size. Grid (ceil(T/64), NH, B) (the forward's
+ * (NH, B, ceil(T/128))), 128 threads, flash_smem_bytes (gpu/cuda/cuda_ops.c)
+ * of dynamic shared memory. */
 #define FA_KERNELS(D)                                                                         \
 	extern "C" __global__ void __launch_bounds__(FA_THREADS)                              \
 		flash_fwd_d##D(float *out, fa_bf16 *out16, float *lse, const fa_bf16 *q,      \

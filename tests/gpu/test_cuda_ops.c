@@ -885,12 +885,15 @@ static void expect_normwise(const char *what, const float *got, const float *ref
  * so it is held to the bf16 mode's bounds, normwise: 2e-2 for out and the
  * gradients, where the roundings' combined effect measures ~3e-3 and a wrong
  * mask, scale or tile gives O(1). T crosses the 64-row tiles (63, 64, 65,
- * 130), GQA groups of 1 to 7 heads, every head size the kernels are built
- * for. att holds B*NH*T floats in this mode, datt gpu_flash_datt_floats
- * (with GQA, the per-head dK/dV partials). Run twice: the same bits (no
- * atomics). And with q, k, v given as bf16 twins (the engine keeps them so
- * when attention is fused) in a scratch with room for dout's copy only: the
- * same bits as rounding the fp32 ones (they are those, rounded). */
+ * 130) and the forward's 128-query blocks (130, 200, 256, 300: a block's
+ * last key tile, which only its second m-tiles see, and 5 key tiles through
+ * head size 128's single K and V buffers), GQA groups of 1 to 7 heads,
+ * every head size the kernels are built for. att holds B*NH*T floats in
+ * this mode, datt gpu_flash_datt_floats (with GQA, the per-head dK/dV
+ * partials). Run twice: the same bits (no atomics). And with q, k, v given
+ * as bf16 twins (the engine keeps them so when attention is fused) in a
+ * scratch with room for dout's copy only: the same bits as rounding the
+ * fp32 ones (they are those, rounded). */
 #define FLASH_NORM_TOL 2e-2
 
 /* The output kept in bf16 only (the plan's y16 without y): the forward
@@ -1001,6 +1004,7 @@ static void test_flash_attention(void)
 		{ 2, 5, 4, 2, 16 },   { 1, 1, 2, 1, 16 },   { 2, 63, 4, 4, 32 },  { 1, 64, 14, 2, 64 },
 		{ 2, 65, 4, 2, 64 },  { 1, 130, 7, 1, 16 }, { 2, 256, 8, 2, 64 }, { 1, 200, 4, 2, 32 },
 		{ 1, 130, 4, 2, 128 }, { 2, 64, 2, 2, 128 }, { 1, 1, 2, 1, 128 },
+		{ 1, 300, 4, 1, 128 },
 	};
 	struct td_errbuf eb = {{0}};
 	CHECK_EQ_INT(gpu_set_bf16(be, true, &eb), TD_OK);
