@@ -289,11 +289,12 @@ static __device__ __forceinline__ void fa_store16(fa_bf16 *dst, int ld, const fl
  * m-tile lies past the diagonal and is skipped, its second is on it). Every
  * K and V fragment a warp reads (ldmatrix) feeds the mma's of both m-tiles.
  * Each query row meets the same key tiles (64 keys, from 0 up to the one
- * holding the row's diagonal, inside T) in the same order, with the same
- * operations on its elements, as it did under the 16-rows-a-warp layout:
- * out, its bf16 twin and L are the same functions of the inputs as before;
- * only the rows' grouping changed. Shared memory, four 64-row tiles in
- * both layouts (flash_smem_bytes' FLASH_FWD):
+ * holding the row's diagonal, inside T) in the same order as under the
+ * 16-rows-a-warp layout before it, each element's products summed in the
+ * same order; the softmax spends fewer instructions an element
+ * (fa_fwd_softmax: an FFMA and ex2.approx.ftz for the power), an arithmetic
+ * tests/bench/attn_check.c derives its forward bounds from. Shared memory,
+ * four 64-row tiles in both layouts (flash_smem_bytes' FLASH_FWD):
  *  - up to HS 64 Q's A fragments stay in registers (D / 4 a thread for the
  *    warp's 32 rows), staged once through tiles 2, 3; K, V double-buffered
  *    (tiles 0, 1 and 2, 3), the next pair copied while this one is used;
@@ -309,7 +310,8 @@ static __device__ __forceinline__ void fa_store16(fa_bf16 *dst, int ld, const fl
 /* Q held as A fragments in registers (else read from shared memory). Read
  * from shared memory, the k-steps of S = Q K^T are unrolled fully up to
  * sm_90 (ptxas 13.0: 255 registers at HS 128, no spills) and by two from
- * sm_100 on, where fully unrolled they spill ~100 bytes. */
+ * sm_100 on, where fully unrolled they spilled ~100 bytes (sm_120 still
+ * spills 4). */
 template <int D> struct fa_fwd_cfg {
 	static constexpr bool q_regs = D <= 64;
 	static constexpr int qk = q_regs ? D / 16 : 1; /* k-steps of Q held */
@@ -373,47 +375,61 @@ static __device__ __forceinline__ void fa_fwd_scores(float s[2][8][4],
 	}
 }
 
-/* The online softmax of one m-tile over the key tile at k0: s (its scores)
- * becomes P = 2^(x - m) with x = s log2(e)/sqrt(HS), masked to -inf past the
- * diagonal and past T; the running max m and sum l of rows r + g and
- * r + g + 8 (r the m-tile's first row) move to this tile, and o is rescaled
- * by 2^(m_old - m_new). */
+/* 2^x by ex2.approx.ftz.f32: the instruction exp2f is built on (2 ulp,
+ * CUDA C Programming Guide), without exp2f's fix-up of results under
+ * 2^-126, which become 0. */
+static __device__ __forceinline__ float fa_ex2(float x)
+{
+	float y;
+	asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+	return y;
+}
+
+/* The online softmax of one m-tile over the key tile at k0: s (its raw
+ * scores, q . k) becomes P = 2^(s sl2 - m), sl2 = log2(e)/sqrt(HS), masked to
+ * 0 past the diagonal and past T; the running max m (log2 units) and sum l
+ * of rows r + g and r + g + 8 (r the m-tile's first row) move to this tile,
+ * and o is rescaled by 2^(m_old - m_new). The max is taken over the raw
+ * scores and scaled once a row: sl2 > 0 and rounding is monotonic, so
+ * fl(sl2 max s) = max fl(sl2 s). Each exponent is one FFMA, fl(s sl2 - m),
+ * and each power fa_ex2: per element a max, an FFMA, an ex2, an add and
+ * half a pack, the mask's compares only in tiles on the diagonal or past T.
+ * Every row the loop gives this function has key k0 unmasked (k0 <= the
+ * m-tile's first row, k0 < T): the tile's max is finite. */
 template <int D>
 static __device__ __forceinline__ void fa_fwd_softmax(float s[8][4], float o[D / 8][4], float m[2],
 						      float l[2], int k0, int r, int T, float sl2,
 						      int g, int t)
 {
-	const int row0 = r + g, row1 = row0 + 8;
-	/* below the diagonal and inside T: no mask to apply */
-	const bool full = k0 + FA_TILE - 1 <= r && k0 + FA_TILE <= T;
-	float mx0 = m[0], mx1 = m[1];
+	if (!(k0 + FA_TILE - 1 <= r && k0 + FA_TILE <= T)) { /* else below the diagonal, inside T */
+		const int row0 = r + g, row1 = row0 + 8;
 #pragma unroll
-	for (int n = 0; n < 8; n++)
+		for (int n = 0; n < 8; n++)
 #pragma unroll
-		for (int e = 0; e < 4; e++) {
-			const int col = k0 + n * 8 + 2 * t + (e & 1);
-			const int row = e < 2 ? row0 : row1;
-			float x = s[n][e] * sl2;
-			if (!full && (col > row || col >= T))
-				x = -INFINITY;
-			s[n][e] = x;
-			if (e < 2)
-				mx0 = fmaxf(mx0, x);
-			else
-				mx1 = fmaxf(mx1, x);
-		}
-	mx0 = fa_quad_max(mx0);
-	mx1 = fa_quad_max(mx1);
+			for (int e = 0; e < 4; e++) {
+				const int col = k0 + n * 8 + 2 * t + (e & 1);
+				if (col > (e < 2 ? row0 : row1) || col >= T)
+					s[n][e] = -INFINITY;
+			}
+	}
+	float mx0 = -INFINITY, mx1 = -INFINITY;
+#pragma unroll
+	for (int n = 0; n < 8; n++) {
+		mx0 = fmaxf(mx0, fmaxf(s[n][0], s[n][1]));
+		mx1 = fmaxf(mx1, fmaxf(s[n][2], s[n][3]));
+	}
+	mx0 = fmaxf(m[0], fa_quad_max(mx0) * sl2);
+	mx1 = fmaxf(m[1], fa_quad_max(mx1) * sl2);
 	const float c0 = exp2f(m[0] - mx0), c1 = exp2f(m[1] - mx1);
 	m[0] = mx0;
 	m[1] = mx1;
 	float rs0 = 0.f, rs1 = 0.f;
 #pragma unroll
 	for (int n = 0; n < 8; n++) {
-		s[n][0] = exp2f(s[n][0] - mx0);
-		s[n][1] = exp2f(s[n][1] - mx0);
-		s[n][2] = exp2f(s[n][2] - mx1);
-		s[n][3] = exp2f(s[n][3] - mx1);
+		s[n][0] = fa_ex2(fmaf(s[n][0], sl2, -mx0));
+		s[n][1] = fa_ex2(fmaf(s[n][1], sl2, -mx0));
+		s[n][2] = fa_ex2(fmaf(s[n][2], sl2, -mx1));
+		s[n][3] = fa_ex2(fmaf(s[n][3], sl2, -mx1));
 		rs0 += s[n][0] + s[n][1];
 		rs1 += s[n][2] + s[n][3];
 	}

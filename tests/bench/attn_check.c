@@ -52,6 +52,7 @@ struct ctx {
  * below is first order in these; the second-order terms (products of two of
  * them, each < 2^-8) are covered by the factor SECOND = 1.01. */
 static const double u = 0x1p-24, U = 0x1p-23, R16 = 0x1p-8, EXP = 0x1p-22, SECOND = 1.01;
+static const double FLUSH = 0x1p-126; /* the forward's powers flushed to 0 below it */
 
 static void check_elem(struct attn_check *c, double got, double ref, double bound, const char *what,
 		       int b, int h, int t, int col)
@@ -149,20 +150,28 @@ static double scores(const struct ctx *p, int b, int h, int t, double *x, double
 }
 
 /* Forward, on the sampled query rows.
- * The kernel: p_s = exp2f(x~_s - m) for the running max m, rescaled by
- * exp2f(m_old - m_new) at each of the row's ceil((t+1)/64) key tiles; out =
- * (sum_s bf16(p_s) v_s) / l, l = sum_s p_s, in fp32; then rounded to bf16
- * (out16). Relative error of each p (alpha): ln2 (2 max dx + u max|x - m|)
- * (its exponent's error: its score's and the max's, and the subtraction's
- * rounding) + EXP (exp2f) + tiles (EXP + 2u) (a rescale's exp2f and the
- * products by it, on numerator and denominator alike). Numerator: each
- * term's p within alpha + R16 (rounded to bf16 for the product), the sum of
- * t+1 terms within (t+1) U; l: within alpha + (t+1) u; the division and the
- * product by 1/l: 2u. With A_c = sum_s P_s |v_sc| >= |ref_c|:
+ * The kernel: p_s = 2^fl(s~_s sl2 - m) (one FFMA, then ex2.approx.ftz:
+ * exp2f's instruction, EXP, and 0 where the power is under 2^-126) for the
+ * running max m = fl(sl2 max s~) (= max fl(sl2 s~): rounding is monotonic),
+ * rescaled by exp2f(m_old - m_new) at each of the row's ceil((t+1)/64) key
+ * tiles; out = (sum_s bf16(p_s) v_s) / l, l = sum_s p_s, in fp32; then
+ * rounded to bf16 (out16). Relative error of each p (alpha): ln2 (2 max dx
+ * + u max|x - m|) (its exponent's error: its score's and the max's, and the
+ * FFMA's rounding; the score's product by sl2 is not rounded on its own
+ * there, one rounding fewer than dx counts) + EXP (the power) + tiles (EXP
+ * + 2u) (a rescale's exp2f and the products by it, on numerator and
+ * denominator alike). Numerator: each term's p within alpha + R16 (rounded
+ * to bf16 for the product), the sum of t+1 terms within (t+1) U; l: within
+ * alpha + (t+1) u; the division and the product by 1/l: 2u. With A_c =
+ * sum_s P_s |v_sc| >= |ref_c|:
  *   |out_c - ref_c| <= (2 alpha + R16 + 2 (t+1) U + 4u) A_c,
- * and out16 adds R16 |out_c|: bound = SECOND ((2 alpha + R16 + 2(t+1)U + 4u)
- * A_c + R16 |ref_c|). L~ = m + log2f(l): within max dx (m's score) +
- * (alpha + (t+1) u) / ln2 (l's relative error) + 2u (|L| + log2(t+1) + 1)
+ * and out16 adds R16 |out_c|. A power under 2^-126 flushed to 0 is off by
+ * less than FLUSH = 2^-126 outright (p <= 1 against the running max, and
+ * a later rescale only shrinks it; l >= 1): the numerator by at most (t+1)
+ * FLUSH max_s |v_sc|, l by (t+1) FLUSH relatively. bound = SECOND ((2 alpha
+ * + R16 + 2(t+1)U + 4u) A_c + R16 |ref_c| + (t+1) FLUSH (max_s |v_sc| +
+ * |ref_c|)). L~ = m + log2f(l): within max dx (m's score) + (alpha + (t+1)
+ * (u + FLUSH)) / ln2 (l's relative error) + 2u (|L| + log2(t+1) + 1)
  * (log2f's 2 ulp of a value <= log2(t+1), and the sum's rounding).
  * A wrong mask, scale, tile or head gives errors of the order of A_c. */
 static bool check_forward(const struct ctx *p, struct attn_check *c)
@@ -175,7 +184,8 @@ static bool check_forward(const struct ctx *p, struct attn_check *c)
 	bool ok = true;
 	double *x = malloc((size_t)s->T * sizeof(double)), *dx = malloc((size_t)s->T * sizeof(double));
 	double *ref = malloc((size_t)s->HS * sizeof(double)), *A = malloc((size_t)s->HS * sizeof(double));
-	if (!x || !dx || !ref || !A) {
+	double *vm = malloc((size_t)s->HS * sizeof(double));
+	if (!x || !dx || !ref || !A || !vm) {
 		ok = false;
 		goto out;
 	}
@@ -194,27 +204,30 @@ static bool check_forward(const struct ctx *p, struct attn_check *c)
 				const double tiles = t / 64 + 1;
 				const double alpha = M_LN2 * (2 * dxm + u * xr) + EXP + tiles * (EXP + 2 * u);
 				for (int cc = 0; cc < s->HS; cc++)
-					ref[cc] = A[cc] = 0;
+					ref[cc] = A[cc] = vm[cc] = 0;
 				for (int j = 0; j <= t; j++) {
 					const double P = exp2(x[j] - L);
 					const uint16_t *vj = p->h->v + ki(s, b, j, g);
 					for (int cc = 0; cc < s->HS; cc++) {
 						ref[cc] += P * attn_widen(vj[cc]);
 						A[cc] += P * fabs(attn_widen(vj[cc]));
+						vm[cc] = fmax(vm[cc], fabs(attn_widen(vj[cc])));
 					}
 				}
 				const uint16_t *o = p->h->o + qi(s, b, t, h);
 				const double k1 = 2 * alpha + R16 + 2 * (t + 1) * U + 4 * u;
+				const double fl = (t + 1) * FLUSH;
 				for (int cc = 0; cc < s->HS; cc++)
 					check_elem(c, attn_widen(o[cc]), ref[cc],
-						   SECOND * (k1 * A[cc] + R16 * fabs(ref[cc])), "out16", b, h,
-						   t, cc);
-				const double bl = SECOND * (dxm + (alpha + (t + 1) * u) / M_LN2 +
+						   SECOND * (k1 * A[cc] + R16 * fabs(ref[cc]) +
+							     fl * (vm[cc] + fabs(ref[cc]))),
+						   "out16", b, h, t, cc);
+				const double bl = SECOND * (dxm + (alpha + (t + 1) * u + fl) / M_LN2 +
 							    2 * u * (fabs(L) + log2(t + 1.0) + 1));
 				check_elem(c, p->h->lse[li(s, b, h, t)], L, bl, "L", b, h, t, -1);
 			}
 out:
-	free(x), free(dx), free(ref), free(A);
+	free(x), free(dx), free(ref), free(A), free(vm);
 	return ok;
 }
 

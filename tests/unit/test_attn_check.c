@@ -4,7 +4,9 @@
  *
  * emulate() plays kernels/cuda/flash.cu's float arithmetic on the CPU in
  * the kernels' order of operations (key tiles of 64 with the online softmax
- * and its rescales, exp2f of scores scaled by log2(e)/sqrt(HS), P and dS
+ * and its rescales; the forward's powers 2^(s log2(e)/sqrt(HS) - m) with
+ * one fma for the exponent and results under 2^-126 flushed to 0, the
+ * backward's exp2f of the scaled scores minus L; P and dS
  * rounded to bf16 before their products, dout's bf16 copy, D from out16
  * widened, fp32 out normalised then rounded to bf16 (out16), per-head dK and
  * dV partials added in head order), with IEEE sums in place of the tensor
@@ -96,8 +98,8 @@ static void emulate(const struct attn_shape *s, struct buf *m, enum fault fault)
 						float sc = 0;
 						for (int c = 0; c < HS; c++)
 							sc += attn_widen(Q(b, t, h)[c]) * attn_widen(K(b, j, g)[c]);
-						x[j] = sc * sl2;
-						tm = fmaxf(tm, x[j]);
+						x[j] = sc; /* raw: scaled in the fma below */
+						tm = fmaxf(tm, sc * sl2);
 					}
 					const float cr = exp2f(mx - tm);
 					mx = tm;
@@ -105,7 +107,9 @@ static void emulate(const struct attn_shape *s, struct buf *m, enum fault fault)
 					for (int c = 0; c < HS; c++)
 						o[c] *= cr;
 					for (int j = k0; j < k1; j++) {
-						const float p = exp2f(x[j] - mx);
+						float p = exp2f(fmaf(x[j], sl2, -mx));
+						if (p < 0x1p-126f)
+							p = 0; /* ex2.approx.ftz */
 						rs += p;
 						const float p16 = r16(p);
 						for (int c = 0; c < HS; c++)
