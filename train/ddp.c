@@ -68,7 +68,7 @@ struct tr_ddp {
 	struct piece *pieces;
 	size_t npieces;
 	struct zrange { size_t off, n; } *zr;
-	bool poison;        /* TD_TEST_POISON_PART: the slot's other floats NaN first */
+	bool poison;        /* TD_TEST_POISON_GRADS: the slot's other floats NaN first */
 	/* the parts' running sums are zero: no micro-batch of this step summed
 	 * into them yet (tr_model_zero_grad began it; tr_ddp_finish ends it) */
 	bool fresh;
@@ -768,7 +768,7 @@ td_err tr_ddp_new(struct tr_ddp **out, struct tr_model *m, struct gpu_comm *c, s
 	}
 	if (d->gr) {
 		d->fresh = true; /* zero_grad before the first step */
-		d->poison = getenv("TD_TEST_POISON_PART") != NULL;
+		d->poison = getenv("TD_TEST_POISON_GRADS") != NULL;
 		td_err e = grads_units(d, p, eb);
 		if (e == TD_OK)
 			part_overwrite(d);

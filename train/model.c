@@ -103,10 +103,17 @@ struct tr_model {
 	 * reductions (tr_model_zero_part_only): zero_grad zeroes only those. */
 	bool part_overwritten;
 	size_t part_zero_lo, part_zero_hi;
-	/* TD_TEST_POISON_PART set (tests/unit: ddp-shard): zero_grad fills the
+	/* TD_TEST_POISON_GRADS set (tests/unit: ddp-shard): zero_grad fills the
 	 * floats it leaves to the reductions with NaN, so a float that the
 	 * first micro-batch only added to would show in every loss after. */
 	bool poison_part;
+	/* Unsharded: the arena's ranges that zero_grad zeroes (every trainable
+	 * float but the tensors whose first product of a step overwrites:
+	 * tr_plan_dw_overwritten), and whether this step's first backward is
+	 * still to come (fresh: those products overwrite). */
+	struct { size_t off, n; } *zr;
+	size_t nzr;
+	bool fresh;
 	/* PARAMETERS: the weights gathered into the same layout (params.ring.K,
 	 * params.rest) and their bf16 rounding (params16.*, the bf16 mode);
 	 * params is then the part's fp32 masters, and wholes (when set:
@@ -332,6 +339,54 @@ static void bind_lin(struct tr_model *m, int l, int k)
 	assert(!ap == !bp2 && (!ap || L->u));
 }
 
+static int zr_by_off(const void *a, const void *b)
+{
+	const size_t x = *(const size_t *)a, y = *(const size_t *)b;
+	return x < y ? -1 : x > y;
+}
+
+/* Unsharded training: the arena's ranges that zero_grad zeroes — all of
+ * it but the tensors whose first product of a step overwrites their
+ * gradient (tr_plan_dw_overwritten): for a full fine-tune the embedding,
+ * the head and the norms and biases (the decoder's projection weights sit
+ * together, decayed first: train/plan.c). None overwritten (LoRA, frozen
+ * layers), or out of memory: m->zr stays NULL, the whole arena is zeroed. */
+static void zero_ranges(struct tr_model *m)
+{
+	const struct tr_plan *p = &m->plan;
+	if (p->opts.inference || tr_shard_grads(p->opts.shard, p->opts.shard_ranks) ||
+	    !p->numel_trainable)
+		return;
+	size_t n = 0;
+	for (size_t i = 0; i < p->nparams; i++)
+		n += tr_plan_dw_overwritten(p, &p->params[i]);
+	size_t *iv = n ? calloc(2 * n, sizeof(*iv)) : NULL;
+	if (!iv)
+		return;
+	size_t k = 0;
+	for (size_t i = 0; i < p->nparams; i++)
+		if (tr_plan_dw_overwritten(p, &p->params[i])) {
+			iv[2 * k] = p->params[i].goffset;
+			iv[2 * k + 1] = p->params[i].goffset + p->params[i].numel;
+			k++;
+		}
+	qsort(iv, n, 2 * sizeof(*iv), zr_by_off);
+	/* the complement of the sorted, disjoint tensors in [0, numel_trainable) */
+	if (!(m->zr = calloc(n + 1, sizeof(*m->zr)))) {
+		free(iv);
+		return;
+	}
+	size_t at = 0;
+	for (size_t i = 0; i < n; i++) {
+		if (iv[2 * i] > at)
+			m->zr[m->nzr++] = (__typeof__(*m->zr)){at, iv[2 * i] - at};
+		at = iv[2 * i + 1];
+	}
+	if (p->numel_trainable > at)
+		m->zr[m->nzr++] = (__typeof__(*m->zr)){at, p->numel_trainable - at};
+	free(iv);
+}
+
 static void bind(struct tr_model *m)
 {
 	const struct tr_model_config *c = &m->plan.cfg;
@@ -344,6 +399,7 @@ static void bind(struct tr_model *m)
 		m->gslot[k] = k < TR_GRAD_RING ? buf(m, "grads.ring.%d", k) : buf(m, "grads.rest");
 	m->wpart = tr_shard_params(m->plan.opts.shard, m->plan.opts.shard_ranks);
 	m->gscale = 1.0f;
+	zero_ranges(m);
 	m->gpart = tr_shard_grads(m->plan.opts.shard, m->plan.opts.shard_ranks);
 	m->rows = buf(m, "grads.rows");
 	m->rows_ids = buf(m, "grads.rows_ids");
@@ -505,7 +561,7 @@ static td_err model_new(struct tr_model **out, struct gpu_backend *be,
 	if (!m)
 		return td_fail(eb, TD_ENOMEM, "model: out of memory");
 	m->be = be;
-	m->poison_part = getenv("TD_TEST_POISON_PART") != NULL;
+	m->poison_part = getenv("TD_TEST_POISON_GRADS") != NULL;
 	m->base_shared = base != NULL;
 	m->base_loaded = base && base_loaded;
 	m->pad_id = cfg->pad_token_id;
@@ -615,6 +671,7 @@ void tr_model_free(struct tr_model *m)
 {
 	if (!m)
 		return;
+	free(m->zr);
 	if (m->gemm_bf16 && m->be->gemm_scratch == m->gemm_bf16) {
 		m->be->gemm_scratch = NULL;
 		m->be->gemm_scratch_bytes = 0;
@@ -1029,7 +1086,9 @@ static void linear_backward_rows(struct tr_model *m, int l, int k, float *dinp, 
 	assert(dout || !L->db);
 	assert(n == N || !L->lora);
 	const struct wref w = weight_of(m, L->wp);
-	const bool dw_set = first && L->dw && tr_plan_dw_overwritten(&m->plan, L->wp);
+	const bool sharded = tr_shard_grads(m->plan.opts.shard, m->plan.opts.shard_ranks);
+	const bool dw_set = first && L->dw && (sharded || m->fresh) &&
+			    tr_plan_dw_overwritten(&m->plan, L->wp);
 	gpu_matmul_backward(be, dinp, L->dw, L->db, dout, dout16, inp, inp16, w.f, w.h, n, L->in,
 			    L->out, (set ? GPU_SET_DINP : 0u) | (dw_set ? GPU_SET_DWEIGHT : 0u));
 	if (!L->lora)
@@ -1742,13 +1801,16 @@ void tr_model_backward(struct tr_model *m, float dloss)
 			embed_backward(m);
 			break;
 		case TR_STAGE_OPTIMIZER:
-			return; /* tr_model_clip_grads and tr_model_adamw, called by the trainer */
+			/* tr_model_clip_grads and tr_model_adamw, called by the trainer */
+			m->fresh = false; /* the step's next backwards add */
+			return;
 		default:
 			assert(!"a forward stage among the backward's");
 		}
 		if (m->stage_hook)
 			m->stage_hook(m->stage_ctx, s);
 	}
+	m->fresh = false;
 }
 
 float *tr_model_grads(struct tr_model *m)
@@ -1823,6 +1885,12 @@ void tr_model_zero_grad(struct tr_model *m)
 		if (m->part_zero_hi > m->part_zero_lo)
 			gpu_zero(m->be, m->grads + m->part_zero_lo,
 				 (m->part_zero_hi - m->part_zero_lo) * sizeof(float));
+	} else if (m->zr) {
+		if (m->poison_part)
+			gpu_scale(m->be, m->grads, NAN, grads_held(m));
+		for (size_t i = 0; i < m->nzr; i++)
+			gpu_zero(m->be, m->grads + m->zr[i].off, m->zr[i].n * sizeof(float));
+		m->fresh = true;
 	} else {
 		gpu_zero(m->be, m->grads, grads_held(m) * sizeof(float));
 	}

@@ -555,9 +555,11 @@ bool tr_plan_mlp_half(const struct tr_param *t)
 
 bool tr_plan_dw_overwritten(const struct tr_plan *p, const struct tr_param *t)
 {
-	return tr_shard_grads(p->opts.shard, p->opts.shard_ranks) && t->trainable &&
-	       t->kind == TR_P_BASE && t->layer >= 0 && t->lin >= 0 && t->ndim == 2 &&
-	       t->gslot >= 0 && t->gslot < TR_GRAD_RING;
+	if (!t->trainable || t->kind != TR_P_BASE || t->layer < 0 || t->lin < 0 || t->ndim != 2)
+		return false;
+	return tr_shard_grads(p->opts.shard, p->opts.shard_ranks)
+		       ? t->gslot >= 0 && t->gslot < TR_GRAD_RING
+		       : t->gslot < 0;
 }
 
 bool tr_plan_attention_y32(const struct tr_plan_opts *o)

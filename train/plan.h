@@ -487,10 +487,12 @@ bool tr_plan_gathered16(const struct tr_plan *p, const struct tr_param *t);
 bool tr_plan_mlp_half(const struct tr_param *t);
 
 /* Whether the backward writes trainable t's gradient by overwriting, not
- * adding to, its work buffer at its first product of a micro-batch (the
- * matmul's GPU_SET_DWEIGHT): GRADIENTS and past, a decoder layer's
- * projection weight in a ring slot, whose only writers are its weight
- * products. train/ddp.c then leaves it out of the slot's zeroing. */
+ * adding to, what holds it (the matmul's GPU_SET_DWEIGHT): a decoder
+ * layer's projection weight, whose only writers are its weight products —
+ * GRADIENTS and past, in its ring slot, at its first product of a
+ * micro-batch (train/ddp.c leaves it out of the slot's zeroing); else in
+ * the gradients arena at its first product of a step (tr_model_zero_grad
+ * leaves it out). */
 bool tr_plan_dw_overwritten(const struct tr_plan *p, const struct tr_param *t);
 
 /* Whether a FULL_OFFLOAD plan of cfg and o keeps each layer's attention
