@@ -652,6 +652,15 @@ extern "C" __global__ void flash_rowdot_f32(float *dr, fa_bf16 *dout16, const fl
 	}
 }
 
+/* The backward's P rebuilt from a raw score s (q . k) and its row's L:
+ * 2^fl(s sl2 - L), one FFMA and fa_ex2 (powers under 2^-126 become 0), as
+ * the forward's powers are formed; tests/bench/attn_check.c's backward
+ * bounds describe this arithmetic. The caller masks. */
+static __device__ __forceinline__ float fa_bwd_p(float s, float sl2, float L)
+{
+	return fa_ex2(fmaf(s, sl2, -L));
+}
+
 /* dk, dv: (B,T,NH,HS) when NH > NKV (the per-head partials), else the
  * (B,T,NKV,HS) gradients themselves; block (key tile, query head h, b). */
 template <int D>
@@ -732,21 +741,28 @@ static __device__ __forceinline__ void flash_bwd_dkdv(float *dk, float *dv, cons
 				fa_mm_nt<D>(p, ka, sQ, lane);
 				fa_mm_nt<D>(ds, va, sdO, lane);
 			}
-			/* every query at or past every key of this warp, inside T */
-			const bool full = q0 >= k0 + warp * 16 + 15 && q0 + FA_TILE <= T;
+			/* P^T = 2^fl(s sl2 - L) (fa_bwd_p); the mask only where some
+			 * query is before a key of this warp or past T */
 #pragma unroll
 			for (int n = 0; n < 8; n++)
 #pragma unroll
-				for (int e = 0; e < 4; e++) {
-					const int qi = n * 8 + 2 * t + (e & 1);
-					const int key = e < 2 ? key0 : key1;
-					const int qr = q0 + qi;
-					float pe = 0.f;
-					if (full || (qr >= key && qr < T))
-						pe = exp2f(p[n][e] * sl2 - sL[buf][qi]);
-					p[n][e] = pe;
-					ds[n][e] = pe * (ds[n][e] - sD[buf][qi]);
-				}
+				for (int e = 0; e < 4; e++)
+					p[n][e] = fa_bwd_p(p[n][e], sl2, sL[buf][n * 8 + 2 * t + (e & 1)]);
+			if (!(q0 >= k0 + warp * 16 + 15 && q0 + FA_TILE <= T)) {
+#pragma unroll
+				for (int n = 0; n < 8; n++)
+#pragma unroll
+					for (int e = 0; e < 4; e++) {
+						const int qr = q0 + n * 8 + 2 * t + (e & 1);
+						if (qr < (e < 2 ? key0 : key1) || qr >= T)
+							p[n][e] = 0.f;
+					}
+			}
+#pragma unroll
+			for (int n = 0; n < 8; n++)
+#pragma unroll
+				for (int e = 0; e < 4; e++)
+					ds[n][e] = p[n][e] * (ds[n][e] - sD[buf][n * 8 + 2 * t + (e & 1)]);
 			fa_mm_pv<D>(dva, p, sdO, lane); /* dV += P^T dO */
 			fa_mm_pv<D>(dka, ds, sQ, lane); /* dK += dS^T Q */
 		}
@@ -856,18 +872,25 @@ static __device__ __forceinline__ void flash_bwd_dq(float *dq, const fa_bf16 *do
 			float p[8][4], ds[8][4];
 			fa_mm_nt<D>(p, qa, sK, lane);  /* S */
 			fa_mm_nt<D>(ds, oa, sV, lane); /* dP = dO V^T */
-			const bool full = k0 + FA_TILE - 1 <= q0 + warp * 16 && k0 + FA_TILE <= T;
 #pragma unroll
 			for (int n = 0; n < 8; n++)
 #pragma unroll
-				for (int e = 0; e < 4; e++) {
-					const int col = k0 + n * 8 + 2 * t + (e & 1);
-					const int row = e < 2 ? row0 : row1;
-					float pe = 0.f;
-					if (full || (col <= row && col < T))
-						pe = exp2f(p[n][e] * sl2 - (e < 2 ? L0 : L1));
-					ds[n][e] = pe * (ds[n][e] - (e < 2 ? D0 : D1));
-				}
+				for (int e = 0; e < 4; e++)
+					ds[n][e] = fa_bwd_p(p[n][e], sl2, e < 2 ? L0 : L1) *
+						   (ds[n][e] - (e < 2 ? D0 : D1));
+			/* the mask (on dS: P is not needed past it; a masked power
+			 * may be inf, and its dS is replaced, not scaled) only in
+			 * tiles on the diagonal or past T */
+			if (!(k0 + FA_TILE - 1 <= q0 + warp * 16 && k0 + FA_TILE <= T)) {
+#pragma unroll
+				for (int n = 0; n < 8; n++)
+#pragma unroll
+					for (int e = 0; e < 4; e++) {
+						const int col = k0 + n * 8 + 2 * t + (e & 1);
+						if (col > (e < 2 ? row0 : row1) || col >= T)
+							ds[n][e] = 0.f;
+					}
+			}
 			fa_mm_pv<D>(dqa, ds, sK, lane); /* dQ += dS K */
 		}
 		__syncthreads();

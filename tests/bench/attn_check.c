@@ -52,7 +52,7 @@ struct ctx {
  * below is first order in these; the second-order terms (products of two of
  * them, each < 2^-8) are covered by the factor SECOND = 1.01. */
 static const double u = 0x1p-24, U = 0x1p-23, R16 = 0x1p-8, EXP = 0x1p-22, SECOND = 1.01;
-static const double FLUSH = 0x1p-126; /* the forward's powers flushed to 0 below it */
+static const double FLUSH = 0x1p-126; /* the kernels' powers flushed to 0 below it */
 
 static void check_elem(struct attn_check *c, double got, double ref, double bound, const char *what,
 		       int b, int h, int t, int col)
@@ -235,24 +235,34 @@ out:
  * (a lane's share, then a 5-level shuffle tree: at most HS + 1 roundings in
  * a row) against the host's double sum of the same terms: within
  * (HS + 1) u S, S = sum |dout * out16|; on every row.
- * The kernels (flash_bwd_dq, flash_bwd_dkdv) rebuild P~_ts = exp2f(x~_ts -
- * L~_t) from the forward's L~; dP~_ts = bf16(dout_t) . v_s (a tensor-core
+ * The kernels (flash_bwd_dq, flash_bwd_dkdv) rebuild P~_ts = 2^fl(s~_ts sl2
+ * - L~_t) from the forward's L~ (one FFMA, then ex2.approx.ftz as in the
+ * forward: EXP, and 0 where the power is under 2^-126); dP~_ts = bf16(dout_t) . v_s (a tensor-core
  * sum of HS terms); dS~ = P~ (dP~ - D~), rounded to bf16 for the products;
  * dq_t = scale sum_s dS~_ts k_s, dk_s = scale sum_t,h dS~_ts q_t, dv_s =
  * sum_t,h bf16(P~_ts) bf16(dout_t) (sums of at most T terms on the tensor
  * cores, and for GQA the rep per-head partials added in fp32). Per term:
  *   beta_ts (P's relative error) = ln2 (dx_ts + |L~_t - L_t| + u |x - L|) + EXP,
- *     |L~ - L| measured (dq: the reference takes the exact L; dk, dv: it
- *     takes L~ itself, the forward's L being checked on the sampled rows);
+ *     (the FFMA's one rounding; the product by sl2 is not rounded on its
+ *     own, one rounding fewer than dx counts), |L~ - L| measured (dq: the
+ *     reference takes the exact L; dk, dv: it takes L~ itself, the
+ *     forward's L being checked on the sampled rows);
+ *   a power under 2^-126 flushed to 0 is off by less than FLUSH outright,
+ *     and dS = P (dP~ - D~) then by FLUSH |dP~ - D~| <= FLUSH (|dP - D| +
+ *     M_ts + S_t) (the errors of dP~ and D~ are under M and S), plus FLUSH
+ *     for dS's own product where it falls under 2^-126; bf16(P) dout by
+ *     FLUSH |dout|;
  *   |dP~ - dP| <= (R16 + HS U) M_ts, M_ts = sum |dout_t v_s| (dout's bf16
  *     copy and the sum); |D~ - D| <= (HS + 1) u S_t (above);
  *   |dS~16 - dS| <= |dS| (beta + R16 + 2u) + P (|dP~ - dP| + |D~ - D|).
  * dq_c (and dk_c with q for k) within SECOND scale sum_s |k_sc|
- *   (|dS_ts| (beta + R16 + n U + 7u) + P_ts ((R16 + HS U) M_ts + (HS+1) u S_t)),
+ *   (|dS_ts| (beta + R16 + n U + 7u) + P_ts ((R16 + HS U) M_ts + (HS+1) u S_t)
+ *    + FLUSH (|dP_ts - D_t| + M_ts + S_t + 1)),
  *   n the number of terms summed (t + 1 for dq; T - s + rep for dk), 7u
  *   dS's subtraction and product (2u), the scale's rsqrtf (2 ulp: 4u) and
  *   the product by it (u); dv_c within
- *   SECOND sum P_ts |dout_tc| (beta + 2 R16 + n U) (P and dout rounded). */
+ *   SECOND sum |dout_tc| (P_ts (beta + 2 R16 + n U) + FLUSH) (P and dout
+ *   rounded). */
 static bool check_backward(const struct ctx *p, struct attn_check *c)
 {
 	const struct attn_shape *s = &p->h->s;
@@ -299,7 +309,8 @@ static bool check_backward(const struct ctx *p, struct attn_check *c)
 					const double beta =
 						M_LN2 * (dx[j] + dL + u * fabs(x[j] - Lg)) + EXP;
 					const double w = fabs(dS) * (beta + R16 + (t + 1) * U + 7 * u) +
-							 P * ((R16 + HS * U) * M + (HS + 1) * u * p->S[r]);
+							 P * ((R16 + HS * U) * M + (HS + 1) * u * p->S[r]) +
+							 FLUSH * (fabs(dP - p->D[r]) + M + p->S[r] + 1);
 					for (int cc = 0; cc < HS; cc++) {
 						r1[cc] += dS * attn_widen(kj[cc]);
 						w1[cc] += fabs(attn_widen(kj[cc])) * w;
@@ -341,8 +352,9 @@ static bool check_backward(const struct ctx *p, struct attn_check *c)
 						const double P = exp2(xs - Lg), dS = P * (dP - p->D[r]);
 						const double beta = M_LN2 * (dxs + u * fabs(xs - Lg)) + EXP;
 						const double w = fabs(dS) * (beta + R16 + n * U + 7 * u) +
-								 P * ((R16 + HS * U) * M + (HS + 1) * u * p->S[r]);
-						const double wv = P * (beta + 2 * R16 + n * U);
+								 P * ((R16 + HS * U) * M + (HS + 1) * u * p->S[r]) +
+								 FLUSH * (fabs(dP - p->D[r]) + M + p->S[r] + 1);
+						const double wv = P * (beta + 2 * R16 + n * U) + FLUSH;
 						for (int cc = 0; cc < HS; cc++) {
 							const double qc = attn_widen(qt[cc]);
 							r1[cc] += dS * qc;

@@ -6,7 +6,7 @@
  * the kernels' order of operations (key tiles of 64 with the online softmax
  * and its rescales; the forward's powers 2^(s log2(e)/sqrt(HS) - m) with
  * one fma for the exponent and results under 2^-126 flushed to 0, the
- * backward's exp2f of the scaled scores minus L; P and dS
+ * backward's 2^(s log2(e)/sqrt(HS) - L) likewise; P and dS
  * rounded to bf16 before their products, dout's bf16 copy, D from out16
  * widened, fp32 out normalised then rounded to bf16 (out16), per-head dK and
  * dV partials added in head order), with IEEE sums in place of the tensor
@@ -145,7 +145,10 @@ static void emulate(const struct attn_shape *s, struct buf *m, enum fault fault)
 						sc += attn_widen(Q(b, t, h)[c]) * attn_widen(K(b, j, g)[c]);
 						dP += r16(m->dout[OFF(b, t, h) + c]) * attn_widen(V(b, j, g)[c]);
 					}
-					const float P = exp2f(sc * sl2 - L), dS = r16(P * (dP - D));
+					float P = exp2f(fmaf(sc, sl2, -L));
+					if (P < 0x1p-126f)
+						P = 0; /* ex2.approx.ftz */
+					const float dS = r16(P * (dP - D));
 					const float P16 = r16(P);
 					for (int c = 0; c < HS; c++) {
 						acc[c] += dS * attn_widen(K(b, j, g)[c]);
