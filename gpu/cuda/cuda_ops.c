@@ -659,7 +659,8 @@ static unsigned flash_smem_bytes(enum flash_kind kind, int HS)
 		return 4u * tile;
 	case FLASH_DKDV: /* Q, dO (+ K, V past 64) and the row statistics */
 		return (2u * st + (HS > 64 ? 2u : 0u)) * tile + 2u * st * 64u * 4u;
-	default:
+	default: /* K, V (their ST buffers), through which Q and dO are staged
+		  * (128 rows each up to HS 64: four tiles) */
 		return 2u * st * tile;
 	}
 }
@@ -687,6 +688,7 @@ void cu_flash_prepare(struct cu_backend *cb)
 
 #define FLASH_TILE 64 /* flash.cu's FA_TILE */
 #define FLASH_FWD_ROWS 128 /* flash.cu's FA_FWD_ROWS: queries per forward block */
+#define FLASH_DQ_ROWS(HS) ((HS) <= 64 ? 128 : 64) /* flash.cu's FA_DQ_ROWS: per dq block */
 #define FLASH_THREADS 128
 
 /* The fused kernels' bf16 q, k, v, dout: copies in be->gemm_scratch
@@ -839,7 +841,10 @@ static void cu_attention_backward(struct gpu_backend *be, float *dq, float *dk, 
 			launch_n(cb, CU_K_flash_kv_reduce_f32, (size_t)rows * NKV * HS / 4, sargs);
 		}
 		void *qargs[] = {&dq, &fc.dout, &fc.q, &fc.k, &fc.v, &att, &datt, &T, &NH, &NKV};
-		cu_launch(cb, kdq, (struct cu_dim){tiles, (unsigned)NH, (unsigned)B},
+		/* the heaviest (last) query tiles of every head first */
+		cu_launch(cb, kdq,
+			  (struct cu_dim){(unsigned)NH, (unsigned)B,
+					  cu_blocks((size_t)T, FLASH_DQ_ROWS(HS))},
 			  dim1(FLASH_THREADS), flash_smem_bytes(FLASH_DQ, HS), qargs);
 		return;
 	}

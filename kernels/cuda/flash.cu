@@ -25,9 +25,12 @@
  * per-head partial ((B,T,NH,HS), rep times more blocks than a block per kv
  * head, whose longest block would walk rep times as many tiles), and
  * flash_kv_reduce adds the group's partials in head order; flash_bwd_dq,
- * a block per (64 queries, head, batch), rebuilds P and dS over the keys up
- * to the diagonal for dQ. The cost is computing P twice in the backward
- * instead of adding dQ with float atomics.
+ * a block per (128 queries, head, batch) with a warp per 32 queries as in
+ * the forward up to HS 64 (64 queries, a warp per 16, at HS 128), rebuilds
+ * P and dS over the keys up to the diagonal for dQ (its own section below
+ * says more). Both rebuild P as the forward forms its powers (fa_bwd_p).
+ * The cost is computing P twice in the backward instead of adding dQ with
+ * float atomics.
  *
  * Fragment layout of mma.m16n8k16 (PTX ISA), g = lane / 4, t = lane % 4:
  * A (16x16, row-major) a0 = (g, 2t..2t+1), a1 = (g+8, 2t..), a2 = (g, 2t+8..),
@@ -810,17 +813,231 @@ extern "C" __global__ void flash_kv_reduce_f32(float *dk, float *dv, const float
 	}
 }
 
+/* --- dQ ---
+ * A block per (FA_DQ_ROWS(D) queries, head, batch), grid (NH, B, query
+ * tiles) with the heaviest (last) query tiles of every head first; the keys
+ * in tiles of 64 up to the diagonal, the next tile copied while this one is
+ * used (HS <= 64; HS 128 copies between tiles); each block owns its dQ
+ * rows and adds its key tiles in increasing order. Up to HS 64, as in the
+ * forward, warp w owns two m16 tiles, rows 16 w and 64 + 16 w of the
+ * block's 128, so every K and V fragment read feeds the mma's of both; each
+ * key tile is taken in parts of 32 keys (16 at HS 64: fa_dq_cfg; S and dP
+ * of both m-tiles, 16 x 32 each, then dQ += dS K over the part's k-steps),
+ * which keeps S and dP at 64 registers (32) beside dQ's accumulators (D / 2
+ * a thread) and Q's and dO's fragments (D / 4 each). At HS 128 dQ's accumulator alone would be 128
+ * registers a thread for 32 rows: a warp keeps 16 rows (flash_bwd_dq16).
+ * Either way each dQ element sums the same products in the same order (the
+ * key tiles, then their 16-key k-steps, in increasing order), and each S
+ * and dP element its head dimension's k-steps from 0 up: the same values. */
+#define FA_DQ_ROWS(D) ((D) <= 64 ? 128 : 64)
+
+/* keys: the part of a key tile flash_bwd_dq32 takes at a time (S and dP of
+ * both m-tiles: keys / 2 registers a thread each), the parts in a loop not
+ * unrolled. ptxas 13.0, sm_90: at HS 64, parts of 32 keys spilled (16 bytes,
+ * 44 with the loop unrolled) at 255 registers; of 16, 226 and none. */
+template <int D> struct fa_dq_cfg {
+	static constexpr int keys = D == 64 ? 16 : 32;
+};
+
+/* Part h2 (keys k0 + KP h2.., KP = fa_dq_cfg<D>::keys) of the key tile sK,
+ * sV for m-tiles M0.. of the warp (M0 = 1 in the block's last tile, k0 = q0
+ * + 64, past every row of the first m-tiles): S and dP, dS = P (dP - Dr)
+ * with P = fa_bwd_p of L, masked where the tile needs it, and dQ[mt] +=
+ * dS[mt] K (the part's KP rows). L, Dr: the rows g and g + 8 of each
+ * m-tile. */
+template <int D, int M0>
+static __device__ __forceinline__ void
+fa_dq_part(float dqa[2][D / 8][4], const uint32_t qa[2][D / 16][4], const uint32_t oa[2][D / 16][4],
+	   fa_bf16 (*sK)[D + FA_PAD], fa_bf16 (*sV)[D + FA_PAD], int h2, int k0, int q0, int T,
+	   float sl2, const float L[2][2], const float Dr[2][2], int warp, int lane)
+{
+	constexpr int KP = fa_dq_cfg<D>::keys, NB = KP / 8; /* its 8-key blocks */
+	const int g = lane >> 2, t = lane & 3;
+	float s[2][NB][4], ds[2][NB][4];
+#pragma unroll
+	for (int mt = M0; mt < 2; mt++)
+#pragma unroll
+		for (int n = 0; n < NB; n++)
+#pragma unroll
+			for (int e = 0; e < 4; e++)
+				s[mt][n][e] = ds[mt][n][e] = 0.f;
+	/* B fragments as in fa_mm_nt, each ldmatrix.x4 read once for both
+	 * m-tiles */
+	const int row = (lane & 7) + (lane >> 4) * 8, col = ((lane >> 3) & 1) * 8;
+#pragma unroll
+	for (int n = 0; n < NB; n += 2)
+#pragma unroll
+		for (int kk = 0; kk < D / 16; kk++) {
+			uint32_t b[4];
+			fa_ldm(b, &sK[h2 * KP + n * 8 + row][kk * 16 + col]);
+#pragma unroll
+			for (int mt = M0; mt < 2; mt++) {
+				fa_mma(s[mt][n], qa[mt][kk], b[0], b[1]); /* S */
+				fa_mma(s[mt][n + 1], qa[mt][kk], b[2], b[3]);
+			}
+			fa_ldm(b, &sV[h2 * KP + n * 8 + row][kk * 16 + col]);
+#pragma unroll
+			for (int mt = M0; mt < 2; mt++) {
+				fa_mma(ds[mt][n], oa[mt][kk], b[0], b[1]); /* dP = dO V^T */
+				fa_mma(ds[mt][n + 1], oa[mt][kk], b[2], b[3]);
+			}
+		}
+#pragma unroll
+	for (int mt = M0; mt < 2; mt++) {
+		const int r = q0 + mt * 64 + warp * 16; /* the m-tile's first row */
+#pragma unroll
+		for (int n = 0; n < NB; n++)
+#pragma unroll
+			for (int e = 0; e < 4; e++)
+				ds[mt][n][e] = fa_bwd_p(s[mt][n][e], sl2, L[mt][e >> 1]) *
+					       (ds[mt][n][e] - Dr[mt][e >> 1]);
+		/* the mask on dS (as in flash_bwd_dq16) only in tiles on the
+		 * diagonal or past T */
+		if (!(k0 + FA_TILE - 1 <= r && k0 + FA_TILE <= T)) {
+#pragma unroll
+			for (int n = 0; n < NB; n++)
+#pragma unroll
+				for (int e = 0; e < 4; e++) {
+					const int c = k0 + h2 * KP + n * 8 + 2 * t + (e & 1);
+					if (c > r + g + (e >> 1) * 8 || c >= T)
+						ds[mt][n][e] = 0.f;
+				}
+		}
+	}
+	/* dQ += dS K: B fragments as in fa_mm_pv (the part's k-steps of 16
+	 * keys), each ldmatrix.trans read once for both m-tiles */
+	const int trow = (lane & 7) + ((lane >> 3) & 1) * 8, tcol = (lane >> 4) * 8;
+#pragma unroll
+	for (int j = 0; j < KP / 16; j++) {
+		uint32_t a[2][4];
+#pragma unroll
+		for (int mt = M0; mt < 2; mt++) {
+			a[mt][0] = fa_pack(ds[mt][2 * j][0], ds[mt][2 * j][1]);
+			a[mt][1] = fa_pack(ds[mt][2 * j][2], ds[mt][2 * j][3]);
+			a[mt][2] = fa_pack(ds[mt][2 * j + 1][0], ds[mt][2 * j + 1][1]);
+			a[mt][3] = fa_pack(ds[mt][2 * j + 1][2], ds[mt][2 * j + 1][3]);
+		}
+#pragma unroll
+		for (int d = 0; d < D / 8; d += 2) {
+			uint32_t b[4];
+			fa_ldm_t(b, &sK[h2 * KP + j * 16 + trow][d * 8 + tcol]);
+#pragma unroll
+			for (int mt = M0; mt < 2; mt++) {
+				fa_mma(dqa[mt][d], a[mt], b[0], b[1]);
+				fa_mma(dqa[mt][d + 1], a[mt], b[2], b[3]);
+			}
+		}
+	}
+}
+
+/* dQ with 32 rows a warp (HS <= 64): K and V double-buffered in tiles 0, 1
+ * and 2, 3; the block's queries and output gradients (128 rows each) staged
+ * through tiles 0, 1 and 2, 3 on their way to registers. */
 template <int D>
-static __device__ __forceinline__ void flash_bwd_dq(float *dq, const fa_bf16 *dout,
-						    const fa_bf16 *q, const fa_bf16 *k,
-						    const fa_bf16 *v, const float *lse,
-						    const float *dr, int T, int NH, int NKV)
+static __device__ __forceinline__ void flash_bwd_dq32(float *dq, const fa_bf16 *dout,
+						      const fa_bf16 *q, const fa_bf16 *k,
+						      const fa_bf16 *v, const float *lse,
+						      const float *dr, int T, int NH, int NKV)
+{
+	static_assert(D <= 64, "flash_bwd_dq32: Q's and dO's fragments in registers");
+	fa_bf16(*tl)[FA_TILE][D + FA_PAD] = fa_tiles<D>();
+	const int h = blockIdx.x, b = blockIdx.y;
+	const int q0 = (gridDim.z - 1 - blockIdx.z) * FA_DQ_ROWS(D);
+	const int kvh = h / (NH / NKV), ldq = NH * D, ldk = NKV * D;
+	const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+	const float sl2 = FA_LOG2E * rsqrtf((float)D);
+	const fa_bf16 *qb = q + (size_t)b * T * ldq + h * D;
+	const fa_bf16 *ob = dout + (size_t)b * T * ldq + h * D;
+	const fa_bf16 *kb = k + (size_t)b * T * ldk + kvh * D;
+	const fa_bf16 *vb = v + (size_t)b * T * ldk + kvh * D;
+
+	/* Q's 128 rows in tiles 0, 1, dO's in 2, 3: one [128][D + FA_PAD]
+	 * array each */
+	fa_tile<D>(tl[0], qb, ldq, q0, T);
+	fa_tile<D>(tl[1], qb, ldq, q0 + FA_TILE, T);
+	fa_tile<D>(tl[2], ob, ldq, q0, T);
+	fa_tile<D>(tl[3], ob, ldq, q0 + FA_TILE, T);
+	fa_commit();
+	const float *lb = lse + ((size_t)b * NH + h) * T;
+	const float *db = dr + ((size_t)b * NH + h) * T;
+	float L[2][2], Dr[2][2];
+#pragma unroll
+	for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+		for (int i = 0; i < 2; i++) {
+			const int r = q0 + mt * 64 + warp * 16 + g + 8 * i;
+			L[mt][i] = r < T ? lb[r] : 0.f;
+			Dr[mt][i] = r < T ? db[r] : 0.f;
+		}
+	fa_wait<0>();
+	__syncthreads();
+	uint32_t qa[2][D / 16][4], oa[2][D / 16][4];
+#pragma unroll
+	for (int mt = 0; mt < 2; mt++) {
+		fa_frag_a<D>(qa[mt], tl[0], mt * 64 + warp * 16, g, t);
+		fa_frag_a<D>(oa[mt], tl[2], mt * 64 + warp * 16, g, t);
+	}
+	__syncthreads(); /* the staging tiles are free */
+	fa_tile<D>(tl[0], kb, ldk, 0, T);
+	fa_tile<D>(tl[2], vb, ldk, 0, T);
+	fa_commit();
+
+	float dqa[2][D / 8][4];
+#pragma unroll
+	for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+		for (int d = 0; d < D / 8; d++)
+			dqa[mt][d][0] = dqa[mt][d][1] = dqa[mt][d][2] = dqa[mt][d][3] = 0.f;
+	const int tiles = (min(T, q0 + FA_DQ_ROWS(D)) - 1) / FA_TILE + 1;
+	for (int it = 0; it < tiles; it++) {
+		const int k0 = it * FA_TILE, buf = it & 1;
+		if (it + 1 < tiles) {
+			fa_tile<D>(tl[buf ^ 1], kb, ldk, k0 + FA_TILE, T);
+			fa_tile<D>(tl[2 + (buf ^ 1)], vb, ldk, k0 + FA_TILE, T);
+			fa_commit();
+			fa_wait<1>();
+		} else {
+			fa_wait<0>();
+		}
+		__syncthreads();
+		fa_bf16(*sK)[D + FA_PAD] = tl[buf];
+		fa_bf16(*sV)[D + FA_PAD] = tl[2 + buf];
+		/* k0 <= q0: both m-tiles; else (k0 = q0 + 64) the second only */
+		if (k0 <= q0) {
+#pragma unroll 1
+			for (int h2 = 0; h2 < FA_TILE / fa_dq_cfg<D>::keys; h2++)
+				fa_dq_part<D, 0>(dqa, qa, oa, sK, sV, h2, k0, q0, T, sl2, L, Dr, warp,
+						 lane);
+		} else {
+#pragma unroll 1
+			for (int h2 = 0; h2 < FA_TILE / fa_dq_cfg<D>::keys; h2++)
+				fa_dq_part<D, 1>(dqa, qa, oa, sK, sV, h2, k0, q0, T, sl2, L, Dr, warp,
+						 lane);
+		}
+		__syncthreads(); /* before the next copy overwrites this buffer */
+	}
+	const float scale = rsqrtf((float)D);
+#pragma unroll
+	for (int mt = 0; mt < 2; mt++)
+		fa_store<D>(dq + (size_t)b * T * ldq + h * D, ldq, dqa[mt], scale,
+			    q0 + mt * 64 + warp * 16 + g, T, t);
+}
+
+/* dQ with 16 rows a warp (HS 128): a block per 64 queries; K, V in one
+ * buffer each (fa_cfg's stages), the block's queries and output gradients
+ * staged through them. */
+template <int D>
+static __device__ __forceinline__ void flash_bwd_dq16(float *dq, const fa_bf16 *dout,
+						      const fa_bf16 *q, const fa_bf16 *k,
+						      const fa_bf16 *v, const float *lse,
+						      const float *dr, int T, int NH, int NKV)
 {
 	constexpr int ST = fa_cfg<D>::stages;
 	/* tiles: K[ST], V[ST]; the block's queries and output gradients pass
 	 * through K[ST-1], V[ST-1] on their way to registers */
 	fa_bf16(*tl)[FA_TILE][D + FA_PAD] = fa_tiles<D>();
-	const int q0 = (gridDim.x - 1 - blockIdx.x) * FA_TILE, h = blockIdx.y, b = blockIdx.z;
+	const int h = blockIdx.x, b = blockIdx.y;
+	const int q0 = (gridDim.z - 1 - blockIdx.z) * FA_TILE;
 	const int kvh = h / (NH / NKV), ldq = NH * D, ldk = NKV * D;
 	const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
 	const float sl2 = FA_LOG2E * rsqrtf((float)D);
@@ -903,9 +1120,23 @@ static __device__ __forceinline__ void flash_bwd_dq(float *dq, const fa_bf16 *do
 	fa_store<D>(dq + (size_t)b * T * ldq + h * D, ldq, dqa, rsqrtf((float)D), row0, T, t);
 }
 
-/* The kernels, one per head size. Grid (ceil(T/64), NH, B) (the forward's
- * (NH, B, ceil(T/128))), 128 threads, flash_smem_bytes (gpu/cuda/cuda_ops.c)
- * of dynamic shared memory. */
+template <int D>
+static __device__ __forceinline__ void flash_bwd_dq(float *dq, const fa_bf16 *dout,
+						    const fa_bf16 *q, const fa_bf16 *k,
+						    const fa_bf16 *v, const float *lse,
+						    const float *dr, int T, int NH, int NKV)
+{
+	static_assert(FA_DQ_ROWS(D) == (D <= 64 ? 128 : 64), "FA_DQ_ROWS and the kernels agree");
+	if constexpr (D <= 64)
+		flash_bwd_dq32<D>(dq, dout, q, k, v, lse, dr, T, NH, NKV);
+	else
+		flash_bwd_dq16<D>(dq, dout, q, k, v, lse, dr, T, NH, NKV);
+}
+
+/* The kernels, one per head size. Grid: dkdv (ceil(T/64), NH, B); the
+ * forward (NH, B, ceil(T/128)); dq (NH, B, ceil(T/FA_DQ_ROWS(D))). 128
+ * threads, flash_smem_bytes (gpu/cuda/cuda_ops.c) of dynamic shared
+ * memory. */
 #define FA_KERNELS(D)                                                                         \
 	extern "C" __global__ void __launch_bounds__(FA_THREADS)                              \
 		flash_fwd_d##D(float *out, fa_bf16 *out16, float *lse, const fa_bf16 *q,      \
