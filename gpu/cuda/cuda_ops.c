@@ -657,7 +657,8 @@ static unsigned flash_smem_bytes(enum flash_kind kind, int HS)
 	switch (kind) {
 	case FLASH_FWD: /* four tiles at every head size (flash.cu's forward) */
 		return 4u * tile;
-	case FLASH_DKDV: /* Q, dO (+ K, V past 64) and the row statistics */
+	case FLASH_DKDV: /* Q, dO (+ K, V past 64; up to 64 the block's 128 keys
+			  * and values staged through them) and the row statistics */
 		return (2u * st + (HS > 64 ? 2u : 0u)) * tile + 2u * st * 64u * 4u;
 	default: /* K, V (their ST buffers), through which Q and dO are staged
 		  * (128 rows each up to HS 64: four tiles) */
@@ -686,9 +687,9 @@ void cu_flash_prepare(struct cu_backend *cb)
 	}
 }
 
-#define FLASH_TILE 64 /* flash.cu's FA_TILE */
 #define FLASH_FWD_ROWS 128 /* flash.cu's FA_FWD_ROWS: queries per forward block */
 #define FLASH_DQ_ROWS(HS) ((HS) <= 64 ? 128 : 64) /* flash.cu's FA_DQ_ROWS: per dq block */
+#define FLASH_KV_ROWS(HS) ((HS) <= 64 ? 128 : 64) /* flash.cu's FA_KV_ROWS: per dkdv block */
 #define FLASH_THREADS 128
 
 /* The fused kernels' bf16 q, k, v, dout: copies in be->gemm_scratch
@@ -826,14 +827,15 @@ static void cu_attention_backward(struct gpu_backend *be, float *dq, float *dk, 
 		assert(out || out16);
 		void *rargs[] = {&datt, &fc.dout, &dout, &out, &out16, &B, &T, &NH, &HS};
 		launch_att_rows(cb, CU_K_flash_rowdot_f32, warps, rargs);
-		unsigned tiles = cu_blocks((size_t)T, FLASH_TILE);
 		float *pk = dk, *pv = dv;
 		if (NH != NKV) {
 			pk = datt + gpu_flash_part_offset(B, T, NH);
 			pv = pk + (size_t)B * T * NH * HS;
 		}
 		void *kargs[] = {&pk, &pv, &fc.dout, &fc.q, &fc.k, &fc.v, &att, &datt, &T, &NH, &NKV};
-		cu_launch(cb, kdkdv, (struct cu_dim){tiles, (unsigned)NH, (unsigned)B},
+		cu_launch(cb, kdkdv,
+			  (struct cu_dim){cu_blocks((size_t)T, FLASH_KV_ROWS(HS)), (unsigned)NH,
+					  (unsigned)B},
 			  dim1(FLASH_THREADS), flash_smem_bytes(FLASH_DKDV, HS), kargs);
 		if (NH != NKV) {
 			int rows = B * T;

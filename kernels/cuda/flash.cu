@@ -18,8 +18,9 @@
  * own section below says more.)
  * Backward, deterministic (no atomics, fixed orders): flash_rowdot forms
  * Dr = rowsum(dout * out) (out read from its bf16 twin where given);
- * flash_bwd_dkdv, a block per (64 keys, head,
- * batch), rebuilds P^T and dS^T tile by tile over every query tile at or past
+ * flash_bwd_dkdv, a block per (128 keys, head, batch) with a warp per 32
+ * keys up to HS 64 (64 keys, a warp per 16, at HS 128),
+ * rebuilds P^T and dS^T tile by tile over every query tile at or past
  * the keys and owns that head's share of dK and dV outright: with one query
  * head per kv head it is dK and dV; with a group of rep query heads it is a
  * per-head partial ((B,T,NH,HS), rep times more blocks than a block per kv
@@ -664,10 +665,247 @@ static __device__ __forceinline__ float fa_bwd_p(float s, float sl2, float L)
 	return fa_ex2(fmaf(s, sl2, -L));
 }
 
-/* dk, dv: (B,T,NH,HS) when NH > NKV (the per-head partials), else the
- * (B,T,NKV,HS) gradients themselves; block (key tile, query head h, b). */
+/* --- dK, dV with 32 keys a warp (HS <= FA_KV32_MAX = 64) ---
+ * A block per (128 keys, head, batch): warp w owns the m16 tiles of keys
+ * 16 w and 64 + 16 w of the block, so every Q and dO fragment read (for S^T,
+ * dP^T, dV += P^T dO, dK += dS^T Q) feeds the mma's of both; in the block's
+ * first query tile (q0 = k0) the second m-tiles' keys are past every query
+ * and skipped. Each query tile is taken in parts of fa_kv_cfg<D>::queries
+ * queries. Each dK, dV element sums the same products in the same order as
+ * under 16 keys a warp (the query tiles, then their 16-query k-steps,
+ * increasing), each S and dP element its k-steps from 0: the same values. */
+#define FA_KV32_MAX 64
+#define FA_KV_ROWS(D) ((D) <= FA_KV32_MAX ? 128 : 64)
+
+/* queries: the part of a query tile flash_bwd_dkdv32 takes at a time (S^T
+ * and dP^T of both m-tiles, queries / 2 registers a thread each), the parts
+ * in a loop not unrolled; P^T is packed to bf16 before dS^T replaces dP^T.
+ * ptxas 13.0 at HS 64 (dK and dV accumulators 128 registers, K's and V's
+ * fragments 64): 255 registers on sm_80/90/100, no spills; sm_120 spills 16
+ * bytes (20 of loads). */
+template <int D> struct fa_kv_cfg {
+	static constexpr int queries = D == 64 ? 16 : 32;
+};
+
+/* Part h2 (queries q0 + QP h2..) of the query tile sQ, sdO (their L and Dr
+ * in sl, sd) for m-tiles 0..M1-1 of the warp: S^T and dP^T, P^T = fa_bwd_p,
+ * masked where the tile needs it, dS^T = P^T (dP^T - Dr), then dV[mt] +=
+ * P^T[mt] dO and dK[mt] += dS^T[mt] Q over the part's rows. */
+template <int D, int M1>
+static __device__ __forceinline__ void
+fa_kv_part(float dka[2][D / 8][4], float dva[2][D / 8][4], const uint32_t ka[2][D / 16][4],
+	   const uint32_t va[2][D / 16][4], fa_bf16 (*sQ)[D + FA_PAD], fa_bf16 (*sdO)[D + FA_PAD],
+	   const float *sl, const float *sd, int h2, int q0, int k0, int T, float sl2, int warp,
+	   int lane)
+{
+	constexpr int QP = fa_kv_cfg<D>::queries, NB = QP / 8;
+	const int g = lane >> 2, t = lane & 3;
+	float p[2][NB][4], ds[2][NB][4];
+	uint32_t pa[2][QP / 16][4];
+#pragma unroll
+	for (int mt = 0; mt < M1; mt++)
+#pragma unroll
+		for (int n = 0; n < NB; n++)
+#pragma unroll
+			for (int e = 0; e < 4; e++)
+				p[mt][n][e] = ds[mt][n][e] = 0.f;
+	const int row = (lane & 7) + (lane >> 4) * 8, col = ((lane >> 3) & 1) * 8;
+#pragma unroll
+	for (int n = 0; n < NB; n += 2)
+#pragma unroll
+		for (int kk = 0; kk < D / 16; kk++) {
+			uint32_t b[4];
+			fa_ldm(b, &sQ[h2 * QP + n * 8 + row][kk * 16 + col]);
+#pragma unroll
+			for (int mt = 0; mt < M1; mt++) {
+				fa_mma(p[mt][n], ka[mt][kk], b[0], b[1]); /* S^T */
+				fa_mma(p[mt][n + 1], ka[mt][kk], b[2], b[3]);
+			}
+			fa_ldm(b, &sdO[h2 * QP + n * 8 + row][kk * 16 + col]);
+#pragma unroll
+			for (int mt = 0; mt < M1; mt++) {
+				fa_mma(ds[mt][n], va[mt][kk], b[0], b[1]); /* dP^T = V dO^T */
+				fa_mma(ds[mt][n + 1], va[mt][kk], b[2], b[3]);
+			}
+		}
+#pragma unroll
+	for (int mt = 0; mt < M1; mt++) {
+		const int key = k0 + mt * 64 + warp * 16; /* the m-tile's first key */
+#pragma unroll
+		for (int n = 0; n < NB; n++)
+#pragma unroll
+			for (int e = 0; e < 4; e++)
+				p[mt][n][e] = fa_bwd_p(p[mt][n][e], sl2, sl[h2 * QP + n * 8 + 2 * t + (e & 1)]);
+		/* the mask only where some query is before a key of the m-tile or
+		 * past T */
+		if (!(q0 >= key + 15 && q0 + FA_TILE <= T)) {
+#pragma unroll
+			for (int n = 0; n < NB; n++)
+#pragma unroll
+				for (int e = 0; e < 4; e++) {
+					const int qr = q0 + h2 * QP + n * 8 + 2 * t + (e & 1);
+					if (qr < key + g + (e >> 1) * 8 || qr >= T)
+						p[mt][n][e] = 0.f;
+				}
+		}
+		/* P^T rounded to bf16 as the A fragments of the part's k-steps
+		 * (the fp32 P^T dies with dS^T) */
+#pragma unroll
+		for (int j = 0; j < QP / 16; j++) {
+			pa[mt][j][0] = fa_pack(p[mt][2 * j][0], p[mt][2 * j][1]);
+			pa[mt][j][1] = fa_pack(p[mt][2 * j][2], p[mt][2 * j][3]);
+			pa[mt][j][2] = fa_pack(p[mt][2 * j + 1][0], p[mt][2 * j + 1][1]);
+			pa[mt][j][3] = fa_pack(p[mt][2 * j + 1][2], p[mt][2 * j + 1][3]);
+		}
+#pragma unroll
+		for (int n = 0; n < NB; n++)
+#pragma unroll
+			for (int e = 0; e < 4; e++)
+				ds[mt][n][e] =
+					p[mt][n][e] * (ds[mt][n][e] - sd[h2 * QP + n * 8 + 2 * t + (e & 1)]);
+	}
+	/* B fragments as in fa_mm_pv, each ldmatrix.trans read once for both
+	 * m-tiles */
+	const int trow = (lane & 7) + ((lane >> 3) & 1) * 8, tcol = (lane >> 4) * 8;
+#pragma unroll
+	for (int j = 0; j < QP / 16; j++)
+#pragma unroll
+		for (int d = 0; d < D / 8; d += 2) {
+			uint32_t b[4];
+			fa_ldm_t(b, &sdO[h2 * QP + j * 16 + trow][d * 8 + tcol]);
+#pragma unroll
+			for (int mt = 0; mt < M1; mt++) {
+				fa_mma(dva[mt][d], pa[mt][j], b[0], b[1]); /* dV += P^T dO */
+				fa_mma(dva[mt][d + 1], pa[mt][j], b[2], b[3]);
+			}
+		}
+#pragma unroll
+	for (int j = 0; j < QP / 16; j++) {
+		uint32_t a[2][4];
+#pragma unroll
+		for (int mt = 0; mt < M1; mt++) {
+			a[mt][0] = fa_pack(ds[mt][2 * j][0], ds[mt][2 * j][1]);
+			a[mt][1] = fa_pack(ds[mt][2 * j][2], ds[mt][2 * j][3]);
+			a[mt][2] = fa_pack(ds[mt][2 * j + 1][0], ds[mt][2 * j + 1][1]);
+			a[mt][3] = fa_pack(ds[mt][2 * j + 1][2], ds[mt][2 * j + 1][3]);
+		}
+#pragma unroll
+		for (int d = 0; d < D / 8; d += 2) {
+			uint32_t b[4];
+			fa_ldm_t(b, &sQ[h2 * QP + j * 16 + trow][d * 8 + tcol]);
+#pragma unroll
+			for (int mt = 0; mt < M1; mt++) {
+				fa_mma(dka[mt][d], a[mt], b[0], b[1]); /* dK += dS^T Q */
+				fa_mma(dka[mt][d + 1], a[mt], b[2], b[3]);
+			}
+		}
+	}
+}
+
+/* dK, dV with 32 keys a warp: tiles Q[2], dO[2], then L[2][64], Dr[2][64]
+ * floats (flash_bwd_dkdv16's layout at two stages); the block's 128 keys and
+ * values staged through Q[0..1], dO[0..1] on their way to registers. */
 template <int D>
-static __device__ __forceinline__ void flash_bwd_dkdv(float *dk, float *dv, const fa_bf16 *dout,
+static __device__ __forceinline__ void flash_bwd_dkdv32(float *dk, float *dv, const fa_bf16 *dout,
+							const fa_bf16 *q, const fa_bf16 *k,
+							const fa_bf16 *v, const float *lse,
+							const float *dr, int T, int NH, int NKV)
+{
+	static_assert(D <= 64 && fa_cfg<D>::stages == 2, "flash_bwd_dkdv32: two stages");
+	fa_bf16(*tl)[FA_TILE][D + FA_PAD] = fa_tiles<D>();
+	float(*sL)[FA_TILE] = reinterpret_cast<float(*)[FA_TILE]>(tl[4]);
+	float(*sD)[FA_TILE] = sL + 2;
+	const int k0 = blockIdx.x * FA_KV_ROWS(D), h = blockIdx.y, b = blockIdx.z;
+	const int kvh = h / (NH / NKV), ldq = NH * D, ldk = NKV * D;
+	const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+	const float sl2 = FA_LOG2E * rsqrtf((float)D);
+	const fa_bf16 *qb = q + (size_t)b * T * ldq + h * D;
+	const fa_bf16 *ob = dout + (size_t)b * T * ldq + h * D;
+	const float *lb = lse + ((size_t)b * NH + h) * T;
+	const float *db = dr + ((size_t)b * NH + h) * T;
+	const fa_bf16 *kb = k + (size_t)b * T * ldk + kvh * D;
+	const fa_bf16 *vb = v + (size_t)b * T * ldk + kvh * D;
+
+	/* the keys (tiles 0, 1) and values (2, 3): one [128][D + FA_PAD] array
+	 * each */
+	fa_tile<D>(tl[0], kb, ldk, k0, T);
+	fa_tile<D>(tl[1], kb, ldk, k0 + FA_TILE, T);
+	fa_tile<D>(tl[2], vb, ldk, k0, T);
+	fa_tile<D>(tl[3], vb, ldk, k0 + FA_TILE, T);
+	fa_commit();
+	fa_wait<0>();
+	__syncthreads();
+	uint32_t ka[2][D / 16][4], va[2][D / 16][4];
+#pragma unroll
+	for (int mt = 0; mt < 2; mt++) {
+		fa_frag_a<D>(ka[mt], tl[0], mt * 64 + warp * 16, g, t);
+		fa_frag_a<D>(va[mt], tl[2], mt * 64 + warp * 16, g, t);
+	}
+	__syncthreads(); /* the staging tiles are free */
+	/* the first query tile: q0 = k0 */
+	fa_tile<D>(tl[0], qb, ldq, k0, T);
+	fa_tile<D>(tl[2], ob, ldq, k0, T);
+	fa_commit();
+	for (int i = threadIdx.x; i < FA_TILE; i += FA_THREADS) {
+		sL[0][i] = k0 + i < T ? lb[k0 + i] : 0.f;
+		sD[0][i] = k0 + i < T ? db[k0 + i] : 0.f;
+	}
+
+	float dka[2][D / 8][4], dva[2][D / 8][4];
+#pragma unroll
+	for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+		for (int d = 0; d < D / 8; d++)
+#pragma unroll
+			for (int e = 0; e < 4; e++)
+				dka[mt][d][e] = dva[mt][d][e] = 0.f;
+	const int tiles = (T - 1) / FA_TILE + 1 - k0 / FA_TILE;
+	for (int it = 0; it < tiles; it++) {
+		const int q0 = k0 + it * FA_TILE, buf = it & 1;
+		if (it + 1 < tiles) {
+			const int n0 = q0 + FA_TILE;
+			fa_tile<D>(tl[buf ^ 1], qb, ldq, n0, T);
+			fa_tile<D>(tl[2 + (buf ^ 1)], ob, ldq, n0, T);
+			fa_commit();
+			for (int i = threadIdx.x; i < FA_TILE; i += FA_THREADS) {
+				sL[buf ^ 1][i] = n0 + i < T ? lb[n0 + i] : 0.f;
+				sD[buf ^ 1][i] = n0 + i < T ? db[n0 + i] : 0.f;
+			}
+			fa_wait<1>();
+		} else {
+			fa_wait<0>();
+		}
+		__syncthreads();
+		fa_bf16(*sQ)[D + FA_PAD] = tl[buf];
+		fa_bf16(*sdO)[D + FA_PAD] = tl[2 + buf];
+		/* it 0 (q0 = k0): the first m-tiles only, the second's keys
+		 * being past every query of the tile */
+		if (it == 0) {
+#pragma unroll 1
+			for (int h2 = 0; h2 < FA_TILE / fa_kv_cfg<D>::queries; h2++)
+				fa_kv_part<D, 1>(dka, dva, ka, va, sQ, sdO, sL[buf], sD[buf], h2, q0, k0,
+						 T, sl2, warp, lane);
+		} else {
+#pragma unroll 1
+			for (int h2 = 0; h2 < FA_TILE / fa_kv_cfg<D>::queries; h2++)
+				fa_kv_part<D, 2>(dka, dva, ka, va, sQ, sdO, sL[buf], sD[buf], h2, q0, k0,
+						 T, sl2, warp, lane);
+		}
+		__syncthreads(); /* before the next copy overwrites this buffer */
+	}
+	const float scale = rsqrtf((float)D);
+	const int ldo = NH == NKV ? ldk : ldq;
+#pragma unroll
+	for (int mt = 0; mt < 2; mt++) {
+		const int key0 = k0 + mt * 64 + warp * 16 + g;
+		fa_store<D>(dk + (size_t)b * T * ldo + h * D, ldo, dka[mt], scale, key0, T, t);
+		fa_store<D>(dv + (size_t)b * T * ldo + h * D, ldo, dva[mt], 1.f, key0, T, t);
+	}
+}
+
+/* dK, dV with 16 keys a warp, a block per 64 keys (HS > FA_KV32_MAX). */
+template <int D>
+static __device__ __forceinline__ void flash_bwd_dkdv16(float *dk, float *dv, const fa_bf16 *dout,
 						      const fa_bf16 *q, const fa_bf16 *k,
 						      const fa_bf16 *v, const float *lse,
 						      const float *dr, int T, int NH, int NKV)
@@ -785,6 +1023,21 @@ static __device__ __forceinline__ void flash_bwd_dkdv(float *dk, float *dv, cons
 	const int ldo = NH == NKV ? ldk : ldq;
 	fa_store<D>(dk + (size_t)b * T * ldo + h * D, ldo, dka, scale, key0, T, t);
 	fa_store<D>(dv + (size_t)b * T * ldo + h * D, ldo, dva, 1.f, key0, T, t);
+}
+
+/* dk, dv: (B,T,NH,HS) when NH > NKV (the per-head partials), else the
+ * (B,T,NKV,HS) gradients themselves; block (key tile of FA_KV_ROWS(D),
+ * query head h, b). */
+template <int D>
+static __device__ __forceinline__ void flash_bwd_dkdv(float *dk, float *dv, const fa_bf16 *dout,
+						      const fa_bf16 *q, const fa_bf16 *k,
+						      const fa_bf16 *v, const float *lse,
+						      const float *dr, int T, int NH, int NKV)
+{
+	if constexpr (D <= FA_KV32_MAX)
+		flash_bwd_dkdv32<D>(dk, dv, dout, q, k, v, lse, dr, T, NH, NKV);
+	else
+		flash_bwd_dkdv16<D>(dk, dv, dout, q, k, v, lse, dr, T, NH, NKV);
 }
 
 /* dk[b,t,j,:] = sum over the rep query heads of kv head j, in head order, of
@@ -1133,8 +1386,8 @@ static __device__ __forceinline__ void flash_bwd_dq(float *dq, const fa_bf16 *do
 		flash_bwd_dq16<D>(dq, dout, q, k, v, lse, dr, T, NH, NKV);
 }
 
-/* The kernels, one per head size. Grid: dkdv (ceil(T/64), NH, B); the
- * forward (NH, B, ceil(T/128)); dq (NH, B, ceil(T/FA_DQ_ROWS(D))). 128
+/* The kernels, one per head size. Grid: dkdv (ceil(T/FA_KV_ROWS(D)), NH,
+ * B); the forward (NH, B, ceil(T/128)); dq (NH, B, ceil(T/FA_DQ_ROWS(D))). 128
  * threads, flash_smem_bytes (gpu/cuda/cuda_ops.c) of dynamic shared
  * memory. */
 #define FA_KERNELS(D)                                                                         \
