@@ -649,7 +649,8 @@ static void flash_kernels(int HS, enum cu_kernel *fwd, enum cu_kernel *dkdv, enu
 }
 
 /* Dynamic shared memory of the fused kernels (flash.cu's fa_cfg and
- * layouts): FA_TILE x (HS + 8) bf16 tiles, double-buffered up to HS 64. */
+ * layouts): FA_TILE x (HS + 8) bf16 tiles, double-buffered up to HS 64
+ * (dq at every head size). */
 enum flash_kind { FLASH_FWD, FLASH_DKDV, FLASH_DQ };
 static unsigned flash_smem_bytes(enum flash_kind kind, int HS)
 {
@@ -660,9 +661,10 @@ static unsigned flash_smem_bytes(enum flash_kind kind, int HS)
 	case FLASH_DKDV: /* Q, dO (+ K, V past 64; up to 64 the block's 128 keys
 			  * and values staged through them) and the row statistics */
 		return (2u * st + (HS > 64 ? 2u : 0u)) * tile + 2u * st * 64u * 4u;
-	default: /* K, V (their ST buffers), through which Q and dO are staged
-		  * (128 rows each up to HS 64: four tiles) */
-		return 2u * st * tile;
+	default: /* K, V double-buffered at every head size, through which the
+		  * block's 128 queries and output gradients are staged: four
+		  * tiles */
+		return 4u * tile;
 	}
 }
 
@@ -688,7 +690,9 @@ void cu_flash_prepare(struct cu_backend *cb)
 }
 
 #define FLASH_FWD_ROWS 128 /* flash.cu's FA_FWD_ROWS: queries per forward block */
-#define FLASH_DQ_ROWS(HS) ((HS) <= 64 ? 128 : 64) /* flash.cu's FA_DQ_ROWS: per dq block */
+#define FLASH_DQ_ROWS(HS) 128 /* flash.cu's FA_DQ_ROWS: per dq block */
+/* flash.cu's FA_DQ_THREADS: 8 warps at HS 128 (16 rows each), else 4 */
+#define FLASH_DQ_THREADS(HS) ((HS) <= 64 ? 128 : 256)
 #define FLASH_KV_ROWS(HS) ((HS) <= 64 ? 128 : 64) /* flash.cu's FA_KV_ROWS: per dkdv block */
 #define FLASH_THREADS 128
 
@@ -847,7 +851,7 @@ static void cu_attention_backward(struct gpu_backend *be, float *dq, float *dk, 
 		cu_launch(cb, kdq,
 			  (struct cu_dim){(unsigned)NH, (unsigned)B,
 					  cu_blocks((size_t)T, FLASH_DQ_ROWS(HS))},
-			  dim1(FLASH_THREADS), flash_smem_bytes(FLASH_DQ, HS), qargs);
+			  dim1(FLASH_DQ_THREADS(HS)), flash_smem_bytes(FLASH_DQ, HS), qargs);
 		return;
 	}
 	assert(!q16 && !k16 && !v16);

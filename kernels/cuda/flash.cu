@@ -27,7 +27,7 @@
  * head, whose longest block would walk rep times as many tiles), and
  * flash_kv_reduce adds the group's partials in head order; flash_bwd_dq,
  * a block per (128 queries, head, batch) with a warp per 32 queries as in
- * the forward up to HS 64 (64 queries, a warp per 16, at HS 128), rebuilds
+ * the forward up to HS 64 (8 warps of 16 queries at HS 128), rebuilds
  * P and dS over the keys up to the diagonal for dQ (its own section below
  * says more). Both rebuild P as the forward forms its powers (fa_bwd_p).
  * The cost is computing P twice in the backward instead of adding dQ with
@@ -113,9 +113,10 @@ template <int N> static __device__ __forceinline__ void fa_wait()
 /* Shared memory: dynamic, FA_TILE x (D + FA_PAD) bf16 tiles carved from
  * fa_smem. Head sizes up to 64 double-buffer the streamed tiles (the next
  * copied while this one is used) and keep a block's own rows as fragments in
- * registers; 128 streams through one buffer and, in dkdv, reads its keys and
- * values from shared memory, so every kernel fits the 99 KiB a block may have
- * on sm_86/89/120. gpu/cuda/cuda_ops.c's flash_smem_bytes mirrors these
+ * registers; at 128 dkdv streams through one buffer and reads its keys and
+ * values from shared memory (fa_cfg), dq double-buffers its four tiles as
+ * below 128, so every kernel fits the 99 KiB a block may have on
+ * sm_86/89/120. gpu/cuda/cuda_ops.c's flash_smem_bytes mirrors these
  * layouts. */
 extern __shared__ __align__(16) unsigned char fa_smem[];
 
@@ -130,12 +131,13 @@ template <int D> static __device__ __forceinline__ fa_bf16 (*fa_tiles())[FA_TILE
 }
 
 /* Starts copying rows r0.. of a (T, ld) bf16 matrix (src at row 0, this
- * head's column) into dst; rows at or past T are zeroed. */
-template <int D>
+ * head's column) into dst; rows at or past T are zeroed. NT: the block's
+ * threads. */
+template <int D, int NT = FA_THREADS>
 static __device__ __forceinline__ void fa_tile(fa_bf16 (*dst)[D + FA_PAD], const fa_bf16 *src,
 					       int ld, int r0, int T)
 {
-	for (int i = threadIdx.x; i < FA_TILE * D / 8; i += FA_THREADS) {
+	for (int i = threadIdx.x; i < FA_TILE * D / 8; i += NT) {
 		const int r = i / (D / 8), c = (i % (D / 8)) * 8;
 		if (r0 + r < T)
 			fa_cp16(&dst[r][c], src + (size_t)(r0 + r) * ld + c);
@@ -1070,19 +1072,22 @@ extern "C" __global__ void flash_kv_reduce_f32(float *dk, float *dv, const float
  * A block per (FA_DQ_ROWS(D) queries, head, batch), grid (NH, B, query
  * tiles) with the heaviest (last) query tiles of every head first; the keys
  * in tiles of 64 up to the diagonal, the next tile copied while this one is
- * used (HS <= 64; HS 128 copies between tiles); each block owns its dQ
+ * used; each block owns its dQ
  * rows and adds its key tiles in increasing order. Up to HS 64, as in the
  * forward, warp w owns two m16 tiles, rows 16 w and 64 + 16 w of the
  * block's 128, so every K and V fragment read feeds the mma's of both; each
  * key tile is taken in parts of 32 keys (16 at HS 64: fa_dq_cfg; S and dP
  * of both m-tiles, 16 x 32 each, then dQ += dS K over the part's k-steps),
  * which keeps S and dP at 64 registers (32) beside dQ's accumulators (D / 2
- * a thread) and Q's and dO's fragments (D / 4 each). At HS 128 dQ's accumulator alone would be 128
- * registers a thread for 32 rows: a warp keeps 16 rows (flash_bwd_dq16).
+ * a thread) and Q's and dO's fragments (D / 4 each). At HS 128 dQ's
+ * accumulator alone would be 128 registers a thread for 32 rows: a warp
+ * keeps 16 rows, and a block of 128 queries has 8 warps (flash_bwd_dq16,
+ * FA_DQ_THREADS).
  * Either way each dQ element sums the same products in the same order (the
  * key tiles, then their 16-key k-steps, in increasing order), and each S
  * and dP element its head dimension's k-steps from 0 up: the same values. */
-#define FA_DQ_ROWS(D) ((D) <= 64 ? 128 : 64)
+#define FA_DQ_ROWS(D) 128
+#define FA_DQ_THREADS(D) ((D) <= 64 ? FA_THREADS : 256) /* flash_bwd_dq16: 8 warps */
 
 /* keys: the part of a key tile flash_bwd_dq32 takes at a time (S and dP of
  * both m-tiles: keys / 2 registers a thread each), the parts in a loop not
@@ -1276,60 +1281,72 @@ static __device__ __forceinline__ void flash_bwd_dq32(float *dq, const fa_bf16 *
 			    q0 + mt * 64 + warp * 16 + g, T, t);
 }
 
-/* dQ with 16 rows a warp (HS 128): a block per 64 queries; K, V in one
- * buffer each (fa_cfg's stages), the block's queries and output gradients
- * staged through them. */
+/* dQ with 16 rows a warp (HS 128), FA_DQ16_WARPS = 8 warps: a block per 128
+ * queries, warp w owning rows 16 w.. of them, so that each K and V tile
+ * copied to shared memory serves twice the warps (the block of 64 queries
+ * and 4 warps before it copied every tile twice as often). K and V
+ * double-buffered in tiles 0, 1 and 2, 3 (the next pair copied while this
+ * one is used: 4 tiles, 68 KiB, within the 99 KiB of sm_86/89/120); the
+ * block's queries and output gradients (128 rows each) staged through them
+ * on their way to registers, as in flash_bwd_dq32. Each warp walks the key
+ * tiles from 0 up to the one holding its last row's diagonal (it skips the
+ * block's last tile, k0 = q0 + 64, when its rows are before it), its rows
+ * meeting the same tiles in the same order with the same arithmetic as
+ * under 64-query blocks of 4 warps: the same bits. */
+#define FA_DQ16_WARPS 8
+
 template <int D>
 static __device__ __forceinline__ void flash_bwd_dq16(float *dq, const fa_bf16 *dout,
 						      const fa_bf16 *q, const fa_bf16 *k,
 						      const fa_bf16 *v, const float *lse,
 						      const float *dr, int T, int NH, int NKV)
 {
-	constexpr int ST = fa_cfg<D>::stages;
-	/* tiles: K[ST], V[ST]; the block's queries and output gradients pass
-	 * through K[ST-1], V[ST-1] on their way to registers */
+	constexpr int NT = FA_DQ16_WARPS * 32;
+	static_assert(FA_DQ_ROWS(D) == FA_DQ16_WARPS * 16, "flash_bwd_dq16: 16 rows a warp");
 	fa_bf16(*tl)[FA_TILE][D + FA_PAD] = fa_tiles<D>();
 	const int h = blockIdx.x, b = blockIdx.y;
-	const int q0 = (gridDim.z - 1 - blockIdx.z) * FA_TILE;
+	const int q0 = (gridDim.z - 1 - blockIdx.z) * FA_DQ_ROWS(D);
 	const int kvh = h / (NH / NKV), ldq = NH * D, ldk = NKV * D;
 	const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
 	const float sl2 = FA_LOG2E * rsqrtf((float)D);
+	const fa_bf16 *qb = q + (size_t)b * T * ldq + h * D;
+	const fa_bf16 *ob = dout + (size_t)b * T * ldq + h * D;
 	const fa_bf16 *kb = k + (size_t)b * T * ldk + kvh * D;
 	const fa_bf16 *vb = v + (size_t)b * T * ldk + kvh * D;
 
-	fa_tile<D>(tl[ST - 1], q + (size_t)b * T * ldq + h * D, ldq, q0, T);
-	fa_tile<D>(tl[2 * ST - 1], dout + (size_t)b * T * ldq + h * D, ldq, q0, T);
-	if (ST == 2) { /* the first keys while the staging lands */
-		fa_tile<D>(tl[0], kb, ldk, 0, T);
-		fa_tile<D>(tl[ST], vb, ldk, 0, T);
-	}
+	/* Q's 128 rows in tiles 0, 1, dO's in 2, 3: one [128][D + FA_PAD]
+	 * array each */
+	fa_tile<D, NT>(tl[0], qb, ldq, q0, T);
+	fa_tile<D, NT>(tl[1], qb, ldq, q0 + FA_TILE, T);
+	fa_tile<D, NT>(tl[2], ob, ldq, q0, T);
+	fa_tile<D, NT>(tl[3], ob, ldq, q0 + FA_TILE, T);
 	fa_commit();
-	fa_wait<0>();
-	__syncthreads();
-	uint32_t qa[D / 16][4], oa[D / 16][4];
-	fa_frag_a<D>(qa, tl[ST - 1], warp * 16, g, t);
-	fa_frag_a<D>(oa, tl[2 * ST - 1], warp * 16, g, t);
-	__syncthreads(); /* the staging buffers are free */
-	if (ST == 1) {
-		fa_tile<D>(tl[0], kb, ldk, 0, T);
-		fa_tile<D>(tl[1], vb, ldk, 0, T);
-		fa_commit();
-	}
-	const int row0 = q0 + warp * 16 + g, row1 = row0 + 8;
+	const int r0 = q0 + warp * 16; /* the warp's first row */
+	const int row0 = r0 + g, row1 = row0 + 8;
 	const float *lb = lse + ((size_t)b * NH + h) * T;
 	const float *db = dr + ((size_t)b * NH + h) * T;
 	const float L0 = row0 < T ? lb[row0] : 0.f, L1 = row1 < T ? lb[row1] : 0.f;
 	const float D0 = row0 < T ? db[row0] : 0.f, D1 = row1 < T ? db[row1] : 0.f;
+	fa_wait<0>();
+	__syncthreads();
+	uint32_t qa[D / 16][4], oa[D / 16][4];
+	fa_frag_a<D>(qa, tl[0], warp * 16, g, t);
+	fa_frag_a<D>(oa, tl[2], warp * 16, g, t);
+	__syncthreads(); /* the staging tiles are free */
+	fa_tile<D, NT>(tl[0], kb, ldk, 0, T);
+	fa_tile<D, NT>(tl[2], vb, ldk, 0, T);
+	fa_commit();
+
 	float dqa[D / 8][4];
 #pragma unroll
 	for (int d = 0; d < D / 8; d++)
 		dqa[d][0] = dqa[d][1] = dqa[d][2] = dqa[d][3] = 0.f;
-	const int tiles = (min(T, q0 + FA_TILE) - 1) / FA_TILE + 1;
+	const int tiles = (min(T, q0 + FA_DQ_ROWS(D)) - 1) / FA_TILE + 1;
 	for (int it = 0; it < tiles; it++) {
-		const int k0 = it * FA_TILE, buf = ST == 2 ? it & 1 : 0;
-		if (ST == 2 && it + 1 < tiles) {
-			fa_tile<D>(tl[buf ^ 1], kb, ldk, k0 + FA_TILE, T);
-			fa_tile<D>(tl[ST + (buf ^ 1)], vb, ldk, k0 + FA_TILE, T);
+		const int k0 = it * FA_TILE, buf = it & 1;
+		if (it + 1 < tiles) {
+			fa_tile<D, NT>(tl[buf ^ 1], kb, ldk, k0 + FA_TILE, T);
+			fa_tile<D, NT>(tl[2 + (buf ^ 1)], vb, ldk, k0 + FA_TILE, T);
 			fa_commit();
 			fa_wait<1>();
 		} else {
@@ -1337,8 +1354,8 @@ static __device__ __forceinline__ void flash_bwd_dq16(float *dq, const fa_bf16 *
 		}
 		__syncthreads();
 		fa_bf16(*sK)[D + FA_PAD] = tl[buf];
-		fa_bf16(*sV)[D + FA_PAD] = tl[ST + buf];
-		if (k0 <= q0 + warp * 16 + 15) {
+		fa_bf16(*sV)[D + FA_PAD] = tl[2 + buf];
+		if (k0 <= r0 + 15) { /* else every key is past the warp's rows */
 			float p[8][4], ds[8][4];
 			fa_mm_nt<D>(p, qa, sK, lane);  /* S */
 			fa_mm_nt<D>(ds, oa, sV, lane); /* dP = dO V^T */
@@ -1351,7 +1368,7 @@ static __device__ __forceinline__ void flash_bwd_dq16(float *dq, const fa_bf16 *
 			/* the mask (on dS: P is not needed past it; a masked power
 			 * may be inf, and its dS is replaced, not scaled) only in
 			 * tiles on the diagonal or past T */
-			if (!(k0 + FA_TILE - 1 <= q0 + warp * 16 && k0 + FA_TILE <= T)) {
+			if (!(k0 + FA_TILE - 1 <= r0 && k0 + FA_TILE <= T)) {
 #pragma unroll
 				for (int n = 0; n < 8; n++)
 #pragma unroll
@@ -1363,12 +1380,7 @@ static __device__ __forceinline__ void flash_bwd_dq16(float *dq, const fa_bf16 *
 			}
 			fa_mm_pv<D>(dqa, ds, sK, lane); /* dQ += dS K */
 		}
-		__syncthreads();
-		if (ST == 1 && it + 1 < tiles) {
-			fa_tile<D>(tl[0], kb, ldk, k0 + FA_TILE, T);
-			fa_tile<D>(tl[1], vb, ldk, k0 + FA_TILE, T);
-			fa_commit();
-		}
+		__syncthreads(); /* before the next copy overwrites this buffer */
 	}
 	fa_store<D>(dq + (size_t)b * T * ldq + h * D, ldq, dqa, rsqrtf((float)D), row0, T, t);
 }
@@ -1379,7 +1391,8 @@ static __device__ __forceinline__ void flash_bwd_dq(float *dq, const fa_bf16 *do
 						    const fa_bf16 *v, const float *lse,
 						    const float *dr, int T, int NH, int NKV)
 {
-	static_assert(FA_DQ_ROWS(D) == (D <= 64 ? 128 : 64), "FA_DQ_ROWS and the kernels agree");
+	static_assert(FA_DQ_THREADS(D) == (D <= 64 ? FA_THREADS : FA_DQ16_WARPS * 32),
+		      "FA_DQ_THREADS and the kernels agree");
 	if constexpr (D <= 64)
 		flash_bwd_dq32<D>(dq, dout, q, k, v, lse, dr, T, NH, NKV);
 	else
@@ -1388,8 +1401,8 @@ static __device__ __forceinline__ void flash_bwd_dq(float *dq, const fa_bf16 *do
 
 /* The kernels, one per head size. Grid: dkdv (ceil(T/FA_KV_ROWS(D)), NH,
  * B); the forward (NH, B, ceil(T/128)); dq (NH, B, ceil(T/FA_DQ_ROWS(D))). 128
- * threads, flash_smem_bytes (gpu/cuda/cuda_ops.c) of dynamic shared
- * memory. */
+ * threads (dq: FA_DQ_THREADS(D), 256 at HS 128), flash_smem_bytes
+ * (gpu/cuda/cuda_ops.c) of dynamic shared memory. */
 #define FA_KERNELS(D)                                                                         \
 	extern "C" __global__ void __launch_bounds__(FA_THREADS)                              \
 		flash_fwd_d##D(float *out, fa_bf16 *out16, float *lse, const fa_bf16 *q,      \
@@ -1404,7 +1417,7 @@ static __device__ __forceinline__ void flash_bwd_dq(float *dq, const fa_bf16 *do
 	{                                                                                     \
 		flash_bwd_dkdv<D>(dk, dv, dout, q, k, v, lse, dr, T, NH, NKV);                \
 	}                                                                                     \
-	extern "C" __global__ void __launch_bounds__(FA_THREADS)                              \
+	extern "C" __global__ void __launch_bounds__(FA_DQ_THREADS(D))                        \
 		flash_bwd_dq_d##D(float *dq, const fa_bf16 *dout, const fa_bf16 *q,           \
 				  const fa_bf16 *k, const fa_bf16 *v, const float *lse,       \
 				  const float *dr, int T, int NH, int NKV)                    \
