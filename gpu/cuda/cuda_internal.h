@@ -119,6 +119,10 @@ struct cu_backend {
 	/* Bit i: the fused attention kernels of head size 16 << i can have the
 	 * shared memory they need on this device (cu_flash_prepare). */
 	unsigned flash_ok;
+	/* HS 128's dK, dV by flash_bwd_dkdv8_d128 (8 warps, 128 keys a block,
+	 * 137 KiB of shared memory: sm_80/90/100), else by
+	 * flash_bwd_dkdv_d128 (4 warps, 64 keys, within 99 KiB). */
+	bool flash_dkdv8;
 	/* TD_CUDA_PROFILE's per-op device times (cuda_prof.c); NULL when off. */
 	struct cu_prof *prof;
 };

@@ -652,6 +652,10 @@ static void flash_kernels(int HS, enum cu_kernel *fwd, enum cu_kernel *dkdv, enu
  * layouts): FA_TILE x (HS + 8) bf16 tiles, double-buffered up to HS 64
  * (dq at every head size). */
 enum flash_kind { FLASH_FWD, FLASH_DKDV, FLASH_DQ };
+/* flash.cu's FA_KV16X8_SMEM(128), flash_bwd_dkdv8_d128's: Q, dO
+ * double-buffered, the block's 128 keys and values (eight tiles), and the
+ * row statistics of both buffers */
+#define FLASH_DKDV8_SMEM (8u * 64u * (128u + 8u) * 2u + 2u * 2u * 64u * 4u)
 static unsigned flash_smem_bytes(enum flash_kind kind, int HS)
 {
 	unsigned tile = 64u * (unsigned)(HS + 8) * 2u, st = HS <= 64 ? 2u : 1u;
@@ -687,6 +691,9 @@ void cu_flash_prepare(struct cu_backend *cb)
 		if (ok)
 			cb->flash_ok |= 1u << i;
 	}
+	cb->flash_dkdv8 = cb->drv.cuFuncSetAttribute(cb->fn[CU_K_flash_bwd_dkdv8_d128],
+						     CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+						     (int)FLASH_DKDV8_SMEM) == CUDA_SUCCESS;
 }
 
 #define FLASH_FWD_ROWS 128 /* flash.cu's FA_FWD_ROWS: queries per forward block */
@@ -837,10 +844,16 @@ static void cu_attention_backward(struct gpu_backend *be, float *dq, float *dk, 
 			pv = pk + (size_t)B * T * NH * HS;
 		}
 		void *kargs[] = {&pk, &pv, &fc.dout, &fc.q, &fc.k, &fc.v, &att, &datt, &T, &NH, &NKV};
-		cu_launch(cb, kdkdv,
-			  (struct cu_dim){cu_blocks((size_t)T, FLASH_KV_ROWS(HS)), (unsigned)NH,
-					  (unsigned)B},
-			  dim1(FLASH_THREADS), flash_smem_bytes(FLASH_DKDV, HS), kargs);
+		if (HS == 128 && cb->flash_dkdv8) /* 8 warps, 128 keys a block */
+			cu_launch(cb, CU_K_flash_bwd_dkdv8_d128,
+				  (struct cu_dim){cu_blocks((size_t)T, 128), (unsigned)NH,
+						  (unsigned)B},
+				  dim1(256), FLASH_DKDV8_SMEM, kargs);
+		else
+			cu_launch(cb, kdkdv,
+				  (struct cu_dim){cu_blocks((size_t)T, FLASH_KV_ROWS(HS)),
+						  (unsigned)NH, (unsigned)B},
+				  dim1(FLASH_THREADS), flash_smem_bytes(FLASH_DKDV, HS), kargs);
 		if (NH != NKV) {
 			int rows = B * T;
 			void *sargs[] = {&dk, &dv, &pk, &pv, &rows, &NH, &NKV, &HS};

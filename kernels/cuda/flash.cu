@@ -19,7 +19,9 @@
  * Backward, deterministic (no atomics, fixed orders): flash_rowdot forms
  * Dr = rowsum(dout * out) (out read from its bf16 twin where given);
  * flash_bwd_dkdv, a block per (128 keys, head, batch) with a warp per 32
- * keys up to HS 64 (64 keys, a warp per 16, at HS 128),
+ * keys up to HS 64 (at HS 128 8 warps of 16 keys, flash_bwd_dkdv8_d128,
+ * where a block may have its 137 KiB of shared memory, sm_80/90/100; else
+ * 64 keys, 4 warps of 16),
  * rebuilds P^T and dS^T tile by tile over every query tile at or past
  * the keys and owns that head's share of dK and dV outright: with one query
  * head per kv head it is dK and dV; with a group of rep query heads it is a
@@ -97,6 +99,13 @@ static __device__ __forceinline__ void fa_cp16(void *dst, const void *src)
 {
 	const unsigned s = (unsigned)__cvta_generic_to_shared(dst);
 	asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(src));
+}
+
+/* cp.async of one float (L, Dr rows): no register holds it on the way. */
+static __device__ __forceinline__ void fa_cp4(void *dst, const void *src)
+{
+	const unsigned s = (unsigned)__cvta_generic_to_shared(dst);
+	asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(s), "l"(src));
 }
 
 static __device__ __forceinline__ void fa_commit()
@@ -1027,6 +1036,132 @@ static __device__ __forceinline__ void flash_bwd_dkdv16(float *dk, float *dv, co
 	fa_store<D>(dv + (size_t)b * T * ldo + h * D, ldo, dva, 1.f, key0, T, t);
 }
 
+/* dK, dV with 16 keys a warp and FA_KV16_WARPS = 8 warps, a block per 128
+ * keys (HS 128 where a block may have FA_KV16X8_SMEM bytes of shared
+ * memory: sm_80/90/100; gpu/cuda/cuda_ops.c falls back to flash_bwd_dkdv16
+ * where it may not). Warp w owns keys 16 w.. of the block, as a warp of
+ * flash_bwd_dkdv16 does; each query tile copied serves twice the warps, and
+ * is double-buffered (the next copied while this one is used). Tiles: Q[2]
+ * (0, 1), dO[2] (2, 3), the block's keys (4, 5) and values (6, 7) as
+ * [128][D + FA_PAD] arrays, then L[2][64], Dr[2][64] floats. Each warp
+ * walks the query tiles from the one at its keys on (warps 4-7 skip the
+ * block's first, every query of it being before their keys), its keys
+ * meeting the same tiles in the same order with the same arithmetic as in
+ * flash_bwd_dkdv16: the same bits. */
+#define FA_KV16_WARPS 8
+#define FA_KV16X8_SMEM(D) (8 * FA_TILE * ((D) + FA_PAD) * 2 + 2 * 2 * FA_TILE * 4)
+
+/* Starts copying L and Dr of queries n0..n0+63 into sl, sd (threads 0-127,
+ * one float each); those at or past T are zeroed. */
+static __device__ __forceinline__ void fa_rows(float *sl, float *sd, const float *lb,
+					       const float *db, int n0, int T)
+{
+	const int i = threadIdx.x & (FA_TILE - 1);
+	float *dst = threadIdx.x < FA_TILE ? sl : sd;
+	const float *src = threadIdx.x < FA_TILE ? lb : db;
+	if (threadIdx.x < 2 * FA_TILE) {
+		if (n0 + i < T)
+			fa_cp4(dst + i, src + n0 + i);
+		else
+			dst[i] = 0.f;
+	}
+}
+
+template <int D>
+static __device__ __forceinline__ void flash_bwd_dkdv16x8(float *dk, float *dv,
+							  const fa_bf16 *dout, const fa_bf16 *q,
+							  const fa_bf16 *k, const fa_bf16 *v,
+							  const float *lse, const float *dr, int T,
+							  int NH, int NKV)
+{
+	constexpr int NT = FA_KV16_WARPS * 32, ROWS = FA_KV16_WARPS * 16;
+	fa_bf16(*tl)[FA_TILE][D + FA_PAD] = fa_tiles<D>();
+	fa_bf16(*sK)[D + FA_PAD] = tl[4];
+	fa_bf16(*sV)[D + FA_PAD] = tl[6];
+	float(*sL)[FA_TILE] = reinterpret_cast<float(*)[FA_TILE]>(tl[8]);
+	float(*sD)[FA_TILE] = sL + 2;
+	const int k0 = blockIdx.x * ROWS, h = blockIdx.y, b = blockIdx.z;
+	const int kvh = h / (NH / NKV), ldq = NH * D, ldk = NKV * D;
+	const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+	const float sl2 = FA_LOG2E * rsqrtf((float)D);
+	const fa_bf16 *qb = q + (size_t)b * T * ldq + h * D;
+	const fa_bf16 *ob = dout + (size_t)b * T * ldq + h * D;
+	const fa_bf16 *kb = k + (size_t)b * T * ldk + kvh * D;
+	const fa_bf16 *vb = v + (size_t)b * T * ldk + kvh * D;
+	const float *lb = lse + ((size_t)b * NH + h) * T;
+	const float *db = dr + ((size_t)b * NH + h) * T;
+
+	/* The keys and values, and the first query tile (q0 = k0). */
+	fa_tile<D, NT>(tl[4], kb, ldk, k0, T);
+	fa_tile<D, NT>(tl[5], kb, ldk, k0 + FA_TILE, T);
+	fa_tile<D, NT>(tl[6], vb, ldk, k0, T);
+	fa_tile<D, NT>(tl[7], vb, ldk, k0 + FA_TILE, T);
+	fa_tile<D, NT>(tl[0], qb, ldq, k0, T);
+	fa_tile<D, NT>(tl[2], ob, ldq, k0, T);
+	fa_rows(sL[0], sD[0], lb, db, k0, T);
+	fa_commit();
+
+	const int kw = k0 + warp * 16; /* the warp's first key */
+	const int key0 = kw + g, key1 = key0 + 8;
+	float dka[D / 8][4], dva[D / 8][4];
+#pragma unroll
+	for (int d = 0; d < D / 8; d++)
+#pragma unroll
+		for (int e = 0; e < 4; e++)
+			dka[d][e] = dva[d][e] = 0.f;
+	const int tiles = (T - 1) / FA_TILE + 1 - k0 / FA_TILE;
+	for (int it = 0; it < tiles; it++) {
+		const int q0 = k0 + it * FA_TILE, buf = it & 1;
+		if (it + 1 < tiles) {
+			const int n0 = q0 + FA_TILE;
+			fa_tile<D, NT>(tl[buf ^ 1], qb, ldq, n0, T);
+			fa_tile<D, NT>(tl[2 + (buf ^ 1)], ob, ldq, n0, T);
+			fa_rows(sL[buf ^ 1], sD[buf ^ 1], lb, db, n0, T);
+			fa_commit();
+			fa_wait<1>();
+		} else {
+			fa_wait<0>();
+		}
+		__syncthreads();
+		fa_bf16(*sQ)[D + FA_PAD] = tl[buf];
+		fa_bf16(*sdO)[D + FA_PAD] = tl[2 + buf];
+		if (q0 + FA_TILE - 1 >= kw) { /* else every query is before these keys */
+			float p[8][4], ds[8][4];
+			fa_mm_nt_s<D>(p, sK, warp * 16, sQ, lane);   /* S^T: keys x queries */
+			fa_mm_nt_s<D>(ds, sV, warp * 16, sdO, lane); /* dP^T = V dO^T */
+			/* P^T = 2^fl(s sl2 - L) (fa_bwd_p); the mask only where some
+			 * query is before a key of this warp or past T */
+#pragma unroll
+			for (int n = 0; n < 8; n++)
+#pragma unroll
+				for (int e = 0; e < 4; e++)
+					p[n][e] = fa_bwd_p(p[n][e], sl2, sL[buf][n * 8 + 2 * t + (e & 1)]);
+			if (!(q0 >= kw + 15 && q0 + FA_TILE <= T)) {
+#pragma unroll
+				for (int n = 0; n < 8; n++)
+#pragma unroll
+					for (int e = 0; e < 4; e++) {
+						const int qr = q0 + n * 8 + 2 * t + (e & 1);
+						if (qr < (e < 2 ? key0 : key1) || qr >= T)
+							p[n][e] = 0.f;
+					}
+			}
+#pragma unroll
+			for (int n = 0; n < 8; n++)
+#pragma unroll
+				for (int e = 0; e < 4; e++)
+					ds[n][e] = p[n][e] * (ds[n][e] - sD[buf][n * 8 + 2 * t + (e & 1)]);
+			fa_mm_pv<D>(dva, p, sdO, lane); /* dV += P^T dO */
+			fa_mm_pv<D>(dka, ds, sQ, lane); /* dK += dS^T Q */
+		}
+		__syncthreads(); /* before the next copy overwrites this buffer */
+	}
+	const float scale = rsqrtf((float)D);
+	const int ldo = NH == NKV ? ldk : ldq;
+	fa_store<D>(dk + (size_t)b * T * ldo + h * D, ldo, dka, scale, key0, T, t);
+	fa_store<D>(dv + (size_t)b * T * ldo + h * D, ldo, dva, 1.f, key0, T, t);
+}
+
 /* dk, dv: (B,T,NH,HS) when NH > NKV (the per-head partials), else the
  * (B,T,NKV,HS) gradients themselves; block (key tile of FA_KV_ROWS(D),
  * query head h, b). */
@@ -1429,3 +1564,14 @@ FA_KERNELS(16)
 FA_KERNELS(32)
 FA_KERNELS(64)
 FA_KERNELS(128)
+
+/* dK, dV at HS 128 with 8 warps a block of 128 keys (flash_bwd_dkdv16x8):
+ * grid (ceil(T/128), NH, B), 256 threads, FA_KV16X8_SMEM(128) bytes of
+ * dynamic shared memory. */
+extern "C" __global__ void __launch_bounds__(FA_KV16_WARPS * 32)
+	flash_bwd_dkdv8_d128(float *dk, float *dv, const fa_bf16 *dout, const fa_bf16 *q,
+			     const fa_bf16 *k, const fa_bf16 *v, const float *lse, const float *dr,
+			     int T, int NH, int NKV)
+{
+	flash_bwd_dkdv16x8<128>(dk, dv, dout, q, k, v, lse, dr, T, NH, NKV);
+}
