@@ -915,6 +915,52 @@ static __device__ __forceinline__ void flash_bwd_dkdv32(float *dk, float *dv, co
 }
 
 /* dK, dV with 16 keys a warp, a block per 64 keys (HS > FA_KV32_MAX). */
+/* One warp's part of a query tile for dK and dV at 16 keys a warp (flash_bwd_dkdv16,
+ * flash_bwd_dkdv16x8): its keys kw.. are rows wrow.. of sK, sV (AS) or in
+ * its A fragments ka, va; the queries q0.. are sQ, sdO with their L, Dr
+ * in sl, sd. S^T and dP^T, P^T = 2^fl(s sl2 - L) (fa_bwd_p) masked only
+ * where some query is before a key of this warp or past T, dS^T, then
+ * dV += P^T dO and dK += dS^T Q. */
+template <int D, bool AS>
+static __device__ __forceinline__ void
+fa_kv16_tile(float dka[D / 8][4], float dva[D / 8][4], fa_bf16 (*sK)[D + FA_PAD],
+	     fa_bf16 (*sV)[D + FA_PAD], int wrow, const uint32_t (*ka)[4], const uint32_t (*va)[4],
+	     fa_bf16 (*sQ)[D + FA_PAD], fa_bf16 (*sdO)[D + FA_PAD], const float *sl,
+	     const float *sd, int q0, int kw, int T, float sl2, int lane)
+{
+	const int g = lane >> 2, t = lane & 3, key0 = kw + g, key1 = key0 + 8;
+	float p[8][4], ds[8][4];
+	if constexpr (AS) {
+		fa_mm_nt_s<D>(p, sK, wrow, sQ, lane);   /* S^T: keys x queries */
+		fa_mm_nt_s<D>(ds, sV, wrow, sdO, lane); /* dP^T = V dO^T */
+	} else {
+		fa_mm_nt<D>(p, ka, sQ, lane);
+		fa_mm_nt<D>(ds, va, sdO, lane);
+	}
+#pragma unroll
+	for (int n = 0; n < 8; n++)
+#pragma unroll
+		for (int e = 0; e < 4; e++)
+			p[n][e] = fa_bwd_p(p[n][e], sl2, sl[n * 8 + 2 * t + (e & 1)]);
+	if (!(q0 >= kw + 15 && q0 + FA_TILE <= T)) {
+#pragma unroll
+		for (int n = 0; n < 8; n++)
+#pragma unroll
+			for (int e = 0; e < 4; e++) {
+				const int qr = q0 + n * 8 + 2 * t + (e & 1);
+				if (qr < (e < 2 ? key0 : key1) || qr >= T)
+					p[n][e] = 0.f;
+			}
+	}
+#pragma unroll
+	for (int n = 0; n < 8; n++)
+#pragma unroll
+		for (int e = 0; e < 4; e++)
+			ds[n][e] = p[n][e] * (ds[n][e] - sd[n * 8 + 2 * t + (e & 1)]);
+	fa_mm_pv<D>(dva, p, sdO, lane); /* dV += P^T dO */
+	fa_mm_pv<D>(dka, ds, sQ, lane); /* dK += dS^T Q */
+}
+
 template <int D>
 static __device__ __forceinline__ void flash_bwd_dkdv16(float *dk, float *dv, const fa_bf16 *dout,
 						      const fa_bf16 *q, const fa_bf16 *k,
@@ -959,7 +1005,7 @@ static __device__ __forceinline__ void flash_bwd_dkdv16(float *dk, float *dv, co
 		__syncthreads(); /* Q[1], dO[1] are free */
 	}
 
-	const int key0 = k0 + warp * 16 + g, key1 = key0 + 8;
+	const int key0 = k0 + warp * 16 + g;
 	float dka[D / 8][4], dva[D / 8][4];
 #pragma unroll
 	for (int d = 0; d < D / 8; d++)
@@ -984,40 +1030,9 @@ static __device__ __forceinline__ void flash_bwd_dkdv16(float *dk, float *dv, co
 		__syncthreads();
 		fa_bf16(*sQ)[D + FA_PAD] = tl[buf];
 		fa_bf16(*sdO)[D + FA_PAD] = tl[ST + buf];
-		if (q0 + FA_TILE - 1 >= k0 + warp * 16) { /* else every query is before these keys */
-			float p[8][4], ds[8][4];
-			if constexpr (AS) {
-				fa_mm_nt_s<D>(p, sK, warp * 16, sQ, lane);   /* S^T: keys x queries */
-				fa_mm_nt_s<D>(ds, sV, warp * 16, sdO, lane); /* dP^T = V dO^T */
-			} else {
-				fa_mm_nt<D>(p, ka, sQ, lane);
-				fa_mm_nt<D>(ds, va, sdO, lane);
-			}
-			/* P^T = 2^fl(s sl2 - L) (fa_bwd_p); the mask only where some
-			 * query is before a key of this warp or past T */
-#pragma unroll
-			for (int n = 0; n < 8; n++)
-#pragma unroll
-				for (int e = 0; e < 4; e++)
-					p[n][e] = fa_bwd_p(p[n][e], sl2, sL[buf][n * 8 + 2 * t + (e & 1)]);
-			if (!(q0 >= k0 + warp * 16 + 15 && q0 + FA_TILE <= T)) {
-#pragma unroll
-				for (int n = 0; n < 8; n++)
-#pragma unroll
-					for (int e = 0; e < 4; e++) {
-						const int qr = q0 + n * 8 + 2 * t + (e & 1);
-						if (qr < (e < 2 ? key0 : key1) || qr >= T)
-							p[n][e] = 0.f;
-					}
-			}
-#pragma unroll
-			for (int n = 0; n < 8; n++)
-#pragma unroll
-				for (int e = 0; e < 4; e++)
-					ds[n][e] = p[n][e] * (ds[n][e] - sD[buf][n * 8 + 2 * t + (e & 1)]);
-			fa_mm_pv<D>(dva, p, sdO, lane); /* dV += P^T dO */
-			fa_mm_pv<D>(dka, ds, sQ, lane); /* dK += dS^T Q */
-		}
+		if (q0 + FA_TILE - 1 >= k0 + warp * 16) /* else every query is before these keys */
+			fa_kv16_tile<D, AS>(dka, dva, sK, sV, warp * 16, ka, va, sQ, sdO, sL[buf], sD[buf],
+					    q0, k0 + warp * 16, T, sl2, lane);
 		__syncthreads();
 		if (ST == 1 && it + 1 < tiles) {
 			const int n0 = q0 + FA_TILE;
@@ -1102,7 +1117,7 @@ static __device__ __forceinline__ void flash_bwd_dkdv16x8(float *dk, float *dv,
 	fa_commit();
 
 	const int kw = k0 + warp * 16; /* the warp's first key */
-	const int key0 = kw + g, key1 = key0 + 8;
+	const int key0 = kw + g;
 	float dka[D / 8][4], dva[D / 8][4];
 #pragma unroll
 	for (int d = 0; d < D / 8; d++)
@@ -1125,35 +1140,9 @@ static __device__ __forceinline__ void flash_bwd_dkdv16x8(float *dk, float *dv,
 		__syncthreads();
 		fa_bf16(*sQ)[D + FA_PAD] = tl[buf];
 		fa_bf16(*sdO)[D + FA_PAD] = tl[2 + buf];
-		if (q0 + FA_TILE - 1 >= kw) { /* else every query is before these keys */
-			float p[8][4], ds[8][4];
-			fa_mm_nt_s<D>(p, sK, warp * 16, sQ, lane);   /* S^T: keys x queries */
-			fa_mm_nt_s<D>(ds, sV, warp * 16, sdO, lane); /* dP^T = V dO^T */
-			/* P^T = 2^fl(s sl2 - L) (fa_bwd_p); the mask only where some
-			 * query is before a key of this warp or past T */
-#pragma unroll
-			for (int n = 0; n < 8; n++)
-#pragma unroll
-				for (int e = 0; e < 4; e++)
-					p[n][e] = fa_bwd_p(p[n][e], sl2, sL[buf][n * 8 + 2 * t + (e & 1)]);
-			if (!(q0 >= kw + 15 && q0 + FA_TILE <= T)) {
-#pragma unroll
-				for (int n = 0; n < 8; n++)
-#pragma unroll
-					for (int e = 0; e < 4; e++) {
-						const int qr = q0 + n * 8 + 2 * t + (e & 1);
-						if (qr < (e < 2 ? key0 : key1) || qr >= T)
-							p[n][e] = 0.f;
-					}
-			}
-#pragma unroll
-			for (int n = 0; n < 8; n++)
-#pragma unroll
-				for (int e = 0; e < 4; e++)
-					ds[n][e] = p[n][e] * (ds[n][e] - sD[buf][n * 8 + 2 * t + (e & 1)]);
-			fa_mm_pv<D>(dva, p, sdO, lane); /* dV += P^T dO */
-			fa_mm_pv<D>(dka, ds, sQ, lane); /* dK += dS^T Q */
-		}
+		if (q0 + FA_TILE - 1 >= kw) /* else every query is before these keys */
+			fa_kv16_tile<D, true>(dka, dva, sK, sV, warp * 16, nullptr, nullptr, sQ, sdO,
+					      sL[buf], sD[buf], q0, kw, T, sl2, lane);
 		__syncthreads(); /* before the next copy overwrites this buffer */
 	}
 	const float scale = rsqrtf((float)D);
