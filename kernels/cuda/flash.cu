@@ -263,6 +263,55 @@ static __device__ __forceinline__ void fa_mm_pv(float acc[D / 8][4], const float
 /* Rows r0 = the thread's first row (g within the warp's 16) and r0 + 8 of a
  * warp's 16 x D accumulator, times scale, to dst (rows ld floats apart);
  * rows at or past T are skipped. */
+/* The C tiles c[2j], c[2j+1] (16 x 16, fp32) rounded to bf16 as the A
+ * fragment a of a 16-wide k-step: the fragment layouts above. */
+static __device__ __forceinline__ void fa_pack_a(uint32_t a[4], const float (*c)[4], int j)
+{
+	a[0] = fa_pack(c[2 * j][0], c[2 * j][1]);
+	a[1] = fa_pack(c[2 * j][2], c[2 * j][3]);
+	a[2] = fa_pack(c[2 * j + 1][0], c[2 * j + 1][1]);
+	a[3] = fa_pack(c[2 * j + 1][2], c[2 * j + 1][3]);
+}
+
+/* For the warp's m-tiles M0 <= mt < M1 (A fragments a1[mt], a2[mt] over the
+ * head dimension): x[mt] = A1 B1^T and y[mt] = A2 B2^T (zeroed first) over
+ * rows r0 .. r0 + 8 NB - 1 of the shared tiles b1, b2, each ldmatrix.x4 of
+ * a B fragment read once for every m-tile; each element's k-steps in
+ * increasing order, as fa_mm_nt's. */
+template <int D, int NB, int M0, int M1>
+static __device__ __forceinline__ void
+fa_mm2_nt(float x[2][NB][4], float y[2][NB][4], const uint32_t a1[2][D / 16][4],
+	  const uint32_t a2[2][D / 16][4], fa_bf16 (*b1)[D + FA_PAD], fa_bf16 (*b2)[D + FA_PAD],
+	  int r0, int lane)
+{
+#pragma unroll
+	for (int mt = M0; mt < M1; mt++)
+#pragma unroll
+		for (int n = 0; n < NB; n++)
+#pragma unroll
+			for (int e = 0; e < 4; e++)
+				x[mt][n][e] = y[mt][n][e] = 0.f;
+	const int row = (lane & 7) + (lane >> 4) * 8, col = ((lane >> 3) & 1) * 8;
+#pragma unroll
+	for (int n = 0; n < NB; n += 2)
+#pragma unroll
+		for (int kk = 0; kk < D / 16; kk++) {
+			uint32_t b[4];
+			fa_ldm(b, &b1[r0 + n * 8 + row][kk * 16 + col]);
+#pragma unroll
+			for (int mt = M0; mt < M1; mt++) {
+				fa_mma(x[mt][n], a1[mt][kk], b[0], b[1]);
+				fa_mma(x[mt][n + 1], a1[mt][kk], b[2], b[3]);
+			}
+			fa_ldm(b, &b2[r0 + n * 8 + row][kk * 16 + col]);
+#pragma unroll
+			for (int mt = M0; mt < M1; mt++) {
+				fa_mma(y[mt][n], a2[mt][kk], b[0], b[1]);
+				fa_mma(y[mt][n + 1], a2[mt][kk], b[2], b[3]);
+			}
+		}
+}
+
 template <int D>
 static __device__ __forceinline__ void fa_store(float *dst, int ld, const float acc[D / 8][4],
 						float scale, int r0, int T, int t)
@@ -468,12 +517,8 @@ static __device__ __forceinline__ void fa_fwd_pack(uint32_t pa[2][4][4], const f
 #pragma unroll
 	for (int mt = M0; mt < 2; mt++)
 #pragma unroll
-		for (int j = 0; j < 4; j++) {
-			pa[mt][j][0] = fa_pack(s[mt][2 * j][0], s[mt][2 * j][1]);
-			pa[mt][j][1] = fa_pack(s[mt][2 * j][2], s[mt][2 * j][3]);
-			pa[mt][j][2] = fa_pack(s[mt][2 * j + 1][0], s[mt][2 * j + 1][1]);
-			pa[mt][j][3] = fa_pack(s[mt][2 * j + 1][2], s[mt][2 * j + 1][3]);
-		}
+		for (int j = 0; j < 4; j++)
+			fa_pack_a(pa[mt][j], s[mt], j);
 }
 
 /* o[mt] += P[mt] (its A fragments pa[mt]) times the tile sV (64 rows x D),
@@ -698,6 +743,25 @@ template <int D> struct fa_kv_cfg {
 	static constexpr int queries = D == 64 ? 16 : 32;
 };
 
+/* Starts copying rows n0 .. n0 + 63 of the queries qb and their output
+ * gradients ob (leading dimension ldq) into the tiles sq, so (one cp.async
+ * group), and writes their L and Dr (lb, db) into sl, sd: zeros at or past
+ * T. 128 threads. */
+template <int D>
+static __device__ __forceinline__ void
+fa_qdo_load(fa_bf16 (*sq)[D + FA_PAD], fa_bf16 (*so)[D + FA_PAD], float *sl, float *sd,
+	    const fa_bf16 *qb, const fa_bf16 *ob, int ldq, const float *lb, const float *db, int n0,
+	    int T)
+{
+	fa_tile<D>(sq, qb, ldq, n0, T);
+	fa_tile<D>(so, ob, ldq, n0, T);
+	fa_commit();
+	for (int i = threadIdx.x; i < FA_TILE; i += FA_THREADS) {
+		sl[i] = n0 + i < T ? lb[n0 + i] : 0.f;
+		sd[i] = n0 + i < T ? db[n0 + i] : 0.f;
+	}
+}
+
 /* Part h2 (queries q0 + QP h2..) of the query tile sQ, sdO (their L and Dr
  * in sl, sd) for m-tiles 0..M1-1 of the warp: S^T and dP^T, P^T = fa_bwd_p,
  * masked where the tile needs it, dS^T = P^T (dP^T - Dr), then dV[mt] +=
@@ -713,32 +777,8 @@ fa_kv_part(float dka[2][D / 8][4], float dva[2][D / 8][4], const uint32_t ka[2][
 	const int g = lane >> 2, t = lane & 3;
 	float p[2][NB][4], ds[2][NB][4];
 	uint32_t pa[2][QP / 16][4];
-#pragma unroll
-	for (int mt = 0; mt < M1; mt++)
-#pragma unroll
-		for (int n = 0; n < NB; n++)
-#pragma unroll
-			for (int e = 0; e < 4; e++)
-				p[mt][n][e] = ds[mt][n][e] = 0.f;
-	const int row = (lane & 7) + (lane >> 4) * 8, col = ((lane >> 3) & 1) * 8;
-#pragma unroll
-	for (int n = 0; n < NB; n += 2)
-#pragma unroll
-		for (int kk = 0; kk < D / 16; kk++) {
-			uint32_t b[4];
-			fa_ldm(b, &sQ[h2 * QP + n * 8 + row][kk * 16 + col]);
-#pragma unroll
-			for (int mt = 0; mt < M1; mt++) {
-				fa_mma(p[mt][n], ka[mt][kk], b[0], b[1]); /* S^T */
-				fa_mma(p[mt][n + 1], ka[mt][kk], b[2], b[3]);
-			}
-			fa_ldm(b, &sdO[h2 * QP + n * 8 + row][kk * 16 + col]);
-#pragma unroll
-			for (int mt = 0; mt < M1; mt++) {
-				fa_mma(ds[mt][n], va[mt][kk], b[0], b[1]); /* dP^T = V dO^T */
-				fa_mma(ds[mt][n + 1], va[mt][kk], b[2], b[3]);
-			}
-		}
+	/* S^T = K Q^T and dP^T = V dO^T */
+	fa_mm2_nt<D, NB, 0, M1>(p, ds, ka, va, sQ, sdO, h2 * QP, lane);
 #pragma unroll
 	for (int mt = 0; mt < M1; mt++) {
 		const int key = k0 + mt * 64 + warp * 16; /* the m-tile's first key */
@@ -762,12 +802,8 @@ fa_kv_part(float dka[2][D / 8][4], float dva[2][D / 8][4], const uint32_t ka[2][
 		/* P^T rounded to bf16 as the A fragments of the part's k-steps
 		 * (the fp32 P^T dies with dS^T) */
 #pragma unroll
-		for (int j = 0; j < QP / 16; j++) {
-			pa[mt][j][0] = fa_pack(p[mt][2 * j][0], p[mt][2 * j][1]);
-			pa[mt][j][1] = fa_pack(p[mt][2 * j][2], p[mt][2 * j][3]);
-			pa[mt][j][2] = fa_pack(p[mt][2 * j + 1][0], p[mt][2 * j + 1][1]);
-			pa[mt][j][3] = fa_pack(p[mt][2 * j + 1][2], p[mt][2 * j + 1][3]);
-		}
+		for (int j = 0; j < QP / 16; j++)
+			fa_pack_a(pa[mt][j], p[mt], j);
 #pragma unroll
 		for (int n = 0; n < NB; n++)
 #pragma unroll
@@ -794,12 +830,8 @@ fa_kv_part(float dka[2][D / 8][4], float dva[2][D / 8][4], const uint32_t ka[2][
 	for (int j = 0; j < QP / 16; j++) {
 		uint32_t a[2][4];
 #pragma unroll
-		for (int mt = 0; mt < M1; mt++) {
-			a[mt][0] = fa_pack(ds[mt][2 * j][0], ds[mt][2 * j][1]);
-			a[mt][1] = fa_pack(ds[mt][2 * j][2], ds[mt][2 * j][3]);
-			a[mt][2] = fa_pack(ds[mt][2 * j + 1][0], ds[mt][2 * j + 1][1]);
-			a[mt][3] = fa_pack(ds[mt][2 * j + 1][2], ds[mt][2 * j + 1][3]);
-		}
+		for (int mt = 0; mt < M1; mt++)
+			fa_pack_a(a[mt], ds[mt], j);
 #pragma unroll
 		for (int d = 0; d < D / 8; d += 2) {
 			uint32_t b[4];
@@ -854,13 +886,7 @@ static __device__ __forceinline__ void flash_bwd_dkdv32(float *dk, float *dv, co
 	}
 	__syncthreads(); /* the staging tiles are free */
 	/* the first query tile: q0 = k0 */
-	fa_tile<D>(tl[0], qb, ldq, k0, T);
-	fa_tile<D>(tl[2], ob, ldq, k0, T);
-	fa_commit();
-	for (int i = threadIdx.x; i < FA_TILE; i += FA_THREADS) {
-		sL[0][i] = k0 + i < T ? lb[k0 + i] : 0.f;
-		sD[0][i] = k0 + i < T ? db[k0 + i] : 0.f;
-	}
+	fa_qdo_load<D>(tl[0], tl[2], sL[0], sD[0], qb, ob, ldq, lb, db, k0, T);
 
 	float dka[2][D / 8][4], dva[2][D / 8][4];
 #pragma unroll
@@ -875,13 +901,8 @@ static __device__ __forceinline__ void flash_bwd_dkdv32(float *dk, float *dv, co
 		const int q0 = k0 + it * FA_TILE, buf = it & 1;
 		if (it + 1 < tiles) {
 			const int n0 = q0 + FA_TILE;
-			fa_tile<D>(tl[buf ^ 1], qb, ldq, n0, T);
-			fa_tile<D>(tl[2 + (buf ^ 1)], ob, ldq, n0, T);
-			fa_commit();
-			for (int i = threadIdx.x; i < FA_TILE; i += FA_THREADS) {
-				sL[buf ^ 1][i] = n0 + i < T ? lb[n0 + i] : 0.f;
-				sD[buf ^ 1][i] = n0 + i < T ? db[n0 + i] : 0.f;
-			}
+			fa_qdo_load<D>(tl[buf ^ 1], tl[2 + (buf ^ 1)], sL[buf ^ 1], sD[buf ^ 1], qb,
+				       ob, ldq, lb, db, n0, T);
 			fa_wait<1>();
 		} else {
 			fa_wait<0>();
@@ -989,13 +1010,7 @@ static __device__ __forceinline__ void flash_bwd_dkdv16(float *dk, float *dv, co
 	/* The keys and values, and the first query tile. */
 	fa_tile<D>(sK, k + (size_t)b * T * ldk + kvh * D, ldk, k0, T);
 	fa_tile<D>(sV, v + (size_t)b * T * ldk + kvh * D, ldk, k0, T);
-	fa_tile<D>(tl[0], qb, ldq, k0, T);
-	fa_tile<D>(tl[ST], ob, ldq, k0, T);
-	fa_commit();
-	for (int i = threadIdx.x; i < FA_TILE; i += FA_THREADS) {
-		sL[0][i] = k0 + i < T ? lb[k0 + i] : 0.f;
-		sD[0][i] = k0 + i < T ? db[k0 + i] : 0.f;
-	}
+	fa_qdo_load<D>(tl[0], tl[ST], sL[0], sD[0], qb, ob, ldq, lb, db, k0, T);
 	fa_wait<0>();
 	__syncthreads();
 	uint32_t ka[AS ? 1 : D / 16][4], va[AS ? 1 : D / 16][4];
@@ -1016,13 +1031,8 @@ static __device__ __forceinline__ void flash_bwd_dkdv16(float *dk, float *dv, co
 		const int q0 = k0 + it * FA_TILE, buf = ST == 2 ? it & 1 : 0;
 		if (ST == 2 && it + 1 < tiles) {
 			const int n0 = q0 + FA_TILE;
-			fa_tile<D>(tl[buf ^ 1], qb, ldq, n0, T);
-			fa_tile<D>(tl[ST + (buf ^ 1)], ob, ldq, n0, T);
-			fa_commit();
-			for (int i = threadIdx.x; i < FA_TILE; i += FA_THREADS) {
-				sL[buf ^ 1][i] = n0 + i < T ? lb[n0 + i] : 0.f;
-				sD[buf ^ 1][i] = n0 + i < T ? db[n0 + i] : 0.f;
-			}
+			fa_qdo_load<D>(tl[buf ^ 1], tl[ST + (buf ^ 1)], sL[buf ^ 1], sD[buf ^ 1], qb,
+				       ob, ldq, lb, db, n0, T);
 			fa_wait<1>();
 		} else {
 			fa_wait<0>();
@@ -1036,13 +1046,7 @@ static __device__ __forceinline__ void flash_bwd_dkdv16(float *dk, float *dv, co
 		__syncthreads();
 		if (ST == 1 && it + 1 < tiles) {
 			const int n0 = q0 + FA_TILE;
-			fa_tile<D>(tl[0], qb, ldq, n0, T);
-			fa_tile<D>(tl[1], ob, ldq, n0, T);
-			fa_commit();
-			for (int i = threadIdx.x; i < FA_TILE; i += FA_THREADS) {
-				sL[0][i] = n0 + i < T ? lb[n0 + i] : 0.f;
-				sD[0][i] = n0 + i < T ? db[n0 + i] : 0.f;
-			}
+			fa_qdo_load<D>(tl[0], tl[1], sL[0], sD[0], qb, ob, ldq, lb, db, n0, T);
 		}
 	}
 	const float scale = rsqrtf((float)D);
@@ -1236,34 +1240,8 @@ fa_dq_part(float dqa[2][D / 8][4], const uint32_t qa[2][D / 16][4], const uint32
 	constexpr int KP = fa_dq_cfg<D>::keys, NB = KP / 8; /* its 8-key blocks */
 	const int g = lane >> 2, t = lane & 3;
 	float s[2][NB][4], ds[2][NB][4];
-#pragma unroll
-	for (int mt = M0; mt < 2; mt++)
-#pragma unroll
-		for (int n = 0; n < NB; n++)
-#pragma unroll
-			for (int e = 0; e < 4; e++)
-				s[mt][n][e] = ds[mt][n][e] = 0.f;
-	/* B fragments as in fa_mm_nt, each ldmatrix.x4 read once for both
-	 * m-tiles */
-	const int row = (lane & 7) + (lane >> 4) * 8, col = ((lane >> 3) & 1) * 8;
-#pragma unroll
-	for (int n = 0; n < NB; n += 2)
-#pragma unroll
-		for (int kk = 0; kk < D / 16; kk++) {
-			uint32_t b[4];
-			fa_ldm(b, &sK[h2 * KP + n * 8 + row][kk * 16 + col]);
-#pragma unroll
-			for (int mt = M0; mt < 2; mt++) {
-				fa_mma(s[mt][n], qa[mt][kk], b[0], b[1]); /* S */
-				fa_mma(s[mt][n + 1], qa[mt][kk], b[2], b[3]);
-			}
-			fa_ldm(b, &sV[h2 * KP + n * 8 + row][kk * 16 + col]);
-#pragma unroll
-			for (int mt = M0; mt < 2; mt++) {
-				fa_mma(ds[mt][n], oa[mt][kk], b[0], b[1]); /* dP = dO V^T */
-				fa_mma(ds[mt][n + 1], oa[mt][kk], b[2], b[3]);
-			}
-		}
+	/* S = Q K^T and dP = dO V^T */
+	fa_mm2_nt<D, NB, M0, 2>(s, ds, qa, oa, sK, sV, h2 * KP, lane);
 #pragma unroll
 	for (int mt = M0; mt < 2; mt++) {
 		const int r = q0 + mt * 64 + warp * 16; /* the m-tile's first row */
@@ -1293,12 +1271,8 @@ fa_dq_part(float dqa[2][D / 8][4], const uint32_t qa[2][D / 16][4], const uint32
 	for (int j = 0; j < KP / 16; j++) {
 		uint32_t a[2][4];
 #pragma unroll
-		for (int mt = M0; mt < 2; mt++) {
-			a[mt][0] = fa_pack(ds[mt][2 * j][0], ds[mt][2 * j][1]);
-			a[mt][1] = fa_pack(ds[mt][2 * j][2], ds[mt][2 * j][3]);
-			a[mt][2] = fa_pack(ds[mt][2 * j + 1][0], ds[mt][2 * j + 1][1]);
-			a[mt][3] = fa_pack(ds[mt][2 * j + 1][2], ds[mt][2 * j + 1][3]);
-		}
+		for (int mt = M0; mt < 2; mt++)
+			fa_pack_a(a[mt], ds[mt], j);
 #pragma unroll
 		for (int d = 0; d < D / 8; d += 2) {
 			uint32_t b[4];
