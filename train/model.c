@@ -98,19 +98,18 @@ struct tr_model {
 	 * writes gradients into (grads.ring.K, grads.rest; NULL where none);
 	 * grads is then the rank's part of the summed gradients. */
 	float *gslot[TR_GRAD_RING + 1];
-	/* GRADIENTS with every float of the part but [part_zero_lo,
-	 * part_zero_hi) written, not added to, by the first micro-batch's
-	 * reductions (tr_model_zero_part_only): zero_grad zeroes only those. */
-	bool part_overwritten;
-	size_t part_zero_lo, part_zero_hi;
-	/* TD_TEST_POISON_GRADS set (tests/unit: ddp-shard): zero_grad fills the
-	 * floats it leaves to the reductions with NaN, so a float that the
-	 * first micro-batch only added to would show in every loss after. */
-	bool poison_part;
-	/* Unsharded: the arena's ranges that zero_grad zeroes (every trainable
-	 * float but the tensors whose first product of a step overwrites:
-	 * tr_plan_dw_overwritten), and whether this step's first backward is
-	 * still to come (fresh: those products overwrite). */
+	/* TD_TEST_POISON_GRADS set (the unit tests' poison_env): zero_grad
+	 * fills the floats it leaves to be overwritten with NaN, so a float
+	 * that the first micro-batch only added to would show in every loss
+	 * after. */
+	bool poison_grads;
+	/* The ranges of grads that zero_grad zeroes, where it zeroes only some
+	 * (NULL: all of it): unsharded, every trainable float but the tensors
+	 * whose first product of a step overwrites (tr_plan_dw_overwritten);
+	 * GRADIENTS, the part's floats that the first micro-batch's reductions
+	 * add to instead of writing (tr_model_zero_part_only). fresh: this
+	 * step's first backward is still to come (unsharded, those products
+	 * overwrite). */
 	struct { size_t off, n; } *zr;
 	size_t nzr;
 	bool fresh;
@@ -561,7 +560,7 @@ static td_err model_new(struct tr_model **out, struct gpu_backend *be,
 	if (!m)
 		return td_fail(eb, TD_ENOMEM, "model: out of memory");
 	m->be = be;
-	m->poison_part = getenv("TD_TEST_POISON_GRADS") != NULL;
+	m->poison_grads = getenv("TD_TEST_POISON_GRADS") != NULL;
 	m->base_shared = base != NULL;
 	m->base_loaded = base && base_loaded;
 	m->pad_id = cfg->pad_token_id;
@@ -1870,23 +1869,18 @@ static void settle(struct tr_model *m)
 void tr_model_zero_part_only(struct tr_model *m, size_t lo, size_t hi)
 {
 	assert(tr_shard_grads(m->plan.opts.shard, m->plan.opts.shard_ranks));
-	assert(lo <= hi && hi <= grads_held(m));
-	m->part_overwritten = true;
-	m->part_zero_lo = lo;
-	m->part_zero_hi = hi;
+	assert(lo <= hi && hi <= grads_held(m) && !m->zr);
+	if (!(m->zr = calloc(1, sizeof(*m->zr))))
+		return; /* then zero_grad zeroes the whole part */
+	if (hi > lo)
+		m->zr[m->nzr++] = (__typeof__(*m->zr)){lo, hi - lo};
 }
 
 void tr_model_zero_grad(struct tr_model *m)
 {
 	m->gscale = 1.0f;
-	if (m->part_overwritten) {
-		if (m->poison_part)
-			gpu_scale(m->be, m->grads, NAN, grads_held(m));
-		if (m->part_zero_hi > m->part_zero_lo)
-			gpu_zero(m->be, m->grads + m->part_zero_lo,
-				 (m->part_zero_hi - m->part_zero_lo) * sizeof(float));
-	} else if (m->zr) {
-		if (m->poison_part)
+	if (m->zr) {
+		if (m->poison_grads)
 			gpu_scale(m->be, m->grads, NAN, grads_held(m));
 		for (size_t i = 0; i < m->nzr; i++)
 			gpu_zero(m->be, m->grads + m->zr[i].off, m->zr[i].n * sizeof(float));
