@@ -52,6 +52,10 @@ typedef uint16_t gpu_bf16;
 /* matmul_backward's set flags */
 #define GPU_SET_DINP 1u
 #define GPU_SET_DWEIGHT 2u
+/* ...and a layout flag: dout16's row i starts 2 * OC values after row i - 1,
+ * the first half of row i of an (N, OC) fp32 buffer (crossentropy_backward's
+ * bf16 gradient written over the logits); dout NULL with it */
+#define GPU_DOUT16_OVER_F32 4u
 
 struct gpu_backend_ops {
 	const char *name;
@@ -141,7 +145,8 @@ struct gpu_backend_ops {
 	 * overwrites dinp (GPU_SET_DINP; true converts to it) and/or dweight
 	 * (GPU_SET_DWEIGHT) instead of adding to them (no zeroing pass, no read
 	 * of the old values; an overwrite may leave -0 where 0 + -0 gave +0,
-	 * which no sum or AdamW step tells apart); dbias always accumulates. */
+	 * which no sum or AdamW step tells apart); dbias always accumulates.
+	 * GPU_DOUT16_OVER_F32 in set: dout16's rows as that flag says. */
 	void (*matmul_forward)(struct gpu_backend *be, float *out, gpu_bf16 *out16,
 			       const float *inp, const gpu_bf16 *inp16, const float *weight,
 			       const gpu_bf16 *weight16, const float *bias, int N, int C, int OC);
@@ -210,7 +215,10 @@ struct gpu_backend_ops {
 				     const int32_t *targets, int N, int V);
 	/* losses: NULL, or also crossentropy_forward's losses (the fused head
 	 * of train/model.c: one read of the logits for both). dlogits16: twin
-	 * of dlogits, or NULL; dlogits may be NULL when it is not. */
+	 * of dlogits, or NULL; dlogits may be NULL when it is not. dlogits16
+	 * == (gpu_bf16 *)logits, dlogits NULL: the bf16 gradient in place over
+	 * the logits, row i in the first half of row i's fp32 bytes (read by
+	 * matmul_backward with GPU_DOUT16_OVER_F32). */
 	void (*crossentropy_backward)(struct gpu_backend *be, float *losses, float *dlogits,
 				      gpu_bf16 *dlogits16, const float *logits,
 				      const int32_t *targets, float dloss, int N, int V);

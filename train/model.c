@@ -538,7 +538,8 @@ static void bind(struct tr_model *m)
 	m->gemm_bf16_bytes = gb ? gb->bytes : 0;
 	m->dgate16 = buf(m, "scratch.dgate16");
 	m->dup16 = buf(m, "scratch.dup16");
-	m->dlogits16 = buf(m, "scratch.dlogits16");
+	/* the head's bf16 loss gradient, over the logits (plan.dlogits16_over) */
+	m->dlogits16 = m->plan.dlogits16_over ? (gpu_bf16 *)m->logits : NULL;
 #undef S
 }
 
@@ -1292,7 +1293,8 @@ static void head_chunk(struct tr_model *m, int r0, int n)
 }
 
 /* dln rows [r0, r0 + n) (overwritten) and the lm_head's gradient from the
- * logits' gradient of those rows (dl fp32, or its bf16 twin dl16). */
+ * logits' gradient of those rows (dl fp32, or its bf16 twin dl16, which is
+ * over the logits: m->dlogits16). */
 static void head_weight_grad(struct tr_model *m, int r0, int n, const float *dl,
 			     const gpu_bf16 *dl16)
 {
@@ -1300,12 +1302,14 @@ static void head_weight_grad(struct tr_model *m, int r0, int n, const float *dl,
 	const int C = c->hidden_size, V = c->vocab_size;
 	const struct wref w = weight_of(m, m->lm_head);
 	gpu_matmul_backward(m->be, m->dln + (size_t)r0 * C, m->dlm_head, NULL, dl, dl16,
-			    m->lnf_out + (size_t)r0 * C, NULL, w.f, w.h, n, C, V, true);
+			    m->lnf_out + (size_t)r0 * C, NULL, w.f, w.h, n, C, V,
+			    GPU_SET_DINP | (dl16 ? GPU_DOUT16_OVER_F32 : 0u));
 }
 
 /* The causal head's backward over rows [r0, r0 + n), whose logits are in the
  * logits buffer: the loss gradient (in place over the logits; in the bf16
- * mode into its bf16 twin only), then dln and the lm_head's gradient.
+ * mode in bf16 only, over the first half of each row), then dln and the
+ * lm_head's gradient.
  * losses: NULL, or also the forward's losses of those rows. */
 static void head_grad_chunk(struct tr_model *m, int r0, int n, float *losses, float dloss)
 {

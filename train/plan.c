@@ -1047,7 +1047,8 @@ td_err tr_plan_build(struct tr_plan *p, const struct tr_model_config *cfg,
 	 * bf16 GEMMs, a bf16 one widened to fp32. */
 	const size_t deq = o->gemm_bf16 ? p->nf4_max_numel * sizeof(uint16_t)
 					: f32_bytes(max_sz(p->nf4_max_numel, p->bf16_max_numel), 1, 1);
-	const struct {
+	p->dlogits16_over = train && o->gemm_bf16 && !classify && !o->distill;
+	struct {
 		const char *what;
 		size_t bytes;
 		bool on;
@@ -1092,9 +1093,6 @@ td_err tr_plan_build(struct tr_plan *p, const struct tr_model_config *cfg,
 		{"q32", f32_bytes(N, H, 1), qkv16, train ? 3 : 0},
 		{"k32", f32_bytes(N, KV, 1), qkv16, train ? 3 : 0},
 		{"v32", f32_bytes(N, KV, 1), qkv16, train ? 3 : 0},
-		/* the causal head's loss gradient, bf16 only in the bf16 mode */
-		{"dlogits16", f32_bytes((size_t)p->logits_rows, V, 1) / 2,
-		 train && o->gemm_bf16 && !classify && !o->distill, 4},
 		{"dpooled", f32_bytes(B, C, 1), train && classify, 0},
 		/* a frozen weight for one use (and an NF4 one's absmax values) */
 		{"deq", deq, deq > 0, 0},
@@ -1116,6 +1114,35 @@ td_err tr_plan_build(struct tr_plan *p, const struct tr_model_config *cfg,
 		if (!scratch[i].on)
 			continue;
 		phase_bytes[scratch[i].phase] += aligned(scratch[i].bytes);
+	}
+	/* A chunked causal head (phase 4: its logits, and their bf16 gradient
+	 * over them) takes as many more rows as the region that the layers'
+	 * backward, forward and recompute need anyway holds (fit: a multiple of
+	 * 64 rows, within the floats bound), split evenly over the chunks that
+	 * N rows then take (multiples of 8 rows): fewer chunks, each head
+	 * weight gradient product with more rows to add over — each reads and
+	 * writes the whole fp32 gradient (Llama-3-8B at B4 x T2048: 22 chunks
+	 * of 384 rows before, 8 of 1024 now). Not where the caller set the
+	 * bound (logits_chunk_floats: tests that want a given chunk). */
+	if (train && !classify && !o->distill && !o->logits_chunk_floats &&
+	    (size_t)p->logits_rows < N) {
+		const size_t others = max_sz(max_sz(phase_bytes[1], phase_bytes[2]), phase_bytes[3]);
+		const size_t fit =
+			min_sz(others / (V * sizeof(float)), TR_LOGITS_CHUNK_FLOATS / V) / 64 * 64;
+		if (fit > (size_t)p->logits_rows) {
+			const size_t chunks = (N + fit - 1) / fit;
+			p->logits_rows = (int)min_sz(((N + chunks - 1) / chunks + 7) / 8 * 8, N);
+			for (size_t i = 0; i < nscratch; i++) {
+				if (!strcmp(scratch[i].what, "logits")) {
+					phase_bytes[4] -= aligned(scratch[i].bytes);
+					scratch[i].bytes = f32_bytes((size_t)p->logits_rows, V, 1);
+					phase_bytes[4] += aligned(scratch[i].bytes);
+				} else if (!strcmp(scratch[i].what, "gemm_bf16")) {
+					/* the head's input, rounded: more rows */
+					scratch[i].bytes = gemm_scratch_elems(p) * 2;
+				}
+			}
+		}
 	}
 	size_t region = 0; /* the region's offset, placed with its first member */
 	bool placed = false;

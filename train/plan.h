@@ -446,6 +446,11 @@ struct tr_plan {
 	 * distillation's student and teacher chunk by the floats alone: the same
 	 * rows whatever their hidden sizes. */
 	int logits_rows;
+	/* The causal head's loss gradient in bf16 over its logits (training in
+	 * the bf16 mode, not a distillation): crossentropy_backward writes it
+	 * into the first half of each logits row (gpu/backend.h), no buffer of
+	 * its own. */
+	bool dlogits16_over;
 	/* Rows of a layer's MLP backward at once (a training plan): its
 	 * d(h), d(gate) and d(up) are this many rows' (scratch.dh ...), the
 	 * rows taken in parts whose weight gradients are added up in order —

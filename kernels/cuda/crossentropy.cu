@@ -82,20 +82,71 @@ static __device__ __forceinline__ float ce_grad(float x, float m, float inv, flo
  * -100. Overwrite; dlogits may alias logits. losses: NULL, or also the
  * forward's losses (the target's logit is read before the row's barrier, so
  * before any thread overwrites it in place). dlogits16: the gradient's bf16
- * twin, or NULL; dlogits may be NULL when it is not. */
+ * twin, or NULL; dlogits may be NULL when it is not. dlogits16 == logits
+ * (and dlogits NULL): the bf16 gradient in place over the logits, row n's
+ * in the first half of that row's fp32 bytes (rows 2V bf16 values apart):
+ * element j's bf16 lands on the bytes of float j / 2, which the same thread
+ * round or an earlier one has read, so each round reads, meets a block
+ * barrier, then writes (ce_grad_rounds). */
+/* The bf16 gradient of one row in place over its fp32 logits: rounds of
+ * blockDim.x float4s (then of single floats for the V % 4 tail, or all of a
+ * row that is not 16-byte aligned), each read before a barrier and written
+ * after it. A round's writes land on floats of indices at most half its
+ * own, read in that round or before; the tail's, on floats the vector
+ * rounds read (V >= 8) or the tail round itself. Every thread runs every
+ * round (the barrier's condition). */
+static __device__ __forceinline__ void ce_grad_rounds(const float *x, __nv_bfloat16 *d16, int V,
+						      float m, float inv, float dloss, int tgt)
+{
+	int start = 0;
+	if (((uintptr_t)x & 15) == 0) {
+		const float4 *x4 = reinterpret_cast<const float4 *>(x);
+		const int V4 = V / 4;
+		for (int base = 0; base < V4; base += blockDim.x) {
+			const int i = base + threadIdx.x, j = 4 * i;
+			float4 g = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+			if (i < V4) {
+				const float4 a = x4[i];
+				g = make_float4(ce_grad(a.x, m, inv, dloss, j, tgt),
+						ce_grad(a.y, m, inv, dloss, j + 1, tgt),
+						ce_grad(a.z, m, inv, dloss, j + 2, tgt),
+						ce_grad(a.w, m, inv, dloss, j + 3, tgt));
+			}
+			__syncthreads();
+			if (i < V4)
+				cu_put4(NULL, d16, i, g);
+		}
+		start = V4 * 4;
+	}
+	for (int base = start; base < V; base += blockDim.x) {
+		const int i = base + threadIdx.x;
+		const float g = i < V ? ce_grad(x[i], m, inv, dloss, i, tgt) : 0.0f;
+		__syncthreads();
+		if (i < V)
+			cu_put(NULL, d16, i, g);
+	}
+}
+
 extern "C" __global__ void crossentropy_backward_f32(float *losses, float *dlogits,
 						     __nv_bfloat16 *dlogits16, const float *logits,
 						     const int32_t *targets, float dloss, int N, int V)
 {
+	/* block-uniform: the bf16 gradient over the logits (see above) */
+	const bool over = dlogits16 && (const void *)dlogits16 == (const void *)logits;
 	for (int n = blockIdx.x; n < N; n += gridDim.x) {
 		const int32_t tgt = targets[n];
 		float *d = dlogits ? dlogits + (size_t)n * V : NULL;
-		__nv_bfloat16 *d16 = dlogits16 ? dlogits16 + (size_t)n * V : NULL;
-		if (tgt == -100) { /* block-uniform */
+		__nv_bfloat16 *d16 =
+			!dlogits16 ? NULL
+			: over	   ? reinterpret_cast<__nv_bfloat16 *>(
+				       reinterpret_cast<float *>(dlogits16) + (size_t)n * V)
+				   : dlogits16 + (size_t)n * V;
+		if (tgt == -100) { /* block-uniform; zeros read nothing */
 			if (losses && threadIdx.x == 0)
 				losses[n] = 0.0f;
 			for (int i = threadIdx.x; i < V; i += blockDim.x)
 				cu_put(d, d16, i, 0.0f);
+			/* the next row's reads are of other bytes: no barrier */
 			continue;
 		}
 		const float *x = logits + (size_t)n * V;
@@ -107,6 +158,10 @@ extern "C" __global__ void crossentropy_backward_f32(float *losses, float *dlogi
 		if (losses && threadIdx.x == 0) /* as crossentropy_forward_f32 */
 			losses[n] = ok ? (float)((double)m + log(s) - (double)xt) : NAN;
 		const float inv = ok ? (float)(1.0 / s) : NAN;
+		if (over) {
+			ce_grad_rounds(x, d16, V, m, inv, dloss, tgt);
+			continue;
+		}
 		int i = threadIdx.x;
 		if ((((uintptr_t)x | (uintptr_t)d | (uintptr_t)d16) & 15) == 0) {
 			const float4 *x4 = reinterpret_cast<const float4 *>(x);

@@ -723,6 +723,55 @@ static void test_twins(void)
 	gpu_crossentropy_backward(be, NULL, NULL, d_dl16, d_lg, d_tg, 0.25f, N, V);
 	expect_twin("crossentropy dlogits16", d_dl16, hget(d_dl, nl), nl);
 
+	/* ...written over the logits (row n's bf16 gradient in the first half
+	 * of its fp32 row; gpu/backend.h): the same bits as the twin alone, the
+	 * same losses; V 1000 (float4 rounds), 1001 (rows not 16-byte aligned:
+	 * single-float rounds), 20000 (many rounds a row). Then the head's
+	 * products read it so (GPU_DOUT16_OVER_F32): the CPU's sums of the
+	 * same bf16 values, within a reduction's bound. */
+	static const int over_v[] = {1000, 1001, 20000};
+	for (size_t vi = 0; vi < COUNT(over_v); vi++) {
+		const int Vi = over_v[vi];
+		size_t ni = (size_t)N * Vi, nwi = (size_t)Vi * C;
+		float *lgi = frand(ni, 4.0, 0.0);
+		int32_t *tgi = ids_rand(N, Vi);
+		tgi[3] = -100;
+		float *d_lgi = dputf(lgi, ni), *d_li = dnan((size_t)N), *d_lo = dnan((size_t)N);
+		int32_t *d_tgi = dput(tgi, sizeof(int32_t) * (size_t)N);
+		gpu_bf16 *d_ref16 = dnan16(ni);
+		gpu_crossentropy_backward(be, d_lo, NULL, d_ref16, d_lgi, d_tgi, 0.25f, N, Vi);
+		gpu_crossentropy_backward(be, d_li, NULL, (gpu_bf16 *)d_lgi, d_lgi, d_tgi, 0.25f, N, Vi);
+		uint16_t *ref16 = hmem(ni * sizeof(uint16_t)), *over = hmem(ni * 2 * sizeof(uint16_t));
+		gpu_download(be, ref16, d_ref16, ni * sizeof(uint16_t));
+		gpu_download(be, over, d_lgi, ni * sizeof(float));
+		size_t bad = 0;
+		for (int n = 0; n < N; n++)
+			bad += memcmp(over + 2 * (size_t)n * Vi, ref16 + (size_t)n * Vi,
+				      (size_t)Vi * sizeof(uint16_t)) != 0;
+		CHECK_MSG(bad == 0, "%s: V=%d: %zu of %d rows of the bf16 gradient over the logits "
+			  "differ from the twin's", where, Vi, bad, N);
+		expect_same_bits("crossentropy losses (over the logits)", hget(d_li, (size_t)N),
+				 hget(d_lo, (size_t)N), (size_t)N);
+		if (Vi != 1000)
+			continue;
+		/* the products: dinp = dl W, dweight = dl^T x (bf16 x, W) */
+		float *dl = fvec(ni), *wi = frand(nwi, 1.0, 0.0);
+		for (size_t k = 0; k < ni; k++) {
+			uint32_t bits = (uint32_t)ref16[k] << 16;
+			memcpy(&dl[k], &bits, sizeof(bits));
+		}
+		float *dx_ref = ffill(nx, 0.0f), *dw_ref = ffill(nwi, 0.0f);
+		matmul_backward(dx_ref, dw_ref, NULL, dl, bf16_rounded(x, nx), bf16_rounded(wi, nwi), N,
+				C, Vi);
+		float *d_dxi = dnan(nx), *d_dwi = dnan(nwi);
+		gpu_matmul_backward(be, d_dxi, d_dwi, NULL, NULL, (gpu_bf16 *)d_lgi, NULL, dput16(x, nx),
+				    NULL, dput16(wi, nwi), N, C, Vi,
+				    GPU_SET_DINP | GPU_SET_DWEIGHT | GPU_DOUT16_OVER_F32);
+		expect_red("matmul_backward dinp (dout16 over fp32 rows)", hget(d_dxi, nx), dx_ref, nx, Vi);
+		expect_red("matmul_backward dweight (dout16 over fp32 rows)", hget(d_dwi, nwi), dw_ref,
+			   nwi, N);
+	}
+
 	/* matmul: twins in, the same bits as rounding inside */
 	float *wt = frand(nw, 1.0, 0.0), *dout = frand(nd, 1.0, 0.0);
 	float *d_wt = dputf(wt, nw), *d_dout = dputf(dout, nd);

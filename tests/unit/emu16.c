@@ -174,7 +174,17 @@ static void emu_matmul_backward(struct gpu_backend *be, float *dinp, float *dwei
 		      gpu_matmul_scratch_elems((size_t)N, (size_t)C, (size_t)OC, true, dinp, dweight,
 					       weight16, inp16, dout16));
 	assert(dout || !dbias);
+	gpu_bf16 *packed = NULL; /* GPU_DOUT16_OVER_F32: dout16's rows, 2 OC apart, packed */
+	if (set & GPU_DOUT16_OVER_F32) {
+		assert(dout16 && !dout && !dbias);
+		packed = xmalloc((size_t)N * OC * sizeof(gpu_bf16));
+		for (int n = 0; n < N; n++)
+			memcpy(packed + (size_t)n * OC, dout16 + 2 * (size_t)n * OC,
+			       (size_t)OC * sizeof(gpu_bf16));
+		dout16 = packed;
+	}
 	float *d = operand("matmul_backward dout", dout, dout16, (size_t)N * OC);
+	free(packed);
 	float *x = dweight ? operand("matmul_backward inp", inp, inp16, (size_t)N * C) : NULL;
 	float *w = dinp ? operand("matmul_backward weight", weight, weight16, (size_t)OC * C) : NULL;
 	if (dinp && dinp_set)
@@ -369,6 +379,14 @@ static void emu_crossentropy_backward(struct gpu_backend *be, float *losses, flo
 	float *tmp;
 	float *d = output(dlogits, (size_t)N * V, &tmp);
 	crossentropy_backward(d, logits, targets, dloss, N, V);
+	if (dlogits16 && (const void *)dlogits16 == (const void *)logits) {
+		/* in place over the logits (gpu/backend.h), every row read above */
+		assert(!dlogits);
+		for (int n = 0; n < N; n++)
+			bf16_round(dlogits16 + 2 * (size_t)n * V, d + (size_t)n * V, (size_t)V);
+		free(tmp);
+		return;
+	}
 	finish(dlogits16, d, (size_t)N * V, tmp);
 }
 
