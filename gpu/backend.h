@@ -160,9 +160,13 @@ struct gpu_backend_ops {
 	 * three. Operands as matmul_forward's (twins, or rounded into
 	 * gemm_scratch in the bf16 mode). Each element is the product's fp32
 	 * sum added to out in one rounding where the GEMM's epilogue is
-	 * alpha * acc + beta * out (cuBLAS, OpenBLAS), as the two ops give. */
-	void (*matmul_forward_add)(struct gpu_backend *be, float *out, const float *inp,
-				   const gpu_bf16 *inp16, const float *weight,
+	 * alpha * acc + beta * out (cuBLAS, OpenBLAS), as the two ops give.
+	 * out16 (out NULL; the bf16 mode): the sum in bf16 instead, out16 =
+	 * bf16(inp W^T + out16) — the old values widened, added to the fp32
+	 * product, rounded once (a LoRA projection's bf16 output: its
+	 * adapter's product first, then the weight's onto it). */
+	void (*matmul_forward_add)(struct gpu_backend *be, float *out, gpu_bf16 *out16,
+				   const float *inp, const gpu_bf16 *inp16, const float *weight,
 				   const gpu_bf16 *weight16, int N, int C, int OC);
 	void (*rope_forward)(struct gpu_backend *be, float *out, const float *inp, const float *cos,
 			     const float *sin, int B, int T, int NH, int HS);
@@ -476,11 +480,12 @@ static inline void gpu_matmul_forward(struct gpu_backend *be, float *out, gpu_bf
 {
 	GPU_OP_(matmul_forward, out, out16, inp, inp16, weight, weight16, bias, N, C, OC);
 }
-static inline void gpu_matmul_forward_add(struct gpu_backend *be, float *out, const float *inp,
-					  const gpu_bf16 *inp16, const float *weight,
-					  const gpu_bf16 *weight16, int N, int C, int OC)
+static inline void gpu_matmul_forward_add(struct gpu_backend *be, float *out, gpu_bf16 *out16,
+					  const float *inp, const gpu_bf16 *inp16,
+					  const float *weight, const gpu_bf16 *weight16, int N, int C,
+					  int OC)
 {
-	GPU_OP_(matmul_forward_add, out, inp, inp16, weight, weight16, N, C, OC);
+	GPU_OP_(matmul_forward_add, out, out16, inp, inp16, weight, weight16, N, C, OC);
 }
 static inline void gpu_matmul_backward(struct gpu_backend *be, float *dinp, float *dweight,
 				       float *dbias, const float *dout, const gpu_bf16 *dout16,

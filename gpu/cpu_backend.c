@@ -198,11 +198,11 @@ static void cpu_matmul_forward(struct gpu_backend *be, float *out, gpu_bf16 *out
 	assert(out && inp && weight && !out16 && !inp16 && !weight16);
 	matmul_forward(out, inp, weight, bias, N, C, OC);
 }
-static void cpu_matmul_forward_add(struct gpu_backend *be, float *out, const float *inp,
-				   const gpu_bf16 *inp16, const float *weight,
+static void cpu_matmul_forward_add(struct gpu_backend *be, float *out, gpu_bf16 *out16,
+				   const float *inp, const gpu_bf16 *inp16, const float *weight,
 				   const gpu_bf16 *weight16, int N, int C, int OC)
 {
-	assert(out && inp && weight && !inp16 && !weight16);
+	assert(out && inp && weight && !out16 && !inp16 && !weight16);
 	matmul_forward_add(out, inp, weight, N, C, OC);
 }
 static void cpu_matmul_backward(struct gpu_backend *be, float *dinp, float *dweight, float *dbias,

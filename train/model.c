@@ -1045,13 +1045,22 @@ static void linear_forward(struct tr_model *m, int l, int k, float *out, gpu_bf1
 	struct gpu_backend *be = m->be;
 	const struct lin *L = &m->lin[l][k];
 	const int N = m->plan.opts.B * m->plan.opts.T, R = m->plan.opts.lora_rank;
-	assert(!out16 || (!L->lora && !L->b));
+	assert(!out16 || !L->b);
 	const struct wref w = weight_of(m, L->wp);
+	if (out16 && L->lora) {
+		/* in bf16 (gate, up): the adapter's product first, rounded (small
+		 * beside the weight's), then the weight's added onto it in fp32
+		 * and the sum rounded once */
+		lora_input(m, l, k, inp, inp16, true);
+		gpu_matmul_forward(be, NULL, out16, L->u, NULL, L->B, L->B16, NULL, N, R, L->out);
+		gpu_matmul_forward_add(be, NULL, out16, inp, inp16, w.f, w.h, N, L->in, L->out);
+		return;
+	}
 	gpu_matmul_forward(be, out, out16, inp, inp16, w.f, w.h, L->b, N, L->in, L->out);
 	if (!L->lora)
 		return;
 	lora_input(m, l, k, inp, inp16, true);
-	gpu_matmul_forward_add(be, out, L->u, NULL, L->B, L->B16, N, R, L->out);
+	gpu_matmul_forward_add(be, out, NULL, L->u, NULL, L->B, L->B16, N, R, L->out);
 }
 
 /* dinp (N, in) += d/dinp (set: = instead, the old values never read);

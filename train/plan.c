@@ -886,9 +886,9 @@ td_err tr_plan_build(struct tr_plan *p, const struct tr_model_config *cfg,
 	 * needs them in fp32. */
 	const bool twins = o->gemm_bf16;
 	const bool keep32 = !twins || (R && o->lora_dropout > 0.0f);
-	/* The MLP's gate and up products too, where no adapter adds to them. */
-	const unsigned mlp_lin = 1u << TR_LIN_GATE | 1u << TR_LIN_UP;
-	const bool mlp32 = !twins || (R && (o->lora_targets & mlp_lin));
+	/* The MLP's gate and up products too (an adapter's product added in
+	 * bf16: train/model.c, linear_forward). */
+	const bool mlp32 = !twins;
 	/* Where a layer's activations live. Forward only, nothing is kept for a
 	 * backward pass: every layer reuses layer 0's buffers. Training, each
 	 * layer keeps what the recompute policy keeps (acts.layers.L.*) and the

@@ -481,14 +481,32 @@ static void cu_matmul_forward(struct gpu_backend *be, float *out, gpu_bf16 *out1
 
 /* out (N,OC) += inp (N,C) W^T (OC,C): matmul_forward's product with beta 1
  * (the same operands, rounded into the scratch in the bf16 mode where they
- * have no twin). */
-static void cu_matmul_forward_add(struct gpu_backend *be, float *out, const float *inp,
-				  const gpu_bf16 *inp16, const float *weight,
+ * have no twin); out16: the same onto a bf16 out (C and D of the GEMM in
+ * bf16, its epilogue in fp32). */
+static void cu_matmul_forward_add(struct gpu_backend *be, float *out, gpu_bf16 *out16,
+				  const float *inp, const gpu_bf16 *inp16, const float *weight,
 				  const gpu_bf16 *weight16, int N, int C, int OC)
 {
 	struct cu_backend *cb = cu_of(be);
 	if (N <= 0 || OC <= 0 || C <= 0)
 		return; /* nothing to add */
+	if (out16) {
+		size_t nw = weight16 ? 0 : (size_t)OC * C, nx = inp16 ? 0 : (size_t)N * C;
+		assert(!out);
+		if (cb->fp32_strict || !scratch_fits(cb, gpu_gemm_slot(nw) + nx)) {
+			cu_check(cb, CUDA_ERROR_INVALID_VALUE,
+				 "matmul_forward_add: a bf16 sum needs the bf16 mode and gemm_scratch");
+			return;
+		}
+		uint16_t *slot = cb->base.gemm_scratch;
+		cu_prof_begin(cb);
+		const uint16_t *w16 = weight16 ? weight16 : round_into(cb, slot, weight, nw);
+		const uint16_t *x16 = inp16 ? inp16 : round_into(cb, slot + gpu_gemm_slot(nw), inp, nx);
+		gemm16_(cb, "matmul_forward_add: cublasGemmEx (bf16 out)", OP_T, OP_N, OC, N, C, 1.0f,
+			w16, C, x16, C, 1.0f, NULL, out16, OC);
+		cu_prof_end(cb, "matmul_forward_add: cublasGemmEx (bf16 out) %dx%dx%d", OC, N, C);
+		return;
+	}
 	sgemm(cb, "matmul_forward_add: cublasSgemm", OP_T, OP_N, OC, N, C, 1.0f, weight, weight16,
 	      C, inp, inp16, C, 1.0f, out, OC);
 }

@@ -432,7 +432,7 @@ static void test_matmul(void)
 		float *acc0 = frand(nout, 1.0, 0.0), *acc = fcopy(acc0, nout);
 		matmul_forward_add(acc, inp, weight, N, C, OC);
 		float *d_acc = dputf(acc0, nout);
-		gpu_matmul_forward_add(be, d_acc, d_inp, NULL, d_weight, NULL, N, C, OC);
+		gpu_matmul_forward_add(be, d_acc, NULL, d_inp, NULL, d_weight, NULL, N, C, OC);
 		expect_red("out (add)", hget(d_acc, nout), acc, nout, C + 1);
 
 		/* Backward: all three outputs, then each alone (the others NULL). */
@@ -606,8 +606,25 @@ static void test_matmul_bf16(void)
 		matmul_forward_add(acc, bf16_rounded(inp, nin), bf16_rounded(weight, nw), N, C, OC);
 		SCRATCH(false, false, false, true, false, false);
 		float *d_acc = dputf(acc0, nout);
-		gpu_matmul_forward_add(be, d_acc, d_inp, NULL, NULL, d_w16, N, C, OC);
+		gpu_matmul_forward_add(be, d_acc, NULL, d_inp, NULL, NULL, d_w16, N, C, OC);
 		expect_red("out (add, bf16-only weight)", hget(d_acc, nout), acc, nout, C + 1);
+		/* ...onto a bf16 out (a LoRA gate/up): the old bf16 values widened,
+		 * the fp32 product added, the sum rounded once — the CPU's fp32 sum
+		 * to within one bf16 step (rounding, and another kernel's order of
+		 * the C + 1 terms), as for the bf16 product above */
+		float *acc16 = bf16_rounded(acc0, nout), *acc16_ref = fcopy(acc16, nout);
+		matmul_forward_add(acc16_ref, bf16_rounded(inp, nin), bf16_rounded(weight, nw), N, C,
+				   OC);
+		gpu_bf16 *d_acc16 = dput16(acc0, nout);
+		gpu_matmul_forward_add(be, NULL, d_acc16, d_inp, NULL, NULL, d_w16, N, C, OC);
+		uint16_t *a16 = hmem(nout * sizeof(uint16_t));
+		gpu_download(be, a16, d_acc16, nout * sizeof(uint16_t));
+		for (size_t i = 0; i < nout; i++) {
+			uint32_t bits = (uint32_t)a16[i] << 16;
+			memcpy(&acc16[i], &bits, sizeof(bits));
+		}
+		expect_close_scaled("out16 (add onto bf16, bf16-only weight)", acc16, acc16_ref, nout,
+				    0.0, 1.0 / 128, 1e-3);
 
 		/* an optimizer step writes the weight's copy with the new values */
 		float *g = frand(nw, 1.0, 0.0), *zeros = ffill(nw, 0.0f);

@@ -150,8 +150,8 @@ static void emu_matmul_forward(struct gpu_backend *be, float *out, gpu_bf16 *out
 	free(w);
 }
 
-static void emu_matmul_forward_add(struct gpu_backend *be, float *out, const float *inp,
-				   const gpu_bf16 *inp16, const float *weight,
+static void emu_matmul_forward_add(struct gpu_backend *be, float *out, gpu_bf16 *out16,
+				   const float *inp, const gpu_bf16 *inp16, const float *weight,
 				   const gpu_bf16 *weight16, int N, int C, int OC)
 {
 	check_scratch(be, "matmul_forward_add",
@@ -159,7 +159,17 @@ static void emu_matmul_forward_add(struct gpu_backend *be, float *out, const flo
 					       weight16, inp16, false));
 	float *x = operand("matmul_forward_add inp", inp, inp16, (size_t)N * C);
 	float *w = operand("matmul_forward_add weight", weight, weight16, (size_t)OC * C);
-	matmul_forward_add(out, x, w, N, C, OC);
+	float *acc = out;
+	if (out16) { /* the bf16 sum: the old values widened, added, rounded once */
+		assert(!out);
+		acc = xmalloc((size_t)N * OC * sizeof(float));
+		bf16_widen(acc, out16, (size_t)N * OC);
+	}
+	matmul_forward_add(acc, x, w, N, C, OC);
+	if (out16) {
+		bf16_round(out16, acc, (size_t)N * OC);
+		free(acc);
+	}
 	free(x);
 	free(w);
 }

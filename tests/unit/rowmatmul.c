@@ -28,12 +28,12 @@ static void row_forward(struct gpu_backend *be, float *out, gpu_bf16 *out16, con
 
 /* out (N,OC) += inp @ weight^T: each element's sum over c in order, added
  * once. */
-static void row_forward_add(struct gpu_backend *be, float *out, const float *inp,
-			    const gpu_bf16 *inp16, const float *weight, const gpu_bf16 *weight16,
-			    int N, int C, int OC)
+static void row_forward_add(struct gpu_backend *be, float *out, gpu_bf16 *out16,
+			    const float *inp, const gpu_bf16 *inp16, const float *weight,
+			    const gpu_bf16 *weight16, int N, int C, int OC)
 {
 	(void)be;
-	assert(out && inp && weight && !inp16 && !weight16);
+	assert(out && inp && weight && !out16 && !inp16 && !weight16);
 	for (int n = 0; n < N; n++)
 		for (int o = 0; o < OC; o++) {
 			const float *x = inp + (size_t)n * C, *w = weight + (size_t)o * C;
