@@ -89,32 +89,41 @@ static __device__ __forceinline__ float ce_grad(float x, float m, float inv, flo
  * round or an earlier one has read, so each round reads, meets a block
  * barrier, then writes (ce_grad_rounds). */
 /* The bf16 gradient of one row in place over its fp32 logits: rounds of
- * blockDim.x float4s (then of single floats for the V % 4 tail, or all of a
- * row that is not 16-byte aligned), each read before a barrier and written
- * after it. A round's writes land on floats of indices at most half its
- * own, read in that round or before; the tail's, on floats the vector
- * rounds read (V >= 8) or the tail round itself. Every thread runs every
- * round (the barrier's condition). */
+ * CE_ROUND float4s a thread (then of single floats for the V % 4 tail, or
+ * for all of a row that is not 16-byte aligned), each read before a block
+ * barrier and written after it, several loads in flight a thread. Round r
+ * covers float4s [r K, (r + 1) K), K = CE_ROUND blockDim.x; its writes land
+ * on float4s of indices under (r + 1) K / 2, read in round r or before; the
+ * tail's, on floats the vector rounds read (V >= 8) or the tail round
+ * itself. Every thread runs every round (the barrier's condition). */
+#define CE_ROUND 4
 static __device__ __forceinline__ void ce_grad_rounds(const float *x, __nv_bfloat16 *d16, int V,
 						      float m, float inv, float dloss, int tgt)
 {
 	int start = 0;
 	if (((uintptr_t)x & 15) == 0) {
 		const float4 *x4 = reinterpret_cast<const float4 *>(x);
-		const int V4 = V / 4;
-		for (int base = 0; base < V4; base += blockDim.x) {
-			const int i = base + threadIdx.x, j = 4 * i;
-			float4 g = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-			if (i < V4) {
-				const float4 a = x4[i];
-				g = make_float4(ce_grad(a.x, m, inv, dloss, j, tgt),
-						ce_grad(a.y, m, inv, dloss, j + 1, tgt),
-						ce_grad(a.z, m, inv, dloss, j + 2, tgt),
-						ce_grad(a.w, m, inv, dloss, j + 3, tgt));
+		const int V4 = V / 4, step = blockDim.x;
+		for (int base = 0; base < V4; base += CE_ROUND * step) {
+			float4 g[CE_ROUND];
+#pragma unroll
+			for (int u = 0; u < CE_ROUND; u++) {
+				const int i = base + u * step + threadIdx.x, j = 4 * i;
+				if (i < V4) {
+					const float4 a = x4[i];
+					g[u] = make_float4(ce_grad(a.x, m, inv, dloss, j, tgt),
+							   ce_grad(a.y, m, inv, dloss, j + 1, tgt),
+							   ce_grad(a.z, m, inv, dloss, j + 2, tgt),
+							   ce_grad(a.w, m, inv, dloss, j + 3, tgt));
+				}
 			}
 			__syncthreads();
-			if (i < V4)
-				cu_put4(NULL, d16, i, g);
+#pragma unroll
+			for (int u = 0; u < CE_ROUND; u++) {
+				const int i = base + u * step + threadIdx.x;
+				if (i < V4)
+					cu_put4(NULL, d16, i, g[u]);
+			}
 		}
 		start = V4 * 4;
 	}
