@@ -168,8 +168,10 @@ struct gpu_backend_ops {
 	void (*matmul_forward_add)(struct gpu_backend *be, float *out, gpu_bf16 *out16,
 				   const float *inp, const gpu_bf16 *inp16, const float *weight,
 				   const gpu_bf16 *weight16, int N, int C, int OC);
-	void (*rope_forward)(struct gpu_backend *be, float *out, const float *inp, const float *cos,
-			     const float *sin, int B, int T, int NH, int HS);
+	/* out16: twin of out, or NULL; out may be NULL when it is not (the
+	 * fused attention's q16, k16 written from the fp32 product). */
+	void (*rope_forward)(struct gpu_backend *be, float *out, gpu_bf16 *out16, const float *inp,
+			     const float *cos, const float *sin, int B, int T, int NH, int HS);
 	void (*rope_backward)(struct gpu_backend *be, float *dinp, const float *dout,
 			      const float *cos, const float *sin, int B, int T, int NH, int HS);
 	/* Causal attention. Where attention_flash(HS) says false, att is the
@@ -496,10 +498,11 @@ static inline void gpu_matmul_backward(struct gpu_backend *be, float *dinp, floa
 	GPU_OP_(matmul_backward, dinp, dweight, dbias, dout, dout16, inp, inp16, weight, weight16,
 		N, C, OC, set);
 }
-static inline void gpu_rope_forward(struct gpu_backend *be, float *out, const float *inp,
-				    const float *cos, const float *sin, int B, int T, int NH, int HS)
+static inline void gpu_rope_forward(struct gpu_backend *be, float *out, gpu_bf16 *out16,
+				    const float *inp, const float *cos, const float *sin, int B,
+				    int T, int NH, int HS)
 {
-	GPU_OP_(rope_forward, out, inp, cos, sin, B, T, NH, HS);
+	GPU_OP_(rope_forward, out, out16, inp, cos, sin, B, T, NH, HS);
 }
 static inline void gpu_rope_backward(struct gpu_backend *be, float *dinp, const float *dout,
 				     const float *cos, const float *sin, int B, int T, int NH,

@@ -217,9 +217,11 @@ static void cpu_matmul_backward(struct gpu_backend *be, float *dinp, float *dwei
 		memset(dweight, 0, sizeof(float) * (size_t)OC * (size_t)C);
 	matmul_backward(dinp, dweight, dbias, dout, inp, weight, N, C, OC);
 }
-static void cpu_rope_forward(struct gpu_backend *be, float *out, const float *inp, const float *cos,
-			     const float *sin, int B, int T, int NH, int HS)
+static void cpu_rope_forward(struct gpu_backend *be, float *out, gpu_bf16 *out16,
+			     const float *inp, const float *cos, const float *sin, int B, int T,
+			     int NH, int HS)
 {
+	assert(out && !out16);
 	rope_forward(out, inp, cos, sin, B, T, NH, HS);
 }
 static void cpu_rope_backward(struct gpu_backend *be, float *dinp, const float *dout,

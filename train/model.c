@@ -1201,8 +1201,9 @@ static void layer_forward(struct tr_model *m, int l, bool recompute)
 	struct layer_a *a = &m->a[l];
 	/* The products run in the forward and in a full recompute. */
 	const bool prod = !recompute || tr_recompute_full(m->plan.opts.recompute);
-	/* q, k, v in fp32: kept, or (q16: the fused attention's) staged and
-	 * kept rounded, after RoPE; the attention reads what is kept. */
+	/* q, k, v in fp32: kept, or (q16: the fused attention's) staged in
+	 * fp32 and kept rounded, q and k by RoPE; the attention reads what is
+	 * kept. */
 	float *q = a->q16 ? m->q32 : a->q, *k = a->k16 ? m->k32 : a->k;
 	float *v = a->v16 ? m->v32 : a->v;
 
@@ -1216,16 +1217,18 @@ static void layer_forward(struct tr_model *m, int l, bool recompute)
 		project(m, l, TR_LIN_Q, prod, q, NULL, a->ln1, a->ln1_16);
 		project(m, l, TR_LIN_K, prod, k, NULL, a->ln1, a->ln1_16);
 	}
-	project(m, l, TR_LIN_V, prod, v, NULL, a->ln1, a->ln1_16);
-	if (prod || c->qk_norm) {
-		gpu_rope_forward(be, q, q, m->rope_cos, m->rope_sin, B, T, NH, HS);
-		gpu_rope_forward(be, k, k, m->rope_cos, m->rope_sin, B, T, NKV, HS);
-		if (a->q16) {
-			gpu_bf16_round(be, a->q16, q, (size_t)N * NH * HS);
-			gpu_bf16_round(be, a->k16, k, (size_t)N * NKV * HS);
-		}
+	/* v16 (the fused attention's) straight from its product where it has
+	 * no bias (matmul_forward's bf16 output takes none) */
+	const bool v16_out = a->v16 && !m->lin[l][TR_LIN_V].b;
+	project(m, l, TR_LIN_V, prod, v16_out ? NULL : v, v16_out ? a->v16 : NULL, a->ln1,
+		a->ln1_16);
+	if (prod || c->qk_norm) { /* q16, k16: the rotation rounded (rope_forward's twin) */
+		gpu_rope_forward(be, a->q16 ? NULL : q, a->q16, q, m->rope_cos, m->rope_sin, B, T,
+				 NH, HS);
+		gpu_rope_forward(be, a->k16 ? NULL : k, a->k16, k, m->rope_cos, m->rope_sin, B, T,
+				 NKV, HS);
 	}
-	if (prod && a->v16)
+	if (prod && a->v16 && !v16_out)
 		gpu_bf16_round(be, a->v16, v, (size_t)N * NKV * HS);
 	/* not again where its output is kept: SELECTIVE's, FULL_OFFLOAD's ring */
 	if (!recompute || !m->plan.opts.attention_lse || (prod && !m->att_host))

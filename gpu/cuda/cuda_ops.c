@@ -579,26 +579,28 @@ static void cu_matmul_backward(struct gpu_backend *be, float *dinp, float *dweig
 
 /* ------------------------------------------------------------------- rope -- */
 
-static void launch_rope(struct cu_backend *cb, enum cu_kernel k, float *out, const float *inp,
-			const float *cos, const float *sin, int B, int T, int NH, int HS)
+/* args: the kernel's, out16 among them where it has one (the forward) */
+static void launch_rope(struct cu_backend *cb, enum cu_kernel k, void **args, int B, int T, int NH,
+			int HS)
 {
 	if (B <= 0 || T <= 0 || NH <= 0 || HS < 2)
 		return;
-	void *args[] = {&out, &inp, &cos, &sin, &B, &T, &NH, &HS};
 	int pairs = NH * (HS / 2);
 	cu_launch(cb, k, dim1(grid_cap((size_t)B * (size_t)T)), dim1(row_threads(pairs)), 0, args);
 }
 
-static void cu_rope_forward(struct gpu_backend *be, float *out, const float *inp, const float *cos,
-			    const float *sin, int B, int T, int NH, int HS)
+static void cu_rope_forward(struct gpu_backend *be, float *out, gpu_bf16 *out16, const float *inp,
+			    const float *cos, const float *sin, int B, int T, int NH, int HS)
 {
-	launch_rope(cu_of(be), CU_K_rope_forward_f32, out, inp, cos, sin, B, T, NH, HS);
+	void *args[] = {&out, &out16, &inp, &cos, &sin, &B, &T, &NH, &HS};
+	launch_rope(cu_of(be), CU_K_rope_forward_f32, args, B, T, NH, HS);
 }
 
 static void cu_rope_backward(struct gpu_backend *be, float *dinp, const float *dout,
 			     const float *cos, const float *sin, int B, int T, int NH, int HS)
 {
-	launch_rope(cu_of(be), CU_K_rope_backward_f32, dinp, dout, cos, sin, B, T, NH, HS);
+	void *args[] = {&dinp, &dout, &cos, &sin, &B, &T, &NH, &HS};
+	launch_rope(cu_of(be), CU_K_rope_backward_f32, args, B, T, NH, HS);
 }
 
 /* -------------------------------------------------------------- attention -- */

@@ -11,13 +11,16 @@
  * arithmetic (x - y*(-s) == x + y*s).
  *
  * Key: B batch, T sequence, NH heads, HS head size (even). inp/out
- * (B,T,NH,HS); cos, sin (T, HS/2). Launch: one block per (b, t) token,
- * grid-stride over tokens, threads over the NH*HS/2 pairs. */
+ * (B,T,NH,HS); cos, sin (T, HS/2). out16: the forward's result rounded to
+ * bf16 (the fused attention's q and k), beside out or instead of it (out
+ * NULL). Launch: one block per (b, t) token, grid-stride over tokens,
+ * threads over the NH*HS/2 pairs. */
 #include "common.cuh"
 
-static __device__ __forceinline__ void rope_rotate(float *out, const float *inp,
-						   const float *cos, const float *sin, int B,
-						   int T, int NH, int HS, float sign)
+static __device__ __forceinline__ void rope_rotate(float *out, __nv_bfloat16 *out16,
+						   const float *inp, const float *cos,
+						   const float *sin, int B, int T, int NH, int HS,
+						   float sign)
 {
 	const int H2 = HS / 2, pairs = NH * H2;
 	const size_t tokens = (size_t)B * T;
@@ -30,22 +33,24 @@ static __device__ __forceinline__ void rope_rotate(float *out, const float *inp,
 			const size_t off = (row * NH + h) * HS;
 			const float x1 = inp[off + i], x2 = inp[off + i + H2];
 			const float ci = c[i], si = sign * s[i];
-			out[off + i] = __fsub_rn(__fmul_rn(x1, ci), __fmul_rn(x2, si));
-			out[off + i + H2] = __fadd_rn(__fmul_rn(x2, ci), __fmul_rn(x1, si));
+			cu_put(out, out16, off + i, __fsub_rn(__fmul_rn(x1, ci), __fmul_rn(x2, si)));
+			cu_put(out, out16, off + i + H2,
+			       __fadd_rn(__fmul_rn(x2, ci), __fmul_rn(x1, si)));
 		}
 	}
 }
 
 /* out[:HS/2] = x1*cos - x2*sin ; out[HS/2:] = x2*cos + x1*sin. Overwrite. */
-extern "C" __global__ void rope_forward_f32(float *out, const float *inp, const float *cos,
-					    const float *sin, int B, int T, int NH, int HS)
+extern "C" __global__ void rope_forward_f32(float *out, __nv_bfloat16 *out16, const float *inp,
+					    const float *cos, const float *sin, int B, int T,
+					    int NH, int HS)
 {
-	rope_rotate(out, inp, cos, sin, B, T, NH, HS, 1.0f);
+	rope_rotate(out, out16, inp, cos, sin, B, T, NH, HS, 1.0f);
 }
 
 /* dinp[:HS/2] = d1*cos + d2*sin ; dinp[HS/2:] = d2*cos - d1*sin. Overwrite. */
 extern "C" __global__ void rope_backward_f32(float *dinp, const float *dout, const float *cos,
 					     const float *sin, int B, int T, int NH, int HS)
 {
-	rope_rotate(dinp, dout, cos, sin, B, T, NH, HS, -1.0f);
+	rope_rotate(dinp, NULL, dout, cos, sin, B, T, NH, HS, -1.0f);
 }

@@ -862,9 +862,15 @@ static void test_rope(void)
 		float *out = fvec(n);
 		rope_forward(out, inp, cos, sin, B, T, NH, HS);
 		float *d_out = dnan(n);
-		gpu_rope_forward(be, d_out, d_inp, d_cos, d_sin, B, T, NH, HS);
+		gpu_rope_forward(be, d_out, NULL, d_inp, d_cos, d_sin, B, T, NH, HS);
 		expect_exact("out", hget(d_out, n), out, n);
-		gpu_rope_forward(be, d_inp, d_inp, d_cos, d_sin, B, T, NH, HS);
+		/* the bf16 twin, beside out and alone: out rounded */
+		gpu_bf16 *d_o16 = dnan16(n), *d_o16b = dnan16(n);
+		gpu_rope_forward(be, d_out, d_o16, d_inp, d_cos, d_sin, B, T, NH, HS);
+		gpu_rope_forward(be, NULL, d_o16b, d_inp, d_cos, d_sin, B, T, NH, HS);
+		expect_twin("out16", d_o16, out, n);
+		expect_twin("out16 (out NULL)", d_o16b, out, n);
+		gpu_rope_forward(be, d_inp, NULL, d_inp, d_cos, d_sin, B, T, NH, HS);
 		expect_exact("out (in place)", hget(d_inp, n), out, n);
 
 		float *dout = frand(n, 1.0, 0.0);

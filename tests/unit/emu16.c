@@ -365,6 +365,17 @@ static void emu_swiglu_forward(struct gpu_backend *be, float *out, gpu_bf16 *out
 	free(tu);
 }
 
+static void emu_rope_forward(struct gpu_backend *be, float *out, gpu_bf16 *out16,
+			     const float *inp, const float *cos, const float *sin, int B, int T,
+			     int NH, int HS)
+{
+	float *tmp;
+	size_t n = (size_t)B * T * NH * HS;
+	float *o = output(out, n, &tmp);
+	rope_forward(o, inp, cos, sin, B, T, NH, HS);
+	finish(out16, o, n, tmp);
+}
+
 static void emu_swiglu_backward(struct gpu_backend *be, float *dgate, float *dup,
 				gpu_bf16 *dgate16, gpu_bf16 *dup16, const float *dout,
 				const float *gate, const float *up, const gpu_bf16 *gate16,
@@ -439,6 +450,7 @@ static td_err emu_new(struct gpu_backend **out, bool flash, struct td_errbuf *eb
 	ops.matmul_backward = emu_matmul_backward;
 	ops.attention_forward = emu_attention_forward;
 	ops.swiglu_forward = emu_swiglu_forward;
+	ops.rope_forward = emu_rope_forward;
 	ops.swiglu_backward = emu_swiglu_backward;
 	ops.crossentropy_backward = emu_crossentropy_backward;
 	ops.adamw_update = emu_adamw_update;
