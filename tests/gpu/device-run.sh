@@ -4,6 +4,10 @@
 # and .gpu-libs/lib (bundle-libs.sh) in the repo root: tests/gpu/bundle.sh
 # makes them.
 # usage: tests/gpu/device-run.sh [tests|bench|faults|memory|ddp|profile|preempt|share|attn|all]
+# bench: the tokenizer, then Qwen2-0.5B (fp32, bf16, LoRA q,v) and the
+# Llama-3-8B shapes' 4 layers (full, LoRA all seven; BENCH_8B=0 skips them)
+# beside peer_hf.py and peer_big.py, ending with the README's table
+# (tests/bench/bench_table.py); ~8 minutes on an H200.
 # attn: attention alone (issue 13): bench_attn (the fused kernels' forward and
 # backward, causal, bf16, HS 128 and 64, T 2048 and 8192, after its sanity
 # check) beside peer_attn.py (PyTorch SDPA's flash backend) on the same
@@ -209,13 +213,27 @@ if [ "$what" != tests ]; then
 	python3 tests/bench/peer_tokenizers.py --tokenizer "$tok" --data "$data" --dump /tmp/hf-ids.bin || status=1
 	"$bin/bench_tokenizer" --tokenizer "$tok" --data "$data" --check /tmp/hf-ids.bin || status=1
 	echo "== bench: traind"
+	rm -f "$out/bench_traind.jsonl" "$out/bench_peer.jsonl" "$out/bench_big.jsonl"
 	for args in "--shape qwen2-0.5b" "--shape qwen2-0.5b --precision bf16" \
 		"--shape qwen2-0.5b --lora-rank 16 --lora-targets qv --precision bf16"; do
 		bench_peak bench_traind.jsonl $args --steps 8 --warm 2
 	done
+	# the Llama-3-8B shapes (4 of its 32 layers, peer_big.py's): BENCH_8B=0 skips them
+	if [ "${BENCH_8B:-1}" != 0 ]; then
+		for args in "--precision bf16" "--lora-rank 16 --lora-targets all --precision bf16"; do
+			bench_peak bench_traind.jsonl --shape llama3-8b-4l --batch 4 --seq 2048 $args \
+				--steps 6 --warm 2
+		done
+	fi
 	echo "== bench: peer (PyTorch + transformers + PEFT)"
 	PYTHONUNBUFFERED=1 ONLY=${PEER_ONLY:-sdpa} OUT=$out timeout 400 python3 "$root/.gpu-libs/peer_hf.py" 2>&1 |
 		grep '^{' | tee -a "$out/bench_peer.jsonl"
+	if [ "${BENCH_8B:-1}" != 0 ]; then
+		PYTHONUNBUFFERED=1 RUNS=full-8b4l,full-8b4l-compile,lora-8b4l,lora-8b4l-compile timeout 400 \
+			python3 "$root/.gpu-libs/peer_big.py" 2>&1 | grep '^{' | tee -a "$out/bench_big.jsonl"
+	fi
+	echo "== bench: the README's table (tests/bench/bench_table.py)"
+	python3 tests/bench/bench_table.py "$out" || status=1
 fi
 exit $status
 
