@@ -10,7 +10,8 @@
  *               [--batch B] [--seq T] [--steps N] [--warm N] [--lora-rank R]
  *               [--lora-targets qv|all] [--precision fp32|bf16] [--phases]
  *               [--recompute none|selective|full|full-offload] [--qlora]
- *               [--gpus N [--comm auto|host|nccl] [--shard none|optimizer|gradients|parameters]]
+ *               [--gpus N [--comm auto|host|nccl] [--shard none|optimizer|gradients|parameters]
+ *                [--bucket-mfloats M]]
  *
  * --gpus N: data parallel, N ranks (threads of this process) on CUDA
  * devices 0 .. N-1 (the CPU backend: N CPU ranks), each B x T of its own
@@ -24,7 +25,13 @@
  * layer's reduced onto its owners during the backward, the rest after it:
  * in the "backward" phase). --shard parameters: the weights too
  * (memory.shard PARAMETERS: each layer's gathered a layer ahead of its use,
- * in the forward and backward phases).
+ * in the forward and backward phases). --bucket-mfloats M: the unsharded
+ * sums' bucket, M million floats (default train/ddp.h's
+ * TR_DDP_BUCKET_FLOATS).
+ *
+ * --phases: each phase's time a step (synchronised at its end), and the
+ * backward's host time before that sync (launching its kernels and
+ * collectives: where it nears the backward's, the GPU waits for the host).
  *
  * --qlora: with --lora-rank, the frozen projections in NF4 with double
  * quantization (QLoRA).
@@ -134,6 +141,7 @@ struct bench {
 	struct tr_model_config cfg;
 	int B, T, steps, warm, lora_rank, gpus;
 	bool bf16, phases, qlora;
+	size_t bucket_floats; /* 0: TR_DDP_BUCKET_FLOATS */
 	enum tr_recompute recompute;
 	enum tr_shard shard;
 	struct gpu_gang *gang;
@@ -149,6 +157,7 @@ struct rank_run {
 	struct td_errbuf eb;
 	double dt, loss;
 	double ph[5];           /* forward, backward, sum (ranks), clip, adamw: seconds */
+	double bwd_host;        /* the backward's calls on the host, before its sync */
 	size_t plan_bytes, host_bytes, fixed_bytes, used_bytes;
 	size_t numel_params, numel_trainable;
 	char backend[16], device[128], comm[32];
@@ -219,7 +228,7 @@ static td_err bench_rank(struct rank_run *rr)
 	free(pool);
 	if (e == TD_OK && b->gang) {
 		if ((e = gpu_comm_new(&comm, b->gang, rr->r, be, b->comm, eb)) == TD_OK)
-			e = tr_ddp_new(&ddp, m, comm, 0, false, eb);
+			e = tr_ddp_new(&ddp, m, comm, b->bucket_floats, false, eb);
 		if (e == TD_OK) /* one micro-batch a rank */
 			tr_ddp_set_accum(ddp, b->gpus);
 		if (e == TD_OK)
@@ -271,6 +280,7 @@ static td_err bench_rank(struct rank_run *rr)
 		if (ddp && (e = tr_ddp_micro_end(ddp, eb)) != TD_OK)
 			break;
 		if (timed) {
+			rr->bwd_host += now_s() - tp;
 			gpu_sync(be, eb);
 			rr->ph[1] += now_s() - tp;
 			tp = now_s();
@@ -368,6 +378,14 @@ int main(int argc, char **argv)
 		else if (!strcmp(a, "--precision")) b.bf16 = !strcmp(v, "bf16");
 		else if (!strcmp(a, "--gpus")) b.gpus = atoi(v);
 		else if (!strcmp(a, "--comm")) comm = v;
+		else if (!strcmp(a, "--bucket-mfloats")) {
+			double mf = atof(v);
+			if (!(mf > 0 && mf <= 4096)) {
+				fprintf(stderr, "bench_train: --bucket-mfloats takes (0, 4096], not %s\n", v);
+				return 2;
+			}
+			b.bucket_floats = (size_t)(mf * 1e6);
+		}
 		else if (!strcmp(a, "--shard")) {
 			int k = 0;
 			while (k < TR_SHARD_BUILT && strcmp(tr_shard_name((enum tr_shard)k), v))
@@ -472,9 +490,10 @@ int main(int argc, char **argv)
 		       (double)r0->st.rows / 1e6 / (double)(r0->st.steps ? r0->st.steps : 1));
 	printf("\"loss\": %.4f}\n", r0->loss);
 	if (b.phases)
-		fprintf(stderr, "phases (ms/step, rank 0): forward+loss %.1f  backward %.1f  sum %.1f  clip %.1f  adamw %.1f\n",
-			1e3 * r0->ph[0] / b.steps, 1e3 * r0->ph[1] / b.steps, 1e3 * r0->ph[2] / b.steps,
-			1e3 * r0->ph[3] / b.steps, 1e3 * r0->ph[4] / b.steps);
+		fprintf(stderr, "phases (ms/step, rank 0): forward+loss %.1f  backward %.1f (host %.1f)  "
+			"sum %.1f  clip %.1f  adamw %.1f\n",
+			1e3 * r0->ph[0] / b.steps, 1e3 * r0->ph[1] / b.steps, 1e3 * r0->bwd_host / b.steps,
+			1e3 * r0->ph[2] / b.steps, 1e3 * r0->ph[3] / b.steps, 1e3 * r0->ph[4] / b.steps);
 	free(rr);
 	gpu_gang_free(b.gang);
 	return 0;
