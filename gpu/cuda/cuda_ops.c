@@ -23,6 +23,7 @@
  * V vocab, NH query heads, NKV key/value heads, HS head size. */
 #include <assert.h>
 #include <math.h>
+#include <stdio.h>
 
 #include "gpu/cuda/cuda_internal.h"
 
@@ -442,6 +443,29 @@ static void cu_rmsnorm_backward(struct gpu_backend *be, float *dinp, float *dwei
 
 /* ----------------------------------------------------------------- matmul -- */
 
+/* out16 (N,OC) = bf16(inp W^T + beta out16), beta 0 or 1: bf16 operands,
+ * twins or rounded into the scratch (gpu_matmul_scratch_elems), fp32
+ * accumulation and epilogue (the old bf16 values widened), one rounding.
+ * op: the caller's name, for errors and the profile. */
+static void forward16(struct cu_backend *cb, const char *op, gpu_bf16 *out16, float beta,
+		      const float *inp, const gpu_bf16 *inp16, const float *weight,
+		      const gpu_bf16 *weight16, int N, int C, int OC)
+{
+	size_t nw = weight16 ? 0 : (size_t)OC * C, nx = inp16 ? 0 : (size_t)N * C;
+	if (cb->fp32_strict || !scratch_fits(cb, gpu_gemm_slot(nw) + nx)) {
+		char msg[96];
+		snprintf(msg, sizeof(msg), "%s: a bf16 output needs the bf16 mode and gemm_scratch", op);
+		cu_check(cb, CUDA_ERROR_INVALID_VALUE, msg);
+		return;
+	}
+	uint16_t *slot = cb->base.gemm_scratch;
+	cu_prof_begin(cb);
+	const uint16_t *w16 = weight16 ? weight16 : round_into(cb, slot, weight, nw);
+	const uint16_t *x16 = inp16 ? inp16 : round_into(cb, slot + gpu_gemm_slot(nw), inp, nx);
+	gemm16_(cb, op, OP_T, OP_N, OC, N, C, 1.0f, w16, C, x16, C, beta, NULL, out16, OC);
+	cu_prof_end(cb, "%s: cublasGemmEx (bf16 out) %dx%dx%d", op, OC, N, C);
+}
+
 static void cu_matmul_forward(struct gpu_backend *be, float *out, gpu_bf16 *out16,
 			      const float *inp, const gpu_bf16 *inp16, const float *weight,
 			      const gpu_bf16 *weight16, const float *bias, int N, int C, int OC)
@@ -450,22 +474,8 @@ static void cu_matmul_forward(struct gpu_backend *be, float *out, gpu_bf16 *out1
 	if (N <= 0 || OC <= 0)
 		return;
 	if (out16) {
-		/* the product in bf16 only: bf16 operands, twins or rounded into the
-		 * scratch (gpu_matmul_scratch_elems) */
-		size_t nw = weight16 ? 0 : (size_t)OC * C, nx = inp16 ? 0 : (size_t)N * C;
 		assert(!out && !bias && C > 0);
-		if (cb->fp32_strict || !scratch_fits(cb, gpu_gemm_slot(nw) + nx)) {
-			cu_check(cb, CUDA_ERROR_INVALID_VALUE,
-				 "matmul_forward: a bf16 product needs the bf16 mode and gemm_scratch");
-			return;
-		}
-		uint16_t *slot = cb->base.gemm_scratch;
-		cu_prof_begin(cb);
-		const uint16_t *w16 = weight16 ? weight16 : round_into(cb, slot, weight, nw);
-		const uint16_t *x16 = inp16 ? inp16 : round_into(cb, slot + gpu_gemm_slot(nw), inp, nx);
-		gemm16_(cb, "matmul_forward: cublasGemmEx (bf16 out)", OP_T, OP_N, OC, N, C, 1.0f, w16,
-			C, x16, C, 0.0f, NULL, out16, OC);
-		cu_prof_end(cb, "matmul_forward: cublasGemmEx (bf16 out) %dx%dx%d", OC, N, C);
+		forward16(cb, "matmul_forward", out16, 0.0f, inp, inp16, weight, weight16, N, C, OC);
 		return;
 	}
 	if (C > 0)
@@ -491,20 +501,8 @@ static void cu_matmul_forward_add(struct gpu_backend *be, float *out, gpu_bf16 *
 	if (N <= 0 || OC <= 0 || C <= 0)
 		return; /* nothing to add */
 	if (out16) {
-		size_t nw = weight16 ? 0 : (size_t)OC * C, nx = inp16 ? 0 : (size_t)N * C;
 		assert(!out);
-		if (cb->fp32_strict || !scratch_fits(cb, gpu_gemm_slot(nw) + nx)) {
-			cu_check(cb, CUDA_ERROR_INVALID_VALUE,
-				 "matmul_forward_add: a bf16 sum needs the bf16 mode and gemm_scratch");
-			return;
-		}
-		uint16_t *slot = cb->base.gemm_scratch;
-		cu_prof_begin(cb);
-		const uint16_t *w16 = weight16 ? weight16 : round_into(cb, slot, weight, nw);
-		const uint16_t *x16 = inp16 ? inp16 : round_into(cb, slot + gpu_gemm_slot(nw), inp, nx);
-		gemm16_(cb, "matmul_forward_add: cublasGemmEx (bf16 out)", OP_T, OP_N, OC, N, C, 1.0f,
-			w16, C, x16, C, 1.0f, NULL, out16, OC);
-		cu_prof_end(cb, "matmul_forward_add: cublasGemmEx (bf16 out) %dx%dx%d", OC, N, C);
+		forward16(cb, "matmul_forward_add", out16, 1.0f, inp, inp16, weight, weight16, N, C, OC);
 		return;
 	}
 	sgemm(cb, "matmul_forward_add: cublasSgemm", OP_T, OP_N, OC, N, C, 1.0f, weight, weight16,
