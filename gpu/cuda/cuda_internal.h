@@ -125,6 +125,8 @@ struct cu_backend {
 	bool flash_dkdv8;
 	/* TD_CUDA_PROFILE's per-op device times (cuda_prof.c); NULL when off. */
 	struct cu_prof *prof;
+	/* TD_CUDA_TRACE's timeline of the ops (cuda_prof.c); NULL when off. */
+	struct cu_trace *tr;
 };
 
 static inline struct cu_backend *cu_of(struct gpu_backend *be)
@@ -154,7 +156,9 @@ td_err cu_open_driver(struct cu_driver *d, struct td_errbuf *eb);
 
 /* TD_CUDA_PROFILE (gpu/cuda/cuda_prof.c): open at creation (installs the
  * trace hook when the variable is set), begin/end around a region (no-ops
- * when off; regions nest two deep), close prints the table to stderr. */
+ * when off; regions nest two deep), close prints the table to stderr.
+ * TD_CUDA_TRACE=FILE instead: open installs a timeline hook, close (the
+ * stream idle) writes FILE.K. */
 void cu_prof_open(struct cu_backend *cb);
 void cu_prof_begin(struct cu_backend *cb);
 void cu_prof_end(struct cu_backend *cb, const char *fmt, ...) __attribute__((format(printf, 2, 3)));

@@ -6,7 +6,17 @@
  * are the device's own but the step is slower (the launch queue drains after
  * every op). The table goes to stderr when the backend is destroyed: label,
  * calls, total milliseconds and, for ops, their share of all op time. Off by
- * default; costs nothing then (the hook is NULL). */
+ * default; costs nothing then (the hook is NULL).
+ *
+ * TD_CUDA_TRACE=FILE (with TD_CUDA_PROFILE off): a timeline instead, the
+ * step left to run as it does. An event is recorded on the stream before
+ * and after each math op (no wait), for the first CU_TRACE_OPS ops of the
+ * backend; when it is destroyed, FILE.K (K: the process's K-th backend, 0
+ * first: one file a rank) gets a line per op, "op start_us end_us" from the
+ * first op's start. The time between one op's end and the next one's
+ * start is time the stream spent waiting: for the host's launches, another
+ * stream (a collective, a copy) or an event. tests/bench/trace_gaps.py
+ * sums them up. */
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -16,6 +26,7 @@
 
 #define CU_PROF_ROWS 512
 #define CU_PROF_DEPTH 2
+#define CU_TRACE_OPS 16384
 
 struct cu_prof_row {
 	char label[120];
@@ -31,6 +42,81 @@ struct cu_prof {
 	int depth;
 };
 
+struct cu_trace {
+	CUevent *ev;       /* 2 a traced op: its start, its end */
+	const char **op;   /* the op names (gpu/backend.h's string literals) */
+	int n, depth;
+	char path[4096];
+};
+
+/* Only the outermost op (an op calling another counts once). */
+static void timeline_hook(struct gpu_backend *be, const char *op, bool end)
+{
+	struct cu_backend *cb = cu_of(be);
+	struct cu_trace *t = cb->tr;
+	if (!end && t->depth++ == 0 && t->n < CU_TRACE_OPS)
+		cb->drv.cuEventRecord(t->ev[2 * t->n], cb->stream);
+	if (end && --t->depth == 0 && t->n < CU_TRACE_OPS) {
+		cb->drv.cuEventRecord(t->ev[2 * t->n + 1], cb->stream);
+		t->op[t->n++] = op;
+	}
+}
+
+static void trace_free(struct cu_backend *cb, struct cu_trace *t, int events)
+{
+	for (int i = 0; i < events; i++)
+		cb->drv.cuEventDestroy(t->ev[i]);
+	free(t->ev);
+	free(t->op);
+	free(t);
+}
+
+static void timeline_open(struct cu_backend *cb, const char *path)
+{
+	static int backends; /* this process's, for the file's suffix */
+	struct cu_trace *t = calloc(1, sizeof(*t));
+	if (!t)
+		return;
+	t->ev = calloc(2 * CU_TRACE_OPS, sizeof(*t->ev));
+	t->op = calloc(CU_TRACE_OPS, sizeof(*t->op));
+	int made = 0;
+	while (t->ev && t->op && made < 2 * CU_TRACE_OPS &&
+	       cb->drv.cuEventCreate(&t->ev[made], CU_EVENT_DEFAULT) == CUDA_SUCCESS)
+		made++;
+	if (made < 2 * CU_TRACE_OPS) {
+		fprintf(stderr, "TD_CUDA_TRACE: no events for the trace; not tracing\n");
+		trace_free(cb, t, made);
+		return;
+	}
+	snprintf(t->path, sizeof(t->path), "%s.%d", path,
+		 __atomic_fetch_add(&backends, 1, __ATOMIC_RELAXED));
+	cb->tr = t;
+	cb->base.trace = timeline_hook;
+}
+
+/* The stream is idle (the backend's destroy synchronised it). */
+static void timeline_close(struct cu_backend *cb)
+{
+	struct cu_trace *t = cb->tr;
+	FILE *f = t->n ? fopen(t->path, "w") : NULL;
+	if (t->n && !f)
+		fprintf(stderr, "TD_CUDA_TRACE: %s: cannot write it\n", t->path);
+	for (int i = 0; f && i < t->n; i++) {
+		float a = 0.0f, b = 0.0f;
+		if (cb->drv.cuEventElapsedTime(&a, t->ev[0], t->ev[2 * i]) != CUDA_SUCCESS ||
+		    cb->drv.cuEventElapsedTime(&b, t->ev[0], t->ev[2 * i + 1]) != CUDA_SUCCESS)
+			break;
+		fprintf(f, "%s %.1f %.1f\n", t->op[i], 1e3 * a, 1e3 * b);
+	}
+	if (f && fclose(f) != 0)
+		fprintf(stderr, "TD_CUDA_TRACE: %s: write failed\n", t->path);
+	else if (f)
+		fprintf(stderr, "TD_CUDA_TRACE: %d ops to %s\n", t->n, t->path);
+	trace_free(cb, t, 2 * CU_TRACE_OPS);
+	cb->tr = NULL;
+	cb->base.trace = NULL;
+}
+
 static void trace_hook(struct gpu_backend *be, const char *op, bool end)
 {
 	struct cu_backend *cb = cu_of(be);
@@ -43,8 +129,12 @@ static void trace_hook(struct gpu_backend *be, const char *op, bool end)
 void cu_prof_open(struct cu_backend *cb)
 {
 	const char *env = getenv("TD_CUDA_PROFILE");
-	if (!env || !*env || strcmp(env, "0") == 0)
+	if (!env || !*env || strcmp(env, "0") == 0) {
+		const char *path = getenv("TD_CUDA_TRACE");
+		if (path && *path)
+			timeline_open(cb, path);
 		return;
+	}
 	struct cu_prof *p = calloc(1, sizeof(*p));
 	if (!p)
 		return;
@@ -115,6 +205,8 @@ static int by_time(const void *a, const void *b)
 
 void cu_prof_close(struct cu_backend *cb)
 {
+	if (cb->tr)
+		timeline_close(cb);
 	struct cu_prof *p = cb->prof;
 	if (!p)
 		return;
