@@ -293,7 +293,18 @@ static gpu_bf16 *copy16_ptr(struct tr_model *m, const struct tr_param *p)
 		return NULL;
 	if (m->wpart)
 		return p->wslot >= 0 && m->wslot16[p->wslot] ? m->wslot16[p->wslot] + p->w16off : NULL;
-	return m->copy16 ? m->copy16 + p->offset : NULL;
+	const size_t lo = m->plan.copy16_lo;
+	return m->copy16 && p->offset >= lo ? m->copy16 + (p->offset - lo) : NULL;
+}
+
+/* Rounds params [lo, hi) into their bf16 copy where they have one. */
+static void copy16_round(struct tr_model *m, size_t lo, size_t hi)
+{
+	const size_t c = m->plan.copy16_lo;
+	if (lo < c)
+		lo = c;
+	if (m->copy16 && hi > lo)
+		gpu_bf16_round(m->be, m->copy16 + (lo - c), m->params + lo, hi - lo);
 }
 
 /* Parameter (or gradient) pointer by name; NULL as param_ptr. */
@@ -771,9 +782,12 @@ static struct wref weight_of(struct tr_model *m, const struct tr_param *p)
 		gpu_bf16_widen(m->be, m->deq, w16, p->numel);
 		return (struct wref){m->deq, NULL};
 	}
-	/* fp32: in the bf16 mode only trainable weights (frozen ones are bf16). */
-	assert(!g16 || (p->trainable && copy16_ptr(m, p)));
-	return (struct wref){param_ptr(m, p, false), g16 ? copy16_ptr(m, p) : NULL};
+	/* fp32: in the bf16 mode only trainable weights (frozen ones are
+	 * bf16); one without a copy is read in fp32 (an untied embedding, by
+	 * its lookup) */
+	const gpu_bf16 *h = g16 ? copy16_ptr(m, p) : NULL;
+	assert(!g16 || (p->trainable && (h || p->offset < m->plan.copy16_lo)));
+	return (struct wref){param_ptr(m, p, false), h};
 }
 
 /* --- loading and host access --- */
@@ -820,8 +834,8 @@ static td_err upload_param(struct tr_model *m, const struct tr_param *p, const f
 		return TD_OK;
 	}
 	gpu_upload(m->be, param_ptr(m, p, false), src, p->numel * sizeof(float));
-	if (m->copy16 && p->trainable)
-		gpu_bf16_round(m->be, m->copy16 + p->offset, m->params + p->offset, p->numel);
+	if (p->trainable)
+		copy16_round(m, p->offset, p->offset + p->numel);
 	return TD_OK;
 }
 
@@ -963,8 +977,7 @@ gpu_bf16 *tr_model_weight_slot16(struct tr_model *m, int k)
 void tr_model_params_written(struct tr_model *m, size_t lo, size_t hi)
 {
 	assert(lo <= hi && hi <= m->plan.numel_trainable);
-	if (m->copy16 && hi > lo)
-		gpu_bf16_round(m->be, m->copy16 + lo, m->params + lo, hi - lo);
+	copy16_round(m, lo, hi);
 }
 
 void tr_model_get_logits(struct tr_model *m, float *dst)
@@ -1939,6 +1952,31 @@ double tr_model_clip_grads(struct tr_model *m, double max_norm)
 	return tr_model_clip_grads_by(m, max_norm, tr_model_grad_norm(m));
 }
 
+/* AdamW over the part's trainable floats [a, b) with weight decay wd: the
+ * fp32 masters, and the bf16 copy of those that have one (from
+ * plan.copy16_lo; PARAMETERS: none, the gathers round it). */
+static void adamw_run(struct tr_model *m, const struct tr_adamw *h, float lr, int t, size_t a,
+		      size_t b, float wd)
+{
+	const struct tr_plan *p = &m->plan;
+	const size_t lo = p->shard_lo, c = p->copy16_lo;
+	/* The fp32 master of trainable float i: params[i], or (PARAMETERS,
+	 * the part's only) params[i - lo]. */
+	const size_t wlo = m->wpart ? lo : 0;
+	/* The summed gradient of trainable float i: grads[i], or (GRADIENTS,
+	 * the part's only) grads[i - lo]. */
+	const size_t glo = tr_shard_grads(p->opts.shard, p->opts.shard_ranks) ? lo : 0;
+	while (b > a) {
+		/* the floats without a copy, then those with one */
+		const size_t e = m->copy16 && a < c && c < b ? c : b;
+		gpu_bf16 *c16 = m->copy16 && a >= c ? m->copy16 + (a - c) : NULL;
+		gpu_adamw_update(m->be, m->params + (a - wlo), c16, m->grads + (a - glo), m->gscale,
+				 m->m1 + (a - lo), m->m2 + (a - lo), e - a, lr, h->beta1, h->beta2,
+				 h->eps, wd, t);
+		a = e;
+	}
+}
+
 void tr_model_adamw(struct tr_model *m, const struct tr_adamw *h, float lr, int t)
 {
 	const struct tr_plan *p = &m->plan;
@@ -1946,28 +1984,10 @@ void tr_model_adamw(struct tr_model *m, const struct tr_adamw *h, float lr, int 
 	 * this rank's part [lo, hi) (all of them unsharded) is at most two
 	 * runs: [lo, nd) decayed, [nd, hi) not; the moments are the part's. */
 	const size_t nd = p->numel_decay, lo = p->shard_lo, hi = p->shard_hi;
-	/* In the bf16 mode the weights' bf16 copy is written with them
-	 * (PARAMETERS: none; the gathers round it). */
-	gpu_bf16 *c16 = m->copy16;
-	/* The fp32 master of trainable float i: params[i], or (PARAMETERS,
-	 * the part's only) params[i - lo]. */
-	float *w = m->params;
-	const size_t wlo = m->wpart ? lo : 0;
-	/* The summed gradient of trainable float i: grads[i], or (GRADIENTS,
-	 * the part's only) grads[i - lo]. */
-	float *g = m->grads;
-	const size_t glo = tr_shard_grads(p->opts.shard, p->opts.shard_ranks) ? lo : 0;
 	const size_t d1 = nd < hi ? nd : hi; /* decayed: [lo, d1) */
-	const float gs = m->gscale;
-	if (d1 > lo)
-		gpu_adamw_update(m->be, w + (lo - wlo), c16 ? c16 + lo : NULL, g + (lo - glo), gs,
-				 m->m1, m->m2, d1 - lo, lr, h->beta1, h->beta2, h->eps, h->weight_decay,
-				 t);
+	adamw_run(m, h, lr, t, lo, d1, h->weight_decay);
 	const size_t u0 = nd > lo ? nd : lo; /* undecayed: [u0, hi) */
-	if (hi > u0)
-		gpu_adamw_update(m->be, w + (u0 - wlo), c16 ? c16 + u0 : NULL, g + (u0 - glo), gs,
-				 m->m1 + (u0 - lo), m->m2 + (u0 - lo), hi - u0, lr, h->beta1, h->beta2,
-				 h->eps, 0.0f, t);
+	adamw_run(m, h, lr, t, u0, hi, 0.0f);
 	/* gscale stays pending: whatever reads the gradients later (settle)
 	 * reads them clipped, as AdamW did. */
 }

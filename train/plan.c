@@ -226,6 +226,9 @@ static td_err build_params(struct tr_plan *p, struct td_errbuf *eb)
 	 * its lookup go by rows alone (train/plan.h: embed_rows) */
 	const bool emb_apart = p->embed_rows && !(p->cfg.tie_word_embeddings && o->num_labels == 0);
 	p->embed_lookup_rows = emb_apart && tr_shard_params(o->shard, o->shard_ranks);
+	/* read in fp32 only, by the lookup, unless it is the LM head too */
+	const bool emb_gemm = p->cfg.tie_word_embeddings && o->num_labels == 0;
+	p->copy16_lo = emb && emb->trainable && emb->offset == 0 && !emb_gemm ? emb->numel : 0;
 	if (tr_shard_grads(o->shard, o->shard_ranks)) {
 		const int L = p->cfg.num_layers;
 		/* Units: layer l's halves units 2l and 2l + 1; the head's, the
@@ -1105,7 +1108,7 @@ td_err tr_plan_build(struct tr_plan *p, const struct tr_model_config *cfg,
 		{"gemm_bf16", gemm * 2, gemm > 0, 0},
 		/* the trainable weights rounded once per update, not per product
 		 * (the GEMMs' twins of them; frozen ones are stored in bf16) */
-		{"params_bf16", p->numel_trainable * 2,
+		{"params_bf16", (p->numel_trainable - p->copy16_lo) * 2,
 		 o->gemm_bf16 && p->numel_trainable > 0 && !tr_shard_params(o->shard, o->shard_ranks), 0},
 	};
 	const size_t nscratch = sizeof(scratch) / sizeof(scratch[0]);

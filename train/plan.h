@@ -375,6 +375,11 @@ struct tr_plan {
 	size_t numel_params;          /* every tensor */
 	size_t numel_trainable;       /* prefix of the grads arena */
 	size_t numel_decay;           /* the first numel_decay trainable floats decay */
+	/* The bf16 mode's rounded copy of the trainable floats
+	 * (scratch.params_bf16) covers [copy16_lo, numel_trainable): an untied
+	 * trainable embedding, first in the arena, is no GEMM's operand (its
+	 * lookup reads fp32 rows), so it has no copy (Llama-3-8B: 1 GiB). */
+	size_t copy16_lo;
 	size_t numel_f32;             /* fp32 floats: params (numel_trainable) + base.f32 (the frozen rest) */
 	/* Sharded (opts.shard not NONE over shard_ranks > 1): each rank's part
 	 * of the trainable floats is shard_numel = ceil(numel_trainable /

@@ -571,6 +571,28 @@ static void test_real_shapes(void)
 			       tr_fmt_bytes(h, sizeof(h), host[rc]), host[rc]);
 		}
 	}
+	/* Full fine-tuning in the bf16 mode: the trainable weights' bf16 copy
+	 * leaves out an untied embedding (Llama-3-8B's 128256 x 4096: only its
+	 * lookup reads it, in fp32) and keeps a tied one (Qwen2-0.5B's: the LM
+	 * head's operand too). */
+	const struct {
+		const char *json;
+		size_t lo;
+	} full[] = {{l8, 128256u * 4096u}, {q05, 0}};
+	for (size_t i = 0; i < sizeof(full) / sizeof(full[0]); i++) {
+		struct tr_model_config cfg;
+		struct td_errbuf eb = {{0}};
+		CHECK_EQ_INT(tr_config_parse(&cfg, full[i].json, "case", &eb), TD_OK);
+		struct tr_plan_opts po = {.B = 1, .T = 64, .gemm_bf16 = true, .attention_lse = true};
+		struct tr_plan p;
+		CHECK_EQ_INT(tr_plan_build(&p, &cfg, &po, &eb), TD_OK);
+		const struct tr_param *emb = tr_plan_param(&p, "model.embed_tokens.weight");
+		CHECK(emb && emb->trainable && emb->offset == 0);
+		CHECK_EQ_INT(p.copy16_lo, full[i].lo);
+		const struct tr_plan_buf *c16 = tr_plan_find(&p, "scratch.params_bf16");
+		CHECK(c16 && c16->bytes == 2 * (p.numel_trainable - full[i].lo));
+		tr_plan_fini(&p);
+	}
 }
 
 int main(int argc, char **argv)
