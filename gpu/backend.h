@@ -52,10 +52,6 @@ typedef uint16_t gpu_bf16;
 /* matmul_backward's set flags */
 #define GPU_SET_DINP 1u
 #define GPU_SET_DWEIGHT 2u
-/* ...and a layout flag: dout16's row i starts 2 * OC values after row i - 1,
- * the first half of row i of an (N, OC) fp32 buffer (crossentropy_backward's
- * bf16 gradient written over the logits); dout NULL with it */
-#define GPU_DOUT16_OVER_F32 4u
 
 struct gpu_backend_ops {
 	const char *name;
@@ -145,8 +141,7 @@ struct gpu_backend_ops {
 	 * overwrites dinp (GPU_SET_DINP; true converts to it) and/or dweight
 	 * (GPU_SET_DWEIGHT) instead of adding to them (no zeroing pass, no read
 	 * of the old values; an overwrite may leave -0 where 0 + -0 gave +0,
-	 * which no sum or AdamW step tells apart); dbias always accumulates.
-	 * GPU_DOUT16_OVER_F32 in set: dout16's rows as that flag says. */
+	 * which no sum or AdamW step tells apart); dbias always accumulates. */
 	void (*matmul_forward)(struct gpu_backend *be, float *out, gpu_bf16 *out16,
 			       const float *inp, const gpu_bf16 *inp16, const float *weight,
 			       const gpu_bf16 *weight16, const float *bias, int N, int C, int OC);
@@ -217,17 +212,19 @@ struct gpu_backend_ops {
 				const gpu_bf16 *up16, size_t n);
 	void (*residual_forward)(struct gpu_backend *be, float *out, const float *a, const float *b,
 				 size_t n);
+	/* logits16: the logits in bf16 (a bf16-output GEMM's), read instead of
+	 * logits (NULL then); the row's sums are fp32/double as for fp32 logits. */
 	void (*crossentropy_forward)(struct gpu_backend *be, float *losses, const float *logits,
-				     const int32_t *targets, int N, int V);
+				     const gpu_bf16 *logits16, const int32_t *targets, int N, int V);
 	/* losses: NULL, or also crossentropy_forward's losses (the fused head
 	 * of train/model.c: one read of the logits for both). dlogits16: twin
-	 * of dlogits, or NULL; dlogits may be NULL when it is not. dlogits16
-	 * == (gpu_bf16 *)logits, dlogits NULL: the bf16 gradient in place over
-	 * the logits, row i in the first half of row i's fp32 bytes (read by
-	 * matmul_backward with GPU_DOUT16_OVER_F32). */
+	 * of dlogits, or NULL; dlogits may be NULL when it is not. Either may
+	 * alias its own kind of logits (in place): dlogits == logits, or
+	 * dlogits16 == logits16 (bf16 logits, their bf16 gradient over them). */
 	void (*crossentropy_backward)(struct gpu_backend *be, float *losses, float *dlogits,
 				      gpu_bf16 *dlogits16, const float *logits,
-				      const int32_t *targets, float dloss, int N, int V);
+				      const gpu_bf16 *logits16, const int32_t *targets, float dloss,
+				      int N, int V);
 	/* param16: param's twin (its bf16 copy), or NULL: written with the
 	 * new values as param is. gscale: the gradient is read times it
 	 * (kernels/cpu/ops.h: adamw_update), a clip's coefficient. */
@@ -592,17 +589,18 @@ static inline void gpu_residual_forward(struct gpu_backend *be, float *out, cons
 	GPU_OP_(residual_forward, out, a, b, n);
 }
 static inline void gpu_crossentropy_forward(struct gpu_backend *be, float *losses,
-					    const float *logits, const int32_t *targets, int N,
-					    int V)
+					    const float *logits, const gpu_bf16 *logits16,
+					    const int32_t *targets, int N, int V)
 {
-	GPU_OP_(crossentropy_forward, losses, logits, targets, N, V);
+	GPU_OP_(crossentropy_forward, losses, logits, logits16, targets, N, V);
 }
 static inline void gpu_crossentropy_backward(struct gpu_backend *be, float *losses,
 					     float *dlogits, gpu_bf16 *dlogits16,
-					     const float *logits, const int32_t *targets, float dloss,
-					     int N, int V)
+					     const float *logits, const gpu_bf16 *logits16,
+					     const int32_t *targets, float dloss, int N, int V)
 {
-	GPU_OP_(crossentropy_backward, losses, dlogits, dlogits16, logits, targets, dloss, N, V);
+	GPU_OP_(crossentropy_backward, losses, dlogits, dlogits16, logits, logits16, targets,
+		dloss, N, V);
 }
 static inline void gpu_adamw_update(struct gpu_backend *be, float *param, gpu_bf16 *param16,
 				    const float *grad, float gscale, float *m, float *v, size_t n,

@@ -279,15 +279,17 @@ static void cpu_residual_forward(struct gpu_backend *be, float *out, const float
 	residual_forward(out, a, b, n);
 }
 static void cpu_crossentropy_forward(struct gpu_backend *be, float *losses, const float *logits,
-				     const int32_t *targets, int N, int V)
+				     const gpu_bf16 *logits16, const int32_t *targets, int N, int V)
 {
+	assert(logits && !logits16); /* fp32 only (no bf16 mode) */
 	crossentropy_forward(losses, logits, targets, N, V);
 }
 static void cpu_crossentropy_backward(struct gpu_backend *be, float *losses, float *dlogits,
 				      gpu_bf16 *dlogits16, const float *logits,
-				      const int32_t *targets, float dloss, int N, int V)
+				      const gpu_bf16 *logits16, const int32_t *targets, float dloss,
+				      int N, int V)
 {
-	assert(dlogits && !dlogits16);
+	assert(dlogits && !dlogits16 && logits && !logits16);
 	if (losses) /* before dlogits may overwrite the logits */
 		crossentropy_forward(losses, logits, targets, N, V);
 	crossentropy_backward(dlogits, logits, targets, dloss, N, V);

@@ -173,7 +173,10 @@ struct tr_model {
 		*dgate, *dup, *dpooled, *lora_du, *lora_dx, *gemm_bf16;
 	float *q32, *k32, *v32;          /* q, k, v in fp32 for the layer being computed (q16 ...) */
 	size_t gemm_bf16_bytes;
-	gpu_bf16 *dgate16, *dup16, *dlogits16; /* bf16 mode: the gradients the products read */
+	gpu_bf16 *dgate16, *dup16; /* bf16 mode: the gradients the products read */
+	/* plan.logits16: the causal head's logits in bf16, and then their
+	 * gradient over them (logits NULL) */
+	gpu_bf16 *logits16;
 
 	int32_t *host_targets;           /* (N) */
 	int32_t *host_ids;               /* (N) of the last forward */
@@ -549,8 +552,10 @@ static void bind(struct tr_model *m)
 	m->gemm_bf16_bytes = gb ? gb->bytes : 0;
 	m->dgate16 = buf(m, "scratch.dgate16");
 	m->dup16 = buf(m, "scratch.dup16");
-	/* the head's bf16 loss gradient, over the logits (plan.dlogits16_over) */
-	m->dlogits16 = m->plan.dlogits16_over ? (gpu_bf16 *)m->logits : NULL;
+	if (m->plan.logits16) {
+		m->logits16 = (gpu_bf16 *)m->logits;
+		m->logits = NULL;
+	}
 #undef S
 }
 
@@ -987,6 +992,12 @@ void tr_model_get_logits(struct tr_model *m, float *dst)
 	assert(m->logits_valid && (o->num_labels > 0 || m->plan.logits_rows == o->B * o->T));
 	size_t n = o->num_labels > 0 ? (size_t)o->B * (size_t)o->num_labels
 				     : (size_t)o->B * (size_t)o->T * (size_t)m->plan.cfg.vocab_size;
+	if (m->logits16) { /* widened in place, as tr_model_get_param does */
+		gpu_bf16 *h = (gpu_bf16 *)dst + n;
+		gpu_download(m->be, h, m->logits16, n * sizeof(gpu_bf16));
+		bf16_widen(dst, h, n);
+		return;
+	}
 	gpu_download(m->be, dst, m->logits, n * sizeof(float));
 }
 
@@ -1308,18 +1319,18 @@ static td_err host_sum(const float *x, int n, const char *what, double *out, str
 }
 
 /* Logits of rows [r0, r0 + n) of the final hidden state into the logits
- * buffer (n <= plan.logits_rows; the whole logits when n is every row). */
+ * buffer (n <= plan.logits_rows; the whole logits when n is every row), in
+ * bf16 where the plan says so (plan.logits16). */
 static void head_chunk(struct tr_model *m, int r0, int n)
 {
 	const struct tr_model_config *c = &m->plan.cfg;
 	const struct wref w = weight_of(m, m->lm_head);
-	gpu_matmul_forward(m->be, m->logits, NULL, m->lnf_out + (size_t)r0 * c->hidden_size, NULL,
+	gpu_matmul_forward(m->be, m->logits, m->logits16, m->lnf_out + (size_t)r0 * c->hidden_size, NULL,
 			   w.f, w.h, NULL, n, c->hidden_size, c->vocab_size);
 }
 
 /* dln rows [r0, r0 + n) (overwritten) and the lm_head's gradient from the
- * logits' gradient of those rows (dl fp32, or its bf16 twin dl16, which is
- * over the logits: m->dlogits16). */
+ * logits' gradient of those rows (dl fp32, or dl16 in bf16). */
 static void head_weight_grad(struct tr_model *m, int r0, int n, const float *dl,
 			     const gpu_bf16 *dl16)
 {
@@ -1327,21 +1338,18 @@ static void head_weight_grad(struct tr_model *m, int r0, int n, const float *dl,
 	const int C = c->hidden_size, V = c->vocab_size;
 	const struct wref w = weight_of(m, m->lm_head);
 	gpu_matmul_backward(m->be, m->dln + (size_t)r0 * C, m->dlm_head, NULL, dl, dl16,
-			    m->lnf_out + (size_t)r0 * C, NULL, w.f, w.h, n, C, V,
-			    GPU_SET_DINP | (dl16 ? GPU_DOUT16_OVER_F32 : 0u));
+			    m->lnf_out + (size_t)r0 * C, NULL, w.f, w.h, n, C, V, GPU_SET_DINP);
 }
 
 /* The causal head's backward over rows [r0, r0 + n), whose logits are in the
- * logits buffer: the loss gradient (in place over the logits; in the bf16
- * mode in bf16 only, over the first half of each row), then dln and the
- * lm_head's gradient.
+ * logits buffer: the loss gradient (in place over the logits, fp32 or bf16
+ * as they are), then dln and the lm_head's gradient.
  * losses: NULL, or also the forward's losses of those rows. */
 static void head_grad_chunk(struct tr_model *m, int r0, int n, float *losses, float dloss)
 {
-	float *dl = m->dlogits16 ? NULL : m->logits;
-	gpu_crossentropy_backward(m->be, losses, dl, m->dlogits16, m->logits, m->targets + r0, dloss,
-				  n, m->plan.cfg.vocab_size);
-	head_weight_grad(m, r0, n, dl, m->dlogits16);
+	gpu_crossentropy_backward(m->be, losses, m->logits, m->logits16, m->logits, m->logits16,
+				  m->targets + r0, dloss, n, m->plan.cfg.vocab_size);
+	head_weight_grad(m, r0, n, m->logits, m->logits16);
 }
 
 /* What the head stages of a forward walk do. */
@@ -1377,7 +1385,8 @@ static void head_forward(struct tr_model *m, const struct tr_stage *s, const str
 		if (h->fused)
 			head_grad_chunk(m, r0, n, m->losses + r0, h->dloss);
 		else
-			gpu_crossentropy_forward(be, m->losses + r0, m->logits, m->targets + r0, n, V);
+			gpu_crossentropy_forward(be, m->losses + r0, m->logits, m->logits16,
+						 m->targets + r0, n, V);
 		break;
 	case HEAD_OP_DISTILL:
 		head_chunk(m, r0, n);
@@ -1391,7 +1400,8 @@ static void head_forward(struct tr_model *m, const struct tr_stage *s, const str
 		const struct wref w = weight_of(m, m->score);
 		gpu_matmul_forward(be, m->logits, NULL, m->pooled, NULL, w.f, w.h, NULL, o->B,
 				   c->hidden_size, o->num_labels);
-		gpu_crossentropy_forward(be, m->losses, m->logits, m->targets, o->B, o->num_labels);
+		gpu_crossentropy_forward(be, m->losses, m->logits, NULL, m->targets, o->B,
+					 o->num_labels);
 		break;
 	}
 }
@@ -1532,6 +1542,7 @@ const float *tr_model_teacher_rows(struct tr_model *m, int r0, int n)
 {
 	struct gpu_backend *be = m->be;
 	const int V = m->plan.cfg.vocab_size;
+	assert(!m->logits16); /* a teacher's plan trains nothing */
 	if (m->plan.logits_rows == m->plan.opts.B * m->plan.opts.T)
 		return m->logits + (size_t)r0 * V;
 	assert(n <= m->plan.logits_rows);
@@ -1724,7 +1735,7 @@ static void head_backward(struct tr_model *m, const struct tr_stage *s, float dl
 	const int r0 = s->r0, n = s->rows;
 	switch (m->last_head) {
 	case HEAD_CLASSIFY: {
-		gpu_crossentropy_backward(be, NULL, m->logits, NULL, m->logits, m->targets, dloss, B,
+		gpu_crossentropy_backward(be, NULL, m->logits, NULL, m->logits, NULL, m->targets, dloss, B,
 					  o->num_labels);
 		const struct wref w = weight_of(m, m->score);
 		gpu_matmul_backward(be, m->dpooled, m->dscore, NULL, m->logits, NULL, m->pooled, NULL,

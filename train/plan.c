@@ -433,7 +433,8 @@ static size_t min_sz(size_t a, size_t b)
  * has. Every weight comes with one (a trainable weight's bf16 copy, a frozen
  * one's bf16 storage, an NF4 one dequantized to bf16), and so do the
  * projections' inputs (ln1_16, y16, ln2_16, h16), the MLP's gradients
- * (dgate16, dup16) and the causal head's (dlogits16). What is rounded: the
+ * (dgate16, dup16) and the causal head's (bf16 logits, their gradient over
+ * them: tr_plan.logits16). What is rounded: the
  * attention's and the down projection's gradients (fp32), LoRA's x A^T and
  * its gradient, the adapters' dropped-out inputs, the final norm's output
  * for the head and a distillation student's logits gradient. Plus the
@@ -710,6 +711,18 @@ td_err tr_plan_build(struct tr_plan *p, const struct tr_model_config *cfg,
 	size_t rows = chunk / V > 0 ? chunk / V : 1;
 	if (train && !o->distill)
 		rows = min_sz(rows, (TR_LOGITS_CHUNK_INPUTS + C - 1) / C);
+	p->logits16 = train && o->gemm_bf16 && !classify && !o->distill;
+	const size_t lsz = p->logits16 ? 2 : 4; /* a logit's bytes */
+	/* bf16 logits: the rows of the same bytes, N split evenly over the
+	 * chunks they take (multiples of 8 rows), unless a test set the chunk;
+	 * bigger chunks cost nothing more and each adds its head's weight
+	 * gradient product, which reads and writes the whole fp32 gradient */
+	if (p->logits16 && !o->logits_chunk_floats && N > 2 * rows) {
+		const size_t chunks = (N + 2 * rows - 1) / (2 * rows);
+		rows = min_sz(((N + chunks - 1) / chunks + 7) / 8 * 8, N);
+	} else if (p->logits16 && !o->logits_chunk_floats) {
+		rows = N;
+	}
 	p->logits_rows = (int)N;
 	if ((train || o->teacher_rows) && !classify && N > rows)
 		p->logits_rows = (int)rows;
@@ -1050,7 +1063,6 @@ td_err tr_plan_build(struct tr_plan *p, const struct tr_model_config *cfg,
 	 * bf16 GEMMs, a bf16 one widened to fp32. */
 	const size_t deq = o->gemm_bf16 ? p->nf4_max_numel * sizeof(uint16_t)
 					: f32_bytes(max_sz(p->nf4_max_numel, p->bf16_max_numel), 1, 1);
-	p->dlogits16_over = train && o->gemm_bf16 && !classify && !o->distill;
 	struct {
 		const char *what;
 		size_t bytes;
@@ -1058,11 +1070,11 @@ td_err tr_plan_build(struct tr_plan *p, const struct tr_model_config *cfg,
 		int phase; /* 0: its own bytes; 1 .. 4: a place in scratch.layer_backward */
 	} scratch[] = {
 		/* the CE gradient overwrites the logits in place. Training, the
-		 * logits and their bf16 gradient are live in the head's stages
-		 * only (its forward chunks and their backward, between the last
+		 * logits and their gradient are live in the head's stages only
+		 * (its forward chunks and their backward, between the last
 		 * layer's forward and the final norm's backward), which no
 		 * layer's forward, recompute or backward overlaps: phase 4 */
-		{"logits", classify ? f32_bytes(B, NL, 1) : f32_bytes((size_t)p->logits_rows, V, 1), true,
+		{"logits", classify ? f32_bytes(B, NL, 1) : f32_bytes((size_t)p->logits_rows, V, 1) / 4 * lsz, true,
 		 train ? 4 : 0},
 		{"losses", f32_bytes(N, 1, 1), true, 0},
 		{"kl", f32_bytes(N, 1, 1), o->distill, 0},
@@ -1118,27 +1130,28 @@ td_err tr_plan_build(struct tr_plan *p, const struct tr_model_config *cfg,
 			continue;
 		phase_bytes[scratch[i].phase] += aligned(scratch[i].bytes);
 	}
-	/* A chunked causal head (phase 4: its logits, and their bf16 gradient
-	 * over them) takes as many more rows as the region that the layers'
+	/* A chunked causal head (phase 4: its logits, and their gradient over
+	 * them) takes as many more rows as the region that the layers'
 	 * backward, forward and recompute need anyway holds (fit: a multiple of
-	 * 64 rows, within the floats bound), split evenly over the chunks that
-	 * N rows then take (multiples of 8 rows): fewer chunks, each head
-	 * weight gradient product with more rows to add over — each reads and
-	 * writes the whole fp32 gradient (Llama-3-8B at B4 x T2048: 22 chunks
-	 * of 384 rows before, 8 of 1024 now). Not where the caller set the
-	 * bound (logits_chunk_floats: tests that want a given chunk). */
+	 * 64 rows, within the floats bound's bytes), split evenly over the
+	 * chunks that N rows then take (multiples of 8 rows): fewer chunks,
+	 * each head weight gradient product with more rows to add over — each
+	 * reads and writes the whole fp32 gradient (Llama-3-8B at B4 x T2048:
+	 * 22 chunks of 384 rows once, 8 of 1024 with this, 4 of 2048 in bf16).
+	 * Not where the caller set the bound (logits_chunk_floats: tests that
+	 * want a given chunk). */
 	if (train && !classify && !o->distill && !o->logits_chunk_floats &&
 	    (size_t)p->logits_rows < N) {
 		const size_t others = max_sz(max_sz(phase_bytes[1], phase_bytes[2]), phase_bytes[3]);
-		const size_t fit =
-			min_sz(others / (V * sizeof(float)), TR_LOGITS_CHUNK_FLOATS / V) / 64 * 64;
+		const size_t fit = min_sz(others / (V * lsz),
+					  TR_LOGITS_CHUNK_FLOATS * sizeof(float) / lsz / V) / 64 * 64;
 		if (fit > (size_t)p->logits_rows) {
 			const size_t chunks = (N + fit - 1) / fit;
 			p->logits_rows = (int)min_sz(((N + chunks - 1) / chunks + 7) / 8 * 8, N);
 			for (size_t i = 0; i < nscratch; i++) {
 				if (!strcmp(scratch[i].what, "logits")) {
 					phase_bytes[4] -= aligned(scratch[i].bytes);
-					scratch[i].bytes = f32_bytes((size_t)p->logits_rows, V, 1);
+					scratch[i].bytes = f32_bytes((size_t)p->logits_rows, V, 1) / 4 * lsz;
 					phase_bytes[4] += aligned(scratch[i].bytes);
 				} else if (!strcmp(scratch[i].what, "gemm_bf16")) {
 					/* the head's input, rounded: more rows */

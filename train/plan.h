@@ -80,7 +80,7 @@ enum tr_param_kind {
 /* The most logits floats a causal plan holds at once (1 GiB of fp32): the
  * head runs in ceil(N / (this / V)) chunks, and fewer, larger GEMMs are
  * faster (Qwen2-0.5B at B8 T1024: 5 chunks, of 1756 rows by the bound
- * below). */
+ * below; in bf16, tr_plan.logits16, 3 of 2736). */
 #define TR_LOGITS_CHUNK_FLOATS ((size_t)256 << 20)
 /* ...but a causal training plan (not a distillation's) takes no more rows a
  * chunk than give the head's GEMM this many inputs (rows x C): past that a
@@ -451,11 +451,14 @@ struct tr_plan {
 	 * distillation's student and teacher chunk by the floats alone: the same
 	 * rows whatever their hidden sizes. */
 	int logits_rows;
-	/* The causal head's loss gradient in bf16 over its logits (training in
-	 * the bf16 mode, not a distillation): crossentropy_backward writes it
-	 * into the first half of each logits row (gpu/backend.h), no buffer of
-	 * its own. */
-	bool dlogits16_over;
+	/* The causal head's logits in bf16 (training in the bf16 mode, not a
+	 * distillation): the head's GEMM writes them rounded once from its fp32
+	 * sums, as transformers' head does under autocast; the cross-entropy
+	 * reads them widened (its sums in fp32 and double as for fp32 logits)
+	 * and writes their bf16 gradient over them, which the head's backward
+	 * products read. A chunk holds twice the rows that fp32 logits of the
+	 * same bytes would (the bounds below are in fp32's bytes). */
+	bool logits16;
 	/* Rows of a layer's MLP backward at once (a training plan): its
 	 * d(h), d(gate) and d(up) are this many rows' (scratch.dh ...), the
 	 * rows taken in parts whose weight gradients are added up in order —

@@ -519,9 +519,6 @@ static void cu_matmul_backward(struct gpu_backend *be, float *dinp, float *dweig
 {
 	struct cu_backend *cb = cu_of(be);
 	const bool dinp_set = set & GPU_SET_DINP, dw_set = set & GPU_SET_DWEIGHT;
-	/* dout16's leading dimension: 2 OC over an fp32 buffer's rows */
-	const int ldd = set & GPU_DOUT16_OVER_F32 ? 2 * OC : OC;
-	assert(!(set & GPU_DOUT16_OVER_F32) || (dout16 && !dout && !dbias));
 	if (dinp && dinp_set && N > 0 && C > 0 && OC <= 0)
 		be->ops->zero(be, dinp, sizeof(float) * (size_t)N * (size_t)C);
 	if (dweight && dw_set && C > 0 && OC > 0 && N <= 0)
@@ -544,23 +541,23 @@ static void cu_matmul_backward(struct gpu_backend *be, float *dinp, float *dweig
 			cu_prof_begin(cb);
 			const uint16_t *w16 = weight16 ? weight16 : round_into(cb, slot, weight, nw);
 			gemm16(cb, "matmul_backward (dinp): cublasGemmEx", OP_N, OP_N, C, N, OC, 1.0f,
-			       w16, C, d16, ldd, beta_in, dinp, C);
+			       w16, C, d16, OC, beta_in, dinp, C);
 			cu_prof_end(cb, "matmul_backward (dinp): cublasGemmEx %dx%dx%d", C, N, OC);
 		}
 		if (want_w) {
 			cu_prof_begin(cb);
 			const uint16_t *x16 = inp16 ? inp16 : round_into(cb, slot, inp, nx);
 			gemm16(cb, "matmul_backward (dweight): cublasGemmEx", OP_N, OP_T, C, OC, N,
-			       1.0f, x16, C, d16, ldd, beta_w, dweight, C);
+			       1.0f, x16, C, d16, OC, beta_w, dweight, C);
 			cu_prof_end(cb, "matmul_backward (dweight): cublasGemmEx %dx%dx%d", C, OC, N);
 		}
 	} else {
 		if (want_in)
 			sgemm(cb, "matmul_backward (dinp): cublasSgemm", OP_N, OP_N, C, N, OC, 1.0f,
-			      weight, weight16, C, dout, dout16, ldd, beta_in, dinp, C);
+			      weight, weight16, C, dout, dout16, OC, beta_in, dinp, C);
 		if (want_w)
 			sgemm(cb, "matmul_backward (dweight): cublasSgemm", OP_N, OP_T, C, OC, N, 1.0f,
-			      inp, inp16, C, dout, dout16, ldd, beta_w, dweight, C);
+			      inp, inp16, C, dout, dout16, OC, beta_w, dweight, C);
 	}
 	if (dbias) {
 		assert(dout);
@@ -954,18 +951,29 @@ static unsigned vocab_threads(int V)
 }
 
 static void cu_crossentropy_forward(struct gpu_backend *be, float *losses, const float *logits,
-				    const int32_t *targets, int N, int V)
+				    const gpu_bf16 *logits16, const int32_t *targets, int N, int V)
 {
-	void *args[] = {&losses, &logits, &targets, &N, &V};
-	launch_rows(cu_of(be), CU_K_crossentropy_forward_f32, N, vocab_threads(V), args);
+	assert(!logits != !logits16);
+	const void *x = logits ? (const void *)logits : (const void *)logits16;
+	void *args[] = {&losses, &x, &targets, &N, &V};
+	launch_rows(cu_of(be), logits ? CU_K_crossentropy_forward_f32 : CU_K_crossentropy_forward_bf16,
+		    N, vocab_threads(V), args);
 }
 
 static void cu_crossentropy_backward(struct gpu_backend *be, float *losses, float *dlogits,
 				     gpu_bf16 *dlogits16, const float *logits,
-				     const int32_t *targets, float dloss, int N, int V)
+				     const gpu_bf16 *logits16, const int32_t *targets, float dloss,
+				     int N, int V)
 {
-	void *args[] = {&losses, &dlogits, &dlogits16, &logits, &targets, &dloss, &N, &V};
-	launch_rows(cu_of(be), CU_K_crossentropy_backward_f32, N, vocab_threads(V), args);
+	assert(!logits != !logits16);
+	/* in place only over its own kind (gpu/backend.h) */
+	assert(!logits16 || (const void *)dlogits != (const void *)logits16);
+	assert(!logits || (const void *)dlogits16 != (const void *)logits);
+	const void *x = logits ? (const void *)logits : (const void *)logits16;
+	void *args[] = {&losses, &dlogits, &dlogits16, &x, &targets, &dloss, &N, &V};
+	launch_rows(cu_of(be),
+		    logits ? CU_K_crossentropy_backward_f32 : CU_K_crossentropy_backward_bf16, N,
+		    vocab_threads(V), args);
 }
 
 /* -------------------------------------------------------------- optimizer -- */

@@ -184,17 +184,7 @@ static void emu_matmul_backward(struct gpu_backend *be, float *dinp, float *dwei
 		      gpu_matmul_scratch_elems((size_t)N, (size_t)C, (size_t)OC, true, dinp, dweight,
 					       weight16, inp16, dout16));
 	assert(dout || !dbias);
-	gpu_bf16 *packed = NULL; /* GPU_DOUT16_OVER_F32: dout16's rows, 2 OC apart, packed */
-	if (set & GPU_DOUT16_OVER_F32) {
-		assert(dout16 && !dout && !dbias);
-		packed = xmalloc((size_t)N * OC * sizeof(gpu_bf16));
-		for (int n = 0; n < N; n++)
-			memcpy(packed + (size_t)n * OC, dout16 + 2 * (size_t)n * OC,
-			       (size_t)OC * sizeof(gpu_bf16));
-		dout16 = packed;
-	}
 	float *d = operand("matmul_backward dout", dout, dout16, (size_t)N * OC);
-	free(packed);
 	float *x = dweight ? operand("matmul_backward inp", inp, inp16, (size_t)N * C) : NULL;
 	float *w = dinp ? operand("matmul_backward weight", weight, weight16, (size_t)OC * C) : NULL;
 	if (dinp && dinp_set)
@@ -391,24 +381,32 @@ static void emu_swiglu_backward(struct gpu_backend *be, float *dgate, float *dup
 	free(tu);
 }
 
+/* bf16 logits are read widened (the CUDA kernels' fp32 math on them). */
+static void emu_crossentropy_forward(struct gpu_backend *be, float *losses, const float *logits,
+				     const gpu_bf16 *logits16, const int32_t *targets, int N, int V)
+{
+	float *tl;
+	const float *x = input(logits, logits16, (size_t)N * V, &tl);
+	crossentropy_forward(losses, x, targets, N, V);
+	free(tl);
+}
+
 static void emu_crossentropy_backward(struct gpu_backend *be, float *losses, float *dlogits,
 				      gpu_bf16 *dlogits16, const float *logits,
-				      const int32_t *targets, float dloss, int N, int V)
+				      const gpu_bf16 *logits16, const int32_t *targets, float dloss,
+				      int N, int V)
 {
+	/* the logits are all read (widened) before any gradient is written,
+	 * so either may be in place */
+	float *tl;
+	const float *x = input(logits, logits16, (size_t)N * V, &tl);
 	if (losses)
-		crossentropy_forward(losses, logits, targets, N, V);
+		crossentropy_forward(losses, x, targets, N, V);
 	float *tmp;
 	float *d = output(dlogits, (size_t)N * V, &tmp);
-	crossentropy_backward(d, logits, targets, dloss, N, V);
-	if (dlogits16 && (const void *)dlogits16 == (const void *)logits) {
-		/* in place over the logits (gpu/backend.h), every row read above */
-		assert(!dlogits);
-		for (int n = 0; n < N; n++)
-			bf16_round(dlogits16 + 2 * (size_t)n * V, d + (size_t)n * V, (size_t)V);
-		free(tmp);
-		return;
-	}
+	crossentropy_backward(d, x, targets, dloss, N, V);
 	finish(dlogits16, d, (size_t)N * V, tmp);
+	free(tl);
 }
 
 static void emu_adamw_update(struct gpu_backend *be, float *param, gpu_bf16 *param16,
@@ -452,6 +450,7 @@ static td_err emu_new(struct gpu_backend **out, bool flash, struct td_errbuf *eb
 	ops.swiglu_forward = emu_swiglu_forward;
 	ops.rope_forward = emu_rope_forward;
 	ops.swiglu_backward = emu_swiglu_backward;
+	ops.crossentropy_forward = emu_crossentropy_forward;
 	ops.crossentropy_backward = emu_crossentropy_backward;
 	ops.adamw_update = emu_adamw_update;
 	ops.nf4_dequantize = emu_nf4_dequantize;

@@ -499,7 +499,7 @@ static void test_real_shapes(void)
 		 * inside it. */
 		const struct tr_plan_buf *lb = tr_plan_find(&p, "scratch.layer_backward");
 		CHECK(lb != NULL);
-		CHECK(p.dlogits16_over && !tr_plan_find(&p, "scratch.dlogits16"));
+		CHECK(p.logits16 && !tr_plan_find(&p, "scratch.dlogits16"));
 		static const char *const attn[] = {"scratch.dy", "scratch.dq", "scratch.dk", "scratch.dv",
 						   "scratch.datt"};
 		static const char *const mlp[] = {"scratch.dh", "scratch.dgate16", "scratch.dup16"};
@@ -522,36 +522,41 @@ static void test_real_shapes(void)
 		for (int ph = 0; ph < 4; ph++)
 			most = sum[ph] > most ? sum[ph] : most;
 		CHECK(!lb || lb->bytes == most);
-		/* The head's chunk: min(TR_LOGITS_CHUNK_FLOATS / V,
-		 * ceil(TR_LOGITS_CHUNK_INPUTS / C)) rows (Llama-3-8B: 384,
-		 * Qwen2-0.5B: 1756, both by the inputs), or more where the other
-		 * phases' region holds more fp32 rows of V (fit: a multiple of
-		 * 64, within the floats bound), N split evenly over the chunks
-		 * of fit rows it takes (a multiple of 8, at most N). */
+		/* The head's chunk, of bf16 logits: twice min(TR_LOGITS_CHUNK_FLOATS
+		 * / V, ceil(TR_LOGITS_CHUNK_INPUTS / C)) rows (Llama-3-8B: 2 x 384,
+		 * Qwen2-0.5B: 2 x 1756, both by the inputs), N split evenly over
+		 * the chunks that takes (multiples of 8 rows, at most N); or more
+		 * where the other phases' region holds more bf16 rows of V (fit: a
+		 * multiple of 64, within the bytes of the floats bound), N split
+		 * evenly over the chunks of fit rows it takes. */
 		const size_t V = (size_t)cfg.vocab_size, N = (size_t)po.B * (size_t)po.T;
 		const size_t by_floats = TR_LOGITS_CHUNK_FLOATS / V;
 		const size_t by_inputs = (TR_LOGITS_CHUNK_INPUTS + (size_t)cfg.hidden_size - 1) /
 					 (size_t)cfg.hidden_size;
-		CHECK(by_inputs < by_floats);
+		CHECK(by_inputs < by_floats && 2 * by_inputs < N);
+		size_t chunks = (N + 2 * by_inputs - 1) / (2 * by_inputs);
+		size_t rows = ((N + chunks - 1) / chunks + 7) / 8 * 8;
 		size_t others = sum[0] > sum[1] ? sum[0] : sum[1];
 		others = sum[2] > others ? sum[2] : others;
-		size_t fit = others / (4 * V) < by_floats ? others / (4 * V) : by_floats;
+		const size_t by_bytes = 2 * TR_LOGITS_CHUNK_FLOATS / V; /* bf16 rows of 1 GiB */
+		size_t fit = others / (2 * V) < by_bytes ? others / (2 * V) : by_bytes;
 		fit = fit / 64 * 64;
-		size_t rows = by_inputs;
-		if (fit > by_inputs) {
-			size_t chunks = (N + fit - 1) / fit;
+		if (fit > rows) {
+			chunks = (N + fit - 1) / fit;
 			rows = ((N + chunks - 1) / chunks + 7) / 8 * 8;
 			rows = rows < N ? rows : N;
 		}
 		CHECK_EQ_INT(p.logits_rows, rows);
-		/* Qwen2-0.5B's logits chunk (1756 rows of 151936) outweighs a
-		 * layer's backward; Llama-3-8B's grows to what the region holds
-		 * (its LoRA MLP backward, all N rows: 1792 rows, so 5 chunks of
-		 * 1640) */
+		const struct tr_plan_buf *lg = tr_plan_find(&p, "scratch.logits");
+		CHECK(lg && lg->bytes == 2 * rows * V);
+		/* Qwen2-0.5B's logits chunk (3 chunks of 2736 rows of 151936)
+		 * outweighs a layer's backward; Llama-3-8B's grows to what the
+		 * region holds (its LoRA MLP backward, all N rows: 3584 bf16
+		 * rows, so 3 chunks of 2736) */
 		if (cfg.hidden_size == 4096)
-			CHECK(lb && most > sum[3] && p.logits_rows == 1640);
+			CHECK(lb && most > sum[3] && p.logits_rows == 2736);
 		else
-			CHECK(lb && most == sum[3] && p.logits_rows == 1756);
+			CHECK(lb && most == sum[3] && p.logits_rows == 2736);
 		CHECK(!tr_plan_find(&p, "scratch.lora_tmp")); /* LoRA's product is added by its GEMM */
 		tr_plan_fini(&p);
 		/* the same, stored fp32 (what an fp32 backend plans) */
