@@ -377,7 +377,8 @@ static void cu_rmsnorm_forward(struct gpu_backend *be, float *out, gpu_bf16 *out
 	launch_rows(cu_of(be), CU_K_rmsnorm_forward_f32, N, row_threads(C), args);
 }
 
-/* rmsnorm.cu's RMS_VEC, and the bounds on rmsnorm_backward_dw_f32's blocks:
+/* The most float4s a thread of rmsnorm.cu's backward holds (its kernels
+ * come in VEC 1, 2 and 4), and the bounds on rmsnorm_backward_dw's blocks:
  * at most RMS_FUSED_MAX_PARTS partial rows (bias_grad_f32 then sums at most
  * that many a column), at least RMS_FUSED_MIN_PARTS (else the one-pass row
  * kernel is too narrow a grid, unless N itself is smaller). */
@@ -385,7 +386,7 @@ static void cu_rmsnorm_forward(struct gpu_backend *be, float *out, gpu_bf16 *out
 #define RMS_FUSED_MAX_PARTS 1024
 #define RMS_FUSED_MIN_PARTS 256
 
-/* rmsnorm_backward_f32's vector path conditions, which the fused kernel
+/* rmsnorm_backward's vector path conditions, which the fused kernel
  * assumes: C a multiple of 4 that the block's float4 registers hold, every
  * row pointer 16-byte aligned. */
 static bool rms_fused_vec(const float *dinp, const float *dout, const float *inp,
@@ -393,6 +394,18 @@ static bool rms_fused_vec(const float *dinp, const float *dout, const float *inp
 {
 	return (C & 3) == 0 && C / 4 <= RMS_VEC * (int)threads &&
 	       (((uintptr_t)dinp | (uintptr_t)dout | (uintptr_t)inp | (uintptr_t)weight) & 15) == 0;
+}
+
+/* The backward kernels of the fewest float4s a thread that hold a row of
+ * C (VEC 1, 2 or 4: unused float4s would still take their registers and
+ * cut the blocks an SM holds); beyond 4, VEC 4's (its scalar path). */
+static void rms_kernels(int C, unsigned threads, enum cu_kernel *k, enum cu_kernel *kdw)
+{
+	const int f4 = (C / 4 + (int)threads - 1) / (int)threads;
+	*k = f4 <= 1 ? CU_K_rmsnorm_backward1_f32 : f4 <= 2 ? CU_K_rmsnorm_backward2_f32
+							     : CU_K_rmsnorm_backward4_f32;
+	*kdw = f4 <= 1 ? CU_K_rmsnorm_backward_dw1_f32 : f4 <= 2 ? CU_K_rmsnorm_backward_dw2_f32
+								 : CU_K_rmsnorm_backward_dw4_f32;
 }
 
 static void cu_rmsnorm_backward(struct gpu_backend *be, float *dinp, float *dweight,
@@ -403,8 +416,10 @@ static void cu_rmsnorm_backward(struct gpu_backend *be, float *dinp, float *dwei
 	if (N <= 0 || C <= 0)
 		return;
 	const unsigned threads = row_threads(C);
+	enum cu_kernel krow, kdw;
+	rms_kernels(C, threads, &krow, &kdw);
 	if (dweight && rms_fused_vec(dinp, dout, inp, weight, C, threads)) {
-		/* One pass (rmsnorm_backward_dw_f32): G blocks, each a partial row
+		/* One pass (rmsnorm_backward_dwV_f32): G blocks, each a partial row
 		 * of dweight in the scratch, added by bias_grad_f32 in block order.
 		 * G from N, C and the scratch only: the same order on every run
 		 * and device. At least RMS_FUSED_MIN_PARTS blocks, else the row
@@ -418,8 +433,7 @@ static void cu_rmsnorm_backward(struct gpu_backend *be, float *dinp, float *dwei
 			G = (size_t)N;
 		if (G >= RMS_FUSED_MIN_PARTS || G == (size_t)N) {
 			void *fargs[] = {&dinp, &part, &dout, &inp, &weight, &rstd, &N, &C};
-			cu_launch(cb, CU_K_rmsnorm_backward_dw_f32, dim1((unsigned)G), dim1(threads), 0,
-				  fargs);
+			cu_launch(cb, kdw, dim1((unsigned)G), dim1(threads), 0, fargs);
 			int P = (int)G, direct = 1;
 			const float *cpart = part;
 			void *cargs[] = {&dweight, &cpart, &P, &C, &P, &direct};
@@ -429,7 +443,7 @@ static void cu_rmsnorm_backward(struct gpu_backend *be, float *dinp, float *dwei
 		}
 	}
 	void *args[] = {&dinp, &dout, &inp, &weight, &rstd, &N, &C};
-	launch_rows(cb, CU_K_rmsnorm_backward_f32, N, threads, args);
+	launch_rows(cb, krow, N, threads, args);
 	if (!dweight)
 		return;
 	struct colsum_plan p = plan_colsum(cb, N, C);

@@ -7,7 +7,7 @@
  * dweight, a sum over all N rows, has an order fixed by the launch shape,
  * so the gradient is the same bits on every run: on the vector path each
  * block of the row pass keeps partial column sums of its rows and
- * bias_grad_f32 (matmul.cu) adds them up (rmsnorm_backward_dw_f32: one pass
+ * bias_grad_f32 (matmul.cu) adds them up (rmsnorm_backward_dwV_f32: one pass
  * over dout and inp); otherwise a separate column-sum kernel, either
  * straight into dweight or by chunks of rows into the backend's scratch
  * that colsum_reduce_f32 (matmul.cu) then adds in chunk order.
@@ -82,11 +82,17 @@ extern "C" __global__ void rmsnorm_forward_f32(float *out, __nv_bfloat16 *out16,
 
 /* dinp (N,C) += r*g - x * r^3 * mean(g*x), with g = weight*dout, r = rstd[n].
  * dinp may not alias dout or inp. The vector path as in the forward: the
- * row's x and g stay in registers between the dot product and the update. */
-extern "C" __global__ void rmsnorm_backward_f32(float *dinp, const float *dout, const float *inp,
-						const float *weight, const float *rstd, int N, int C)
+ * row's x and g stay in registers between the dot product and the update,
+ * VEC float4s a thread (the launcher's: the fewest that hold a row, so
+ * that the registers of unused ones do not cut the blocks an SM holds —
+ * at VEC 4, 56 of them a thread on sm_90). The float4s a thread holds are
+ * the same whatever VEC, and so are the sums. */
+template <int VEC>
+static __device__ __forceinline__ void rms_backward(float *dinp, const float *dout,
+						    const float *inp, const float *weight,
+						    const float *rstd, int N, int C)
 {
-	const bool vec = (C & 3) == 0 && C / 4 <= RMS_VEC * (int)blockDim.x &&
+	const bool vec = (C & 3) == 0 && C / 4 <= VEC * (int)blockDim.x &&
 			 (((uintptr_t)dinp | (uintptr_t)dout | (uintptr_t)inp | (uintptr_t)weight) & 15) == 0;
 	for (int n = blockIdx.x; n < N; n += gridDim.x) {
 		const float *x = inp + (size_t)n * C;
@@ -95,9 +101,9 @@ extern "C" __global__ void rmsnorm_backward_f32(float *dinp, const float *dout, 
 		const float r = rstd[n];
 		float dot = 0.0f;
 		if (vec) {
-			float4 xv[RMS_VEC], gv[RMS_VEC];
+			float4 xv[VEC], gv[VEC];
 #pragma unroll
-			for (int k = 0; k < RMS_VEC; k++) {
+			for (int k = 0; k < VEC; k++) {
 				const int i = threadIdx.x + k * blockDim.x;
 				if (i < C / 4) {
 					const float4 w = reinterpret_cast<const float4 *>(weight)[i];
@@ -111,7 +117,7 @@ extern "C" __global__ void rmsnorm_backward_f32(float *dinp, const float *dout, 
 			dot = cu_block_sum(dot);
 			const float kk = dot / (float)C * r * r * r;
 #pragma unroll
-			for (int k = 0; k < RMS_VEC; k++) {
+			for (int k = 0; k < VEC; k++) {
 				const int i = threadIdx.x + k * blockDim.x;
 				if (i < C / 4) {
 					float4 o = reinterpret_cast<float4 *>(dx)[i];
@@ -133,23 +139,25 @@ extern "C" __global__ void rmsnorm_backward_f32(float *dinp, const float *dout, 
 	}
 }
 
-/* rmsnorm_backward_f32's vector path with dweight's partial sums fused in:
- * block b takes rows b, b + G, b + 2G, ... (G = gridDim.x) and, beside each
- * row's dinp, adds dout * (inp * rstd) of its columns into registers, in
- * row order; at the end it writes its partial row part[b * C + c] (every
+/* rms_backward's vector path with dweight's partial sums fused in: block b
+ * takes rows b, b + G, b + 2G, ... (G = gridDim.x) and, beside each row's
+ * dinp, adds dout * (inp * rstd) of its columns into registers, in row
+ * order; at the end it writes its partial row part[b * C + c] (every
  * column, zeros where it had no rows). bias_grad_f32 then adds the G
  * partials to dweight in block order. The order is fixed by G, which the
- * launcher derives from N, C and the scratch alone, so dweight is the same
- * bits on every run; one pass over dout and inp instead of two. The
- * launcher uses it only where the vector path applies (its conditions
- * checked there, as rmsnorm_backward_f32's here). */
-extern "C" __global__ void rmsnorm_backward_dw_f32(float *dinp, float *part, const float *dout,
-						   const float *inp, const float *weight,
-						   const float *rstd, int N, int C)
+ * launcher derives from N, C and the scratch alone (not from VEC), so
+ * dweight is the same bits on every run; one pass over dout and inp
+ * instead of two. The launcher uses it only where the vector path applies
+ * (its conditions checked there, as rms_backward's here). */
+template <int VEC>
+static __device__ __forceinline__ void rms_backward_dw(float *dinp, float *part,
+						       const float *dout, const float *inp,
+						       const float *weight, const float *rstd, int N,
+						       int C)
 {
-	float4 wacc[RMS_VEC];
+	float4 wacc[VEC];
 #pragma unroll
-	for (int k = 0; k < RMS_VEC; k++)
+	for (int k = 0; k < VEC; k++)
 		wacc[k] = make_float4(0.f, 0.f, 0.f, 0.f);
 	for (int n = blockIdx.x; n < N; n += gridDim.x) {
 		const float *x = inp + (size_t)n * C;
@@ -157,9 +165,9 @@ extern "C" __global__ void rmsnorm_backward_dw_f32(float *dinp, float *part, con
 		float *dx = dinp + (size_t)n * C;
 		const float r = rstd[n];
 		float dot = 0.0f;
-		float4 xv[RMS_VEC], gv[RMS_VEC];
+		float4 xv[VEC], gv[VEC];
 #pragma unroll
-		for (int k = 0; k < RMS_VEC; k++) {
+		for (int k = 0; k < VEC; k++) {
 			const int i = threadIdx.x + k * blockDim.x;
 			if (i < C / 4) {
 				const float4 w = reinterpret_cast<const float4 *>(weight)[i];
@@ -177,7 +185,7 @@ extern "C" __global__ void rmsnorm_backward_dw_f32(float *dinp, float *part, con
 		dot = cu_block_sum(dot);
 		const float kk = dot / (float)C * r * r * r;
 #pragma unroll
-		for (int k = 0; k < RMS_VEC; k++) {
+		for (int k = 0; k < VEC; k++) {
 			const int i = threadIdx.x + k * blockDim.x;
 			if (i < C / 4) {
 				float4 o = reinterpret_cast<float4 *>(dx)[i];
@@ -190,12 +198,29 @@ extern "C" __global__ void rmsnorm_backward_dw_f32(float *dinp, float *part, con
 		}
 	}
 #pragma unroll
-	for (int k = 0; k < RMS_VEC; k++) {
+	for (int k = 0; k < VEC; k++) {
 		const int i = threadIdx.x + k * blockDim.x;
 		if (i < C / 4)
 			reinterpret_cast<float4 *>(part + (size_t)blockIdx.x * C)[i] = wacc[k];
 	}
 }
+
+#define RMS_BWD(V)                                                                              \
+	extern "C" __global__ void rmsnorm_backward##V##_f32(float *dinp, const float *dout,     \
+							       const float *inp, const float *weight, \
+							       const float *rstd, int N, int C)       \
+	{                                                                                       \
+		rms_backward<V>(dinp, dout, inp, weight, rstd, N, C);                           \
+	}                                                                                       \
+	extern "C" __global__ void rmsnorm_backward_dw##V##_f32(                                \
+		float *dinp, float *part, const float *dout, const float *inp, const float *weight, \
+		const float *rstd, int N, int C)                                                \
+	{                                                                                       \
+		rms_backward_dw<V>(dinp, part, dout, inp, weight, rstd, N, C);                  \
+	}
+RMS_BWD(1)
+RMS_BWD(2)
+RMS_BWD(4)
 
 /* dweight (C) = sum over rows of dout * (inp * rstd), by column tiles: block
  * (32, BY <= 32), grid (ceil(C/32), P). Tile (x, p) sums rows

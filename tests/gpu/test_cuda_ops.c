@@ -356,10 +356,12 @@ static void test_rmsnorm(void)
 	 * 256}), several ({2048, 896}: 2 a block of 1024; {3000, 4096}: the
 	 * scratch holds 256 partial rows, ~12 a block). Otherwise the separate
 	 * column sum: N >= 256 splits it into parts (when the backend's scratch
-	 * has room); N < 128 keeps one. */
+	 * has room); N < 128 keeps one. A thread holds one float4 of a row up
+	 * to C 1024 (C / 4 of the 256 or 512 threads a row), two at 4096, four
+	 * at 6144 (three used) and 8192: each kernel of the backward's. */
 	static const struct { int N, C; } cases[] = {
 		{ 1, 1 }, { 5, 8 }, { 10, 67 }, { 64, 896 }, { 1024, 256 }, { 300, 4096 },
-		{ 4100, 33 }, { 2048, 896 }, { 3000, 4096 },
+		{ 4100, 33 }, { 2048, 896 }, { 3000, 4096 }, { 64, 6144 }, { 300, 8192 },
 	};
 	const float eps = 1e-6f;
 	op_begin();
