@@ -8,7 +8,8 @@ void gpu_backend_check_ops(const struct gpu_backend_ops *o)
 	assert(o->host_alloc && o->host_free && o->copy_async && o->copy_wait);
 	assert(o->embedding_forward && o->embedding_backward && o->embedding_forward_part &&
 	       o->embedding_backward_part && o->rmsnorm_forward &&
-	       o->rmsnorm_backward && o->matmul_forward && o->matmul_forward_add && o->matmul_backward && o->rope_forward &&
+	       o->rmsnorm_backward && o->matmul_forward && o->matmul_forward_add && o->matmul_forward_residual &&
+	       o->matmul_backward && o->rope_forward &&
 	       o->rope_backward && o->attention_flash && o->gemm_bf16 && o->attention_forward && o->attention_backward &&
 	       o->swiglu_forward && o->swiglu_backward && o->residual_forward &&
 	       o->crossentropy_forward && o->crossentropy_backward && o->adamw_update &&

@@ -163,6 +163,17 @@ struct gpu_backend_ops {
 	void (*matmul_forward_add)(struct gpu_backend *be, float *out, gpu_bf16 *out16,
 				   const float *inp, const gpu_bf16 *inp16, const float *weight,
 				   const gpu_bf16 *weight16, int N, int C, int OC);
+	/* out (N,OC) = res + inp (N,C) @ weight (OC,C)^T, fp32, no bias: the
+	 * residual stream's add (res the layer's input, out the next one),
+	 * each element res plus the product's fp32 sum in one rounding, as
+	 * matmul_forward then residual_forward give. out != res; operands as
+	 * matmul_forward_add's. Where the GEMM can take its addend apart from
+	 * its output (CUDA's cuBLASLt) one pass writes out; else res is
+	 * copied to out and the product added. */
+	void (*matmul_forward_residual)(struct gpu_backend *be, float *out, const float *res,
+					const float *inp, const gpu_bf16 *inp16,
+					const float *weight, const gpu_bf16 *weight16, int N, int C,
+					int OC);
 	/* out16: twin of out, or NULL; out may be NULL when it is not (the
 	 * fused attention's q16, k16 written from the fp32 product). */
 	void (*rope_forward)(struct gpu_backend *be, float *out, gpu_bf16 *out16, const float *inp,
@@ -485,6 +496,13 @@ static inline void gpu_matmul_forward_add(struct gpu_backend *be, float *out, gp
 					  int OC)
 {
 	GPU_OP_(matmul_forward_add, out, out16, inp, inp16, weight, weight16, N, C, OC);
+}
+static inline void gpu_matmul_forward_residual(struct gpu_backend *be, float *out,
+					       const float *res, const float *inp,
+					       const gpu_bf16 *inp16, const float *weight,
+					       const gpu_bf16 *weight16, int N, int C, int OC)
+{
+	GPU_OP_(matmul_forward_residual, out, res, inp, inp16, weight, weight16, N, C, OC);
 }
 static inline void gpu_matmul_backward(struct gpu_backend *be, float *dinp, float *dweight,
 				       float *dbias, const float *dout, const gpu_bf16 *dout16,

@@ -205,6 +205,14 @@ static void cpu_matmul_forward_add(struct gpu_backend *be, float *out, gpu_bf16 
 	assert(out && inp && weight && !out16 && !inp16 && !weight16);
 	matmul_forward_add(out, inp, weight, N, C, OC);
 }
+static void cpu_matmul_forward_residual(struct gpu_backend *be, float *out, const float *res,
+					const float *inp, const gpu_bf16 *inp16, const float *weight,
+					const gpu_bf16 *weight16, int N, int C, int OC)
+{
+	assert(out != res);
+	memcpy(out, res, (size_t)N * (size_t)OC * sizeof(float));
+	be->ops->matmul_forward_add(be, out, NULL, inp, inp16, weight, weight16, N, C, OC);
+}
 static void cpu_matmul_backward(struct gpu_backend *be, float *dinp, float *dweight, float *dbias,
 				const float *dout, const gpu_bf16 *dout16, const float *inp,
 				const gpu_bf16 *inp16, const float *weight, const gpu_bf16 *weight16,
@@ -374,6 +382,7 @@ static const struct gpu_backend_ops cpu_ops = {
 	.rmsnorm_backward = cpu_rmsnorm_backward,
 	.matmul_forward = cpu_matmul_forward,
 	.matmul_forward_add = cpu_matmul_forward_add,
+	.matmul_forward_residual = cpu_matmul_forward_residual,
 	.matmul_backward = cpu_matmul_backward,
 	.rope_forward = cpu_rope_forward,
 	.rope_backward = cpu_rope_backward,

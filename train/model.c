@@ -1087,6 +1087,26 @@ static void linear_forward(struct tr_model *m, int l, int k, float *out, gpu_bf1
 	gpu_matmul_forward_add(be, out, NULL, L->u, NULL, L->B, L->B16, N, R, L->out);
 }
 
+/* out = res + projection k of layer l (the residual stream's add after
+ * o and down): one op where the bf16 mode's GEMM takes the addend apart
+ * from its output (gpu/backend.h: matmul_forward_residual), else the
+ * product into tmp and residual_forward — and so with a bias or an adapter
+ * on the projection, and in the fp32 mode, whose ops stay the CPU's. */
+static void linear_forward_residual(struct tr_model *m, int l, int k, float *out,
+				    const float *res, float *tmp, const float *inp,
+				    const gpu_bf16 *inp16)
+{
+	const struct lin *L = &m->lin[l][k];
+	if (m->plan.opts.gemm_bf16 && !L->b && !L->lora) {
+		const struct wref w = weight_of(m, L->wp);
+		gpu_matmul_forward_residual(m->be, out, res, inp, inp16, w.f, w.h,
+					    m->plan.opts.B * m->plan.opts.T, L->in, L->out);
+		return;
+	}
+	linear_forward(m, l, k, tmp, NULL, inp, inp16);
+	gpu_residual_forward(m->be, out, res, tmp, (size_t)m->plan.opts.B * m->plan.opts.T * L->out);
+}
+
 /* dinp (N, in) += d/dinp (set: = instead, the old values never read);
  * weight, bias and adapter gradients += where they train. dout16, inp16:
  * bf16 twins or NULL (the fp32 tensor may then be NULL: gpu/backend.h; a bias
@@ -1258,9 +1278,10 @@ static void layer_forward(struct tr_model *m, int l, bool recompute)
 	if (!recompute || !m->plan.opts.attention_lse || (prod && !m->att_host))
 		gpu_attention_forward(be, a->y, a->y16, a->att, a->q, a->q16, a->k, a->k16, a->v, a->v16,
 				      B, T, NH, NKV, HS);
-	project(m, l, TR_LIN_O, prod, m->dln, NULL, a->y, a->y16);
 	if (prod)
-		gpu_residual_forward(be, a->res_mid, m->res[l], m->dln, (size_t)N * C);
+		linear_forward_residual(m, l, TR_LIN_O, a->res_mid, m->res[l], m->dln, a->y, a->y16);
+	else
+		project(m, l, TR_LIN_O, prod, m->dln, NULL, a->y, a->y16);
 
 	gpu_rmsnorm_forward(be, a->ln2, a->ln2_16, a->ln2_rstd, a->res_mid, w->ln2, N, C, eps);
 	project(m, l, TR_LIN_GATE, prod, a->gate, a->gate16, a->ln2, a->ln2_16);
@@ -1270,8 +1291,7 @@ static void layer_forward(struct tr_model *m, int l, bool recompute)
 		lora_input(m, l, TR_LIN_DOWN, a->h, a->h16, prod);
 		return;
 	}
-	linear_forward(m, l, TR_LIN_DOWN, m->dln, NULL, a->h, a->h16);
-	gpu_residual_forward(be, m->res[l + 1], a->res_mid, m->dln, (size_t)N * C);
+	linear_forward_residual(m, l, TR_LIN_DOWN, m->res[l + 1], a->res_mid, m->dln, a->h, a->h16);
 }
 
 /* Checks ids (and, for a causal head, labels into host_targets) before

@@ -460,6 +460,15 @@ static void cuda_destroy(struct gpu_backend *be)
 		if (cb->stream)
 			cb->drv.cuStreamSynchronize(cb->stream);
 		cu_prof_close(cb);
+		for (int i = 0; i < cb->lt_nplans; i++) {
+			struct cu_lt_plan *lp = &cb->lt_plans[i];
+			cublasLtMatrixLayoutDestroy(lp->lc);
+			cublasLtMatrixLayoutDestroy(lp->lb);
+			cublasLtMatrixLayoutDestroy(lp->la);
+			cublasLtMatmulDescDestroy(lp->desc);
+		}
+		if (cb->lt)
+			cublasLtDestroy(cb->lt);
 		if (cb->blas)
 			cublasDestroy(cb->blas);
 		if (cb->reduce_buf)
@@ -829,6 +838,10 @@ static td_err backend_new(struct gpu_backend **out, int ordinal, const char *cac
 			s = cublasSetMathMode(cb->blas, CUBLAS_PEDANTIC_MATH);
 		if (s != CUBLAS_STATUS_SUCCESS)
 			e = td_fail(eb, TD_EDEVICE, "cuBLAS: %s", cublasGetStatusName(s));
+		/* optional: without it a product with a residual addend takes a
+		 * copy and cuBLAS (cuda_ops.c: lt_gemm_add) */
+		if (e == TD_OK && cublasLtCreate(&cb->lt) != CUBLAS_STATUS_SUCCESS)
+			cb->lt = NULL;
 	}
 	if (e == TD_OK) {
 		/* 512K doubles: enough partials for the column sums of any width. */

@@ -15,6 +15,7 @@
 #define GPU_CUDA_CUDA_INTERNAL_H
 
 #include <cublas_v2.h>
+#include <cublasLt.h>
 #include <cuda.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -71,6 +72,8 @@ struct cu_dim {
 	unsigned x, y, z;
 };
 
+#define CU_LT_PLANS 16 /* a model's shapes of products with a residual addend */
+
 struct cu_backend {
 	struct gpu_backend base; /* first: the engine holds a struct gpu_backend * */
 	struct cu_driver drv;
@@ -92,6 +95,18 @@ struct cu_backend {
 	char name[256];
 	char uuid[37];
 	cublasHandle_t blas;
+	/* cuBLASLt, for the products whose output is not their addend
+	 * (cuda_ops.c: lt_gemm_add); NULL where it could not be created (the
+	 * ops then take another way). Its plans by shape, made once each. */
+	cublasLtHandle_t lt;
+	struct cu_lt_plan {
+		int m, n, k;
+		bool ok; /* an algorithm was found */
+		cublasLtMatmulDesc_t desc;
+		cublasLtMatrixLayout_t la, lb, lc;
+		cublasLtMatmulAlgo_t algo;
+	} lt_plans[CU_LT_PLANS];
+	int lt_nplans;
 	/* The first error of an asynchronous op: sticky until reported by sync. */
 	CUresult first_error;
 	char first_error_where[128];

@@ -24,6 +24,7 @@
 #include <assert.h>
 #include <math.h>
 #include <stdio.h>
+#include <string.h>
 
 #include "gpu/cuda/cuda_internal.h"
 
@@ -521,6 +522,92 @@ static void cu_matmul_forward_add(struct gpu_backend *be, float *out, gpu_bf16 *
 	}
 	sgemm(cb, "matmul_forward_add: cublasSgemm", OP_T, OP_N, OC, N, C, 1.0f, weight, weight16,
 	      C, inp, inp16, C, 1.0f, out, OC);
+}
+
+/* cuBLASLt's plan for D (m, n) = A^T (m, k) B (k, n) + C, column-major, A
+ * and B bf16 (lda = ldb = k), C and D fp32 (ldc = m): made the first time
+ * the backend sees the shape (the heuristic's first algorithm, within the
+ * cuBLAS workspace), NULL where there is no handle, no room for another
+ * shape or no algorithm. */
+static const struct cu_lt_plan *lt_plan(struct cu_backend *cb, int m, int n, int k)
+{
+	if (!cb->lt)
+		return NULL;
+	for (int i = 0; i < cb->lt_nplans; i++) {
+		const struct cu_lt_plan *lp = &cb->lt_plans[i];
+		if (lp->m == m && lp->n == n && lp->k == k)
+			return lp->ok ? lp : NULL;
+	}
+	if (cb->lt_nplans == CU_LT_PLANS)
+		return NULL;
+	struct cu_lt_plan *lp = &cb->lt_plans[cb->lt_nplans];
+	memset(lp, 0, sizeof(*lp));
+	lp->m = m, lp->n = n, lp->k = k;
+	const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
+	cublasLtMatmulPreference_t pref = NULL;
+	cublasLtMatmulHeuristicResult_t res;
+	int found = 0;
+	const size_t ws = cb->blas_ws_bytes;
+	if (cublasLtMatmulDescCreate(&lp->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F) ||
+	    cublasLtMatmulDescSetAttribute(lp->desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)) ||
+	    cublasLtMatmulDescSetAttribute(lp->desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)) ||
+	    cublasLtMatrixLayoutCreate(&lp->la, CUDA_R_16BF, (uint64_t)k, (uint64_t)m, k) ||
+	    cublasLtMatrixLayoutCreate(&lp->lb, CUDA_R_16BF, (uint64_t)k, (uint64_t)n, k) ||
+	    cublasLtMatrixLayoutCreate(&lp->lc, CUDA_R_32F, (uint64_t)m, (uint64_t)n, m) ||
+	    cublasLtMatmulPreferenceCreate(&pref) ||
+	    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws,
+						 sizeof(ws)) ||
+	    cublasLtMatmulAlgoGetHeuristic(cb->lt, lp->desc, lp->la, lp->lb, lp->lc, lp->lc, pref, 1,
+					   &res, &found) ||
+	    found < 1) {
+		lp->ok = false;
+	} else {
+		lp->ok = true;
+		lp->algo = res.algo;
+	}
+	if (pref)
+		cublasLtMatmulPreferenceDestroy(pref);
+	cb->lt_nplans++; /* kept either way: destroyed with the backend, not asked again */
+	return lp->ok ? lp : NULL;
+}
+
+/* out (N,OC) = res + inp (N,C) W^T (OC,C), out != res: where the GEMM can
+ * take its addend apart from its output (cuBLASLt, the bf16 mode: C = res,
+ * D = out), one pass writes out, and each element is res plus the
+ * product's fp32 sum in one rounding, as matmul_forward_add's epilogue and
+ * as the product and residual_forward give; else res is copied to out and
+ * matmul_forward_add adds the product. */
+static void cu_matmul_forward_residual(struct gpu_backend *be, float *out, const float *res,
+				       const float *inp, const gpu_bf16 *inp16,
+				       const float *weight, const gpu_bf16 *weight16, int N, int C,
+				       int OC)
+{
+	struct cu_backend *cb = cu_of(be);
+	const size_t no = (size_t)N * (size_t)OC;
+	size_t nw = weight16 ? 0 : (size_t)OC * C, nx = inp16 ? 0 : (size_t)N * C;
+	const struct cu_lt_plan *lp = NULL;
+	if (out != res && N > 0 && OC > 0 && C > 0 && !cb->fp32_strict &&
+	    scratch_fits(cb, gpu_gemm_slot(nw) + nx))
+		lp = lt_plan(cb, OC, N, C);
+	if (!lp) {
+		if (out != res && no > 0)
+			cu_check(cb, cb->drv.cuMemcpyDtoDAsync((CUdeviceptr)(uintptr_t)out,
+							       (CUdeviceptr)(uintptr_t)res,
+							       no * sizeof(float), cb->stream),
+				 "cuMemcpyDtoDAsync (matmul_forward_residual)");
+		cu_matmul_forward_add(be, out, NULL, inp, inp16, weight, weight16, N, C, OC);
+		return;
+	}
+	uint16_t *slot = cb->base.gemm_scratch;
+	const uint16_t *w16 = weight16 ? weight16 : round_into(cb, slot, weight, nw);
+	const uint16_t *x16 = inp16 ? inp16 : round_into(cb, slot + gpu_gemm_slot(nw), inp, nx);
+	const float one = 1.0f;
+	cu_prof_begin(cb);
+	cu_check_blas(cb, cublasLtMatmul(cb->lt, lp->desc, &one, w16, lp->la, x16, lp->lb, &one, res,
+					 lp->lc, out, lp->lc, &lp->algo, cb->blas_ws, cb->blas_ws_bytes,
+					 (cudaStream_t)cb->stream),
+		      "matmul_forward_residual: cublasLtMatmul");
+	cu_prof_end(cb, "matmul_forward_residual: cublasLtMatmul %dx%dx%d", OC, N, C);
 }
 
 /* dinp (N,C) += dout (N,OC) W (OC,C): column-major dinp^T = W^T dout^T.
@@ -1132,6 +1219,7 @@ void cu_ops_fill(struct gpu_backend_ops *ops)
 	ops->rmsnorm_backward = cu_rmsnorm_backward;
 	ops->matmul_forward = cu_matmul_forward;
 	ops->matmul_forward_add = cu_matmul_forward_add;
+	ops->matmul_forward_residual = cu_matmul_forward_residual;
 	ops->matmul_backward = cu_matmul_backward;
 	ops->rope_forward = cu_rope_forward;
 	ops->rope_backward = cu_rope_backward;

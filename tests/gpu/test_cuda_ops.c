@@ -436,6 +436,12 @@ static void test_matmul(void)
 		float *d_acc = dputf(acc0, nout);
 		gpu_matmul_forward_add(be, d_acc, NULL, d_inp, NULL, d_weight, NULL, N, C, OC);
 		expect_red("out (add)", hget(d_acc, nout), acc, nout, C + 1);
+		/* out = res + inp @ weight^T (the residual stream's add): the same
+		 * sums into another buffer, res untouched */
+		float *d_res = dputf(acc0, nout), *d_ro = dnan(nout);
+		gpu_matmul_forward_residual(be, d_ro, d_res, d_inp, NULL, d_weight, NULL, N, C, OC);
+		expect_red("out (residual)", hget(d_ro, nout), acc, nout, C + 1);
+		expect_exact("res (the residual's addend)", hget(d_res, nout), acc0, nout);
 
 		/* Backward: all three outputs, then each alone (the others NULL). */
 		float *dout = frand(nout, 1.0, 0.0);
@@ -610,6 +616,17 @@ static void test_matmul_bf16(void)
 		float *d_acc = dputf(acc0, nout);
 		gpu_matmul_forward_add(be, d_acc, NULL, d_inp, NULL, NULL, d_w16, N, C, OC);
 		expect_red("out (add, bf16-only weight)", hget(d_acc, nout), acc, nout, C + 1);
+		/* the residual stream's add (cuBLASLt: its addend apart from its
+		 * output), the input rounded into the scratch, then both twins */
+		float *d_res = dputf(acc0, nout), *d_ro = dnan(nout);
+		gpu_matmul_forward_residual(be, d_ro, d_res, d_inp, NULL, NULL, d_w16, N, C, OC);
+		expect_red("out (residual, bf16-only weight)", hget(d_ro, nout), acc, nout, C + 1);
+		expect_exact("res (the residual's addend)", hget(d_res, nout), acc0, nout);
+		SCRATCH(false, false, false, true, true, false);
+		float *d_ro2 = dnan(nout);
+		gpu_matmul_forward_residual(be, d_ro2, d_res, NULL, d_inp16, NULL, d_w16, N, C, OC);
+		expect_red("out (residual, both twins)", hget(d_ro2, nout), acc, nout, C + 1);
+		SCRATCH(false, false, false, true, false, false);
 		/* ...onto a bf16 out (a LoRA gate/up): the old bf16 values widened,
 		 * the fp32 product added, the sum rounded once — the CPU's fp32 sum
 		 * to within one bf16 step (rounding, and another kernel's order of
