@@ -141,11 +141,15 @@ struct gpu_backend_ops {
 	 * overwrites dinp (GPU_SET_DINP; true converts to it) and/or dweight
 	 * (GPU_SET_DWEIGHT) instead of adding to them (no zeroing pass, no read
 	 * of the old values; an overwrite may leave -0 where 0 + -0 gave +0,
-	 * which no sum or AdamW step tells apart); dbias always accumulates. */
+	 * which no sum or AdamW step tells apart); dbias always accumulates.
+	 * matmul_backward's dinp16: the input's gradient written in bf16
+	 * instead (dinp NULL; GPU_SET_DINP: a bf16 output is overwritten, not
+	 * added to; the bf16 mode). */
 	void (*matmul_forward)(struct gpu_backend *be, float *out, gpu_bf16 *out16,
 			       const float *inp, const gpu_bf16 *inp16, const float *weight,
 			       const gpu_bf16 *weight16, const float *bias, int N, int C, int OC);
-	void (*matmul_backward)(struct gpu_backend *be, float *dinp, float *dweight, float *dbias,
+	void (*matmul_backward)(struct gpu_backend *be, float *dinp, gpu_bf16 *dinp16,
+				float *dweight, float *dbias,
 				const float *dout, const gpu_bf16 *dout16, const float *inp,
 				const gpu_bf16 *inp16, const float *weight,
 				const gpu_bf16 *weight16, int N, int C, int OC, unsigned set);
@@ -213,13 +217,15 @@ struct gpu_backend_ops {
 				   int T, int NH, int NKV, int HS);
 	/* Twins: out16, dgate16, dup16, or NULL; each fp32 output may be NULL
 	 * when its twin is not. gate and up are read in fp32, or (gate NULL and
-	 * up NULL) from gate16 and up16, a product kept in bf16 only. */
+	 * up NULL) from gate16 and up16, a product kept in bf16 only; the
+	 * backward's dout likewise, or (dout NULL) from dout16. */
 	void (*swiglu_forward)(struct gpu_backend *be, float *out, gpu_bf16 *out16,
 			       const float *gate, const float *up, const gpu_bf16 *gate16,
 			       const gpu_bf16 *up16, size_t n);
 	void (*swiglu_backward)(struct gpu_backend *be, float *dgate, float *dup,
 				gpu_bf16 *dgate16, gpu_bf16 *dup16, const float *dout,
-				const float *gate, const float *up, const gpu_bf16 *gate16,
+				const gpu_bf16 *dout16, const float *gate, const float *up,
+				const gpu_bf16 *gate16,
 				const gpu_bf16 *up16, size_t n);
 	void (*residual_forward)(struct gpu_backend *be, float *out, const float *a, const float *b,
 				 size_t n);
@@ -504,14 +510,15 @@ static inline void gpu_matmul_forward_residual(struct gpu_backend *be, float *ou
 {
 	GPU_OP_(matmul_forward_residual, out, res, inp, inp16, weight, weight16, N, C, OC);
 }
-static inline void gpu_matmul_backward(struct gpu_backend *be, float *dinp, float *dweight,
-				       float *dbias, const float *dout, const gpu_bf16 *dout16,
-				       const float *inp, const gpu_bf16 *inp16, const float *weight,
+static inline void gpu_matmul_backward(struct gpu_backend *be, float *dinp, gpu_bf16 *dinp16,
+				       float *dweight, float *dbias, const float *dout,
+				       const gpu_bf16 *dout16, const float *inp,
+				       const gpu_bf16 *inp16, const float *weight,
 				       const gpu_bf16 *weight16, int N, int C, int OC,
 				       unsigned set)
 {
-	GPU_OP_(matmul_backward, dinp, dweight, dbias, dout, dout16, inp, inp16, weight, weight16,
-		N, C, OC, set);
+	GPU_OP_(matmul_backward, dinp, dinp16, dweight, dbias, dout, dout16, inp, inp16, weight,
+		weight16, N, C, OC, set);
 }
 static inline void gpu_rope_forward(struct gpu_backend *be, float *out, gpu_bf16 *out16,
 				    const float *inp, const float *cos, const float *sin, int B,
@@ -595,10 +602,10 @@ static inline void gpu_swiglu_forward(struct gpu_backend *be, float *out, gpu_bf
 }
 static inline void gpu_swiglu_backward(struct gpu_backend *be, float *dgate, float *dup,
 				       gpu_bf16 *dgate16, gpu_bf16 *dup16, const float *dout,
-				       const float *gate, const float *up, const gpu_bf16 *gate16,
-				       const gpu_bf16 *up16, size_t n)
+				       const gpu_bf16 *dout16, const float *gate, const float *up,
+				       const gpu_bf16 *gate16, const gpu_bf16 *up16, size_t n)
 {
-	GPU_OP_(swiglu_backward, dgate, dup, dgate16, dup16, dout, gate, up, gate16, up16,
+	GPU_OP_(swiglu_backward, dgate, dup, dgate16, dup16, dout, dout16, gate, up, gate16, up16,
 		n);
 }
 static inline void gpu_residual_forward(struct gpu_backend *be, float *out, const float *a,

@@ -213,12 +213,13 @@ static void cpu_matmul_forward_residual(struct gpu_backend *be, float *out, cons
 	memcpy(out, res, (size_t)N * (size_t)OC * sizeof(float));
 	be->ops->matmul_forward_add(be, out, NULL, inp, inp16, weight, weight16, N, C, OC);
 }
-static void cpu_matmul_backward(struct gpu_backend *be, float *dinp, float *dweight, float *dbias,
+static void cpu_matmul_backward(struct gpu_backend *be, float *dinp, gpu_bf16 *dinp16,
+				float *dweight, float *dbias,
 				const float *dout, const gpu_bf16 *dout16, const float *inp,
 				const gpu_bf16 *inp16, const float *weight, const gpu_bf16 *weight16,
 				int N, int C, int OC, unsigned set)
 {
-	assert(dout && inp && !dout16 && !inp16 && !weight16 && (weight || !dinp));
+	assert(dout && inp && !dinp16 && !dout16 && !inp16 && !weight16 && (weight || !dinp));
 	if (dinp && (set & GPU_SET_DINP) && N > 0 && C > 0)
 		memset(dinp, 0, sizeof(float) * (size_t)N * (size_t)C);
 	if (dweight && (set & GPU_SET_DWEIGHT) && OC > 0 && C > 0)
@@ -275,10 +276,11 @@ static void cpu_swiglu_forward(struct gpu_backend *be, float *out, gpu_bf16 *out
 }
 static void cpu_swiglu_backward(struct gpu_backend *be, float *dgate, float *dup,
 				gpu_bf16 *dgate16, gpu_bf16 *dup16, const float *dout,
-				const float *gate, const float *up, const gpu_bf16 *gate16,
-				const gpu_bf16 *up16, size_t n)
+				const gpu_bf16 *dout16, const float *gate, const float *up,
+				const gpu_bf16 *gate16, const gpu_bf16 *up16, size_t n)
 {
-	assert(dgate && dup && gate && up && !dgate16 && !dup16 && !gate16 && !up16);
+	assert(dgate && dup && dout && gate && up && !dgate16 && !dup16 && !dout16 && !gate16 &&
+	       !up16);
 	swiglu_backward(dgate, dup, dout, gate, up, n);
 }
 static void cpu_residual_forward(struct gpu_backend *be, float *out, const float *a,

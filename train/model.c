@@ -174,6 +174,7 @@ struct tr_model {
 	float *q32, *k32, *v32;          /* q, k, v in fp32 for the layer being computed (q16 ...) */
 	size_t gemm_bf16_bytes;
 	gpu_bf16 *dgate16, *dup16; /* bf16 mode: the gradients the products read */
+	gpu_bf16 *dh16;            /* plan.dh16: d(h) in bf16 (dh NULL) */
 	/* plan.logits16: the causal head's logits in bf16, and then their
 	 * gradient over them (logits NULL) */
 	gpu_bf16 *logits16;
@@ -552,6 +553,7 @@ static void bind(struct tr_model *m)
 	m->gemm_bf16_bytes = gb ? gb->bytes : 0;
 	m->dgate16 = buf(m, "scratch.dgate16");
 	m->dup16 = buf(m, "scratch.dup16");
+	m->dh16 = buf(m, "scratch.dh16");
 	if (m->plan.logits16) {
 		m->logits16 = (gpu_bf16 *)m->logits;
 		m->logits = NULL;
@@ -1111,51 +1113,56 @@ static void linear_forward_residual(struct tr_model *m, int l, int k, float *out
  * weight, bias and adapter gradients += where they train. dout16, inp16:
  * bf16 twins or NULL (the fp32 tensor may then be NULL: gpu/backend.h; a bias
  * gradient needs dout). */
-static void linear_backward_rows(struct tr_model *m, int l, int k, float *dinp, bool set,
-				 const float *dout, const gpu_bf16 *dout16, const float *inp,
-				 const gpu_bf16 *inp16, int n, bool first);
+static void linear_backward_rows(struct tr_model *m, int l, int k, float *dinp,
+				 gpu_bf16 *dinp16, bool set, const float *dout,
+				 const gpu_bf16 *dout16, const float *inp, const gpu_bf16 *inp16, int n,
+				 bool first);
 
 static void linear_backward(struct tr_model *m, int l, int k, float *dinp, bool set,
 			    const float *dout, const gpu_bf16 *dout16, const float *inp,
 			    const gpu_bf16 *inp16)
 {
-	linear_backward_rows(m, l, k, dinp, set, dout, dout16, inp, inp16,
+	linear_backward_rows(m, l, k, dinp, NULL, set, dout, dout16, inp, inp16,
 			     m->plan.opts.B * m->plan.opts.T, true);
 }
 
 /* ... over n rows (every row, N, where the projection has an adapter:
- * its kept u and dropout masks are the whole batch's); the weight's and
+ * its kept u and dropout masks are the whole batch's), dinp in bf16 where
+ * dinp16 is given instead (set, no adapter); the weight's and
  * bias's gradients are added to, so rows taken in parts sum in parts —
  * but first (the micro-batch's first rows) overwrites a weight's gradient
  * where the plan says so (tr_plan_dw_overwritten: its work buffer was not
  * zeroed). */
-static void linear_backward_rows(struct tr_model *m, int l, int k, float *dinp, bool set,
-				 const float *dout, const gpu_bf16 *dout16, const float *inp,
-				 const gpu_bf16 *inp16, int n, bool first)
+static void linear_backward_rows(struct tr_model *m, int l, int k, float *dinp,
+				 gpu_bf16 *dinp16, bool set, const float *dout,
+				 const gpu_bf16 *dout16, const float *inp, const gpu_bf16 *inp16, int n,
+				 bool first)
 {
 	struct gpu_backend *be = m->be;
 	const struct lin *L = &m->lin[l][k];
 	const int N = m->plan.opts.B * m->plan.opts.T, R = m->plan.opts.lora_rank;
 	assert(dout || !L->db);
 	assert(n == N || !L->lora);
+	assert(!dinp16 || (!dinp && set && !L->lora));
 	const struct wref w = weight_of(m, L->wp);
 	const bool sharded = tr_shard_grads(m->plan.opts.shard, m->plan.opts.shard_ranks);
 	const bool dw_set = first && L->dw && (sharded || m->fresh) &&
 			    tr_plan_dw_overwritten(&m->plan, L->wp);
-	gpu_matmul_backward(be, dinp, L->dw, L->db, dout, dout16, inp, inp16, w.f, w.h, n, L->in,
-			    L->out, (set ? GPU_SET_DINP : 0u) | (dw_set ? GPU_SET_DWEIGHT : 0u));
+	gpu_matmul_backward(be, dinp, dinp16, L->dw, L->db, dout, dout16, inp, inp16, w.f, w.h, n,
+			    L->in, L->out,
+			    (set ? GPU_SET_DINP : 0u) | (dw_set ? GPU_SET_DWEIGHT : 0u));
 	if (!L->lora)
 		return;
 	/* With u = scale * x A^T kept: dB += dout^T u, du = scale * dout B. */
-	gpu_matmul_backward(be, m->lora_du, L->dB, NULL, dout, dout16, L->u, NULL, L->B, L->B16, N,
-			    R, L->out, true);
+	gpu_matmul_backward(be, m->lora_du, NULL, L->dB, NULL, dout, dout16, L->u, NULL, L->B,
+			    L->B16, N, R, L->out, true);
 	gpu_scale(be, m->lora_du, m->plan.lora_scale, (size_t)N * R);
 	if (!m->dropout_used) {
-		gpu_matmul_backward(be, dinp, L->dA, NULL, m->lora_du, NULL, inp, inp16, L->A, L->A16,
-				    N, L->in, R, false);
+		gpu_matmul_backward(be, dinp, NULL, L->dA, NULL, m->lora_du, NULL, inp, inp16, L->A,
+				    L->A16, N, L->in, R, false);
 		return;
 	}
-	gpu_matmul_backward(be, m->lora_dx, L->dA, NULL, m->lora_du, NULL, L->xd, NULL, L->A,
+	gpu_matmul_backward(be, m->lora_dx, NULL, L->dA, NULL, m->lora_du, NULL, L->xd, NULL, L->A,
 			    L->A16, N, L->in, R, true);
 	gpu_dropout(be, m->lora_dx, m->lora_dx, m->plan.opts.lora_dropout, dropout_seed(m, l, k),
 		    (size_t)N * L->in);
@@ -1357,7 +1364,7 @@ static void head_weight_grad(struct tr_model *m, int r0, int n, const float *dl,
 	const struct tr_model_config *c = &m->plan.cfg;
 	const int C = c->hidden_size, V = c->vocab_size;
 	const struct wref w = weight_of(m, m->lm_head);
-	gpu_matmul_backward(m->be, m->dln + (size_t)r0 * C, m->dlm_head, NULL, dl, dl16,
+	gpu_matmul_backward(m->be, m->dln + (size_t)r0 * C, NULL, m->dlm_head, NULL, dl, dl16,
 			    m->lnf_out + (size_t)r0 * C, NULL, w.f, w.h, n, C, V, GPU_SET_DINP);
 }
 
@@ -1687,15 +1694,17 @@ static void layer_backward_mlp(struct tr_model *m, int l)
 #define ROWS(x, r0, w) ((x) ? (x) + (size_t)(r0) * (size_t)(w) : NULL)
 	for (int r0 = 0; r0 < N; r0 += m->plan.mlp_rows) {
 		const int n = N - r0 < m->plan.mlp_rows ? N - r0 : m->plan.mlp_rows;
-		linear_backward_rows(m, l, TR_LIN_DOWN, m->dh, true, ROWS(m->dres, r0, C), NULL,
-				     ROWS(a->h, r0, I), ROWS(a->h16, r0, I), n, r0 == 0);
-		gpu_swiglu_backward(be, m->dgate, m->dup, m->dgate16, m->dup16, m->dh,
-				    ROWS(a->gate, r0, I), ROWS(a->up, r0, I), ROWS(a->gate16, r0, I),
-				    ROWS(a->up16, r0, I), (size_t)n * I);
-		linear_backward_rows(m, l, TR_LIN_GATE, ROWS(m->dln, r0, C), true, m->dgate, m->dgate16,
-				     ROWS(a->ln2, r0, C), ROWS(a->ln2_16, r0, C), n, r0 == 0);
-		linear_backward_rows(m, l, TR_LIN_UP, ROWS(m->dln, r0, C), false, m->dup, m->dup16,
-				     ROWS(a->ln2, r0, C), ROWS(a->ln2_16, r0, C), n, r0 == 0);
+		linear_backward_rows(m, l, TR_LIN_DOWN, m->dh, m->dh16, true, ROWS(m->dres, r0, C),
+				     NULL, ROWS(a->h, r0, I), ROWS(a->h16, r0, I), n, r0 == 0);
+		gpu_swiglu_backward(be, m->dgate, m->dup, m->dgate16, m->dup16, m->dh, m->dh16,
+				    ROWS(a->gate, r0, I), ROWS(a->up, r0, I),
+				    ROWS(a->gate16, r0, I), ROWS(a->up16, r0, I), (size_t)n * I);
+		linear_backward_rows(m, l, TR_LIN_GATE, ROWS(m->dln, r0, C), NULL, true, m->dgate,
+				     m->dgate16, ROWS(a->ln2, r0, C), ROWS(a->ln2_16, r0, C), n,
+				     r0 == 0);
+		linear_backward_rows(m, l, TR_LIN_UP, ROWS(m->dln, r0, C), NULL, false, m->dup,
+				     m->dup16, ROWS(a->ln2, r0, C), ROWS(a->ln2_16, r0, C), n,
+				     r0 == 0);
 	}
 #undef ROWS
 	gpu_rmsnorm_backward(be, m->dres, g->ln2, m->dln, a->res_mid, w->ln2, a->ln2_rstd, N, C);
@@ -1758,8 +1767,8 @@ static void head_backward(struct tr_model *m, const struct tr_stage *s, float dl
 		gpu_crossentropy_backward(be, NULL, m->logits, NULL, m->logits, NULL, m->targets, dloss, B,
 					  o->num_labels);
 		const struct wref w = weight_of(m, m->score);
-		gpu_matmul_backward(be, m->dpooled, m->dscore, NULL, m->logits, NULL, m->pooled, NULL,
-				    w.f, w.h, B, C, o->num_labels, true);
+		gpu_matmul_backward(be, m->dpooled, NULL, m->dscore, NULL, m->logits, NULL,
+				    m->pooled, NULL, w.f, w.h, B, C, o->num_labels, true);
 		/* The gather's transpose: scatter-add the pooled rows' gradient. */
 		gpu_zero(be, m->dln, (size_t)N * C * sizeof(float));
 		gpu_embedding_backward(be, m->dln, m->dpooled, m->pool_idx, B, C);

@@ -731,6 +731,7 @@ td_err tr_plan_build(struct tr_plan *p, const struct tr_model_config *cfg,
 	/* (a multiple of 8 rows: each part's rows start 16-byte aligned whatever I) */
 	const size_t half = ((N + 1) / 2 + 7) / 8 * 8;
 	p->mlp_rows = train && half < N && !(R && (o->lora_targets & mlp3)) ? (int)half : (int)N;
+	p->dh16 = train && o->gemm_bf16 && !(R && (o->lora_targets & (1u << TR_LIN_DOWN)));
 	const bool wpart = tr_shard_params(o->shard, o->shard_ranks);
 	/* PARAMETERS in the bf16 mode: the other tensors' bf16 copy (the
 	 * head's: params16.rest) lives in the gradient ring's memory, which
@@ -1095,7 +1096,8 @@ td_err tr_plan_build(struct tr_plan *p, const struct tr_model_config *cfg,
 				  : f32_bytes(B * NH, T, T),
 		 train, 1},
 		/* d(h), of plan.mlp_rows rows (MR) */
-		{"dh", f32_bytes(MR, I, 1), train, 2},
+		{"dh", f32_bytes(MR, I, 1), train && !p->dh16, 2},
+		{"dh16", f32_bytes(MR, I, 1) / 2, p->dh16, 2},
 		{"dgate", f32_bytes(MR, I, 1), train && !o->gemm_bf16, 2},
 		{"dup", f32_bytes(MR, I, 1), train && !o->gemm_bf16, 2},
 		{"dgate16", f32_bytes(MR, I, 1) / 2, train && o->gemm_bf16, 2},

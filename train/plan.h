@@ -467,6 +467,12 @@ struct tr_plan {
 	 * MLP's projections (an adapter's kept product and dropout are the
 	 * whole batch's) and that is fewer than N, else N. */
 	int mlp_rows;
+	/* The MLP's d(h) in bf16 (scratch.dh16, the bf16 mode, no adapter on
+	 * the down projection): its product writes it rounded once, as
+	 * transformers' down_proj backward does under autocast, and SwiGLU's
+	 * backward reads it (half the bytes, both ways); an adapter's terms are
+	 * added to d(h) in fp32. */
+	bool dh16;
 	size_t nf4_blocks, nf4_scales;/* absmax values; double-quantization floats */
 	size_t nf4_max_numel;         /* the largest NF4 tensor (the dequantization scratch) */
 	float lora_scale;             /* alpha / rank (rslora: / sqrt(rank)); 0 without LoRA */

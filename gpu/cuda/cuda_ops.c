@@ -613,22 +613,26 @@ static void cu_matmul_forward_residual(struct gpu_backend *be, float *out, const
 /* dinp (N,C) += dout (N,OC) W (OC,C): column-major dinp^T = W^T dout^T.
  * dweight (OC,C) += dout^T inp: column-major dweight^T = inp^T dout.
  * dbias (OC) += the column sums of dout (fp32 dout required). */
-static void cu_matmul_backward(struct gpu_backend *be, float *dinp, float *dweight, float *dbias,
-			       const float *dout, const gpu_bf16 *dout16, const float *inp,
-			       const gpu_bf16 *inp16, const float *weight, const gpu_bf16 *weight16,
-			       int N, int C, int OC, unsigned set)
+static void cu_matmul_backward(struct gpu_backend *be, float *dinp, gpu_bf16 *dinp16,
+			       float *dweight, float *dbias, const float *dout,
+			       const gpu_bf16 *dout16, const float *inp, const gpu_bf16 *inp16,
+			       const float *weight, const gpu_bf16 *weight16, int N, int C, int OC,
+			       unsigned set)
 {
 	struct cu_backend *cb = cu_of(be);
 	const bool dinp_set = set & GPU_SET_DINP, dw_set = set & GPU_SET_DWEIGHT;
+	assert(!dinp16 || (!dinp && dinp_set));
 	if (dinp && dinp_set && N > 0 && C > 0 && OC <= 0)
 		be->ops->zero(be, dinp, sizeof(float) * (size_t)N * (size_t)C);
+	if (dinp16 && N > 0 && C > 0 && OC <= 0)
+		be->ops->zero(be, dinp16, sizeof(gpu_bf16) * (size_t)N * (size_t)C);
 	if (dweight && dw_set && C > 0 && OC > 0 && N <= 0)
 		be->ops->zero(be, dweight, sizeof(float) * (size_t)OC * (size_t)C);
 	if (N <= 0 || OC <= 0)
 		return; /* nothing to add */
 	const float beta_in = dinp_set ? 0.0f : 1.0f; /* 0: cuBLAS never reads dinp */
 	const float beta_w = dw_set ? 0.0f : 1.0f;
-	const bool want_in = dinp && C > 0, want_w = dweight && C > 0;
+	const bool want_in = (dinp || dinp16) && C > 0, want_w = dweight && C > 0;
 	size_t nd = (size_t)N * OC, nw = (size_t)OC * C, nx = (size_t)N * C;
 	/* bf16: dout, the second operand of both products, rounded once (or
 	 * its twin) after one slot that the weight and then the input take in
@@ -641,8 +645,8 @@ static void cu_matmul_backward(struct gpu_backend *be, float *dinp, float *dweig
 		if (want_in) {
 			cu_prof_begin(cb);
 			const uint16_t *w16 = weight16 ? weight16 : round_into(cb, slot, weight, nw);
-			gemm16(cb, "matmul_backward (dinp): cublasGemmEx", OP_N, OP_N, C, N, OC, 1.0f,
-			       w16, C, d16, OC, beta_in, dinp, C);
+			gemm16_(cb, "matmul_backward (dinp): cublasGemmEx", OP_N, OP_N, C, N, OC,
+				1.0f, w16, C, d16, OC, beta_in, dinp, dinp16, C);
 			cu_prof_end(cb, "matmul_backward (dinp): cublasGemmEx %dx%dx%d", C, N, OC);
 		}
 		if (want_w) {
@@ -652,6 +656,10 @@ static void cu_matmul_backward(struct gpu_backend *be, float *dinp, float *dweig
 			       1.0f, x16, C, d16, OC, beta_w, dweight, C);
 			cu_prof_end(cb, "matmul_backward (dweight): cublasGemmEx %dx%dx%d", C, OC, N);
 		}
+	} else if (dinp16) {
+		cu_check(cb, CUDA_ERROR_INVALID_VALUE,
+			 "matmul_backward: a bf16 dinp needs the bf16 mode and gemm_scratch");
+		return;
 	} else {
 		if (want_in)
 			sgemm(cb, "matmul_backward (dinp): cublasSgemm", OP_N, OP_N, C, N, OC, 1.0f,
@@ -1030,10 +1038,11 @@ static void cu_swiglu_forward(struct gpu_backend *be, float *out, gpu_bf16 *out1
 
 static void cu_swiglu_backward(struct gpu_backend *be, float *dgate, float *dup,
 			       gpu_bf16 *dgate16, gpu_bf16 *dup16, const float *dout,
-			       const float *gate, const float *up, const gpu_bf16 *gate16,
-			       const gpu_bf16 *up16, size_t n)
+			       const gpu_bf16 *dout16, const float *gate, const float *up,
+			       const gpu_bf16 *gate16, const gpu_bf16 *up16, size_t n)
 {
-	void *args[] = {&dgate, &dup, &dgate16, &dup16, &dout, &gate, &up, &gate16, &up16, &n};
+	void *args[] = {&dgate, &dup, &dgate16, &dup16, &dout, &dout16, &gate, &up, &gate16,
+			&up16, &n};
 	launch_n4(cu_of(be), CU_K_swiglu_backward_f32, n, args);
 }
 

@@ -108,19 +108,21 @@ static __device__ __forceinline__ void cu_swiglu_grad(float x, float u, float d,
 	dgate = __fmul_rn(__fmul_rn(d, u), dsilu);
 }
 
+/* dout: fp32, or (dout NULL) dout16, the down projection's input gradient
+ * in bf16. */
 extern "C" __global__ void swiglu_backward_f32(float *dgate, float *dup, __nv_bfloat16 *dgate16,
 					       __nv_bfloat16 *dup16, const float *dout,
-					       const float *gate, const float *up,
-					       const __nv_bfloat16 *gate16,
+					       const __nv_bfloat16 *dout16, const float *gate,
+					       const float *up, const __nv_bfloat16 *gate16,
 					       const __nv_bfloat16 *up16, size_t n)
 {
 	size_t done = 0;
 	if (cu_al16(dgate) && cu_al16(dup) && cu_al16(dgate16) && cu_al16(dup16) && cu_al16(dout) &&
-	    cu_al16(gate) && cu_al16(up) && cu_al16(gate16) && cu_al16(up16)) {
+	    cu_al16(dout16) && cu_al16(gate) && cu_al16(up) && cu_al16(gate16) && cu_al16(up16)) {
 		CU_GRID_STRIDE(i, 0, n / 4)
 		{
 			const float4 x = cu_in4(gate, gate16, i), u = cu_in4(up, up16, i);
-			const float4 d = cu_ld4(dout, i);
+			const float4 d = cu_in4(dout, dout16, i);
 			float4 g, p;
 			cu_swiglu_grad(x.x, u.x, d.x, g.x, p.x);
 			cu_swiglu_grad(x.y, u.y, d.y, g.y, p.y);
@@ -134,7 +136,8 @@ extern "C" __global__ void swiglu_backward_f32(float *dgate, float *dup, __nv_bf
 	CU_GRID_STRIDE(i, done, n)
 	{
 		float g, p;
-		cu_swiglu_grad(cu_in(gate, gate16, i), cu_in(up, up16, i), dout[i], g, p);
+		cu_swiglu_grad(cu_in(gate, gate16, i), cu_in(up, up16, i), cu_in(dout, dout16, i), g,
+			       p);
 		cu_put(dgate, dgate16, i, g);
 		cu_put(dup, dup16, i, p);
 	}

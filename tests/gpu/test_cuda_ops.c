@@ -77,12 +77,12 @@ static double urand(void)
 }
 
 /* Host and device allocations of a case, freed together by case_end(). */
-static void *host_tracked[128];
+static void *host_tracked[256];
 static int nhost;
 static struct {
 	void *p;
 	size_t bytes;
-} dev_tracked[128];
+} dev_tracked[256];
 static int ndev;
 
 static void *hmem(size_t bytes)
@@ -457,9 +457,9 @@ static void test_matmul(void)
 					dout, inp, weight, N, C, OC);
 			float *d_dinp = dputf(dinp0, nin), *d_dw = dputf(dw0, nw);
 			float *d_db = dputf(db0, (size_t)OC);
-			gpu_matmul_backward(be, want_in ? d_dinp : NULL, want_w ? d_dw : NULL,
-					    want_b ? d_db : NULL, d_dout, NULL, d_inp, NULL, d_weight, NULL, N,
-					    C, OC, false);
+			gpu_matmul_backward(be, want_in ? d_dinp : NULL, NULL, want_w ? d_dw : NULL,
+					    want_b ? d_db : NULL, d_dout, NULL, d_inp, NULL,
+					    d_weight, NULL, N, C, OC, false);
 			/* A NULL output is left alone: it still equals its start. */
 			char what[64];
 			snprintf(what, sizeof(what), "dinp (mask %d)", mask);
@@ -478,8 +478,8 @@ static void test_matmul(void)
 		float *dset = ffill(nin, 0.0f), *dw_set = fcopy(dw0, nw);
 		matmul_backward(dset, dw_set, NULL, dout, inp, weight, N, C, OC);
 		float *d_dset = dnan(nin), *d_dw_set = dputf(dw0, nw);
-		gpu_matmul_backward(be, d_dset, d_dw_set, NULL, d_dout, NULL, d_inp, NULL, d_weight,
-				    NULL, N, C, OC, true);
+		gpu_matmul_backward(be, d_dset, NULL, d_dw_set, NULL, d_dout, NULL, d_inp, NULL,
+				    d_weight, NULL, N, C, OC, true);
 		expect_red("dinp (set)", hget(d_dset, nin), dset, nin, OC);
 		expect_red("dweight (with dinp set: still added)", hget(d_dw_set, nw), dw_set, nw, N);
 		/* GPU_SET_DWEIGHT: dweight overwritten too, its NaNs never read */
@@ -487,8 +487,8 @@ static void test_matmul(void)
 		matmul_backward(NULL, dw_over, NULL, dout, inp, weight, N, C, OC);
 		d_dset = dnan(nin);
 		float *d_dw_over = dnan(nw);
-		gpu_matmul_backward(be, d_dset, d_dw_over, NULL, d_dout, NULL, d_inp, NULL, d_weight,
-				    NULL, N, C, OC, GPU_SET_DINP | GPU_SET_DWEIGHT);
+		gpu_matmul_backward(be, d_dset, NULL, d_dw_over, NULL, d_dout, NULL, d_inp, NULL,
+				    d_weight, NULL, N, C, OC, GPU_SET_DINP | GPU_SET_DWEIGHT);
 		expect_red("dinp (set, dweight set)", hget(d_dset, nin), dset, nin, OC);
 		expect_red("dweight (set)", hget(d_dw_over, nw), dw_over, nw, N);
 		case_end();
@@ -671,9 +671,9 @@ static void test_matmul_bf16(void)
 			float *d_dinp = dputf(ffill(nin, 0.5f), nin), *d_dw = dputf(ffill(nw, 0.25f), nw);
 			bool frozen = how == 2;
 			SCRATCH(true, true, !frozen, how > 0, false, false);
-			gpu_matmul_backward(be, d_dinp, frozen ? NULL : d_dw, NULL, d_dout, NULL, d_inp, NULL,
-					    frozen ? NULL : d_weight, how ? d_w16 : NULL, N, C, OC,
-					    false);
+			gpu_matmul_backward(be, d_dinp, NULL, frozen ? NULL : d_dw, NULL, d_dout,
+					    NULL, d_inp, NULL, frozen ? NULL : d_weight,
+					    how ? d_w16 : NULL, N, C, OC, false);
 			char what[64];
 			snprintf(what, sizeof(what), "dinp (%s)", hows[how]);
 			expect_red(what, hget(d_dinp, nin), frozen ? dinp_only : dinp, nin, OC);
@@ -729,8 +729,8 @@ static void test_twins(void)
 	float *h = hget(d_h, n);
 	expect_twin("swiglu out16", d_h16, h, n);
 	expect_twin("swiglu out16 (out NULL)", d_h16b, h, n);
-	gpu_swiglu_backward(be, d_dg, d_du, NULL, NULL, d_dy, d_g, d_u, NULL, NULL, n);
-	gpu_swiglu_backward(be, NULL, NULL, d_dg16, d_du16, d_dy, d_g, d_u, NULL, NULL, n);
+	gpu_swiglu_backward(be, d_dg, d_du, NULL, NULL, d_dy, NULL, d_g, d_u, NULL, NULL, n);
+	gpu_swiglu_backward(be, NULL, NULL, d_dg16, d_du16, d_dy, NULL, d_g, d_u, NULL, NULL, n);
 	expect_twin("swiglu dgate16", d_dg16, hget(d_dg, n), n);
 	expect_twin("swiglu dup16", d_du16, hget(d_du, n), n);
 	/* gate and up kept in bf16 only: the same bits as fp32 inputs that
@@ -742,11 +742,20 @@ static void test_twins(void)
 	gpu_swiglu_forward(be, d_h2, NULL, d_gr, d_ur, NULL, NULL, n);
 	gpu_swiglu_forward(be, d_h3, NULL, NULL, NULL, d_g16, d_u16, n);
 	expect_same_bits("swiglu from bf16 gate, up", hget(d_h3, n), hget(d_h2, n), n);
-	gpu_swiglu_backward(be, d_dg, d_du, NULL, NULL, d_dy, d_gr, d_ur, NULL, NULL, n);
+	gpu_swiglu_backward(be, d_dg, d_du, NULL, NULL, d_dy, NULL, d_gr, d_ur, NULL, NULL, n);
 	float *dg_ref = hget(d_dg, n), *du_ref = hget(d_du, n);
-	gpu_swiglu_backward(be, d_dg, d_du, NULL, NULL, d_dy, NULL, NULL, d_g16, d_u16, n);
+	gpu_swiglu_backward(be, d_dg, d_du, NULL, NULL, d_dy, NULL, NULL, NULL, d_g16, d_u16, n);
 	expect_same_bits("swiglu dgate from bf16 gate, up", hget(d_dg, n), dg_ref, n);
 	expect_same_bits("swiglu dup from bf16 gate, up", hget(d_du, n), du_ref, n);
+	/* dout in bf16 too (d(h) from a bf16 product): fp32 holding the
+	 * rounded values gives the same bits */
+	float *d_dyr = dputf(bf16_rounded(dy, n), n);
+	gpu_swiglu_backward(be, d_dg, d_du, NULL, NULL, d_dyr, NULL, d_gr, d_ur, NULL, NULL, n);
+	dg_ref = hget(d_dg, n), du_ref = hget(d_du, n);
+	gpu_swiglu_backward(be, d_dg, d_du, NULL, NULL, NULL, dput16(dy, n), NULL, NULL, d_g16,
+			    d_u16, n);
+	expect_same_bits("swiglu dgate from bf16 dout, gate, up", hget(d_dg, n), dg_ref, n);
+	expect_same_bits("swiglu dup from bf16 dout, gate, up", hget(d_du, n), du_ref, n);
 
 	/* crossentropy_backward: the twin alone */
 	float *lg = frand(nl, 4.0, 0.0);
@@ -813,8 +822,9 @@ static void test_twins(void)
 		matmul_backward(dx_ref, dw_ref, NULL, dl, bf16_rounded(x, nx), bf16_rounded(wi, nwi), N,
 				C, Vi);
 		float *d_dxi = dnan(nx), *d_dwi = dnan(nwi);
-		gpu_matmul_backward(be, d_dxi, d_dwi, NULL, NULL, d_lg16, NULL, dput16(x, nx), NULL,
-				    dput16(wi, nwi), N, C, Vi, GPU_SET_DINP | GPU_SET_DWEIGHT);
+		gpu_matmul_backward(be, d_dxi, NULL, d_dwi, NULL, NULL, d_lg16, NULL, dput16(x, nx),
+				    NULL, dput16(wi, nwi), N, C, Vi,
+				    GPU_SET_DINP | GPU_SET_DWEIGHT);
 		expect_red("matmul_backward dinp (the bf16 loss gradient)", hget(d_dxi, nx), dx_ref, nx,
 			   Vi);
 		expect_red("matmul_backward dweight (the bf16 loss gradient)", hget(d_dwi, nwi), dw_ref,
@@ -844,12 +854,28 @@ static void test_twins(void)
 	expect_close_scaled("matmul_forward (bf16 out)", y16f, y1, nd, 0.0, 1.0 / 128, 1e-3);
 	float *zx = ffill(nx, 0.5f), *zw = ffill(nw, 0.25f);
 	float *d_dx1 = dputf(zx, nx), *d_dx2 = dputf(zx, nx), *d_dw1 = dputf(zw, nw), *d_dw2 = dputf(zw, nw);
-	gpu_matmul_backward(be, d_dx1, d_dw1, NULL, d_dout, NULL, d_x, NULL, d_wt, NULL, N, C, OC,
-			    false);
-	gpu_matmul_backward(be, d_dx2, d_dw2, NULL, NULL, d_dout16, NULL, d_x16, d_wt, NULL, N, C,
+	gpu_matmul_backward(be, d_dx1, NULL, d_dw1, NULL, d_dout, NULL, d_x, NULL, d_wt, NULL, N, C,
 			    OC, false);
+	gpu_matmul_backward(be, d_dx2, NULL, d_dw2, NULL, NULL, d_dout16, NULL, d_x16, d_wt, NULL,
+			    N, C, OC, false);
 	expect_same_bits("matmul_backward dinp (twins)", hget(d_dx2, nx), hget(d_dx1, nx), nx);
 	expect_same_bits("matmul_backward dweight (twins)", hget(d_dw2, nw), hget(d_dw1, nw), nw);
+	/* dinp written in bf16 (the MLP's d(h)): the fp32 product rounded, to
+	 * within one bf16 step (the output type may pick another kernel) */
+	gpu_bf16 *d_dx16 = dnan16(nx);
+	gpu_matmul_backward(be, d_dx1, NULL, NULL, NULL, NULL, d_dout16, NULL, d_x16, d_wt, NULL, N,
+			    C, OC, GPU_SET_DINP);
+	gpu_matmul_backward(be, NULL, d_dx16, NULL, NULL, NULL, d_dout16, NULL, d_x16, d_wt, NULL,
+			    N, C, OC, GPU_SET_DINP);
+	uint16_t *dx16 = hmem(nx * sizeof(uint16_t));
+	gpu_download(be, dx16, d_dx16, nx * sizeof(uint16_t));
+	float *dx16f = fvec(nx);
+	for (size_t i = 0; i < nx; i++) {
+		uint32_t bits = (uint32_t)dx16[i] << 16;
+		memcpy(&dx16f[i], &bits, sizeof(bits));
+	}
+	expect_close_scaled("matmul_backward dinp16", dx16f, hget(d_dx1, nx), nx, 0.0, 1.0 / 128,
+			    1e-3);
 	case_end();
 
 	/* attention_forward's twin, fused (HS 64) and not (HS 96) */
@@ -1236,7 +1262,8 @@ static void test_swiglu(void)
 		float *dgate = fvec(n), *dup = fvec(n);
 		swiglu_backward(dgate, dup, dout, gate, up, n);
 		float *d_dgate = dnan(n), *d_dup = dnan(n);
-		gpu_swiglu_backward(be, d_dgate, d_dup, NULL, NULL, dputf(dout, n), d_gate, d_up, NULL, NULL, n);
+		gpu_swiglu_backward(be, d_dgate, d_dup, NULL, NULL, dputf(dout, n), NULL, d_gate,
+				    d_up, NULL, NULL, n);
 		expect_close("dgate", hget(d_dgate, n), dgate, n, FWD_ATOL, FWD_RTOL);
 		expect_close("dup", hget(d_dup, n), dup, n, FWD_ATOL, FWD_RTOL);
 		case_end();

@@ -183,16 +183,26 @@ static void emu_matmul_forward_residual(struct gpu_backend *be, float *out, cons
 	emu_matmul_forward_add(be, out, NULL, inp, inp16, weight, weight16, N, C, OC);
 }
 
-static void emu_matmul_backward(struct gpu_backend *be, float *dinp, float *dweight, float *dbias,
-				const float *dout, const gpu_bf16 *dout16, const float *inp,
-				const gpu_bf16 *inp16, const float *weight, const gpu_bf16 *weight16,
-				int N, int C, int OC, unsigned set)
+static void emu_matmul_backward(struct gpu_backend *be, float *dinp, gpu_bf16 *dinp16,
+				float *dweight, float *dbias, const float *dout,
+				const gpu_bf16 *dout16, const float *inp, const gpu_bf16 *inp16,
+				const float *weight, const gpu_bf16 *weight16, int N, int C, int OC,
+				unsigned set)
 {
 	const bool dinp_set = set & GPU_SET_DINP;
 	check_scratch(be, "matmul_backward",
-		      gpu_matmul_scratch_elems((size_t)N, (size_t)C, (size_t)OC, true, dinp, dweight,
-					       weight16, inp16, dout16));
+		      gpu_matmul_scratch_elems((size_t)N, (size_t)C, (size_t)OC, true,
+					       dinp || dinp16, dweight, weight16, inp16, dout16));
 	assert(dout || !dbias);
+	if (dinp16) { /* the fp32 product, rounded once */
+		assert(!dinp && dinp_set);
+		float *t = xmalloc((size_t)N * C * sizeof(float));
+		emu_matmul_backward(be, t, NULL, dweight, dbias, dout, dout16, inp, inp16, weight,
+				    weight16, N, C, OC, set);
+		bf16_round(dinp16, t, (size_t)N * C);
+		free(t);
+		return;
+	}
 	float *d = operand("matmul_backward dout", dout, dout16, (size_t)N * OC);
 	float *x = dweight ? operand("matmul_backward inp", inp, inp16, (size_t)N * C) : NULL;
 	float *w = dinp ? operand("matmul_backward weight", weight, weight16, (size_t)OC * C) : NULL;
@@ -377,13 +387,15 @@ static void emu_rope_forward(struct gpu_backend *be, float *out, gpu_bf16 *out16
 
 static void emu_swiglu_backward(struct gpu_backend *be, float *dgate, float *dup,
 				gpu_bf16 *dgate16, gpu_bf16 *dup16, const float *dout,
-				const float *gate, const float *up, const gpu_bf16 *gate16,
-				const gpu_bf16 *up16, size_t n)
+				const gpu_bf16 *dout16, const float *gate, const float *up,
+				const gpu_bf16 *gate16, const gpu_bf16 *up16, size_t n)
 {
-	float *tg, *tu, *t1, *t2;
+	float *tg, *tu, *td, *t1, *t2;
 	const float *g = input(gate, gate16, n, &tg), *u = input(up, up16, n, &tu);
+	const float *d = input(dout, dout16, n, &td);
 	float *dg = output(dgate, n, &t1), *du = output(dup, n, &t2);
-	swiglu_backward(dg, du, dout, g, u, n);
+	swiglu_backward(dg, du, d, g, u, n);
+	free(td);
 	finish(dgate16, dg, n, t1);
 	finish(dup16, du, n, t2);
 	free(tg);

@@ -47,14 +47,15 @@ static void row_forward_add(struct gpu_backend *be, float *out, gpu_bf16 *out16,
 /* dinp (N,C) (+)= dout @ weight: one sum over o per element, added once;
  * dweight (OC,C) (+)= dout^T @ inp and dbias += sum_n dout, row n's
  * contribution added before row n+1's. */
-static void row_backward(struct gpu_backend *be, float *dinp, float *dweight, float *dbias,
+static void row_backward(struct gpu_backend *be, float *dinp, gpu_bf16 *dinp16, float *dweight,
+			 float *dbias,
 			 const float *dout, const gpu_bf16 *dout16, const float *inp,
 			 const gpu_bf16 *inp16, const float *weight, const gpu_bf16 *weight16,
 			 int N, int C, int OC, unsigned set)
 {
 	(void)be;
 	const bool dinp_set = set & GPU_SET_DINP;
-	assert(dout && inp && !dout16 && !inp16 && !weight16);
+	assert(dout && inp && !dinp16 && !dout16 && !inp16 && !weight16);
 	if (dweight && (set & GPU_SET_DWEIGHT))
 		memset(dweight, 0, sizeof(float) * (size_t)OC * (size_t)C);
 	for (int n = 0; n < N; n++) {

@@ -716,10 +716,11 @@ static void test_shard_8b_plan(void)
 		       "(PyTorch FSDP2 with checkpointing: 64.8 GiB peak)\n",
 		       tr_shard_name((enum tr_shard)k), (double)total / (1 << 30));
 		prev = total;
-		/* the MLP's backward by halves of the rows (2048 of 4096: d(h)
-		 * fp32, d(gate) and d(up) bf16, I wide) */
+		/* the MLP's backward by halves of the rows (2048 of 4096: d(h),
+		 * d(gate) and d(up) bf16, I wide) */
 		CHECK_EQ_INT(p.mlp_rows, 2048);
-		CHECK_EQ_INT(tr_plan_find(&p, "scratch.dh")->bytes, 2048 * I * 4);
+		CHECK(p.dh16 && !tr_plan_find(&p, "scratch.dh"));
+		CHECK_EQ_INT(tr_plan_find(&p, "scratch.dh16")->bytes, 2048 * I * 2);
 		CHECK_EQ_INT(tr_plan_find(&p, "scratch.dup16")->bytes, 2048 * I * 2);
 		tr_plan_fini(&p);
 	}
@@ -744,6 +745,7 @@ static void test_shard_8b_plan(void)
 					  .lora_targets = 1u << TR_LIN_Q | (mlp ? 1u << TR_LIN_DOWN : 0)};
 		CHECK_EQ_INT(tr_plan_build(&p, &cfg, &lo, &eb), TD_OK);
 		CHECK_EQ_INT(p.mlp_rows, mlp ? 4096 : 2048);
+		CHECK_EQ_INT(p.dh16, !mlp); /* an adapter's d(h) terms are added in fp32 */
 		tr_plan_fini(&p);
 	}
 }

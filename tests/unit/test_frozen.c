@@ -502,10 +502,13 @@ static void test_real_shapes(void)
 		CHECK(p.logits16 && !tr_plan_find(&p, "scratch.dlogits16"));
 		static const char *const attn[] = {"scratch.dy", "scratch.dq", "scratch.dk", "scratch.dv",
 						   "scratch.datt"};
-		static const char *const mlp[] = {"scratch.dh", "scratch.dgate16", "scratch.dup16"};
+		/* d(h) in bf16 where no adapter is on the down projection */
+		const char *const mlp[] = {p.dh16 ? "scratch.dh16" : "scratch.dh", "scratch.dgate16",
+					   "scratch.dup16"};
+		CHECK_EQ_INT(p.dh16, !(po.lora_targets & (1u << TR_LIN_DOWN)));
 		static const char *const fwd[] = {"scratch.q32", "scratch.k32", "scratch.v32"};
 		static const char *const head[] = {"scratch.logits"};
-		static const char *const *const phases[] = {attn, mlp, fwd, head};
+		const char *const *const phases[] = {attn, mlp, fwd, head};
 		static const size_t nphase[] = {5, 3, 3, 1};
 		size_t sum[4] = {0, 0, 0, 0};
 		for (int ph = 0; ph < 4 && lb; ph++) {
