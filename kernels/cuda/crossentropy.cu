@@ -51,30 +51,6 @@ static __device__ __forceinline__ void ce_row_ms(const float *x, int V, float &m
 	cu_block_ms(m, s);
 }
 
-/* losses[n] = logsumexp(logits[n]) - logits[n][targets[n]], 0 where -100. */
-extern "C" __global__ void crossentropy_forward_f32(float *losses, const float *logits,
-						    const int32_t *targets, int N, int V)
-{
-	for (int n = blockIdx.x; n < N; n += gridDim.x) {
-		const int32_t tgt = targets[n];
-		if (tgt == -100) { /* block-uniform */
-			if (threadIdx.x == 0)
-				losses[n] = 0.0f;
-			continue;
-		}
-		const float *x = logits + (size_t)n * V;
-		float m;
-		double s;
-		ce_row_ms(x, V, m, s);
-		if (threadIdx.x == 0) {
-			bool ok = tgt >= 0 && tgt < V;
-			/* the final combine in double, as the CPU forms it */
-			losses[n] = ok ? (float)((double)m + log(s) - (double)x[ok ? tgt : 0])
-				       : NAN;
-		}
-	}
-}
-
 static __device__ __forceinline__ float ce_grad(float x, float m, float inv, float dloss, int i,
 						int tgt)
 {
@@ -97,8 +73,8 @@ static __device__ __forceinline__ void ce_widen8(uint4 u, float f[8])
 /* ce_row_ms over a row of bf16 logits: eight values a load (rows whose
  * start is 16-byte aligned: V a multiple of 8), two loads in flight. The
  * order of the pushes is a function of (V, blockDim) only. */
-static __device__ __forceinline__ void ce_row_ms16(const __nv_bfloat16 *x, int V, float &m,
-						   double &s)
+static __device__ __forceinline__ void ce_row_ms(const __nv_bfloat16 *x, int V, float &m,
+						 double &s)
 {
 	m = -INFINITY;
 	s = 0.0;
@@ -131,8 +107,21 @@ static __device__ __forceinline__ void ce_row_ms16(const __nv_bfloat16 *x, int V
 	cu_block_ms(m, s);
 }
 
-extern "C" __global__ void crossentropy_forward_bf16(float *losses, const __nv_bfloat16 *logits,
-						     const int32_t *targets, int N, int V)
+/* A logit as a float (bf16 widened). */
+static __device__ __forceinline__ float ce_at(const float *x, int i)
+{
+	return x[i];
+}
+
+static __device__ __forceinline__ float ce_at(const __nv_bfloat16 *x, int i)
+{
+	return __bfloat162float(x[i]);
+}
+
+/* losses[n] = logsumexp(logits[n]) - logits[n][targets[n]], 0 where -100. */
+template <typename T>
+static __device__ __forceinline__ void ce_forward(float *losses, const T *logits,
+						  const int32_t *targets, int N, int V)
 {
 	for (int n = blockIdx.x; n < N; n += gridDim.x) {
 		const int32_t tgt = targets[n];
@@ -141,27 +130,81 @@ extern "C" __global__ void crossentropy_forward_bf16(float *losses, const __nv_b
 				losses[n] = 0.0f;
 			continue;
 		}
-		const __nv_bfloat16 *x = logits + (size_t)n * V;
+		const T *x = logits + (size_t)n * V;
 		float m;
 		double s;
-		ce_row_ms16(x, V, m, s);
+		ce_row_ms(x, V, m, s);
 		if (threadIdx.x == 0) {
 			bool ok = tgt >= 0 && tgt < V;
-			losses[n] = ok ? (float)((double)m + log(s) -
-						 (double)__bfloat162float(x[ok ? tgt : 0]))
+			/* the final combine in double, as the CPU forms it */
+			losses[n] = ok ? (float)((double)m + log(s) - (double)ce_at(x, ok ? tgt : 0))
 				       : NAN;
 		}
 	}
 }
 
+/* The gradient of one row, written by the thread that read each logit:
+ * four floats a load (16-byte aligned rows) or eight bf16 values. */
+static __device__ __forceinline__ void ce_grad_row(const float *x, float *d, __nv_bfloat16 *d16,
+						   int V, float m, float inv, float dloss, int tgt)
+{
+	int i = threadIdx.x;
+	if ((((uintptr_t)x | (uintptr_t)d | (uintptr_t)d16) & 15) == 0) {
+		const float4 *x4 = reinterpret_cast<const float4 *>(x);
+		for (; i < V / 4; i += blockDim.x) {
+			const float4 a = x4[i];
+			const int j = 4 * i;
+			const float4 g = make_float4(ce_grad(a.x, m, inv, dloss, j, tgt),
+						     ce_grad(a.y, m, inv, dloss, j + 1, tgt),
+						     ce_grad(a.z, m, inv, dloss, j + 2, tgt),
+						     ce_grad(a.w, m, inv, dloss, j + 3, tgt));
+			cu_put4(d, d16, i, g);
+		}
+		i = V / 4 * 4 + threadIdx.x;
+	}
+	for (; i < V; i += blockDim.x)
+		cu_put(d, d16, i, ce_grad(x[i], m, inv, dloss, i, tgt));
+}
+
+static __device__ __forceinline__ void ce_grad_row(const __nv_bfloat16 *x, float *d,
+						   __nv_bfloat16 *d16, int V, float m, float inv,
+						   float dloss, int tgt)
+{
+	int i = threadIdx.x;
+	if ((((uintptr_t)x | (uintptr_t)d | (uintptr_t)d16) & 15) == 0) {
+		const uint4 *x8 = reinterpret_cast<const uint4 *>(x);
+		for (; i < V / 8; i += blockDim.x) {
+			float f[8];
+			ce_widen8(x8[i], f);
+			const int j = 8 * i;
+			const float4 g0 = make_float4(ce_grad(f[0], m, inv, dloss, j, tgt),
+						      ce_grad(f[1], m, inv, dloss, j + 1, tgt),
+						      ce_grad(f[2], m, inv, dloss, j + 2, tgt),
+						      ce_grad(f[3], m, inv, dloss, j + 3, tgt));
+			const float4 g1 = make_float4(ce_grad(f[4], m, inv, dloss, j + 4, tgt),
+						      ce_grad(f[5], m, inv, dloss, j + 5, tgt),
+						      ce_grad(f[6], m, inv, dloss, j + 6, tgt),
+						      ce_grad(f[7], m, inv, dloss, j + 7, tgt));
+			cu_put4(d, d16, 2 * i, g0);
+			cu_put4(d, d16, 2 * i + 1, g1);
+		}
+		i = V / 8 * 8 + threadIdx.x;
+	}
+	for (; i < V; i += blockDim.x)
+		cu_put(d, d16, i, ce_grad(__bfloat162float(x[i]), m, inv, dloss, i, tgt));
+}
+
 /* dlogits[n] = dloss * (softmax(logits[n]) - onehot(targets[n])), 0 where
- * -100. Overwrite; dlogits may alias logits. losses: NULL, or also the
- * forward's losses (the target's logit is read before the row's barrier, so
- * before any thread overwrites it in place). dlogits16: the gradient's bf16
- * twin, or NULL; dlogits may be NULL when it is not. */
-extern "C" __global__ void crossentropy_backward_f32(float *losses, float *dlogits,
-						     __nv_bfloat16 *dlogits16, const float *logits,
-						     const int32_t *targets, float dloss, int N, int V)
+ * -100. Overwrite; dlogits may alias fp32 logits, dlogits16 bf16 ones (each
+ * element read, after the row's barrier, by the thread that then writes it).
+ * losses: NULL, or also the forward's losses (the target's logit is read
+ * before the row's barrier, so before any thread overwrites it in place).
+ * dlogits16: the gradient's bf16 twin, or NULL; dlogits may be NULL when it
+ * is not. */
+template <typename T>
+static __device__ __forceinline__ void ce_backward(float *losses, float *dlogits,
+						   __nv_bfloat16 *dlogits16, const T *logits,
+						   const int32_t *targets, float dloss, int N, int V)
 {
 	for (int n = blockIdx.x; n < N; n += gridDim.x) {
 		const int32_t tgt = targets[n];
@@ -175,83 +218,42 @@ extern "C" __global__ void crossentropy_backward_f32(float *losses, float *dlogi
 			/* the next row's reads are of other bytes: no barrier */
 			continue;
 		}
-		const float *x = logits + (size_t)n * V;
+		const T *x = logits + (size_t)n * V;
 		const bool ok = tgt >= 0 && tgt < V;
-		const float xt = losses && threadIdx.x == 0 ? x[ok ? tgt : 0] : 0.0f;
+		const float xt = losses && threadIdx.x == 0 ? ce_at(x, ok ? tgt : 0) : 0.0f;
 		float m;
 		double s;
 		ce_row_ms(x, V, m, s);
-		if (losses && threadIdx.x == 0) /* as crossentropy_forward_f32 */
+		if (losses && threadIdx.x == 0) /* as ce_forward */
 			losses[n] = ok ? (float)((double)m + log(s) - (double)xt) : NAN;
 		const float inv = ok ? (float)(1.0 / s) : NAN;
-		int i = threadIdx.x;
-		if ((((uintptr_t)x | (uintptr_t)d | (uintptr_t)d16) & 15) == 0) {
-			const float4 *x4 = reinterpret_cast<const float4 *>(x);
-			for (; i < V / 4; i += blockDim.x) {
-				const float4 a = x4[i];
-				const int j = 4 * i;
-				const float4 g = make_float4(ce_grad(a.x, m, inv, dloss, j, tgt),
-							     ce_grad(a.y, m, inv, dloss, j + 1, tgt),
-							     ce_grad(a.z, m, inv, dloss, j + 2, tgt),
-							     ce_grad(a.w, m, inv, dloss, j + 3, tgt));
-				cu_put4(d, d16, i, g);
-			}
-			i = V / 4 * 4 + threadIdx.x;
-		}
-		for (; i < V; i += blockDim.x)
-			cu_put(d, d16, i, ce_grad(x[i], m, inv, dloss, i, tgt));
+		ce_grad_row(x, d, d16, V, m, inv, dloss, tgt);
 	}
 }
 
-/* crossentropy_backward_f32 over bf16 logits; dlogits16 may alias logits
- * (each element read, after the row's barrier, by the thread that then
- * writes it), and so may nothing else. */
+extern "C" __global__ void crossentropy_forward_f32(float *losses, const float *logits,
+						    const int32_t *targets, int N, int V)
+{
+	ce_forward(losses, logits, targets, N, V);
+}
+
+extern "C" __global__ void crossentropy_forward_bf16(float *losses, const __nv_bfloat16 *logits,
+						     const int32_t *targets, int N, int V)
+{
+	ce_forward(losses, logits, targets, N, V);
+}
+
+extern "C" __global__ void crossentropy_backward_f32(float *losses, float *dlogits,
+						     __nv_bfloat16 *dlogits16, const float *logits,
+						     const int32_t *targets, float dloss, int N, int V)
+{
+	ce_backward(losses, dlogits, dlogits16, logits, targets, dloss, N, V);
+}
+
 extern "C" __global__ void crossentropy_backward_bf16(float *losses, float *dlogits,
 						      __nv_bfloat16 *dlogits16,
 						      const __nv_bfloat16 *logits,
 						      const int32_t *targets, float dloss, int N, int V)
 {
-	for (int n = blockIdx.x; n < N; n += gridDim.x) {
-		const int32_t tgt = targets[n];
-		float *d = dlogits ? dlogits + (size_t)n * V : NULL;
-		__nv_bfloat16 *d16 = dlogits16 ? dlogits16 + (size_t)n * V : NULL;
-		if (tgt == -100) { /* block-uniform; zeros read nothing */
-			if (losses && threadIdx.x == 0)
-				losses[n] = 0.0f;
-			for (int i = threadIdx.x; i < V; i += blockDim.x)
-				cu_put(d, d16, i, 0.0f);
-			continue;
-		}
-		const __nv_bfloat16 *x = logits + (size_t)n * V;
-		const bool ok = tgt >= 0 && tgt < V;
-		const float xt = losses && threadIdx.x == 0 ? __bfloat162float(x[ok ? tgt : 0]) : 0.0f;
-		float m;
-		double s;
-		ce_row_ms16(x, V, m, s);
-		if (losses && threadIdx.x == 0) /* as crossentropy_forward_bf16 */
-			losses[n] = ok ? (float)((double)m + log(s) - (double)xt) : NAN;
-		const float inv = ok ? (float)(1.0 / s) : NAN;
-		int i = threadIdx.x;
-		if ((((uintptr_t)x | (uintptr_t)d | (uintptr_t)d16) & 15) == 0) {
-			const uint4 *x8 = reinterpret_cast<const uint4 *>(x);
-			for (; i < V / 8; i += blockDim.x) {
-				float f[8];
-				ce_widen8(x8[i], f);
-				const int j = 8 * i;
-				const float4 g0 = make_float4(ce_grad(f[0], m, inv, dloss, j, tgt),
-							      ce_grad(f[1], m, inv, dloss, j + 1, tgt),
-							      ce_grad(f[2], m, inv, dloss, j + 2, tgt),
-							      ce_grad(f[3], m, inv, dloss, j + 3, tgt));
-				const float4 g1 = make_float4(ce_grad(f[4], m, inv, dloss, j + 4, tgt),
-							      ce_grad(f[5], m, inv, dloss, j + 5, tgt),
-							      ce_grad(f[6], m, inv, dloss, j + 6, tgt),
-							      ce_grad(f[7], m, inv, dloss, j + 7, tgt));
-				cu_put4(d, d16, 2 * i, g0);
-				cu_put4(d, d16, 2 * i + 1, g1);
-			}
-			i = V / 8 * 8 + threadIdx.x;
-		}
-		for (; i < V; i += blockDim.x)
-			cu_put(d, d16, i, ce_grad(__bfloat162float(x[i]), m, inv, dloss, i, tgt));
-	}
+	ce_backward(losses, dlogits, dlogits16, logits, targets, dloss, N, V);
 }

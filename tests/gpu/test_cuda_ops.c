@@ -172,6 +172,19 @@ static float *hget(const float *d, size_t n)
 	return h;
 }
 
+/* n bf16 values from the device, widened (exactly) to floats. */
+static float *hget16(const gpu_bf16 *d, size_t n)
+{
+	uint16_t *h16 = hmem(n * sizeof(uint16_t));
+	gpu_download(be, h16, d, n * sizeof(uint16_t));
+	float *h = fvec(n);
+	for (size_t i = 0; i < n; i++) {
+		uint32_t bits = (uint32_t)h16[i] << 16;
+		memcpy(&h[i], &bits, sizeof(bits));
+	}
+	return h;
+}
+
 /* Reports a device error of the op just run; one is fatal to the context, so
  * the test stops there. */
 static void synced(const char *op)
@@ -636,14 +649,8 @@ static void test_matmul_bf16(void)
 				   OC);
 		gpu_bf16 *d_acc16 = dput16(acc0, nout);
 		gpu_matmul_forward_add(be, NULL, d_acc16, d_inp, NULL, NULL, d_w16, N, C, OC);
-		uint16_t *a16 = hmem(nout * sizeof(uint16_t));
-		gpu_download(be, a16, d_acc16, nout * sizeof(uint16_t));
-		for (size_t i = 0; i < nout; i++) {
-			uint32_t bits = (uint32_t)a16[i] << 16;
-			memcpy(&acc16[i], &bits, sizeof(bits));
-		}
-		expect_close_scaled("out16 (add onto bf16, bf16-only weight)", acc16, acc16_ref, nout,
-				    0.0, 1.0 / 128, 1e-3);
+		expect_close_scaled("out16 (add onto bf16, bf16-only weight)", hget16(d_acc16, nout),
+				    acc16_ref, nout, 0.0, 1.0 / 128, 1e-3);
 
 		/* an optimizer step writes the weight's copy with the new values */
 		float *g = frand(nw, 1.0, 0.0), *zeros = ffill(nw, 0.0f);
@@ -805,13 +812,7 @@ static void test_twins(void)
 		gpu_crossentropy_backward(be, d_li, NULL, d_lg16, NULL, d_lg16, d_tgi, 0.25f, N, Vi);
 		expect_close("crossentropy losses (bf16, in place)", hget(d_li, (size_t)N), lo,
 			     (size_t)N, 0.0, 2.4e-7);
-		uint16_t *g16 = hmem(ni * sizeof(uint16_t));
-		gpu_download(be, g16, d_lg16, ni * sizeof(uint16_t));
-		float *dl = fvec(ni);
-		for (size_t k = 0; k < ni; k++) {
-			uint32_t bits = (uint32_t)g16[k] << 16;
-			memcpy(&dl[k], &bits, sizeof(bits));
-		}
+		float *dl = hget16(d_lg16, ni);
 		expect_close("crossentropy dlogits16 (bf16, in place)", dl, ref, ni, 0.25 * 4.8e-7,
 			     1.0 / 256);
 		if (Vi != 1000)
@@ -844,14 +845,8 @@ static void test_twins(void)
 	 * step (the output type may pick another kernel, another order) */
 	gpu_bf16 *d_y16 = dnan16(nd);
 	gpu_matmul_forward(be, NULL, d_y16, NULL, d_x16, d_wt, NULL, NULL, N, C, OC);
-	uint16_t *y16 = hmem(nd * sizeof(uint16_t));
-	gpu_download(be, y16, d_y16, nd * sizeof(uint16_t));
-	float *y16f = fvec(nd);
-	for (size_t i = 0; i < nd; i++) {
-		uint32_t bits = (uint32_t)y16[i] << 16;
-		memcpy(&y16f[i], &bits, sizeof(bits));
-	}
-	expect_close_scaled("matmul_forward (bf16 out)", y16f, y1, nd, 0.0, 1.0 / 128, 1e-3);
+	expect_close_scaled("matmul_forward (bf16 out)", hget16(d_y16, nd), y1, nd, 0.0, 1.0 / 128,
+			    1e-3);
 	float *zx = ffill(nx, 0.5f), *zw = ffill(nw, 0.25f);
 	float *d_dx1 = dputf(zx, nx), *d_dx2 = dputf(zx, nx), *d_dw1 = dputf(zw, nw), *d_dw2 = dputf(zw, nw);
 	gpu_matmul_backward(be, d_dx1, NULL, d_dw1, NULL, d_dout, NULL, d_x, NULL, d_wt, NULL, N, C,
@@ -867,15 +862,8 @@ static void test_twins(void)
 			    C, OC, GPU_SET_DINP);
 	gpu_matmul_backward(be, NULL, d_dx16, NULL, NULL, NULL, d_dout16, NULL, d_x16, d_wt, NULL,
 			    N, C, OC, GPU_SET_DINP);
-	uint16_t *dx16 = hmem(nx * sizeof(uint16_t));
-	gpu_download(be, dx16, d_dx16, nx * sizeof(uint16_t));
-	float *dx16f = fvec(nx);
-	for (size_t i = 0; i < nx; i++) {
-		uint32_t bits = (uint32_t)dx16[i] << 16;
-		memcpy(&dx16f[i], &bits, sizeof(bits));
-	}
-	expect_close_scaled("matmul_backward dinp16", dx16f, hget(d_dx1, nx), nx, 0.0, 1.0 / 128,
-			    1e-3);
+	expect_close_scaled("matmul_backward dinp16", hget16(d_dx16, nx), hget(d_dx1, nx), nx, 0.0,
+			    1.0 / 128, 1e-3);
 	case_end();
 
 	/* attention_forward's twin, fused (HS 64) and not (HS 96) */
