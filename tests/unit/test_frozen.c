@@ -582,11 +582,18 @@ static void test_real_shapes(void)
 	/* Full fine-tuning in the bf16 mode: the trainable weights' bf16 copy
 	 * leaves out an untied embedding (Llama-3-8B's 128256 x 4096: only its
 	 * lookup reads it, in fp32) and keeps a tied one (Qwen2-0.5B's: the LM
-	 * head's operand too). */
+	 * head's operand too). At the benches' shapes the head's chunks of
+	 * bf16 logits (DESIGN.md): Llama-3-8B B4 x T2048, 4 of 2048 rows (its
+	 * layers' region, its attention backward's 577 MiB, holds ~2358 bf16
+	 * rows of 128256: 2304 by 64s, so 4 chunks, N split evenly);
+	 * Qwen2-0.5B B8 x T1024, 3 of 2736 (twice
+	 * the inputs bound's 1756 rows, 3 chunks, N split evenly, by 8s). The
+	 * fp32 mode keeps fp32 logits. */
 	const struct {
 		const char *json;
 		size_t lo;
-	} full[] = {{l8, 128256u * 4096u}, {q05, 0}};
+		int B, T, rows16;
+	} full[] = {{l8, 128256u * 4096u, 4, 2048, 2048}, {q05, 0, 8, 1024, 2736}};
 	for (size_t i = 0; i < sizeof(full) / sizeof(full[0]); i++) {
 		struct tr_model_config cfg;
 		struct td_errbuf eb = {{0}};
@@ -600,6 +607,18 @@ static void test_real_shapes(void)
 		const struct tr_plan_buf *c16 = tr_plan_find(&p, "scratch.params_bf16");
 		CHECK(c16 && c16->bytes == 2 * (p.numel_trainable - full[i].lo));
 		tr_plan_fini(&p);
+		for (int bf16 = 0; bf16 < 2; bf16++) {
+			struct tr_plan_opts bo = {.B = full[i].B, .T = full[i].T, .gemm_bf16 = bf16,
+						  .attention_lse = bf16};
+			CHECK_EQ_INT(tr_plan_build(&p, &cfg, &bo, &eb), TD_OK);
+			CHECK_EQ_INT(p.logits16, bf16);
+			if (bf16)
+				CHECK_EQ_INT(p.logits_rows, full[i].rows16);
+			const struct tr_plan_buf *lg = tr_plan_find(&p, "scratch.logits");
+			CHECK(lg && lg->bytes == (size_t)p.logits_rows * (size_t)cfg.vocab_size *
+							 (bf16 ? 2 : 4));
+			tr_plan_fini(&p);
+		}
 	}
 }
 
