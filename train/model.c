@@ -290,6 +290,14 @@ static float *param_ptr(struct tr_model *m, const struct tr_param *p, bool grad)
 	return p->trainable ? m->params + p->offset : m->base32 + p->offset;
 }
 
+/* The bf16 copy of trainable float i (scratch.params_bf16 covers
+ * [plan.copy16_lo, numel_trainable)), or NULL where it has none. */
+static gpu_bf16 *copy16_at(struct tr_model *m, size_t i)
+{
+	const size_t lo = m->plan.copy16_lo;
+	return m->copy16 && i >= lo ? m->copy16 + (i - lo) : NULL;
+}
+
 /* The bf16 copy of trainable p (the bf16 mode), else NULL. */
 static gpu_bf16 *copy16_ptr(struct tr_model *m, const struct tr_param *p)
 {
@@ -297,18 +305,16 @@ static gpu_bf16 *copy16_ptr(struct tr_model *m, const struct tr_param *p)
 		return NULL;
 	if (m->wpart)
 		return p->wslot >= 0 && m->wslot16[p->wslot] ? m->wslot16[p->wslot] + p->w16off : NULL;
-	const size_t lo = m->plan.copy16_lo;
-	return m->copy16 && p->offset >= lo ? m->copy16 + (p->offset - lo) : NULL;
+	return copy16_at(m, p->offset);
 }
 
 /* Rounds params [lo, hi) into their bf16 copy where they have one. */
 static void copy16_round(struct tr_model *m, size_t lo, size_t hi)
 {
-	const size_t c = m->plan.copy16_lo;
-	if (lo < c)
-		lo = c;
-	if (m->copy16 && hi > lo)
-		gpu_bf16_round(m->be, m->copy16 + (lo - c), m->params + lo, hi - lo);
+	if (lo < m->plan.copy16_lo)
+		lo = m->plan.copy16_lo;
+	if (hi > lo && copy16_at(m, lo))
+		gpu_bf16_round(m->be, copy16_at(m, lo), m->params + lo, hi - lo);
 }
 
 /* Parameter (or gradient) pointer by name; NULL as param_ptr. */
@@ -1352,8 +1358,8 @@ static void head_chunk(struct tr_model *m, int r0, int n)
 {
 	const struct tr_model_config *c = &m->plan.cfg;
 	const struct wref w = weight_of(m, m->lm_head);
-	gpu_matmul_forward(m->be, m->logits, m->logits16, m->lnf_out + (size_t)r0 * c->hidden_size, NULL,
-			   w.f, w.h, NULL, n, c->hidden_size, c->vocab_size);
+	gpu_matmul_forward(m->be, m->logits, m->logits16, m->lnf_out + (size_t)r0 * c->hidden_size,
+			   NULL, w.f, w.h, NULL, n, c->hidden_size, c->vocab_size);
 }
 
 /* dln rows [r0, r0 + n) (overwritten) and the lm_head's gradient from the
@@ -1764,8 +1770,8 @@ static void head_backward(struct tr_model *m, const struct tr_stage *s, float dl
 	const int r0 = s->r0, n = s->rows;
 	switch (m->last_head) {
 	case HEAD_CLASSIFY: {
-		gpu_crossentropy_backward(be, NULL, m->logits, NULL, m->logits, NULL, m->targets, dloss, B,
-					  o->num_labels);
+		gpu_crossentropy_backward(be, NULL, m->logits, NULL, m->logits, NULL, m->targets,
+					  dloss, B, o->num_labels);
 		const struct wref w = weight_of(m, m->score);
 		gpu_matmul_backward(be, m->dpooled, NULL, m->dscore, NULL, m->logits, NULL,
 				    m->pooled, NULL, w.f, w.h, B, C, o->num_labels, true);
@@ -2009,10 +2015,9 @@ static void adamw_run(struct tr_model *m, const struct tr_adamw *h, float lr, in
 	while (b > a) {
 		/* the floats without a copy, then those with one */
 		const size_t e = m->copy16 && a < c && c < b ? c : b;
-		gpu_bf16 *c16 = m->copy16 && a >= c ? m->copy16 + (a - c) : NULL;
-		gpu_adamw_update(m->be, m->params + (a - wlo), c16, m->grads + (a - glo), m->gscale,
-				 m->m1 + (a - lo), m->m2 + (a - lo), e - a, lr, h->beta1, h->beta2,
-				 h->eps, wd, t);
+		gpu_adamw_update(m->be, m->params + (a - wlo), copy16_at(m, a), m->grads + (a - glo),
+				 m->gscale, m->m1 + (a - lo), m->m2 + (a - lo), e - a, lr, h->beta1,
+				 h->beta2, h->eps, wd, t);
 		a = e;
 	}
 }

@@ -224,10 +224,10 @@ static td_err build_params(struct tr_plan *p, struct td_errbuf *eb)
 	p->embed_rows = o->shard_ranks > 1 && emb && emb->trainable && !o->inference;
 	/* the embedding is no GEMM's operand: its gradient and (PARAMETERS)
 	 * its lookup go by rows alone (train/plan.h: embed_rows) */
-	const bool emb_apart = p->embed_rows && !(p->cfg.tie_word_embeddings && o->num_labels == 0);
+	const bool emb_gemm = p->cfg.tie_word_embeddings && o->num_labels == 0; /* the LM head too */
+	const bool emb_apart = p->embed_rows && !emb_gemm;
 	p->embed_lookup_rows = emb_apart && tr_shard_params(o->shard, o->shard_ranks);
 	/* read in fp32 only, by the lookup, unless it is the LM head too */
-	const bool emb_gemm = p->cfg.tie_word_embeddings && o->num_labels == 0;
 	p->copy16_lo = emb && emb->trainable && emb->offset == 0 && !emb_gemm ? emb->numel : 0;
 	if (tr_shard_grads(o->shard, o->shard_ranks)) {
 		const int L = p->cfg.num_layers;
@@ -425,6 +425,22 @@ static size_t max_sz(size_t a, size_t b)
 static size_t min_sz(size_t a, size_t b)
 {
 	return a < b ? a : b;
+}
+
+/* Rows a chunk when N rows are split evenly over the chunks of at most
+ * `most` rows they take: a multiple of 8 (each chunk's rows start 16-byte
+ * aligned), at most N. */
+static size_t even_rows(size_t N, size_t most)
+{
+	const size_t chunks = (N + most - 1) / most;
+	return min_sz(((N + chunks - 1) / chunks + 7) / 8 * 8, N);
+}
+
+/* A chunk of logits: rows of V, lsz bytes each (4, or 2 in bf16); 0 where
+ * that overflows, as f32_bytes. */
+static size_t logits_bytes(size_t rows, size_t V, size_t lsz)
+{
+	return f32_bytes(rows, V, 1) / 4 * lsz;
 }
 
 /* bf16 elements of the GEMM operand scratch (scratch.gemm_bf16) that the
@@ -717,12 +733,8 @@ td_err tr_plan_build(struct tr_plan *p, const struct tr_model_config *cfg,
 	 * chunks they take (multiples of 8 rows), unless a test set the chunk;
 	 * bigger chunks cost nothing more and each adds its head's weight
 	 * gradient product, which reads and writes the whole fp32 gradient */
-	if (p->logits16 && !o->logits_chunk_floats && N > 2 * rows) {
-		const size_t chunks = (N + 2 * rows - 1) / (2 * rows);
-		rows = min_sz(((N + chunks - 1) / chunks + 7) / 8 * 8, N);
-	} else if (p->logits16 && !o->logits_chunk_floats) {
-		rows = N;
-	}
+	if (p->logits16 && !o->logits_chunk_floats)
+		rows = even_rows(N, 2 * rows);
 	p->logits_rows = (int)N;
 	if ((train || o->teacher_rows) && !classify && N > rows)
 		p->logits_rows = (int)rows;
@@ -1075,7 +1087,8 @@ td_err tr_plan_build(struct tr_plan *p, const struct tr_model_config *cfg,
 		 * (its forward chunks and their backward, between the last
 		 * layer's forward and the final norm's backward), which no
 		 * layer's forward, recompute or backward overlaps: phase 4 */
-		{"logits", classify ? f32_bytes(B, NL, 1) : f32_bytes((size_t)p->logits_rows, V, 1) / 4 * lsz, true,
+		{"logits",
+		 classify ? f32_bytes(B, NL, 1) : logits_bytes((size_t)p->logits_rows, V, lsz), true,
 		 train ? 4 : 0},
 		{"losses", f32_bytes(N, 1, 1), true, 0},
 		{"kl", f32_bytes(N, 1, 1), o->distill, 0},
@@ -1148,12 +1161,11 @@ td_err tr_plan_build(struct tr_plan *p, const struct tr_model_config *cfg,
 		const size_t fit = min_sz(others / (V * lsz),
 					  TR_LOGITS_CHUNK_FLOATS * sizeof(float) / lsz / V) / 64 * 64;
 		if (fit > (size_t)p->logits_rows) {
-			const size_t chunks = (N + fit - 1) / fit;
-			p->logits_rows = (int)min_sz(((N + chunks - 1) / chunks + 7) / 8 * 8, N);
+			p->logits_rows = (int)even_rows(N, fit);
 			for (size_t i = 0; i < nscratch; i++) {
 				if (!strcmp(scratch[i].what, "logits")) {
 					phase_bytes[4] -= aligned(scratch[i].bytes);
-					scratch[i].bytes = f32_bytes((size_t)p->logits_rows, V, 1) / 4 * lsz;
+					scratch[i].bytes = logits_bytes(p->logits_rows, V, lsz);
 					phase_bytes[4] += aligned(scratch[i].bytes);
 				} else if (!strcmp(scratch[i].what, "gemm_bf16")) {
 					/* the head's input, rounded: more rows */

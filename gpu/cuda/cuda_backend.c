@@ -839,7 +839,7 @@ static td_err backend_new(struct gpu_backend **out, int ordinal, const char *cac
 		if (s != CUBLAS_STATUS_SUCCESS)
 			e = td_fail(eb, TD_EDEVICE, "cuBLAS: %s", cublasGetStatusName(s));
 		/* optional: without it a product with a residual addend takes a
-		 * copy and cuBLAS (cuda_ops.c: lt_gemm_add) */
+		 * copy and cuBLAS (cuda_ops.c: cu_matmul_forward_residual) */
 		if (e == TD_OK && cublasLtCreate(&cb->lt) != CUBLAS_STATUS_SUCCESS)
 			cb->lt = NULL;
 	}

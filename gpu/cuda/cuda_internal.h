@@ -96,7 +96,7 @@ struct cu_backend {
 	char uuid[37];
 	cublasHandle_t blas;
 	/* cuBLASLt, for the products whose output is not their addend
-	 * (cuda_ops.c: lt_gemm_add); NULL where it could not be created (the
+	 * (cuda_ops.c: lt_plan, cu_matmul_forward_residual); NULL where it could not be created (the
 	 * ops then take another way). Its plans by shape, made once each. */
 	cublasLtHandle_t lt;
 	struct cu_lt_plan {

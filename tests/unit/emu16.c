@@ -174,15 +174,6 @@ static void emu_matmul_forward_add(struct gpu_backend *be, float *out, gpu_bf16 
 	free(w);
 }
 
-static void emu_matmul_forward_residual(struct gpu_backend *be, float *out, const float *res,
-					const float *inp, const gpu_bf16 *inp16, const float *weight,
-					const gpu_bf16 *weight16, int N, int C, int OC)
-{
-	assert(out != res);
-	memcpy(out, res, (size_t)N * (size_t)OC * sizeof(float));
-	emu_matmul_forward_add(be, out, NULL, inp, inp16, weight, weight16, N, C, OC);
-}
-
 static void emu_matmul_backward(struct gpu_backend *be, float *dinp, gpu_bf16 *dinp16,
 				float *dweight, float *dbias, const float *dout,
 				const gpu_bf16 *dout16, const float *inp, const gpu_bf16 *inp16,
@@ -465,8 +456,9 @@ static td_err emu_new(struct gpu_backend **out, bool flash, struct td_errbuf *eb
 	ops.embedding_forward = emu_embedding_forward;
 	ops.rmsnorm_forward = emu_rmsnorm_forward;
 	ops.matmul_forward = emu_matmul_forward;
+	/* matmul_forward_residual: the CPU backend's (res copied, then this
+	 * table's matmul_forward_add) */
 	ops.matmul_forward_add = emu_matmul_forward_add;
-	ops.matmul_forward_residual = emu_matmul_forward_residual;
 	ops.matmul_backward = emu_matmul_backward;
 	ops.attention_forward = emu_attention_forward;
 	ops.swiglu_forward = emu_swiglu_forward;
