@@ -132,6 +132,9 @@ struct tr_model {
 	bool base_shared, base_loaded;
 	gpu_bf16 *params16;              /* frozen tensors stored in bf16 (plan.opts.frozen_bf16) */
 	gpu_bf16 *copy16;                /* bf16 mode: the trainable prefix of params, rounded */
+	/* plan.copy16_ring: the layer whose matrices each slot holds rounded
+	 * (-1: none, or stale since the masters changed) */
+	int ring_holds[TR_COPY16_RING];
 	/* lm_head == embed when tied; NULL for a classifier (weights: weight_of) */
 	const struct tr_param *embed, *lm_head, *score;
 	float *lnf;
@@ -291,11 +294,43 @@ static float *param_ptr(struct tr_model *m, const struct tr_param *p, bool grad)
 }
 
 /* The bf16 copy of trainable float i (scratch.params_bf16 covers
- * [plan.copy16_lo, numel_trainable)), or NULL where it has none. */
+ * [plan.copy16_lo, numel_trainable): tr_plan_copy16_index), or NULL where
+ * it has none. Contiguous with the copies of the floats after i up to the
+ * end of i's run: a layer's matrices in the ring (copy16_ring), or the
+ * rest before or after them. */
 static gpu_bf16 *copy16_at(struct tr_model *m, size_t i)
 {
-	const size_t lo = m->plan.copy16_lo;
-	return m->copy16 && i >= lo ? m->copy16 + (i - lo) : NULL;
+	int l;
+	if (!m->copy16 || i < m->plan.copy16_lo)
+		return NULL;
+	return m->copy16 + tr_plan_copy16_index(&m->plan, i, &l);
+}
+
+/* copy16_ring: the end of the decoder layers' matrices */
+static size_t ring_hi(const struct tr_model *m)
+{
+	const struct tr_plan *p = &m->plan;
+	return p->ring_lo + (size_t)p->cfg.num_layers * p->ring_numel;
+}
+
+/* Layer l's matrices rounded into their ring slot, unless it holds them
+ * already (plan.copy16_ring; nothing otherwise): before any op of the
+ * layer reads its bf16 weights. */
+static void ring_ensure(struct tr_model *m, int l)
+{
+	const struct tr_plan *p = &m->plan;
+	if (!p->copy16_ring || !m->copy16 || m->ring_holds[l % TR_COPY16_RING] == l)
+		return;
+	const size_t a = p->ring_lo + (size_t)l * p->ring_numel;
+	gpu_bf16_round(m->be, copy16_at(m, a), m->params + a, p->ring_numel);
+	m->ring_holds[l % TR_COPY16_RING] = l;
+}
+
+/* The masters changed: no ring slot holds what they round to. */
+static void ring_stale(struct tr_model *m)
+{
+	for (int k = 0; k < TR_COPY16_RING; k++)
+		m->ring_holds[k] = -1;
 }
 
 /* The bf16 copy of trainable p (the bf16 mode), else NULL. */
@@ -308,13 +343,30 @@ static gpu_bf16 *copy16_ptr(struct tr_model *m, const struct tr_param *p)
 	return copy16_at(m, p->offset);
 }
 
-/* Rounds params [lo, hi) into their bf16 copy where they have one. */
+/* Rounds params [lo, hi) into their bf16 copy where they have one; the
+ * layers' matrices under copy16_ring are rounded when a layer needs them
+ * (ring_ensure), so their slots go stale instead. */
 static void copy16_round(struct tr_model *m, size_t lo, size_t hi)
 {
 	if (lo < m->plan.copy16_lo)
 		lo = m->plan.copy16_lo;
-	if (hi > lo && copy16_at(m, lo))
-		gpu_bf16_round(m->be, copy16_at(m, lo), m->params + lo, hi - lo);
+	if (hi <= lo || !m->copy16)
+		return;
+	if (m->plan.copy16_ring) {
+		const size_t r0 = m->plan.ring_lo, r1 = ring_hi(m);
+		if (lo < r1 && hi > r0)
+			ring_stale(m);
+		if (lo < r0) {
+			const size_t e = hi < r0 ? hi : r0;
+			gpu_bf16_round(m->be, copy16_at(m, lo), m->params + lo, e - lo);
+		}
+		if (hi > r1) {
+			const size_t b = lo > r1 ? lo : r1;
+			gpu_bf16_round(m->be, copy16_at(m, b), m->params + b, hi - b);
+		}
+		return;
+	}
+	gpu_bf16_round(m->be, copy16_at(m, lo), m->params + lo, hi - lo);
 }
 
 /* Parameter (or gradient) pointer by name; NULL as param_ptr. */
@@ -414,6 +466,7 @@ static void bind(struct tr_model *m)
 	m->base32 = buf(m, "base.f32");
 	m->params16 = buf(m, "params16");
 	m->copy16 = buf(m, "scratch.params_bf16");
+	ring_stale(m);
 	m->grads = buf(m, "grads");
 	for (int k = 0; k <= TR_GRAD_RING; k++)
 		m->gslot[k] = k < TR_GRAD_RING ? buf(m, "grads.ring.%d", k) : buf(m, "grads.rest");
@@ -1256,6 +1309,7 @@ static void layer_forward(struct tr_model *m, int l, bool recompute)
 	assert(gpu_attention_flash(be, HS) == m->plan.opts.attention_lse);
 	assert(!recompute || m->plan.opts.recompute != TR_RECOMPUTE_NONE);
 	struct layer_a *a = &m->a[l];
+	ring_ensure(m, l);
 	/* The products run in the forward and in a full recompute. */
 	const bool prod = !recompute || tr_recompute_full(m->plan.opts.recompute);
 	/* q, k, v in fp32: kept, or (q16: the fused attention's) staged in
@@ -1691,6 +1745,7 @@ static void layer_backward_mlp(struct tr_model *m, int l)
 	const struct layer_w *w = &m->w[l];
 	const struct layer_w *g = &m->g[l];
 	const struct layer_a *a = &m->a[l];
+	ring_ensure(m, l);
 
 	/* dres holds d(res[l+1]); it flows unchanged into d(res_mid) through the
 	 * residual, and the MLP branch adds its part: by parts of
@@ -1728,6 +1783,7 @@ static void layer_backward(struct tr_model *m, int l)
 	const struct layer_w *w = &m->w[l];
 	const struct layer_w *g = &m->g[l];
 	const struct layer_a *a = &m->a[l];
+	ring_ensure(m, l);
 
 	/* dres is now d(res_mid); same for the attention branch. */
 	linear_backward(m, l, TR_LIN_O, m->dy, true, m->dres, NULL, a->y, a->y16);
@@ -2012,12 +2068,25 @@ static void adamw_run(struct tr_model *m, const struct tr_adamw *h, float lr, in
 	/* The summed gradient of trainable float i: grads[i], or (GRADIENTS,
 	 * the part's only) grads[i - lo]. */
 	const size_t glo = tr_shard_grads(p->opts.shard, p->opts.shard_ranks) ? lo : 0;
+	/* copy16_ring: the layers' matrices [r0, r1) step without a copy (their
+	 * slots go stale), the floats on either side with theirs */
+	const bool ring = m->copy16 && p->copy16_ring;
+	const size_t r0 = ring ? p->ring_lo : SIZE_MAX, r1 = ring ? ring_hi(m) : SIZE_MAX;
+	if (ring && a < r1 && b > r0)
+		ring_stale(m);
 	while (b > a) {
-		/* the floats without a copy, then those with one */
-		const size_t e = m->copy16 && a < c && c < b ? c : b;
-		gpu_adamw_update(m->be, m->params + (a - wlo), copy16_at(m, a), m->grads + (a - glo),
-				 m->gscale, m->m1 + (a - lo), m->m2 + (a - lo), e - a, lr, h->beta1,
-				 h->beta2, h->eps, wd, t);
+		/* runs of floats split where their copy starts, stops or resumes */
+		size_t e = b;
+		if (m->copy16 && a < c && c < e)
+			e = c;
+		if (a < r0 && r0 < e)
+			e = r0;
+		if (a < r1 && r1 < e)
+			e = r1;
+		const bool none = a >= r0 && a < r1;
+		gpu_adamw_update(m->be, m->params + (a - wlo), none ? NULL : copy16_at(m, a),
+				 m->grads + (a - glo), m->gscale, m->m1 + (a - lo), m->m2 + (a - lo),
+				 e - a, lr, h->beta1, h->beta2, h->eps, wd, t);
 		a = e;
 	}
 }

@@ -14,6 +14,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+static void copy16_ring(struct tr_plan *p, const struct tr_plan_opts *o);
+static size_t copy16_numel(const struct tr_plan *p);
+
 const char *tr_arena_name(enum tr_arena a)
 {
 	static const char *names[TR_ARENA_ALL] = {"params", "base", "grads", "optim", "acts", "scratch", "host"};
@@ -229,6 +232,7 @@ static td_err build_params(struct tr_plan *p, struct td_errbuf *eb)
 	p->embed_lookup_rows = emb_apart && tr_shard_params(o->shard, o->shard_ranks);
 	/* read in fp32 only, by the lookup, unless it is the LM head too */
 	p->copy16_lo = emb && emb->trainable && emb->offset == 0 && !emb_gemm ? emb->numel : 0;
+	copy16_ring(p, o);
 	if (tr_shard_grads(o->shard, o->shard_ranks)) {
 		const int L = p->cfg.num_layers;
 		/* Units: layer l's halves units 2l and 2l + 1; the head's, the
@@ -669,6 +673,70 @@ static td_err build_stages(struct tr_plan *p, struct td_errbuf *eb)
 	STAGE(TR_STAGE_OPTIMIZER, -1, 0, 0);
 #undef STAGE
 	return TD_OK;
+}
+
+/* plan.copy16_ring: where it applies, and each layer's run of matrices —
+ * the decayed trainable tensors of layer l, one run of the arena in layer
+ * order (the passes of tr_plan_build), all of one length. */
+static void copy16_ring(struct tr_plan *p, const struct tr_plan_opts *o)
+{
+	const int L = p->cfg.num_layers;
+	p->copy16_ring = false;
+	p->ring_lo = p->ring_numel = 0;
+	if (!o->gemm_bf16 || o->inference || o->lora_rank > 0 || L <= TR_COPY16_RING ||
+	    (o->recompute != TR_RECOMPUTE_FULL && o->recompute != TR_RECOMPUTE_FULL_OFFLOAD) ||
+	    (o->shard != TR_SHARD_NONE && o->shard_ranks > 1))
+		return;
+	size_t lo = 0, per = 0;
+	for (int l = 0; l < L; l++) {
+		size_t a = SIZE_MAX, b = 0, n = 0;
+		for (size_t i = 0; i < p->nparams; i++) {
+			const struct tr_param *t = &p->params[i];
+			if (t->layer != l || t->ndim != 2)
+				continue;
+			if (!t->trainable || !t->decay || t->nf4 || t->bf16)
+				return;
+			a = t->offset < a ? t->offset : a;
+			b = t->offset + t->numel > b ? t->offset + t->numel : b;
+			n += t->numel;
+		}
+		if (b <= a || n != b - a || a < p->copy16_lo)
+			return;
+		if (l == 0) {
+			lo = a;
+			per = n;
+		} else if (n != per || a != lo + (size_t)l * per) {
+			return;
+		}
+	}
+	p->copy16_ring = true;
+	p->ring_lo = lo;
+	p->ring_numel = per;
+}
+
+static size_t copy16_numel(const struct tr_plan *p)
+{
+	const size_t n = p->numel_trainable - p->copy16_lo;
+	if (!p->copy16_ring)
+		return n;
+	return n - (size_t)p->cfg.num_layers * p->ring_numel + TR_COPY16_RING * p->ring_numel;
+}
+
+size_t tr_plan_copy16_index(const struct tr_plan *p, size_t i, int *layer)
+{
+	assert(i >= p->copy16_lo && i < p->numel_trainable);
+	*layer = -1;
+	if (!p->copy16_ring)
+		return i - p->copy16_lo;
+	const size_t ring = TR_COPY16_RING * p->ring_numel;
+	const size_t hi = p->ring_lo + (size_t)p->cfg.num_layers * p->ring_numel;
+	if (i < p->ring_lo)
+		return ring + (i - p->copy16_lo);
+	if (i >= hi)
+		return ring + (p->ring_lo - p->copy16_lo) + (i - hi);
+	const size_t l = (i - p->ring_lo) / p->ring_numel;
+	*layer = (int)l;
+	return (l % TR_COPY16_RING) * p->ring_numel + (i - p->ring_lo - l * p->ring_numel);
 }
 
 td_err tr_plan_build(struct tr_plan *p, const struct tr_model_config *cfg,
@@ -1135,7 +1203,7 @@ td_err tr_plan_build(struct tr_plan *p, const struct tr_model_config *cfg,
 		{"gemm_bf16", gemm * 2, gemm > 0, 0},
 		/* the trainable weights rounded once per update, not per product
 		 * (the GEMMs' twins of them; frozen ones are stored in bf16) */
-		{"params_bf16", (p->numel_trainable - p->copy16_lo) * 2,
+		{"params_bf16", copy16_numel(p) * 2,
 		 o->gemm_bf16 && p->numel_trainable > 0 && !tr_shard_params(o->shard, o->shard_ranks), 0},
 	};
 	const size_t nscratch = sizeof(scratch) / sizeof(scratch[0]);

@@ -219,6 +219,10 @@ struct tr_plan_buf {
  * not kept lives once, for the layer being computed or recomputed
  * (acts.work.*); the last layer's is still there after the forward, so it
  * is never recomputed. A forward-only plan ignores the policy. */
+/* Slots of the bf16 copy's ring (tr_plan.copy16_ring): a layer's
+ * forward may read its slot while the next layer's is rounded. */
+#define TR_COPY16_RING 2
+
 enum tr_recompute {
 	TR_RECOMPUTE_NONE,      /* every layer keeps everything its backward reads */
 	TR_RECOMPUTE_SELECTIVE, /* keeps the products (GEMM outputs), the residual
@@ -380,6 +384,21 @@ struct tr_plan {
 	 * trainable embedding, first in the arena, is no GEMM's operand (its
 	 * lookup reads fp32 rows), so it has no copy (Llama-3-8B: 1 GiB). */
 	size_t copy16_lo;
+	/* ... and under FULL and FULL_OFFLOAD recompute, where a full fine-tune
+	 * trains every decoder layer's matrices (unsharded), the copy of those
+	 * matrices — trainable floats [ring_lo, ring_lo + L * ring_numel),
+	 * layer l's the run at ring_lo + l * ring_numel — lives in
+	 * TR_COPY16_RING slots of ring_numel (slot l % TR_COPY16_RING, from the
+	 * start of scratch.params_bf16), rounded from the fp32 masters before the
+	 * layer's forward and again before its recompute or backward where its
+	 * slot has held another layer since (train/model.c), not by AdamW. The
+	 * rest of [copy16_lo, numel_trainable) keeps its copy after the slots,
+	 * in order. The same bits reach every product; the policies that trade
+	 * compute for memory trade the per-layer roundings too (Llama-3-8B at 32
+	 * layers: 14.0 GiB of copy become 1.8). copy16_ring false: one copy of
+	 * the whole range, kept. */
+	bool copy16_ring;
+	size_t ring_lo, ring_numel;
 	size_t numel_f32;             /* fp32 floats: params (numel_trainable) + base.f32 (the frozen rest) */
 	/* Sharded (opts.shard not NONE over shard_ranks > 1): each rank's part
 	 * of the trainable floats is shard_numel = ceil(numel_trainable /
@@ -498,6 +517,10 @@ bool tr_plan_attention_y32(const struct tr_plan_opts *o);
  * matrix read by the GEMMs alone — every trainable 2-D tensor but the
  * embedding, which its lookup reads in fp32 (and, tied, the head in bf16:
  * gathered in fp32 and rounded). The others are gathered in fp32. */
+/* Where trainable float i (copy16_lo <= i < numel_trainable) has its bf16
+ * copy: an index into scratch.params_bf16, and in *layer the decoder layer
+ * whose ring slot that is (copy16_ring), else -1. */
+size_t tr_plan_copy16_index(const struct tr_plan *p, size_t i, int *layer);
 bool tr_plan_gathered16(const struct tr_plan *p, const struct tr_param *t);
 
 /* Whether decoder-layer tensor t is its layer's MLP half's (written by

@@ -709,6 +709,20 @@ static void test_shard_8b_plan(void)
 			CHECK_EQ_INT(tr_plan_find(&p, "grads")->bytes, S * sizeof(float));
 		if (k >= TR_SHARD_PARAMETERS)
 			CHECK_EQ_INT(tr_plan_find(&p, "params")->bytes, S * sizeof(float));
+		/* The bf16 copy (not of the untied embedding, which no product
+		 * reads): unsharded under FULL, the layers' matrices in a ring of
+		 * TR_COPY16_RING layers' (train/plan.h: copy16_ring), the head's
+		 * and the norms' whole; sharded, the whole copy (OPTIMIZER,
+		 * GRADIENTS) or none (PARAMETERS: the gathers') */
+		const size_t per = 2 * C * C + 2 * C * KV + 3 * C * I;
+		const struct tr_plan_buf *c16 = tr_plan_find(&p, "scratch.params_bf16");
+		CHECK_EQ_INT(p.copy16_ring, k == TR_SHARD_NONE);
+		if (k == TR_SHARD_NONE)
+			CHECK_EQ_INT(c16->bytes, (nt - V * C - (L - TR_COPY16_RING) * per) * 2);
+		else if (k < TR_SHARD_PARAMETERS)
+			CHECK_EQ_INT(c16->bytes, (nt - V * C) * 2);
+		else
+			CHECK(!c16);
 		const size_t total = tr_plan_total_bytes(&p);
 		CHECK_MSG(total < prev, "8B: %s's plan %zu is not below the one before it (%zu)",
 			  tr_shard_name((enum tr_shard)k), total, prev);
