@@ -685,7 +685,7 @@ static void copy16_ring(struct tr_plan *p, const struct tr_plan_opts *o)
 	p->ring_lo = p->ring_numel = 0;
 	if (!o->gemm_bf16 || o->inference || o->lora_rank > 0 || L <= TR_COPY16_RING ||
 	    (o->recompute != TR_RECOMPUTE_FULL && o->recompute != TR_RECOMPUTE_FULL_OFFLOAD) ||
-	    (o->shard != TR_SHARD_NONE && o->shard_ranks > 1))
+	    tr_shard_params(o->shard, o->shard_ranks))
 		return;
 	size_t lo = 0, per = 0;
 	for (int l = 0; l < L; l++) {

@@ -385,7 +385,8 @@ struct tr_plan {
 	 * lookup reads fp32 rows), so it has no copy (Llama-3-8B: 1 GiB). */
 	size_t copy16_lo;
 	/* ... and under FULL and FULL_OFFLOAD recompute, where a full fine-tune
-	 * trains every decoder layer's matrices (unsharded), the copy of those
+	 * trains every decoder layer's matrices (its weights not sharded: the
+	 * gathers round them per layer then), the copy of those
 	 * matrices — trainable floats [ring_lo, ring_lo + L * ring_numel),
 	 * layer l's the run at ring_lo + l * ring_numel — lives in
 	 * TR_COPY16_RING slots of ring_numel (slot l % TR_COPY16_RING, from the

@@ -33,7 +33,9 @@
 #           within the curves' bounds, and against 2 GPUs unsharded (the
 #           same sums: the same to the printed decimals is reported); the
 #           same for GRADIENTS and PARAMETERS on a 5-layer tiny Llama
-#           (gen_llama.py: the rings of slots reused); a sharded 2-GPU
+#           (gen_llama.py: the rings of slots reused), in bf16 also under
+#           FULL recompute (the layers' bf16 copy in a ring: the same
+#           losses as without); a sharded 2-GPU
 #           checkpoint of each at step 50 resumed on 1 GPU (unsharded) within
 #           the bound; bench_train --gpus 2 --shard optimizer, gradients and
 #           parameters beside --shard none (tokens/s, plan and peak)
@@ -286,9 +288,16 @@ if [[ " $parts " == *" shard "* ]]; then
 			P=PRECISION_$(echo $p | tr a-z A-Z)
 			bound=1e-3
 			[ $p = bf16 ] && bound=2e-2
-			for v in d2 dg2 dp2; do
-				top=$(case $v in dg2) echo 'memory { shard: SHARD_GRADIENTS }' ;;
-					dp2) echo 'memory { shard: SHARD_PARAMETERS }' ;; esac)
+			# bf16 also under FULL recompute (d2f, dg2f, dp2f): the layers'
+			# bf16 copy then in a ring of two where the weights are not
+			# sharded (train/plan.h: copy16_ring); a recompute policy
+			# changes no bit, so each run's losses are its NONE twin's
+			fulls=""
+			[ $p = bf16 ] && fulls="d2f dg2f dp2f"
+			for v in d2 dg2 dp2 $fulls; do
+				top=$(case $v in dg2*) echo 'memory { shard: SHARD_GRADIENTS' ;;
+					dp2*) echo 'memory { shard: SHARD_PARAMETERS' ;; *) echo 'memory {' ;; esac)
+				case $v in *f) top="$top recompute: RECOMPUTE_FULL }" ;; *) top="$top }" ;; esac
 				cat >"$WORK/$v-$p.txtpb" <<SPEC
 name: "$v-$p"
 model_dir: "$WORK/deep"
@@ -299,6 +308,10 @@ resources { device: DEVICE_GPU allow_cpu: true }
 $top
 SPEC
 				check "$p: deep $v runs" run "$v-$p" "$v-$p" --backend "$be" --gpus 2 || cat "$WORK/$v-$p.err"
+			done
+			for v in $fulls; do
+				check "$p: 5 layers, $v (FULL recompute): the same losses as ${v%f} (NONE)" \
+					test "$(losses "$WORK/$v-$p.log")" = "$(losses "$WORK/${v%f}-$p.log")"
 			done
 			compare "$p: 5 layers on 2 GPUs, gradients sharded vs unsharded" "$WORK/d2-$p.log" \
 				"$WORK/dg2-$p.log" $bound

@@ -710,17 +710,15 @@ static void test_shard_8b_plan(void)
 		if (k >= TR_SHARD_PARAMETERS)
 			CHECK_EQ_INT(tr_plan_find(&p, "params")->bytes, S * sizeof(float));
 		/* The bf16 copy (not of the untied embedding, which no product
-		 * reads): unsharded under FULL, the layers' matrices in a ring of
+		 * reads): under FULL the layers' matrices in a ring of
 		 * TR_COPY16_RING layers' (train/plan.h: copy16_ring), the head's
-		 * and the norms' whole; sharded, the whole copy (OPTIMIZER,
-		 * GRADIENTS) or none (PARAMETERS: the gathers') */
+		 * and the norms' whole; none with the weights sharded (the
+		 * gathers round them) */
 		const size_t per = 2 * C * C + 2 * C * KV + 3 * C * I;
 		const struct tr_plan_buf *c16 = tr_plan_find(&p, "scratch.params_bf16");
-		CHECK_EQ_INT(p.copy16_ring, k == TR_SHARD_NONE);
-		if (k == TR_SHARD_NONE)
+		CHECK_EQ_INT(p.copy16_ring, k < TR_SHARD_PARAMETERS);
+		if (k < TR_SHARD_PARAMETERS)
 			CHECK_EQ_INT(c16->bytes, (nt - V * C - (L - TR_COPY16_RING) * per) * 2);
-		else if (k < TR_SHARD_PARAMETERS)
-			CHECK_EQ_INT(c16->bytes, (nt - V * C) * 2);
 		else
 			CHECK(!c16);
 		const size_t total = tr_plan_total_bytes(&p);
@@ -1419,11 +1417,14 @@ static void test_shard_grads_resume(const char *deep, enum tr_shard kind)
  * model (recompute full, fused attention), driven as the trainer drives it
  * (micro_begin, the forward with the head's backward fused, the backward,
  * micro_end, finish, the ranks' norm, clip, AdamW, the gather), 3 steps of
- * one micro-batch a rank, full fine-tuning and LoRA. GRADIENTS' GEMMs read
- * the bf16 copy AdamW writes with each weight, PARAMETERS' the matrices
- * their owners round and broadcast in bf16 (the norms gathered in fp32):
- * the same rounding of the same floats, so the losses and norms of every
- * step are the same bits, and no twin is stale. */
+ * one micro-batch a rank, full fine-tuning and LoRA, under each sharding.
+ * PARAMETERS' GEMMs read the matrices their owners round and broadcast in
+ * bf16 (the norms gathered in fp32); the others' the bf16 copy AdamW
+ * writes with each weight, or (a full fine-tune: copy16_ring) the layer's
+ * matrices rounded into their ring slot before its use: the same rounding
+ * of the same floats, so the losses and norms of every step are the same
+ * bits where the same sums are made (GRADIENTS and PARAMETERS; NONE and
+ * OPTIMIZER), and no twin is stale. */
 enum { EM_RANKS = 2, EM_STEPS = 3 };
 
 struct em_arg {
@@ -1433,6 +1434,7 @@ struct em_arg {
 	int r;
 	bool lora;
 	double loss[EM_STEPS], norm[EM_STEPS];
+	bool ring; /* the plan's copy16_ring */
 	td_err e;
 	struct td_errbuf eb;
 };
@@ -1461,6 +1463,7 @@ static void *em_rank(void *p)
 	if ((a->e = tr_model_new(&m, be, &cfg, &o, &a->eb)) != TD_OK)
 		goto out;
 	const struct tr_plan *pl = tr_model_plan(m);
+	a->ring = pl->copy16_ring;
 	for (size_t i = 0; i < pl->nparams && a->e == TD_OK; i++) { /* every rank the same weights */
 		const struct tr_param *t = &pl->params[i];
 		float *h = malloc(t->numel * sizeof(float));
@@ -1842,37 +1845,47 @@ static void test_embed_rows(const char *deep)
 
 static void test_shard_emu16(const char *deep, bool lora)
 {
-	static struct em_arg a[2][EM_RANKS];
+	static struct em_arg a[TR_SHARD_COUNT][EM_RANKS];
 	const size_t v0 = emu16_violations();
-	for (int k = 0; k < 2; k++) {
+	for (int k = 0; k < TR_SHARD_COUNT; k++) {
 		struct gpu_gang *g = NULL;
 		struct td_errbuf eb = {{0}};
 		CHECK_EQ_INT(gpu_gang_new(&g, EM_RANKS, 0, &eb), TD_OK);
 		pthread_t t[EM_RANKS];
 		for (int r = 0; r < EM_RANKS; r++) {
 			a[k][r] = (struct em_arg){.g = g, .dir = deep, .r = r, .lora = lora,
-						  .shard = k ? TR_SHARD_PARAMETERS : TR_SHARD_GRADIENTS};
+						  .shard = (enum tr_shard)k};
 			pthread_create(&t[r], NULL, em_rank, &a[k][r]);
 		}
 		for (int r = 0; r < EM_RANKS; r++) {
 			pthread_join(t[r], NULL);
-			CHECK_MSG(a[k][r].e == TD_OK, "emu16 %s rank %d: %s", k ? "parameters" : "gradients", r,
-				  a[k][r].eb.msg);
+			CHECK_MSG(a[k][r].e == TD_OK, "emu16 %s rank %d: %s",
+				  tr_shard_name((enum tr_shard)k), r, a[k][r].eb.msg);
+			/* the layers' bf16 copy in a ring but where the weights are
+			 * sharded (train/plan.h: copy16_ring) */
+			CHECK_EQ_INT(a[k][r].ring, !lora && k < TR_SHARD_PARAMETERS);
 		}
 		gpu_gang_free(g);
 	}
-	int same = 1;
-	for (int s = 0; s < EM_STEPS; s++)
-		for (int r = 0; r < EM_RANKS; r++)
-			same &= a[0][r].loss[s] == a[1][r].loss[s] && a[0][r].norm[s] == a[1][r].norm[s] &&
-				a[0][r].norm[s] == a[0][0].norm[s];
-	CHECK_MSG(same, "emu16: PARAMETERS' losses or norms are not GRADIENTS' bits");
-	CHECK(a[1][0].loss[EM_STEPS - 1] != a[1][0].loss[0]); /* the steps moved the weights */
+	/* Pairs that sum the same floats: NONE and OPTIMIZER (the whole
+	 * gradient summed on every rank, the norm over it), GRADIENTS and
+	 * PARAMETERS (the parts, the norm summed over them) */
+	for (int k = 0; k < TR_SHARD_COUNT; k += 2) {
+		int same = 1;
+		for (int s = 0; s < EM_STEPS; s++)
+			for (int r = 0; r < EM_RANKS; r++)
+				same &= a[k][r].loss[s] == a[k + 1][r].loss[s] &&
+					a[k][r].norm[s] == a[k + 1][r].norm[s] &&
+					a[k][r].norm[s] == a[k][0].norm[s];
+		CHECK_MSG(same, "emu16: %s's losses or norms are not %s's bits",
+			  tr_shard_name((enum tr_shard)(k + 1)), tr_shard_name((enum tr_shard)k));
+	}
+	CHECK(a[3][0].loss[EM_STEPS - 1] != a[3][0].loss[0]); /* the steps moved the weights */
 	CHECK_MSG(emu16_violations() == v0, "emu16: %zu stale bf16 twins or scratch overflows",
 		  emu16_violations() - v0);
-	printf("emu16 (bf16 mode), 2 ranks, 5 layers%s: parameters' %d steps are gradients' bits (loss "
-	       "%.6f -> %.6f), no stale twin\n",
-	       lora ? ", LoRA" : "", EM_STEPS, a[1][0].loss[0] / 30, a[1][0].loss[EM_STEPS - 1] / 30);
+	printf("emu16 (bf16 mode), 2 ranks, 5 layers%s: parameters' %d steps are gradients' bits and "
+	       "optimizer's none's (loss %.6f -> %.6f), no stale twin\n",
+	       lora ? ", LoRA" : "", EM_STEPS, a[3][0].loss[0] / 30, a[3][0].loss[EM_STEPS - 1] / 30);
 }
 
 /* Evaluation with sharded weights: every rank runs the evaluation's
