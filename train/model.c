@@ -1150,18 +1150,25 @@ static void linear_forward(struct tr_model *m, int l, int k, float *out, gpu_bf1
 
 /* out = res + projection k of layer l (the residual stream's add after
  * o and down): one op where the bf16 mode's GEMM takes the addend apart
- * from its output (gpu/backend.h: matmul_forward_residual), else the
- * product into tmp and residual_forward — and so with a bias or an adapter
- * on the projection, and in the fp32 mode, whose ops stay the CPU's. */
+ * from its output (gpu/backend.h: matmul_forward_residual), an adapter's
+ * product then added onto out (res + x W^T, then + u B^T: the order the
+ * backends share, as matmul_forward_residual's fallback adds the product to
+ * a copy of res); else the product into tmp and residual_forward — with a
+ * bias, and in the fp32 mode, whose ops stay the CPU's. */
 static void linear_forward_residual(struct tr_model *m, int l, int k, float *out,
 				    const float *res, float *tmp, const float *inp,
 				    const gpu_bf16 *inp16)
 {
 	const struct lin *L = &m->lin[l][k];
-	if (m->plan.opts.gemm_bf16 && !L->b && !L->lora) {
+	if (m->plan.opts.gemm_bf16 && !L->b) {
 		const struct wref w = weight_of(m, L->wp);
-		gpu_matmul_forward_residual(m->be, out, res, inp, inp16, w.f, w.h,
-					    m->plan.opts.B * m->plan.opts.T, L->in, L->out);
+		const int N = m->plan.opts.B * m->plan.opts.T;
+		gpu_matmul_forward_residual(m->be, out, res, inp, inp16, w.f, w.h, N, L->in, L->out);
+		if (L->lora) {
+			lora_input(m, l, k, inp, inp16, true);
+			gpu_matmul_forward_add(m->be, out, NULL, L->u, NULL, L->B, L->B16, N,
+					       m->plan.opts.lora_rank, L->out);
+		}
 		return;
 	}
 	linear_forward(m, l, k, tmp, NULL, inp, inp16);
