@@ -17,6 +17,7 @@
 #include "train/method_ops.h"
 
 #include <assert.h>
+#include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -93,6 +94,10 @@ static td_err plan_opts(const struct tr__method_ops *ops, const Traind__JobSpec 
 	 * plans the rank it builds. */
 	po->shard = tr_method_shard(spec);
 	po->shard_ranks = spec->resources && spec->resources->gpus > 1 ? (int)spec->resources->gpus : 0;
+	/* a step's micro-batches (validated: at least 1) bound an untied
+	 * embedding's gradient rows (train/plan.h: emb_slots) */
+	if (spec->hyper)
+		po->grad_accum = spec->hyper->grad_accum > INT_MAX ? INT_MAX : (int)spec->hyper->grad_accum;
 	td_err e;
 	if (ops->adapter(spec) && (e = tr__adapter_plan_opts(spec, po, warn, eb)) != TD_OK)
 		return e;

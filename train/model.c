@@ -184,6 +184,16 @@ struct tr_model {
 
 	int32_t *host_targets;           /* (N) */
 	int32_t *host_ids;               /* (N) of the last forward */
+	/* plan.emb_slots: the untied embedding's gradient by rows — its rows
+	 * (grads.emb_rows) and as a table (acts.emb_grad: emb_table); on the
+	 * device each token's row (emb_slot) and each row's id (emb_id); on the
+	 * host an id's row (-1: none this step), each row's id, the tokens'
+	 * rows; the rows taken this step; whether the table holds them */
+	float *emb_rows, *emb_grad;
+	int32_t *emb_slot, *emb_id;
+	int32_t *slot_of, *slot_id, *tok_slot;
+	size_t nslots;
+	bool emb_table_made;
 	float *host_losses, *host_kl;    /* (N) */
 	int32_t *host_pool;              /* (B) */
 	bool logits_valid;
@@ -284,8 +294,11 @@ static float *param_ptr(struct tr_model *m, const struct tr_param *p, bool grad)
 		if (p->gslot >= 0) /* GRADIENTS: its work buffer (train/plan.h) */
 			return m->gslot[p->gslot] + p->gsoff;
 		/* GRADIENTS without a work buffer: an embedding whose rows go
-		 * straight to the part (plan.embed_rows) */
-		return m->gpart ? NULL : m->grads + p->goffset;
+		 * straight to the part (plan.embed_rows); none either for an
+		 * embedding kept by rows (plan.emb_slots) */
+		if (m->gpart || p->goffset < m->plan.grads_lo)
+			return NULL;
+		return m->grads + (p->goffset - m->plan.grads_lo);
 	}
 	if (p->trainable && m->wpart) /* PARAMETERS: where it is gathered (bf16 only, or by rows: none) */
 		return tr_plan_gathered16(&m->plan, p) || p->wslot < 0 ? NULL
@@ -443,19 +456,23 @@ static void zero_ranges(struct tr_model *m)
 			k++;
 		}
 	qsort(iv, n, 2 * sizeof(*iv), zr_by_off);
-	/* the complement of the sorted, disjoint tensors in [0, numel_trainable) */
+	/* the complement of the sorted, disjoint tensors in [grads_lo,
+	 * numel_trainable) (the floats the arena holds: an embedding below
+	 * grads_lo is kept by rows), as offsets into the arena */
 	if (!(m->zr = calloc(n + 1, sizeof(*m->zr)))) {
 		free(iv);
 		return;
 	}
-	size_t at = 0;
+	const size_t lo = p->grads_lo;
+	size_t at = lo;
 	for (size_t i = 0; i < n; i++) {
+		assert(iv[2 * i] >= lo);
 		if (iv[2 * i] > at)
-			m->zr[m->nzr++] = (__typeof__(*m->zr)){at, iv[2 * i] - at};
+			m->zr[m->nzr++] = (__typeof__(*m->zr)){at - lo, iv[2 * i] - at};
 		at = iv[2 * i + 1];
 	}
 	if (p->numel_trainable > at)
-		m->zr[m->nzr++] = (__typeof__(*m->zr)){at, p->numel_trainable - at};
+		m->zr[m->nzr++] = (__typeof__(*m->zr)){at - lo, p->numel_trainable - at};
 	free(iv);
 }
 
@@ -468,6 +485,10 @@ static void bind(struct tr_model *m)
 	m->copy16 = buf(m, "scratch.params_bf16");
 	ring_stale(m);
 	m->grads = buf(m, "grads");
+	m->emb_rows = buf(m, "grads.emb_rows");
+	m->emb_grad = buf(m, "acts.emb_grad");
+	m->emb_slot = buf(m, "grads.emb_slot");
+	m->emb_id = buf(m, "grads.emb_id");
 	for (int k = 0; k <= TR_GRAD_RING; k++)
 		m->gslot[k] = k < TR_GRAD_RING ? buf(m, "grads.ring.%d", k) : buf(m, "grads.rest");
 	m->wpart = tr_shard_params(m->plan.opts.shard, m->plan.opts.shard_ranks);
@@ -678,9 +699,17 @@ static td_err model_new(struct tr_model **out, struct gpu_backend *be,
 	m->host_losses = malloc(N * sizeof(float));
 	m->host_kl = malloc(N * sizeof(float));
 	m->host_pool = malloc((size_t)opts->B * sizeof(int32_t));
+	const size_t ES = m->plan.emb_slots;
+	if (ES) {
+		m->slot_of = malloc((size_t)m->plan.cfg.vocab_size * sizeof(int32_t));
+		m->slot_id = malloc(ES * sizeof(int32_t));
+		m->tok_slot = malloc(N * sizeof(int32_t));
+		for (int v = 0; m->slot_of && v < m->plan.cfg.vocab_size; v++)
+			m->slot_of[v] = -1;
+	}
 	if (!m->w || !m->g || !m->lin || !m->a || !m->res || !m->host_targets || !m->host_ids || !m->host_losses ||
 	    !m->host_kl || !m->host_pool || (m->plan.arena_bytes[TR_ARENA_HOST] && !m->res_host) ||
-	    (off_att && !m->att_host)) {
+	    (off_att && !m->att_host) || (ES && (!m->slot_of || !m->slot_id || !m->tok_slot))) {
 		tr_model_free(m);
 		return td_fail(eb, TD_ENOMEM, "model: out of memory");
 	}
@@ -767,6 +796,9 @@ void tr_model_free(struct tr_model *m)
 	free(m->att_host);
 	free(m->host_targets);
 	free(m->host_ids);
+	free(m->slot_of);
+	free(m->slot_id);
+	free(m->tok_slot);
 	free(m->host_losses);
 	free(m->host_kl);
 	free(m->host_pool);
@@ -998,12 +1030,15 @@ td_err tr_model_set_param(struct tr_model *m, const struct tr_param *p, const fl
 }
 
 static void settle(struct tr_model *m);
+static const float *emb_table(struct tr_model *m);
 
 void tr_model_get_grad(struct tr_model *m, const struct tr_param *p, float *dst)
 {
 	assert(p->trainable && p->gslot < 0 && !m->gpart); /* unsharded gradients */
 	settle(m);
-	gpu_download(m->be, dst, m->grads + p->goffset, p->numel * sizeof(float));
+	const size_t lo = m->plan.grads_lo;
+	const float *g = p->goffset < lo ? emb_table(m) + p->goffset : m->grads + (p->goffset - lo);
+	gpu_download(m->be, dst, g, p->numel * sizeof(float));
 }
 
 void tr_model_get_moments(struct tr_model *m, float *m1, float *m2)
@@ -1067,6 +1102,7 @@ void tr_model_get_hidden(struct tr_model *m, int i, float *dst)
 	size_t N = (size_t)m->plan.opts.B * (size_t)m->plan.opts.T;
 	int L = m->plan.cfg.num_layers;
 	assert(i >= 0 && i <= L);
+	assert(!m->emb_table_made); /* the embedding's gradient table is over them */
 	const size_t bytes = N * (size_t)m->plan.cfg.hidden_size * sizeof(float);
 	if (i < L && m->res_host) {
 		/* FULL_OFFLOAD: the forward copied every layer's input out; the
@@ -1508,6 +1544,7 @@ static void forward_walk(struct tr_model *m, const struct head_args *h)
 	const struct tr_model_config *c = &p->cfg;
 	const int N = p->opts.B * p->opts.T, C = c->hidden_size;
 	use_scratch(m);
+	m->emb_table_made = false; /* acts.emb_grad is rewritten (plan.emb_slots) */
 	m->dropout_used = m->dropout_armed && p->opts.lora_dropout > 0.0f;
 	m->dropout_armed = false;
 	if (m->stage_hook) /* a forward begins: sharded weights, the first gathered */
@@ -1883,7 +1920,52 @@ static void embed_backward(struct tr_model *m)
 	}
 	if (m->take_rows) /* every rank's rows, scattered by the stage hook (train/ddp.h) */
 		return;
-	gpu_embedding_backward(be, m->dembed, m->dres, m->ids, N, C);
+	if (!m->plan.emb_slots) {
+		gpu_embedding_backward(be, m->dembed, m->dres, m->ids, N, C);
+		return;
+	}
+	/* by rows (plan.emb_slots): each id of the step its row, taken in the
+	 * order the ids first come; the tokens' rows folded into theirs as the
+	 * table's would be (in row order, onto the old value) */
+	for (int n = 0; n < N; n++) {
+		const int32_t id = m->host_ids[n];
+		int32_t r = m->slot_of[id];
+		if (r < 0) {
+			/* B*T rows for each of the plan's grad_accum micro-batches
+			 * of a step (tr_model_zero_grad starts one) */
+			if (m->nslots == m->plan.emb_slots) {
+				fprintf(stderr, "traind: bug: more micro-batches in a step than the plan's "
+						"grad_accum (%d)\n",
+					m->plan.opts.grad_accum);
+				abort();
+			}
+			r = (int32_t)m->nslots++;
+			m->slot_of[id] = r;
+			m->slot_id[r] = id;
+		}
+		m->tok_slot[n] = r;
+	}
+	gpu_upload(be, m->emb_slot, m->tok_slot, (size_t)N * sizeof(int32_t));
+	gpu_embedding_backward(be, m->emb_rows, m->dres, m->emb_slot, N, C);
+	m->emb_table_made = false;
+}
+
+/* plan.emb_slots: the embedding's gradient as a table (acts.emb_grad): each
+ * row the step took, added to its id's row of zeros (so the same bits).
+ * Made once until the rows change or a forward rewrites the activations. */
+static const float *emb_table(struct tr_model *m)
+{
+	struct gpu_backend *be = m->be;
+	const int C = m->plan.cfg.hidden_size;
+	if (!m->emb_table_made) {
+		gpu_zero(be, m->emb_grad, (size_t)m->plan.cfg.vocab_size * C * sizeof(float));
+		if (m->nslots) {
+			gpu_upload(be, m->emb_id, m->slot_id, m->nslots * sizeof(int32_t));
+			gpu_embedding_backward(be, m->emb_grad, m->emb_rows, m->emb_id, (int)m->nslots, C);
+		}
+		m->emb_table_made = true;
+	}
+	return m->emb_grad;
 }
 
 /* The plan's backward stages, up to the optimizer (the trainer's). */
@@ -1952,6 +2034,7 @@ void tr_model_backward(struct tr_model *m, float dloss)
 
 float *tr_model_grads(struct tr_model *m)
 {
+	assert(!m->plan.emb_slots); /* one rank's table: the whole arena */
 	settle(m);
 	return m->grads;
 }
@@ -1987,20 +2070,32 @@ void tr_model_set_stage_hook(struct tr_model *m, tr_stage_hook fn, void *ctx)
 
 /* --- optimizer --- */
 
-/* The gradient floats this model holds summed: every trainable float's,
- * or (GRADIENTS) its part's [shard_lo, shard_hi), at grads. */
+/* The gradient floats this model holds summed at grads: every trainable
+ * float's from plan.grads_lo (the embedding's below it kept by rows), or
+ * (GRADIENTS) its part's [shard_lo, shard_hi). */
 static size_t grads_held(const struct tr_model *m)
 {
 	const struct tr_plan *p = &m->plan;
 	return tr_shard_grads(p->opts.shard, p->opts.shard_ranks) ? p->shard_hi - p->shard_lo
-								    : p->numel_trainable;
+								    : p->numel_trainable - p->grads_lo;
+}
+
+/* plan.emb_slots: the floats of the rows the step took */
+static size_t emb_held(const struct tr_model *m)
+{
+	return m->nslots * (size_t)m->plan.cfg.hidden_size;
 }
 
 /* A pending clip (gscale) applied to the gradients themselves. */
 static void settle(struct tr_model *m)
 {
-	if (m->gscale != 1.0f)
+	if (m->gscale != 1.0f) {
 		gpu_scale(m->be, m->grads, m->gscale, grads_held(m));
+		if (emb_held(m)) {
+			gpu_scale(m->be, m->emb_rows, m->gscale, emb_held(m));
+			m->emb_table_made = false;
+		}
+	}
 	m->gscale = 1.0f;
 }
 
@@ -2026,6 +2121,14 @@ void tr_model_zero_grad(struct tr_model *m)
 	} else {
 		gpu_zero(m->be, m->grads, grads_held(m) * sizeof(float));
 	}
+	if (m->plan.emb_slots) { /* no row taken: the ids' rows free again */
+		gpu_zero(m->be, m->emb_rows,
+			 m->plan.emb_slots * (size_t)m->plan.cfg.hidden_size * sizeof(float));
+		for (size_t r = 0; r < m->nslots; r++)
+			m->slot_of[m->slot_id[r]] = -1;
+		m->nslots = 0;
+		m->emb_table_made = false;
+	}
 	for (int k = 0; k <= TR_GRAD_RING; k++)
 		if (m->gslot[k])
 			gpu_zero(m->be, m->gslot[k], m->plan.grad_slot_numel[k] * sizeof(float));
@@ -2034,7 +2137,9 @@ void tr_model_zero_grad(struct tr_model *m)
 double tr_model_grad_sumsq(struct tr_model *m)
 {
 	settle(m);
-	return gpu_sumsq(m->be, m->grads, grads_held(m));
+	/* the embedding's rows (plan.emb_slots: its only nonzero floats) first */
+	const double e = emb_held(m) ? gpu_sumsq(m->be, m->emb_rows, emb_held(m)) : 0.0;
+	return e + gpu_sumsq(m->be, m->grads, grads_held(m));
 }
 
 double tr_model_grad_norm(struct tr_model *m)
@@ -2090,10 +2195,14 @@ static void adamw_run(struct tr_model *m, const struct tr_adamw *h, float lr, in
 			e = r0;
 		if (a < r1 && r1 < e)
 			e = r1;
+		if (a < p->grads_lo && p->grads_lo < e)
+			e = p->grads_lo;
 		const bool none = a >= r0 && a < r1;
-		gpu_adamw_update(m->be, m->params + (a - wlo), none ? NULL : copy16_at(m, a),
-				 m->grads + (a - glo), m->gscale, m->m1 + (a - lo), m->m2 + (a - lo),
-				 e - a, lr, h->beta1, h->beta2, h->eps, wd, t);
+		/* the embedding's gradient kept by rows (plan.emb_slots) as a table */
+		const float *g = a < p->grads_lo ? emb_table(m) + a : m->grads + (a - glo - p->grads_lo);
+		gpu_adamw_update(m->be, m->params + (a - wlo), none ? NULL : copy16_at(m, a), g,
+				 m->gscale, m->m1 + (a - lo), m->m2 + (a - lo), e - a, lr, h->beta1,
+				 h->beta2, h->eps, wd, t);
 		a = e;
 	}
 }

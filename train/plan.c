@@ -233,6 +233,16 @@ static td_err build_params(struct tr_plan *p, struct td_errbuf *eb)
 	/* read in fp32 only, by the lookup, unless it is the LM head too */
 	p->copy16_lo = emb && emb->trainable && emb->offset == 0 && !emb_gemm ? emb->numel : 0;
 	copy16_ring(p, o);
+	/* the untied embedding's gradient by rows (train/plan.h: emb_slots) */
+	p->emb_slots = p->grads_lo = 0;
+	{
+		const size_t rows = (size_t)o->B * (size_t)o->T * (size_t)(o->grad_accum > 0 ? o->grad_accum : 0);
+		if (!o->inference && p->copy16_lo && !p->embed_rows && o->shard_ranks <= 1 &&
+		    rows > 0 && rows < (size_t)p->cfg.vocab_size && !emb->nf4 && !emb->bf16) {
+			p->emb_slots = rows;
+			p->grads_lo = emb->numel;
+		}
+	}
 	if (tr_shard_grads(o->shard, o->shard_ranks)) {
 		const int L = p->cfg.num_layers;
 		/* Units: layer l's halves units 2l and 2l + 1; the head's, the
@@ -327,6 +337,8 @@ static td_err check_opts(const struct tr_plan_opts *o, const struct tr_model_con
 	if ((unsigned)o->shard >= TR_SHARD_BUILT)
 		return td_fail(eb, TD_EUNSUPPORTED,
 			       "plan: unknown sharding %d", (int)o->shard);
+	if (o->grad_accum < 0)
+		return td_fail(eb, TD_EINVAL, "plan: grad_accum %d", o->grad_accum);
 	if (o->shard_ranks < 0 || (o->shard_ranks > 1 && (o->shard_rank < 0 || o->shard_rank >= o->shard_ranks)))
 		return td_fail(eb, TD_EINVAL, "plan: shard rank %d of %d", o->shard_rank, o->shard_ranks);
 	if (o->lora_rank > 0) {
@@ -880,7 +892,16 @@ td_err tr_plan_build(struct tr_plan *p, const struct tr_model_config *cfg,
 		 * gradients, and the work buffers the backward writes. */
 		const bool gpart = tr_shard_grads(o->shard, o->shard_ranks);
 		NAMED("grads");
-		BUF(TR_ARENA_GRADS, f32_bytes(gpart ? p->shard_numel : p->numel_trainable, 1, 1));
+		BUF(TR_ARENA_GRADS,
+		    f32_bytes(gpart ? p->shard_numel : p->numel_trainable - p->grads_lo, 1, 1));
+		if (p->emb_slots) {
+			NAMED("grads.emb_rows");
+			BUF(TR_ARENA_GRADS, f32_bytes(p->emb_slots, C, 1));
+			NAMED("grads.emb_slot");
+			BUF(TR_ARENA_GRADS, N * sizeof(int32_t));
+			NAMED("grads.emb_id");
+			BUF(TR_ARENA_GRADS, p->emb_slots * sizeof(int32_t));
+		}
 		/* rest16_in_ring: the ring's slots and params16.rest share one
 		 * region (grads.ring), as large as the larger of the two */
 		size_t ring = 0, region = p->arena_bytes[TR_ARENA_GRADS];
@@ -957,6 +978,8 @@ td_err tr_plan_build(struct tr_plan *p, const struct tr_model_config *cfg,
 	BUF(TR_ARENA_ACTS, f32_bytes(T, HS / 2, 1));
 	NAMED("acts.rope_sin");
 	BUF(TR_ARENA_ACTS, f32_bytes(T, HS / 2, 1));
+	/* what each forward rewrites starts here (acts.emb_grad's place) */
+	const size_t acts_volatile = p->arena_bytes[TR_ARENA_ACTS];
 	const enum tr_recompute rc = train ? o->recompute : TR_RECOMPUTE_NONE;
 	if (rc == TR_RECOMPUTE_FULL_OFFLOAD) {
 		/* The residual stream entering layer l in ring slot l %
@@ -1126,6 +1149,20 @@ td_err tr_plan_build(struct tr_plan *p, const struct tr_model_config *cfg,
 		BUF(TR_ARENA_ACTS, B * sizeof(int32_t));
 		NAMED("acts.pooled");
 		BUF(TR_ARENA_ACTS, f32_bytes(B, C, 1));
+	}
+	if (p->emb_slots) {
+		/* the embedding's gradient as a table, over what the forward
+		 * rewrites (train/plan.h: emb_slots); the arena grown to hold it */
+		const size_t table = f32_bytes(V, C, 1), have = p->arena_bytes[TR_ARENA_ACTS] - acts_volatile;
+		if (table > have) {
+			NAMED("acts.emb_room");
+			BUF(TR_ARENA_ACTS, table - have);
+		}
+		NAMED("acts.emb_grad");
+		if ((e = add_view(p, TR_ARENA_ACTS, nm, acts_volatile, table, eb))) {
+			tr_plan_fini(p);
+			return e;
+		}
 	}
 
 	/* Scratch: shared by every layer, reused forward and backward. */

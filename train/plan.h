@@ -368,6 +368,9 @@ struct tr_plan_opts {
 	 * bytes: only shard_lo and shard_hi differ. */
 	enum tr_shard shard;
 	int shard_ranks, shard_rank;
+	/* Micro-batches a step, where the caller says (0: not said): what
+	 * bounds the rows of an untied embedding's gradient (tr_plan.emb_slots) */
+	int grad_accum;
 };
 
 struct tr_plan {
@@ -434,6 +437,21 @@ struct tr_plan {
 	 * its part holds for every rank's ids, and each rank's rows are summed
 	 * onto it. */
 	bool embed_rows, embed_lookup_rows;
+	/* One rank training an untied embedding (not a GEMM's operand) with
+	 * opts.grad_accum micro-batches a step: its gradient is kept by rows,
+	 * not as a table — emb_slots rows (grads.emb_rows: B*T*grad_accum,
+	 * fewer than the vocabulary), one a distinct id of the step in the order
+	 * the ids first come, into which the backward folds its tokens'
+	 * d(res[0]) (grads.emb_slot: each token's row; grads.emb_id: each row's
+	 * id) — and made a table in the activations' arena (acts.emb_grad, over
+	 * the buffers each forward rewrites, from acts.emb_grad's offset on)
+	 * only when the step reads it: AdamW, or a caller asking for it. The
+	 * grads arena then holds the trainable floats [grads_lo, numel_trainable)
+	 * (grads_lo: the embedding's floats). An id's rows fold in the order the
+	 * table's would, so its gradient is the table's bits (Llama-3-8B: 2 GiB
+	 * of gradient become 128 MiB at B4 x T2048). 0 (and grads_lo 0): the
+	 * table in the grads arena. */
+	size_t emb_slots, grads_lo;
 	/* PARAMETERS in the bf16 mode with a ring: params16.rest (the other
 	 * tensors' bf16 copy: the head's) is a view of the grads arena's
 	 * region grads.rest's ring slots are views of too (grads.ring, the

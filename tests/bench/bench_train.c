@@ -191,7 +191,8 @@ static td_err bench_rank(struct rank_run *rr)
 	free_min = free0;
 
 	struct tr_plan_opts po = {.B = B, .T = T, .recompute = b->recompute, .shard = b->shard,
-				  .shard_ranks = b->gpus > 1 ? b->gpus : 0, .shard_rank = rr->r};
+				  .shard_ranks = b->gpus > 1 ? b->gpus : 0, .shard_rank = rr->r,
+				  .grad_accum = 1 /* a micro-batch a step (a rank) */};
 	if (b->lora_rank > 0) {
 		po.lora_rank = b->lora_rank;
 		po.lora_alpha = 2.0 * b->lora_rank;

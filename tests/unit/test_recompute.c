@@ -35,6 +35,7 @@
  * backend fuses it (q, k, v kept in bf16 only, row statistics instead of
  * probabilities: SELECTIVE's other attention path). 77 (skipped) where the
  * backend is not available. */
+#include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -346,6 +347,99 @@ static size_t first_diff(const float *a, const float *b, size_t n)
 		if (memcmp(a + i, b + i, sizeof(float)) != 0)
 			return i;
 	return n;
+}
+
+/* An untied embedding's gradient kept by rows (train/plan.h: emb_slots,
+ * opts.grad_accum) against the same model keeping the table (grad_accum
+ * unsaid), on the llama fixture (untied), full fine-tuning, 2 steps of 2
+ * micro-batches (ids repeating within and across them, the pad id among
+ * them): the plan holds the rows and the table's view in the activations,
+ * and its grads arena the other floats; the losses, every gradient of the
+ * second step (read as a table) and the parameters after AdamW are the
+ * same bits. Both clip with the table model's norm, so AdamW sees one
+ * coefficient; the rows model's own norm sums the same squares in another
+ * order (the rows, then the rest): within 1e-10 relative, a double sum's
+ * rounding over ~2^17 terms (each 2^-53 relative) being below 2^-36. */
+static void test_emb_rows(void)
+{
+	struct tr_model_config cfg;
+	load_config(&cfg, "llama");
+	CHECK(!cfg.tie_word_embeddings);
+	const int V = cfg.vocab_size, C = cfg.hidden_size;
+	struct gpu_backend *be[2];
+	struct tr_model *m[2];
+	for (int k = 0; k < 2; k++) {
+		be[k] = open_backend();
+		struct tr_plan_opts po = {.B = B_, .T = T_, .grad_accum = k ? 2 : 0};
+		m[k] = new_model(be[k], &cfg, &po, "llama");
+		tr_model_set_pad_id(m[k], 5);
+	}
+	const struct tr_plan *p0 = tr_model_plan(m[0]), *p1 = tr_model_plan(m[1]);
+	const struct tr_param *emb = tr_plan_param(p1, "model.embed_tokens.weight");
+	CHECK_EQ_INT(p0->emb_slots, 0);
+	CHECK_EQ_INT(p1->emb_slots, 2 * N_);
+	CHECK_EQ_INT(p1->grads_lo, (size_t)V * C);
+	CHECK_EQ_INT(tr_plan_find(p1, "grads")->bytes, (p1->numel_trainable - (size_t)V * C) * 4);
+	CHECK_EQ_INT(tr_plan_find(p1, "grads.emb_rows")->bytes, (size_t)2 * N_ * C * 4);
+	const struct tr_plan_buf *t = tr_plan_find(p1, "acts.emb_grad");
+	CHECK(t && t->bytes == (size_t)V * C * 4 &&
+	      t->offset >= tr_plan_find(p1, "acts.rope_sin")->offset + tr_plan_find(p1, "acts.rope_sin")->bytes);
+	int32_t ids[N_], labels[N_], cls[B_];
+	double loss[2][2][2];
+	float *g[2], *w[2];
+	const size_t n = p1->numel_trainable;
+	double norm[2] = {0, 0};
+	for (int k = 0; k < 2; k++) {
+		g[k] = malloc(n * sizeof(float));
+		w[k] = malloc(n * sizeof(float));
+	}
+	for (int s = 0; s < 2; s++) {
+		for (int k = 0; k < 2; k++) {
+			struct td_errbuf eb = {{0}};
+			tr_model_zero_grad(m[k]);
+			for (int a = 0; a < 2; a++) {
+				batch(s, a, V, ids, labels, cls);
+				ids[3] = 5; /* the pad id: its rows add no gradient */
+				int64_t nv;
+				CHECK_EQ_INT(tr_model_forward(m[k], ids, labels, &loss[k][s][a], &nv, &eb), TD_OK);
+				tr_model_backward(m[k], 1.0f / 64.0f);
+			}
+			norm[k] = tr_model_grad_norm(m[k]);
+			if (s == 1)
+				for (size_t i = 0; i < p1->nparams; i++)
+					tr_model_get_grad(m[k], &p1->params[i], g[k] + p1->params[i].goffset);
+		}
+		CHECK_MSG(fabs(norm[1] - norm[0]) <= 1e-10 * norm[0], "step %d: norms %.17g and %.17g", s,
+			  norm[1], norm[0]);
+		struct tr_adamw h = {0.9f, 0.999f, 1e-8f, 0.01f};
+		for (int k = 0; k < 2; k++) {
+			tr_model_clip_grads_by(m[k], 1.0, norm[0]);
+			tr_model_adamw(m[k], &h, 1e-3f, s + 1);
+		}
+	}
+	for (int k = 0; k < 2; k++)
+		for (size_t i = 0; i < p1->nparams; i++)
+			tr_model_get_param(m[k], &p1->params[i], w[k] + p1->params[i].goffset);
+	CHECK(memcmp(loss[0], loss[1], sizeof(loss[0])) == 0);
+	size_t d = first_diff(g[0], g[1], n);
+	CHECK_MSG(d == n, "gradient %zu of %zu (the embedding's %zu): %.9g, the table's %.9g", d, n,
+		  emb->numel, d < n ? g[1][d] : 0.0, d < n ? g[0][d] : 0.0);
+	d = first_diff(w[0], w[1], n);
+	CHECK_MSG(d == n, "parameter %zu of %zu after AdamW: %.9g, the table's %.9g", d, n,
+		  d < n ? w[1][d] : 0.0, d < n ? w[0][d] : 0.0);
+	/* the embedding's gradient is not all zero rows (the test would be weak) */
+	size_t nz = 0;
+	for (size_t i = 0; i < emb->numel; i++)
+		nz += g[1][i] != 0.0f;
+	CHECK(nz > 0 && nz < emb->numel);
+	printf("llama, the embedding's gradient by rows (%zu of %d): the table's bits\n", p1->emb_slots, V);
+	for (int k = 0; k < 2; k++) {
+		free(g[k]);
+		free(w[k]);
+		tr_model_free(m[k]);
+		CHECK_EQ_INT(be[k]->bytes_in_use, 0);
+		gpu_backend_free(be[k]);
+	}
 }
 
 static void test_same_bits(void)
@@ -754,6 +848,7 @@ int main(int argc, char **argv)
 	test_real_shapes();
 	test_host_alloc_fails();
 	test_same_bits();
+	test_emb_rows();
 	/* the ring was among what the same bits cover where the products are
 	 * bf16 (emu16, and the CUDA backend's bf16 mode) */
 	if (bf16)
