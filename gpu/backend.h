@@ -249,6 +249,13 @@ struct gpu_backend_ops {
 			     const float *grad, float gscale, float *m, float *v, size_t n, float lr,
 			     float beta1,
 			     float beta2, float eps, float weight_decay, int t);
+	/* adamw_update without a bf16 copy over n values, R rows of C, whose
+	 * gradient is kept by rows (kernels/cpu/ops.h: adamw_update_rows):
+	 * row r's is rows[row_of[r]], or zeros where row_of[r] < 0. */
+	void (*adamw_update_rows)(struct gpu_backend *be, float *param, const float *rows,
+				  const int32_t *row_of, int C, float gscale, float *m, float *v,
+				  size_t n, float lr, float beta1, float beta2, float eps,
+				  float weight_decay, int t);
 	/* Blocking: sum of squares of x (n values), accumulated in double. */
 	double (*sumsq)(struct gpu_backend *be, const float *x, size_t n);
 	void (*scale)(struct gpu_backend *be, float *x, float s, size_t n);
@@ -633,6 +640,14 @@ static inline void gpu_adamw_update(struct gpu_backend *be, float *param, gpu_bf
 				    int t)
 {
 	GPU_OP_(adamw_update, param, param16, grad, gscale, m, v, n, lr, beta1, beta2, eps,
+		weight_decay, t);
+}
+static inline void gpu_adamw_update_rows(struct gpu_backend *be, float *param, const float *rows,
+					 const int32_t *row_of, int C, float gscale, float *m,
+					 float *v, size_t n, float lr, float beta1, float beta2,
+					 float eps, float weight_decay, int t)
+{
+	GPU_OP_(adamw_update_rows, param, rows, row_of, C, gscale, m, v, n, lr, beta1, beta2, eps,
 		weight_decay, t);
 }
 static inline double gpu_sumsq(struct gpu_backend *be, const float *x, size_t n)

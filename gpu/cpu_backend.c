@@ -311,6 +311,14 @@ static void cpu_adamw_update(struct gpu_backend *be, float *param, gpu_bf16 *par
 	assert(!param16);
 	adamw_update(param, grad, gscale, m, v, n, lr, beta1, beta2, eps, weight_decay, t);
 }
+static void cpu_adamw_update_rows(struct gpu_backend *be, float *param, const float *rows,
+				  const int32_t *row_of, int C, float gscale, float *m, float *v,
+				  size_t n, float lr, float beta1, float beta2, float eps,
+				  float weight_decay, int t)
+{
+	adamw_update_rows(param, rows, row_of, C, gscale, m, v, n, lr, beta1, beta2, eps,
+			  weight_decay, t);
+}
 static double cpu_sumsq(struct gpu_backend *be, const float *x, size_t n)
 {
 	return sumsq(x, n);
@@ -398,6 +406,7 @@ static const struct gpu_backend_ops cpu_ops = {
 	.crossentropy_forward = cpu_crossentropy_forward,
 	.crossentropy_backward = cpu_crossentropy_backward,
 	.adamw_update = cpu_adamw_update,
+	.adamw_update_rows = cpu_adamw_update_rows,
 	.sumsq = cpu_sumsq,
 	.scale = cpu_scale,
 	.bf16_round = cpu_bf16_round,

@@ -185,15 +185,13 @@ struct tr_model {
 	int32_t *host_targets;           /* (N) */
 	int32_t *host_ids;               /* (N) of the last forward */
 	/* plan.emb_slots: the untied embedding's gradient by rows — its rows
-	 * (grads.emb_rows) and as a table (acts.emb_grad: emb_table); on the
-	 * device each token's row (emb_slot) and each row's id (emb_id); on the
-	 * host an id's row (-1: none this step), each row's id, the tokens'
-	 * rows; the rows taken this step; whether the table holds them */
-	float *emb_rows, *emb_grad;
-	int32_t *emb_slot, *emb_id;
+	 * (grads.emb_rows); on the device each token's row (emb_slot) and each
+	 * id's (emb_row_of, for AdamW); on the host an id's row (-1: none this
+	 * step), each row's id, the tokens' rows; the rows taken this step */
+	float *emb_rows;
+	int32_t *emb_slot, *emb_row_of;
 	int32_t *slot_of, *slot_id, *tok_slot;
 	size_t nslots;
-	bool emb_table_made;
 	float *host_losses, *host_kl;    /* (N) */
 	int32_t *host_pool;              /* (B) */
 	bool logits_valid;
@@ -486,9 +484,8 @@ static void bind(struct tr_model *m)
 	ring_stale(m);
 	m->grads = buf(m, "grads");
 	m->emb_rows = buf(m, "grads.emb_rows");
-	m->emb_grad = buf(m, "acts.emb_grad");
 	m->emb_slot = buf(m, "grads.emb_slot");
-	m->emb_id = buf(m, "grads.emb_id");
+	m->emb_row_of = buf(m, "grads.emb_row_of");
 	for (int k = 0; k <= TR_GRAD_RING; k++)
 		m->gslot[k] = k < TR_GRAD_RING ? buf(m, "grads.ring.%d", k) : buf(m, "grads.rest");
 	m->wpart = tr_shard_params(m->plan.opts.shard, m->plan.opts.shard_ranks);
@@ -1030,15 +1027,24 @@ td_err tr_model_set_param(struct tr_model *m, const struct tr_param *p, const fl
 }
 
 static void settle(struct tr_model *m);
-static const float *emb_table(struct tr_model *m);
 
 void tr_model_get_grad(struct tr_model *m, const struct tr_param *p, float *dst)
 {
 	assert(p->trainable && p->gslot < 0 && !m->gpart); /* unsharded gradients */
 	settle(m);
 	const size_t lo = m->plan.grads_lo;
-	const float *g = p->goffset < lo ? emb_table(m) + p->goffset : m->grads + (p->goffset - lo);
-	gpu_download(m->be, dst, g, p->numel * sizeof(float));
+	if (p->goffset >= lo) {
+		gpu_download(m->be, dst, m->grads + (p->goffset - lo), p->numel * sizeof(float));
+		return;
+	}
+	/* the embedding kept by rows (plan.emb_slots): zeros, and each row the
+	 * step took at its id's (the table's values) */
+	assert(p->goffset == 0 && p->numel == lo);
+	const size_t C = (size_t)m->plan.cfg.hidden_size;
+	memset(dst, 0, p->numel * sizeof(float));
+	for (size_t r = 0; r < m->nslots; r++) /* row r's id is its own row's place */
+		gpu_download(m->be, dst + (size_t)m->slot_id[r] * C, m->emb_rows + r * C,
+			     C * sizeof(float));
 }
 
 void tr_model_get_moments(struct tr_model *m, float *m1, float *m2)
@@ -1102,7 +1108,6 @@ void tr_model_get_hidden(struct tr_model *m, int i, float *dst)
 	size_t N = (size_t)m->plan.opts.B * (size_t)m->plan.opts.T;
 	int L = m->plan.cfg.num_layers;
 	assert(i >= 0 && i <= L);
-	assert(!m->emb_table_made); /* the embedding's gradient table is over them */
 	const size_t bytes = N * (size_t)m->plan.cfg.hidden_size * sizeof(float);
 	if (i < L && m->res_host) {
 		/* FULL_OFFLOAD: the forward copied every layer's input out; the
@@ -1544,7 +1549,6 @@ static void forward_walk(struct tr_model *m, const struct head_args *h)
 	const struct tr_model_config *c = &p->cfg;
 	const int N = p->opts.B * p->opts.T, C = c->hidden_size;
 	use_scratch(m);
-	m->emb_table_made = false; /* acts.emb_grad is rewritten (plan.emb_slots) */
 	m->dropout_used = m->dropout_armed && p->opts.lora_dropout > 0.0f;
 	m->dropout_armed = false;
 	if (m->stage_hook) /* a forward begins: sharded weights, the first gathered */
@@ -1947,25 +1951,6 @@ static void embed_backward(struct tr_model *m)
 	}
 	gpu_upload(be, m->emb_slot, m->tok_slot, (size_t)N * sizeof(int32_t));
 	gpu_embedding_backward(be, m->emb_rows, m->dres, m->emb_slot, N, C);
-	m->emb_table_made = false;
-}
-
-/* plan.emb_slots: the embedding's gradient as a table (acts.emb_grad): each
- * row the step took, added to its id's row of zeros (so the same bits).
- * Made once until the rows change or a forward rewrites the activations. */
-static const float *emb_table(struct tr_model *m)
-{
-	struct gpu_backend *be = m->be;
-	const int C = m->plan.cfg.hidden_size;
-	if (!m->emb_table_made) {
-		gpu_zero(be, m->emb_grad, (size_t)m->plan.cfg.vocab_size * C * sizeof(float));
-		if (m->nslots) {
-			gpu_upload(be, m->emb_id, m->slot_id, m->nslots * sizeof(int32_t));
-			gpu_embedding_backward(be, m->emb_grad, m->emb_rows, m->emb_id, (int)m->nslots, C);
-		}
-		m->emb_table_made = true;
-	}
-	return m->emb_grad;
 }
 
 /* The plan's backward stages, up to the optimizer (the trainer's). */
@@ -2091,10 +2076,8 @@ static void settle(struct tr_model *m)
 {
 	if (m->gscale != 1.0f) {
 		gpu_scale(m->be, m->grads, m->gscale, grads_held(m));
-		if (emb_held(m)) {
+		if (emb_held(m))
 			gpu_scale(m->be, m->emb_rows, m->gscale, emb_held(m));
-			m->emb_table_made = false;
-		}
 	}
 	m->gscale = 1.0f;
 }
@@ -2127,7 +2110,6 @@ void tr_model_zero_grad(struct tr_model *m)
 		for (size_t r = 0; r < m->nslots; r++)
 			m->slot_of[m->slot_id[r]] = -1;
 		m->nslots = 0;
-		m->emb_table_made = false;
 	}
 	for (int k = 0; k <= TR_GRAD_RING; k++)
 		if (m->gslot[k])
@@ -2197,12 +2179,22 @@ static void adamw_run(struct tr_model *m, const struct tr_adamw *h, float lr, in
 			e = r1;
 		if (a < p->grads_lo && p->grads_lo < e)
 			e = p->grads_lo;
+		if (a < p->grads_lo) {
+			/* the embedding, its gradient kept by rows (plan.emb_slots):
+			 * each id's row, or none (zeros) */
+			assert(a == 0 && e == p->grads_lo && !copy16_at(m, a) && !wlo);
+			gpu_upload(m->be, m->emb_row_of, m->slot_of,
+				   (size_t)p->cfg.vocab_size * sizeof(int32_t));
+			gpu_adamw_update_rows(m->be, m->params, m->emb_rows, m->emb_row_of,
+					      p->cfg.hidden_size, m->gscale, m->m1, m->m2, e, lr,
+					      h->beta1, h->beta2, h->eps, wd, t);
+			a = e;
+			continue;
+		}
 		const bool none = a >= r0 && a < r1;
-		/* the embedding's gradient kept by rows (plan.emb_slots) as a table */
-		const float *g = a < p->grads_lo ? emb_table(m) + a : m->grads + (a - glo - p->grads_lo);
-		gpu_adamw_update(m->be, m->params + (a - wlo), none ? NULL : copy16_at(m, a), g,
-				 m->gscale, m->m1 + (a - lo), m->m2 + (a - lo), e - a, lr, h->beta1,
-				 h->beta2, h->eps, wd, t);
+		gpu_adamw_update(m->be, m->params + (a - wlo), none ? NULL : copy16_at(m, a),
+				 m->grads + (a - glo - p->grads_lo), m->gscale, m->m1 + (a - lo),
+				 m->m2 + (a - lo), e - a, lr, h->beta1, h->beta2, h->eps, wd, t);
 		a = e;
 	}
 }

@@ -86,10 +86,7 @@ td_err tr_model_forward(struct tr_model *m, const int32_t *ids, const int32_t *l
 /* Host copies of forward results of the last forward: logits (B*T*V) — only
  * before tr_model_backward, which overwrites them — and hidden state i in
  * Hugging Face's numbering (0 = embeddings, i = output of layer i-1, L = after
- * the final norm), (B*T*C) — where the plan keeps an embedding's gradient
- * by rows (plan.emb_slots), only until the step reads that gradient
- * (tr_model_adamw, tr_model_get_grad of the embedding), which makes its
- * table over the activations. */
+ * the final norm), (B*T*C). */
 void tr_model_get_logits(struct tr_model *m, float *dst);
 void tr_model_get_hidden(struct tr_model *m, int i, float *dst);
 

@@ -899,8 +899,8 @@ td_err tr_plan_build(struct tr_plan *p, const struct tr_model_config *cfg,
 			BUF(TR_ARENA_GRADS, f32_bytes(p->emb_slots, C, 1));
 			NAMED("grads.emb_slot");
 			BUF(TR_ARENA_GRADS, N * sizeof(int32_t));
-			NAMED("grads.emb_id");
-			BUF(TR_ARENA_GRADS, p->emb_slots * sizeof(int32_t));
+			NAMED("grads.emb_row_of");
+			BUF(TR_ARENA_GRADS, V * sizeof(int32_t));
 		}
 		/* rest16_in_ring: the ring's slots and params16.rest share one
 		 * region (grads.ring), as large as the larger of the two */
@@ -978,8 +978,6 @@ td_err tr_plan_build(struct tr_plan *p, const struct tr_model_config *cfg,
 	BUF(TR_ARENA_ACTS, f32_bytes(T, HS / 2, 1));
 	NAMED("acts.rope_sin");
 	BUF(TR_ARENA_ACTS, f32_bytes(T, HS / 2, 1));
-	/* what each forward rewrites starts here (acts.emb_grad's place) */
-	const size_t acts_volatile = p->arena_bytes[TR_ARENA_ACTS];
 	const enum tr_recompute rc = train ? o->recompute : TR_RECOMPUTE_NONE;
 	if (rc == TR_RECOMPUTE_FULL_OFFLOAD) {
 		/* The residual stream entering layer l in ring slot l %
@@ -1149,20 +1147,6 @@ td_err tr_plan_build(struct tr_plan *p, const struct tr_model_config *cfg,
 		BUF(TR_ARENA_ACTS, B * sizeof(int32_t));
 		NAMED("acts.pooled");
 		BUF(TR_ARENA_ACTS, f32_bytes(B, C, 1));
-	}
-	if (p->emb_slots) {
-		/* the embedding's gradient as a table, over what the forward
-		 * rewrites (train/plan.h: emb_slots); the arena grown to hold it */
-		const size_t table = f32_bytes(V, C, 1), have = p->arena_bytes[TR_ARENA_ACTS] - acts_volatile;
-		if (table > have) {
-			NAMED("acts.emb_room");
-			BUF(TR_ARENA_ACTS, table - have);
-		}
-		NAMED("acts.emb_grad");
-		if ((e = add_view(p, TR_ARENA_ACTS, nm, acts_volatile, table, eb))) {
-			tr_plan_fini(p);
-			return e;
-		}
 	}
 
 	/* Scratch: shared by every layer, reused forward and backward. */

@@ -442,15 +442,14 @@ struct tr_plan {
 	 * not as a table — emb_slots rows (grads.emb_rows: B*T*grad_accum,
 	 * fewer than the vocabulary), one a distinct id of the step in the order
 	 * the ids first come, into which the backward folds its tokens'
-	 * d(res[0]) (grads.emb_slot: each token's row; grads.emb_id: each row's
-	 * id) — and made a table in the activations' arena (acts.emb_grad, over
-	 * the buffers each forward rewrites, from acts.emb_grad's offset on)
-	 * only when the step reads it: AdamW, or a caller asking for it. The
-	 * grads arena then holds the trainable floats [grads_lo, numel_trainable)
-	 * (grads_lo: the embedding's floats). An id's rows fold in the order the
-	 * table's would, so its gradient is the table's bits (Llama-3-8B: 2 GiB
-	 * of gradient become 128 MiB at B4 x T2048). 0 (and grads_lo 0): the
-	 * table in the grads arena. */
+	 * d(res[0]) (grads.emb_slot: each token's row) — and AdamW reads each
+	 * id's row through grads.emb_row_of (each id's row, or -1: a zero
+	 * gradient). The grads arena then holds the trainable floats
+	 * [grads_lo, numel_trainable) (grads_lo: the embedding's floats). An
+	 * id's rows fold in the order the table's would and AdamW runs the same
+	 * arithmetic on them, so the same bits (Llama-3-8B: 2 GiB of gradient
+	 * become 128 MiB at B4 x T2048). 0 (and grads_lo 0): the table in the
+	 * grads arena. */
 	size_t emb_slots, grads_lo;
 	/* PARAMETERS in the bf16 mode with a ring: params16.rest (the other
 	 * tensors' bf16 copy: the head's) is a view of the grads arena's

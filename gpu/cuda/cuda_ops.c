@@ -1112,6 +1112,24 @@ static void cu_adamw_update(struct gpu_backend *be, float *param, gpu_bf16 *para
 		launch_n(cu_of(be), CU_K_adamw_update_f32, n, args);
 }
 
+/* An embedding's AdamW whose gradient is kept by rows: adamw_update_f32's
+ * arithmetic (adamw_one), each value's gradient from its row's row. */
+static void cu_adamw_update_rows(struct gpu_backend *be, float *param, const float *rows,
+				 const int32_t *row_of, int C, float gscale, float *m, float *v,
+				 size_t n, float lr, float beta1, float beta2, float eps,
+				 float weight_decay, int t)
+{
+	assert(t >= 1 && C > 0 && n % (size_t)C == 0);
+	float decay = (float)(1.0 - (double)lr * weight_decay);
+	float one_minus_b1 = (float)(1.0 - (double)beta1);
+	float one_minus_b2 = (float)(1.0 - (double)beta2);
+	float bc2_sqrt = (float)sqrt(1.0 - pow(beta2, t));
+	float step_size = (float)((double)lr / (1.0 - pow(beta1, t)));
+	void *args[] = {&param, &rows, &row_of, &C, &gscale, &m, &v, &n, &decay, &one_minus_b1,
+			&one_minus_b2, &beta2, &bc2_sqrt, &step_size, &eps};
+	launch_n(cu_of(be), CU_K_adamw_update_rows_f32, n, args);
+}
+
 /* Blocking. Per-block double partials into reduce_buf, downloaded (which
  * waits for the stream) and added on the host in block order. The grid is a
  * function of n and reduce_cap, so the sum is the same bits on every run.
@@ -1242,6 +1260,7 @@ void cu_ops_fill(struct gpu_backend_ops *ops)
 	ops->crossentropy_forward = cu_crossentropy_forward;
 	ops->crossentropy_backward = cu_crossentropy_backward;
 	ops->adamw_update = cu_adamw_update;
+	ops->adamw_update_rows = cu_adamw_update_rows;
 	ops->sumsq = cu_sumsq;
 	ops->scale = cu_scale;
 	ops->bf16_round = cu_bf16_round;

@@ -400,25 +400,59 @@ void crossentropy_backward(float *dlogits, const float *logits, const int32_t *r
 
 /* The scalars are formed in double, as Python forms them, and rounded to
  * float where torch hands a Python scalar to a float32 kernel. */
+struct adamw_k {
+	float decay, omb1, omb2, beta2, bc2_sqrt, step_size, eps;
+};
+
+static struct adamw_k adamw_scalars(float lr, float beta1, float beta2, float eps,
+				    float weight_decay, int t)
+{
+	assert(t >= 1);
+	return (struct adamw_k){
+		.decay = (float)(1.0 - (double)lr * weight_decay),
+		.omb1 = (float)(1.0 - (double)beta1),
+		.omb2 = (float)(1.0 - (double)beta2),
+		.beta2 = beta2,
+		.bc2_sqrt = (float)sqrt(1.0 - pow(beta2, t)),
+		.step_size = (float)((double)lr / (1.0 - pow(beta1, t))),
+		.eps = eps,
+	};
+}
+
+/* n values; grad NULL: a gradient of zeros */
+static void adamw_span(float *restrict param, const float *restrict grad, float gscale,
+		       float *restrict m, float *restrict v, size_t n, const struct adamw_k *k)
+{
+	for (size_t i = 0; i < n; i++) {
+		float g = (grad ? grad[i] : 0.0f) * gscale;
+		float p = param[i] * k->decay;
+		float mi = m[i] + k->omb1 * (g - m[i]);
+		float vi = v[i] * k->beta2 + k->omb2 * g * g;
+		float denom = sqrtf(vi) / k->bc2_sqrt + k->eps;
+		param[i] = p - k->step_size * mi / denom;
+		m[i] = mi;
+		v[i] = vi;
+	}
+}
+
 void adamw_update(float *restrict param, const float *restrict grad, float gscale,
 		  float *restrict m, float *restrict v, size_t n, float lr, float beta1, float beta2,
 		  float eps, float weight_decay, int t)
 {
-	assert(t >= 1);
-	float decay = (float)(1.0 - (double)lr * weight_decay);
-	float one_minus_b1 = (float)(1.0 - (double)beta1);
-	float one_minus_b2 = (float)(1.0 - (double)beta2);
-	float bc2_sqrt = (float)sqrt(1.0 - pow(beta2, t));
-	float step_size = (float)((double)lr / (1.0 - pow(beta1, t)));
-	for (size_t i = 0; i < n; i++) {
-		float g = grad[i] * gscale;
-		float p = param[i] * decay;
-		float mi = m[i] + one_minus_b1 * (g - m[i]);
-		float vi = v[i] * beta2 + one_minus_b2 * g * g;
-		float denom = sqrtf(vi) / bc2_sqrt + eps;
-		param[i] = p - step_size * mi / denom;
-		m[i] = mi;
-		v[i] = vi;
+	const struct adamw_k k = adamw_scalars(lr, beta1, beta2, eps, weight_decay, t);
+	adamw_span(param, grad, gscale, m, v, n, &k);
+}
+
+void adamw_update_rows(float *param, const float *rows, const int32_t *row_of, int C, float gscale,
+		       float *m, float *v, size_t n, float lr, float beta1, float beta2, float eps,
+		       float weight_decay, int t)
+{
+	const struct adamw_k k = adamw_scalars(lr, beta1, beta2, eps, weight_decay, t);
+	assert(C > 0 && n % (size_t)C == 0);
+	for (size_t r = 0; r < n / (size_t)C; r++) {
+		const size_t at = r * (size_t)C;
+		adamw_span(param + at, row_of[r] >= 0 ? rows + (size_t)row_of[r] * C : NULL, gscale,
+			   m + at, v + at, (size_t)C, &k);
 	}
 }
 

@@ -115,6 +115,13 @@ void crossentropy_backward(float *dlogits, const float *logits, const int32_t *t
 void adamw_update(float *param, const float *grad, float gscale, float *m, float *v, size_t n,
 		  float lr,
 		  float beta1, float beta2, float eps, float weight_decay, int t);
+/* adamw_update over n = R*C values (R rows of C) whose gradient is kept by
+ * rows: row r's is rows[row_of[r]] (C values), or zeros where row_of[r] < 0
+ * (an untied embedding's gradient, train/plan.h: emb_slots) — the same bits
+ * as adamw_update over that gradient written out as a table. */
+void adamw_update_rows(float *param, const float *rows, const int32_t *row_of, int C, float gscale,
+		       float *m, float *v, size_t n, float lr, float beta1, float beta2, float eps,
+		       float weight_decay, int t);
 
 /* bf16, the bf16 mode's storage of frozen weights and of the GEMMs' operands:
  * the upper 16 bits of an fp32. bf16_round: out (n) = in rounded to nearest

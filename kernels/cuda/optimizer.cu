@@ -57,6 +57,28 @@ static __device__ __forceinline__ void adamw_one(float &p, float g0, float gscal
 	v = vi;
 }
 
+/* adamw_update_f32 over n values, rows of C, whose gradient is kept by rows
+ * (kernels/cpu/ops.h: adamw_update_rows): value i's is rows[row_of[i / C]]'s
+ * i % C, or zero where row_of is negative; the same arithmetic (adamw_one),
+ * so the bits of adamw_update_f32 over the gradient as a table. */
+extern "C" __global__ void adamw_update_rows_f32(float *param, const float *rows,
+						 const int32_t *row_of, int C, float gscale, float *m,
+						 float *v, size_t n, float decay, float omb1, float omb2,
+						 float beta2, float bc2_sqrt, float step_size, float eps)
+{
+	for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+	     i += (size_t)gridDim.x * blockDim.x) {
+		const size_t r = i / (size_t)C;
+		const int32_t s = row_of[r];
+		const float g = s >= 0 ? rows[(size_t)s * C + (i - r * C)] : 0.0f;
+		float p = param[i], mm = m[i], vv = v[i];
+		adamw_one(p, g, gscale, mm, vv, decay, omb1, omb2, beta2, bc2_sqrt, step_size, eps);
+		param[i] = p;
+		m[i] = mm;
+		v[i] = vv;
+	}
+}
+
 /* adamw_update_f32 four values a thread step, for the launcher where every
  * pointer is 16-byte aligned (param16 8-byte): the same arithmetic element
  * by element, so the same bits; a streaming kernel moving 30 bytes a value
