@@ -311,17 +311,9 @@ static float *param_ptr(struct tr_model *m, const struct tr_param *p, bool grad)
  * rest before or after them. */
 static gpu_bf16 *copy16_at(struct tr_model *m, size_t i)
 {
-	int l;
 	if (!m->copy16 || i < m->plan.copy16_lo)
 		return NULL;
-	return m->copy16 + tr_plan_copy16_index(&m->plan, i, &l);
-}
-
-/* copy16_ring: the end of the decoder layers' matrices */
-static size_t ring_hi(const struct tr_model *m)
-{
-	const struct tr_plan *p = &m->plan;
-	return p->ring_lo + (size_t)p->cfg.num_layers * p->ring_numel;
+	return m->copy16 + tr_plan_copy16_index(&m->plan, i);
 }
 
 /* Layer l's matrices rounded into their ring slot, unless it holds them
@@ -364,7 +356,7 @@ static void copy16_round(struct tr_model *m, size_t lo, size_t hi)
 	if (hi <= lo || !m->copy16)
 		return;
 	if (m->plan.copy16_ring) {
-		const size_t r0 = m->plan.ring_lo, r1 = ring_hi(m);
+		const size_t r0 = m->plan.ring_lo, r1 = tr_plan_ring_hi(&m->plan);
 		if (lo < r1 && hi > r0)
 			ring_stale(m);
 		if (lo < r0) {
@@ -1042,9 +1034,18 @@ void tr_model_get_grad(struct tr_model *m, const struct tr_param *p, float *dst)
 	assert(p->goffset == 0 && p->numel == lo);
 	const size_t C = (size_t)m->plan.cfg.hidden_size;
 	memset(dst, 0, p->numel * sizeof(float));
-	for (size_t r = 0; r < m->nslots; r++) /* row r's id is its own row's place */
-		gpu_download(m->be, dst + (size_t)m->slot_id[r] * C, m->emb_rows + r * C,
-			     C * sizeof(float));
+	float *rows = m->nslots ? malloc(m->nslots * C * sizeof(float)) : NULL;
+	if (m->nslots && !rows) { /* one download a row, then */
+		for (size_t r = 0; r < m->nslots; r++)
+			gpu_download(m->be, dst + (size_t)m->slot_id[r] * C, m->emb_rows + r * C,
+				     C * sizeof(float));
+		return;
+	}
+	if (rows) /* the rows at once, each then at its id's */
+		gpu_download(m->be, rows, m->emb_rows, m->nslots * C * sizeof(float));
+	for (size_t r = 0; r < m->nslots; r++)
+		memcpy(dst + (size_t)m->slot_id[r] * C, rows + r * C, C * sizeof(float));
+	free(rows);
 }
 
 void tr_model_get_moments(struct tr_model *m, float *m1, float *m2)
@@ -2165,7 +2166,7 @@ static void adamw_run(struct tr_model *m, const struct tr_adamw *h, float lr, in
 	/* copy16_ring: the layers' matrices [r0, r1) step without a copy (their
 	 * slots go stale), the floats on either side with theirs */
 	const bool ring = m->copy16 && p->copy16_ring;
-	const size_t r0 = ring ? p->ring_lo : SIZE_MAX, r1 = ring ? ring_hi(m) : SIZE_MAX;
+	const size_t r0 = ring ? p->ring_lo : SIZE_MAX, r1 = ring ? tr_plan_ring_hi(p) : SIZE_MAX;
 	if (ring && a < r1 && b > r0)
 		ring_stale(m);
 	while (b > a) {

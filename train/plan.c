@@ -731,23 +731,20 @@ static size_t copy16_numel(const struct tr_plan *p)
 	const size_t n = p->numel_trainable - p->copy16_lo;
 	if (!p->copy16_ring)
 		return n;
-	return n - (size_t)p->cfg.num_layers * p->ring_numel + TR_COPY16_RING * p->ring_numel;
+	return n - (tr_plan_ring_hi(p) - p->ring_lo) + TR_COPY16_RING * p->ring_numel;
 }
 
-size_t tr_plan_copy16_index(const struct tr_plan *p, size_t i, int *layer)
+size_t tr_plan_copy16_index(const struct tr_plan *p, size_t i)
 {
 	assert(i >= p->copy16_lo && i < p->numel_trainable);
-	*layer = -1;
 	if (!p->copy16_ring)
 		return i - p->copy16_lo;
-	const size_t ring = TR_COPY16_RING * p->ring_numel;
-	const size_t hi = p->ring_lo + (size_t)p->cfg.num_layers * p->ring_numel;
+	const size_t ring = TR_COPY16_RING * p->ring_numel, hi = tr_plan_ring_hi(p);
 	if (i < p->ring_lo)
 		return ring + (i - p->copy16_lo);
 	if (i >= hi)
 		return ring + (p->ring_lo - p->copy16_lo) + (i - hi);
 	const size_t l = (i - p->ring_lo) / p->ring_numel;
-	*layer = (int)l;
 	return (l % TR_COPY16_RING) * p->ring_numel + (i - p->ring_lo - l * p->ring_numel);
 }
 

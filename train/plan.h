@@ -211,6 +211,10 @@ struct tr_plan_buf {
 	size_t bytes;
 };
 
+/* Slots of the bf16 copy's ring (tr_plan.copy16_ring): a layer's
+ * forward may read its slot while the next layer's is rounded. */
+#define TR_COPY16_RING 2
+
 /* Activation recompute (gradient checkpointing), per layer: what each
  * layer keeps from its forward for its backward, and what the backward
  * regenerates first (a TR_STAGE_LAYER_RECOMPUTE before the layer's
@@ -219,10 +223,6 @@ struct tr_plan_buf {
  * not kept lives once, for the layer being computed or recomputed
  * (acts.work.*); the last layer's is still there after the forward, so it
  * is never recomputed. A forward-only plan ignores the policy. */
-/* Slots of the bf16 copy's ring (tr_plan.copy16_ring): a layer's
- * forward may read its slot while the next layer's is rounded. */
-#define TR_COPY16_RING 2
-
 enum tr_recompute {
 	TR_RECOMPUTE_NONE,      /* every layer keeps everything its backward reads */
 	TR_RECOMPUTE_SELECTIVE, /* keeps the products (GEMM outputs), the residual
@@ -536,9 +536,14 @@ bool tr_plan_attention_y32(const struct tr_plan_opts *o);
  * embedding, which its lookup reads in fp32 (and, tied, the head in bf16:
  * gathered in fp32 and rounded). The others are gathered in fp32. */
 /* Where trainable float i (copy16_lo <= i < numel_trainable) has its bf16
- * copy: an index into scratch.params_bf16, and in *layer the decoder layer
- * whose ring slot that is (copy16_ring), else -1. */
-size_t tr_plan_copy16_index(const struct tr_plan *p, size_t i, int *layer);
+ * copy: an index into scratch.params_bf16 (copy16_ring: layer l's matrices
+ * in slot l % TR_COPY16_RING). */
+size_t tr_plan_copy16_index(const struct tr_plan *p, size_t i);
+/* copy16_ring: the end of the decoder layers' matrices in the arena */
+static inline size_t tr_plan_ring_hi(const struct tr_plan *p)
+{
+	return p->ring_lo + (size_t)p->cfg.num_layers * p->ring_numel;
+}
 bool tr_plan_gathered16(const struct tr_plan *p, const struct tr_param *t);
 
 /* Whether decoder-layer tensor t is its layer's MLP half's (written by

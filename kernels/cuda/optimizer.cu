@@ -14,34 +14,7 @@
  * Key: n values. */
 #include "common.cuh"
 
-/* g = grad * gscale (a clip's coefficient, rounded as scale_f32 rounds it;
- * 1: the gradient as it is) ; param *= decay ; m += omb1*(g - m) ; v = v*beta2 + omb2*g*g ;
- * param -= step_size * m / (sqrt(v) / bc2_sqrt + eps), with decay =
- * 1 - lr*wd, omb = 1 - beta, bc2_sqrt = sqrt(1 - beta2^t), step_size =
- * lr / (1 - beta1^t). param16: NULL, or the parameters' bf16 copy, which
- * gets the new values rounded (the bf16 mode's GEMMs read it). */
-extern "C" __global__ void adamw_update_f32(float *param, __nv_bfloat16 *param16,
-					    const float *grad, float gscale, float *m, float *v, size_t n,
-					    float decay, float omb1, float omb2, float beta2,
-					    float bc2_sqrt, float step_size, float eps)
-{
-	for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
-	     i += (size_t)gridDim.x * blockDim.x) {
-		const float g = __fmul_rn(grad[i], gscale), m0 = m[i], v0 = v[i];
-		const float p = __fmul_rn(param[i], decay);
-		const float mi = __fadd_rn(m0, __fmul_rn(omb1, __fsub_rn(g, m0)));
-		const float vi = __fadd_rn(__fmul_rn(v0, beta2), __fmul_rn(__fmul_rn(omb2, g), g));
-		const float denom = __fadd_rn(__fdiv_rn(__fsqrt_rn(vi), bc2_sqrt), eps);
-		const float pn = __fsub_rn(p, __fdiv_rn(__fmul_rn(step_size, mi), denom));
-		param[i] = pn;
-		if (param16)
-			param16[i] = __float2bfloat16_rn(pn);
-		m[i] = mi;
-		v[i] = vi;
-	}
-}
-
-/* One element of adamw_update_f32, exactly as it rounds. */
+/* One element of the AdamW kernels, exactly as the CPU's adamw_update rounds it. */
 static __device__ __forceinline__ void adamw_one(float &p, float g0, float gscale, float &m,
 						 float &v,
 						 float decay, float omb1, float omb2, float beta2,
@@ -55,6 +28,29 @@ static __device__ __forceinline__ void adamw_one(float &p, float g0, float gscal
 	p = __fsub_rn(pd, __fdiv_rn(__fmul_rn(step_size, mi), denom));
 	m = mi;
 	v = vi;
+}
+
+/* g = grad * gscale (a clip's coefficient, rounded as scale_f32 rounds it;
+ * 1: the gradient as it is) ; param *= decay ; m += omb1*(g - m) ; v = v*beta2 + omb2*g*g ;
+ * param -= step_size * m / (sqrt(v) / bc2_sqrt + eps), with decay =
+ * 1 - lr*wd, omb = 1 - beta, bc2_sqrt = sqrt(1 - beta2^t), step_size =
+ * lr / (1 - beta1^t). param16: NULL, or the parameters' bf16 copy, which
+ * gets the new values rounded (the bf16 mode's GEMMs read it). */
+extern "C" __global__ void adamw_update_f32(float *param, __nv_bfloat16 *param16,
+					    const float *grad, float gscale, float *m, float *v, size_t n,
+					    float decay, float omb1, float omb2, float beta2,
+					    float bc2_sqrt, float step_size, float eps)
+{
+	for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+	     i += (size_t)gridDim.x * blockDim.x) {
+		float p = param[i], mm = m[i], vv = v[i];
+		adamw_one(p, grad[i], gscale, mm, vv, decay, omb1, omb2, beta2, bc2_sqrt, step_size, eps);
+		param[i] = p;
+		if (param16)
+			param16[i] = __float2bfloat16_rn(p);
+		m[i] = mm;
+		v[i] = vv;
+	}
 }
 
 /* adamw_update_f32 over n values, rows of C, whose gradient is kept by rows
