@@ -27,6 +27,7 @@
 #include <string.h>
 
 #include "gpu/cuda/cuda_internal.h"
+#include "kernels/cpu/ops.h"
 
 /* Threads of an elementwise block, and the most blocks of a grid-stride
  * launch (more work loops inside the kernel). */
@@ -1088,33 +1089,12 @@ static void cu_crossentropy_backward(struct gpu_backend *be, float *losses, floa
 
 /* -------------------------------------------------------------- optimizer -- */
 
-/* The AdamW kernels' scalars exactly as the CPU op forms them (double,
- * then rounded to float where torch hands a Python scalar to a float32
- * kernel), in the kernels' argument order. */
-struct cu_adamw_k {
-	float decay, omb1, omb2, beta2, bc2_sqrt, step_size, eps;
-};
-
-static struct cu_adamw_k cu_adamw_scalars(float lr, float beta1, float beta2, float eps,
-					  float weight_decay, int t)
-{
-	assert(t >= 1);
-	return (struct cu_adamw_k){
-		.decay = (float)(1.0 - (double)lr * weight_decay),
-		.omb1 = (float)(1.0 - (double)beta1),
-		.omb2 = (float)(1.0 - (double)beta2),
-		.beta2 = beta2,
-		.bc2_sqrt = (float)sqrt(1.0 - pow(beta2, t)),
-		.step_size = (float)((double)lr / (1.0 - pow(beta1, t))),
-		.eps = eps,
-	};
-}
-
 static void cu_adamw_update(struct gpu_backend *be, float *param, gpu_bf16 *param16,
 			    const float *grad, float gscale, float *m, float *v, size_t n, float lr,
 			    float beta1, float beta2, float eps, float weight_decay, int t)
 {
-	struct cu_adamw_k k = cu_adamw_scalars(lr, beta1, beta2, eps, weight_decay, t);
+	assert(t >= 1);
+	struct adamw_scalars k = adamw_scalars(lr, beta1, beta2, eps, weight_decay, t);
 	void *args[] = {&param,	 &param16, &grad,    &gscale,	  &m,		&v,    &n,
 			&k.decay, &k.omb1,  &k.omb2, &k.beta2, &k.bc2_sqrt, &k.step_size, &k.eps};
 	/* Four values a thread step where the pointers allow (the same bits). */
@@ -1134,7 +1114,8 @@ static void cu_adamw_update_rows(struct gpu_backend *be, float *param, const flo
 				 float weight_decay, int t)
 {
 	assert(C > 0 && n % (size_t)C == 0);
-	struct cu_adamw_k k = cu_adamw_scalars(lr, beta1, beta2, eps, weight_decay, t);
+	assert(t >= 1);
+	struct adamw_scalars k = adamw_scalars(lr, beta1, beta2, eps, weight_decay, t);
 	void *args[] = {&param, &rows,	 &row_of, &C,	   &gscale,	&m,	      &v,    &n,
 			&k.decay, &k.omb1, &k.omb2, &k.beta2, &k.bc2_sqrt, &k.step_size, &k.eps};
 	launch_n(cu_of(be), CU_K_adamw_update_rows_f32, n, args);

@@ -398,30 +398,9 @@ void crossentropy_backward(float *dlogits, const float *logits, const int32_t *r
 	}
 }
 
-/* The scalars are formed in double, as Python forms them, and rounded to
- * float where torch hands a Python scalar to a float32 kernel. */
-struct adamw_k {
-	float decay, omb1, omb2, beta2, bc2_sqrt, step_size, eps;
-};
-
-static struct adamw_k adamw_scalars(float lr, float beta1, float beta2, float eps,
-				    float weight_decay, int t)
-{
-	assert(t >= 1);
-	return (struct adamw_k){
-		.decay = (float)(1.0 - (double)lr * weight_decay),
-		.omb1 = (float)(1.0 - (double)beta1),
-		.omb2 = (float)(1.0 - (double)beta2),
-		.beta2 = beta2,
-		.bc2_sqrt = (float)sqrt(1.0 - pow(beta2, t)),
-		.step_size = (float)((double)lr / (1.0 - pow(beta1, t))),
-		.eps = eps,
-	};
-}
-
 /* n values; grad NULL: a gradient of zeros */
 static void adamw_span(float *restrict param, const float *restrict grad, float gscale,
-		       float *restrict m, float *restrict v, size_t n, const struct adamw_k *k)
+		       float *restrict m, float *restrict v, size_t n, const struct adamw_scalars *k)
 {
 	for (size_t i = 0; i < n; i++) {
 		float g = (grad ? grad[i] : 0.0f) * gscale;
@@ -439,7 +418,8 @@ void adamw_update(float *restrict param, const float *restrict grad, float gscal
 		  float *restrict m, float *restrict v, size_t n, float lr, float beta1, float beta2,
 		  float eps, float weight_decay, int t)
 {
-	const struct adamw_k k = adamw_scalars(lr, beta1, beta2, eps, weight_decay, t);
+	assert(t >= 1);
+	const struct adamw_scalars k = adamw_scalars(lr, beta1, beta2, eps, weight_decay, t);
 	adamw_span(param, grad, gscale, m, v, n, &k);
 }
 
@@ -447,7 +427,8 @@ void adamw_update_rows(float *param, const float *rows, const int32_t *row_of, i
 		       float *m, float *v, size_t n, float lr, float beta1, float beta2, float eps,
 		       float weight_decay, int t)
 {
-	const struct adamw_k k = adamw_scalars(lr, beta1, beta2, eps, weight_decay, t);
+	assert(t >= 1);
+	const struct adamw_scalars k = adamw_scalars(lr, beta1, beta2, eps, weight_decay, t);
 	assert(C > 0 && n % (size_t)C == 0);
 	for (size_t r = 0; r < n / (size_t)C; r++) {
 		const size_t at = r * (size_t)C;

@@ -18,6 +18,7 @@
 #ifndef KERNELS_CPU_OPS_H
 #define KERNELS_CPU_OPS_H
 
+#include <math.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -115,6 +116,26 @@ void crossentropy_backward(float *dlogits, const float *logits, const int32_t *t
 void adamw_update(float *param, const float *grad, float gscale, float *m, float *v, size_t n,
 		  float lr,
 		  float beta1, float beta2, float eps, float weight_decay, int t);
+/* adamw_update's scalars for step t, formed in double as Python forms them
+ * and rounded to float where torch hands a Python scalar to a float32
+ * kernel. Both backends take them from here, so their AdamW has the same
+ * bits; the fields are in the CUDA kernels' argument order. */
+struct adamw_scalars {
+	float decay, omb1, omb2, beta2, bc2_sqrt, step_size, eps;
+};
+static inline struct adamw_scalars adamw_scalars(float lr, float beta1, float beta2, float eps,
+						 float weight_decay, int t)
+{
+	return (struct adamw_scalars){
+		.decay = (float)(1.0 - (double)lr * weight_decay),
+		.omb1 = (float)(1.0 - (double)beta1),
+		.omb2 = (float)(1.0 - (double)beta2),
+		.beta2 = beta2,
+		.bc2_sqrt = (float)sqrt(1.0 - pow(beta2, t)),
+		.step_size = (float)((double)lr / (1.0 - pow(beta1, t))),
+		.eps = eps,
+	};
+}
 /* adamw_update over n = R*C values (R rows of C) whose gradient is kept by
  * rows: row r's is rows[row_of[r]] (C values), or zeros where row_of[r] < 0
  * (an untied embedding's gradient, train/plan.h: emb_slots) — the same bits
