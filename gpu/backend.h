@@ -53,6 +53,22 @@ typedef uint16_t gpu_bf16;
 #define GPU_SET_DINP 1u
 #define GPU_SET_DWEIGHT 2u
 
+/* An adapter's share of an input gradient, added where an op reads that
+ * gradient instead of in a pass of its own (swiglu_backward: the LoRA down
+ * projection's d(h), whose frozen product then comes in bf16): dout (rows,
+ * cols) + du (rows, R) @ A (R, cols), each element's share summed over r =
+ * 0..R-1 from 0 and added to dout's value once (kernels/cpu/ops.h:
+ * lora_dx_add). In the bf16 mode A is read from its copy A16 and du rounded
+ * to bf16 (the operands the adapter's GEMM would take); elsewhere A16 is
+ * NULL and both are fp32. */
+#define GPU_LORA_DX_RMAX 64 /* R's bound */
+struct gpu_lora_dx {
+	const float *du;
+	const float *A;
+	const gpu_bf16 *A16;
+	int R, cols;
+};
+
 struct gpu_backend_ops {
 	const char *name;
 
@@ -222,11 +238,13 @@ struct gpu_backend_ops {
 	void (*swiglu_forward)(struct gpu_backend *be, float *out, gpu_bf16 *out16,
 			       const float *gate, const float *up, const gpu_bf16 *gate16,
 			       const gpu_bf16 *up16, size_t n);
+	/* ad: NULL, or an adapter's share of dout added as it is read (struct
+	 * gpu_lora_dx; n = its rows * cols) */
 	void (*swiglu_backward)(struct gpu_backend *be, float *dgate, float *dup,
 				gpu_bf16 *dgate16, gpu_bf16 *dup16, const float *dout,
 				const gpu_bf16 *dout16, const float *gate, const float *up,
-				const gpu_bf16 *gate16,
-				const gpu_bf16 *up16, size_t n);
+				const gpu_bf16 *gate16, const gpu_bf16 *up16, size_t n,
+				const struct gpu_lora_dx *ad);
 	void (*residual_forward)(struct gpu_backend *be, float *out, const float *a, const float *b,
 				 size_t n);
 	/* logits16: the logits in bf16 (a bf16-output GEMM's), read instead of
@@ -610,10 +628,14 @@ static inline void gpu_swiglu_forward(struct gpu_backend *be, float *out, gpu_bf
 static inline void gpu_swiglu_backward(struct gpu_backend *be, float *dgate, float *dup,
 				       gpu_bf16 *dgate16, gpu_bf16 *dup16, const float *dout,
 				       const gpu_bf16 *dout16, const float *gate, const float *up,
-				       const gpu_bf16 *gate16, const gpu_bf16 *up16, size_t n)
+				       const gpu_bf16 *gate16, const gpu_bf16 *up16, size_t n,
+				       const struct gpu_lora_dx *ad)
 {
+	assert(!ad || (ad->du && ad->R > 0 && ad->R <= GPU_LORA_DX_RMAX && ad->cols > 0 &&
+		       (ad->A || ad->A16) &&
+		       n % (size_t)ad->cols == 0));
 	GPU_OP_(swiglu_backward, dgate, dup, dgate16, dup16, dout, dout16, gate, up, gate16, up16,
-		n);
+		n, ad);
 }
 static inline void gpu_residual_forward(struct gpu_backend *be, float *out, const float *a,
 					const float *b, size_t n)

@@ -277,11 +277,21 @@ static void cpu_swiglu_forward(struct gpu_backend *be, float *out, gpu_bf16 *out
 static void cpu_swiglu_backward(struct gpu_backend *be, float *dgate, float *dup,
 				gpu_bf16 *dgate16, gpu_bf16 *dup16, const float *dout,
 				const gpu_bf16 *dout16, const float *gate, const float *up,
-				const gpu_bf16 *gate16, const gpu_bf16 *up16, size_t n)
+				const gpu_bf16 *gate16, const gpu_bf16 *up16, size_t n,
+				const struct gpu_lora_dx *ad)
 {
 	assert(dgate && dup && dout && gate && up && !dgate16 && !dup16 && !dout16 && !gate16 &&
 	       !up16);
-	swiglu_backward(dgate, dup, dout, gate, up, n);
+	if (!ad) {
+		swiglu_backward(dgate, dup, dout, gate, up, n);
+		return;
+	}
+	/* dout + the adapter's share, in dgate until swiglu_backward reads it
+	 * (it reads each element before it writes it) */
+	assert(ad->A && !ad->A16);
+	memcpy(dgate, dout, n * sizeof(float));
+	lora_dx_add(dgate, ad->du, ad->A, (int)(n / (size_t)ad->cols), ad->R, ad->cols);
+	swiglu_backward(dgate, dup, dgate, gate, up, n);
 }
 static void cpu_residual_forward(struct gpu_backend *be, float *out, const float *a,
 				 const float *b, size_t n)

@@ -1251,7 +1251,9 @@ static void linear_backward_rows(struct tr_model *m, int l, int k, float *dinp,
 	const int N = m->plan.opts.B * m->plan.opts.T, R = m->plan.opts.lora_rank;
 	assert(dout || !L->db);
 	assert(n == N || !L->lora);
-	assert(!dinp16 || (!dinp && set && !L->lora));
+	/* dinp16 with an adapter: the down projection's d(h) (plan.dh16), the
+	 * adapter's share left to swiglu_backward (mlp_down_dx) */
+	assert(!dinp16 || (!dinp && set && (!L->lora || !m->dropout_used)));
 	const struct wref w = weight_of(m, L->wp);
 	const bool sharded = tr_shard_grads(m->plan.opts.shard, m->plan.opts.shard_ranks);
 	const bool dw_set = first && L->dw && (sharded || m->fresh) &&
@@ -1266,8 +1268,8 @@ static void linear_backward_rows(struct tr_model *m, int l, int k, float *dinp,
 			    L->B16, N, R, L->out, true);
 	gpu_scale(be, m->lora_du, m->plan.lora_scale, (size_t)N * R);
 	if (!m->dropout_used) {
-		gpu_matmul_backward(be, dinp, NULL, L->dA, NULL, m->lora_du, NULL, inp, inp16, L->A,
-				    L->A16, N, L->in, R, false);
+		gpu_matmul_backward(be, dinp16 ? NULL : dinp, NULL, L->dA, NULL, m->lora_du, NULL,
+				    inp, inp16, L->A, L->A16, N, L->in, R, false);
 		return;
 	}
 	gpu_matmul_backward(be, m->lora_dx, NULL, L->dA, NULL, m->lora_du, NULL, L->xd, NULL, L->A,
@@ -1784,6 +1786,25 @@ td_err tr_model_forward_classify(struct tr_model *m, const int32_t *ids, const i
 }
 /* --- backward --- */
 
+/* The down projection's adapter's share of d(h) where d(h) comes in bf16
+ * (plan.dh16 with an adapter on down): du A, which swiglu_backward adds as
+ * it reads d(h), instead of a GEMM's pass over an fp32 d(h) (the adapter's
+ * du is linear_backward_rows', still in m->lora_du); else NULL. */
+static const struct gpu_lora_dx *mlp_down_dx(const struct tr_model *m, int l,
+					     struct gpu_lora_dx *ad)
+{
+	const struct lin *L = &m->lin[l][TR_LIN_DOWN];
+	if (!L->lora || !m->dh16)
+		return NULL;
+	assert(!m->dropout_used && m->plan.mlp_rows == m->plan.opts.B * m->plan.opts.T);
+	*ad = (struct gpu_lora_dx){.du = m->lora_du,
+				   .A = L->A,
+				   .A16 = L->A16,
+				   .R = m->plan.opts.lora_rank,
+				   .cols = m->plan.cfg.intermediate_size};
+	return ad;
+}
+
 /* Layer l's backward, its MLP half (TR_STAGE_LAYER_BACKWARD_MLP): every
  * gradient of tr_plan_mlp_half's tensors. */
 static void layer_backward_mlp(struct tr_model *m, int l)
@@ -1795,6 +1816,7 @@ static void layer_backward_mlp(struct tr_model *m, int l)
 	const struct layer_w *g = &m->g[l];
 	const struct layer_a *a = &m->a[l];
 	ring_ensure(m, l);
+	struct gpu_lora_dx ad;
 
 	/* dres holds d(res[l+1]); it flows unchanged into d(res_mid) through the
 	 * residual, and the MLP branch adds its part: by parts of
@@ -1808,7 +1830,8 @@ static void layer_backward_mlp(struct tr_model *m, int l)
 				     NULL, ROWS(a->h, r0, I), ROWS(a->h16, r0, I), n, r0 == 0);
 		gpu_swiglu_backward(be, m->dgate, m->dup, m->dgate16, m->dup16, m->dh, m->dh16,
 				    ROWS(a->gate, r0, I), ROWS(a->up, r0, I),
-				    ROWS(a->gate16, r0, I), ROWS(a->up16, r0, I), (size_t)n * I);
+				    ROWS(a->gate16, r0, I), ROWS(a->up16, r0, I), (size_t)n * I,
+				    mlp_down_dx(m, l, &ad));
 		linear_backward_rows(m, l, TR_LIN_GATE, ROWS(m->dln, r0, C), NULL, true, m->dgate,
 				     m->dgate16, ROWS(a->ln2, r0, C), ROWS(a->ln2_16, r0, C), n,
 				     r0 == 0);

@@ -820,7 +820,12 @@ td_err tr_plan_build(struct tr_plan *p, const struct tr_model_config *cfg,
 	/* (a multiple of 8 rows: each part's rows start 16-byte aligned whatever I) */
 	const size_t half = ((N + 1) / 2 + 7) / 8 * 8;
 	p->mlp_rows = train && half < N && !(R && (o->lora_targets & mlp3)) ? (int)half : (int)N;
-	p->dh16 = train && o->gemm_bf16 && !(R && (o->lora_targets & (1u << TR_LIN_DOWN)));
+	/* d(h) in bf16; with an adapter on down, its share added as
+	 * swiglu_backward reads d(h) (gpu_lora_dx), but not through dropout's
+	 * mask nor past the op's rank */
+	p->dh16 = train && o->gemm_bf16 &&
+		  !(R && (o->lora_targets & (1u << TR_LIN_DOWN)) &&
+		    (o->lora_dropout > 0.0f || R > GPU_LORA_DX_RMAX));
 	const bool wpart = tr_shard_params(o->shard, o->shard_ranks);
 	/* PARAMETERS in the bf16 mode: the other tensors' bf16 copy (the
 	 * head's: params16.rest) lives in the gradient ring's memory, which

@@ -1040,11 +1040,39 @@ static void cu_swiglu_forward(struct gpu_backend *be, float *out, gpu_bf16 *out1
 static void cu_swiglu_backward(struct gpu_backend *be, float *dgate, float *dup,
 			       gpu_bf16 *dgate16, gpu_bf16 *dup16, const float *dout,
 			       const gpu_bf16 *dout16, const float *gate, const float *up,
-			       const gpu_bf16 *gate16, const gpu_bf16 *up16, size_t n)
+			       const gpu_bf16 *gate16, const gpu_bf16 *up16, size_t n,
+			       const struct gpu_lora_dx *ad)
 {
-	void *args[] = {&dgate, &dup, &dgate16, &dup16, &dout, &dout16, &gate, &up, &gate16,
-			&up16, &n};
-	launch_n4(cu_of(be), CU_K_swiglu_backward_f32, n, args);
+	if (!ad) {
+		void *args[] = {&dgate, &dup,	&dgate16, &dup16,  &dout, &dout16,
+				&gate,	&up,	&gate16,  &up16,   &n};
+		launch_n4(cu_of(be), CU_K_swiglu_backward_f32, n, args);
+		return;
+	}
+	/* kernels/cuda/elementwise.cu: blocks of 256 columns by 32 rows, or
+	 * (the bf16 mode's form: bf16 in and out, cols a multiple of four and
+	 * every row 8-byte aligned) 16 rows */
+	const size_t rows = n / (size_t)ad->cols;
+	assert(rows <= (size_t)INT32_MAX && cu_blocks(rows, 16) <= 65535);
+	const float *du = ad->du, *A = ad->A;
+	const gpu_bf16 *A16 = ad->A16;
+	int R = ad->R, nrows = (int)rows, cols = ad->cols;
+	if (!dgate && !dup && dgate16 && dup16 && !dout && dout16 && !gate && !up && gate16 &&
+	    up16 && A16 && cols % 4 == 0 &&
+	    (((uintptr_t)dgate16 | (uintptr_t)dup16 | (uintptr_t)dout16 | (uintptr_t)gate16 |
+	      (uintptr_t)up16) & 7) == 0) {
+		void *args[] = {&dgate16, &dup16, &dout16, &gate16, &up16,
+				&du,	  &A16,	  &R,	   &nrows,  &cols};
+		cu_launch(cu_of(be), CU_K_swiglu_backward_lora_bf16,
+			  (struct cu_dim){cu_blocks((size_t)cols, 256), cu_blocks(rows, 16), 1},
+			  dim1(256), 0, args);
+		return;
+	}
+	void *args[] = {&dgate, &dup, &dgate16, &dup16, &dout, &dout16, &gate, &up,
+			&gate16, &up16,	&du,  &A,	&A16,	&R,    &nrows, &cols};
+	cu_launch(cu_of(be), CU_K_swiglu_backward_lora_f32,
+		  (struct cu_dim){cu_blocks((size_t)cols, 256), cu_blocks(rows, 32), 1}, dim1(256),
+		  0, args);
 }
 
 static void cu_residual_forward(struct gpu_backend *be, float *out, const float *a,

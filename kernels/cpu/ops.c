@@ -328,7 +328,9 @@ void swiglu_forward(float *restrict out, const float *restrict gate, const float
 }
 
 /* d silu(x)/dx = sig(x) * (1 + x * (1 - sig(x))). */
-void swiglu_backward(float *restrict dgate, float *restrict dup, const float *restrict dout,
+/* dout may alias dgate (each element read before it is written): no
+ * restrict on those two. */
+void swiglu_backward(float *dgate, float *restrict dup, const float *dout,
 		     const float *restrict gate, const float *restrict up, size_t n)
 {
 	for (size_t i = 0; i < n; i++) {
@@ -336,6 +338,23 @@ void swiglu_backward(float *restrict dgate, float *restrict dup, const float *re
 		float sig = 1.0f / (1.0f + expf(-x));
 		dup[i] = dout[i] * (x * sig);
 		dgate[i] = dout[i] * up[i] * (sig * (1.0f + x * (1.0f - sig)));
+	}
+}
+
+void lora_dx_add(float *restrict dout, const float *restrict du, const float *restrict A, int N,
+		 int R, int cols)
+{
+	for (int n = 0; n < N; n++) {
+		const float *u = du + (size_t)n * R;
+		float *d = dout + (size_t)n * cols;
+		for (int i = 0; i < cols; i++) {
+			float t = 0.0f;
+			for (int r = 0; r < R; r++) {
+				const float p = u[r] * A[(size_t)r * cols + i];
+				t = t + p;
+			}
+			d[i] = d[i] + t;
+		}
 	}
 }
 

@@ -87,9 +87,16 @@ void attention_backward_dr(float *dq, float *dk, float *dv, float *datt, const f
 
 /* out = silu(gate) * up, elementwise over n values; silu(x) = x / (1 + exp(-x)). */
 void swiglu_forward(float *out, const float *gate, const float *up, size_t n);
-/* dgate, dup overwrite. */
+/* dgate, dup overwrite; dout may be dgate. */
 void swiglu_backward(float *dgate, float *dup, const float *dout, const float *gate,
 		     const float *up, size_t n);
+
+/* An adapter's share of an input gradient: dout (N, cols) += du (N, R) @
+ * A (R, cols), where each element's share is summed over r = 0..R-1 from 0
+ * (t = t + du[n][r] * A[r][i], a multiply then an add) and then added to
+ * dout once. The LoRA down projection's d(h) (train/model.c), added where
+ * swiglu_backward reads it (gpu/backend.h: gpu_lora_dx). */
+void lora_dx_add(float *dout, const float *du, const float *A, int N, int R, int cols);
 
 /* out = a + b over n values (out may alias a or b). */
 void residual_forward(float *out, const float *a, const float *b, size_t n);

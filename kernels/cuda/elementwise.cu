@@ -143,6 +143,215 @@ extern "C" __global__ void swiglu_backward_f32(float *dgate, float *dup, __nv_bf
 	}
 }
 
+/* swiglu_backward_f32 with an adapter's share of dout added as it is read
+ * (gpu/backend.h: gpu_lora_dx): dout (rows, cols) + du (rows, R) @ A (R,
+ * cols), each element's share summed over r = 0..R-1 from 0 with a
+ * multiply then an add, then added to dout once: kernels/cpu/ops.h's
+ * lora_dx_add, to the bit. A16 given (the bf16 mode): A read from it and du
+ * rounded to bf16, the operands the adapter's GEMM would take. A block is
+ * SL_COLS columns (a thread each) by SL_ROWS rows: its rows of du, rounded
+ * once, in shared memory (read four at a time, the same address across the
+ * warp); a thread holds SL_RC of its column's A values at a time and its
+ * rows' running shares, so that A (R x cols, in L2) is read once a block;
+ * then its rows' elements SL_RB rows at a time, their loads issued
+ * together. */
+#define SL_COLS 256
+#define SL_ROWS 32
+#define SL_RC 16
+#define SL_RB 8
+#define SL_RMAX 64 /* GPU_LORA_DX_RMAX: SL_ROWS x R floats of shared memory */
+extern "C" __global__ void __launch_bounds__(SL_COLS)
+	swiglu_backward_lora_f32(float *__restrict__ dgate, float *__restrict__ dup,
+				 __nv_bfloat16 *__restrict__ dgate16, __nv_bfloat16 *__restrict__ dup16,
+				 const float *__restrict__ dout, const __nv_bfloat16 *__restrict__ dout16,
+				 const float *__restrict__ gate, const float *__restrict__ up,
+				 const __nv_bfloat16 *__restrict__ gate16,
+				 const __nv_bfloat16 *__restrict__ up16, const float *__restrict__ du,
+				 const float *__restrict__ A, const __nv_bfloat16 *__restrict__ A16,
+				 int R, int rows, int cols)
+{
+	__shared__ __align__(16) float su[SL_ROWS * SL_RMAX];
+	const int i = blockIdx.x * SL_COLS + threadIdx.x;
+	const int n0 = blockIdx.y * SL_ROWS;
+	const int nr = min(SL_ROWS, rows - n0);
+	/* the rows' du, rounded where the GEMM would round it; rows past the
+	 * end as zeros. Row j's values at su[j * R4 ..], R4 = R rounded up to
+	 * four for aligned four-value reads (the values past R are not added) */
+	const int R4 = (R + 3) & ~3;
+	for (int e = threadIdx.x; e < SL_ROWS * R4; e += SL_COLS) {
+		const int j = e / R4, r = e % R4;
+		float x = j < nr && r < R ? du[(size_t)(n0 + j) * (size_t)R + r] : 0.0f;
+		if (A16)
+			x = __bfloat162float(__float2bfloat16_rn(x));
+		su[e] = x;
+	}
+	__syncthreads();
+	if (i >= cols)
+		return;
+	float t[SL_ROWS];
+#pragma unroll
+	for (int j = 0; j < SL_ROWS; j++)
+		t[j] = 0.0f;
+	for (int r0 = 0; r0 < R4; r0 += SL_RC) {
+		float a[SL_RC];
+#pragma unroll
+		for (int k = 0; k < SL_RC; k++) {
+			const size_t e = (size_t)(r0 + k) * (size_t)cols + (size_t)i;
+			a[k] = r0 + k >= R ? 0.0f : A16 ? __bfloat162float(A16[e]) : A[e];
+		}
+		const int rc = min(SL_RC, R - r0);
+#pragma unroll
+		for (int j = 0; j < SL_ROWS; j++) {
+			const float4 *u = reinterpret_cast<const float4 *>(su + j * R4 + r0);
+#pragma unroll
+			for (int k = 0; k < SL_RC; k += 4) {
+				if (k < rc) {
+					const float4 x = u[k / 4];
+					t[j] = __fadd_rn(t[j], __fmul_rn(x.x, a[k]));
+					if (k + 1 < rc)
+						t[j] = __fadd_rn(t[j], __fmul_rn(x.y, a[k + 1]));
+					if (k + 2 < rc)
+						t[j] = __fadd_rn(t[j], __fmul_rn(x.z, a[k + 2]));
+					if (k + 3 < rc)
+						t[j] = __fadd_rn(t[j], __fmul_rn(x.w, a[k + 3]));
+				}
+			}
+		}
+	}
+#pragma unroll
+	for (int j0 = 0; j0 < SL_ROWS; j0 += SL_RB) {
+		float d[SL_RB], x[SL_RB], u[SL_RB];
+#pragma unroll
+		for (int j = 0; j < SL_RB; j++) {
+			const size_t e = (size_t)(n0 + j0 + j) * (size_t)cols + (size_t)i;
+			const bool in = j0 + j < nr;
+			d[j] = in ? cu_in(dout, dout16, e) : 0.0f;
+			x[j] = in ? cu_in(gate, gate16, e) : 0.0f;
+			u[j] = in ? cu_in(up, up16, e) : 0.0f;
+		}
+#pragma unroll
+		for (int j = 0; j < SL_RB; j++) {
+			if (j0 + j >= nr)
+				break;
+			const size_t e = (size_t)(n0 + j0 + j) * (size_t)cols + (size_t)i;
+			float g, p;
+			cu_swiglu_grad(x[j], u[j], __fadd_rn(d[j], t[j0 + j]), g, p);
+			cu_put(dgate, dgate16, e, g);
+			cu_put(dup, dup16, e, p);
+		}
+	}
+}
+
+/* The bf16 mode's form of swiglu_backward_lora_f32 (the one the model
+ * runs): dout, gate and up in bf16 only, dgate and dup written in bf16
+ * only, A from A16, cols a multiple of four (8-byte rows). The same
+ * arithmetic to the bit; a thread takes four adjacent columns of four rows
+ * (8-byte loads and stores), a block 256 columns by 16 rows: the block's du
+ * (rounded) and A (widened) in shared memory, four ranks at a time per
+ * thread, so that each element's share is summed over r in order. */
+#define SLB_COLS 256
+#define SLB_ROWS 16
+extern "C" __global__ void __launch_bounds__(256, 3)
+	swiglu_backward_lora_bf16(__nv_bfloat16 *__restrict__ dgate16,
+				  __nv_bfloat16 *__restrict__ dup16,
+				  const __nv_bfloat16 *__restrict__ dout16,
+				  const __nv_bfloat16 *__restrict__ gate16,
+				  const __nv_bfloat16 *__restrict__ up16, const float *__restrict__ du,
+				  const __nv_bfloat16 *__restrict__ A16, int R, int rows, int cols)
+{
+	__shared__ __align__(16) float su[SLB_ROWS * SL_RMAX];
+	__shared__ __align__(16) float sa[SL_RC * SLB_COLS];
+	const int tx = threadIdx.x % 64, ty = threadIdx.x / 64; /* a warp: one ty */
+	const int c0 = blockIdx.x * SLB_COLS, n0 = blockIdx.y * SLB_ROWS;
+	const int col = c0 + 4 * tx;
+	const int R4 = (R + 3) & ~3;
+	for (int e = threadIdx.x; e < SLB_ROWS * R4; e += 256) {
+		const int j = e / R4, r = e % R4;
+		const int n = n0 + j;
+		su[e] = n < rows && r < R ? __bfloat162float(__float2bfloat16_rn(
+						    du[(size_t)n * (size_t)R + r]))
+					  : 0.0f;
+	}
+	float t[4][4]; /* [row][column] */
+#pragma unroll
+	for (int j = 0; j < 4; j++)
+#pragma unroll
+		for (int q = 0; q < 4; q++)
+			t[j][q] = 0.0f;
+	for (int r0 = 0; r0 < R; r0 += SL_RC) {
+		const int rc = min(SL_RC, R - r0);
+		__syncthreads(); /* su written (first pass), sa read (later ones) */
+		for (int e = threadIdx.x; e < SL_RC * SLB_COLS; e += 256) {
+			const int k = e / SLB_COLS, c = c0 + e % SLB_COLS;
+			sa[e] = k < rc && c < cols ? __bfloat162float(A16[(size_t)(r0 + k) * (size_t)cols + c])
+						   : 0.0f;
+		}
+		__syncthreads();
+#pragma unroll
+		for (int k = 0; k < SL_RC; k += 4) {
+			if (k >= rc)
+				break;
+			float a[4][4]; /* [rank][column] */
+#pragma unroll
+			for (int kk = 0; kk < 4; kk++) {
+				const float4 v = reinterpret_cast<const float4 *>(sa + (k + kk) * SLB_COLS)[tx];
+				a[kk][0] = v.x, a[kk][1] = v.y, a[kk][2] = v.z, a[kk][3] = v.w;
+			}
+#pragma unroll
+			for (int j = 0; j < 4; j++) {
+				const float4 x4 = reinterpret_cast<const float4 *>(
+					su + (4 * ty + j) * R4 + r0)[k / 4];
+				const float x[4] = {x4.x, x4.y, x4.z, x4.w};
+#pragma unroll
+				for (int kk = 0; kk < 4; kk++) {
+					if (k + kk < rc) {
+#pragma unroll
+						for (int q = 0; q < 4; q++)
+							t[j][q] = __fadd_rn(t[j][q], __fmul_rn(x[kk], a[kk][q]));
+					}
+				}
+			}
+		}
+	}
+	if (col >= cols)
+		return;
+	uint2 dv[4], gv[4], uv[4];
+#pragma unroll
+	for (int j = 0; j < 4; j++) {
+		const int n = n0 + 4 * ty + j;
+		const size_t e = ((size_t)n * (size_t)cols + (size_t)col) / 4;
+		if (n < rows) {
+			dv[j] = reinterpret_cast<const uint2 *>(dout16)[e];
+			gv[j] = reinterpret_cast<const uint2 *>(gate16)[e];
+			uv[j] = reinterpret_cast<const uint2 *>(up16)[e];
+		}
+	}
+#pragma unroll
+	for (int j = 0; j < 4; j++) {
+		const int n = n0 + 4 * ty + j;
+		if (n >= rows)
+			break;
+		const __nv_bfloat162 *d2 = reinterpret_cast<const __nv_bfloat162 *>(&dv[j]);
+		const __nv_bfloat162 *g2 = reinterpret_cast<const __nv_bfloat162 *>(&gv[j]);
+		const __nv_bfloat162 *u2 = reinterpret_cast<const __nv_bfloat162 *>(&uv[j]);
+		const float d[4] = {__low2float(d2[0]), __high2float(d2[0]), __low2float(d2[1]),
+				    __high2float(d2[1])};
+		const float g[4] = {__low2float(g2[0]), __high2float(g2[0]), __low2float(g2[1]),
+				    __high2float(g2[1])};
+		const float u[4] = {__low2float(u2[0]), __high2float(u2[0]), __low2float(u2[1]),
+				    __high2float(u2[1])};
+		float og[4], op[4];
+#pragma unroll
+		for (int q = 0; q < 4; q++)
+			cu_swiglu_grad(g[q], u[q], __fadd_rn(d[q], t[j][q]), og[q], op[q]);
+		const size_t e = ((size_t)n * (size_t)cols + (size_t)col) / 4;
+		reinterpret_cast<uint2 *>(dgate16)[e] =
+			cu_pack_bf16x4(make_float4(og[0], og[1], og[2], og[3]));
+		reinterpret_cast<uint2 *>(dup16)[e] =
+			cu_pack_bf16x4(make_float4(op[0], op[1], op[2], op[3]));
+	}
+}
+
 /* out[i] = in[i] rounded to bf16 (nearest even): a GEMM operand for the
  * tensor cores in the bf16 mode. Four values per thread step (a 16-byte load,
  * an 8-byte store) where in and out are aligned for it; the launcher sizes

@@ -736,8 +736,8 @@ static void test_twins(void)
 	float *h = hget(d_h, n);
 	expect_twin("swiglu out16", d_h16, h, n);
 	expect_twin("swiglu out16 (out NULL)", d_h16b, h, n);
-	gpu_swiglu_backward(be, d_dg, d_du, NULL, NULL, d_dy, NULL, d_g, d_u, NULL, NULL, n);
-	gpu_swiglu_backward(be, NULL, NULL, d_dg16, d_du16, d_dy, NULL, d_g, d_u, NULL, NULL, n);
+	gpu_swiglu_backward(be, d_dg, d_du, NULL, NULL, d_dy, NULL, d_g, d_u, NULL, NULL, n, NULL);
+	gpu_swiglu_backward(be, NULL, NULL, d_dg16, d_du16, d_dy, NULL, d_g, d_u, NULL, NULL, n, NULL);
 	expect_twin("swiglu dgate16", d_dg16, hget(d_dg, n), n);
 	expect_twin("swiglu dup16", d_du16, hget(d_du, n), n);
 	/* gate and up kept in bf16 only: the same bits as fp32 inputs that
@@ -749,18 +749,18 @@ static void test_twins(void)
 	gpu_swiglu_forward(be, d_h2, NULL, d_gr, d_ur, NULL, NULL, n);
 	gpu_swiglu_forward(be, d_h3, NULL, NULL, NULL, d_g16, d_u16, n);
 	expect_same_bits("swiglu from bf16 gate, up", hget(d_h3, n), hget(d_h2, n), n);
-	gpu_swiglu_backward(be, d_dg, d_du, NULL, NULL, d_dy, NULL, d_gr, d_ur, NULL, NULL, n);
+	gpu_swiglu_backward(be, d_dg, d_du, NULL, NULL, d_dy, NULL, d_gr, d_ur, NULL, NULL, n, NULL);
 	float *dg_ref = hget(d_dg, n), *du_ref = hget(d_du, n);
-	gpu_swiglu_backward(be, d_dg, d_du, NULL, NULL, d_dy, NULL, NULL, NULL, d_g16, d_u16, n);
+	gpu_swiglu_backward(be, d_dg, d_du, NULL, NULL, d_dy, NULL, NULL, NULL, d_g16, d_u16, n, NULL);
 	expect_same_bits("swiglu dgate from bf16 gate, up", hget(d_dg, n), dg_ref, n);
 	expect_same_bits("swiglu dup from bf16 gate, up", hget(d_du, n), du_ref, n);
 	/* dout in bf16 too (d(h) from a bf16 product): fp32 holding the
 	 * rounded values gives the same bits */
 	float *d_dyr = dputf(bf16_rounded(dy, n), n);
-	gpu_swiglu_backward(be, d_dg, d_du, NULL, NULL, d_dyr, NULL, d_gr, d_ur, NULL, NULL, n);
+	gpu_swiglu_backward(be, d_dg, d_du, NULL, NULL, d_dyr, NULL, d_gr, d_ur, NULL, NULL, n, NULL);
 	dg_ref = hget(d_dg, n), du_ref = hget(d_du, n);
 	gpu_swiglu_backward(be, d_dg, d_du, NULL, NULL, NULL, dput16(dy, n), NULL, NULL, d_g16,
-			    d_u16, n);
+			    d_u16, n, NULL);
 	expect_same_bits("swiglu dgate from bf16 dout, gate, up", hget(d_dg, n), dg_ref, n);
 	expect_same_bits("swiglu dup from bf16 dout, gate, up", hget(d_du, n), du_ref, n);
 
@@ -1251,9 +1251,65 @@ static void test_swiglu(void)
 		swiglu_backward(dgate, dup, dout, gate, up, n);
 		float *d_dgate = dnan(n), *d_dup = dnan(n);
 		gpu_swiglu_backward(be, d_dgate, d_dup, NULL, NULL, dputf(dout, n), NULL, d_gate,
-				    d_up, NULL, NULL, n);
+				    d_up, NULL, NULL, n, NULL);
 		expect_close("dgate", hget(d_dgate, n), dgate, n, FWD_ATOL, FWD_RTOL);
 		expect_close("dup", hget(d_dup, n), dup, n, FWD_ATOL, FWD_RTOL);
+		case_end();
+	}
+	/* With an adapter's share of dout (gpu_lora_dx: the LoRA down
+	 * projection's d(h)): rows and columns past the kernel's 32 x 256
+	 * blocks, R under, at and past its 16 values a pass. The share is
+	 * lora_dx_add's to the bit (the same multiplies and adds in the same
+	 * order), so the only difference is swiglu's expf, as above. Then the
+	 * bf16 mode's form (du rounded inside, A from its bf16 copy, dout,
+	 * gate and up in bf16, bf16 outputs) against the fp32 form given the
+	 * rounded values: the same bits. */
+	static const int lshapes[][3] = {{45, 300, 8},   {64, 256, 16}, {33, 517, 19},
+					  {40, 130, 64}, {37, 516, 19}, {50, 1028, 36}};
+	for (size_t ci = 0; ci < COUNT(lshapes); ci++) {
+		const int rows = lshapes[ci][0], cols = lshapes[ci][1], R = lshapes[ci][2];
+		const size_t n = (size_t)rows * cols, na = (size_t)R * cols, nu = (size_t)rows * R;
+		snprintf(where, sizeof(where), "swiglu_backward + adapter (rows=%d cols=%d R=%d)",
+			 rows, cols, R);
+		float *gate = frand(n, 4.0, 0.0), *up = frand(n, 1.0, 0.0);
+		float *dout = frand(n, 1.0, 0.0), *du = frand(nu, 1.0, 0.0), *A = frand(na, 0.5, 0.0);
+		float *d = fvec(n), *dgate = fvec(n), *dup = fvec(n);
+		memcpy(d, dout, n * sizeof(float));
+		lora_dx_add(d, du, A, rows, R, cols);
+		swiglu_backward(dgate, dup, d, gate, up, n);
+		float *d_gate = dputf(gate, n), *d_up = dputf(up, n), *d_dgate = dnan(n),
+		      *d_dup = dnan(n);
+		const struct gpu_lora_dx ad = {.du = dputf(du, nu), .A = dputf(A, na), .R = R,
+					       .cols = cols};
+		gpu_swiglu_backward(be, d_dgate, d_dup, NULL, NULL, dputf(dout, n), NULL, d_gate,
+				    d_up, NULL, NULL, n, &ad);
+		expect_close("dgate", hget(d_dgate, n), dgate, n, FWD_ATOL, FWD_RTOL);
+		expect_close("dup", hget(d_dup, n), dup, n, FWD_ATOL, FWD_RTOL);
+
+		const struct gpu_lora_dx adr = {.du = dputf(bf16_rounded(du, nu), nu),
+						.A = dputf(bf16_rounded(A, na), na),
+						.R = R,
+						.cols = cols};
+		gpu_swiglu_backward(be, d_dgate, d_dup, NULL, NULL, dputf(bf16_rounded(dout, n), n),
+				    NULL, dputf(bf16_rounded(gate, n), n),
+				    dputf(bf16_rounded(up, n), n), NULL, NULL, n, &adr);
+		float *rg = hget(d_dgate, n), *ru = hget(d_dup, n);
+		const struct gpu_lora_dx ad16 = {.du = ad.du, .A = ad.A, .A16 = dput16(A, na), .R = R,
+						 .cols = cols};
+		gpu_bf16 *d_dg16 = dnan16(n), *d_du16 = dnan16(n), *d_dout16 = dput16(dout, n),
+			 *d_g16 = dput16(gate, n), *d_u16 = dput16(up, n);
+		gpu_swiglu_backward(be, d_dgate, NULL, d_dg16, d_du16, NULL, d_dout16, NULL, NULL,
+				    d_g16, d_u16, n, &ad16);
+		expect_same_bits("dgate (bf16 operands)", hget(d_dgate, n), rg, n);
+		expect_twin("dgate16", d_dg16, rg, n);
+		expect_twin("dup16", d_du16, ru, n);
+		/* twins only (the model's call): cols a multiple of four takes
+		 * the launcher's four-column kernel, the same bits */
+		gpu_bf16 *d_dg16b = dnan16(n), *d_du16b = dnan16(n);
+		gpu_swiglu_backward(be, NULL, NULL, d_dg16b, d_du16b, NULL, d_dout16, NULL, NULL,
+				    d_g16, d_u16, n, &ad16);
+		expect_twin("dgate16 (twins only)", d_dg16b, rg, n);
+		expect_twin("dup16 (twins only)", d_du16b, ru, n);
 		case_end();
 	}
 	op_report("swiglu");

@@ -379,12 +379,27 @@ static void emu_rope_forward(struct gpu_backend *be, float *out, gpu_bf16 *out16
 static void emu_swiglu_backward(struct gpu_backend *be, float *dgate, float *dup,
 				gpu_bf16 *dgate16, gpu_bf16 *dup16, const float *dout,
 				const gpu_bf16 *dout16, const float *gate, const float *up,
-				const gpu_bf16 *gate16, const gpu_bf16 *up16, size_t n)
+				const gpu_bf16 *gate16, const gpu_bf16 *up16, size_t n,
+				const struct gpu_lora_dx *ad)
 {
 	float *tg, *tu, *td, *t1, *t2;
 	const float *g = input(gate, gate16, n, &tg), *u = input(up, up16, n, &tu);
 	const float *d = input(dout, dout16, n, &td);
 	float *dg = output(dgate, n, &t1), *du = output(dup, n, &t2);
+	if (ad) {
+		/* the adapter's share on the GEMM's operands: du rounded, A's
+		 * bf16 copy (a twin checked against its master) */
+		const size_t rows = n / (size_t)ad->cols, R = (size_t)ad->R;
+		float *dr = operand("swiglu_backward du", ad->du, NULL, rows * R);
+		float *a = operand("swiglu_backward A", ad->A, ad->A16, R * (size_t)ad->cols);
+		float *dd = xmalloc(n * sizeof(float));
+		memcpy(dd, d, n * sizeof(float));
+		lora_dx_add(dd, dr, a, (int)rows, ad->R, ad->cols);
+		free(dr);
+		free(a);
+		free(td);
+		d = td = dd;
+	}
 	swiglu_backward(dg, du, d, g, u, n);
 	free(td);
 	finish(dgate16, dg, n, t1);

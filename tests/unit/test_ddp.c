@@ -750,14 +750,17 @@ static void test_shard_8b_plan(void)
 	       (double)total / (1 << 30));
 	tr_plan_fini(&p);
 	/* an adapter on the MLP keeps its backward whole (its kept product and
-	 * dropout are the batch's), one elsewhere does not */
-	for (int mlp = 0; mlp < 2; mlp++) {
+	 * dropout are the batch's), one elsewhere does not; d(h) stays bf16
+	 * with one on down (its share added as swiglu_backward reads d(h)),
+	 * except through dropout's mask (then fp32: the share added by a GEMM) */
+	for (int mlp = 0; mlp < 3; mlp++) {
 		struct tr_plan_opts lo = {.B = 2, .T = 2048, .gemm_bf16 = true, .attention_lse = true,
 					  .lora_rank = 8, .lora_alpha = 16,
-					  .lora_targets = 1u << TR_LIN_Q | (mlp ? 1u << TR_LIN_DOWN : 0)};
+					  .lora_targets = 1u << TR_LIN_Q | (mlp ? 1u << TR_LIN_DOWN : 0),
+					  .lora_dropout = mlp == 2 ? 0.1f : 0.0f};
 		CHECK_EQ_INT(tr_plan_build(&p, &cfg, &lo, &eb), TD_OK);
 		CHECK_EQ_INT(p.mlp_rows, mlp ? 4096 : 2048);
-		CHECK_EQ_INT(p.dh16, !mlp); /* an adapter's d(h) terms are added in fp32 */
+		CHECK_EQ_INT(p.dh16, mlp < 2);
 		tr_plan_fini(&p);
 	}
 }
