@@ -11,7 +11,7 @@ void gpu_backend_check_ops(const struct gpu_backend_ops *o)
 	       o->rmsnorm_backward && o->matmul_forward && o->matmul_forward_add && o->matmul_forward_residual &&
 	       o->matmul_backward && o->rope_forward &&
 	       o->rope_backward && o->attention_flash && o->gemm_bf16 && o->attention_forward && o->attention_backward &&
-	       o->swiglu_forward && o->swiglu_backward && o->residual_forward &&
+	       o->swiglu_forward && o->swiglu_backward && o->lora_dx_add && o->residual_forward &&
 	       o->crossentropy_forward && o->crossentropy_backward && o->adamw_update &&
 	       o->sumsq && o->scale && o->bf16_round && o->bf16_widen);
 	assert(o->nf4_dequantize && o->absmax_dequantize && o->distill_forward &&

@@ -62,6 +62,7 @@ typedef uint16_t gpu_bf16;
  * to bf16 (the operands the adapter's GEMM would take); elsewhere A16 is
  * NULL and both are fp32. */
 #define GPU_LORA_DX_RMAX 64 /* R's bound */
+#define GPU_LORA_DX_GROUP 3 /* lora_dx_add's adapters at most (q, k, v) */
 struct gpu_lora_dx {
 	const float *du;
 	const float *A;
@@ -238,6 +239,13 @@ struct gpu_backend_ops {
 	void (*swiglu_forward)(struct gpu_backend *be, float *out, gpu_bf16 *out16,
 			       const float *gate, const float *up, const gpu_bf16 *gate16,
 			       const gpu_bf16 *up16, size_t n);
+	/* dinp (rows, ad->cols) += the shares of G adapters (struct
+	 * gpu_lora_dx, the same R and cols; 1 <= G <= GPU_LORA_DX_GROUP),
+	 * summed over the adapters, then their ranks, in order and added once
+	 * (kernels/cpu/ops.h: lora_dx_add): the input gradient of the
+	 * projections that share an input, one pass for all their adapters. */
+	void (*lora_dx_add)(struct gpu_backend *be, float *dinp, const struct gpu_lora_dx *ad,
+			    int G, int rows);
 	/* ad: NULL, or an adapter's share of dout added as it is read (struct
 	 * gpu_lora_dx; n = its rows * cols) */
 	void (*swiglu_backward)(struct gpu_backend *be, float *dgate, float *dup,
@@ -624,6 +632,16 @@ static inline void gpu_swiglu_forward(struct gpu_backend *be, float *out, gpu_bf
 				      const gpu_bf16 *up16, size_t n)
 {
 	GPU_OP_(swiglu_forward, out, out16, gate, up, gate16, up16, n);
+}
+static inline void gpu_lora_dx_add(struct gpu_backend *be, float *dinp,
+				   const struct gpu_lora_dx *ad, int G, int rows)
+{
+	assert(dinp && G >= 1 && G <= GPU_LORA_DX_GROUP && rows >= 0);
+	for (int g = 0; g < G; g++)
+		assert(ad[g].du && (ad[g].A || ad[g].A16) && ad[g].R == ad[0].R &&
+		       ad[g].cols == ad[0].cols && !ad[g].A16 == !ad[0].A16 && ad[g].R > 0 &&
+		       ad[g].R <= GPU_LORA_DX_RMAX);
+	GPU_OP_(lora_dx_add, dinp, ad, G, rows);
 }
 static inline void gpu_swiglu_backward(struct gpu_backend *be, float *dgate, float *dup,
 				       gpu_bf16 *dgate16, gpu_bf16 *dup16, const float *dout,

@@ -290,8 +290,19 @@ static void cpu_swiglu_backward(struct gpu_backend *be, float *dgate, float *dup
 	 * (it reads each element before it writes it) */
 	assert(ad->A && !ad->A16);
 	memcpy(dgate, dout, n * sizeof(float));
-	lora_dx_add(dgate, ad->du, ad->A, (int)(n / (size_t)ad->cols), ad->R, ad->cols);
+	lora_dx_add(dgate, &ad->du, &ad->A, 1, (int)(n / (size_t)ad->cols), ad->R, ad->cols);
 	swiglu_backward(dgate, dup, dgate, gate, up, n);
+}
+static void cpu_lora_dx_add(struct gpu_backend *be, float *dinp, const struct gpu_lora_dx *ad,
+			    int G, int rows)
+{
+	const float *du[GPU_LORA_DX_GROUP], *A[GPU_LORA_DX_GROUP];
+	for (int g = 0; g < G; g++) {
+		assert(ad[g].A && !ad[g].A16); /* fp32 only */
+		du[g] = ad[g].du;
+		A[g] = ad[g].A;
+	}
+	lora_dx_add(dinp, du, A, G, rows, ad[0].R, ad[0].cols);
 }
 static void cpu_residual_forward(struct gpu_backend *be, float *out, const float *a,
 				 const float *b, size_t n)
@@ -412,6 +423,7 @@ static const struct gpu_backend_ops cpu_ops = {
 	.attention_backward = cpu_attention_backward,
 	.swiglu_forward = cpu_swiglu_forward,
 	.swiglu_backward = cpu_swiglu_backward,
+	.lora_dx_add = cpu_lora_dx_add,
 	.residual_forward = cpu_residual_forward,
 	.crossentropy_forward = cpu_crossentropy_forward,
 	.crossentropy_backward = cpu_crossentropy_backward,

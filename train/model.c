@@ -1224,36 +1224,40 @@ static void linear_forward_residual(struct tr_model *m, int l, int k, float *out
 static void linear_backward_rows(struct tr_model *m, int l, int k, float *dinp,
 				 gpu_bf16 *dinp16, bool set, const float *dout,
 				 const gpu_bf16 *dout16, const float *inp, const gpu_bf16 *inp16, int n,
-				 bool first);
+				 bool first, int slot);
 
 static void linear_backward(struct tr_model *m, int l, int k, float *dinp, bool set,
 			    const float *dout, const gpu_bf16 *dout16, const float *inp,
 			    const gpu_bf16 *inp16)
 {
 	linear_backward_rows(m, l, k, dinp, NULL, set, dout, dout16, inp, inp16,
-			     m->plan.opts.B * m->plan.opts.T, true);
+			     m->plan.opts.B * m->plan.opts.T, true, -1);
 }
 
 /* ... over n rows (every row, N, where the projection has an adapter:
  * its kept u and dropout masks are the whole batch's), dinp in bf16 where
- * dinp16 is given instead (set, no adapter); the weight's and
+ * dinp16 is given instead (set); the weight's and
  * bias's gradients are added to, so rows taken in parts sum in parts —
  * but first (the micro-batch's first rows) overwrites a weight's gradient
  * where the plan says so (tr_plan_dw_overwritten: its work buffer was not
- * zeroed). */
+ * zeroed). slot >= 0 (plan.lora_dx_group): the adapter's du goes to that
+ * slot of scratch.lora_du and its share of dinp is left to the caller
+ * (struct dx_group); -1: added here by a GEMM. */
 static void linear_backward_rows(struct tr_model *m, int l, int k, float *dinp,
 				 gpu_bf16 *dinp16, bool set, const float *dout,
 				 const gpu_bf16 *dout16, const float *inp, const gpu_bf16 *inp16, int n,
-				 bool first)
+				 bool first, int slot)
 {
 	struct gpu_backend *be = m->be;
 	const struct lin *L = &m->lin[l][k];
 	const int N = m->plan.opts.B * m->plan.opts.T, R = m->plan.opts.lora_rank;
 	assert(dout || !L->db);
 	assert(n == N || !L->lora);
-	/* dinp16 with an adapter: the down projection's d(h) (plan.dh16), the
-	 * adapter's share left to swiglu_backward (mlp_down_dx) */
-	assert(!dinp16 || (!dinp && set && (!L->lora || !m->dropout_used)));
+	assert(slot < 0 || (L->lora && m->plan.lora_dx_group && !m->dropout_used &&
+			    slot < GPU_LORA_DX_GROUP));
+	/* dinp16 with an adapter: its share is the caller's (the down
+	 * projection's d(h): swiglu_backward adds it) */
+	assert(!dinp16 || (!dinp && set && (!L->lora || slot >= 0)));
 	const struct wref w = weight_of(m, L->wp);
 	const bool sharded = tr_shard_grads(m->plan.opts.shard, m->plan.opts.shard_ranks);
 	const bool dw_set = first && L->dw && (sharded || m->fresh) &&
@@ -1264,12 +1268,13 @@ static void linear_backward_rows(struct tr_model *m, int l, int k, float *dinp,
 	if (!L->lora)
 		return;
 	/* With u = scale * x A^T kept: dB += dout^T u, du = scale * dout B. */
-	gpu_matmul_backward(be, m->lora_du, NULL, L->dB, NULL, dout, dout16, L->u, NULL, L->B,
-			    L->B16, N, R, L->out, true);
-	gpu_scale(be, m->lora_du, m->plan.lora_scale, (size_t)N * R);
+	float *du = m->lora_du + (slot > 0 ? (size_t)slot * (size_t)N * (size_t)R : 0);
+	gpu_matmul_backward(be, du, NULL, L->dB, NULL, dout, dout16, L->u, NULL, L->B, L->B16, N,
+			    R, L->out, true);
+	gpu_scale(be, du, m->plan.lora_scale, (size_t)N * R);
 	if (!m->dropout_used) {
-		gpu_matmul_backward(be, dinp16 ? NULL : dinp, NULL, L->dA, NULL, m->lora_du, NULL,
-				    inp, inp16, L->A, L->A16, N, L->in, R, false);
+		gpu_matmul_backward(be, slot >= 0 ? NULL : dinp, NULL, L->dA, NULL, du, NULL, inp,
+				    inp16, L->A, L->A16, N, L->in, R, false);
 		return;
 	}
 	gpu_matmul_backward(be, m->lora_dx, NULL, L->dA, NULL, m->lora_du, NULL, L->xd, NULL, L->A,
@@ -1786,23 +1791,36 @@ td_err tr_model_forward_classify(struct tr_model *m, const int32_t *ids, const i
 }
 /* --- backward --- */
 
-/* The down projection's adapter's share of d(h) where d(h) comes in bf16
- * (plan.dh16 with an adapter on down): du A, which swiglu_backward adds as
- * it reads d(h), instead of a GEMM's pass over an fp32 d(h) (the adapter's
- * du is linear_backward_rows', still in m->lora_du); else NULL. */
-static const struct gpu_lora_dx *mlp_down_dx(const struct tr_model *m, int l,
-					     struct gpu_lora_dx *ad)
+/* The adapters of projections that share an input (q, k, v; gate, up),
+ * where the plan groups their input-gradient shares (plan.lora_dx_group):
+ * each one's du in a slot of scratch.lora_du, then one lora_dx_add pass
+ * over d(x) for all of them. */
+struct dx_group {
+	struct gpu_lora_dx ad[GPU_LORA_DX_GROUP];
+	int G;
+};
+
+/* Projection k's slot in grp, or -1 (no adapter, or not grouped). */
+static int group_slot(const struct tr_model *m, int l, int k, struct dx_group *grp)
 {
-	const struct lin *L = &m->lin[l][TR_LIN_DOWN];
-	if (!L->lora || !m->dh16)
-		return NULL;
-	assert(!m->dropout_used && m->plan.mlp_rows == m->plan.opts.B * m->plan.opts.T);
-	*ad = (struct gpu_lora_dx){.du = m->lora_du,
-				   .A = L->A,
-				   .A16 = L->A16,
-				   .R = m->plan.opts.lora_rank,
-				   .cols = m->plan.cfg.intermediate_size};
-	return ad;
+	const struct lin *L = &m->lin[l][k];
+	if (!L->lora || !m->plan.lora_dx_group)
+		return -1;
+	assert(!m->dropout_used && grp->G < GPU_LORA_DX_GROUP);
+	const size_t NR = (size_t)m->plan.opts.B * m->plan.opts.T * m->plan.opts.lora_rank;
+	const int s = grp->G++;
+	grp->ad[s] = (struct gpu_lora_dx){.du = m->lora_du + (size_t)s * NR,
+					  .A = L->A,
+					  .A16 = L->A16,
+					  .R = m->plan.opts.lora_rank,
+					  .cols = L->in};
+	return s;
+}
+
+static void group_add(struct tr_model *m, float *dinp, const struct dx_group *grp)
+{
+	if (grp->G > 0)
+		gpu_lora_dx_add(m->be, dinp, grp->ad, grp->G, m->plan.opts.B * m->plan.opts.T);
 }
 
 /* Layer l's backward, its MLP half (TR_STAGE_LAYER_BACKWARD_MLP): every
@@ -1816,7 +1834,6 @@ static void layer_backward_mlp(struct tr_model *m, int l)
 	const struct layer_w *g = &m->g[l];
 	const struct layer_a *a = &m->a[l];
 	ring_ensure(m, l);
-	struct gpu_lora_dx ad;
 
 	/* dres holds d(res[l+1]); it flows unchanged into d(res_mid) through the
 	 * residual, and the MLP branch adds its part: by parts of
@@ -1826,18 +1843,22 @@ static void layer_backward_mlp(struct tr_model *m, int l)
 #define ROWS(x, r0, w) ((x) ? (x) + (size_t)(r0) * (size_t)(w) : NULL)
 	for (int r0 = 0; r0 < N; r0 += m->plan.mlp_rows) {
 		const int n = N - r0 < m->plan.mlp_rows ? N - r0 : m->plan.mlp_rows;
+		struct dx_group down = {.G = 0}, gu = {.G = 0};
 		linear_backward_rows(m, l, TR_LIN_DOWN, m->dh, m->dh16, true, ROWS(m->dres, r0, C),
-				     NULL, ROWS(a->h, r0, I), ROWS(a->h16, r0, I), n, r0 == 0);
+				     NULL, ROWS(a->h, r0, I), ROWS(a->h16, r0, I), n, r0 == 0,
+				     group_slot(m, l, TR_LIN_DOWN, &down));
 		gpu_swiglu_backward(be, m->dgate, m->dup, m->dgate16, m->dup16, m->dh, m->dh16,
 				    ROWS(a->gate, r0, I), ROWS(a->up, r0, I),
 				    ROWS(a->gate16, r0, I), ROWS(a->up16, r0, I), (size_t)n * I,
-				    mlp_down_dx(m, l, &ad));
+				    down.G ? down.ad : NULL);
 		linear_backward_rows(m, l, TR_LIN_GATE, ROWS(m->dln, r0, C), NULL, true, m->dgate,
 				     m->dgate16, ROWS(a->ln2, r0, C), ROWS(a->ln2_16, r0, C), n,
-				     r0 == 0);
+				     r0 == 0, group_slot(m, l, TR_LIN_GATE, &gu));
 		linear_backward_rows(m, l, TR_LIN_UP, ROWS(m->dln, r0, C), NULL, false, m->dup,
 				     m->dup16, ROWS(a->ln2, r0, C), ROWS(a->ln2_16, r0, C), n,
-				     r0 == 0);
+				     r0 == 0, group_slot(m, l, TR_LIN_UP, &gu));
+		assert(gu.G == 0 || n == N); /* an adapter on the MLP: whole rows */
+		group_add(m, m->dln, &gu);
 	}
 #undef ROWS
 	gpu_rmsnorm_backward(be, m->dres, g->ln2, m->dln, a->res_mid, w->ln2, a->ln2_rstd, N, C);
@@ -1872,9 +1893,14 @@ static void layer_backward(struct tr_model *m, int l)
 		dqp = m->dqraw;
 		dkp = m->dkraw;
 	}
-	linear_backward(m, l, TR_LIN_Q, m->dln, true, dqp, NULL, a->ln1, a->ln1_16);
-	linear_backward(m, l, TR_LIN_K, m->dln, false, dkp, NULL, a->ln1, a->ln1_16);
-	linear_backward(m, l, TR_LIN_V, m->dln, false, m->dv, NULL, a->ln1, a->ln1_16);
+	struct dx_group qkv = {.G = 0};
+	linear_backward_rows(m, l, TR_LIN_Q, m->dln, NULL, true, dqp, NULL, a->ln1, a->ln1_16, N,
+			     true, group_slot(m, l, TR_LIN_Q, &qkv));
+	linear_backward_rows(m, l, TR_LIN_K, m->dln, NULL, false, dkp, NULL, a->ln1, a->ln1_16, N,
+			     true, group_slot(m, l, TR_LIN_K, &qkv));
+	linear_backward_rows(m, l, TR_LIN_V, m->dln, NULL, false, m->dv, NULL, a->ln1, a->ln1_16,
+			     N, true, group_slot(m, l, TR_LIN_V, &qkv));
+	group_add(m, m->dln, &qkv);
 	gpu_rmsnorm_backward(be, m->dres, g->ln1, m->dln, m->res[l], w->ln1, a->ln1_rstd, N, C);
 }
 

@@ -820,12 +820,15 @@ td_err tr_plan_build(struct tr_plan *p, const struct tr_model_config *cfg,
 	/* (a multiple of 8 rows: each part's rows start 16-byte aligned whatever I) */
 	const size_t half = ((N + 1) / 2 + 7) / 8 * 8;
 	p->mlp_rows = train && half < N && !(R && (o->lora_targets & mlp3)) ? (int)half : (int)N;
+	/* the adapters' input-gradient shares where d(x) is read, or one pass
+	 * for those that share an input: not through dropout's masks nor past
+	 * the ops' rank */
+	p->lora_dx_group = train && o->gemm_bf16 && R > 0 && R <= GPU_LORA_DX_RMAX &&
+			   o->lora_dropout == 0.0f;
 	/* d(h) in bf16; with an adapter on down, its share added as
-	 * swiglu_backward reads d(h) (gpu_lora_dx), but not through dropout's
-	 * mask nor past the op's rank */
+	 * swiglu_backward reads d(h) */
 	p->dh16 = train && o->gemm_bf16 &&
-		  !(R && (o->lora_targets & (1u << TR_LIN_DOWN)) &&
-		    (o->lora_dropout > 0.0f || R > GPU_LORA_DX_RMAX));
+		  (!(R && (o->lora_targets & (1u << TR_LIN_DOWN))) || p->lora_dx_group);
 	const bool wpart = tr_shard_params(o->shard, o->shard_ranks);
 	/* PARAMETERS in the bf16 mode: the other tensors' bf16 copy (the
 	 * head's: params16.rest) lives in the gradient ring's memory, which
@@ -1221,7 +1224,7 @@ td_err tr_plan_build(struct tr_plan *p, const struct tr_model_config *cfg,
 		 p->nf4_numel > 0 && o->nf4_double_quant, 0},
 		/* LoRA: d(x A^T); d(x) through dropout ((x A^T) B^T is added to
 		 * the projection's output by the GEMM: matmul_forward_add) */
-		{"lora_du", f32_bytes(N, R, 1), train && R > 0, 0},
+		{"lora_du", f32_bytes(N, R, p->lora_dx_group ? GPU_LORA_DX_GROUP : 1), train && R > 0, 0},
 		{"lora_dx", f32_bytes(N, lora_in, 1), train && R > 0 && o->lora_dropout > 0.0f, 0},
 		{"gemm_bf16", gemm * 2, gemm > 0, 0},
 		/* the trainable weights rounded once per update, not per product

@@ -504,12 +504,20 @@ struct tr_plan {
 	 * MLP's projections (an adapter's kept product and dropout are the
 	 * whole batch's) and that is fewer than N, else N. */
 	int mlp_rows;
-	/* The MLP's d(h) in bf16 (scratch.dh16, the bf16 mode, no adapter on
-	 * the down projection): its product writes it rounded once, as
-	 * transformers' down_proj backward does under autocast, and SwiGLU's
-	 * backward reads it (half the bytes, both ways); an adapter's terms are
-	 * added to d(h) in fp32. */
+	/* The MLP's d(h) in bf16 (scratch.dh16, the bf16 mode; with an
+	 * adapter on the down projection, where lora_dx_group holds): its
+	 * product writes it rounded once, as transformers' down_proj backward
+	 * does under autocast, and SwiGLU's backward reads it (half the bytes,
+	 * both ways), adding the adapter's share in fp32 as it reads. */
 	bool dh16;
+	/* The adapters' input-gradient shares added where d(x) is read or in
+	 * one pass for the projections that share an input (gpu_lora_dx:
+	 * swiglu_backward for down; lora_dx_add for q, k, v and for gate, up),
+	 * not each in a GEMM pass over the fp32 d(x): the bf16 mode, LoRA
+	 * without dropout (the shares would pass the masks), rank at most
+	 * GPU_LORA_DX_RMAX. scratch.lora_du then holds GPU_LORA_DX_GROUP
+	 * adapters' du. */
+	bool lora_dx_group;
 	size_t nf4_blocks, nf4_scales;/* absmax values; double-quantization floats */
 	size_t nf4_max_numel;         /* the largest NF4 tensor (the dequantization scratch) */
 	float lora_scale;             /* alpha / rank (rslora: / sqrt(rank)); 0 without LoRA */

@@ -1075,6 +1075,26 @@ static void cu_swiglu_backward(struct gpu_backend *be, float *dgate, float *dup,
 		  0, args);
 }
 
+static void cu_lora_dx_add(struct gpu_backend *be, float *dinp, const struct gpu_lora_dx *ad,
+			   int G, int rows)
+{
+	/* kernels/cuda/elementwise.cu: blocks of 256 columns by 16 rows */
+	if (rows <= 0)
+		return;
+	assert(cu_blocks((size_t)rows, 16) <= 65535 && G <= 3);
+	const float *du[3] = {ad[0].du, NULL, NULL}, *A[3] = {ad[0].A, NULL, NULL};
+	const gpu_bf16 *A16[3] = {ad[0].A16, NULL, NULL};
+	for (int g = 1; g < G; g++)
+		du[g] = ad[g].du, A[g] = ad[g].A, A16[g] = ad[g].A16;
+	int R = ad[0].R, cols = ad[0].cols;
+	int vec = cols % 4 == 0 && ((uintptr_t)dinp & 15) == 0;
+	void *args[] = {&dinp,	 &du[0],  &du[1], &du[2], &A[0], &A[1], &A[2], &A16[0],
+			&A16[1], &A16[2], &G,	  &R,	  &rows, &cols, &vec};
+	cu_launch(cu_of(be), CU_K_lora_dx_add_f32,
+		  (struct cu_dim){cu_blocks((size_t)cols, 256), cu_blocks((size_t)rows, 16), 1},
+		  dim1(256), 0, args);
+}
+
 static void cu_residual_forward(struct gpu_backend *be, float *out, const float *a,
 				const float *b, size_t n)
 {
@@ -1275,6 +1295,7 @@ void cu_ops_fill(struct gpu_backend_ops *ops)
 	ops->attention_backward = cu_attention_backward;
 	ops->swiglu_forward = cu_swiglu_forward;
 	ops->swiglu_backward = cu_swiglu_backward;
+	ops->lora_dx_add = cu_lora_dx_add;
 	ops->residual_forward = cu_residual_forward;
 	ops->crossentropy_forward = cu_crossentropy_forward;
 	ops->crossentropy_backward = cu_crossentropy_backward;

@@ -341,17 +341,18 @@ void swiglu_backward(float *dgate, float *restrict dup, const float *dout,
 	}
 }
 
-void lora_dx_add(float *restrict dout, const float *restrict du, const float *restrict A, int N,
-		 int R, int cols)
+void lora_dx_add(float *restrict dout, const float *const *du, const float *const *A, int G,
+		 int N, int R, int cols)
 {
 	for (int n = 0; n < N; n++) {
-		const float *u = du + (size_t)n * R;
 		float *d = dout + (size_t)n * cols;
 		for (int i = 0; i < cols; i++) {
 			float t = 0.0f;
-			for (int r = 0; r < R; r++) {
-				const float p = u[r] * A[(size_t)r * cols + i];
-				t = t + p;
+			for (int g = 0; g < G; g++) {
+				const float *u = du[g] + (size_t)n * R;
+				for (int r = 0; r < R; r++) {
+					t = fmaf(u[r], A[g][(size_t)r * cols + i], t);
+				}
 			}
 			d[i] = d[i] + t;
 		}

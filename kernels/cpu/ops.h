@@ -91,12 +91,15 @@ void swiglu_forward(float *out, const float *gate, const float *up, size_t n);
 void swiglu_backward(float *dgate, float *dup, const float *dout, const float *gate,
 		     const float *up, size_t n);
 
-/* An adapter's share of an input gradient: dout (N, cols) += du (N, R) @
- * A (R, cols), where each element's share is summed over r = 0..R-1 from 0
- * (t = t + du[n][r] * A[r][i], a multiply then an add) and then added to
- * dout once. The LoRA down projection's d(h) (train/model.c), added where
- * swiglu_backward reads it (gpu/backend.h: gpu_lora_dx). */
-void lora_dx_add(float *dout, const float *du, const float *A, int N, int R, int cols);
+/* Adapters' share of an input gradient: dout (N, cols) += the sum over
+ * g < G of du[g] (N, R) @ A[g] (R, cols), where each element's share is
+ * summed over g, then r = 0..R-1, from 0 (t = fmaf(du[g][n][r],
+ * A[g][r][i], t): one rounding a term) and then added to dout once. The LoRA
+ * projections' input gradients (train/model.c), added where an op reads
+ * them or in one pass for the adapters that share an input (gpu/backend.h:
+ * gpu_lora_dx). */
+void lora_dx_add(float *dout, const float *const *du, const float *const *A, int G, int N, int R,
+		 int cols);
 
 /* out = a + b over n values (out may alias a or b). */
 void residual_forward(float *out, const float *a, const float *b, size_t n);

@@ -145,8 +145,8 @@ extern "C" __global__ void swiglu_backward_f32(float *dgate, float *dup, __nv_bf
 
 /* swiglu_backward_f32 with an adapter's share of dout added as it is read
  * (gpu/backend.h: gpu_lora_dx): dout (rows, cols) + du (rows, R) @ A (R,
- * cols), each element's share summed over r = 0..R-1 from 0 with a
- * multiply then an add, then added to dout once: kernels/cpu/ops.h's
+ * cols), each element's share summed over r = 0..R-1 from 0 by fused
+ * multiply-adds, then added to dout once: kernels/cpu/ops.h's
  * lora_dx_add, to the bit. A16 given (the bf16 mode): A read from it and du
  * rounded to bf16, the operands the adapter's GEMM would take. A block is
  * SL_COLS columns (a thread each) by SL_ROWS rows: its rows of du, rounded
@@ -207,13 +207,13 @@ extern "C" __global__ void __launch_bounds__(SL_COLS)
 			for (int k = 0; k < SL_RC; k += 4) {
 				if (k < rc) {
 					const float4 x = u[k / 4];
-					t[j] = __fadd_rn(t[j], __fmul_rn(x.x, a[k]));
+					t[j] = __fmaf_rn(x.x, a[k], t[j]);
 					if (k + 1 < rc)
-						t[j] = __fadd_rn(t[j], __fmul_rn(x.y, a[k + 1]));
+						t[j] = __fmaf_rn(x.y, a[k + 1], t[j]);
 					if (k + 2 < rc)
-						t[j] = __fadd_rn(t[j], __fmul_rn(x.z, a[k + 2]));
+						t[j] = __fmaf_rn(x.z, a[k + 2], t[j]);
 					if (k + 3 < rc)
-						t[j] = __fadd_rn(t[j], __fmul_rn(x.w, a[k + 3]));
+						t[j] = __fmaf_rn(x.w, a[k + 3], t[j]);
 				}
 			}
 		}
@@ -307,7 +307,7 @@ extern "C" __global__ void __launch_bounds__(256, 3)
 					if (k + kk < rc) {
 #pragma unroll
 						for (int q = 0; q < 4; q++)
-							t[j][q] = __fadd_rn(t[j][q], __fmul_rn(x[kk], a[kk][q]));
+							t[j][q] = __fmaf_rn(x[kk], a[kk][q], t[j][q]);
 					}
 				}
 			}
@@ -349,6 +349,105 @@ extern "C" __global__ void __launch_bounds__(256, 3)
 			cu_pack_bf16x4(make_float4(og[0], og[1], og[2], og[3]));
 		reinterpret_cast<uint2 *>(dup16)[e] =
 			cu_pack_bf16x4(make_float4(op[0], op[1], op[2], op[3]));
+	}
+}
+
+/* dinp (rows, cols) += the shares of G adapters (gpu/backend.h:
+ * lora_dx_add): each element's share summed over g, then r = 0..R-1, from 0
+ * by fused multiply-adds, then added to dinp once: kernels/cpu/ops.h's
+ * lora_dx_add, to the bit. A16 given (the bf16 mode): each A read from its
+ * copy and each du rounded to bf16. swiglu_backward_lora_bf16's layout: a
+ * thread takes four adjacent columns of four rows, a block 256 columns by 16
+ * rows, the block's du (every adapter's) and one adapter's 16 ranks of A at
+ * a time in shared memory; dinp read and written four floats at a time
+ * where cols is a multiple of four and dinp 16-byte aligned (vec). */
+#define LDX_G 3 /* GPU_LORA_DX_GROUP */
+extern "C" __global__ void __launch_bounds__(256)
+	lora_dx_add_f32(float *__restrict__ dinp, const float *du0, const float *du1,
+			const float *du2, const float *A0, const float *A1, const float *A2,
+			const __nv_bfloat16 *A160, const __nv_bfloat16 *A161,
+			const __nv_bfloat16 *A162, int G, int R, int rows, int cols, int vec)
+{
+	__shared__ __align__(16) float su[SLB_ROWS * LDX_G * SL_RMAX];
+	__shared__ __align__(16) float sa[SL_RC * SLB_COLS];
+	const int tx = threadIdx.x % 64, ty = threadIdx.x / 64; /* a warp: one ty */
+	const int c0 = blockIdx.x * SLB_COLS, n0 = blockIdx.y * SLB_ROWS;
+	const int col = c0 + 4 * tx;
+	const bool b16 = A160 != nullptr;
+	const int R4 = (R + 3) & ~3, GR4 = G * R4;
+	for (int e = threadIdx.x; e < SLB_ROWS * GR4; e += 256) {
+		const int j = e / GR4, g = e % GR4 / R4, r = e % R4;
+		const int n = n0 + j;
+		const float *du = g == 0 ? du0 : g == 1 ? du1 : du2;
+		float x = n < rows && r < R ? du[(size_t)n * (size_t)R + r] : 0.0f;
+		su[e] = b16 ? __bfloat162float(__float2bfloat16_rn(x)) : x;
+	}
+	float t[4][4]; /* [row][column] */
+#pragma unroll
+	for (int j = 0; j < 4; j++)
+#pragma unroll
+		for (int q = 0; q < 4; q++)
+			t[j][q] = 0.0f;
+	for (int g = 0; g < G; g++) {
+		const float *A = g == 0 ? A0 : g == 1 ? A1 : A2;
+		const __nv_bfloat16 *A16 = g == 0 ? A160 : g == 1 ? A161 : A162;
+		for (int r0 = 0; r0 < R; r0 += SL_RC) {
+			const int rc = min(SL_RC, R - r0);
+			__syncthreads(); /* su written (first pass), sa read (later ones) */
+			for (int e = threadIdx.x; e < SL_RC * SLB_COLS; e += 256) {
+				const int k = e / SLB_COLS, c = c0 + e % SLB_COLS;
+				const size_t at = (size_t)(r0 + k) * (size_t)cols + (size_t)c;
+				sa[e] = k < rc && c < cols ? (b16 ? __bfloat162float(A16[at]) : A[at]) : 0.0f;
+			}
+			__syncthreads();
+#pragma unroll
+			for (int k = 0; k < SL_RC; k += 4) {
+				if (k >= rc)
+					break;
+				float a[4][4]; /* [rank][column] */
+#pragma unroll
+				for (int kk = 0; kk < 4; kk++) {
+					const float4 v =
+						reinterpret_cast<const float4 *>(sa + (k + kk) * SLB_COLS)[tx];
+					a[kk][0] = v.x, a[kk][1] = v.y, a[kk][2] = v.z, a[kk][3] = v.w;
+				}
+#pragma unroll
+				for (int j = 0; j < 4; j++) {
+					const float4 x4 = reinterpret_cast<const float4 *>(
+						su + (4 * ty + j) * GR4 + g * R4 + r0)[k / 4];
+					const float x[4] = {x4.x, x4.y, x4.z, x4.w};
+#pragma unroll
+					for (int kk = 0; kk < 4; kk++) {
+						if (k + kk < rc) {
+#pragma unroll
+							for (int q = 0; q < 4; q++)
+								t[j][q] = __fmaf_rn(x[kk], a[kk][q],
+										    t[j][q]);
+						}
+					}
+				}
+			}
+		}
+	}
+	if (col >= cols)
+		return;
+#pragma unroll
+	for (int j = 0; j < 4; j++) {
+		const int n = n0 + 4 * ty + j;
+		if (n >= rows)
+			break;
+		float *d = dinp + (size_t)n * (size_t)cols + (size_t)col;
+		if (vec) {
+			float4 v = *reinterpret_cast<float4 *>(d);
+			v.x = __fadd_rn(v.x, t[j][0]), v.y = __fadd_rn(v.y, t[j][1]);
+			v.z = __fadd_rn(v.z, t[j][2]), v.w = __fadd_rn(v.w, t[j][3]);
+			*reinterpret_cast<float4 *>(d) = v;
+		} else {
+#pragma unroll
+			for (int q = 0; q < 4; q++)
+				if (col + q < cols)
+					d[q] = __fadd_rn(d[q], t[j][q]);
+		}
 	}
 }
 

@@ -1259,7 +1259,7 @@ static void test_swiglu(void)
 	/* With an adapter's share of dout (gpu_lora_dx: the LoRA down
 	 * projection's d(h)): rows and columns past the kernel's 32 x 256
 	 * blocks, R under, at and past its 16 values a pass. The share is
-	 * lora_dx_add's to the bit (the same multiplies and adds in the same
+	 * lora_dx_add's to the bit (the same fused multiply-adds in the same
 	 * order), so the only difference is swiglu's expf, as above. Then the
 	 * bf16 mode's form (du rounded inside, A from its bf16 copy, dout,
 	 * gate and up in bf16, bf16 outputs) against the fp32 form given the
@@ -1275,7 +1275,7 @@ static void test_swiglu(void)
 		float *dout = frand(n, 1.0, 0.0), *du = frand(nu, 1.0, 0.0), *A = frand(na, 0.5, 0.0);
 		float *d = fvec(n), *dgate = fvec(n), *dup = fvec(n);
 		memcpy(d, dout, n * sizeof(float));
-		lora_dx_add(d, du, A, rows, R, cols);
+		lora_dx_add(d, (const float *const *)&du, (const float *const *)&A, 1, rows, R, cols);
 		swiglu_backward(dgate, dup, d, gate, up, n);
 		float *d_gate = dputf(gate, n), *d_up = dputf(up, n), *d_dgate = dnan(n),
 		      *d_dup = dnan(n);
@@ -1313,6 +1313,48 @@ static void test_swiglu(void)
 		case_end();
 	}
 	op_report("swiglu");
+
+	/* lora_dx_add: G = 1..3 adapters' shares in one pass, against the CPU
+	 * op (the same fused multiply-adds in the same order: the same bits),
+	 * in fp32 and with bf16 copies of A (du rounded inside) against the
+	 * fp32 form on rounded values; columns a multiple of four (float4
+	 * rows) and not, rows and columns past the 16 x 256 blocks. */
+	op_begin();
+	static const int xshapes[][4] = {{45, 300, 8, 1}, {64, 256, 16, 3}, {33, 517, 19, 2},
+					 {40, 132, 64, 3}, {17, 1028, 36, 2}};
+	for (size_t ci = 0; ci < COUNT(xshapes); ci++) {
+		const int rows = xshapes[ci][0], cols = xshapes[ci][1], R = xshapes[ci][2],
+			  G = xshapes[ci][3];
+		const size_t n = (size_t)rows * cols, na = (size_t)R * cols, nu = (size_t)rows * R;
+		snprintf(where, sizeof(where), "lora_dx_add (rows=%d cols=%d R=%d G=%d)", rows, cols,
+			 R, G);
+		float *d = frand(n, 1.0, 0.0), *ref = fvec(n);
+		const float *du[3], *A[3];
+		struct gpu_lora_dx ad[3], adr[3], ad16[3];
+		for (int g = 0; g < G; g++) {
+			float *u = frand(nu, 1.0, 0.0), *a = frand(na, 0.5, 0.0);
+			du[g] = u, A[g] = a;
+			ad[g] = (struct gpu_lora_dx){.du = dputf(u, nu), .A = dputf(a, na), .R = R,
+						     .cols = cols};
+			adr[g] = (struct gpu_lora_dx){.du = dputf(bf16_rounded(u, nu), nu),
+						      .A = dputf(bf16_rounded(a, na), na),
+						      .R = R,
+						      .cols = cols};
+			ad16[g] = (struct gpu_lora_dx){.du = ad[g].du, .A16 = dput16(a, na), .R = R,
+						       .cols = cols};
+		}
+		memcpy(ref, d, n * sizeof(float));
+		lora_dx_add(ref, du, A, G, rows, R, cols);
+		float *d_d = dputf(d, n);
+		gpu_lora_dx_add(be, d_d, ad, G, rows);
+		expect_exact("dinp", hget(d_d, n), ref, n);
+		float *d_r = dputf(d, n), *d_b = dputf(d, n);
+		gpu_lora_dx_add(be, d_r, adr, G, rows);
+		gpu_lora_dx_add(be, d_b, ad16, G, rows);
+		expect_same_bits("dinp (bf16 operands)", hget(d_b, n), hget(d_r, n), n);
+		case_end();
+	}
+	op_report("lora_dx_add");
 }
 
 static void test_residual_scale(void)

@@ -376,6 +376,25 @@ static void emu_rope_forward(struct gpu_backend *be, float *out, gpu_bf16 *out16
 	finish(out16, o, n, tmp);
 }
 
+/* the adapters' shares on the GEMM's operands: each du rounded, each A's
+ * bf16 copy (a twin checked against its master) */
+static void emu_lora_dx_add(struct gpu_backend *be, float *dinp, const struct gpu_lora_dx *ad,
+			    int G, int rows)
+{
+	float *du[GPU_LORA_DX_GROUP] = {NULL}, *A[GPU_LORA_DX_GROUP] = {NULL};
+	const size_t R = (size_t)ad[0].R, cols = (size_t)ad[0].cols;
+	for (int g = 0; g < G; g++) {
+		du[g] = operand("lora_dx_add du", ad[g].du, NULL, (size_t)rows * R);
+		A[g] = operand("lora_dx_add A", ad[g].A, ad[g].A16, R * cols);
+	}
+	lora_dx_add(dinp, (const float *const *)du, (const float *const *)A, G, rows, (int)R,
+		    (int)cols);
+	for (int g = 0; g < G; g++) {
+		free(du[g]);
+		free(A[g]);
+	}
+}
+
 static void emu_swiglu_backward(struct gpu_backend *be, float *dgate, float *dup,
 				gpu_bf16 *dgate16, gpu_bf16 *dup16, const float *dout,
 				const gpu_bf16 *dout16, const float *gate, const float *up,
@@ -394,7 +413,8 @@ static void emu_swiglu_backward(struct gpu_backend *be, float *dgate, float *dup
 		float *a = operand("swiglu_backward A", ad->A, ad->A16, R * (size_t)ad->cols);
 		float *dd = xmalloc(n * sizeof(float));
 		memcpy(dd, d, n * sizeof(float));
-		lora_dx_add(dd, dr, a, (int)rows, ad->R, ad->cols);
+		lora_dx_add(dd, (const float *const *)&dr, (const float *const *)&a, 1, (int)rows,
+			    ad->R, ad->cols);
 		free(dr);
 		free(a);
 		free(td);
@@ -479,6 +499,7 @@ static td_err emu_new(struct gpu_backend **out, bool flash, struct td_errbuf *eb
 	ops.swiglu_forward = emu_swiglu_forward;
 	ops.rope_forward = emu_rope_forward;
 	ops.swiglu_backward = emu_swiglu_backward;
+	ops.lora_dx_add = emu_lora_dx_add;
 	ops.crossentropy_forward = emu_crossentropy_forward;
 	ops.crossentropy_backward = emu_crossentropy_backward;
 	ops.adamw_update = emu_adamw_update;
