@@ -56,11 +56,12 @@ typedef uint16_t gpu_bf16;
 /* An adapter's share of an input gradient, added where an op reads that
  * gradient instead of in a pass of its own (swiglu_backward: the LoRA down
  * projection's d(h), whose frozen product then comes in bf16): dout (rows,
- * cols) + du (rows, R) @ A (R, cols), each element's share summed over r =
- * 0..R-1 from 0 and added to dout's value once (kernels/cpu/ops.h:
- * lora_dx_add). In the bf16 mode A is read from its copy A16 and du rounded
- * to bf16 (the operands the adapter's GEMM would take); elsewhere A16 is
- * NULL and both are fp32. */
+ * cols) + du (rows, R) @ A (R, cols), each element's share summed in fp32
+ * and added to dout's value once (kernels/cpu/ops.h: lora_dx_add, whose
+ * order of the sum the fp32 forms keep to the bit). In the bf16 mode A is
+ * read from its copy A16 and du rounded to bf16 (the operands the adapter's
+ * GEMM would take), and the sum may be the tensor cores' (as the GEMM's
+ * was); elsewhere A16 is NULL and both are fp32. */
 #define GPU_LORA_DX_RMAX 64 /* R's bound */
 #define GPU_LORA_DX_GROUP 3 /* lora_dx_add's adapters at most (q, k, v) */
 struct gpu_lora_dx {
@@ -241,9 +242,9 @@ struct gpu_backend_ops {
 			       const gpu_bf16 *up16, size_t n);
 	/* dinp (rows, ad->cols) += the shares of G adapters (struct
 	 * gpu_lora_dx, the same R and cols; 1 <= G <= GPU_LORA_DX_GROUP),
-	 * summed over the adapters, then their ranks, in order and added once
-	 * (kernels/cpu/ops.h: lora_dx_add): the input gradient of the
-	 * projections that share an input, one pass for all their adapters. */
+	 * summed over the adapters' ranks and added once (struct gpu_lora_dx's
+	 * sums): the input gradient of the projections that share an input,
+	 * one pass for all their adapters. */
 	void (*lora_dx_add)(struct gpu_backend *be, float *dinp, const struct gpu_lora_dx *ad,
 			    int G, int rows);
 	/* ad: NULL, or an adapter's share of dout added as it is read (struct

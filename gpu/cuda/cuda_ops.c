@@ -1049,23 +1049,24 @@ static void cu_swiglu_backward(struct gpu_backend *be, float *dgate, float *dup,
 		launch_n4(cu_of(be), CU_K_swiglu_backward_f32, n, args);
 		return;
 	}
-	/* kernels/cuda/elementwise.cu: blocks of 256 columns by 32 rows, or
-	 * (the bf16 mode's form: bf16 in and out, cols a multiple of four and
-	 * every row 8-byte aligned) 16 rows */
+	/* kernels/cuda/elementwise.cu: the bf16 mode's form (bf16 in and out,
+	 * A16, cols even and every row 4-byte aligned) on the tensor cores in
+	 * blocks of 64 rows by 64 columns; else blocks of 256 columns by 32
+	 * rows */
 	const size_t rows = n / (size_t)ad->cols;
-	assert(rows <= (size_t)INT32_MAX && cu_blocks(rows, 16) <= 65535);
+	assert(rows <= (size_t)INT32_MAX && cu_blocks(rows, 32) <= 65535);
 	const float *du = ad->du, *A = ad->A;
 	const gpu_bf16 *A16 = ad->A16;
 	int R = ad->R, nrows = (int)rows, cols = ad->cols;
 	if (!dgate && !dup && dgate16 && dup16 && !dout && dout16 && !gate && !up && gate16 &&
-	    up16 && A16 && cols % 4 == 0 &&
+	    up16 && A16 && cols % 2 == 0 &&
 	    (((uintptr_t)dgate16 | (uintptr_t)dup16 | (uintptr_t)dout16 | (uintptr_t)gate16 |
-	      (uintptr_t)up16) & 7) == 0) {
+	      (uintptr_t)up16) & 3) == 0) {
 		void *args[] = {&dgate16, &dup16, &dout16, &gate16, &up16,
 				&du,	  &A16,	  &R,	   &nrows,  &cols};
-		cu_launch(cu_of(be), CU_K_swiglu_backward_lora_bf16,
-			  (struct cu_dim){cu_blocks((size_t)cols, 256), cu_blocks(rows, 16), 1},
-			  dim1(256), 0, args);
+		cu_launch(cu_of(be), CU_K_swiglu_backward_lora_mma,
+			  (struct cu_dim){cu_blocks((size_t)cols, 64), cu_blocks(rows, 64), 1},
+			  dim1(128), 0, args);
 		return;
 	}
 	void *args[] = {&dgate, &dup, &dgate16, &dup16, &dout, &dout16, &gate, &up,
@@ -1087,6 +1088,17 @@ static void cu_lora_dx_add(struct gpu_backend *be, float *dinp, const struct gpu
 	for (int g = 1; g < G; g++)
 		du[g] = ad[g].du, A[g] = ad[g].A, A16[g] = ad[g].A16;
 	int R = ad[0].R, cols = ad[0].cols;
+	if (A16[0] && cols % 2 == 0 && ((uintptr_t)dinp & 7) == 0) {
+		/* the bf16 mode's: on the tensor cores, blocks of 64 rows by 64
+		 * columns */
+		assert(cu_blocks((size_t)rows, 64) <= 65535);
+		void *args[] = {&dinp, &du[0], &du[1], &du[2], &A16[0], &A16[1],
+				&A16[2], &G,	&R,	&rows,	&cols};
+		cu_launch(cu_of(be), CU_K_lora_dx_add_mma,
+			  (struct cu_dim){cu_blocks((size_t)cols, 64), cu_blocks((size_t)rows, 64), 1},
+			  dim1(128), 0, args);
+		return;
+	}
 	int vec = cols % 4 == 0 && ((uintptr_t)dinp & 15) == 0;
 	void *args[] = {&dinp,	 &du[0],  &du[1], &du[2], &A[0], &A[1], &A[2], &A16[0],
 			&A16[1], &A16[2], &G,	  &R,	  &rows, &cols, &vec};

@@ -242,116 +242,9 @@ extern "C" __global__ void __launch_bounds__(SL_COLS)
 	}
 }
 
-/* The bf16 mode's form of swiglu_backward_lora_f32 (the one the model
- * runs): dout, gate and up in bf16 only, dgate and dup written in bf16
- * only, A from A16, cols a multiple of four (8-byte rows). The same
- * arithmetic to the bit; a thread takes four adjacent columns of four rows
- * (8-byte loads and stores), a block 256 columns by 16 rows: the block's du
- * (rounded) and A (widened) in shared memory, four ranks at a time per
- * thread, so that each element's share is summed over r in order. */
+/* lora_dx_add_f32's tiles: 256 columns by 16 rows */
 #define SLB_COLS 256
 #define SLB_ROWS 16
-extern "C" __global__ void __launch_bounds__(256, 3)
-	swiglu_backward_lora_bf16(__nv_bfloat16 *__restrict__ dgate16,
-				  __nv_bfloat16 *__restrict__ dup16,
-				  const __nv_bfloat16 *__restrict__ dout16,
-				  const __nv_bfloat16 *__restrict__ gate16,
-				  const __nv_bfloat16 *__restrict__ up16, const float *__restrict__ du,
-				  const __nv_bfloat16 *__restrict__ A16, int R, int rows, int cols)
-{
-	__shared__ __align__(16) float su[SLB_ROWS * SL_RMAX];
-	__shared__ __align__(16) float sa[SL_RC * SLB_COLS];
-	const int tx = threadIdx.x % 64, ty = threadIdx.x / 64; /* a warp: one ty */
-	const int c0 = blockIdx.x * SLB_COLS, n0 = blockIdx.y * SLB_ROWS;
-	const int col = c0 + 4 * tx;
-	const int R4 = (R + 3) & ~3;
-	for (int e = threadIdx.x; e < SLB_ROWS * R4; e += 256) {
-		const int j = e / R4, r = e % R4;
-		const int n = n0 + j;
-		su[e] = n < rows && r < R ? __bfloat162float(__float2bfloat16_rn(
-						    du[(size_t)n * (size_t)R + r]))
-					  : 0.0f;
-	}
-	float t[4][4]; /* [row][column] */
-#pragma unroll
-	for (int j = 0; j < 4; j++)
-#pragma unroll
-		for (int q = 0; q < 4; q++)
-			t[j][q] = 0.0f;
-	for (int r0 = 0; r0 < R; r0 += SL_RC) {
-		const int rc = min(SL_RC, R - r0);
-		__syncthreads(); /* su written (first pass), sa read (later ones) */
-		for (int e = threadIdx.x; e < SL_RC * SLB_COLS; e += 256) {
-			const int k = e / SLB_COLS, c = c0 + e % SLB_COLS;
-			sa[e] = k < rc && c < cols ? __bfloat162float(A16[(size_t)(r0 + k) * (size_t)cols + c])
-						   : 0.0f;
-		}
-		__syncthreads();
-#pragma unroll
-		for (int k = 0; k < SL_RC; k += 4) {
-			if (k >= rc)
-				break;
-			float a[4][4]; /* [rank][column] */
-#pragma unroll
-			for (int kk = 0; kk < 4; kk++) {
-				const float4 v = reinterpret_cast<const float4 *>(sa + (k + kk) * SLB_COLS)[tx];
-				a[kk][0] = v.x, a[kk][1] = v.y, a[kk][2] = v.z, a[kk][3] = v.w;
-			}
-#pragma unroll
-			for (int j = 0; j < 4; j++) {
-				const float4 x4 = reinterpret_cast<const float4 *>(
-					su + (4 * ty + j) * R4 + r0)[k / 4];
-				const float x[4] = {x4.x, x4.y, x4.z, x4.w};
-#pragma unroll
-				for (int kk = 0; kk < 4; kk++) {
-					if (k + kk < rc) {
-#pragma unroll
-						for (int q = 0; q < 4; q++)
-							t[j][q] = __fmaf_rn(x[kk], a[kk][q], t[j][q]);
-					}
-				}
-			}
-		}
-	}
-	if (col >= cols)
-		return;
-	uint2 dv[4], gv[4], uv[4];
-#pragma unroll
-	for (int j = 0; j < 4; j++) {
-		const int n = n0 + 4 * ty + j;
-		const size_t e = ((size_t)n * (size_t)cols + (size_t)col) / 4;
-		if (n < rows) {
-			dv[j] = reinterpret_cast<const uint2 *>(dout16)[e];
-			gv[j] = reinterpret_cast<const uint2 *>(gate16)[e];
-			uv[j] = reinterpret_cast<const uint2 *>(up16)[e];
-		}
-	}
-#pragma unroll
-	for (int j = 0; j < 4; j++) {
-		const int n = n0 + 4 * ty + j;
-		if (n >= rows)
-			break;
-		const __nv_bfloat162 *d2 = reinterpret_cast<const __nv_bfloat162 *>(&dv[j]);
-		const __nv_bfloat162 *g2 = reinterpret_cast<const __nv_bfloat162 *>(&gv[j]);
-		const __nv_bfloat162 *u2 = reinterpret_cast<const __nv_bfloat162 *>(&uv[j]);
-		const float d[4] = {__low2float(d2[0]), __high2float(d2[0]), __low2float(d2[1]),
-				    __high2float(d2[1])};
-		const float g[4] = {__low2float(g2[0]), __high2float(g2[0]), __low2float(g2[1]),
-				    __high2float(g2[1])};
-		const float u[4] = {__low2float(u2[0]), __high2float(u2[0]), __low2float(u2[1]),
-				    __high2float(u2[1])};
-		float og[4], op[4];
-#pragma unroll
-		for (int q = 0; q < 4; q++)
-			cu_swiglu_grad(g[q], u[q], __fadd_rn(d[q], t[j][q]), og[q], op[q]);
-		const size_t e = ((size_t)n * (size_t)cols + (size_t)col) / 4;
-		reinterpret_cast<uint2 *>(dgate16)[e] =
-			cu_pack_bf16x4(make_float4(og[0], og[1], og[2], og[3]));
-		reinterpret_cast<uint2 *>(dup16)[e] =
-			cu_pack_bf16x4(make_float4(op[0], op[1], op[2], op[3]));
-	}
-}
-
 /* dinp (rows, cols) += the shares of G adapters (gpu/backend.h:
  * lora_dx_add): each element's share summed over g, then r = 0..R-1, from 0
  * by fused multiply-adds, then added to dinp once: kernels/cpu/ops.h's
@@ -448,6 +341,166 @@ extern "C" __global__ void __launch_bounds__(256)
 				if (col + q < cols)
 					d[q] = __fadd_rn(d[q], t[j][q]);
 		}
+	}
+}
+
+/* lora_dx_add_f32's sum on the tensor cores, the bf16 mode's (every A
+ * from its bf16 copy, du rounded to bf16: the operands the adapters' GEMMs
+ * would take): the G adapters' ranks are one K = G * R (zeros past it, to a
+ * multiple of 16) of bf16 mma.sync m16n8k16 with fp32 accumulation, then
+ * added to dinp once. The products are exact; the fp32 sum's order is the
+ * tensor cores' (as cuBLAS's, which this replaces), not lora_dx_add's. A
+ * warp takes 16 rows by 64 columns, a block 64 rows; the sums staged in
+ * shared memory, then dinp read and written a row at a time across the
+ * warp, two floats a lane (cols even, dinp 8-byte aligned: the launcher's
+ * condition). Fragment layout: kernels/cuda/flash.cu's header. */
+#define LXM_ROWS 64
+#define LXM_COLS 64
+static __device__ __forceinline__ uint32_t lx_pack(float lo, float hi)
+{
+	__nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+	return *reinterpret_cast<uint32_t *>(&v);
+}
+
+static __device__ __forceinline__ uint32_t lx_pack16(__nv_bfloat16 lo, __nv_bfloat16 hi)
+{
+	return (uint32_t)__bfloat16_as_ushort(lo) | (uint32_t)__bfloat16_as_ushort(hi) << 16;
+}
+
+/* acc (a warp's 16 rows from r0 by LXM_COLS columns from c0, as
+ * LXM_COLS / 8 C tiles) = the shares of G adapters (du rounded to bf16, A
+ * from A16) over K = G * R ranks, zeros past K, rows and cols. */
+static __device__ __forceinline__ void lx_share(float (*acc)[4], const float *du0,
+						const float *du1, const float *du2,
+						const __nv_bfloat16 *A160, const __nv_bfloat16 *A161,
+						const __nv_bfloat16 *A162, int G, int R, int rows,
+						int cols, int r0, int c0)
+{
+	const int lane = threadIdx.x % 32, gq = lane / 4, tq = lane % 4;
+	const int K = G * R, KC = (K + 15) / 16;
+	const __nv_bfloat16 zero = __float2bfloat16_rn(0.0f);
+#pragma unroll
+	for (int nt = 0; nt < LXM_COLS / 8; nt++)
+		acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.0f;
+	for (int kc = 0; kc < KC; kc++) {
+		/* A (16 rows x 16 ranks): a0 (gq, 2tq..), a1 (gq+8, 2tq..), a2 (gq,
+		 * 2tq+8..), a3 (gq+8, 2tq+8..) */
+		uint32_t a[4];
+#pragma unroll
+		for (int h = 0; h < 4; h++) {
+			const int row = r0 + gq + (h & 1) * 8, k = kc * 16 + 2 * tq + (h >> 1) * 8;
+			float v[2];
+#pragma unroll
+			for (int e = 0; e < 2; e++) {
+				const int kk = k + e, g = kk / R, r = kk - g * R;
+				const float *du = g == 0 ? du0 : g == 1 ? du1 : du2;
+				v[e] = kk < K && row < rows ? du[(size_t)row * (size_t)R + r] : 0.0f;
+			}
+			a[h] = lx_pack(v[0], v[1]);
+		}
+		/* B (16 ranks x 8 columns): b0 (ranks 2tq.., column gq), b1 (ranks
+		 * 2tq+8..) */
+		const __nv_bfloat16 *bp[4];
+		bool bk[4];
+#pragma unroll
+		for (int e = 0; e < 4; e++) {
+			const int kk = kc * 16 + 2 * tq + (e & 1) + (e >> 1) * 8, g = kk / R, r = kk - g * R;
+			bk[e] = kk < K;
+			const __nv_bfloat16 *A16 = g == 0 ? A160 : g == 1 ? A161 : A162;
+			bp[e] = bk[e] ? A16 + (size_t)r * (size_t)cols : A160;
+		}
+#pragma unroll
+		for (int nt = 0; nt < LXM_COLS / 8; nt++) {
+			const int col = c0 + nt * 8 + gq;
+			const bool in = col < cols;
+			__nv_bfloat16 b[4];
+#pragma unroll
+			for (int e = 0; e < 4; e++)
+				b[e] = in && bk[e] ? bp[e][col] : zero;
+			const uint32_t b0 = lx_pack16(b[0], b[1]), b1 = lx_pack16(b[2], b[3]);
+			asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+				     "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+				     : "+f"(acc[nt][0]), "+f"(acc[nt][1]), "+f"(acc[nt][2]),
+				       "+f"(acc[nt][3])
+				     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+		}
+	}
+}
+
+/* The warp's C tiles (16 rows by LXM_COLS columns) into its part of st,
+ * row by row, so that the epilogue reads a row's columns across the warp
+ * (whole 128-byte lines) instead of the fragments' eight-column pieces. */
+#define LXM_ST (LXM_COLS + 4) /* a row's floats in st: rows 16 bytes apart in banks */
+static __device__ __forceinline__ void lx_stage(float (*st)[LXM_ST], const float (*acc)[4])
+{
+	const int lane = threadIdx.x % 32, gq = lane / 4, tq = lane % 4;
+#pragma unroll
+	for (int nt = 0; nt < LXM_COLS / 8; nt++) {
+		*reinterpret_cast<float2 *>(&st[gq][nt * 8 + 2 * tq]) = make_float2(acc[nt][0], acc[nt][1]);
+		*reinterpret_cast<float2 *>(&st[gq + 8][nt * 8 + 2 * tq]) =
+			make_float2(acc[nt][2], acc[nt][3]);
+	}
+	__syncwarp();
+}
+
+extern "C" __global__ void __launch_bounds__(128)
+	lora_dx_add_mma(float *__restrict__ dinp, const float *du0, const float *du1,
+			const float *du2, const __nv_bfloat16 *A160, const __nv_bfloat16 *A161,
+			const __nv_bfloat16 *A162, int G, int R, int rows, int cols)
+{
+	__shared__ __align__(16) float st[4][16][LXM_ST];
+	const int w = threadIdx.x / 32, lane = threadIdx.x % 32;
+	const int r0 = blockIdx.y * LXM_ROWS + w * 16, c0 = blockIdx.x * LXM_COLS;
+	float acc[LXM_COLS / 8][4];
+	lx_share(acc, du0, du1, du2, A160, A161, A162, G, R, rows, cols, r0, c0);
+	lx_stage(st[w], acc);
+	const int col = c0 + 2 * lane;
+	if (col >= cols)
+		return;
+	for (int j = 0; j < 16 && r0 + j < rows; j++) {
+		float2 *d = reinterpret_cast<float2 *>(dinp + (size_t)(r0 + j) * (size_t)cols + col);
+		const float2 s = *reinterpret_cast<const float2 *>(&st[w][j][2 * lane]);
+		float2 v = *d;
+		v.x = __fadd_rn(v.x, s.x);
+		v.y = __fadd_rn(v.y, s.y);
+		*d = v;
+	}
+}
+
+/* swiglu_backward_lora_f32's bf16 form with the share on the tensor cores
+ * (lora_dx_add_mma's tiles, sum and staging; cols even, every bf16 row
+ * 4-byte aligned: the launcher's condition), then each element's swiglu
+ * gradient from dout + share, two columns a lane. */
+extern "C" __global__ void __launch_bounds__(128)
+	swiglu_backward_lora_mma(__nv_bfloat16 *__restrict__ dgate16,
+				 __nv_bfloat16 *__restrict__ dup16,
+				 const __nv_bfloat16 *__restrict__ dout16,
+				 const __nv_bfloat16 *__restrict__ gate16,
+				 const __nv_bfloat16 *__restrict__ up16, const float *du,
+				 const __nv_bfloat16 *A16, int R, int rows, int cols)
+{
+	__shared__ __align__(16) float st[4][16][LXM_ST];
+	const int w = threadIdx.x / 32, lane = threadIdx.x % 32;
+	const int r0 = blockIdx.y * LXM_ROWS + w * 16, c0 = blockIdx.x * LXM_COLS;
+	float acc[LXM_COLS / 8][4];
+	lx_share(acc, du, nullptr, nullptr, A16, nullptr, nullptr, 1, R, rows, cols, r0, c0);
+	lx_stage(st[w], acc);
+	const int col = c0 + 2 * lane;
+	if (col >= cols)
+		return;
+	for (int j = 0; j < 16 && r0 + j < rows; j++) {
+		const size_t e = ((size_t)(r0 + j) * (size_t)cols + (size_t)col) / 2;
+		const float2 s = *reinterpret_cast<const float2 *>(&st[w][j][2 * lane]);
+		const __nv_bfloat162 d2 = reinterpret_cast<const __nv_bfloat162 *>(dout16)[e];
+		const __nv_bfloat162 g2 = reinterpret_cast<const __nv_bfloat162 *>(gate16)[e];
+		const __nv_bfloat162 u2 = reinterpret_cast<const __nv_bfloat162 *>(up16)[e];
+		float g0, p0, g1, p1;
+		cu_swiglu_grad(__low2float(g2), __low2float(u2), __fadd_rn(__low2float(d2), s.x), g0,
+			       p0);
+		cu_swiglu_grad(__high2float(g2), __high2float(u2), __fadd_rn(__high2float(d2), s.y),
+			       g1, p1);
+		reinterpret_cast<__nv_bfloat162 *>(dgate16)[e] = __floats2bfloat162_rn(g0, g1);
+		reinterpret_cast<__nv_bfloat162 *>(dup16)[e] = __floats2bfloat162_rn(p0, p1);
 	}
 }
 

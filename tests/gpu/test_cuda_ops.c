@@ -1263,7 +1263,7 @@ static void test_swiglu(void)
 	 * order), so the only difference is swiglu's expf, as above. Then the
 	 * bf16 mode's form (du rounded inside, A from its bf16 copy, dout,
 	 * gate and up in bf16, bf16 outputs) against the fp32 form given the
-	 * rounded values: the same bits. */
+	 * rounded values: the same bits; then the model's call (below). */
 	static const int lshapes[][3] = {{45, 300, 8},   {64, 256, 16}, {33, 517, 19},
 					  {40, 130, 64}, {37, 516, 19}, {50, 1028, 36}};
 	for (size_t ci = 0; ci < COUNT(lshapes); ci++) {
@@ -1303,22 +1303,67 @@ static void test_swiglu(void)
 		expect_same_bits("dgate (bf16 operands)", hget(d_dgate, n), rg, n);
 		expect_twin("dgate16", d_dg16, rg, n);
 		expect_twin("dup16", d_du16, ru, n);
-		/* twins only (the model's call): cols a multiple of four takes
-		 * the launcher's four-column kernel, the same bits */
+		/* twins only (the model's call): odd cols take the same kernel,
+		 * the same bits; even cols the tensor cores' (lora_dx_add_mma's
+		 * sum), held to rg, ru within what that sum's order moves: d by
+		 * at most dd = (R + 2) 2^-22 S + 2^-23 |d| (S: the sum of the
+		 * share's products' magnitudes; lora_dx_add's test says why),
+		 * each output by its derivative in d times dd, then the bf16
+		 * rounding of the twin (2^-8 of the value) and the few fp32
+		 * roundings of the gradient's formula, which now see another d
+		 * (2^-20 of it) */
 		gpu_bf16 *d_dg16b = dnan16(n), *d_du16b = dnan16(n);
 		gpu_swiglu_backward(be, NULL, NULL, d_dg16b, d_du16b, NULL, d_dout16, NULL, NULL,
 				    d_g16, d_u16, n, &ad16);
-		expect_twin("dgate16 (twins only)", d_dg16b, rg, n);
-		expect_twin("dup16 (twins only)", d_du16b, ru, n);
+		if (cols % 2) {
+			expect_twin("dgate16 (twins only)", d_dg16b, rg, n);
+			expect_twin("dup16 (twins only)", d_du16b, ru, n);
+		} else {
+			const float *dr = bf16_rounded(du, nu), *ar = bf16_rounded(A, na);
+			float *xr = bf16_rounded(gate, n), *urd = bf16_rounded(up, n);
+			float *dd = bf16_rounded(dout, n);
+			lora_dx_add(dd, &dr, &ar, 1, rows, R, cols);
+			const float *g16 = hget16(d_dg16b, n), *p16 = hget16(d_du16b, n);
+			size_t bad = 0;
+			double worst = 0.0;
+			for (int r = 0; r < rows; r++)
+				for (int i = 0; i < cols; i++) {
+					const size_t e = (size_t)r * cols + i;
+					double S = 0.0;
+					for (int k = 0; k < R; k++)
+						S += fabs((double)dr[(size_t)r * R + k] * ar[(size_t)k * cols + i]);
+					const double dd_b = (R + 2) * ldexp(S, -22) + ldexp(fabs(dd[e]), -23);
+					const double x = xr[e], sig = 1.0 / (1.0 + exp(-x));
+					const double Fg = fabs(urd[e] * sig * (1.0 + x * (1.0 - sig)));
+					const double Fp = fabs(x * sig);
+					const double bg = Fg * dd_b * (1 + 0x1p-7) + ldexp(fabs(rg[e]), -8) +
+							  ldexp(fabs(rg[e]), -20);
+					const double bp = Fp * dd_b * (1 + 0x1p-7) + ldexp(fabs(ru[e]), -8) +
+							  ldexp(fabs(ru[e]), -20);
+					const double eg = fabs((double)g16[e] - rg[e]);
+					const double ep = fabs((double)p16[e] - ru[e]);
+					bad += !(eg <= bg) + !(ep <= bp);
+					worst = eg / bg > worst ? eg / bg : worst;
+					worst = ep / bp > worst ? ep / bp : worst;
+				}
+			CHECK_MSG(bad == 0, "%s: twins only (tensor cores): %zu of %zu values past "
+				  "their bound (worst err/bound %.3g)", where, bad, 2 * n, worst);
+		}
 		case_end();
 	}
 	op_report("swiglu");
 
-	/* lora_dx_add: G = 1..3 adapters' shares in one pass, against the CPU
-	 * op (the same fused multiply-adds in the same order: the same bits),
-	 * in fp32 and with bf16 copies of A (du rounded inside) against the
-	 * fp32 form on rounded values; columns a multiple of four (float4
-	 * rows) and not, rows and columns past the 16 x 256 blocks. */
+	/* lora_dx_add: G = 1..3 adapters' shares in one pass. In fp32, against
+	 * the CPU op (the same fused multiply-adds in the same order: the same
+	 * bits), also on bf16-rounded values; columns a multiple of four
+	 * (float4 rows) and not, rows and columns past the blocks. With bf16
+	 * copies of A (du rounded inside: the tensor cores' kernel where cols
+	 * is even, else the same fused multiply-adds) against the CPU op on
+	 * the rounded values: the K = G R products are exact, so two fp32 sums
+	 * of them in any order, each add off by at most an ulp (2^-23 of the
+	 * partial sum: the tensor cores' accumulation need not round to
+	 * nearest), differ by at most (K + 2) 2^-22 times the sum of the
+	 * products' magnitudes S, and the add to dinp by 2^-23 of the result. */
 	op_begin();
 	static const int xshapes[][4] = {{45, 300, 8, 1}, {64, 256, 16, 3}, {33, 517, 19, 2},
 					 {40, 132, 64, 3}, {17, 1028, 36, 2}};
@@ -1348,10 +1393,36 @@ static void test_swiglu(void)
 		float *d_d = dputf(d, n);
 		gpu_lora_dx_add(be, d_d, ad, G, rows);
 		expect_exact("dinp", hget(d_d, n), ref, n);
+		const float *dur[3], *Ar[3];
+		for (int g = 0; g < G; g++) {
+			dur[g] = bf16_rounded(du[g], nu);
+			Ar[g] = bf16_rounded(A[g], na);
+		}
+		float *refr = fvec(n);
+		memcpy(refr, d, n * sizeof(float));
+		lora_dx_add(refr, dur, Ar, G, rows, R, cols);
 		float *d_r = dputf(d, n), *d_b = dputf(d, n);
 		gpu_lora_dx_add(be, d_r, adr, G, rows);
+		expect_exact("dinp (rounded values)", hget(d_r, n), refr, n);
 		gpu_lora_dx_add(be, d_b, ad16, G, rows);
-		expect_same_bits("dinp (bf16 operands)", hget(d_b, n), hget(d_r, n), n);
+		const float *got = hget(d_b, n);
+		size_t bad = 0;
+		double worst = 0.0;
+		for (int r = 0; r < rows; r++)
+			for (int i = 0; i < cols; i++) {
+				double S = 0.0;
+				for (int g = 0; g < G; g++)
+					for (int k = 0; k < R; k++)
+						S += fabs((double)dur[g][(size_t)r * R + k] *
+							  Ar[g][(size_t)k * cols + i]);
+				const size_t e = (size_t)r * cols + i;
+				const double bound = (G * R + 2) * ldexp(S, -22) + ldexp(fabs(refr[e]), -23);
+				const double err = fabs((double)got[e] - refr[e]);
+				bad += !(err <= bound);
+				worst = err / bound > worst ? err / bound : worst;
+			}
+		CHECK_MSG(bad == 0, "%s: dinp (bf16 copies): %zu of %zu values past their bound "
+			  "(worst err/bound %.3g)", where, bad, n, worst);
 		case_end();
 	}
 	op_report("lora_dx_add");
