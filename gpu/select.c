@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "config.h"
+#include "gpu/gpu_abi.h"
 
 #include "proto/log.h"
 
@@ -34,9 +35,23 @@ static void *open_module(struct td_errbuf *eb)
 		if (!paths[i] || access(paths[i], F_OK) != 0)
 			continue;
 		void *h = dlopen(paths[i], RTLD_NOW | RTLD_LOCAL);
-		if (h)
+		if (!h) {
+			last = dlerror();
+			continue;
+		}
+		/* built from this traind's GPU interface (gpu/abi.py), or refused:
+		 * an ops table of other sources would be called with the wrong
+		 * arguments, silently */
+		const char *abi = (const char *)dlsym(h, "gpu_cuda_abi");
+		if (abi && strcmp(abi, TD_GPU_ABI) == 0)
 			return h;
-		last = dlerror();
+		td_fail(eb, TD_EUNSUPPORTED,
+			"the CUDA backend module %s was built from other sources than this traind "
+			"(GPU interface %.12s, this traind's %.12s): install the module of this build, "
+			"or point TD_CUDA_MODULE at it",
+			paths[i], abi ? abi : "unstamped", TD_GPU_ABI);
+		dlclose(h); /* after the message: abi is the module's */
+		return NULL;
 	}
 	td_fail(eb, TD_EUNSUPPORTED, "the CUDA backend module cannot be loaded: %s", last);
 	return NULL;

@@ -22,6 +22,11 @@
 #include "gpu/cuda/cuda_internal.h"
 #include "gpu/cuda/images.h"
 #include "gpu/cuda/modcache.h"
+#include "gpu/gpu_abi.h"
+
+/* The GPU interface this module was built from (gpu/abi.py): traind
+ * refuses a module whose stamp is not its own (gpu/select.c). */
+__attribute__((visibility("default"))) const char gpu_cuda_abi[] = TD_GPU_ABI;
 #include "proto/log.h"
 #include "gpu/select.h"
 
