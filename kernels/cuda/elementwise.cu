@@ -249,8 +249,9 @@ extern "C" __global__ void __launch_bounds__(SL_COLS)
  * lora_dx_add): each element's share summed over g, then r = 0..R-1, from 0
  * by fused multiply-adds, then added to dinp once: kernels/cpu/ops.h's
  * lora_dx_add, to the bit. A16 given (the bf16 mode): each A read from its
- * copy and each du rounded to bf16. swiglu_backward_lora_bf16's layout: a
- * thread takes four adjacent columns of four rows, a block 256 columns by 16
+ * copy and each du rounded to bf16 (the launcher takes lora_dx_add_mma
+ * for that where cols is even). A thread takes four adjacent columns of four
+ * rows, a block 256 columns by 16
  * rows, the block's du (every adapter's) and one adapter's 16 ranks of A at
  * a time in shared memory; dinp read and written four floats at a time
  * where cols is a multiple of four and dinp 16-byte aligned (vec). */
