@@ -405,18 +405,10 @@ static void emu_swiglu_backward(struct gpu_backend *be, float *dgate, float *dup
 	const float *g = input(gate, gate16, n, &tg), *u = input(up, up16, n, &tu);
 	const float *d = input(dout, dout16, n, &td);
 	float *dg = output(dgate, n, &t1), *du = output(dup, n, &t2);
-	if (ad) {
-		/* the adapter's share on the GEMM's operands: du rounded, A's
-		 * bf16 copy (a twin checked against its master) */
-		const size_t rows = n / (size_t)ad->cols, R = (size_t)ad->R;
-		float *dr = operand("swiglu_backward du", ad->du, NULL, rows * R);
-		float *a = operand("swiglu_backward A", ad->A, ad->A16, R * (size_t)ad->cols);
+	if (ad) { /* dout + the adapter's share, as lora_dx_add forms it */
 		float *dd = xmalloc(n * sizeof(float));
 		memcpy(dd, d, n * sizeof(float));
-		lora_dx_add(dd, (const float *const *)&dr, (const float *const *)&a, 1, (int)rows,
-			    ad->R, ad->cols);
-		free(dr);
-		free(a);
+		emu_lora_dx_add(be, dd, ad, 1, (int)(n / (size_t)ad->cols));
 		free(td);
 		d = td = dd;
 	}
