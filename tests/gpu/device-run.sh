@@ -3,7 +3,7 @@
 # PyTorch peer, in one call. Expects .gpu-run/ (binaries and the CUDA module)
 # and .gpu-libs/lib (bundle-libs.sh) in the repo root: tests/gpu/bundle.sh
 # makes them.
-# usage: tests/gpu/device-run.sh [tests|bench|faults|memory|ddp|profile|preempt|share|attn|all]
+# usage: tests/gpu/device-run.sh [tests|bench|faults|memory|ddp|profile|preempt|share|attn|overlap|all]
 # bench: the tokenizer, then Qwen2-0.5B (fp32, bf16, LoRA q,v) and the
 # Llama-3-8B shapes' 4 layers (full, LoRA all seven; BENCH_8B=0 skips them)
 # beside peer_hf.py and peer_big.py, ending with the README's table
@@ -12,6 +12,10 @@
 # backward, causal, bf16, HS 128 and 64, T 2048 and 8192, after its sanity
 # check) beside peer_attn.py (PyTorch SDPA's flash backend) on the same
 # shapes, and a ratio line per (T, HS, direction); ~3 minutes. Not in all.
+# overlap: two GPUs (issue 12) — how much an NCCL all-reduce slows the
+# products beside it, on plain memory (NCCL's ring) and on a symmetric
+# window (its symmetric kernels); tests/bench/nccl_overlap.cu, compiled here
+# with nvcc against the NCCL headers PyTorch ships; ~1 minute. Not in all.
 # preempt: tests/gpu/preempt_gpu.sh alone (also part of tests).
 # share: tests/gpu/share_gpu.sh — four Llama-3-8B-shaped LoRA jobs from two
 # users sharing one frozen base on GPU 0 (the model dir made on the device),
@@ -117,6 +121,21 @@ if [ "$what" = share ]; then
 	TRAIND=$bin/traind TRAINCTL=$bin/trainctl TD_FIXTURES=$fx TD_SRC=$root bash tests/gpu/share_gpu.sh
 	rc=$?
 	[ $rc = 0 ] || [ $rc = 77 ] || status=1
+	exit $status
+fi
+if [ "$what" = overlap ]; then
+	export NCCL_NVLS_ENABLE=0
+	nccl=$(python3 -c 'import os, nvidia.nccl as n; print(list(n.__path__)[0])' 2>/dev/null)
+	if [ -z "$nccl" ] || [ ! -f "$nccl/include/nccl.h" ] || ! command -v nvcc >/dev/null; then
+		echo "overlap: needs nvcc and NCCL's headers (PyTorch's nvidia-nccl package)"
+		exit 1
+	fi
+	nvcc -O2 -arch=native -I"$nccl/include" tests/bench/nccl_overlap.cu -o "$out/nccl_overlap" \
+		-L"$nccl/lib" -l:libnccl.so.2 -lcublas -Xlinker -rpath="$nccl/lib" || exit 1
+	echo "== an all-reduce beside the products, 64 and 16 buckets of 60 MB (2 GPUs)"
+	for na in 64 16; do
+		"$out/nccl_overlap" 400 $na 60 | tee -a "$out/nccl_overlap.jsonl" || status=1
+	done
 	exit $status
 fi
 if [ "$what" = attn ]; then
