@@ -183,8 +183,7 @@ static const char *default_cache_dir(char *buf, size_t cap)
  * would place the job now — the fastest combination whose lease (plan +
  * backend + context allowance, + NCCL's for a gang) the GPU grants (its
  * memory x vram_factor, and what is free now), in the scheduler's order:
- * each recompute policy unsharded, then with the optimizer sharded, then
- * the gradients too. The
+ * each recompute policy with each sharding in dmn_auto_shard's order. The
  * settings are the daemon's (config file, environment); a teacher's plan
  * is not counted. */
 static void print_auto_on_host(Traind__JobSpec *spec, FILE *out)
@@ -242,8 +241,10 @@ static void print_auto_on_host(Traind__JobSpec *spec, FILE *out)
 	for (int i = 0; i < n; i++) {
 		uint64_t share = (uint64_t)((long double)dev[i].total_bytes * (long double)cfg.vram_factor);
 		uint64_t avail = share < dev[i].free_bytes ? share : dev[i].free_bytes;
+		/* combination c: policy c / nsh with AUTO's (c % nsh)-th sharding */
+#define SHARD_OF(c) (ash ? (int)dmn_auto_shard((c) % nsh) : 0)
 		int c = k0 * nsh;
-		while (c < k1 * nsh && total[c % nsh][c / nsh] + extra > avail)
+		while (c < k1 * nsh && total[SHARD_OF(c)][c / nsh] + extra > avail)
 			c++;
 		fprintf(out, "auto       GPU %d (%s): grants %.2f GiB now (%.2f GiB x vram_factor %.2f, "
 			"%.2f GiB free): ",
@@ -252,7 +253,8 @@ static void print_auto_on_host(Traind__JobSpec *spec, FILE *out)
 			(double)dev[i].free_bytes / (1 << 30));
 		if (c == k1 * nsh)
 			c = k1 * nsh - 1; /* the smallest lease, which does not fit */
-		const int k = c / nsh, sh = c % nsh;
+		const int k = c / nsh, sh = SHARD_OF(c);
+#undef SHARD_OF
 		char what[96];
 		snprintf(what, sizeof(what), "%s%s%s", tr_recompute_name((enum tr_recompute)k),
 			 ngpus > 1 ? ", shard " : "",

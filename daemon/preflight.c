@@ -145,6 +145,15 @@ uint64_t dmn_plan_of(const struct dmn_plan_bytes *pb, int sh, int k)
 	return pb->auto_policy ? pb->by_policy[k] : pb->bytes;
 }
 
+enum tr_shard dmn_auto_shard(int i)
+{
+	static const enum tr_shard order[] = {TR_SHARD_GRADIENTS, TR_SHARD_NONE, TR_SHARD_OPTIMIZER,
+					      TR_SHARD_PARAMETERS};
+	_Static_assert(sizeof(order) / sizeof(order[0]) == TR_SHARD_BUILT,
+		       "every sharding built has its place in AUTO's order");
+	return i >= 0 && i < TR_SHARD_BUILT ? order[i] : TR_SHARD_NONE;
+}
+
 uint64_t dmn_plan_smallest(const struct dmn_plan_bytes *pb)
 {
 	return dmn_plan_of(pb, pb->auto_shard ? TR_SHARD_BUILT - 1 : TR_SHARD_NONE,

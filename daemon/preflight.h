@@ -69,6 +69,15 @@ uint64_t dmn_plan_of(const struct dmn_plan_bytes *pb, int sh, int k);
 bool dmn_base_key(const Traind__JobSpec *spec, const struct dmn_plan_bytes *pb, bool fake,
 		  char out[65]);
 
+/* memory.shard AUTO's i-th sharding (0 <= i < TR_SHARD_BUILT) for each
+ * recompute policy: the gradients sharded first — they move fewer bytes
+ * than an all-reduce (each rank sends its part's sums, then receives the
+ * bf16 weights of the others' parts: train/plan.h masters_part) and step
+ * half of AdamW, and their plan is smaller than the unsharded one but on
+ * a model of few layers — then unsharded, then the optimizer sharded (its
+ * fp32 all-gather after AdamW: slower than unsharded on two GPUs), then
+ * the weights too (their gathers a layer ahead, forward and backward). */
+enum tr_shard dmn_auto_shard(int i);
 /* The plan AUTO waits with: the smallest it may take (the last policy's,
  * FULL_OFFLOAD, with the most sharded state where that is AUTO too), else
  * the fixed plan's bytes. */

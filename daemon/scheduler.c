@@ -653,10 +653,10 @@ static enum place try_place(struct dmn_sched *s, const struct st_queued *q)
 		/* memory.recompute AUTO: the fastest policy whose plan a GPU grants
 		 * now — NONE, SELECTIVE, FULL, then FULL_OFFLOAD (each keeps less and
 		 * recomputes more); a gang's memory.shard AUTO tries each policy
-		 * unsharded, then with the optimizer sharded, then the gradients
-		 * too (each sharding's collectives cost less than the next
-		 * policy's recompute). Not placed, it waits with the smallest plan
-		 * (dmn_plan_smallest), which fits soonest. */
+		 * with each sharding in dmn_auto_shard's order (each sharding's
+		 * collectives cost less than the next policy's recompute). Not
+		 * placed, it waits with the smallest plan (dmn_plan_smallest),
+		 * which fits soonest. */
 		const int npol = p->pb.auto_policy ? TR_RECOMPUTE_COUNT : 1;
 		/* Across daemons the optimizer state is whole on every rank. */
 		const int nsh = p->pb.auto_shard && !hosts ? TR_SHARD_BUILT : 1;
@@ -672,7 +672,7 @@ static enum place try_place(struct dmn_sched *s, const struct st_queued *q)
 			snprintf(sh.label, sizeof(sh.label), "base of %s (%s)", spec->model_dir,
 				 rpc_method_name(spec->method));
 		for (int k = 0; k < npol * nsh && !mask; k++) {
-			const int pk = k / nsh, sk = k % nsh;
+			const int pk = k / nsh, sk = nsh > 1 ? (int)dmn_auto_shard(k % nsh) : 0;
 			plan_bytes = dmn_plan_of(&p->pb, sk, pk);
 			offer(s, q, plan_bytes, ngpus, true, true, pg, shares ? &sh : NULL);
 			mask = dmn_place_pick(pg, s->dev->n, s->dev->nvlink, (int)ngpus, DMN_PLACE_NOW);

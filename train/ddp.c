@@ -491,7 +491,8 @@ static void rows_backward(struct tr_ddp *d)
 					    d->emb_n);
 }
 
-/* PARAMETERS with the embedding apart from the head (plan.embed_lookup_rows;
+/* PARAMETERS with the embedding apart from the head, and GRADIENTS whose
+ * masters are the part's (plan.embed_lookup_rows;
  * after TR_STAGE_EMBED, which left res[0] to this): every rank's ids
  * gathered; this rank writes the floats of the table its part holds for
  * all of them (zeros elsewhere) and each rank's N rows are summed onto it,
@@ -516,7 +517,8 @@ static void lookup_start(struct tr_ddp *d)
 	size_t a, b;
 	emb_part(d, &a, &b);
 	if (b > a)
-		gpu_embedding_forward_part(be, rows, ids, tr_model_params(d->m) + (a - p->shard_lo),
+		gpu_embedding_forward_part(be, rows, ids,
+					   tr_model_params(d->m) + (a - (d->wp ? p->shard_lo : 0)),
 					   d->N * d->R, d->C, a - d->emb_off, b - d->emb_off);
 	else
 		gpu_zero(be, rows, (size_t)d->R * NC * sizeof(float));
@@ -888,11 +890,51 @@ void tr_ddp_get_stats(const struct tr_ddp *d, struct tr_ddp_stats *out)
 	*out = d->stats;
 }
 
+/* plan.masters_part: the bf16 copy and the floats read in fp32 (those that
+ * do not decay: norms, biases) from their owners; the other fp32 masters
+ * stay the part's. The copy of rank r's part is one run of the bf16 copy:
+ * an in-place all-gather where the copy starts at float 0 with even parts
+ * (two bf16 values a 4-byte unit: the gather moves bytes), else each
+ * rank's run broadcast from it. */
+static td_err gather_masters_part(struct tr_ddp *d, struct td_errbuf *eb)
+{
+	const struct tr_plan *p = tr_model_plan(d->m);
+	const size_t S = p->shard_numel, T = p->numel_trainable, c = p->copy16_lo;
+	const size_t nd = p->numel_decay;
+	const int R = p->opts.shard_ranks;
+	gpu_bf16 *h = tr_model_params16(d->m);
+	float *w = tr_model_params(d->m);
+	td_err e = TD_OK;
+	if (!c && S % 2 == 0) {
+		e = gpu_comm_all_gather(d->c, (float *)h, S / 2, eb);
+	} else {
+		for (int r = 0; r < R && e == TD_OK; r++) {
+			const size_t a = (size_t)r * S > c ? (size_t)r * S : c;
+			const size_t b = (size_t)(r + 1) * S < T ? (size_t)(r + 1) * S : T;
+			if (b > a)
+				e = gpu_comm_broadcast16(d->c, h + (a - c), b - a, r, h + (a - c), eb);
+		}
+	}
+	for (int r = 0; r < R && e == TD_OK; r++) { /* the fp32 floats that do not decay */
+		const size_t a = (size_t)r * S > nd ? (size_t)r * S : nd;
+		const size_t b = (size_t)(r + 1) * S < T ? (size_t)(r + 1) * S : T;
+		if (b > a)
+			e = gpu_comm_broadcast(d->c, w + a, b - a, r, w + a, eb);
+	}
+	if (e == TD_OK)
+		e = gpu_comm_wait(d->c, eb);
+	if (e == TD_OK)
+		d->stats.gathered += (T - c + 1) / 2 + (T > nd ? T - nd : 0);
+	return e;
+}
+
 td_err tr_ddp_gather_params(struct tr_ddp *d, struct td_errbuf *eb)
 {
 	const struct tr_plan *p = tr_model_plan(d->m);
 	if (p->opts.shard == TR_SHARD_NONE || p->opts.shard_ranks < 2 || !p->shard_numel || d->wp)
 		return TD_OK; /* PARAMETERS: the part is all a rank keeps; the gathers are per use */
+	if (p->masters_part)
+		return gather_masters_part(d, eb);
 	td_err e = gpu_comm_all_gather(d->c, tr_model_params(d->m), p->shard_numel, eb);
 	if (e == TD_OK)
 		e = gpu_comm_wait(d->c, eb);

@@ -874,6 +874,11 @@ static struct wref weight_of(struct tr_model *m, const struct tr_param *p)
 	 * its lookup) */
 	const gpu_bf16 *h = g16 ? copy16_ptr(m, p) : NULL;
 	assert(!g16 || (p->trainable && (h || p->offset < m->plan.copy16_lo)));
+	/* plan.masters_part: the fp32 master is current in its owner's part
+	 * only; every rank's copy is gathered after each step, and is what the
+	 * ops read */
+	if (h && m->plan.masters_part)
+		return (struct wref){NULL, h};
 	return (struct wref){param_ptr(m, p, false), h};
 }
 
@@ -991,7 +996,9 @@ td_err tr_model_load(struct tr_model *m, const struct tr_weights *w, struct td_e
 
 void tr_model_get_param(struct tr_model *m, const struct tr_param *p, float *dst)
 {
-	if (p->trainable && m->wpart) { /* PARAMETERS: from the gathered host copy */
+	if (p->trainable && (m->wpart || m->plan.masters_part)) {
+		/* PARAMETERS, and GRADIENTS's masters of the part: from the
+		 * gathered host copy */
 		assert(m->wholes);
 		memcpy(dst, m->wholes + p->goffset, p->numel * sizeof(float));
 		return;
@@ -1065,6 +1072,11 @@ void tr_model_set_moments(struct tr_model *m, const float *m1, const float *m2)
 float *tr_model_params(struct tr_model *m)
 {
 	return m->params;
+}
+
+gpu_bf16 *tr_model_params16(struct tr_model *m)
+{
+	return m->copy16;
 }
 
 void tr_model_set_whole_weights(struct tr_model *m, const float *wholes)

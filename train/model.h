@@ -193,6 +193,9 @@ void tr_model_set_stage_hook(struct tr_model *m, tr_stage_hook fn, void *ctx);
  * mode; the same rounding AdamW's own writes make). */
 float *tr_model_params(struct tr_model *m);
 void tr_model_params_written(struct tr_model *m, size_t lo, size_t hi);
+/* The bf16 mode's copy of the trainable floats (train/plan.h: copy16_lo,
+ * tr_plan_copy16_index; NULL in fp32): plan.masters_part gathers it. */
+gpu_bf16 *tr_model_params16(struct tr_model *m);
 /* PARAMETERS (train/plan.h: tr_shard_params): params is the part's fp32
  * masters (plan.shard_numel floats, trainable float i at i -
  * plan.shard_lo); tr_model_set_param writes a tensor's floats of the part
@@ -201,7 +204,9 @@ void tr_model_params_written(struct tr_model *m, size_t lo, size_t hi);
  * at w16off in the bf16 mode; NULL where none), which train/ddp.h fills before each use
  * (the stage hook runs after each forward stage too); tr_model_get_param
  * of a trainable tensor reads the host copy of every trainable float set
- * by tr_model_set_whole_weights (NULL: none; the caller keeps it alive). */
+ * by tr_model_set_whole_weights (NULL: none; the caller keeps it alive) —
+ * as it does with plan.masters_part, whose params outside the part are
+ * not kept current. */
 float *tr_model_weight_slot(struct tr_model *m, int k);
 gpu_bf16 *tr_model_weight_slot16(struct tr_model *m, int k);
 void tr_model_set_whole_weights(struct tr_model *m, const float *wholes);

@@ -233,6 +233,10 @@ static td_err build_params(struct tr_plan *p, struct td_errbuf *eb)
 	/* read in fp32 only, by the lookup, unless it is the LM head too */
 	p->copy16_lo = emb && emb->trainable && emb->offset == 0 && !emb_gemm ? emb->numel : 0;
 	copy16_ring(p, o);
+	p->masters_part = tr_shard_grads(o->shard, o->shard_ranks) &&
+			  !tr_shard_params(o->shard, o->shard_ranks) && o->gemm_bf16 && !o->inference &&
+			  o->lora_rank == 0 && o->num_labels == 0 && !p->copy16_ring;
+	p->embed_lookup_rows |= p->masters_part && p->embed_rows;
 	/* the untied embedding's gradient by rows (train/plan.h: emb_slots) */
 	p->emb_slots = p->grads_lo = 0;
 	{
@@ -729,6 +733,8 @@ static void copy16_ring(struct tr_plan *p, const struct tr_plan_opts *o)
 static size_t copy16_numel(const struct tr_plan *p)
 {
 	const size_t n = p->numel_trainable - p->copy16_lo;
+	if (p->masters_part && !p->copy16_lo && p->shard_numel % 2 == 0)
+		return p->numel_trainable_padded; /* the ranks' parts gather as equal counts */
 	if (!p->copy16_ring)
 		return n;
 	return n - (tr_plan_ring_hi(p) - p->ring_lo) + TR_COPY16_RING * p->ring_numel;

@@ -437,6 +437,15 @@ struct tr_plan {
 	 * its part holds for every rank's ids, and each rank's rows are summed
 	 * onto it. */
 	bool embed_rows, embed_lookup_rows;
+	/* GRADIENTS in the bf16 mode of a full fine-tune (no adapters, no
+	 * classifier head, no bf16 ring: tr_plan_masters_part): a rank's fp32
+	 * masters outside its part are not kept current. After AdamW the ranks
+	 * gather the bf16 copy (the GEMMs' operands: half the bytes of the
+	 * masters) and the fp32 tensors the ops read in fp32 (norms, biases:
+	 * the floats that do not decay); the lookup goes by rows
+	 * (embed_lookup_rows); a checkpoint reads the parts (train/ddp.h:
+	 * tr_ddp_gather_params). */
+	bool masters_part;
 	/* One rank training an untied embedding (not a GEMM's operand) with
 	 * opts.grad_accum micro-batches a step: its gradient is kept by rows,
 	 * not as a table — emb_slots rows (grads.emb_rows: B*T*grad_accum,

@@ -580,8 +580,8 @@ static td_err gather_moments(struct job *j, struct gang *G, int r, struct td_err
 	return TD_OK;
 }
 
-/* PARAMETERS: the sharded weights into rank 0's host copy (G->ck_w), each
- * rank downloading its part, which rank 0's model then saves from
+/* PARAMETERS and plan.masters_part: the sharded weights into rank 0's host
+ * copy (G->ck_w), each rank downloading its part, which rank 0's model then saves from
  * (tr_model_set_whole_weights); every rank calls it before a checkpoint and
  * the output. Rank 0 frees it (drop_weights) once written. */
 static td_err gather_weights(struct job *j, struct gang *G, int r, struct td_errbuf *eb)
@@ -593,8 +593,11 @@ static td_err gather_weights(struct job *j, struct gang *G, int r, struct td_err
 	td_err e = gpu_gang_barrier(G->g, r, eb); /* the copy exists (or not) */
 	if (e != TD_OK)
 		return e;
+	/* the part: all of params (PARAMETERS), or its run of them (masters_part) */
+	const float *part = tr_model_params(j->m) +
+			    (tr_shard_params(p->opts.shard, p->opts.shard_ranks) ? 0 : p->shard_lo);
 	if (G->ck_w && p->shard_hi > p->shard_lo) /* disjoint parts: no lock */
-		gpu_download(j->be, G->ck_w + p->shard_lo, tr_model_params(j->m),
+		gpu_download(j->be, G->ck_w + p->shard_lo, part,
 			     (p->shard_hi - p->shard_lo) * sizeof(float));
 	if ((e = gpu_gang_barrier(G->g, r, eb)) != TD_OK) /* every part is in */
 		return e;
@@ -827,8 +830,11 @@ static td_err train_rank(const Traind__JobSpec *spec, const struct tr_train_opts
 	const struct tr_plan *jp = tr_model_plan(j.m);
 	const bool sharded = G && jp->opts.shard != TR_SHARD_NONE && jp->opts.shard_ranks > 1;
 	/* PARAMETERS: every rank takes part in each forward's gathers, so
-	 * every rank runs the evaluation (the same batches); rank 0 reports. */
-	const bool wsharded = G && tr_shard_params(jp->opts.shard, jp->opts.shard_ranks);
+	 * every rank runs the evaluation (the same batches); rank 0 reports.
+	 * The same where the masters are the part's (plan.masters_part: the
+	 * lookup goes by rows); both save from the parts gathered. */
+	const bool wpart = G && tr_shard_params(jp->opts.shard, jp->opts.shard_ranks);
+	const bool wsharded = wpart || (G && jp->masters_part);
 	if (sharded && G->net) {
 		e = td_fail(eb, TD_EINVAL,
 			    "memory.shard: %s across processes is not built (a checkpoint gathers the "
@@ -844,8 +850,10 @@ static td_err train_rank(const Traind__JobSpec *spec, const struct tr_train_opts
 			: tr_shard_grads(jp->opts.shard, jp->opts.shard_ranks) ? " and summed gradients"
 									       : "",
 			jp->shard_numel, jp->numel_trainable,
-			wsharded ? "a layer's weights are gathered a layer ahead of each use"
-				 : "the weights are all-gathered after each step");
+			wpart ? "a layer's weights are gathered a layer ahead of each use"
+			: wsharded ? "their bf16 copy and the norms' and biases' weights are all-gathered "
+				     "after each step"
+				   : "the weights are all-gathered after each step");
 
 	struct tr_adamw hp = {
 		.beta1 = (float)spec->hyper->beta1,
@@ -1068,7 +1076,7 @@ static td_err train_rank(const Traind__JobSpec *spec, const struct tr_train_opts
 				(double)st.overlapped / (double)st.steps, (double)st.at_finish / (double)st.steps,
 				(double)st.floats / (double)st.steps / 1e6, (double)st.rows / (double)st.steps / 1e6);
 	}
-	/* PARAMETERS: the output is saved from the gathered weights */
+	/* PARAMETERS, masters_part: the output is saved from the gathered weights */
 	if (wsharded && e == TD_OK && !res->stopped)
 		e = gather_weights(&j, G, r, eb);
 	if (lead && e == TD_OK && !res->stopped) {

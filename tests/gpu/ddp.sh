@@ -40,8 +40,10 @@
 #           the bound; bench_train --gpus 2 --shard optimizer, gradients and
 #           parameters beside --shard none (tokens/s, plan and peak)
 #   bench   bench_train --shape qwen2-0.5b --precision bf16 (B8 x T1024 a
-#           GPU) on 1 and on 2 GPUs: tokens/s, the ratio (issue 12's target:
-#           >= 1.9, reported, not asserted), each GPU's peak as nvidia-smi
+#           GPU) on 1 and on 2 GPUs — with the gradients sharded, what
+#           memory.shard AUTO takes for it (daemon/preflight.h:
+#           dmn_auto_shard), and unsharded: tokens/s, the ratios (issue
+#           12's target: >= 1.9, reported, not asserted), each GPU's peak as nvidia-smi
 #           sees it beside the lease a gang takes there; Llama-3-8B full
 #           fine-tuning, bf16, B2 x T2048 a GPU, on 2 GPUs with the weights
 #           sharded (PARAMETERS) and recompute full, then full-offload
@@ -378,11 +380,14 @@ if [[ " $parts " == *" bench "* ]]; then
 		sed "s/}\$/, \"nvidia_smi_peak_mib\": {$peaks}}/" "$WORK/b$n.json" | tee -a "$out/bench_ddp.jsonl"
 	}
 	bench 1
-	bench 2
-	t1=$(sed -n 's/.*"tokens_per_s": \([0-9.]*\).*/\1/p' "$WORK/b1.json")
-	t2=$(sed -n 's/.*"tokens_per_s": \([0-9.]*\).*/\1/p' "$WORK/b2.json")
-	[ -n "$t1" ] && [ -n "$t2" ] &&
-		echo "2 GPUs / 1 GPU: $(awk -v a="$t1" -v b="$t2" 'BEGIN { printf "%.3f", b / a }')x tokens/s (issue 12's target: >= 1.9)"
+	tps() { sed -n 's/.*"tokens_per_s": \([0-9.]*\).*/\1/p' "$WORK/b$1.json"; }
+	t1=$(tps 1)
+	bench 2 --shard none
+	t2n=$(tps 2)
+	bench 2 --shard gradients # AUTO's first choice, where it fits
+	t2=$(tps 2)
+	[ -n "$t1" ] && [ -n "$t2" ] && [ -n "$t2n" ] &&
+		echo "2 GPUs / 1 GPU: $(awk -v a="$t1" -v b="$t2" 'BEGIN { printf "%.3f", b / a }')x tokens/s with the gradients sharded, $(awk -v a="$t1" -v b="$t2n" 'BEGIN { printf "%.3f", b / a }')x unsharded (issue 12's target: >= 1.9)"
 	# The lease a gang takes on each GPU: plan + the backend's fixed bytes
 	# (reserve_gib) + cuda_context_mib (768) + NCCL's allowance (1024 MiB).
 	r=$(sed -n 's/.*"reserve_gib": \([0-9.]*\).*/\1/p' "$WORK/b2.json")

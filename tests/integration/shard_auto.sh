@@ -1,20 +1,20 @@
 #!/bin/bash
 # memory.shard AUTO chooses where a gang is placed, with the recompute
-# policy: for each policy in its order, unsharded, then the optimizer
-# sharded over the gang's GPUs (issue 12, item 3). On simulated GPUs
-# (fake_gpus: the ranks train on the CPU, summing in-process).
+# policy: for each policy in its order, each sharding in
+# daemon/preflight.h's dmn_auto_shard order — the gradients sharded, then
+# unsharded, the optimizer, the weights (issue 12, item 3). On simulated
+# GPUs (fake_gpus: the ranks train on the CPU, summing in-process).
 # 1. Two GPUs too small for any plan: a gang of 2 fails naming its smallest
 #    plan; its submit event gives the plans unsharded and sharded, which
 #    size the GPUs of:
 # 2. Two GPUs between the sharded NONE plans (the optimizer's, the
 #    gradients') and the unsharded one (and above SELECTIVE's unsharded:
 #    sharding comes before recompute): the gang is placed with memory.shard
-#    optimizer (the first sharding that fits: on this two-layer model the
-#    gradients' slots, a layer's and the tied embedding's, hold as much as
-#    the gradients they shard) and recompute none, says so in its events, trains sharded (its
-#    log) and succeeds; the same gang fixed at --shard gradients trains with
-#    its gradients sharded and succeeds; with --shard none --recompute none
-#    it fails (no GPU can ever grant its plan).
+#    gradients (the first sharding in AUTO's order, and it fits) and
+#    recompute none, says so in its events, trains sharded (its log) and
+#    succeeds; the same gang fixed at --shard optimizer trains with its
+#    optimizer sharded and succeeds; with --shard none --recompute none it
+#    fails (no GPU can ever grant its plan).
 # 3. Two larger GPUs: a gang fixed at --shard parameters, evaluating
 #    (every rank runs the evaluation's forwards), trains with its weights
 #    sharded and succeeds, its eval loss logged.
@@ -62,13 +62,13 @@ j=$(submit s1)
 check "the gang succeeds" wait_for 120 job_is "$j" SUCCEEDED
 ev=$(ctl logs "$j")
 expect_contains "AUTO kept recompute none" "$ev" "memory.recompute AUTO chose none"
-expect_contains "AUTO sharded the optimizer" "$ev" "memory.shard AUTO chose optimizer"
-expect_contains "and the ranks trained sharded" "$ev" "sharded: optimizer"
+expect_contains "AUTO sharded the gradients" "$ev" "memory.shard AUTO chose gradients"
+expect_contains "and the ranks trained sharded" "$ev" "sharded: gradients"
 check "a model was written" test -s "$WORK/s1/model.safetensors"
-jg=$(submit grads --shard gradients --recompute none)
-check "the gang with its gradients sharded succeeds" wait_for 120 job_is "$jg" SUCCEEDED
-expect_contains "and trained so" "$(ctl logs "$jg")" "sharded: gradients"
-check "a model was written" test -s "$WORK/grads/model.safetensors"
+jg=$(submit opt --shard optimizer --recompute none)
+check "the gang with its optimizer sharded succeeds" wait_for 120 job_is "$jg" SUCCEEDED
+expect_contains "and trained so" "$(ctl logs "$jg")" "sharded: optimizer"
+check "a model was written" test -s "$WORK/opt/model.safetensors"
 jn=$(submit fixed --shard none --recompute none)
 check "a fixed shard none (and recompute none) fails" wait_for 30 job_is "$jn" FAILED
 expect_contains "naming what it needs" "$(ctl logs "$jn")" "can ever grant"

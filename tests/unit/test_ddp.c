@@ -1417,7 +1417,8 @@ static void test_shard_grads_resume(const char *deep, enum tr_shard kind)
  * CUDA backend's bf16 mode (tests/unit/emu16.h: bf16 GEMM operands, and a
  * check that every bf16 twin passed beside its fp32 tensor is that tensor
  * rounded — a stale twin is a violation): each rank a model of the 5-layer
- * model (recompute full, fused attention), driven as the trainer drives it
+ * model (recompute full, and none: GRADIENTS then keeps its part's masters
+ * only, plan.masters_part; fused attention), driven as the trainer drives it
  * (micro_begin, the forward with the head's backward fused, the backward,
  * micro_end, finish, the ranks' norm, clip, AdamW, the gather), 3 steps of
  * one micro-batch a rank, full fine-tuning and LoRA, under each sharding.
@@ -1437,7 +1438,11 @@ struct em_arg {
 	int r;
 	bool lora;
 	double loss[EM_STEPS], norm[EM_STEPS];
-	bool ring; /* the plan's copy16_ring */
+	bool ring;    /* the plan's copy16_ring */
+	bool full;    /* recompute FULL (else NONE) */
+	bool masters; /* the plan's masters_part */
+	bool whole16; /* and its bf16 copy all-gathered in one piece (train/ddp.c) */
+	int layers;
 	td_err e;
 	struct td_errbuf eb;
 };
@@ -1456,7 +1461,8 @@ static void *em_rank(void *p)
 	    (a->e = emu16_flash_backend_new(&be, &a->eb)) != TD_OK ||
 	    (a->e = gpu_set_bf16(be, true, &a->eb)) != TD_OK)
 		goto out;
-	struct tr_plan_opts o = {.B = 2, .T = 16, .gemm_bf16 = true, .recompute = TR_RECOMPUTE_FULL,
+	struct tr_plan_opts o = {.B = 2, .T = 16, .gemm_bf16 = true,
+				 .recompute = a->full ? TR_RECOMPUTE_FULL : TR_RECOMPUTE_NONE,
 				 .shard = a->shard, .shard_ranks = EM_RANKS, .shard_rank = a->r};
 	if (a->lora) {
 		o.lora_rank = 4;
@@ -1467,6 +1473,9 @@ static void *em_rank(void *p)
 		goto out;
 	const struct tr_plan *pl = tr_model_plan(m);
 	a->ring = pl->copy16_ring;
+	a->masters = pl->masters_part;
+	a->whole16 = pl->masters_part && !pl->copy16_lo && pl->shard_numel % 2 == 0;
+	a->layers = pl->cfg.num_layers;
 	for (size_t i = 0; i < pl->nparams && a->e == TD_OK; i++) { /* every rank the same weights */
 		const struct tr_param *t = &pl->params[i];
 		float *h = malloc(t->numel * sizeof(float));
@@ -1846,7 +1855,7 @@ static void test_embed_rows(const char *deep)
 	CHECK_MSG(er_cut_rows > 0, "no case's part boundary cuts an embedding row");
 }
 
-static void test_shard_emu16(const char *deep, bool lora)
+static void test_shard_emu16(const char *deep, bool lora, bool full, bool whole16)
 {
 	static struct em_arg a[TR_SHARD_COUNT][EM_RANKS];
 	const size_t v0 = emu16_violations();
@@ -1857,7 +1866,7 @@ static void test_shard_emu16(const char *deep, bool lora)
 		pthread_t t[EM_RANKS];
 		for (int r = 0; r < EM_RANKS; r++) {
 			a[k][r] = (struct em_arg){.g = g, .dir = deep, .r = r, .lora = lora,
-						  .shard = (enum tr_shard)k};
+						  .full = full, .shard = (enum tr_shard)k};
 			pthread_create(&t[r], NULL, em_rank, &a[k][r]);
 		}
 		for (int r = 0; r < EM_RANKS; r++) {
@@ -1866,7 +1875,14 @@ static void test_shard_emu16(const char *deep, bool lora)
 				  tr_shard_name((enum tr_shard)k), r, a[k][r].eb.msg);
 			/* the layers' bf16 copy in a ring but where the weights are
 			 * sharded (train/plan.h: copy16_ring) */
-			CHECK_EQ_INT(a[k][r].ring, !lora && k < TR_SHARD_PARAMETERS);
+			CHECK_EQ_INT(a[k][r].ring, full && !lora && k < TR_SHARD_PARAMETERS);
+			/* GRADIENTS without the ring keeps the masters of its part
+			 * only and gathers the bf16 copy (train/plan.h: masters_part) */
+			CHECK_EQ_INT(a[k][r].masters, !full && !lora && k == TR_SHARD_GRADIENTS);
+			/* a tied embedding and even parts: one all-gather of the
+			 * copy; else each part's run broadcast (the untied 5-layer
+			 * model's copy starts after its embedding) */
+			CHECK_EQ_INT(a[k][r].whole16, a[k][r].masters && whole16);
 		}
 		gpu_gang_free(g);
 	}
@@ -1886,9 +1902,10 @@ static void test_shard_emu16(const char *deep, bool lora)
 	CHECK(a[3][0].loss[EM_STEPS - 1] != a[3][0].loss[0]); /* the steps moved the weights */
 	CHECK_MSG(emu16_violations() == v0, "emu16: %zu stale bf16 twins or scratch overflows",
 		  emu16_violations() - v0);
-	printf("emu16 (bf16 mode), 2 ranks, 5 layers%s: parameters' %d steps are gradients' bits and "
-	       "optimizer's none's (loss %.6f -> %.6f), no stale twin\n",
-	       lora ? ", LoRA" : "", EM_STEPS, a[3][0].loss[0] / 30, a[3][0].loss[EM_STEPS - 1] / 30);
+	printf("emu16 (bf16 mode), 2 ranks, %d layers%s, recompute %s: parameters' %d steps are "
+	       "gradients' bits and optimizer's none's (loss %.6f -> %.6f), no stale twin\n",
+	       a[0][0].layers, lora ? ", LoRA" : "", full ? "full" : "none", EM_STEPS,
+	       a[3][0].loss[0] / 30, a[3][0].loss[EM_STEPS - 1] / 30);
 }
 
 /* Evaluation with sharded weights: every rank runs the evaluation's
@@ -2069,8 +2086,14 @@ int main(int argc, char **argv)
 		test_shard_grads_plan(deep);
 		test_shard_8b_plan();
 		test_embed_rows(deep);
-		test_shard_emu16(deep, false);
-		test_shard_emu16(deep, true);
+		test_shard_emu16(deep, false, true, false);
+		test_shard_emu16(deep, true, true, false);
+		/* GRADIENTS' masters of the part: the untied 5-layer model, and
+		 * the tied qwen2 fixture */
+		test_shard_emu16(deep, false, false, false);
+		char qwen[600];
+		snprintf(qwen, sizeof(qwen), "%s/qwen2", fx);
+		test_shard_emu16(qwen, false, false, true);
 		test_shard_optimizer();
 		test_shard_resume();
 		test_shard_gradients(deep, TR_SHARD_GRADIENTS);
