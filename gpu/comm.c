@@ -5,7 +5,9 @@
  * A comm belongs to its rank's thread. */
 #include "gpu/comm.h"
 
+#include <assert.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -258,6 +260,10 @@ struct gpu_comm {
 	bool pending; /* sums enqueued since the last wait */
 	uint64_t started; /* collectives started (gpu_comm_mark) */
 	uint64_t done;    /* those known complete */
+	/* gpu_comm_group_begin .. _end: NCCL's group open, the first
+	 * collective's index in it (its events are recorded at the end) */
+	bool grouped;
+	uint64_t group_first;
 };
 
 static int64_t mono_us(void)
@@ -332,6 +338,14 @@ static td_err nccl_poll(struct gpu_comm *c, bool side, int timeout_ms, const cha
 						    "%s, rank %d of %d: no progress in %d ms (a rank is stuck); "
 						    "its communicator was aborted",
 						    what, c->rank, c->g->n, timeout_ms), eb);
+		}
+		/* A collective's enqueue (a nonblocking communicator's call runs on
+		 * NCCL's own thread) takes tens of microseconds, and a backward
+		 * makes a hundred: spun for, yielding, the first 200 us — a sleep
+		 * lasts the timer's slack (~50 us) at least. Then sleeps. */
+		if (!side && mono_us() - start < 200) {
+			sched_yield();
+			continue;
 		}
 		struct timespec ts = {0, sleep_ns};
 		nanosleep(&ts, NULL);
@@ -714,6 +728,8 @@ static td_err nccl_coll(struct gpu_comm *c, enum coll k, float *x, size_t n, siz
 	else /* n bf16 values */
 		r = c->nc->broadcast(c->rank == root ? x : y, y, n, GPU_NCCL_BFLOAT16, root, c->comm, st);
 	c->pending = true;
+	if (c->grouped && (r == GPU_NCCL_SUCCESS || r == GPU_NCCL_IN_PROGRESS))
+		return TD_OK; /* launched, and its event recorded, by gpu_comm_group_end */
 	if (r == GPU_NCCL_IN_PROGRESS) { /* complete the call before the next one */
 		td_err e = nccl_poll(c, false, c->g->timeout_ms, names[k], eb);
 		if (e != TD_OK)
@@ -839,6 +855,46 @@ td_err gpu_comm_sum_host(struct gpu_comm *c, double *v, struct td_errbuf *eb)
 {
 	bool any = false;
 	return gpu_gang_exchange(c->g, c->rank, v, 1, &any, eb);
+}
+
+void gpu_comm_group_begin(struct gpu_comm *c)
+{
+	assert(!c->grouped);
+	if (c->kind != GPU_COMM_NCCL || !c->comm)
+		return;
+	if (c->nc->group_start() != GPU_NCCL_SUCCESS)
+		return; /* not grouped: each call then launches on its own */
+	c->grouped = true;
+	c->group_first = c->started;
+}
+
+td_err gpu_comm_group_end(struct gpu_comm *c, struct td_errbuf *eb)
+{
+	if (!c->grouped)
+		return TD_OK;
+	c->grouped = false;
+	if (!c->comm) /* aborted inside the group: the call said why */
+		return rank_fail(c, td_fail(eb, TD_EDEVICE, "rank %d: the communicator was aborted",
+					    c->rank), eb);
+	gpu_nccl_result_t r = c->nc->group_end();
+	if (r == GPU_NCCL_IN_PROGRESS) {
+		td_err e = nccl_poll(c, false, c->g->timeout_ms, "a group of collectives", eb);
+		if (e != TD_OK)
+			return e;
+		r = GPU_NCCL_SUCCESS;
+	}
+	if (r != GPU_NCCL_SUCCESS) {
+		char where[96];
+		snprintf(where, sizeof(where), "a group of %llu collectives, rank %d of %d",
+			 (unsigned long long)(c->started - c->group_first), c->rank, c->g->n);
+		td_err e = gpu_nccl_check(c->nc, r, c->comm, where, eb);
+		nccl_abort(c);
+		return rank_fail(c, e, eb);
+	}
+	/* every grouped collective's event, after all of them (launched now) */
+	for (uint64_t i = c->group_first; i < c->started; i++)
+		c->side_fn.record(c->side, (int)(i % COMM_EVENTS));
+	return TD_OK;
 }
 
 uint64_t gpu_comm_mark(const struct gpu_comm *c)

@@ -225,6 +225,15 @@ td_err gpu_comm_broadcast16(struct gpu_comm *c, const void *x, size_t n, int roo
  * gang's failure. */
 td_err gpu_comm_sum_host(struct gpu_comm *c, double *v, struct td_errbuf *eb);
 
+/* The collectives started between begin and end launch together (NCCL:
+ * one group — one enqueue, on NCCL's thread for a nonblocking
+ * communicator, where each call alone makes its own; their events are
+ * recorded at the end); every rank groups the same calls. Between them a
+ * collective returns as soon as it is queued: no mark taken inside may be
+ * waited for before the end. The host kind runs each call as it comes.
+ * end returns the group's launch error (the gang failed, as a call's). */
+void gpu_comm_group_begin(struct gpu_comm *c);
+td_err gpu_comm_group_end(struct gpu_comm *c, struct td_errbuf *eb);
 /* The collectives this rank has started so far, as a count: a mark that
  * gpu_comm_wait_for takes. */
 uint64_t gpu_comm_mark(const struct gpu_comm *c);

@@ -296,6 +296,7 @@ static void grads_reduce(struct tr_ddp *d, int u)
 	const size_t S = p->shard_numel, lo = p->shard_lo;
 	const int me = p->opts.shard_rank;
 	float *part = tr_model_grads(d->m);
+	gpu_comm_group_begin(d->c); /* the unit's reductions, one launch */
 	for (size_t i = d->units[u].p0; i < d->units[u].p1 && d->err == TD_OK; i++) {
 		const struct piece *q = &d->pieces[i];
 		float *w = tr_model_grad_slot(d->m, q->slot) + q->soff;
@@ -311,6 +312,9 @@ static void grads_reduce(struct tr_ddp *d, int u)
 			d->stats.floats += x1 - x0;
 		}
 	}
+	td_err e = gpu_comm_group_end(d->c, &d->eb);
+	if (d->err == TD_OK)
+		d->err = e;
 	d->units[u].mark = gpu_comm_mark(d->c);
 }
 
