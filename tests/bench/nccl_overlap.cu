@@ -26,30 +26,18 @@
 #include <cuda_runtime.h>
 #include <nccl.h>
 
-#define CK(x)                                                                                   \
-	do {                                                                                    \
-		cudaError_t e_ = (x);                                                           \
-		if (e_ != cudaSuccess) {                                                        \
-			fprintf(stderr, "%s:%d: %s\n", __FILE__, __LINE__, cudaGetErrorString(e_)); \
-			return 1;                                                               \
-		}                                                                               \
+/* A failed call: its file, line and message, and the caller returns 1. */
+#define FAIL_IF(bad, msg)                                                            \
+	do {                                                                         \
+		if (bad) {                                                           \
+			fprintf(stderr, "%s:%d: %s\n", __FILE__, __LINE__, (msg)); \
+			return 1;                                                    \
+		}                                                                    \
 	} while (0)
-#define NK(x)                                                                                   \
-	do {                                                                                    \
-		ncclResult_t r_ = (x);                                                          \
-		if (r_ != ncclSuccess) {                                                        \
-			fprintf(stderr, "%s:%d: %s\n", __FILE__, __LINE__, ncclGetErrorString(r_)); \
-			return 1;                                                               \
-		}                                                                               \
-	} while (0)
-#define BK(x)                                                                                   \
-	do {                                                                                    \
-		cublasStatus_t s_ = (x);                                                        \
-		if (s_ != CUBLAS_STATUS_SUCCESS) {                                              \
-			fprintf(stderr, "%s:%d: cuBLAS %d\n", __FILE__, __LINE__, (int)s_);        \
-			return 1;                                                               \
-		}                                                                               \
-	} while (0)
+#define CK(x) do { cudaError_t e_ = (x); FAIL_IF(e_ != cudaSuccess, cudaGetErrorString(e_)); } while (0)
+#define NK(x) do { ncclResult_t r_ = (x); FAIL_IF(r_ != ncclSuccess, ncclGetErrorString(r_)); } while (0)
+#define BK(x) \
+	do { cublasStatus_t s_ = (x); FAIL_IF(s_ != CUBLAS_STATUS_SUCCESS, cublasGetStatusString(s_)); } while (0)
 
 enum { ND = 2, NBUCKETS = 8 };
 /* A Qwen2-0.5B MLP product: M tokens, N = intermediate, K = hidden. */
