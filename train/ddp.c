@@ -900,6 +900,15 @@ void tr_ddp_get_stats(const struct tr_ddp *d, struct tr_ddp_stats *out)
  * an in-place all-gather where the copy starts at float 0 with even parts
  * (two bf16 values a 4-byte unit: the gather moves bytes), else each
  * rank's run broadcast from it. */
+/* Rank r's part of the trainable floats from float `from` on: [*a, *b)
+ * (empty: *b <= *a). */
+static void part_from(const struct tr_plan *p, int r, size_t from, size_t *a, size_t *b)
+{
+	const size_t S = p->shard_numel, T = p->numel_trainable;
+	*a = (size_t)r * S > from ? (size_t)r * S : from;
+	*b = (size_t)(r + 1) * S < T ? (size_t)(r + 1) * S : T;
+}
+
 static td_err gather_masters_part(struct tr_ddp *d, struct td_errbuf *eb)
 {
 	const struct tr_plan *p = tr_model_plan(d->m);
@@ -909,19 +918,18 @@ static td_err gather_masters_part(struct tr_ddp *d, struct td_errbuf *eb)
 	gpu_bf16 *h = tr_model_params16(d->m);
 	float *w = tr_model_params(d->m);
 	td_err e = TD_OK;
+	size_t a, b;
 	if (!c && S % 2 == 0) {
 		e = gpu_comm_all_gather(d->c, (float *)h, S / 2, eb);
 	} else {
 		for (int r = 0; r < R && e == TD_OK; r++) {
-			const size_t a = (size_t)r * S > c ? (size_t)r * S : c;
-			const size_t b = (size_t)(r + 1) * S < T ? (size_t)(r + 1) * S : T;
+			part_from(p, r, c, &a, &b);
 			if (b > a)
 				e = gpu_comm_broadcast16(d->c, h + (a - c), b - a, r, h + (a - c), eb);
 		}
 	}
 	for (int r = 0; r < R && e == TD_OK; r++) { /* the fp32 floats that do not decay */
-		const size_t a = (size_t)r * S > nd ? (size_t)r * S : nd;
-		const size_t b = (size_t)(r + 1) * S < T ? (size_t)(r + 1) * S : T;
+		part_from(p, r, nd, &a, &b);
 		if (b > a)
 			e = gpu_comm_broadcast(d->c, w + a, b - a, r, w + a, eb);
 	}

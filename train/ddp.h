@@ -133,14 +133,17 @@ td_err tr_ddp_micro_empty(struct tr_ddp *d, struct td_errbuf *eb);
 td_err tr_ddp_grad_norm(struct tr_ddp *d, double *norm, struct td_errbuf *eb);
 
 /* Sharded state (the model's plan shards its optimizer: memory.shard
- * OPTIMIZER): after tr_model_adamw stepped this rank's part of the
- * weights, all-gathers every rank's part (plan.shard_numel floats each, the
- * params buffer's padded trainable prefix) and refreshes the bf16 copy of
- * the parts this rank did not step; returns once the weights are whole
- * again on this rank. Every rank calls it after each step; unsharded it
- * does nothing. On the host comm the weights are the bits an unsharded run
- * has (each part stepped by the same elementwise AdamW on the same summed
- * gradients, then copied). */
+ * OPTIMIZER, GRADIENTS): after tr_model_adamw stepped this rank's part of
+ * the weights, all-gathers every rank's part (plan.shard_numel floats
+ * each, the params buffer's padded trainable prefix) and refreshes the
+ * bf16 copy of the parts this rank did not step — or, with
+ * plan.masters_part, gathers the bf16 copy itself and the fp32 floats
+ * that do not decay, leaving the other fp32 masters the part's; returns
+ * once the weights the ops read are whole again on this rank. Every rank
+ * calls it after each step; unsharded and PARAMETERS it does nothing. On
+ * the host comm the weights are the bits an unsharded run has (each part
+ * stepped by the same elementwise AdamW on the same summed gradients, then
+ * copied). */
 td_err tr_ddp_gather_params(struct tr_ddp *d, struct td_errbuf *eb);
 
 /* Rank r's share of a step's `accum` micro-batches over n ranks: [*a0, *a1),

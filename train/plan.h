@@ -438,13 +438,13 @@ struct tr_plan {
 	 * onto it. */
 	bool embed_rows, embed_lookup_rows;
 	/* GRADIENTS in the bf16 mode of a full fine-tune (no adapters, no
-	 * classifier head, no bf16 ring: tr_plan_masters_part): a rank's fp32
+	 * classifier head, no bf16 ring; train/plan.c decides): a rank's fp32
 	 * masters outside its part are not kept current. After AdamW the ranks
 	 * gather the bf16 copy (the GEMMs' operands: half the bytes of the
 	 * masters) and the fp32 tensors the ops read in fp32 (norms, biases:
-	 * the floats that do not decay); the lookup goes by rows
-	 * (embed_lookup_rows); a checkpoint reads the parts (train/ddp.h:
-	 * tr_ddp_gather_params). */
+	 * the floats that do not decay: train/ddp.h tr_ddp_gather_params); the
+	 * lookup goes by rows (embed_lookup_rows); a checkpoint is saved from
+	 * the parts gathered on the host (train/trainer.c, as PARAMETERS'). */
 	bool masters_part;
 	/* One rank training an untied embedding (not a GEMM's operand) with
 	 * opts.grad_accum micro-batches a step: its gradient is kept by rows,
