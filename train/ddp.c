@@ -919,6 +919,9 @@ static td_err gather_masters_part(struct tr_ddp *d, struct td_errbuf *eb)
 	float *w = tr_model_params(d->m);
 	td_err e = TD_OK;
 	size_t a, b;
+	/* One group: every rank's broadcast at once, each link direction busy
+	 * (one broadcast after another would use one at a time). */
+	gpu_comm_group_begin(d->c);
 	if (!c && S % 2 == 0) {
 		e = gpu_comm_all_gather(d->c, (float *)h, S / 2, eb);
 	} else {
@@ -933,6 +936,10 @@ static td_err gather_masters_part(struct tr_ddp *d, struct td_errbuf *eb)
 		if (b > a)
 			e = gpu_comm_broadcast(d->c, w + a, b - a, r, w + a, eb);
 	}
+	struct td_errbuf later; /* a failure inside the group keeps its own words */
+	td_err ge = gpu_comm_group_end(d->c, e == TD_OK ? eb : &later);
+	if (e == TD_OK)
+		e = ge;
 	if (e == TD_OK)
 		e = gpu_comm_wait(d->c, eb);
 	if (e == TD_OK)
