@@ -47,6 +47,10 @@ struct unit {
 	size_t z0, z1;
 };
 
+/* tr_ddp_step's pieces under plan.masters_part: floats a rank steps and
+ * then broadcasts (a multiple of 64: AdamW's vector path stays aligned). */
+#define DDP_STEP_PIECE ((size_t)32 << 20)
+
 struct tr_ddp {
 	struct tr_model *m;
 	struct gpu_comm *c;
@@ -72,6 +76,8 @@ struct tr_ddp {
 	/* the parts' running sums are zero: no micro-batch of this step summed
 	 * into them yet (tr_model_zero_grad began it; tr_ddp_finish ends it) */
 	bool fresh;
+	/* tr_ddp_step's pieces (plan.masters_part), floats */
+	size_t step_piece;
 	/* PARAMETERS (tr_shard_params): the gathers' units [0, L + 1], their
 	 * pieces, and whether each is in its work buffers and rounded
 	 * (ensured) */
@@ -753,6 +759,7 @@ td_err tr_ddp_new(struct tr_ddp **out, struct tr_model *m, struct gpu_comm *c, s
 	}
 	d->m = m;
 	d->c = c;
+	d->step_piece = DDP_STEP_PIECE;
 	d->grads = tr_model_grads(m);
 	d->bucket_floats = bucket_floats ? bucket_floats : TR_DDP_BUCKET_FLOATS;
 	d->overlap = overlap || gpu_comm_async(c);
@@ -945,6 +952,64 @@ static td_err gather_masters_part(struct tr_ddp *d, struct td_errbuf *eb)
 	if (e == TD_OK)
 		d->stats.gathered += (T - c + 1) / 2 + (T > nd ? T - nd : 0);
 	return e;
+}
+
+/* plan.masters_part, pipelined: each rank's part stepped a piece at a time
+ * (every part cut at the same offsets from its start), each piece's bf16
+ * copy and undecayed fp32 floats broadcast from every rank as one group
+ * right after it, so that the gathers of one piece run beside AdamW on
+ * the next. The same bytes end in the same places as gather_masters_part. */
+static td_err step_masters_part(struct tr_ddp *d, const struct tr_adamw *h, float lr, int t,
+				struct td_errbuf *eb)
+{
+	const struct tr_plan *p = tr_model_plan(d->m);
+	const size_t S = p->shard_numel, T = p->numel_trainable, c = p->copy16_lo;
+	const size_t nd = p->numel_decay;
+	const int R = p->opts.shard_ranks;
+	gpu_bf16 *h16 = tr_model_params16(d->m);
+	float *w = tr_model_params(d->m);
+	td_err e = TD_OK;
+	const size_t P = d->step_piece;
+	for (size_t k0 = 0; k0 < S && e == TD_OK; k0 += P) {
+		const size_t k1 = k0 + P < S ? k0 + P : S;
+		tr_model_adamw_part(d->m, h, lr, t, p->shard_lo + k0, p->shard_lo + k1);
+		struct td_errbuf later; /* a failure inside the group keeps its own words */
+		gpu_comm_group_begin(d->c);
+		for (int r = 0; r < R && e == TD_OK; r++) {
+			const size_t a = (size_t)r * S + k0;
+			const size_t b = (size_t)r * S + k1 < T ? (size_t)r * S + k1 : T;
+			const size_t a16 = a > c ? a : c, a32 = a > nd ? a : nd;
+			if (b > a16)
+				e = gpu_comm_broadcast16(d->c, h16 + (a16 - c), b - a16, r,
+							 h16 + (a16 - c), eb);
+			if (e == TD_OK && b > a32)
+				e = gpu_comm_broadcast(d->c, w + a32, b - a32, r, w + a32, eb);
+		}
+		td_err ge = gpu_comm_group_end(d->c, e == TD_OK ? eb : &later);
+		if (e == TD_OK)
+			e = ge;
+	}
+	if (e == TD_OK)
+		e = gpu_comm_wait(d->c, eb);
+	if (e == TD_OK)
+		d->stats.gathered += (T - c + 1) / 2 + (T > nd ? T - nd : 0);
+	return e;
+}
+
+void tr_ddp_set_step_piece(struct tr_ddp *d, size_t floats)
+{
+	d->step_piece = floats ? (floats + 63) / 64 * 64 : DDP_STEP_PIECE;
+}
+
+td_err tr_ddp_step(struct tr_ddp *d, const struct tr_adamw *h, float lr, int t,
+		   struct td_errbuf *eb)
+{
+	const struct tr_plan *p = tr_model_plan(d->m);
+	/* the embedding's rows (plan.grads_lo) step whole: no pieces then */
+	if (p->masters_part && p->opts.shard_ranks > 1 && p->shard_numel && !d->wp && !p->grads_lo)
+		return step_masters_part(d, h, lr, t, eb);
+	tr_model_adamw(d->m, h, lr, t);
+	return tr_ddp_gather_params(d, eb);
 }
 
 td_err tr_ddp_gather_params(struct tr_ddp *d, struct td_errbuf *eb)

@@ -145,6 +145,17 @@ td_err tr_ddp_grad_norm(struct tr_ddp *d, double *norm, struct td_errbuf *eb);
  * stepped by the same elementwise AdamW on the same summed gradients, then
  * copied). */
 td_err tr_ddp_gather_params(struct tr_ddp *d, struct td_errbuf *eb);
+/* The optimizer's step on a gang's rank: tr_model_adamw, then
+ * tr_ddp_gather_params — or, with plan.masters_part, the part stepped in
+ * pieces, each piece's bf16 copy and undecayed fp32 floats broadcast from
+ * every rank right after it (one NCCL group a piece), so that the gathers
+ * overlap AdamW: the same floats stepped with the same arithmetic and the
+ * same bytes gathered, so the same bits. Every rank calls it. */
+td_err tr_ddp_step(struct tr_ddp *d, const struct tr_adamw *h, float lr, int t,
+		   struct td_errbuf *eb);
+/* tr_ddp_step's pieces, in floats (rounded up to 64; 0: the default, 32
+ * Mi): tests cut a small model's parts into many. */
+void tr_ddp_set_step_piece(struct tr_ddp *d, size_t floats);
 
 /* Rank r's share of a step's `accum` micro-batches over n ranks: [*a0, *a1),
  * contiguous, in order, sizes differing by at most one (the later ranks get

@@ -2261,17 +2261,24 @@ static void adamw_run(struct tr_model *m, const struct tr_adamw *h, float lr, in
 	}
 }
 
-void tr_model_adamw(struct tr_model *m, const struct tr_adamw *h, float lr, int t)
+void tr_model_adamw_part(struct tr_model *m, const struct tr_adamw *h, float lr, int t, size_t a,
+			 size_t b)
 {
 	const struct tr_plan *p = &m->plan;
 	/* Trainable tensors sit in the arena decayed first (train/plan.c), so
-	 * this rank's part [lo, hi) (all of them unsharded) is at most two
-	 * runs: [lo, nd) decayed, [nd, hi) not; the moments are the part's. */
-	const size_t nd = p->numel_decay, lo = p->shard_lo, hi = p->shard_hi;
+	 * [lo, hi) within this rank's part (all of them unsharded) is at most
+	 * two runs: [lo, nd) decayed, [nd, hi) not; the moments are the part's. */
+	const size_t nd = p->numel_decay;
+	const size_t lo = a > p->shard_lo ? a : p->shard_lo, hi = b < p->shard_hi ? b : p->shard_hi;
 	const size_t d1 = nd < hi ? nd : hi; /* decayed: [lo, d1) */
 	adamw_run(m, h, lr, t, lo, d1, h->weight_decay);
 	const size_t u0 = nd > lo ? nd : lo; /* undecayed: [u0, hi) */
 	adamw_run(m, h, lr, t, u0, hi, 0.0f);
 	/* gscale stays pending: whatever reads the gradients later (settle)
 	 * reads them clipped, as AdamW did. */
+}
+
+void tr_model_adamw(struct tr_model *m, const struct tr_adamw *h, float lr, int t)
+{
+	tr_model_adamw_part(m, h, lr, t, m->plan.shard_lo, m->plan.shard_hi);
 }

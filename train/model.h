@@ -224,5 +224,12 @@ double tr_model_clip_grads_by(struct tr_model *m, double max_norm, double norm);
  * [plan.shard_lo, plan.shard_hi) (all of them unsharded): a sharded rank
  * steps its part, and the parts are then all-gathered (tr_ddp_gather_params). */
 void tr_model_adamw(struct tr_model *m, const struct tr_adamw *h, float lr, int t);
+/* The same over the trainable floats [a, b) of this rank's part only (a
+ * and b clipped to it): a sharded rank may step its part in pieces
+ * (train/ddp.h: tr_ddp_step). The run's floats split where an embedding's
+ * rows or a bf16 copy start, as tr_model_adamw splits them, so that its
+ * pieces step the same floats with the same arithmetic: the same bits. */
+void tr_model_adamw_part(struct tr_model *m, const struct tr_adamw *h, float lr, int t, size_t a,
+			 size_t b);
 
 #endif

@@ -959,9 +959,12 @@ static td_err train_rank(const Traind__JobSpec *spec, const struct tr_train_opts
 			break;
 		}
 		double lr = tr_lr_at(spec->hyper, j.step, j.total);
-		tr_model_adamw(j.m, &hp, (float)lr, (int)(j.step + 1));
-		/* Sharded: each rank stepped its part; the weights made whole. */
-		if (ddp && (e = tr_ddp_gather_params(ddp, eb)) != TD_OK)
+		/* Sharded: each rank steps its part; the weights made whole. */
+		if (ddp)
+			e = tr_ddp_step(ddp, &hp, (float)lr, (int)(j.step + 1), eb);
+		else
+			tr_model_adamw(j.m, &hp, (float)lr, (int)(j.step + 1));
+		if (e != TD_OK)
 			break;
 		if ((e = gpu_sync(j.be, eb)) != TD_OK)
 			break;

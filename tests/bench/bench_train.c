@@ -304,8 +304,11 @@ static td_err bench_rank(struct rank_run *rr)
 			rr->ph[3] += now_s() - tp;
 			tp = now_s();
 		}
-		tr_model_adamw(m, &hp, 1e-5f, s + 1);
-		if (ddp && (e = tr_ddp_gather_params(ddp, eb)) != TD_OK) /* sharded: the weights whole */
+		if (ddp) /* sharded: each rank steps its part; the weights made whole */
+			e = tr_ddp_step(ddp, &hp, 1e-5f, s + 1, eb);
+		else
+			tr_model_adamw(m, &hp, 1e-5f, s + 1);
+		if (e != TD_OK)
 			break;
 		if (timed) {
 			gpu_sync(be, eb);

@@ -1442,6 +1442,8 @@ struct em_arg {
 	bool full;    /* recompute FULL (else NONE) */
 	bool masters; /* the plan's masters_part */
 	bool whole16; /* and its bf16 copy all-gathered in one piece (train/ddp.c) */
+	size_t piece;   /* tr_ddp_step's pieces (0: its default) */
+	size_t pieces;  /* how many a part took (masters_part) */
 	int layers;
 	td_err e;
 	struct td_errbuf eb;
@@ -1488,6 +1490,9 @@ static void *em_rank(void *p)
 	if (a->e != TD_OK || (a->e = gpu_comm_new(&c, a->g, a->r, be, GPU_COMM_HOST, &a->eb)) != TD_OK ||
 	    (a->e = tr_ddp_new(&d, m, c, 0, false, &a->eb)) != TD_OK)
 		goto out;
+	tr_ddp_set_step_piece(d, a->piece);
+	if (a->piece)
+		a->pieces = (pl->shard_numel + (a->piece + 63) / 64 * 64 - 1) / ((a->piece + 63) / 64 * 64);
 	int32_t ids[2 * 16];
 	const struct tr_adamw hp = {0.9f, 0.999f, 1e-8f, 0.01f};
 	for (int s = 0; s < EM_STEPS && a->e == TD_OK; s++) {
@@ -1507,8 +1512,7 @@ static void *em_rank(void *p)
 		    (a->e = tr_ddp_grad_norm(d, &norm, &a->eb)) != TD_OK)
 			break;
 		tr_model_clip_grads_by(m, 0.01, norm);
-		tr_model_adamw(m, &hp, 1e-3f, s + 1);
-		if ((a->e = tr_ddp_gather_params(d, &a->eb)) != TD_OK)
+		if ((a->e = tr_ddp_step(d, &hp, 1e-3f, s + 1, &a->eb)) != TD_OK)
 			break;
 		a->loss[s] = ls;
 		a->norm[s] = norm;
@@ -1855,7 +1859,8 @@ static void test_embed_rows(const char *deep)
 	CHECK_MSG(er_cut_rows > 0, "no case's part boundary cuts an embedding row");
 }
 
-static void test_shard_emu16(const char *deep, bool lora, bool full, bool whole16)
+/* piece: tr_ddp_step's pieces (0: its default, one a part here) */
+static void test_shard_emu16(const char *deep, bool lora, bool full, bool whole16, size_t piece)
 {
 	static struct em_arg a[TR_SHARD_COUNT][EM_RANKS];
 	const size_t v0 = emu16_violations();
@@ -1866,7 +1871,7 @@ static void test_shard_emu16(const char *deep, bool lora, bool full, bool whole1
 		pthread_t t[EM_RANKS];
 		for (int r = 0; r < EM_RANKS; r++) {
 			a[k][r] = (struct em_arg){.g = g, .dir = deep, .r = r, .lora = lora,
-						  .full = full, .shard = (enum tr_shard)k};
+						  .full = full, .shard = (enum tr_shard)k, .piece = piece};
 			pthread_create(&t[r], NULL, em_rank, &a[k][r]);
 		}
 		for (int r = 0; r < EM_RANKS; r++) {
@@ -1883,6 +1888,10 @@ static void test_shard_emu16(const char *deep, bool lora, bool full, bool whole1
 			 * copy; else each part's run broadcast (the untied 5-layer
 			 * model's copy starts after its embedding) */
 			CHECK_EQ_INT(a[k][r].whole16, a[k][r].masters && whole16);
+			/* small pieces: the part stepped and gathered in several */
+			if (piece && a[k][r].masters)
+				CHECK_MSG(a[k][r].pieces > 2, "emu16: %zu pieces of %zu floats a part",
+					  a[k][r].pieces, piece);
 		}
 		gpu_gang_free(g);
 	}
@@ -1902,9 +1911,10 @@ static void test_shard_emu16(const char *deep, bool lora, bool full, bool whole1
 	CHECK(a[3][0].loss[EM_STEPS - 1] != a[3][0].loss[0]); /* the steps moved the weights */
 	CHECK_MSG(emu16_violations() == v0, "emu16: %zu stale bf16 twins or scratch overflows",
 		  emu16_violations() - v0);
-	printf("emu16 (bf16 mode), 2 ranks, %d layers%s, recompute %s: parameters' %d steps are "
+	printf("emu16 (bf16 mode), 2 ranks, %d layers%s, recompute %s%s: parameters' %d steps are "
 	       "gradients' bits and optimizer's none's (loss %.6f -> %.6f), no stale twin\n",
-	       a[0][0].layers, lora ? ", LoRA" : "", full ? "full" : "none", EM_STEPS,
+	       a[0][0].layers, lora ? ", LoRA" : "", full ? "full" : "none",
+	       piece && a[2][0].masters ? ", AdamW and its gathers in pieces" : "", EM_STEPS,
 	       a[3][0].loss[0] / 30, a[3][0].loss[EM_STEPS - 1] / 30);
 }
 
@@ -2086,14 +2096,19 @@ int main(int argc, char **argv)
 		test_shard_grads_plan(deep);
 		test_shard_8b_plan();
 		test_embed_rows(deep);
-		test_shard_emu16(deep, false, true, false);
-		test_shard_emu16(deep, true, true, false);
+		test_shard_emu16(deep, false, true, false, 0);
+		test_shard_emu16(deep, true, true, false, 0);
 		/* GRADIENTS' masters of the part: the untied 5-layer model, and
 		 * the tied qwen2 fixture */
-		test_shard_emu16(deep, false, false, false);
+		test_shard_emu16(deep, false, false, false, 0);
+		/* and stepped in pieces, each gathered as it is stepped
+		 * (tr_ddp_step): pieces cut inside tensors, across the copy's
+		 * start and the undecayed floats */
+		test_shard_emu16(deep, false, false, false, 1000);
 		char qwen[600];
 		snprintf(qwen, sizeof(qwen), "%s/qwen2", fx);
-		test_shard_emu16(qwen, false, false, true);
+		test_shard_emu16(qwen, false, false, true, 0);
+		test_shard_emu16(qwen, false, false, true, 1000);
 		test_shard_optimizer();
 		test_shard_resume();
 		test_shard_gradients(deep, TR_SHARD_GRADIENTS);
