@@ -903,64 +903,15 @@ void tr_ddp_get_stats(const struct tr_ddp *d, struct tr_ddp_stats *out)
 
 /* plan.masters_part: the bf16 copy and the floats read in fp32 (those that
  * do not decay: norms, biases) from their owners; the other fp32 masters
- * stay the part's. The copy of rank r's part is one run of the bf16 copy:
- * an in-place all-gather where the copy starts at float 0 with even parts
- * (two bf16 values a 4-byte unit: the gather moves bytes), else each
- * rank's run broadcast from it. */
-/* Rank r's part of the trainable floats from float `from` on: [*a, *b)
- * (empty: *b <= *a). */
-static void part_from(const struct tr_plan *p, int r, size_t from, size_t *a, size_t *b)
-{
-	const size_t S = p->shard_numel, T = p->numel_trainable;
-	*a = (size_t)r * S > from ? (size_t)r * S : from;
-	*b = (size_t)(r + 1) * S < T ? (size_t)(r + 1) * S : T;
-}
-
-static td_err gather_masters_part(struct tr_ddp *d, struct td_errbuf *eb)
-{
-	const struct tr_plan *p = tr_model_plan(d->m);
-	const size_t S = p->shard_numel, T = p->numel_trainable, c = p->copy16_lo;
-	const size_t nd = p->numel_decay;
-	const int R = p->opts.shard_ranks;
-	gpu_bf16 *h = tr_model_params16(d->m);
-	float *w = tr_model_params(d->m);
-	td_err e = TD_OK;
-	size_t a, b;
-	/* One group: every rank's broadcast at once, each link direction busy
-	 * (one broadcast after another would use one at a time). */
-	gpu_comm_group_begin(d->c);
-	if (!c && S % 2 == 0) {
-		e = gpu_comm_all_gather(d->c, (float *)h, S / 2, eb);
-	} else {
-		for (int r = 0; r < R && e == TD_OK; r++) {
-			part_from(p, r, c, &a, &b);
-			if (b > a)
-				e = gpu_comm_broadcast16(d->c, h + (a - c), b - a, r, h + (a - c), eb);
-		}
-	}
-	for (int r = 0; r < R && e == TD_OK; r++) { /* the fp32 floats that do not decay */
-		part_from(p, r, nd, &a, &b);
-		if (b > a)
-			e = gpu_comm_broadcast(d->c, w + a, b - a, r, w + a, eb);
-	}
-	struct td_errbuf later; /* a failure inside the group keeps its own words */
-	td_err ge = gpu_comm_group_end(d->c, e == TD_OK ? eb : &later);
-	if (e == TD_OK)
-		e = ge;
-	if (e == TD_OK)
-		e = gpu_comm_wait(d->c, eb);
-	if (e == TD_OK)
-		d->stats.gathered += (T - c + 1) / 2 + (T > nd ? T - nd : 0);
-	return e;
-}
-
-/* plan.masters_part, pipelined: each rank's part stepped a piece at a time
- * (every part cut at the same offsets from its start), each piece's bf16
- * copy and undecayed fp32 floats broadcast from every rank as one group
- * right after it, so that the gathers of one piece run beside AdamW on
- * the next. The same bytes end in the same places as gather_masters_part. */
-static td_err step_masters_part(struct tr_ddp *d, const struct tr_adamw *h, float lr, int t,
-				struct td_errbuf *eb)
+ * stay the part's. Each rank's part is cut in pieces at the same offsets
+ * from its start (step_piece floats; the copy covers floats [copy16_lo, T),
+ * the undecayed ones [numel_decay, T)); with h, each piece is stepped
+ * first (tr_model_adamw_part) and its gathers launched right after it, so
+ * that they run beside AdamW on the next; without h the weights are only
+ * gathered. A piece's broadcasts from every rank are one NCCL group: both
+ * link directions carry them at once. */
+static td_err masters_part_pieces(struct tr_ddp *d, const struct tr_adamw *h, float lr, int t,
+				  struct td_errbuf *eb)
 {
 	const struct tr_plan *p = tr_model_plan(d->m);
 	const size_t S = p->shard_numel, T = p->numel_trainable, c = p->copy16_lo;
@@ -972,7 +923,8 @@ static td_err step_masters_part(struct tr_ddp *d, const struct tr_adamw *h, floa
 	const size_t P = d->step_piece;
 	for (size_t k0 = 0; k0 < S && e == TD_OK; k0 += P) {
 		const size_t k1 = k0 + P < S ? k0 + P : S;
-		tr_model_adamw_part(d->m, h, lr, t, p->shard_lo + k0, p->shard_lo + k1);
+		if (h)
+			tr_model_adamw_part(d->m, h, lr, t, p->shard_lo + k0, p->shard_lo + k1);
 		struct td_errbuf later; /* a failure inside the group keeps its own words */
 		gpu_comm_group_begin(d->c);
 		for (int r = 0; r < R && e == TD_OK; r++) {
@@ -1007,7 +959,7 @@ td_err tr_ddp_step(struct tr_ddp *d, const struct tr_adamw *h, float lr, int t,
 	const struct tr_plan *p = tr_model_plan(d->m);
 	/* the embedding's rows (plan.grads_lo) step whole: no pieces then */
 	if (p->masters_part && p->opts.shard_ranks > 1 && p->shard_numel && !d->wp && !p->grads_lo)
-		return step_masters_part(d, h, lr, t, eb);
+		return masters_part_pieces(d, h, lr, t, eb);
 	tr_model_adamw(d->m, h, lr, t);
 	return tr_ddp_gather_params(d, eb);
 }
@@ -1018,7 +970,7 @@ td_err tr_ddp_gather_params(struct tr_ddp *d, struct td_errbuf *eb)
 	if (p->opts.shard == TR_SHARD_NONE || p->opts.shard_ranks < 2 || !p->shard_numel || d->wp)
 		return TD_OK; /* PARAMETERS: the part is all a rank keeps; the gathers are per use */
 	if (p->masters_part)
-		return gather_masters_part(d, eb);
+		return masters_part_pieces(d, NULL, 0.0f, 0, eb);
 	td_err e = gpu_comm_all_gather(d->c, tr_model_params(d->m), p->shard_numel, eb);
 	if (e == TD_OK)
 		e = gpu_comm_wait(d->c, eb);

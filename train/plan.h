@@ -442,7 +442,8 @@ struct tr_plan {
 	 * masters outside its part are not kept current. After AdamW the ranks
 	 * gather the bf16 copy (the GEMMs' operands: half the bytes of the
 	 * masters) and the fp32 tensors the ops read in fp32 (norms, biases:
-	 * the floats that do not decay: train/ddp.h tr_ddp_gather_params); the
+	 * the floats that do not decay: train/ddp.h tr_ddp_step, a piece at a
+	 * time as AdamW steps them); the
 	 * lookup goes by rows (embed_lookup_rows); a checkpoint is saved from
 	 * the parts gathered on the host (train/trainer.c, as PARAMETERS'). */
 	bool masters_part;

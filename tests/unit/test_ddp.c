@@ -1441,7 +1441,7 @@ struct em_arg {
 	bool ring;    /* the plan's copy16_ring */
 	bool full;    /* recompute FULL (else NONE) */
 	bool masters; /* the plan's masters_part */
-	bool whole16; /* and its bf16 copy all-gathered in one piece (train/ddp.c) */
+	bool whole16; /* and its bf16 copy from float 0, the parts even */
 	size_t piece;   /* tr_ddp_step's pieces (0: its default) */
 	size_t pieces;  /* how many a part took (masters_part) */
 	int layers;
@@ -1512,7 +1512,15 @@ static void *em_rank(void *p)
 		    (a->e = tr_ddp_grad_norm(d, &norm, &a->eb)) != TD_OK)
 			break;
 		tr_model_clip_grads_by(m, 0.01, norm);
-		if ((a->e = tr_ddp_step(d, &hp, 1e-3f, s + 1, &a->eb)) != TD_OK)
+		/* the trainer's way (AdamW with its gathers, in pieces), or the
+		 * whole part stepped and then gathered */
+		if (a->piece) {
+			a->e = tr_ddp_step(d, &hp, 1e-3f, s + 1, &a->eb);
+		} else {
+			tr_model_adamw(m, &hp, 1e-3f, s + 1);
+			a->e = tr_ddp_gather_params(d, &a->eb);
+		}
+		if (a->e != TD_OK)
 			break;
 		a->loss[s] = ls;
 		a->norm[s] = norm;
@@ -1884,9 +1892,9 @@ static void test_shard_emu16(const char *deep, bool lora, bool full, bool whole1
 			/* GRADIENTS without the ring keeps the masters of its part
 			 * only and gathers the bf16 copy (train/plan.h: masters_part) */
 			CHECK_EQ_INT(a[k][r].masters, !full && !lora && k == TR_SHARD_GRADIENTS);
-			/* a tied embedding and even parts: one all-gather of the
-			 * copy; else each part's run broadcast (the untied 5-layer
-			 * model's copy starts after its embedding) */
+			/* both layouts of the copy the gathers cut: from float 0
+			 * with even parts (a tied embedding), and after an untied
+			 * embedding (the 5-layer model's) */
 			CHECK_EQ_INT(a[k][r].whole16, a[k][r].masters && whole16);
 			/* small pieces: the part stepped and gathered in several */
 			if (piece && a[k][r].masters)
