@@ -20,6 +20,11 @@
 # Environment as the integration tests (tests/integration/lib.sh).
 . "$(dirname "$0")/../integration/lib.sh"
 cd "$TD_SRC" || exit 1
+# One GPU (the first visible, else 0): the scenario is two jobs on the
+# same device, which a host of several GPUs would place apart (on two H100s
+# the high-priority job ran on the second GPU instead of preempting).
+export CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0}
+export CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES%%,*}
 fx=$TD_FIXTURES
 FAULT_AFTER_S=${FAULT_AFTER_S:-15}
 C=20000
