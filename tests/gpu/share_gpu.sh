@@ -31,6 +31,9 @@ if ! nvidia-smi -L >/dev/null 2>&1; then
 fi
 . "$(dirname "$0")/../integration/lib.sh"
 cd "$TD_SRC" || exit 1
+# The daemon's only GPU is nvidia-smi's GPU 0 (the one whose use is read
+# below), on a host of any number.
+export CUDA_DEVICE_ORDER=PCI_BUS_ID CUDA_VISIBLE_DEVICES=0
 STEPS=${STEPS:-8}
 MODEL=${SHARE_MODEL:-/tmp/td-llama8b-rand}
 SEQ=${SHARE_SEQ:-2048}           # a dry run elsewhere: shorter
