@@ -226,9 +226,10 @@ double tr_model_clip_grads_by(struct tr_model *m, double max_norm, double norm);
 void tr_model_adamw(struct tr_model *m, const struct tr_adamw *h, float lr, int t);
 /* The same over the trainable floats [a, b) of this rank's part only (a
  * and b clipped to it): a sharded rank may step its part in pieces
- * (train/ddp.h: tr_ddp_step). The run's floats split where an embedding's
- * rows or a bf16 copy start, as tr_model_adamw splits them, so that its
- * pieces step the same floats with the same arithmetic: the same bits. */
+ * (train/ddp.h: tr_ddp_step), each float with the same arithmetic as in
+ * one call: the same bits. An embedding whose gradient is kept by rows
+ * (plan.grads_lo > 0) steps whole: a piece holds all of [0, grads_lo) or
+ * none of it. */
 void tr_model_adamw_part(struct tr_model *m, const struct tr_adamw *h, float lr, int t, size_t a,
 			 size_t b);
 
