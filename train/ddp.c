@@ -956,9 +956,9 @@ void tr_ddp_set_step_piece(struct tr_ddp *d, size_t floats)
 td_err tr_ddp_step(struct tr_ddp *d, const struct tr_adamw *h, float lr, int t,
 		   struct td_errbuf *eb)
 {
-	const struct tr_plan *p = tr_model_plan(d->m);
-	/* the embedding's rows (plan.grads_lo) step whole: no pieces then */
-	if (p->masters_part && p->opts.shard_ranks > 1 && p->shard_numel && !d->wp && !p->grads_lo)
+	/* (a gang keeps no embedding rows for AdamW: plan.grads_lo is one
+	 * rank's, so no piece cuts them) */
+	if (tr_model_plan(d->m)->masters_part)
 		return masters_part_pieces(d, h, lr, t, eb);
 	tr_model_adamw(d->m, h, lr, t);
 	return tr_ddp_gather_params(d, eb);

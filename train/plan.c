@@ -733,8 +733,6 @@ static void copy16_ring(struct tr_plan *p, const struct tr_plan_opts *o)
 static size_t copy16_numel(const struct tr_plan *p)
 {
 	const size_t n = p->numel_trainable - p->copy16_lo;
-	if (p->masters_part && !p->copy16_lo && p->shard_numel % 2 == 0)
-		return p->numel_trainable_padded; /* the ranks' parts gather as equal counts */
 	if (!p->copy16_ring)
 		return n;
 	return n - (tr_plan_ring_hi(p) - p->ring_lo) + TR_COPY16_RING * p->ring_numel;
