@@ -3,7 +3,7 @@
 # PyTorch peer, in one call. Expects .gpu-run/ (binaries and the CUDA module)
 # and .gpu-libs/lib (bundle-libs.sh) in the repo root: tests/gpu/bundle.sh
 # makes them.
-# usage: tests/gpu/device-run.sh [tests|bench|faults|memory|ddp|profile|preempt|share|attn|overlap|all]
+# usage: tests/gpu/device-run.sh [tests|bench|faults|memory|ddp|profile|preempt|share|attn|overlap|wgmma|all]
 # bench: the tokenizer, then Qwen2-0.5B (fp32, bf16, LoRA q,v) and the
 # Llama-3-8B shapes' 4 layers (full, LoRA all seven; BENCH_8B=0 skips them)
 # beside peer_hf.py and peer_big.py, ending with the README's table
@@ -122,6 +122,15 @@ if [ "$what" = share ]; then
 	rc=$?
 	[ $rc = 0 ] || [ $rc = 77 ] || status=1
 	exit $status
+fi
+if [ "$what" = wgmma ]; then
+	# Hopper's warpgroup products probed (issue 13): tests/bench/wgmma_probe.cu,
+	# compiled here for sm_90a: its two operand layouts checked against the
+	# host's double products, and the rate of its tile product.
+	nvcc -O2 -gencode arch=compute_90a,code=sm_90a tests/bench/wgmma_probe.cu -o "$out/wgmma_probe" ||
+		exit 1
+	"$out/wgmma_probe" | tee -a "$out/wgmma_probe.jsonl"
+	exit $?
 fi
 if [ "$what" = overlap ]; then
 	export NCCL_NVLS_ENABLE=0

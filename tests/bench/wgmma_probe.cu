@@ -1,0 +1,243 @@
+/* Hopper's warpgroup products (wgmma), probed before the attention kernels
+ * use them (issue 13: FlashAttention-3's manner). One warpgroup (128
+ * threads) forms a 64 x 128 fp32 tile from bf16 operands in shared memory,
+ * by descriptors, 16 of the reduction a wgmma:
+ *   nt: S = Q K^T, Q (64 x 128) and K (128 x 128) both K-major (rows of
+ *       the head dimension, as attention's S = Q K^T reads them);
+ *   tn: dK = dS^T Q's shape, B MN-major (Q's rows run along N = the head
+ *       dimension; imm-trans-b 1), A = dS^T (64 keys x 64 queries), tried
+ *       with each of the two readings of the descriptor's LBO and SBO for
+ *       an MN-major operand (the PTX manual's wording is what is probed).
+ * Each case is checked element by element against a double-precision
+ * product of the same bf16 values on the host, within the fp32 sum's
+ * bound (|sum| of the products' magnitudes x k x 2^-24 x 2, k terms), and
+ * prints one JSON line: case, ok, worst error over its bound. Then the
+ * nt case again with its 8 k-steps repeated in place on every SM (no
+ * memory traffic but the accumulators) for the tensor cores' rate
+ * through wgmma: {"case": "rate", "tflops"}.
+ *
+ * Shared memory layout (128B swizzle, each tile 1024-byte aligned): a
+ * K-major tile of R rows keeps each 64-value (128-byte) run of the
+ * reduction in a region of its own, R rows of 128 bytes; row r's 16-byte
+ * chunk c sits at chunk c ^ (r % 8). An MN-major tile keeps each 64-value
+ * run of N in a region of K rows of 128 bytes, swizzled the same by its
+ * K row.
+ *
+ * Not part of the build (sm_90a only): tests/gpu/device-run.sh wgmma
+ * compiles and runs it on the device. Not run yet (written without a GPU).
+ * usage: wgmma_probe [REPEATS]   (4096) */
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#define CK(x)                                                                             \
+	do {                                                                              \
+		cudaError_t e_ = (x);                                                     \
+		if (e_ != cudaSuccess) {                                                  \
+			fprintf(stderr, "%s:%d: %s\n", __FILE__, __LINE__, cudaGetErrorString(e_)); \
+			return 1;                                                         \
+		}                                                                         \
+	} while (0)
+
+typedef __nv_bfloat16 bf16;
+
+/* Byte offset of (row r, value k) in a 128B-swizzled tile whose rows hold
+ * the runs of 64 values: region k / 64 of R rows. */
+static __host__ __device__ unsigned swz(int R, int r, int k)
+{
+	const int a = k / 64, c = (k % 64) / 8, e = k % 8;
+	return (unsigned)(a * R * 128 + r * 128 + ((c ^ (r & 7)) * 16) + e * 2);
+}
+
+static __device__ __forceinline__ uint64_t desc(const void *p, unsigned lbo, unsigned sbo)
+{
+	const uint32_t a = (uint32_t)__cvta_generic_to_shared(p);
+	return (uint64_t)((a & 0x3FFFF) >> 4) | (uint64_t)((lbo & 0x3FFFF) >> 4) << 16 |
+	       (uint64_t)((sbo & 0x3FFFF) >> 4) << 32 | 1ull << 62; /* 128B swizzle */
+}
+
+static __device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+static __device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+static __device__ __forceinline__ void wg_wait0() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
+/* st.shared by threads, then read by wgmma (the async proxy) */
+static __device__ __forceinline__ void proxy_fence() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+
+/* D (64 x 128, f32, this thread's 64 of it) (+)= A B^T over one k16 step,
+ * A and B from shared memory by their descriptors; acc 0: D = A B. trans_b:
+ * B is MN-major (imm-trans-b 1). Generated: 64 accumulator operands. */
+template <int TRANS_B>
+static __device__ __forceinline__ void wg_m64n128k16(float d[64], uint64_t da, uint64_t db, int acc)
+{
+	asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+		     "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+		     "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}, %64, %65, p, 1, 1, 0, %67;\n}\n"
+		     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+		     : "l"(da), "l"(db), "r"(acc), "n"(TRANS_B));
+}
+
+/* This thread's accumulators to a row-major (64, 128) fp32 matrix: warp w
+ * of the group owns rows 16 w .. 16 w + 15; n-block j's four values are
+ * (g, 8j + 2t), (g, 8j + 2t + 1), (g + 8, 8j + 2t), (g + 8, 8j + 2t + 1),
+ * g = lane / 4, t = lane % 4, as mma.sync's C fragment. */
+static __device__ void store_d(float *out, const float d[64])
+{
+	const int w = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+	for (int j = 0; j < 16; j++) {
+		const int r = 16 * w + g, c = 8 * j + 2 * t;
+		out[r * 128 + c] = d[4 * j];
+		out[r * 128 + c + 1] = d[4 * j + 1];
+		out[(r + 8) * 128 + c] = d[4 * j + 2];
+		out[(r + 8) * 128 + c + 1] = d[4 * j + 3];
+	}
+}
+
+extern __shared__ __align__(1024) unsigned char smem[];
+
+/* nt: out (64 x 128) = q (64 x 128, row-major) k^T (k: 128 x 128,
+ * row-major), reps times over (reps > 1: the rate; out is then reps
+ * times the product). */
+__global__ void __launch_bounds__(128) probe_nt(float *out, const bf16 *q, const bf16 *k, int reps)
+{
+	unsigned char *sq = smem, *sk = smem + 64 * 256; /* 16 KiB, 32 KiB */
+	for (int i = threadIdx.x; i < 64 * 128; i += 128)
+		*(bf16 *)(sq + swz(64, i / 128, i % 128)) = q[i];
+	for (int i = threadIdx.x; i < 128 * 128; i += 128)
+		*(bf16 *)(sk + swz(128, i / 128, i % 128)) = k[i];
+	proxy_fence();
+	__syncthreads();
+	float d[64];
+	for (int i = 0; i < 64; i++)
+		d[i] = 0.0f;
+	for (int rep = 0; rep < reps; rep++) {
+		wg_fence();
+		for (int j = 0; j < 8; j++) { /* k16 step j: region j / 4, 32 bytes a step in it */
+			const uint64_t da = desc(sq + (j / 4) * 64 * 128 + (j % 4) * 32, 16, 1024);
+			const uint64_t db = desc(sk + (j / 4) * 128 * 128 + (j % 4) * 32, 16, 1024);
+			wg_m64n128k16<0>(d, da, db, rep > 0 || j > 0);
+		}
+		wg_commit();
+		wg_wait0();
+	}
+	if (blockIdx.x == 0)
+		store_d(out, d);
+}
+
+/* tn: out (64 x 128) = a (64 x 64, row-major: keys x queries) b (64 x 128,
+ * row-major: queries x head dim), b MN-major in shared memory; lbo_n and
+ * sbo_n the descriptor's offsets for B (the reading probed). */
+__global__ void __launch_bounds__(128) probe_tn(float *out, const bf16 *a, const bf16 *b, unsigned lbo_b,
+						unsigned sbo_b)
+{
+	unsigned char *sa = smem, *sb = smem + 64 * 128; /* A: 8 KiB (one region), B: 16 KiB */
+	for (int i = threadIdx.x; i < 64 * 64; i += 128)
+		*(bf16 *)(sa + swz(64, i / 64, i % 64)) = a[i];
+	/* B's K row k (a query), N value n (head dim): region n / 64 of 64
+	 * K rows */
+	for (int i = threadIdx.x; i < 64 * 128; i += 128)
+		*(bf16 *)(sb + swz(64, i / 128, i % 128)) = b[i];
+	proxy_fence();
+	__syncthreads();
+	float d[64];
+	wg_fence();
+	for (int j = 0; j < 4; j++) { /* k16 step j: A's 32 bytes; B's 16 K rows */
+		const uint64_t da = desc(sa + j * 32, 16, 1024);
+		const uint64_t db = desc(sb + j * 16 * 128, lbo_b, sbo_b);
+		wg_m64n128k16<1>(d, da, db, j > 0);
+	}
+	wg_commit();
+	wg_wait0();
+	store_d(out, d);
+}
+
+static float bf(bf16 v) { return __bfloat162float(v); }
+
+/* out against the double product, within k terms' fp32 sum bound. */
+static double check(const float *out, const bf16 *a, int lda, bool a_t, const bf16 *b, bool b_nt, int kd,
+		    double scale)
+{
+	double worst = 0;
+	for (int r = 0; r < 64; r++)
+		for (int c = 0; c < 128; c++) {
+			double s = 0, m = 0;
+			for (int k = 0; k < kd; k++) {
+				const double x = bf(a_t ? a[k * lda + r] : a[r * lda + k]);
+				const double y = bf(b_nt ? b[c * kd + k] : b[k * 128 + c]);
+				s += x * y;
+				m += fabs(x * y);
+			}
+			s *= scale;
+			m *= scale;
+			const double bound = m * kd * ldexp(1.0, -24) * 2 + 1e-30;
+			const double e = fabs(out[r * 128 + c] - s) / bound;
+			if (e > worst)
+				worst = e;
+		}
+	return worst;
+}
+
+int main(int argc, char **argv)
+{
+	const int reps = argc > 1 ? atoi(argv[1]) : 4096;
+	bf16 *hq = (bf16 *)malloc(64 * 128 * 2), *hk = (bf16 *)malloc(128 * 128 * 2);
+	for (int i = 0; i < 64 * 128; i++)
+		hq[i] = __float2bfloat16((float)((i * 37 % 101) - 50) / 64.0f);
+	for (int i = 0; i < 128 * 128; i++)
+		hk[i] = __float2bfloat16((float)((i * 53 % 97) - 48) / 32.0f);
+	bf16 *q, *k;
+	float *out;
+	CK(cudaMalloc(&q, 64 * 128 * 2));
+	CK(cudaMalloc(&k, 128 * 128 * 2));
+	CK(cudaMalloc(&out, 64 * 128 * 4));
+	CK(cudaMemcpy(q, hq, 64 * 128 * 2, cudaMemcpyHostToDevice));
+	CK(cudaMemcpy(k, hk, 128 * 128 * 2, cudaMemcpyHostToDevice));
+	CK(cudaFuncSetAttribute(probe_nt, cudaFuncAttributeMaxDynamicSharedMemorySize, 48 * 1024 + 1024));
+	float *hout = (float *)malloc(64 * 128 * 4);
+	int bad = 0;
+
+	probe_nt<<<1, 128, 48 * 1024>>>(out, q, k, 1);
+	CK(cudaGetLastError());
+	CK(cudaMemcpy(hout, out, 64 * 128 * 4, cudaMemcpyDeviceToHost));
+	double w = check(hout, hq, 128, false, hk, true, 128, 1.0);
+	printf("{\"case\": \"nt\", \"ok\": %s, \"worst_over_bound\": %.3g}\n", w <= 1 ? "true" : "false", w);
+	bad |= !(w <= 1);
+
+	/* tn: A = the first 64 x 64 of q, B = the first 64 rows of k */
+	for (int v = 0; v < 2; v++) {
+		const unsigned lbo = v ? 1024 : 64 * 128, sbo = v ? 64 * 128 : 1024;
+		CK(cudaMemset(out, 0, 64 * 128 * 4));
+		probe_tn<<<1, 128, 32 * 1024>>>(out, q, k, lbo, sbo);
+		CK(cudaGetLastError());
+		CK(cudaMemcpy(hout, out, 64 * 128 * 4, cudaMemcpyDeviceToHost));
+		/* a (64 x 64) is hq read with row stride 64 (its first 4096 values) */
+		w = check(hout, hq, 64, false, hk, false, 64, 1.0);
+		printf("{\"case\": \"tn\", \"lbo\": %u, \"sbo\": %u, \"ok\": %s, \"worst_over_bound\": %.3g}\n",
+		       lbo, sbo, w <= 1 ? "true" : "false", w);
+	}
+
+	/* the rate: every SM's blocks repeating the nt product in place */
+	int sms = 0;
+	CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+	cudaEvent_t t0, t1;
+	CK(cudaEventCreate(&t0));
+	CK(cudaEventCreate(&t1));
+	const int blocks = sms * 4;
+	probe_nt<<<blocks, 128, 48 * 1024>>>(out, q, k, 16); /* warm */
+	CK(cudaEventRecord(t0));
+	probe_nt<<<blocks, 128, 48 * 1024>>>(out, q, k, reps);
+	CK(cudaEventRecord(t1));
+	CK(cudaEventSynchronize(t1));
+	float ms = 0;
+	CK(cudaEventElapsedTime(&ms, t0, t1));
+	const double flops = 2.0 * 64 * 128 * 128 * (double)reps * blocks;
+	CK(cudaMemcpy(hout, out, 64 * 128 * 4, cudaMemcpyDeviceToHost));
+	w = check(hout, hq, 128, false, hk, true, 128, (double)reps);
+	printf("{\"case\": \"rate\", \"blocks\": %d, \"reps\": %d, \"ms\": %.3f, \"tflops\": %.1f, "
+	       "\"result_ok\": %s}\n",
+	       blocks, reps, ms, flops / ms / 1e9, w <= (double)reps ? "true" : "false");
+	return bad;
+}
