@@ -4,6 +4,8 @@
  * by descriptors, 16 of the reduction a wgmma:
  *   nt: S = Q K^T, Q (64 x 128) and K (128 x 128) both K-major (rows of
  *       the head dimension, as attention's S = Q K^T reads them);
+ *   rs: nt with Q's fragments in registers (mma.sync's A layout), as
+ *       P or dS would be when formed from accumulators;
  *   tn: dK = dS^T Q's shape, B MN-major (Q's rows run along N = the head
  *       dimension; imm-trans-b 1), A = dS^T (64 keys x 64 queries), tried
  *       with each of the two readings of the descriptor's LBO and SBO for
@@ -80,6 +82,19 @@ static __device__ __forceinline__ void wg_m64n128k16(float d[64], uint64_t da, u
 		     : "l"(da), "l"(db), "r"(acc), "n"(TRANS_B));
 }
 
+/* The same with A (this warp's 16 rows x 16, mma.sync's A fragment: a0 =
+ * (g, 2t..2t+1), a1 = (g + 8, 2t..), a2 = (g, 2t + 8..), a3 = (g + 8,
+ * 2t + 8..), bf16 pairs) from registers and B K-major from shared memory. */
+static __device__ __forceinline__ void wg_m64n128k16_rs(float d[64], const uint32_t a[4], uint64_t db,
+							 int acc)
+{
+	asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+		     "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+		     "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}, {%64, %65, %66, %67}, %68, p, 1, 1, 0;\n}\n"
+		     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+		     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(acc));
+}
+
 /* This thread's accumulators to a row-major (64, 128) fp32 matrix: warp w
  * of the group owns rows 16 w .. 16 w + 15; n-block j's four values are
  * (g, 8j + 2t), (g, 8j + 2t + 1), (g + 8, 8j + 2t), (g + 8, 8j + 2t + 1),
@@ -154,6 +169,35 @@ __global__ void __launch_bounds__(128) probe_tn(float *out, const bf16 *a, const
 	store_d(out, d);
 }
 
+/* rs: out (64 x 128) = q (64 x 128) k^T as nt, q's fragments read from
+ * global memory into registers (as attention's P or dS would be formed in
+ * them) and k from shared memory. */
+__global__ void __launch_bounds__(128) probe_rs(float *out, const bf16 *q, const bf16 *k)
+{
+	unsigned char *sk = smem;
+	for (int i = threadIdx.x; i < 128 * 128; i += 128)
+		*(bf16 *)(sk + swz(128, i / 128, i % 128)) = k[i];
+	proxy_fence();
+	__syncthreads();
+	const int w = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+	const int r0 = 16 * w + g;
+	float d[64];
+	uint32_t a[8][4];
+	for (int j = 0; j < 8; j++) {
+		const int c = 16 * j + 2 * t;
+		a[j][0] = *(const uint32_t *)(q + r0 * 128 + c);
+		a[j][1] = *(const uint32_t *)(q + (r0 + 8) * 128 + c);
+		a[j][2] = *(const uint32_t *)(q + r0 * 128 + c + 8);
+		a[j][3] = *(const uint32_t *)(q + (r0 + 8) * 128 + c + 8);
+	}
+	wg_fence();
+	for (int j = 0; j < 8; j++)
+		wg_m64n128k16_rs(d, a[j], desc(sk + (j / 4) * 128 * 128 + (j % 4) * 32, 16, 1024), j > 0);
+	wg_commit();
+	wg_wait0();
+	store_d(out, d);
+}
+
 static float bf(bf16 v) { return __bfloat162float(v); }
 
 /* out against the double product, within k terms' fp32 sum bound. */
@@ -204,6 +248,14 @@ int main(int argc, char **argv)
 	CK(cudaMemcpy(hout, out, 64 * 128 * 4, cudaMemcpyDeviceToHost));
 	double w = check(hout, hq, 128, false, hk, true, 128, 1.0);
 	printf("{\"case\": \"nt\", \"ok\": %s, \"worst_over_bound\": %.3g}\n", w <= 1 ? "true" : "false", w);
+	bad |= !(w <= 1);
+
+	CK(cudaMemset(out, 0, 64 * 128 * 4));
+	probe_rs<<<1, 128, 32 * 1024>>>(out, q, k);
+	CK(cudaGetLastError());
+	CK(cudaMemcpy(hout, out, 64 * 128 * 4, cudaMemcpyDeviceToHost));
+	w = check(hout, hq, 128, false, hk, true, 128, 1.0);
+	printf("{\"case\": \"rs\", \"ok\": %s, \"worst_over_bound\": %.3g}\n", w <= 1 ? "true" : "false", w);
 	bad |= !(w <= 1);
 
 	/* tn: A = the first 64 x 64 of q, B = the first 64 rows of k */
