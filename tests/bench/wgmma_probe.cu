@@ -14,7 +14,11 @@
  *       (S = Q K^T, then P V with P from registers and V MN-major, under
  *       the reading tn found), checked against a double softmax on the
  *       host and timed at B 8, T 2048, 32 heads (FLOPs as FlashAttention
- *       counts them: 4 B H T^2 HS / 2).
+ *       counts them: 4 B H T^2 HS / 2);
+ *   dkdv: dK and dV as traind's deterministic backward forms them (a
+ *       block owns its keys' gradients over the query tiles past them),
+ *       four products a tile pair, checked against double products on the
+ *       host and timed at the same shape.
  * Each case is checked element by element against a double-precision
  * product of the same bf16 values on the host, within the fp32 sum's
  * bound (|sum| of the products' magnitudes x k x 2^-24 x 2, k terms), and
@@ -322,6 +326,96 @@ __global__ void __launch_bounds__(128) probe_fwd(float *out, const bf16 *q, cons
 		}
 }
 
+
+/* dkdv: attention's dK and dV at head size 128 on these products, as
+ * traind's deterministic backward splits it (this block owns its keys'
+ * dK and dV; dQ is another kernel's): a block (one warpgroup) per 64 keys
+ * of one (batch, head), walking the query tiles at or past them: S^T =
+ * K Q^T and dP^T = V dO^T (K-major operands), P^T = 2^(S^T sl2 - L) and
+ * dS^T = P^T (dP^T - Dr) in registers, then dV += P^T dO and dK += dS^T Q
+ * with P^T, dS^T from registers and dO, Q read MN-major from the same
+ * shared bytes (lbo_t, sbo_t: the tn case's reading). L (B, H, T): log2
+ * of each query row's sum of e^s; Dr (B, H, T): rowsum(dout * out). dk
+ * is scaled by 1/sqrt(128). */
+__global__ void __launch_bounds__(128) probe_dkdv(float *dk, float *dv, const bf16 *q, const bf16 *k,
+						  const bf16 *v, const bf16 *dout, const float *L,
+						  const float *Dr, int T, int H, unsigned lbo_t, unsigned sbo_t)
+{
+	unsigned char *sk = smem, *sv = smem + 16384, *sq = smem + 32768, *sdo = smem + 49152;
+	float *sl = (float *)(smem + 65536), *sd = sl + 64;
+	const int kt = blockIdx.x, h = blockIdx.y, b = blockIdx.z; /* key tile 0 walks the most */
+	const size_t ld = (size_t)H * 128, base = (size_t)b * T * ld + (size_t)h * 128;
+	const size_t rb = ((size_t)b * H + h) * T; /* L, Dr row base */
+	const int k0 = kt * 64;
+	const bf16 zero = __float2bfloat16(0.0f);
+	for (int i = threadIdx.x; i < 64 * 128; i += 128) {
+		const int r = i / 128, c = i % 128;
+		const bool in = k0 + r < T;
+		*(bf16 *)(sk + swz(64, r, c)) = in ? k[base + (size_t)(k0 + r) * ld + c] : zero;
+		*(bf16 *)(sv + swz(64, r, c)) = in ? v[base + (size_t)(k0 + r) * ld + c] : zero;
+	}
+	const int w = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+	const int key0 = k0 + 16 * w + g; /* this thread's keys: key0, key0 + 8 */
+	const float sl2 = 1.4426950408889634f * rsqrtf(128.0f);
+	float dK[64], dV[64];
+	for (int i = 0; i < 64; i++)
+		dK[i] = dV[i] = 0.0f;
+	for (int q0 = k0; q0 < T; q0 += 64) {
+		__syncthreads(); /* the last tile's products are done (waited) */
+		for (int i = threadIdx.x; i < 64 * 128; i += 128) {
+			const int r = i / 128, c = i % 128;
+			const bool in = q0 + r < T;
+			*(bf16 *)(sq + swz(64, r, c)) = in ? q[base + (size_t)(q0 + r) * ld + c] : zero;
+			*(bf16 *)(sdo + swz(64, r, c)) = in ? dout[base + (size_t)(q0 + r) * ld + c] : zero;
+		}
+		if (threadIdx.x < 64) {
+			const bool in = q0 + (int)threadIdx.x < T;
+			sl[threadIdx.x] = in ? L[rb + q0 + threadIdx.x] : INFINITY;
+			sd[threadIdx.x] = in ? Dr[rb + q0 + threadIdx.x] : 0.0f;
+		}
+		proxy_fence();
+		__syncthreads();
+		float st[32], dpt[32];
+		wg_fence();
+		for (int j = 0; j < 8; j++)
+			wg_m64n64k16_ss<0>(st, desc(sk + (j / 4) * 64 * 128 + (j % 4) * 32, 16, 1024),
+					   desc(sq + (j / 4) * 64 * 128 + (j % 4) * 32, 16, 1024), j > 0);
+		for (int j = 0; j < 8; j++)
+			wg_m64n64k16_ss<0>(dpt, desc(sv + (j / 4) * 64 * 128 + (j % 4) * 32, 16, 1024),
+					   desc(sdo + (j / 4) * 64 * 128 + (j % 4) * 32, 16, 1024), j > 0);
+		wg_commit();
+		wg_wait0();
+		for (int i = 0; i < 32; i++) { /* (key, query) of accumulator i */
+			const int qc = 8 * (i / 4) + 2 * t + (i & 1), key = key0 + 8 * ((i >> 1) & 1);
+			const float pp = key > q0 + qc ? 0.0f : exp2f(st[i] * sl2 - sl[qc]);
+			st[i] = pp;
+			dpt[i] = pp * (dpt[i] - sd[qc]);
+		}
+		uint32_t ap[4][4], as[4][4];
+		for (int kk = 0; kk < 4; kk++)
+			for (int e = 0; e < 4; e++) {
+				ap[kk][e] = pack2(st[8 * kk + 2 * e], st[8 * kk + 2 * e + 1]);
+				as[kk][e] = pack2(dpt[8 * kk + 2 * e], dpt[8 * kk + 2 * e + 1]);
+			}
+		wg_fence();
+		for (int kk = 0; kk < 4; kk++)
+			wg_m64n128k16_rs_t<1>(dV, ap[kk], desc(sdo + kk * 16 * 128, lbo_t, sbo_t), 1);
+		for (int kk = 0; kk < 4; kk++)
+			wg_m64n128k16_rs_t<1>(dK, as[kk], desc(sq + kk * 16 * 128, lbo_t, sbo_t), 1);
+		wg_commit();
+		wg_wait0();
+	}
+	const float sc = rsqrtf(128.0f);
+	for (int j = 0; j < 16; j++)
+		for (int e = 0; e < 4; e++) {
+			const int key = key0 + 8 * (e >> 1), c = 8 * j + 2 * t + (e & 1);
+			if (key < T) {
+				dk[base + (size_t)key * ld + c] = dK[4 * j + e] * sc;
+				dv[base + (size_t)key * ld + c] = dV[4 * j + e];
+			}
+		}
+}
+
 static float bf(bf16 v) { return __bfloat162float(v); }
 
 /* out against the double product, within k terms' fp32 sum bound. */
@@ -451,6 +545,150 @@ static int fwd_probe(unsigned lbo, unsigned sbo, int sms)
 	return 0;
 }
 
+
+/* dK and dV on (B, T, H) = (1, 200, 2) against double products on the
+ * host, then timed at (8, 2048, 32). Bounds, per element: P^T and dS^T
+ * are rounded to bf16 (2^-8 of each, relatively) before their products,
+ * doubled: dv within 2^-7 sum_t p |dout|, dk within 2^-7 sum_t |ds| |q| /
+ * sqrt(128), plus dP's fp32 sum against Dr (2^-16 of sum_t p (|dp| +
+ * |Dr|) |q| / sqrt(128), generous for 128 fp32 terms). */
+static int dkdv_probe(unsigned lbo, unsigned sbo)
+{
+	int B = 1, T = 200, H = 2;
+	size_t n = (size_t)B * T * H * 128;
+	bf16 *hq = (bf16 *)malloc(n * 2), *hk = (bf16 *)malloc(n * 2), *hv = (bf16 *)malloc(n * 2),
+	     *hd = (bf16 *)malloc(n * 2);
+	for (size_t i = 0; i < n; i++) {
+		hq[i] = __float2bfloat16((float)((i * 37 % 101) - 50) / 40.0f);
+		hk[i] = __float2bfloat16((float)((i * 53 % 97) - 48) / 40.0f);
+		hv[i] = __float2bfloat16((float)((i * 71 % 89) - 44) / 44.0f);
+		hd[i] = __float2bfloat16((float)((i * 29 % 83) - 41) / 41.0f);
+	}
+	const double isd = 1.0 / sqrt(128.0);
+	float *hL = (float *)malloc((size_t)H * T * 4), *hDr = (float *)malloc((size_t)H * T * 4);
+	double *P = (double *)malloc((size_t)T * T * 8), *DS = (double *)malloc((size_t)T * T * 8),
+	       *DPA = (double *)malloc((size_t)T * T * 8);
+	double *rdk = (double *)calloc(n, 8), *rdv = (double *)calloc(n, 8), *bdk = (double *)calloc(n, 8),
+	       *bdv = (double *)calloc(n, 8);
+	for (int h = 0; h < H; h++) {
+		for (int r = 0; r < T; r++) {
+			const size_t qo = ((size_t)r * H + h) * 128;
+			double mx = -1e300, sum = 0, out[128] = {0}, dr = 0;
+			for (int c = 0; c <= r; c++) {
+				const size_t ko = ((size_t)c * H + h) * 128;
+				double d = 0;
+				for (int e = 0; e < 128; e++)
+					d += (double)bf(hq[qo + e]) * bf(hk[ko + e]);
+				P[(size_t)r * T + c] = d * isd;
+				mx = fmax(mx, d * isd);
+			}
+			for (int c = 0; c <= r; c++)
+				sum += exp(P[(size_t)r * T + c] - mx);
+			for (int c = 0; c <= r; c++) {
+				const double p = exp(P[(size_t)r * T + c] - mx) / sum;
+				P[(size_t)r * T + c] = p;
+				const size_t vo = ((size_t)c * H + h) * 128;
+				for (int e = 0; e < 128; e++)
+					out[e] += p * bf(hv[vo + e]);
+			}
+			for (int e = 0; e < 128; e++)
+				dr += bf(hd[qo + e]) * out[e];
+			hL[(size_t)h * T + r] = (float)((mx + log(sum)) / log(2.0));
+			hDr[(size_t)h * T + r] = (float)dr;
+			for (int c = 0; c <= r; c++) {
+				const size_t vo = ((size_t)c * H + h) * 128;
+				double dp = 0;
+				for (int e = 0; e < 128; e++)
+					dp += (double)bf(hd[qo + e]) * bf(hv[vo + e]);
+				DS[(size_t)r * T + c] = P[(size_t)r * T + c] * (dp - dr);
+				DPA[(size_t)r * T + c] = P[(size_t)r * T + c] * (fabs(dp) + fabs(dr));
+			}
+		}
+		for (int c = 0; c < T; c++)
+			for (int r = c; r < T; r++) {
+				const size_t qo = ((size_t)r * H + h) * 128, ko = ((size_t)c * H + h) * 128;
+				const double p = P[(size_t)r * T + c], ds = DS[(size_t)r * T + c];
+				for (int e = 0; e < 128; e++) {
+					rdv[ko + e] += p * bf(hd[qo + e]);
+					bdv[ko + e] += p * fabs(bf(hd[qo + e]));
+					rdk[ko + e] += ds * bf(hq[qo + e]) * isd;
+					bdk[ko + e] += (fabs(ds) * ldexp(1.0, -7) + DPA[(size_t)r * T + c] * ldexp(1.0, -16)) *
+						       fabs(bf(hq[qo + e])) * isd;
+				}
+			}
+	}
+	bf16 *q, *k, *v, *dout;
+	float *L, *Dr, *dk, *dv;
+	CK(cudaMalloc(&q, n * 2));
+	CK(cudaMalloc(&k, n * 2));
+	CK(cudaMalloc(&v, n * 2));
+	CK(cudaMalloc(&dout, n * 2));
+	CK(cudaMalloc(&L, (size_t)H * T * 4));
+	CK(cudaMalloc(&Dr, (size_t)H * T * 4));
+	CK(cudaMalloc(&dk, n * 4));
+	CK(cudaMalloc(&dv, n * 4));
+	CK(cudaMemcpy(q, hq, n * 2, cudaMemcpyHostToDevice));
+	CK(cudaMemcpy(k, hk, n * 2, cudaMemcpyHostToDevice));
+	CK(cudaMemcpy(v, hv, n * 2, cudaMemcpyHostToDevice));
+	CK(cudaMemcpy(dout, hd, n * 2, cudaMemcpyHostToDevice));
+	CK(cudaMemcpy(L, hL, (size_t)H * T * 4, cudaMemcpyHostToDevice));
+	CK(cudaMemcpy(Dr, hDr, (size_t)H * T * 4, cudaMemcpyHostToDevice));
+	const int shm = 65536 + 512;
+	CK(cudaFuncSetAttribute(probe_dkdv, cudaFuncAttributeMaxDynamicSharedMemorySize, shm));
+	dim3 grid((T + 63) / 64, H, B);
+	probe_dkdv<<<grid, 128, shm>>>(dk, dv, q, k, v, dout, L, Dr, T, H, lbo, sbo);
+	CK(cudaGetLastError());
+	float *hdk = (float *)malloc(n * 4), *hdv = (float *)malloc(n * 4);
+	CK(cudaMemcpy(hdk, dk, n * 4, cudaMemcpyDeviceToHost));
+	CK(cudaMemcpy(hdv, dv, n * 4, cudaMemcpyDeviceToHost));
+	double wk = 0, wv = 0;
+	for (size_t i = 0; i < n; i++) {
+		wv = fmax(wv, fabs(hdv[i] - rdv[i]) / (ldexp(bdv[i], -7) + 1e-30));
+		wk = fmax(wk, fabs(hdk[i] - rdk[i]) / (bdk[i] + 1e-30));
+	}
+	printf("{\"case\": \"dkdv\", \"T\": %d, \"ok\": %s, \"dk_worst_over_bound\": %.3g, "
+	       "\"dv_worst_over_bound\": %.3g}\n",
+	       T, wk <= 1 && wv <= 1 ? "true" : "false", wk, wv);
+	if (!(wk <= 1 && wv <= 1))
+		return 1;
+	cudaFree(q), cudaFree(k), cudaFree(v), cudaFree(dout), cudaFree(L), cudaFree(Dr), cudaFree(dk),
+		cudaFree(dv);
+	B = 8, T = 2048, H = 32;
+	n = (size_t)B * T * H * 128;
+	CK(cudaMalloc(&q, n * 2));
+	CK(cudaMalloc(&k, n * 2));
+	CK(cudaMalloc(&v, n * 2));
+	CK(cudaMalloc(&dout, n * 2));
+	CK(cudaMalloc(&L, (size_t)B * H * T * 4));
+	CK(cudaMalloc(&Dr, (size_t)B * H * T * 4));
+	CK(cudaMalloc(&dk, n * 4));
+	CK(cudaMalloc(&dv, n * 4));
+	CK(cudaMemset(q, 0, n * 2));
+	CK(cudaMemset(k, 0, n * 2));
+	CK(cudaMemset(v, 0, n * 2));
+	CK(cudaMemset(dout, 0, n * 2));
+	CK(cudaMemset(L, 0, (size_t)B * H * T * 4));
+	CK(cudaMemset(Dr, 0, (size_t)B * H * T * 4));
+	grid = dim3(T / 64, H, B);
+	probe_dkdv<<<grid, 128, shm>>>(dk, dv, q, k, v, dout, L, Dr, T, H, lbo, sbo);
+	cudaEvent_t t0, t1;
+	CK(cudaEventCreate(&t0));
+	CK(cudaEventCreate(&t1));
+	CK(cudaEventRecord(t0));
+	for (int i = 0; i < 10; i++)
+		probe_dkdv<<<grid, 128, shm>>>(dk, dv, q, k, v, dout, L, Dr, T, H, lbo, sbo);
+	CK(cudaEventRecord(t1));
+	CK(cudaEventSynchronize(t1));
+	float ms = 0;
+	CK(cudaEventElapsedTime(&ms, t0, t1));
+	ms /= 10;
+	/* its four products over the causal half (dQ's are another kernel's) */
+	const double flops = 4.0 * 2.0 * B * H * (double)T * T / 2 * 128;
+	printf("{\"case\": \"dkdv_rate\", \"B\": %d, \"T\": %d, \"H\": %d, \"ms\": %.3f, \"tflops\": %.1f}\n", B,
+	       T, H, ms, flops / ms / 1e9);
+	return 0;
+}
+
 int main(int argc, char **argv)
 {
 	const int reps = argc > 1 ? atoi(argv[1]) : 4096;
@@ -506,6 +744,8 @@ int main(int argc, char **argv)
 	}
 	bad |= !tn_ok;
 	if (tn_ok && fwd_probe(tn_lbo, tn_sbo, sms_of()))
+		bad = 1;
+	if (tn_ok && dkdv_probe(tn_lbo, tn_sbo))
 		bad = 1;
 
 	/* the rate: every SM's blocks repeating the nt product in place */
