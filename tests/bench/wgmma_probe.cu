@@ -18,7 +18,11 @@
  *   dkdv: dK and dV as traind's deterministic backward forms them (a
  *       block owns its keys' gradients over the query tiles past them),
  *       four products a tile pair, checked against double products on the
- *       host and timed at the same shape.
+ *       host and timed at the same shape;
+ *   dq: dQ, the backward's other kernel (a block owns 64 queries over the
+ *       key tiles up to them), checked and timed the same; the two
+ *       kernels' time gives the backward's rate as FlashAttention counts
+ *       it (bench_attn's and peer_attn.py's "backward TFLOP/s").
  * Each case is checked element by element against a double-precision
  * product of the same bf16 values on the host, within the fp32 sum's
  * bound (|sum| of the products' magnitudes x k x 2^-24 x 2, k terms), and
@@ -416,6 +420,85 @@ __global__ void __launch_bounds__(128) probe_dkdv(float *dk, float *dv, const bf
 		}
 }
 
+
+/* dq: attention's dQ at head size 128 on these products (the backward's
+ * other kernel): a block (one warpgroup) per 64 queries of one (batch,
+ * head), the heaviest first, walking the key tiles up to them: S = Q K^T
+ * and dP = dO V^T (K-major), P = 2^(S sl2 - L) and dS = P (dP - Dr) in
+ * registers, dQ += dS K with dS from registers and K read MN-major from
+ * the same shared bytes. dq is scaled by 1/sqrt(128). */
+__global__ void __launch_bounds__(128) probe_dq(float *dq, const bf16 *q, const bf16 *k, const bf16 *v,
+						const bf16 *dout, const float *L, const float *Dr, int T, int H,
+						unsigned lbo_t, unsigned sbo_t)
+{
+	unsigned char *sq = smem, *sdo = smem + 16384, *sk = smem + 32768, *sv = smem + 49152;
+	const int qt = gridDim.x - 1 - blockIdx.x, h = blockIdx.y, b = blockIdx.z;
+	const size_t ld = (size_t)H * 128, base = (size_t)b * T * ld + (size_t)h * 128;
+	const size_t rb = ((size_t)b * H + h) * T;
+	const int q0 = qt * 64;
+	const bf16 zero = __float2bfloat16(0.0f);
+	for (int i = threadIdx.x; i < 64 * 128; i += 128) {
+		const int r = i / 128, c = i % 128;
+		const bool in = q0 + r < T;
+		*(bf16 *)(sq + swz(64, r, c)) = in ? q[base + (size_t)(q0 + r) * ld + c] : zero;
+		*(bf16 *)(sdo + swz(64, r, c)) = in ? dout[base + (size_t)(q0 + r) * ld + c] : zero;
+	}
+	const int w = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+	const int row0 = q0 + 16 * w + g; /* this thread's queries: row0, row0 + 8 */
+	float lr[2], dr[2];
+	for (int r = 0; r < 2; r++) {
+		const int row = row0 + 8 * r;
+		lr[r] = row < T ? L[rb + row] : INFINITY;
+		dr[r] = row < T ? Dr[rb + row] : 0.0f;
+	}
+	const float sl2 = 1.4426950408889634f * rsqrtf(128.0f);
+	float dQ[64];
+	for (int i = 0; i < 64; i++)
+		dQ[i] = 0.0f;
+	for (int k0 = 0; k0 <= q0; k0 += 64) {
+		__syncthreads(); /* the last tile's products are done (waited) */
+		for (int i = threadIdx.x; i < 64 * 128; i += 128) {
+			const int r = i / 128, c = i % 128;
+			const bool in = k0 + r < T;
+			*(bf16 *)(sk + swz(64, r, c)) = in ? k[base + (size_t)(k0 + r) * ld + c] : zero;
+			*(bf16 *)(sv + swz(64, r, c)) = in ? v[base + (size_t)(k0 + r) * ld + c] : zero;
+		}
+		proxy_fence();
+		__syncthreads();
+		float sc[32], dp[32];
+		wg_fence();
+		for (int j = 0; j < 8; j++)
+			wg_m64n64k16_ss<0>(sc, desc(sq + (j / 4) * 64 * 128 + (j % 4) * 32, 16, 1024),
+					   desc(sk + (j / 4) * 64 * 128 + (j % 4) * 32, 16, 1024), j > 0);
+		for (int j = 0; j < 8; j++)
+			wg_m64n64k16_ss<0>(dp, desc(sdo + (j / 4) * 64 * 128 + (j % 4) * 32, 16, 1024),
+					   desc(sv + (j / 4) * 64 * 128 + (j % 4) * 32, 16, 1024), j > 0);
+		wg_commit();
+		wg_wait0();
+		for (int i = 0; i < 32; i++) { /* (query, key) of accumulator i */
+			const int key = k0 + 8 * (i / 4) + 2 * t + (i & 1), r = (i >> 1) & 1;
+			const float pp = key > row0 + 8 * r ? 0.0f : exp2f(sc[i] * sl2 - lr[r]);
+			dp[i] = pp * (dp[i] - dr[r]);
+		}
+		uint32_t as[4][4];
+		for (int kk = 0; kk < 4; kk++)
+			for (int e = 0; e < 4; e++)
+				as[kk][e] = pack2(dp[8 * kk + 2 * e], dp[8 * kk + 2 * e + 1]);
+		wg_fence();
+		for (int kk = 0; kk < 4; kk++)
+			wg_m64n128k16_rs_t<1>(dQ, as[kk], desc(sk + kk * 16 * 128, lbo_t, sbo_t), 1);
+		wg_commit();
+		wg_wait0();
+	}
+	const float scl = rsqrtf(128.0f);
+	for (int j = 0; j < 16; j++)
+		for (int e = 0; e < 4; e++) {
+			const int row = row0 + 8 * (e >> 1), c = 8 * j + 2 * t + (e & 1);
+			if (row < T)
+				dq[base + (size_t)row * ld + c] = dQ[4 * j + e] * scl;
+		}
+}
+
 static float bf(bf16 v) { return __bfloat162float(v); }
 
 /* out against the double product, within k terms' fp32 sum bound. */
@@ -569,7 +652,7 @@ static int dkdv_probe(unsigned lbo, unsigned sbo)
 	double *P = (double *)malloc((size_t)T * T * 8), *DS = (double *)malloc((size_t)T * T * 8),
 	       *DPA = (double *)malloc((size_t)T * T * 8);
 	double *rdk = (double *)calloc(n, 8), *rdv = (double *)calloc(n, 8), *bdk = (double *)calloc(n, 8),
-	       *bdv = (double *)calloc(n, 8);
+	       *bdv = (double *)calloc(n, 8), *rdq = (double *)calloc(n, 8), *bdq = (double *)calloc(n, 8);
 	for (int h = 0; h < H; h++) {
 		for (int r = 0; r < T; r++) {
 			const size_t qo = ((size_t)r * H + h) * 128;
@@ -604,6 +687,17 @@ static int dkdv_probe(unsigned lbo, unsigned sbo)
 				DPA[(size_t)r * T + c] = P[(size_t)r * T + c] * (fabs(dp) + fabs(dr));
 			}
 		}
+		for (int r = 0; r < T; r++) /* dq: row r's keys */
+			for (int c = 0; c <= r; c++) {
+				const size_t qo = ((size_t)r * H + h) * 128, ko = ((size_t)c * H + h) * 128;
+				const double ds = DS[(size_t)r * T + c];
+				for (int e = 0; e < 128; e++) {
+					rdq[qo + e] += ds * bf(hk[ko + e]) * isd;
+					bdq[qo + e] += (fabs(ds) * ldexp(1.0, -7) +
+							DPA[(size_t)r * T + c] * ldexp(1.0, -16)) *
+						       fabs(bf(hk[ko + e])) * isd;
+				}
+			}
 		for (int c = 0; c < T; c++)
 			for (int r = c; r < T; r++) {
 				const size_t qo = ((size_t)r * H + h) * 128, ko = ((size_t)c * H + h) * 128;
@@ -649,7 +743,20 @@ static int dkdv_probe(unsigned lbo, unsigned sbo)
 	printf("{\"case\": \"dkdv\", \"T\": %d, \"ok\": %s, \"dk_worst_over_bound\": %.3g, "
 	       "\"dv_worst_over_bound\": %.3g}\n",
 	       T, wk <= 1 && wv <= 1 ? "true" : "false", wk, wv);
-	if (!(wk <= 1 && wv <= 1))
+	float *dq;
+	CK(cudaMalloc(&dq, n * 4));
+	CK(cudaFuncSetAttribute(probe_dq, cudaFuncAttributeMaxDynamicSharedMemorySize, shm));
+	probe_dq<<<grid, 128, shm>>>(dq, q, k, v, dout, L, Dr, T, H, lbo, sbo);
+	CK(cudaGetLastError());
+	float *hdq = (float *)malloc(n * 4);
+	CK(cudaMemcpy(hdq, dq, n * 4, cudaMemcpyDeviceToHost));
+	double wq = 0;
+	for (size_t i = 0; i < n; i++)
+		wq = fmax(wq, fabs(hdq[i] - rdq[i]) / (bdq[i] + 1e-30));
+	printf("{\"case\": \"dq\", \"T\": %d, \"ok\": %s, \"dq_worst_over_bound\": %.3g}\n", T,
+	       wq <= 1 ? "true" : "false", wq);
+	cudaFree(dq);
+	if (!(wk <= 1 && wv <= 1 && wq <= 1))
 		return 1;
 	cudaFree(q), cudaFree(k), cudaFree(v), cudaFree(dout), cudaFree(L), cudaFree(Dr), cudaFree(dk),
 		cudaFree(dv);
@@ -686,6 +793,22 @@ static int dkdv_probe(unsigned lbo, unsigned sbo)
 	const double flops = 4.0 * 2.0 * B * H * (double)T * T / 2 * 128;
 	printf("{\"case\": \"dkdv_rate\", \"B\": %d, \"T\": %d, \"H\": %d, \"ms\": %.3f, \"tflops\": %.1f}\n", B,
 	       T, H, ms, flops / ms / 1e9);
+	CK(cudaMalloc(&dq, n * 4));
+	CK(cudaFuncSetAttribute(probe_dq, cudaFuncAttributeMaxDynamicSharedMemorySize, shm));
+	probe_dq<<<grid, 128, shm>>>(dq, q, k, v, dout, L, Dr, T, H, lbo, sbo);
+	float ms2 = 0;
+	CK(cudaEventRecord(t0));
+	for (int i = 0; i < 10; i++)
+		probe_dq<<<grid, 128, shm>>>(dq, q, k, v, dout, L, Dr, T, H, lbo, sbo);
+	CK(cudaEventRecord(t1));
+	CK(cudaEventSynchronize(t1));
+	CK(cudaEventElapsedTime(&ms2, t0, t1));
+	ms2 /= 10;
+	/* the backward as FlashAttention counts it (2.5 x the forward's 4 B H
+	 * T^2 HS / 2), over both kernels' time (7 products done, 5 counted) */
+	const double fa = 2.5 * 4.0 * B * H * (double)T * T * 128 / 2;
+	printf("{\"case\": \"bwd_rate\", \"dkdv_ms\": %.3f, \"dq_ms\": %.3f, \"tflops_fa_counted\": %.1f}\n", ms,
+	       ms2, fa / (ms + ms2) / 1e9);
 	return 0;
 }
 
