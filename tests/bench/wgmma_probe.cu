@@ -233,6 +233,22 @@ __global__ void __launch_bounds__(128) probe_rs(float *out, const bf16 *q, const
 }
 
 
+
+/* 64 rows of a (B, T, H, 128) bf16 tensor from row r0 (src: the head's row
+ * 0; ld: a row's stride in values) into a 128B-swizzled tile, 16 bytes (a
+ * chunk of 8 values) a thread at a time; rows past T zero. */
+static __device__ __forceinline__ void tile_load(unsigned char *dst, const bf16 *src, size_t ld, int r0,
+						 int T)
+{
+	for (int i = threadIdx.x; i < 64 * 16; i += 128) {
+		const int r = i / 16, c = i % 16;
+		uint4 x = make_uint4(0, 0, 0, 0);
+		if (r0 + r < T)
+			x = *reinterpret_cast<const uint4 *>(src + (size_t)(r0 + r) * ld + c * 8);
+		*reinterpret_cast<uint4 *>(dst + swz(64, r, c * 8)) = x;
+	}
+}
+
 static __device__ __forceinline__ uint32_t pack2(float lo, float hi)
 {
 	__nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
@@ -254,11 +270,7 @@ __global__ void __launch_bounds__(128) probe_fwd(float *out, const bf16 *q, cons
 	const int qt = gridDim.x - 1 - blockIdx.x, h = blockIdx.y, b = blockIdx.z;
 	const size_t ld = (size_t)H * 128, base = (size_t)b * T * ld + (size_t)h * 128;
 	const int q0 = qt * 64;
-	const bf16 zero = __float2bfloat16(0.0f);
-	for (int i = threadIdx.x; i < 64 * 128; i += 128) {
-		const int r = i / 128, c = i % 128;
-		*(bf16 *)(sq + swz(64, r, c)) = q0 + r < T ? q[base + (size_t)(q0 + r) * ld + c] : zero;
-	}
+	tile_load(sq, q + base, ld, q0, T);
 	const int w = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
 	const int row0 = q0 + 16 * w + g; /* this thread's rows: row0, row0 + 8 */
 	const float sl2 = 1.4426950408889634f * rsqrtf(128.0f);
@@ -268,12 +280,8 @@ __global__ void __launch_bounds__(128) probe_fwd(float *out, const bf16 *q, cons
 	for (int kt = 0; kt <= qt; kt++) {
 		const int k0 = kt * 64;
 		__syncthreads(); /* the last tile's products are done (waited) */
-		for (int i = threadIdx.x; i < 64 * 128; i += 128) {
-			const int r = i / 128, c = i % 128;
-			const bool in = k0 + r < T;
-			*(bf16 *)(sk + swz(64, r, c)) = in ? k[base + (size_t)(k0 + r) * ld + c] : zero;
-			*(bf16 *)(sv + swz(64, r, c)) = in ? v[base + (size_t)(k0 + r) * ld + c] : zero;
-		}
+		tile_load(sk, k + base, ld, k0, T);
+		tile_load(sv, v + base, ld, k0, T);
 		proxy_fence();
 		__syncthreads();
 		float sc[32];
@@ -351,13 +359,8 @@ __global__ void __launch_bounds__(128) probe_dkdv(float *dk, float *dv, const bf
 	const size_t ld = (size_t)H * 128, base = (size_t)b * T * ld + (size_t)h * 128;
 	const size_t rb = ((size_t)b * H + h) * T; /* L, Dr row base */
 	const int k0 = kt * 64;
-	const bf16 zero = __float2bfloat16(0.0f);
-	for (int i = threadIdx.x; i < 64 * 128; i += 128) {
-		const int r = i / 128, c = i % 128;
-		const bool in = k0 + r < T;
-		*(bf16 *)(sk + swz(64, r, c)) = in ? k[base + (size_t)(k0 + r) * ld + c] : zero;
-		*(bf16 *)(sv + swz(64, r, c)) = in ? v[base + (size_t)(k0 + r) * ld + c] : zero;
-	}
+	tile_load(sk, k + base, ld, k0, T);
+	tile_load(sv, v + base, ld, k0, T);
 	const int w = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
 	const int key0 = k0 + 16 * w + g; /* this thread's keys: key0, key0 + 8 */
 	const float sl2 = 1.4426950408889634f * rsqrtf(128.0f);
@@ -366,12 +369,8 @@ __global__ void __launch_bounds__(128) probe_dkdv(float *dk, float *dv, const bf
 		dK[i] = dV[i] = 0.0f;
 	for (int q0 = k0; q0 < T; q0 += 64) {
 		__syncthreads(); /* the last tile's products are done (waited) */
-		for (int i = threadIdx.x; i < 64 * 128; i += 128) {
-			const int r = i / 128, c = i % 128;
-			const bool in = q0 + r < T;
-			*(bf16 *)(sq + swz(64, r, c)) = in ? q[base + (size_t)(q0 + r) * ld + c] : zero;
-			*(bf16 *)(sdo + swz(64, r, c)) = in ? dout[base + (size_t)(q0 + r) * ld + c] : zero;
-		}
+		tile_load(sq, q + base, ld, q0, T);
+		tile_load(sdo, dout + base, ld, q0, T);
 		if (threadIdx.x < 64) {
 			const bool in = q0 + (int)threadIdx.x < T;
 			sl[threadIdx.x] = in ? L[rb + q0 + threadIdx.x] : INFINITY;
@@ -436,13 +435,8 @@ __global__ void __launch_bounds__(128) probe_dq(float *dq, const bf16 *q, const 
 	const size_t ld = (size_t)H * 128, base = (size_t)b * T * ld + (size_t)h * 128;
 	const size_t rb = ((size_t)b * H + h) * T;
 	const int q0 = qt * 64;
-	const bf16 zero = __float2bfloat16(0.0f);
-	for (int i = threadIdx.x; i < 64 * 128; i += 128) {
-		const int r = i / 128, c = i % 128;
-		const bool in = q0 + r < T;
-		*(bf16 *)(sq + swz(64, r, c)) = in ? q[base + (size_t)(q0 + r) * ld + c] : zero;
-		*(bf16 *)(sdo + swz(64, r, c)) = in ? dout[base + (size_t)(q0 + r) * ld + c] : zero;
-	}
+	tile_load(sq, q + base, ld, q0, T);
+	tile_load(sdo, dout + base, ld, q0, T);
 	const int w = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
 	const int row0 = q0 + 16 * w + g; /* this thread's queries: row0, row0 + 8 */
 	float lr[2], dr[2];
@@ -457,12 +451,8 @@ __global__ void __launch_bounds__(128) probe_dq(float *dq, const bf16 *q, const 
 		dQ[i] = 0.0f;
 	for (int k0 = 0; k0 <= q0; k0 += 64) {
 		__syncthreads(); /* the last tile's products are done (waited) */
-		for (int i = threadIdx.x; i < 64 * 128; i += 128) {
-			const int r = i / 128, c = i % 128;
-			const bool in = k0 + r < T;
-			*(bf16 *)(sk + swz(64, r, c)) = in ? k[base + (size_t)(k0 + r) * ld + c] : zero;
-			*(bf16 *)(sv + swz(64, r, c)) = in ? v[base + (size_t)(k0 + r) * ld + c] : zero;
-		}
+		tile_load(sk, k + base, ld, k0, T);
+		tile_load(sv, v + base, ld, k0, T);
 		proxy_fence();
 		__syncthreads();
 		float sc[32], dp[32];
