@@ -9,7 +9,11 @@
  *   tn: dK = dS^T Q's shape, B MN-major (Q's rows run along N = the head
  *       dimension; imm-trans-b 1), A = dS^T (64 keys x 64 queries), tried
  *       with each of the two readings of the descriptor's LBO and SBO for
- *       an MN-major operand (the PTX manual's wording is what is probed);
+ *       an MN-major operand. The PTX manual's canonical layout for 128B
+ *       swizzling, MN-major, ((T,8,m),(8,k)):((1,T,LBO),(8T,SBO)), makes
+ *       LBO the stride between 64-value runs of N (a region here, 8 KiB)
+ *       and SBO the stride between groups of 8 K rows (1 KiB): the first
+ *       reading tried; its prose reads the other way round, so both run;
  *   fwd: a causal attention forward at head size 128 on these products
  *       (S = Q K^T, then P V with P from registers and V MN-major, under
  *       the reading tn found), checked against a double softmax on the
