@@ -355,7 +355,7 @@ __global__ void __launch_bounds__(128) probe_fwd(float *out, const bf16 *q, cons
  * is scaled by 1/sqrt(128). */
 __global__ void __launch_bounds__(128) probe_dkdv(float *dk, float *dv, const bf16 *q, const bf16 *k,
 						  const bf16 *v, const bf16 *dout, const float *L,
-						  const float *Dr, int T, int H, unsigned lbo_t, unsigned sbo_t)
+						  const float *Dr, int T, int H, unsigned lbo_t, unsigned sbo_t, float *dbg)
 {
 	unsigned char *sk = smem, *sv = smem + 16384, *sq = smem + 32768, *sdo = smem + 49152;
 	float *sl = (float *)(smem + 65536), *sd = sl + 64;
@@ -395,6 +395,14 @@ __global__ void __launch_bounds__(128) probe_dkdv(float *dk, float *dv, const bf
 		for (int i = 0; i < 32; i++) { /* (key, query) of accumulator i */
 			const int qc = 8 * (i / 4) + 2 * t + (i & 1), key = key0 + 8 * ((i >> 1) & 1);
 			const float pp = key > q0 + qc ? 0.0f : exp2f(st[i] * sl2 - sl[qc]);
+			if (dbg && blockIdx.x == 0 && blockIdx.y == 0 && blockIdx.z == 0 && q0 == 0) {
+				dbg[(key - k0) * 64 + qc] = st[i];
+				dbg[4096 + (key - k0) * 64 + qc] = dpt[i];
+				dbg[8192 + (key - k0) * 64 + qc] = pp;
+				dbg[12288 + (key - k0) * 64 + qc] = pp * (dpt[i] - sd[qc]);
+				if (key == k0 && i < 2)
+					dbg[16384 + qc] = sl[qc], dbg[16384 + 64 + qc] = sd[qc];
+			}
 			st[i] = pp;
 			dpt[i] = pp * (dpt[i] - sd[qc]);
 		}
@@ -432,7 +440,7 @@ __global__ void __launch_bounds__(128) probe_dkdv(float *dk, float *dv, const bf
  * the same shared bytes. dq is scaled by 1/sqrt(128). */
 __global__ void __launch_bounds__(128) probe_dq(float *dq, const bf16 *q, const bf16 *k, const bf16 *v,
 						const bf16 *dout, const float *L, const float *Dr, int T, int H,
-						unsigned lbo_t, unsigned sbo_t)
+						unsigned lbo_t, unsigned sbo_t, float *dbg)
 {
 	unsigned char *sq = smem, *sdo = smem + 16384, *sk = smem + 32768, *sv = smem + 49152;
 	const int qt = gridDim.x - 1 - blockIdx.x, h = blockIdx.y, b = blockIdx.z;
@@ -472,6 +480,13 @@ __global__ void __launch_bounds__(128) probe_dq(float *dq, const bf16 *q, const 
 		for (int i = 0; i < 32; i++) { /* (query, key) of accumulator i */
 			const int key = k0 + 8 * (i / 4) + 2 * t + (i & 1), r = (i >> 1) & 1;
 			const float pp = key > row0 + 8 * r ? 0.0f : exp2f(sc[i] * sl2 - lr[r]);
+			if (dbg && qt == 0 && blockIdx.y == 0 && blockIdx.z == 0) {
+				const int qr = row0 + 8 * r;
+				dbg[qr * 64 + key] = sc[i];
+				dbg[4096 + qr * 64 + key] = dp[i];
+				dbg[8192 + qr * 64 + key] = pp;
+				dbg[12288 + qr * 64 + key] = pp * (dp[i] - dr[r]);
+			}
 			dp[i] = pp * (dp[i] - dr[r]);
 		}
 		uint32_t as[4][4];
@@ -539,9 +554,9 @@ static int fwd_probe(unsigned lbo, unsigned sbo, int sms)
 	size_t n = (size_t)B * T * H * 128;
 	bf16 *hq = (bf16 *)malloc(n * 2), *hk = (bf16 *)malloc(n * 2), *hv = (bf16 *)malloc(n * 2);
 	for (size_t i = 0; i < n; i++) {
-		hq[i] = __float2bfloat16((float)((i * 37 % 101) - 50) / 40.0f);
-		hk[i] = __float2bfloat16((float)((i * 53 % 97) - 48) / 40.0f);
-		hv[i] = __float2bfloat16((float)((i * 71 % 89) - 44) / 44.0f);
+		hq[i] = __float2bfloat16((float)((int)(i * 37 % 101) - 50) / 40.0f);
+		hk[i] = __float2bfloat16((float)((int)(i * 53 % 97) - 48) / 40.0f);
+		hv[i] = __float2bfloat16((float)((int)(i * 71 % 89) - 44) / 44.0f);
 	}
 	bf16 *q, *k, *v;
 	float *out;
@@ -623,6 +638,40 @@ static int fwd_probe(unsigned lbo, unsigned sbo, int sms)
 }
 
 
+/* The first tile pair's intermediates as a kernel wrote them (t: [key][query],
+ * else [query][key]; raw S, raw dP, P, dS, 4096 each) against the host's, for
+ * head 0 and queries, keys 0..63: each array's worst absolute error over its
+ * largest magnitude, and where. */
+static void diag_tiles(const char *name, const float *g, bool t, const bf16 *hq, const bf16 *hk, const bf16 *hv,
+		       const bf16 *hd, const double *P, const double *DS, int T, int H)
+{
+	const char *what[4] = {"S", "dP", "P", "dS"};
+	for (int a = 0; a < 4; a++) {
+		double worst = 0, mag = 0;
+		int wr = 0, wc = 0;
+		double wg = 0, wh = 0;
+		for (int r = 0; r < 64 && r < T; r++)
+			for (int c = 0; c < 64 && c < T; c++) {
+				double ref = 0;
+				if (a == 0 || a == 1) {
+					const bf16 *x = a == 0 ? hq : hd, *y = a == 0 ? hk : hv;
+					for (int e = 0; e < 128; e++)
+						ref += (double)bf(x[(size_t)r * H * 128 + e]) * bf(y[(size_t)c * H * 128 + e]);
+				} else if (c <= r)
+					ref = (a == 2 ? P : DS)[(size_t)r * T + c];
+				if (a >= 2 && c > r)
+					ref = 0;
+				const double got = g[a * 4096 + (t ? c * 64 + r : r * 64 + c)];
+				mag = fmax(mag, fabs(ref));
+				if (fabs(got - ref) > worst)
+					worst = fabs(got - ref), wr = r, wc = c, wg = got, wh = ref;
+			}
+		printf("{\"case\": \"%s\", \"what\": \"%s\", \"worst_abs\": %.3g, \"max_mag\": %.3g, "
+		       "\"at_query_key\": [%d, %d], \"got\": %g, \"ref\": %g}\n",
+		       name, what[a], worst, mag, wr, wc, wg, wh);
+	}
+}
+
 /* dK and dV on (B, T, H) = (1, 200, 2) against double products on the
  * host, then timed at (8, 2048, 32). Bounds, per element: P^T and dS^T
  * are rounded to bf16 (2^-8 of each, relatively) before their products,
@@ -636,10 +685,10 @@ static int dkdv_probe(unsigned lbo, unsigned sbo)
 	bf16 *hq = (bf16 *)malloc(n * 2), *hk = (bf16 *)malloc(n * 2), *hv = (bf16 *)malloc(n * 2),
 	     *hd = (bf16 *)malloc(n * 2);
 	for (size_t i = 0; i < n; i++) {
-		hq[i] = __float2bfloat16((float)((i * 37 % 101) - 50) / 40.0f);
-		hk[i] = __float2bfloat16((float)((i * 53 % 97) - 48) / 40.0f);
-		hv[i] = __float2bfloat16((float)((i * 71 % 89) - 44) / 44.0f);
-		hd[i] = __float2bfloat16((float)((i * 29 % 83) - 41) / 41.0f);
+		hq[i] = __float2bfloat16((float)((int)(i * 37 % 101) - 50) / 40.0f);
+		hk[i] = __float2bfloat16((float)((int)(i * 53 % 97) - 48) / 40.0f);
+		hv[i] = __float2bfloat16((float)((int)(i * 71 % 89) - 44) / 44.0f);
+		hd[i] = __float2bfloat16((float)((int)(i * 29 % 83) - 41) / 41.0f);
 	}
 	const double isd = 1.0 / sqrt(128.0);
 	float *hL = (float *)malloc((size_t)H * T * 4), *hDr = (float *)malloc((size_t)H * T * 4);
@@ -722,17 +771,46 @@ static int dkdv_probe(unsigned lbo, unsigned sbo)
 	CK(cudaMemcpy(L, hL, (size_t)H * T * 4, cudaMemcpyHostToDevice));
 	CK(cudaMemcpy(Dr, hDr, (size_t)H * T * 4, cudaMemcpyHostToDevice));
 	const int shm = 65536 + 512;
+	float *dbg, *dbg2;
+	CK(cudaMalloc(&dbg, (16384 + 128) * 4));
+	CK(cudaMalloc(&dbg2, (16384 + 128) * 4));
+	CK(cudaMemset(dbg, 0, (16384 + 128) * 4));
+	CK(cudaMemset(dbg2, 0, (16384 + 128) * 4));
 	CK(cudaFuncSetAttribute(probe_dkdv, cudaFuncAttributeMaxDynamicSharedMemorySize, shm));
 	dim3 grid((T + 63) / 64, H, B);
-	probe_dkdv<<<grid, 128, shm>>>(dk, dv, q, k, v, dout, L, Dr, T, H, lbo, sbo);
+	probe_dkdv<<<grid, 128, shm>>>(dk, dv, q, k, v, dout, L, Dr, T, H, lbo, sbo, dbg);
 	CK(cudaGetLastError());
 	float *hdk = (float *)malloc(n * 4), *hdv = (float *)malloc(n * 4);
 	CK(cudaMemcpy(hdk, dk, n * 4, cudaMemcpyDeviceToHost));
 	CK(cudaMemcpy(hdv, dv, n * 4, cudaMemcpyDeviceToHost));
 	double wk = 0, wv = 0;
+	size_t ik = 0, iv = 0, nonfin = 0;
 	for (size_t i = 0; i < n; i++) {
-		wv = fmax(wv, fabs(hdv[i] - rdv[i]) / (ldexp(bdv[i], -7) + 1e-30));
-		wk = fmax(wk, fabs(hdk[i] - rdk[i]) / (bdk[i] + 1e-30));
+		const double ev = fabs(hdv[i] - rdv[i]) / (ldexp(bdv[i], -7) + 1e-30),
+			     ek = fabs(hdk[i] - rdk[i]) / (bdk[i] + 1e-30);
+		nonfin += !std::isfinite(hdv[i]) + !std::isfinite(hdk[i]);
+		if (ev > wv)
+			wv = ev, iv = i;
+		if (ek > wk)
+			wk = ek, ik = i;
+	}
+	printf("{\"case\": \"dkdv_diag\", \"nonfinite\": %zu, \"dv_worst\": [%zu, %zu, %zu, %g, %g], "
+	       "\"dk_worst\": [%zu, %zu, %zu, %g, %g]}\n",
+	       nonfin, iv / (H * 128), iv / 128 % H, iv % 128, hdv[iv], rdv[iv], ik / (H * 128), ik / 128 % H,
+	       ik % 128, hdk[ik], rdk[ik]);
+	/* the first tile pair's intermediates (key 0..63, query 0..63, head 0)
+	 * against the host's: raw S, raw dP, P, dS; then L and Dr */
+	{
+		float *hg = (float *)malloc((16384 + 128) * 4), *hg2 = (float *)malloc((16384 + 128) * 4);
+		CK(cudaMemcpy(hg, dbg, (16384 + 128) * 4, cudaMemcpyDeviceToHost));
+		diag_tiles("dkdv_tile", hg, true, hq, hk, hv, hd, P, DS, T, H);
+		double el = 0, ed = 0;
+		for (int c = 0; c < 64; c++) {
+			el = fmax(el, fabs(hg[16384 + c] - hL[c]));
+			ed = fmax(ed, fabs(hg[16384 + 64 + c] - hDr[c]));
+		}
+		printf("{\"case\": \"dkdv_L_Dr\", \"L_err\": %g, \"Dr_err\": %g}\n", el, ed);
+		(void)hg2;
 	}
 	printf("{\"case\": \"dkdv\", \"T\": %d, \"ok\": %s, \"dk_worst_over_bound\": %.3g, "
 	       "\"dv_worst_over_bound\": %.3g}\n",
@@ -740,13 +818,24 @@ static int dkdv_probe(unsigned lbo, unsigned sbo)
 	float *dq;
 	CK(cudaMalloc(&dq, n * 4));
 	CK(cudaFuncSetAttribute(probe_dq, cudaFuncAttributeMaxDynamicSharedMemorySize, shm));
-	probe_dq<<<grid, 128, shm>>>(dq, q, k, v, dout, L, Dr, T, H, lbo, sbo);
+	probe_dq<<<grid, 128, shm>>>(dq, q, k, v, dout, L, Dr, T, H, lbo, sbo, dbg2);
 	CK(cudaGetLastError());
 	float *hdq = (float *)malloc(n * 4);
 	CK(cudaMemcpy(hdq, dq, n * 4, cudaMemcpyDeviceToHost));
 	double wq = 0;
-	for (size_t i = 0; i < n; i++)
-		wq = fmax(wq, fabs(hdq[i] - rdq[i]) / (bdq[i] + 1e-30));
+	size_t iq = 0;
+	for (size_t i = 0; i < n; i++) {
+		const double e = fabs(hdq[i] - rdq[i]) / (bdq[i] + 1e-30);
+		if (e > wq)
+			wq = e, iq = i;
+	}
+	printf("{\"case\": \"dq_diag\", \"dq_worst\": [%zu, %zu, %zu, %g, %g, %g]}\n", iq / (H * 128),
+	       iq / 128 % H, iq % 128, hdq[iq], rdq[iq], bdq[iq]);
+	{
+		float *hg = (float *)malloc((16384 + 128) * 4);
+		CK(cudaMemcpy(hg, dbg2, (16384 + 128) * 4, cudaMemcpyDeviceToHost));
+		diag_tiles("dq_tile", hg, false, hq, hk, hv, hd, P, DS, T, H);
+	}
 	printf("{\"case\": \"dq\", \"T\": %d, \"ok\": %s, \"dq_worst_over_bound\": %.3g}\n", T,
 	       wq <= 1 ? "true" : "false", wq);
 	cudaFree(dq);
@@ -771,13 +860,13 @@ static int dkdv_probe(unsigned lbo, unsigned sbo)
 	CK(cudaMemset(L, 0, (size_t)B * H * T * 4));
 	CK(cudaMemset(Dr, 0, (size_t)B * H * T * 4));
 	grid = dim3(T / 64, H, B);
-	probe_dkdv<<<grid, 128, shm>>>(dk, dv, q, k, v, dout, L, Dr, T, H, lbo, sbo);
+	probe_dkdv<<<grid, 128, shm>>>(dk, dv, q, k, v, dout, L, Dr, T, H, lbo, sbo, nullptr);
 	cudaEvent_t t0, t1;
 	CK(cudaEventCreate(&t0));
 	CK(cudaEventCreate(&t1));
 	CK(cudaEventRecord(t0));
 	for (int i = 0; i < 10; i++)
-		probe_dkdv<<<grid, 128, shm>>>(dk, dv, q, k, v, dout, L, Dr, T, H, lbo, sbo);
+		probe_dkdv<<<grid, 128, shm>>>(dk, dv, q, k, v, dout, L, Dr, T, H, lbo, sbo, nullptr);
 	CK(cudaEventRecord(t1));
 	CK(cudaEventSynchronize(t1));
 	float ms = 0;
@@ -789,11 +878,11 @@ static int dkdv_probe(unsigned lbo, unsigned sbo)
 	       T, H, ms, flops / ms / 1e9);
 	CK(cudaMalloc(&dq, n * 4));
 	CK(cudaFuncSetAttribute(probe_dq, cudaFuncAttributeMaxDynamicSharedMemorySize, shm));
-	probe_dq<<<grid, 128, shm>>>(dq, q, k, v, dout, L, Dr, T, H, lbo, sbo);
+	probe_dq<<<grid, 128, shm>>>(dq, q, k, v, dout, L, Dr, T, H, lbo, sbo, nullptr);
 	float ms2 = 0;
 	CK(cudaEventRecord(t0));
 	for (int i = 0; i < 10; i++)
-		probe_dq<<<grid, 128, shm>>>(dq, q, k, v, dout, L, Dr, T, H, lbo, sbo);
+		probe_dq<<<grid, 128, shm>>>(dq, q, k, v, dout, L, Dr, T, H, lbo, sbo, nullptr);
 	CK(cudaEventRecord(t1));
 	CK(cudaEventSynchronize(t1));
 	CK(cudaEventElapsedTime(&ms2, t0, t1));
@@ -811,9 +900,9 @@ int main(int argc, char **argv)
 	const int reps = argc > 1 ? atoi(argv[1]) : 4096;
 	bf16 *hq = (bf16 *)malloc(64 * 128 * 2), *hk = (bf16 *)malloc(128 * 128 * 2);
 	for (int i = 0; i < 64 * 128; i++)
-		hq[i] = __float2bfloat16((float)((i * 37 % 101) - 50) / 64.0f);
+		hq[i] = __float2bfloat16((float)((int)(i * 37 % 101) - 50) / 64.0f);
 	for (int i = 0; i < 128 * 128; i++)
-		hk[i] = __float2bfloat16((float)((i * 53 % 97) - 48) / 32.0f);
+		hk[i] = __float2bfloat16((float)((int)(i * 53 % 97) - 48) / 32.0f);
 	bf16 *q, *k;
 	float *out;
 	CK(cudaMalloc(&q, 64 * 128 * 2));
