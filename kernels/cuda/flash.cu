@@ -1538,3 +1538,5 @@ extern "C" __global__ void __launch_bounds__(FA_KV16_WARPS * 32)
 {
 	flash_bwd_dkdv16x8<128>(dk, dv, dout, q, k, v, lse, dr, T, NH, NKV);
 }
+
+#include "flash_wg.cuh"

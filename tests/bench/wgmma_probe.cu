@@ -54,6 +54,8 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include "../../kernels/cuda/flash.cu"
+
 #define CK(x)                                                                             \
 	do {                                                                              \
 		cudaError_t e_ = (x);                                                     \
@@ -343,171 +345,6 @@ __global__ void __launch_bounds__(128) probe_fwd(float *out, const bf16 *q, cons
 }
 
 
-/* dkdv: attention's dK and dV at head size 128 on these products, as
- * traind's deterministic backward splits it (this block owns its keys'
- * dK and dV; dQ is another kernel's): a block (one warpgroup) per 64 keys
- * of one (batch, head), walking the query tiles at or past them: S^T =
- * K Q^T and dP^T = V dO^T (K-major operands), P^T = 2^(S^T sl2 - L) and
- * dS^T = P^T (dP^T - Dr) in registers, then dV += P^T dO and dK += dS^T Q
- * with P^T, dS^T from registers and dO, Q read MN-major from the same
- * shared bytes (lbo_t, sbo_t: the tn case's reading). L (B, H, T): log2
- * of each query row's sum of e^s; Dr (B, H, T): rowsum(dout * out). dk
- * is scaled by 1/sqrt(128). */
-__global__ void __launch_bounds__(128) probe_dkdv(float *dk, float *dv, const bf16 *q, const bf16 *k,
-						  const bf16 *v, const bf16 *dout, const float *L,
-						  const float *Dr, int T, int H, unsigned lbo_t, unsigned sbo_t, float *dbg)
-{
-	unsigned char *sk = smem, *sv = smem + 16384, *sq = smem + 32768, *sdo = smem + 49152;
-	float *sl = (float *)(smem + 65536), *sd = sl + 64;
-	const int kt = blockIdx.x, h = blockIdx.y, b = blockIdx.z; /* key tile 0 walks the most */
-	const size_t ld = (size_t)H * 128, base = (size_t)b * T * ld + (size_t)h * 128;
-	const size_t rb = ((size_t)b * H + h) * T; /* L, Dr row base */
-	const int k0 = kt * 64;
-	tile_load(sk, k + base, ld, k0, T);
-	tile_load(sv, v + base, ld, k0, T);
-	const int w = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-	const int key0 = k0 + 16 * w + g; /* this thread's keys: key0, key0 + 8 */
-	const float sl2 = 1.4426950408889634f * rsqrtf(128.0f);
-	float dK[64], dV[64];
-	for (int i = 0; i < 64; i++)
-		dK[i] = dV[i] = 0.0f;
-	for (int q0 = k0; q0 < T; q0 += 64) {
-		__syncthreads(); /* the last tile's products are done (waited) */
-		tile_load(sq, q + base, ld, q0, T);
-		tile_load(sdo, dout + base, ld, q0, T);
-		if (threadIdx.x < 64) {
-			const bool in = q0 + (int)threadIdx.x < T;
-			sl[threadIdx.x] = in ? L[rb + q0 + threadIdx.x] : INFINITY;
-			sd[threadIdx.x] = in ? Dr[rb + q0 + threadIdx.x] : 0.0f;
-		}
-		proxy_fence();
-		__syncthreads();
-		float st[32], dpt[32];
-		wg_fence();
-		for (int j = 0; j < 8; j++)
-			wg_m64n64k16_ss<0>(st, desc(sk + (j / 4) * 64 * 128 + (j % 4) * 32, 16, 1024),
-					   desc(sq + (j / 4) * 64 * 128 + (j % 4) * 32, 16, 1024), j > 0);
-		for (int j = 0; j < 8; j++)
-			wg_m64n64k16_ss<0>(dpt, desc(sv + (j / 4) * 64 * 128 + (j % 4) * 32, 16, 1024),
-					   desc(sdo + (j / 4) * 64 * 128 + (j % 4) * 32, 16, 1024), j > 0);
-		wg_commit();
-		wg_wait0();
-		for (int i = 0; i < 32; i++) { /* (key, query) of accumulator i */
-			const int qc = 8 * (i / 4) + 2 * t + (i & 1), key = key0 + 8 * ((i >> 1) & 1);
-			const float pp = key > q0 + qc ? 0.0f : exp2f(st[i] * sl2 - sl[qc]);
-			if (dbg && blockIdx.x == 0 && blockIdx.y == 0 && blockIdx.z == 0 && q0 == 0) {
-				dbg[(key - k0) * 64 + qc] = st[i];
-				dbg[4096 + (key - k0) * 64 + qc] = dpt[i];
-				dbg[8192 + (key - k0) * 64 + qc] = pp;
-				dbg[12288 + (key - k0) * 64 + qc] = pp * (dpt[i] - sd[qc]);
-				if (key == k0 && i < 2)
-					dbg[16384 + qc] = sl[qc], dbg[16384 + 64 + qc] = sd[qc];
-			}
-			st[i] = pp;
-			dpt[i] = pp * (dpt[i] - sd[qc]);
-		}
-		uint32_t ap[4][4], as[4][4];
-		for (int kk = 0; kk < 4; kk++)
-			for (int e = 0; e < 4; e++) {
-				ap[kk][e] = pack2(st[8 * kk + 2 * e], st[8 * kk + 2 * e + 1]);
-				as[kk][e] = pack2(dpt[8 * kk + 2 * e], dpt[8 * kk + 2 * e + 1]);
-			}
-		wg_fence();
-		for (int kk = 0; kk < 4; kk++)
-			wg_m64n128k16_rs_t<1>(dV, ap[kk], desc(sdo + kk * 16 * 128, lbo_t, sbo_t), 1);
-		for (int kk = 0; kk < 4; kk++)
-			wg_m64n128k16_rs_t<1>(dK, as[kk], desc(sq + kk * 16 * 128, lbo_t, sbo_t), 1);
-		wg_commit();
-		wg_wait0();
-	}
-	const float sc = rsqrtf(128.0f);
-	for (int j = 0; j < 16; j++)
-		for (int e = 0; e < 4; e++) {
-			const int key = key0 + 8 * (e >> 1), c = 8 * j + 2 * t + (e & 1);
-			if (key < T) {
-				dk[base + (size_t)key * ld + c] = dK[4 * j + e] * sc;
-				dv[base + (size_t)key * ld + c] = dV[4 * j + e];
-			}
-		}
-}
-
-
-/* dq: attention's dQ at head size 128 on these products (the backward's
- * other kernel): a block (one warpgroup) per 64 queries of one (batch,
- * head), the heaviest first, walking the key tiles up to them: S = Q K^T
- * and dP = dO V^T (K-major), P = 2^(S sl2 - L) and dS = P (dP - Dr) in
- * registers, dQ += dS K with dS from registers and K read MN-major from
- * the same shared bytes. dq is scaled by 1/sqrt(128). */
-__global__ void __launch_bounds__(128) probe_dq(float *dq, const bf16 *q, const bf16 *k, const bf16 *v,
-						const bf16 *dout, const float *L, const float *Dr, int T, int H,
-						unsigned lbo_t, unsigned sbo_t, float *dbg)
-{
-	unsigned char *sq = smem, *sdo = smem + 16384, *sk = smem + 32768, *sv = smem + 49152;
-	const int qt = gridDim.x - 1 - blockIdx.x, h = blockIdx.y, b = blockIdx.z;
-	const size_t ld = (size_t)H * 128, base = (size_t)b * T * ld + (size_t)h * 128;
-	const size_t rb = ((size_t)b * H + h) * T;
-	const int q0 = qt * 64;
-	tile_load(sq, q + base, ld, q0, T);
-	tile_load(sdo, dout + base, ld, q0, T);
-	const int w = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-	const int row0 = q0 + 16 * w + g; /* this thread's queries: row0, row0 + 8 */
-	float lr[2], dr[2];
-	for (int r = 0; r < 2; r++) {
-		const int row = row0 + 8 * r;
-		lr[r] = row < T ? L[rb + row] : INFINITY;
-		dr[r] = row < T ? Dr[rb + row] : 0.0f;
-	}
-	const float sl2 = 1.4426950408889634f * rsqrtf(128.0f);
-	float dQ[64];
-	for (int i = 0; i < 64; i++)
-		dQ[i] = 0.0f;
-	for (int k0 = 0; k0 <= q0; k0 += 64) {
-		__syncthreads(); /* the last tile's products are done (waited) */
-		tile_load(sk, k + base, ld, k0, T);
-		tile_load(sv, v + base, ld, k0, T);
-		proxy_fence();
-		__syncthreads();
-		float sc[32], dp[32];
-		wg_fence();
-		for (int j = 0; j < 8; j++)
-			wg_m64n64k16_ss<0>(sc, desc(sq + (j / 4) * 64 * 128 + (j % 4) * 32, 16, 1024),
-					   desc(sk + (j / 4) * 64 * 128 + (j % 4) * 32, 16, 1024), j > 0);
-		for (int j = 0; j < 8; j++)
-			wg_m64n64k16_ss<0>(dp, desc(sdo + (j / 4) * 64 * 128 + (j % 4) * 32, 16, 1024),
-					   desc(sv + (j / 4) * 64 * 128 + (j % 4) * 32, 16, 1024), j > 0);
-		wg_commit();
-		wg_wait0();
-		for (int i = 0; i < 32; i++) { /* (query, key) of accumulator i */
-			const int key = k0 + 8 * (i / 4) + 2 * t + (i & 1), r = (i >> 1) & 1;
-			const float pp = key > row0 + 8 * r ? 0.0f : exp2f(sc[i] * sl2 - lr[r]);
-			if (dbg && qt == 0 && blockIdx.y == 0 && blockIdx.z == 0) {
-				const int qr = row0 + 8 * r;
-				dbg[qr * 64 + key] = sc[i];
-				dbg[4096 + qr * 64 + key] = dp[i];
-				dbg[8192 + qr * 64 + key] = pp;
-				dbg[12288 + qr * 64 + key] = pp * (dp[i] - dr[r]);
-			}
-			dp[i] = pp * (dp[i] - dr[r]);
-		}
-		uint32_t as[4][4];
-		for (int kk = 0; kk < 4; kk++)
-			for (int e = 0; e < 4; e++)
-				as[kk][e] = pack2(dp[8 * kk + 2 * e], dp[8 * kk + 2 * e + 1]);
-		wg_fence();
-		for (int kk = 0; kk < 4; kk++)
-			wg_m64n128k16_rs_t<1>(dQ, as[kk], desc(sk + kk * 16 * 128, lbo_t, sbo_t), 1);
-		wg_commit();
-		wg_wait0();
-	}
-	const float scl = rsqrtf(128.0f);
-	for (int j = 0; j < 16; j++)
-		for (int e = 0; e < 4; e++) {
-			const int row = row0 + 8 * (e >> 1), c = 8 * j + 2 * t + (e & 1);
-			if (row < T)
-				dq[base + (size_t)row * ld + c] = dQ[4 * j + e] * scl;
-		}
-}
-
 static float bf(bf16 v) { return __bfloat162float(v); }
 
 /* out against the double product, within k terms' fp32 sum bound. */
@@ -638,47 +475,50 @@ static int fwd_probe(unsigned lbo, unsigned sbo, int sms)
 }
 
 
-/* The first tile pair's intermediates as a kernel wrote them (t: [key][query],
- * else [query][key]; raw S, raw dP, P, dS, 4096 each) against the host's, for
- * head 0 and queries, keys 0..63: each array's worst absolute error over its
- * largest magnitude, and where. */
-static void diag_tiles(const char *name, const float *g, bool t, const bf16 *hq, const bf16 *hk, const bf16 *hv,
-		       const bf16 *hd, const double *P, const double *DS, int T, int H)
+/* flash.cu's backward at HS 128, both kernels of a kind: 0, the wgmma pair
+ * (flash_wg.cuh); 1, the mma.sync pair the launcher takes elsewhere
+ * (flash_bwd_dkdv8_d128, flash_bwd_dq_d128), with their grids and shared
+ * memory as gpu/cuda/cuda_ops.c launches them. */
+static const char *const bwd_kind[2] = {"wgmma", "mma.sync"};
+static int bwd_launch(int kind, bool dkdv, float *dk, float *dv, float *dq, const bf16 *dout, const bf16 *q,
+		      const bf16 *k, const bf16 *v, const float *L, const float *Dr, int B, int T, int NH,
+		      int NKV)
 {
-	const char *what[4] = {"S", "dP", "P", "dS"};
-	for (int a = 0; a < 4; a++) {
-		double worst = 0, mag = 0;
-		int wr = 0, wc = 0;
-		double wg = 0, wh = 0;
-		for (int r = 0; r < 64 && r < T; r++)
-			for (int c = 0; c < 64 && c < T; c++) {
-				double ref = 0;
-				if (a == 0 || a == 1) {
-					const bf16 *x = a == 0 ? hq : hd, *y = a == 0 ? hk : hv;
-					for (int e = 0; e < 128; e++)
-						ref += (double)bf(x[(size_t)r * H * 128 + e]) * bf(y[(size_t)c * H * 128 + e]);
-				} else if (c <= r)
-					ref = (a == 2 ? P : DS)[(size_t)r * T + c];
-				if (a >= 2 && c > r)
-					ref = 0;
-				const double got = g[a * 4096 + (t ? c * 64 + r : r * 64 + c)];
-				mag = fmax(mag, fabs(ref));
-				if (fabs(got - ref) > worst)
-					worst = fabs(got - ref), wr = r, wc = c, wg = got, wh = ref;
-			}
-		printf("{\"case\": \"%s\", \"what\": \"%s\", \"worst_abs\": %.3g, \"max_mag\": %.3g, "
-		       "\"at_query_key\": [%d, %d], \"got\": %g, \"ref\": %g}\n",
-		       name, what[a], worst, mag, wr, wc, wg, wh);
+	if (kind == 0) {
+		const dim3 grid((T + 63) / 64, NH, B);
+		if (dkdv) {
+			CK(cudaFuncSetAttribute(flash_bwd_dkdv_wg_d128, cudaFuncAttributeMaxDynamicSharedMemorySize,
+						FA_WG_SMEM));
+			flash_bwd_dkdv_wg_d128<<<grid, 128, FA_WG_SMEM>>>(dk, dv, dout, q, k, v, L, Dr, T, NH, NKV);
+		} else {
+			CK(cudaFuncSetAttribute(flash_bwd_dq_wg_d128, cudaFuncAttributeMaxDynamicSharedMemorySize,
+						FA_WG_SMEM));
+			flash_bwd_dq_wg_d128<<<grid, 128, FA_WG_SMEM>>>(dq, dout, q, k, v, L, Dr, T, NH, NKV);
+		}
+	} else if (dkdv) {
+		const int shm = FA_KV16X8_SMEM(128);
+		CK(cudaFuncSetAttribute(flash_bwd_dkdv8_d128, cudaFuncAttributeMaxDynamicSharedMemorySize, shm));
+		flash_bwd_dkdv8_d128<<<dim3((T + 127) / 128, NH, B), 256, shm>>>(dk, dv, dout, q, k, v, L, Dr, T,
+										 NH, NKV);
+	} else {
+		const int shm = 4 * 64 * (128 + 8) * 2;
+		CK(cudaFuncSetAttribute(flash_bwd_dq_d128, cudaFuncAttributeMaxDynamicSharedMemorySize, shm));
+		flash_bwd_dq_d128<<<dim3(NH, B, (T + 127) / 128), 256, shm>>>(dq, dout, q, k, v, L, Dr, T, NH,
+									       NKV);
 	}
+	CK(cudaGetLastError());
+	return 0;
 }
 
-/* dK and dV on (B, T, H) = (1, 200, 2) against double products on the
- * host, then timed at (8, 2048, 32). Bounds, per element: P^T and dS^T
- * are rounded to bf16 (2^-8 of each, relatively) before their products,
- * doubled: dv within 2^-7 sum_t p |dout|, dk within 2^-7 sum_t |ds| |q| /
- * sqrt(128), plus dP's fp32 sum against Dr (2^-16 of sum_t p (|dp| +
- * |Dr|) |q| / sqrt(128), generous for 128 fp32 terms). */
-static int dkdv_probe(unsigned lbo, unsigned sbo)
+/* Both kinds' dQ, dK, dV on (B, T, H) = (1, 200, 2) against double
+ * products on the host, every element (outputs first filled with NaN, so
+ * an element not written fails), then each kernel timed at (8, 2048, 32).
+ * Bounds, per element: P^T and dS^T are rounded to bf16 (2^-8 of each,
+ * relatively) before their products, doubled: dv within 2^-7 sum_t p
+ * |dout|, dk, dq within 2^-7 sum |ds| |q or k| / sqrt(128), plus dP's fp32
+ * sum against Dr (2^-16 of sum p (|dp| + |Dr|) |q or k| / sqrt(128),
+ * generous for 128 fp32 terms). */
+static int bwd_probe()
 {
 	int B = 1, T = 200, H = 2;
 	size_t n = (size_t)B * T * H * 128;
@@ -730,32 +570,23 @@ static int dkdv_probe(unsigned lbo, unsigned sbo)
 				DPA[(size_t)r * T + c] = P[(size_t)r * T + c] * (fabs(dp) + fabs(dr));
 			}
 		}
-		for (int r = 0; r < T; r++) /* dq: row r's keys */
+		for (int r = 0; r < T; r++)
 			for (int c = 0; c <= r; c++) {
 				const size_t qo = ((size_t)r * H + h) * 128, ko = ((size_t)c * H + h) * 128;
-				const double ds = DS[(size_t)r * T + c];
+				const double p = P[(size_t)r * T + c], ds = DS[(size_t)r * T + c];
+				const double slack = fabs(ds) * ldexp(1.0, -7) + DPA[(size_t)r * T + c] * ldexp(1.0, -16);
 				for (int e = 0; e < 128; e++) {
 					rdq[qo + e] += ds * bf(hk[ko + e]) * isd;
-					bdq[qo + e] += (fabs(ds) * ldexp(1.0, -7) +
-							DPA[(size_t)r * T + c] * ldexp(1.0, -16)) *
-						       fabs(bf(hk[ko + e])) * isd;
-				}
-			}
-		for (int c = 0; c < T; c++)
-			for (int r = c; r < T; r++) {
-				const size_t qo = ((size_t)r * H + h) * 128, ko = ((size_t)c * H + h) * 128;
-				const double p = P[(size_t)r * T + c], ds = DS[(size_t)r * T + c];
-				for (int e = 0; e < 128; e++) {
+					bdq[qo + e] += slack * fabs(bf(hk[ko + e])) * isd;
 					rdv[ko + e] += p * bf(hd[qo + e]);
-					bdv[ko + e] += p * fabs(bf(hd[qo + e]));
+					bdv[ko + e] += p * fabs(bf(hd[qo + e])) * ldexp(1.0, -7);
 					rdk[ko + e] += ds * bf(hq[qo + e]) * isd;
-					bdk[ko + e] += (fabs(ds) * ldexp(1.0, -7) + DPA[(size_t)r * T + c] * ldexp(1.0, -16)) *
-						       fabs(bf(hq[qo + e])) * isd;
+					bdk[ko + e] += slack * fabs(bf(hq[qo + e])) * isd;
 				}
 			}
 	}
 	bf16 *q, *k, *v, *dout;
-	float *L, *Dr, *dk, *dv;
+	float *L, *Dr, *dk, *dv, *dq;
 	CK(cudaMalloc(&q, n * 2));
 	CK(cudaMalloc(&k, n * 2));
 	CK(cudaMalloc(&v, n * 2));
@@ -764,85 +595,45 @@ static int dkdv_probe(unsigned lbo, unsigned sbo)
 	CK(cudaMalloc(&Dr, (size_t)H * T * 4));
 	CK(cudaMalloc(&dk, n * 4));
 	CK(cudaMalloc(&dv, n * 4));
+	CK(cudaMalloc(&dq, n * 4));
 	CK(cudaMemcpy(q, hq, n * 2, cudaMemcpyHostToDevice));
 	CK(cudaMemcpy(k, hk, n * 2, cudaMemcpyHostToDevice));
 	CK(cudaMemcpy(v, hv, n * 2, cudaMemcpyHostToDevice));
 	CK(cudaMemcpy(dout, hd, n * 2, cudaMemcpyHostToDevice));
 	CK(cudaMemcpy(L, hL, (size_t)H * T * 4, cudaMemcpyHostToDevice));
 	CK(cudaMemcpy(Dr, hDr, (size_t)H * T * 4, cudaMemcpyHostToDevice));
-	const int shm = 65536 + 512;
-	float *dbg, *dbg2;
-	CK(cudaMalloc(&dbg, (16384 + 128) * 4));
-	CK(cudaMalloc(&dbg2, (16384 + 128) * 4));
-	CK(cudaMemset(dbg, 0, (16384 + 128) * 4));
-	CK(cudaMemset(dbg2, 0, (16384 + 128) * 4));
-	CK(cudaFuncSetAttribute(probe_dkdv, cudaFuncAttributeMaxDynamicSharedMemorySize, shm));
-	dim3 grid((T + 63) / 64, H, B);
-	probe_dkdv<<<grid, 128, shm>>>(dk, dv, q, k, v, dout, L, Dr, T, H, lbo, sbo, dbg);
-	CK(cudaGetLastError());
-	float *hdk = (float *)malloc(n * 4), *hdv = (float *)malloc(n * 4);
-	CK(cudaMemcpy(hdk, dk, n * 4, cudaMemcpyDeviceToHost));
-	CK(cudaMemcpy(hdv, dv, n * 4, cudaMemcpyDeviceToHost));
-	double wk = 0, wv = 0;
-	size_t ik = 0, iv = 0, nonfin = 0;
-	for (size_t i = 0; i < n; i++) {
-		const double ev = fabs(hdv[i] - rdv[i]) / (ldexp(bdv[i], -7) + 1e-30),
-			     ek = fabs(hdk[i] - rdk[i]) / (bdk[i] + 1e-30);
-		nonfin += !std::isfinite(hdv[i]) + !std::isfinite(hdk[i]);
-		if (ev > wv)
-			wv = ev, iv = i;
-		if (ek > wk)
-			wk = ek, ik = i;
-	}
-	printf("{\"case\": \"dkdv_diag\", \"nonfinite\": %zu, \"dv_worst\": [%zu, %zu, %zu, %g, %g], "
-	       "\"dk_worst\": [%zu, %zu, %zu, %g, %g]}\n",
-	       nonfin, iv / (H * 128), iv / 128 % H, iv % 128, hdv[iv], rdv[iv], ik / (H * 128), ik / 128 % H,
-	       ik % 128, hdk[ik], rdk[ik]);
-	/* the first tile pair's intermediates (key 0..63, query 0..63, head 0)
-	 * against the host's: raw S, raw dP, P, dS; then L and Dr */
-	{
-		float *hg = (float *)malloc((16384 + 128) * 4), *hg2 = (float *)malloc((16384 + 128) * 4);
-		CK(cudaMemcpy(hg, dbg, (16384 + 128) * 4, cudaMemcpyDeviceToHost));
-		diag_tiles("dkdv_tile", hg, true, hq, hk, hv, hd, P, DS, T, H);
-		double el = 0, ed = 0;
-		for (int c = 0; c < 64; c++) {
-			el = fmax(el, fabs(hg[16384 + c] - hL[c]));
-			ed = fmax(ed, fabs(hg[16384 + 64 + c] - hDr[c]));
+	float *hdk = (float *)malloc(n * 4), *hdv = (float *)malloc(n * 4), *hdq = (float *)malloc(n * 4);
+	int bad = 0;
+	for (int kind = 0; kind < 2; kind++) {
+		CK(cudaMemset(dk, 0xff, n * 4));
+		CK(cudaMemset(dv, 0xff, n * 4));
+		CK(cudaMemset(dq, 0xff, n * 4));
+		if (bwd_launch(kind, true, dk, dv, dq, dout, q, k, v, L, Dr, B, T, H, H) ||
+		    bwd_launch(kind, false, dk, dv, dq, dout, q, k, v, L, Dr, B, T, H, H))
+			return 1;
+		CK(cudaMemcpy(hdk, dk, n * 4, cudaMemcpyDeviceToHost));
+		CK(cudaMemcpy(hdv, dv, n * 4, cudaMemcpyDeviceToHost));
+		CK(cudaMemcpy(hdq, dq, n * 4, cudaMemcpyDeviceToHost));
+		double wk = 0, wv = 0, wq = 0;
+		size_t nonfinite = 0;
+		for (size_t i = 0; i < n; i++) {
+			nonfinite += !std::isfinite(hdk[i]) + !std::isfinite(hdv[i]) + !std::isfinite(hdq[i]);
+			wk = fmax(wk, fabs(hdk[i] - rdk[i]) / (bdk[i] + 1e-30));
+			wv = fmax(wv, fabs(hdv[i] - rdv[i]) / (bdv[i] + 1e-30));
+			wq = fmax(wq, fabs(hdq[i] - rdq[i]) / (bdq[i] + 1e-30));
 		}
-		printf("{\"case\": \"dkdv_L_Dr\", \"L_err\": %g, \"Dr_err\": %g}\n", el, ed);
-		(void)hg2;
+		const bool ok = nonfinite == 0 && wk <= 1 && wv <= 1 && wq <= 1;
+		printf("{\"case\": \"bwd\", \"kernels\": \"%s\", \"T\": %d, \"ok\": %s, \"nonfinite\": %zu, "
+		       "\"dk_worst_over_bound\": %.3g, \"dv_worst_over_bound\": %.3g, \"dq_worst_over_bound\": %.3g}\n",
+		       bwd_kind[kind], T, ok ? "true" : "false", nonfinite, wk, wv, wq);
+		bad |= !ok;
 	}
-	printf("{\"case\": \"dkdv\", \"T\": %d, \"ok\": %s, \"dk_worst_over_bound\": %.3g, "
-	       "\"dv_worst_over_bound\": %.3g}\n",
-	       T, wk <= 1 && wv <= 1 ? "true" : "false", wk, wv);
-	float *dq;
-	CK(cudaMalloc(&dq, n * 4));
-	CK(cudaFuncSetAttribute(probe_dq, cudaFuncAttributeMaxDynamicSharedMemorySize, shm));
-	probe_dq<<<grid, 128, shm>>>(dq, q, k, v, dout, L, Dr, T, H, lbo, sbo, dbg2);
-	CK(cudaGetLastError());
-	float *hdq = (float *)malloc(n * 4);
-	CK(cudaMemcpy(hdq, dq, n * 4, cudaMemcpyDeviceToHost));
-	double wq = 0;
-	size_t iq = 0;
-	for (size_t i = 0; i < n; i++) {
-		const double e = fabs(hdq[i] - rdq[i]) / (bdq[i] + 1e-30);
-		if (e > wq)
-			wq = e, iq = i;
-	}
-	printf("{\"case\": \"dq_diag\", \"dq_worst\": [%zu, %zu, %zu, %g, %g, %g]}\n", iq / (H * 128),
-	       iq / 128 % H, iq % 128, hdq[iq], rdq[iq], bdq[iq]);
-	{
-		float *hg = (float *)malloc((16384 + 128) * 4);
-		CK(cudaMemcpy(hg, dbg2, (16384 + 128) * 4, cudaMemcpyDeviceToHost));
-		diag_tiles("dq_tile", hg, false, hq, hk, hv, hd, P, DS, T, H);
-	}
-	printf("{\"case\": \"dq\", \"T\": %d, \"ok\": %s, \"dq_worst_over_bound\": %.3g}\n", T,
-	       wq <= 1 ? "true" : "false", wq);
-	cudaFree(dq);
-	if (!(wk <= 1 && wv <= 1 && wq <= 1))
-		return 1;
 	cudaFree(q), cudaFree(k), cudaFree(v), cudaFree(dout), cudaFree(L), cudaFree(Dr), cudaFree(dk),
-		cudaFree(dv);
+		cudaFree(dv), cudaFree(dq);
+	if (bad)
+		return 1;
+	/* timed: Llama-3-8B's heads at B 8, T 2048 (bench_attn's first shape,
+	 * no kv groups here), random bf16 values with L, Dr of their scale */
 	B = 8, T = 2048, H = 32;
 	n = (size_t)B * T * H * 128;
 	CK(cudaMalloc(&q, n * 2));
@@ -853,45 +644,49 @@ static int dkdv_probe(unsigned lbo, unsigned sbo)
 	CK(cudaMalloc(&Dr, (size_t)B * H * T * 4));
 	CK(cudaMalloc(&dk, n * 4));
 	CK(cudaMalloc(&dv, n * 4));
-	CK(cudaMemset(q, 0, n * 2));
-	CK(cudaMemset(k, 0, n * 2));
-	CK(cudaMemset(v, 0, n * 2));
-	CK(cudaMemset(dout, 0, n * 2));
-	CK(cudaMemset(L, 0, (size_t)B * H * T * 4));
-	CK(cudaMemset(Dr, 0, (size_t)B * H * T * 4));
-	grid = dim3(T / 64, H, B);
-	probe_dkdv<<<grid, 128, shm>>>(dk, dv, q, k, v, dout, L, Dr, T, H, lbo, sbo, nullptr);
+	CK(cudaMalloc(&dq, n * 4));
+	{
+		bf16 *hx = (bf16 *)malloc(n * 2);
+		for (size_t i = 0; i < n; i++)
+			hx[i] = __float2bfloat16((float)((int)(i * 37 % 101) - 50) / 80.0f);
+		CK(cudaMemcpy(q, hx, n * 2, cudaMemcpyHostToDevice));
+		CK(cudaMemcpy(k, hx + 7, (n - 7) * 2, cudaMemcpyHostToDevice));
+		CK(cudaMemcpy(v, hx + 3, (n - 3) * 2, cudaMemcpyHostToDevice));
+		CK(cudaMemcpy(dout, hx + 5, (n - 5) * 2, cudaMemcpyHostToDevice));
+		free(hx);
+		float *hr = (float *)malloc((size_t)B * H * T * 4);
+		for (size_t i = 0; i < (size_t)B * H * T; i++)
+			hr[i] = 8.0f;
+		CK(cudaMemcpy(L, hr, (size_t)B * H * T * 4, cudaMemcpyHostToDevice));
+		CK(cudaMemset(Dr, 0, (size_t)B * H * T * 4));
+		free(hr);
+	}
 	cudaEvent_t t0, t1;
 	CK(cudaEventCreate(&t0));
 	CK(cudaEventCreate(&t1));
-	CK(cudaEventRecord(t0));
-	for (int i = 0; i < 10; i++)
-		probe_dkdv<<<grid, 128, shm>>>(dk, dv, q, k, v, dout, L, Dr, T, H, lbo, sbo, nullptr);
-	CK(cudaEventRecord(t1));
-	CK(cudaEventSynchronize(t1));
-	float ms = 0;
-	CK(cudaEventElapsedTime(&ms, t0, t1));
-	ms /= 10;
-	/* its four products over the causal half (dQ's are another kernel's) */
-	const double flops = 4.0 * 2.0 * B * H * (double)T * T / 2 * 128;
-	printf("{\"case\": \"dkdv_rate\", \"B\": %d, \"T\": %d, \"H\": %d, \"ms\": %.3f, \"tflops\": %.1f}\n", B,
-	       T, H, ms, flops / ms / 1e9);
-	CK(cudaMalloc(&dq, n * 4));
-	CK(cudaFuncSetAttribute(probe_dq, cudaFuncAttributeMaxDynamicSharedMemorySize, shm));
-	probe_dq<<<grid, 128, shm>>>(dq, q, k, v, dout, L, Dr, T, H, lbo, sbo, nullptr);
-	float ms2 = 0;
-	CK(cudaEventRecord(t0));
-	for (int i = 0; i < 10; i++)
-		probe_dq<<<grid, 128, shm>>>(dq, q, k, v, dout, L, Dr, T, H, lbo, sbo, nullptr);
-	CK(cudaEventRecord(t1));
-	CK(cudaEventSynchronize(t1));
-	CK(cudaEventElapsedTime(&ms2, t0, t1));
-	ms2 /= 10;
-	/* the backward as FlashAttention counts it (2.5 x the forward's 4 B H
-	 * T^2 HS / 2), over both kernels' time (7 products done, 5 counted) */
 	const double fa = 2.5 * 4.0 * B * H * (double)T * T * 128 / 2;
-	printf("{\"case\": \"bwd_rate\", \"dkdv_ms\": %.3f, \"dq_ms\": %.3f, \"tflops_fa_counted\": %.1f}\n", ms,
-	       ms2, fa / (ms + ms2) / 1e9);
+	for (int run = 0; run < 4; run++) {
+		const int kind = run % 2, NKV = run < 2 ? H : 8;
+		float ms[2];
+		for (int part = 0; part < 2; part++) {
+			if (bwd_launch(kind, part == 0, dk, dv, dq, dout, q, k, v, L, Dr, B, T, H, NKV))
+				return 1;
+			CK(cudaEventRecord(t0));
+			for (int i = 0; i < 10; i++)
+				bwd_launch(kind, part == 0, dk, dv, dq, dout, q, k, v, L, Dr, B, T, H, NKV);
+			CK(cudaEventRecord(t1));
+			CK(cudaEventSynchronize(t1));
+			CK(cudaEventElapsedTime(&ms[part], t0, t1));
+			ms[part] /= 10;
+		}
+		/* the backward as FlashAttention counts it (2.5 x the forward's 4
+		 * B H T^2 HS / 2: five products, whatever a kernel recomputes) */
+		printf("{\"case\": \"bwd_rate\", \"kernels\": \"%s\", \"B\": %d, \"T\": %d, \"NH\": %d, \"NKV\": %d, "
+		       "\"dkdv_ms\": %.3f, \"dq_ms\": %.3f, \"tflops_fa_counted\": %.1f}\n",
+		       bwd_kind[kind], B, T, H, NKV, ms[0], ms[1], fa / (ms[0] + ms[1]) / 1e9);
+	}
+	cudaFree(q), cudaFree(k), cudaFree(v), cudaFree(dout), cudaFree(L), cudaFree(Dr), cudaFree(dk),
+		cudaFree(dv), cudaFree(dq);
 	return 0;
 }
 
@@ -951,7 +746,7 @@ int main(int argc, char **argv)
 	bad |= !tn_ok;
 	if (tn_ok && fwd_probe(tn_lbo, tn_sbo, sms_of()))
 		bad = 1;
-	if (tn_ok && dkdv_probe(tn_lbo, tn_sbo))
+	if (bwd_probe())
 		bad = 1;
 
 	/* the rate: every SM's blocks repeating the nt product in place */

@@ -1,0 +1,366 @@
+/* Causal attention's backward at head size 128 on Hopper's warpgroup
+ * products (wgmma, sm_90a; issue 13): the same deterministic split and the
+ * same arithmetic per element as flash.cu's kernels (it includes this file
+ * at its end and lends it fa_pack, fa_cp16, fa_cp4, fa_bwd_p), on the
+ * tensor cores' asynchronous path instead of mma.sync:
+ *   flash_bwd_dkdv_wg_d128: a block (one warpgroup, 128 threads) per (head,
+ *     batch, 64 keys) owns those keys' dK and dV (with kv groups, that query
+ *     head's partials, as flash_bwd_dkdv; flash_kv_reduce adds them), over
+ *     the query tiles at or past its keys: S^T = K Q^T and dP^T = V dO^T
+ *     (both operands K-major in shared memory), P^T = fa_bwd_p and dS^T =
+ *     P^T (dP^T - Dr) in registers, then dV += P^T dO and dK += dS^T Q with
+ *     P^T and dS^T as A fragments in registers and dO, Q read MN-major from
+ *     the same shared bytes;
+ *   flash_bwd_dq_wg_d128: a block per (head, batch, 64 queries), heaviest
+ *     first, over the key tiles up to them: S = Q K^T, dP = dO V^T, dS in
+ *     registers, dQ += dS K with K read MN-major.
+ * Each block's next tile (Q and dO, or K and V, and the row statistics) is
+ * copied in (cp.async) while this one is used: double-buffered. Seven
+ * products per tile pair over both kernels (S and dP twice), no atomics:
+ * each gradient element is one block's fixed-order sum, as in flash.cu.
+ *
+ * Shared memory: 64-row tiles of 128 bf16 in wgmma's 128-byte swizzle, each
+ * 1024-byte aligned: a row's 64-value (128-byte) runs of the head dimension
+ * in two regions of 64 rows x 128 bytes (8 KiB apart), the 16-byte chunk c
+ * of row r at chunk c ^ (r % 8). A K-major operand (the head dimension the
+ * reduction) steps 32 bytes a k16 in its region (descriptor LBO unused, SBO
+ * 1024: 8 rows); an MN-major one (the rows the reduction, imm-trans-b 1)
+ * steps 16 rows (2 KiB) a k16, LBO 8192 between the N runs, SBO 1024 — the
+ * readings tests/bench/wgmma_probe.cu checked on an H100.
+ *
+ * Accumulator layout of wgmma m64nN (f32): warp w of the group owns rows
+ * 16 w .. 16 w + 15; its n-block j (8 columns) is d[4j .. 4j + 3] = (g, 8j +
+ * 2t), (g, 8j + 2t + 1), (g + 8, 8j + 2t), (g + 8, 8j + 2t + 1), g = lane /
+ * 4, t = lane % 4: mma.sync's C fragment, so two n-blocks pack into one A
+ * fragment for the next product (flash.cu's fragment comment).
+ *
+ * Compiled for every architecture the module is built for; only the
+ * sm_90a cubin holds their bodies (elsewhere they trap), and the launcher
+ * (gpu/cuda/cuda_ops.c) uses them only when that cubin is loaded. */
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define FA_WG 1
+#else
+#define FA_WG 0
+#endif
+
+#define FA_WG_TILE (64 * 128 * 2) /* bytes of a 64 x 128 bf16 tile */
+/* Dynamic shared memory of both kernels: four tiles of the block's own rows
+ * (K, V or Q, dO: two; the streamed pair twice: four), the row statistics
+ * twice, and 1 KiB to align the tiles to 1024 bytes. */
+#define FA_WG_SMEM (6 * FA_WG_TILE + 2 * 2 * 64 * 4 + 1024)
+
+#if FA_WG
+static __device__ __forceinline__ unsigned fa_wg_swz(int r, int k)
+{
+	return (unsigned)((k / 64) * 8192 + r * 128 + ((((k % 64) / 8) ^ (r & 7)) * 16) + (k % 8) * 2);
+}
+
+/* A shared-memory matrix descriptor, 128-byte swizzle. */
+static __device__ __forceinline__ uint64_t fa_wg_desc(const void *p, unsigned lbo, unsigned sbo)
+{
+	const uint32_t a = (uint32_t)__cvta_generic_to_shared(p);
+	return (uint64_t)((a & 0x3FFFF) >> 4) | (uint64_t)((lbo & 0x3FFFF) >> 4) << 16 |
+	       (uint64_t)((sbo & 0x3FFFF) >> 4) << 32 | 1ull << 62;
+}
+
+static __device__ __forceinline__ void fa_wg_fence()
+{
+	asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+}
+static __device__ __forceinline__ void fa_wg_commit()
+{
+	asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+}
+static __device__ __forceinline__ void fa_wg_wait0()
+{
+	asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+}
+/* this thread's completed copies made visible to the async proxy (wgmma) */
+static __device__ __forceinline__ void fa_wg_proxy()
+{
+	asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+
+/* cp.async of 16 bytes that copies n of them (16 or 0) and zero-fills the rest */
+static __device__ __forceinline__ void fa_wg_cp16z(void *dst, const void *src, unsigned n)
+{
+	const unsigned s = (unsigned)__cvta_generic_to_shared(dst);
+	asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(src), "r"(n));
+}
+static __device__ __forceinline__ void fa_wg_cp4z(void *dst, const void *src, unsigned n)
+{
+	const unsigned s = (unsigned)__cvta_generic_to_shared(dst);
+	asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(s), "l"(src), "r"(n));
+}
+
+/* 64 rows from r0 of a (B, T, heads, 128) bf16 tensor (src: the head's row
+ * 0, ld: a row's stride in values) into a swizzled tile, 8 chunks of 16
+ * bytes a thread; rows past T zero-filled (their source clamped to row 0). */
+static __device__ __forceinline__ void fa_wg_tile(unsigned char *dst, const fa_bf16 *src, size_t ld,
+						  int r0, int T)
+{
+#pragma unroll
+	for (int j = 0; j < 8; j++) {
+		const int i = threadIdx.x + 128 * j, r = i / 16, c = i % 16;
+		const bool in = r0 + r < T;
+		fa_wg_cp16z(dst + fa_wg_swz(r, c * 8), src + (in ? (size_t)(r0 + r) * ld : 0) + c * 8,
+			    in ? 16u : 0u);
+	}
+}
+
+/* 64 floats of a row statistic from r0 (zero past T) */
+static __device__ __forceinline__ void fa_wg_rows(float *dst, const float *src, int r0, int T)
+{
+	const int i = threadIdx.x & 63;
+	const bool in = r0 + i < T;
+	fa_wg_cp4z(dst + i, src + (in ? r0 + i : 0), in ? 4u : 0u);
+}
+
+#define FA_WG_D32                                                                                 \
+	"{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24," \
+	"%25,%26,%27,%28,%29,%30,%31}"
+#define FA_WG_D64                                                                                 \
+	"{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24," \
+	"%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,"   \
+	"%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}"
+#define FA_WG_O8(d, i)                                                                              \
+	"+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]), \
+		"+f"(d[i + 6]), "+f"(d[i + 7])
+
+/* d (64 x 64) (+)= A B^T over one k16 step, both K-major in shared memory;
+ * acc 0: d = A B^T */
+static __device__ __forceinline__ void fa_wg_ss64(float d[32], uint64_t da, uint64_t db, int acc)
+{
+	asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+		     "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " FA_WG_D32
+		     ", %32, %33, p, 1, 1, 0, 0;\n}\n"
+		     : FA_WG_O8(d, 0), FA_WG_O8(d, 8), FA_WG_O8(d, 16), FA_WG_O8(d, 24)
+		     : "l"(da), "l"(db), "r"(acc));
+}
+
+/* d (64 x 128) += A B over one k16 step, A (this warp's 16 rows) from
+ * registers, B MN-major in shared memory */
+static __device__ __forceinline__ void fa_wg_rs128(float d[64], const uint32_t a[4], uint64_t db)
+{
+	asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+		     "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " FA_WG_D64
+		     ", {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
+		     : FA_WG_O8(d, 0), FA_WG_O8(d, 8), FA_WG_O8(d, 16), FA_WG_O8(d, 24),
+		       FA_WG_O8(d, 32), FA_WG_O8(d, 40), FA_WG_O8(d, 48), FA_WG_O8(d, 56)
+		     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
+}
+
+/* x (64 x 64) = the product of two K-major 64 x 128 tiles, eight k16 steps
+ * (two regions of four) */
+static __device__ __forceinline__ void fa_wg_nt(float x[32], const unsigned char *a, const unsigned char *b)
+{
+#pragma unroll
+	for (int j = 0; j < 8; j++)
+		fa_wg_ss64(x, fa_wg_desc(a + (j / 4) * 8192 + (j % 4) * 32, 16, 1024),
+			   fa_wg_desc(b + (j / 4) * 8192 + (j % 4) * 32, 16, 1024), j > 0);
+}
+
+/* x (64 x 64 fp32 accumulators) rounded to bf16 as A fragments, four k16
+ * steps (before the wgmma.fence of the products that read them) */
+static __device__ __forceinline__ void fa_wg_pack(uint32_t a[4][4], const float x[32])
+{
+#pragma unroll
+	for (int kk = 0; kk < 4; kk++)
+#pragma unroll
+		for (int e = 0; e < 4; e++)
+			a[kk][e] = fa_pack(x[8 * kk + 2 * e], x[8 * kk + 2 * e + 1]);
+}
+
+/* acc (64 x 128) += A (64 x 64, fragments) times the MN-major tile b */
+static __device__ __forceinline__ void fa_wg_pv(float acc[64], const uint32_t a[4][4], const unsigned char *b)
+{
+#pragma unroll
+	for (int kk = 0; kk < 4; kk++)
+		fa_wg_rs128(acc, a[kk], fa_wg_desc(b + kk * 16 * 128, 8192, 1024));
+}
+
+/* The block's aligned shared memory. */
+static __device__ __forceinline__ unsigned char *fa_wg_smem()
+{
+	extern __shared__ __align__(16) unsigned char fa_wg_dyn[];
+	const uint32_t a = (uint32_t)__cvta_generic_to_shared(fa_wg_dyn);
+	return fa_wg_dyn + (((a + 1023u) & ~1023u) - a);
+}
+#endif
+
+/* dK, dV (scaled by 1/sqrt(128)) or, with kv groups, the query head's
+ * partials ((B,T,NH,128)); grid (ceil(T/64), NH, B): a head's key tiles
+ * start together (x fastest), so that the Q and dO rows they all stream
+ * are read from memory about once and then from L2. (A grid with the heads
+ * fastest, every head's heaviest tile first, streamed each head's rows
+ * from memory: 2.5 TB/s on an H100, the bound.) */
+extern "C" __global__ void __launch_bounds__(128)
+	flash_bwd_dkdv_wg_d128(float *dk, float *dv, const fa_bf16 *dout, const fa_bf16 *q,
+			       const fa_bf16 *k, const fa_bf16 *v, const float *lse, const float *dr,
+			       int T, int NH, int NKV)
+{
+#if FA_WG
+	const int h = blockIdx.y, b = blockIdx.z, k0 = blockIdx.x * 64, kvh = h / (NH / NKV);
+	const size_t ldq = (size_t)NH * 128, ldk = (size_t)NKV * 128;
+	const fa_bf16 *qb = q + (size_t)b * T * ldq + h * 128, *ob = dout + (size_t)b * T * ldq + h * 128;
+	const float *lb = lse + ((size_t)b * NH + h) * T, *db = dr + ((size_t)b * NH + h) * T;
+	unsigned char *sm = fa_wg_smem(), *sk = sm, *sv = sm + FA_WG_TILE;
+	float *rows = reinterpret_cast<float *>(sm + 6 * FA_WG_TILE); /* [buf][L 64, Dr 64] */
+	fa_wg_tile(sk, k + (size_t)b * T * ldk + kvh * 128, ldk, k0, T);
+	fa_wg_tile(sv, v + (size_t)b * T * ldk + kvh * 128, ldk, k0, T);
+	fa_wg_tile(sm + 2 * FA_WG_TILE, qb, ldq, k0, T);
+	fa_wg_tile(sm + 4 * FA_WG_TILE, ob, ldq, k0, T);
+	fa_wg_rows(rows + (threadIdx.x < 64 ? 0 : 64), threadIdx.x < 64 ? lb : db, k0, T);
+	fa_commit();
+	const int w = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+	const int key0 = k0 + 16 * w + g; /* this thread's keys: key0, key0 + 8 */
+	const float sl2 = FA_LOG2E * rsqrtf(128.0f);
+	float dK[64], dV[64];
+#pragma unroll
+	for (int i = 0; i < 64; i++)
+		dK[i] = dV[i] = 0.0f;
+	const int tiles = (T - k0 + 63) / 64;
+	for (int it = 0; it < tiles; it++) {
+		const int q0 = k0 + 64 * it, buf = it & 1;
+		__syncthreads(); /* every warp's products of tile it - 1 are done */
+		if (it + 1 < tiles) { /* the next query tile into the other buffer */
+			unsigned char *nq = sm + (2 + (buf ^ 1)) * FA_WG_TILE;
+			fa_wg_tile(nq, qb, ldq, q0 + 64, T);
+			fa_wg_tile(nq + 2 * FA_WG_TILE, ob, ldq, q0 + 64, T);
+			fa_wg_rows(rows + 128 * (buf ^ 1) + (threadIdx.x < 64 ? 0 : 64),
+				   threadIdx.x < 64 ? lb : db, q0 + 64, T);
+		}
+		fa_commit();
+		fa_wait<1>();
+		fa_wg_proxy();
+		__syncthreads();
+		const unsigned char *sq = sm + (2 + buf) * FA_WG_TILE, *so = sq + 2 * FA_WG_TILE;
+		const float *sl = rows + 128 * buf, *sd = sl + 64;
+		float st[32], dpt[32];
+		fa_wg_fence();
+		fa_wg_nt(st, sk, sq);
+		fa_wg_nt(dpt, sv, so);
+		fa_wg_commit();
+		fa_wg_wait0();
+		/* (key, query) of accumulator i: key0 + 8 ((i >> 1) & 1), q0 + qc.
+		 * Queries past T read L = Dr = 0 with Q, dO rows of zeros: dS^T
+		 * is 0 there and P^T meets a zero dO row. */
+		const bool diag = q0 == k0;
+#pragma unroll
+		for (int i = 0; i < 32; i++) {
+			const int qc = 8 * (i / 4) + 2 * t + (i & 1);
+			const float p = diag && key0 + 8 * ((i >> 1) & 1) > q0 + qc ? 0.0f
+										    : fa_bwd_p(st[i], sl2, sl[qc]);
+			st[i] = p;
+			dpt[i] = p * (dpt[i] - sd[qc]);
+		}
+		uint32_t ap[4][4], as[4][4];
+		fa_wg_pack(ap, st);
+		fa_wg_pack(as, dpt);
+		fa_wg_fence();
+		fa_wg_pv(dV, ap, so);
+		fa_wg_pv(dK, as, sq);
+		fa_wg_commit();
+		fa_wg_wait0();
+	}
+	const float sc = rsqrtf(128.0f);
+	float *kb = dk + (size_t)b * T * ldq + h * 128, *vb = dv + (size_t)b * T * ldq + h * 128;
+#pragma unroll
+	for (int j = 0; j < 16; j++)
+#pragma unroll
+		for (int hi = 0; hi < 2; hi++) {
+			const int key = key0 + 8 * hi, c = 8 * j + 2 * t;
+			if (key < T) {
+				*reinterpret_cast<float2 *>(kb + (size_t)key * ldq + c) =
+					make_float2(dK[4 * j + 2 * hi] * sc, dK[4 * j + 2 * hi + 1] * sc);
+				*reinterpret_cast<float2 *>(vb + (size_t)key * ldq + c) =
+					make_float2(dV[4 * j + 2 * hi], dV[4 * j + 2 * hi + 1]);
+			}
+		}
+#else
+	__trap();
+#endif
+}
+
+/* dQ (scaled by 1/sqrt(128)); grid (ceil(T/64), NH, B), a head's query
+ * tiles together, its last (heaviest) first: they stream the same K and V
+ * rows (and a kv group's heads follow one another). */
+extern "C" __global__ void __launch_bounds__(128)
+	flash_bwd_dq_wg_d128(float *dq, const fa_bf16 *dout, const fa_bf16 *q, const fa_bf16 *k,
+			     const fa_bf16 *v, const float *lse, const float *dr, int T, int NH, int NKV)
+{
+#if FA_WG
+	const int h = blockIdx.y, b = blockIdx.z, q0 = (gridDim.x - 1 - blockIdx.x) * 64;
+	const int kvh = h / (NH / NKV);
+	const size_t ldq = (size_t)NH * 128, ldk = (size_t)NKV * 128;
+	const fa_bf16 *kb = k + (size_t)b * T * ldk + kvh * 128, *vb = v + (size_t)b * T * ldk + kvh * 128;
+	unsigned char *sm = fa_wg_smem(), *sq = sm, *so = sm + FA_WG_TILE;
+	fa_wg_tile(sq, q + (size_t)b * T * ldq + h * 128, ldq, q0, T);
+	fa_wg_tile(so, dout + (size_t)b * T * ldq + h * 128, ldq, q0, T);
+	fa_wg_tile(sm + 2 * FA_WG_TILE, kb, ldk, 0, T);
+	fa_wg_tile(sm + 4 * FA_WG_TILE, vb, ldk, 0, T);
+	fa_commit();
+	const int w = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+	const int row0 = q0 + 16 * w + g; /* this thread's queries: row0, row0 + 8 */
+	const float *lb = lse + ((size_t)b * NH + h) * T, *db = dr + ((size_t)b * NH + h) * T;
+	float lr[2], drr[2];
+#pragma unroll
+	for (int r = 0; r < 2; r++) { /* queries past T: L = Dr = 0, dO zero, dS 0 */
+		const int row = row0 + 8 * r;
+		lr[r] = row < T ? lb[row] : 0.0f;
+		drr[r] = row < T ? db[row] : 0.0f;
+	}
+	const float sl2 = FA_LOG2E * rsqrtf(128.0f);
+	float dQ[64];
+#pragma unroll
+	for (int i = 0; i < 64; i++)
+		dQ[i] = 0.0f;
+	const int tiles = q0 / 64 + 1;
+	for (int it = 0; it < tiles; it++) {
+		const int k0 = 64 * it, buf = it & 1;
+		__syncthreads();
+		if (it + 1 < tiles) {
+			unsigned char *nk = sm + (2 + (buf ^ 1)) * FA_WG_TILE;
+			fa_wg_tile(nk, kb, ldk, k0 + 64, T);
+			fa_wg_tile(nk + 2 * FA_WG_TILE, vb, ldk, k0 + 64, T);
+		}
+		fa_commit();
+		fa_wait<1>();
+		fa_wg_proxy();
+		__syncthreads();
+		const unsigned char *sk = sm + (2 + buf) * FA_WG_TILE, *sv = sk + 2 * FA_WG_TILE;
+		float s[32], dp[32];
+		fa_wg_fence();
+		fa_wg_nt(s, sq, sk);
+		fa_wg_nt(dp, so, sv);
+		fa_wg_commit();
+		fa_wg_wait0();
+		const bool diag = k0 == q0;
+#pragma unroll
+		for (int i = 0; i < 32; i++) { /* (query, key) of accumulator i */
+			const int key = k0 + 8 * (i / 4) + 2 * t + (i & 1), r = (i >> 1) & 1;
+			const float p = diag && key > row0 + 8 * r ? 0.0f : fa_bwd_p(s[i], sl2, lr[r]);
+			dp[i] = p * (dp[i] - drr[r]);
+		}
+		uint32_t as[4][4];
+		fa_wg_pack(as, dp);
+		fa_wg_fence();
+		fa_wg_pv(dQ, as, sk);
+		fa_wg_commit();
+		fa_wg_wait0();
+	}
+	const float sc = rsqrtf(128.0f);
+	float *qo = dq + (size_t)b * T * ldq + h * 128;
+#pragma unroll
+	for (int j = 0; j < 16; j++)
+#pragma unroll
+		for (int hi = 0; hi < 2; hi++) {
+			const int row = row0 + 8 * hi, c = 8 * j + 2 * t;
+			if (row < T)
+				*reinterpret_cast<float2 *>(qo + (size_t)row * ldq + c) =
+					make_float2(dQ[4 * j + 2 * hi] * sc, dQ[4 * j + 2 * hi + 1] * sc);
+		}
+#else
+	__trap();
+#endif
+}
