@@ -634,7 +634,9 @@ static td_err load_ptx(struct cu_backend *cb, const struct cu_image *ptx, struct
 /* The image for this device: a cubin of the same major architecture and the
  * highest minor not above the device's (cubins run on later minors of their
  * major), else the PTX, which the driver's JIT linker compiles (counted) or
- * tier 2 of the module cache has from an earlier process. TD_CUDA_FORCE_PTX=1
+ * tier 2 of the module cache has from an earlier process. An sm_90a cubin runs
+ * on compute capability 9.0 alone (image_specific: its wgmma kernels may be
+ * launched). TD_CUDA_FORCE_PTX=1
  * takes the PTX path whatever the device: a test hook (tests/gpu/modcache.sh). */
 static td_err load_kernels(struct cu_backend *cb, struct td_errbuf *eb)
 {
@@ -650,11 +652,12 @@ static td_err load_kernels(struct cu_backend *cb, struct td_errbuf *eb)
 			continue;
 		}
 		if (!force_ptx && im->arch / 10 == cb->cc_major && im->arch <= want &&
-		    (!best || im->arch > best->arch))
+		    (!im->specific || im->arch == want) && (!best || im->arch > best->arch))
 			best = im;
 	}
 	CUresult r;
 	td_err e;
+	cb->image_specific = best && best->specific;
 	if (best) {
 		r = cb->drv.cuModuleLoadData(&cb->module, best->data);
 		if (r != CUDA_SUCCESS)

@@ -138,6 +138,13 @@ struct cu_backend {
 	 * 137 KiB of shared memory: sm_80/90/100), else by
 	 * flash_bwd_dkdv_d128 (4 warps, 64 keys, within 99 KiB). */
 	bool flash_dkdv8;
+	/* The module is the sm_90a cubin (load_kernels): the kernels of
+	 * kernels/cuda/flash_wg.cuh have their bodies. */
+	bool image_specific;
+	/* HS 128's backward by flash_wg.cuh's wgmma kernels (the sm_90a image,
+	 * their shared memory granted, TD_CUDA_NO_WGMMA unset), else by the
+	 * mma.sync ones above. */
+	bool flash_wg;
 	/* TD_CUDA_PROFILE's per-op device times (cuda_prof.c); NULL when off. */
 	struct cu_prof *prof;
 	/* TD_CUDA_TRACE's timeline of the ops (cuda_prof.c); NULL when off. */

@@ -24,6 +24,7 @@
 #include <assert.h>
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "gpu/cuda/cuda_internal.h"
@@ -784,6 +785,9 @@ enum flash_kind { FLASH_FWD, FLASH_DKDV, FLASH_DQ };
  * double-buffered, the block's 128 keys and values (eight tiles), and the
  * row statistics of both buffers */
 #define FLASH_DKDV8_SMEM (8u * 64u * (128u + 8u) * 2u + 2u * 2u * 64u * 4u)
+/* flash_wg.cuh's FA_WG_SMEM: six 64 x 128 bf16 tiles, the row statistics
+ * twice, 1 KiB to align the tiles */
+#define FLASH_WG_SMEM (6u * 64u * 128u * 2u + 2u * 2u * 64u * 4u + 1024u)
 static unsigned flash_smem_bytes(enum flash_kind kind, int HS)
 {
 	unsigned tile = 64u * (unsigned)(HS + 8) * 2u, st = HS <= 64 ? 2u : 1u;
@@ -822,6 +826,16 @@ void cu_flash_prepare(struct cu_backend *cb)
 	cb->flash_dkdv8 = cb->drv.cuFuncSetAttribute(cb->fn[CU_K_flash_bwd_dkdv8_d128],
 						     CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
 						     (int)FLASH_DKDV8_SMEM) == CUDA_SUCCESS;
+	/* TD_CUDA_NO_WGMMA=1: the mma.sync kernels on Hopper too (a test and
+	 * benchmark hook: the two paths side by side in one call) */
+	const char *no_wg = getenv("TD_CUDA_NO_WGMMA");
+	cb->flash_wg = cb->image_specific && !(no_wg && strcmp(no_wg, "1") == 0) &&
+		       cb->drv.cuFuncSetAttribute(cb->fn[CU_K_flash_bwd_dkdv_wg_d128],
+						  CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+						  (int)FLASH_WG_SMEM) == CUDA_SUCCESS &&
+		       cb->drv.cuFuncSetAttribute(cb->fn[CU_K_flash_bwd_dq_wg_d128],
+						  CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+						  (int)FLASH_WG_SMEM) == CUDA_SUCCESS;
 }
 
 #define FLASH_FWD_ROWS 128 /* flash.cu's FA_FWD_ROWS: queries per forward block */
@@ -972,7 +986,12 @@ static void cu_attention_backward(struct gpu_backend *be, float *dq, float *dk, 
 			pv = pk + (size_t)B * T * NH * HS;
 		}
 		void *kargs[] = {&pk, &pv, &fc.dout, &fc.q, &fc.k, &fc.v, &att, &datt, &T, &NH, &NKV};
-		if (HS == 128 && cb->flash_dkdv8) /* 8 warps, 128 keys a block */
+		/* flash_wg.cuh's grids: (64-row tiles, NH, B), a head's tiles
+		 * together */
+		const struct cu_dim wgrid = {cu_blocks((size_t)T, 64), (unsigned)NH, (unsigned)B};
+		if (HS == 128 && cb->flash_wg)
+			cu_launch(cb, CU_K_flash_bwd_dkdv_wg_d128, wgrid, dim1(128), FLASH_WG_SMEM, kargs);
+		else if (HS == 128 && cb->flash_dkdv8) /* 8 warps, 128 keys a block */
 			cu_launch(cb, CU_K_flash_bwd_dkdv8_d128,
 				  (struct cu_dim){cu_blocks((size_t)T, 128), (unsigned)NH,
 						  (unsigned)B},
@@ -988,6 +1007,10 @@ static void cu_attention_backward(struct gpu_backend *be, float *dq, float *dk, 
 			launch_n(cb, CU_K_flash_kv_reduce_f32, (size_t)rows * NKV * HS / 4, sargs);
 		}
 		void *qargs[] = {&dq, &fc.dout, &fc.q, &fc.k, &fc.v, &att, &datt, &T, &NH, &NKV};
+		if (HS == 128 && cb->flash_wg) {
+			cu_launch(cb, CU_K_flash_bwd_dq_wg_d128, wgrid, dim1(128), FLASH_WG_SMEM, qargs);
+			return;
+		}
 		/* the heaviest (last) query tiles of every head first */
 		cu_launch(cb, kdq,
 			  (struct cu_dim){(unsigned)NH, (unsigned)B,

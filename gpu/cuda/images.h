@@ -9,6 +9,8 @@
 struct cu_image {
 	int arch;   /* 90 for sm_90 / compute_90 */
 	int is_ptx; /* PTX text (NUL-terminated) rather than a cubin */
+	int specific; /* sm_90a: runs on that compute capability alone, and holds
+		       * the kernels of its own features (kernels/cuda/flash_wg.cuh) */
 	const unsigned char *data;
 	size_t size;
 };

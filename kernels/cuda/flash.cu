@@ -32,6 +32,8 @@
  * the forward up to HS 64 (8 warps of 16 queries at HS 128), rebuilds
  * P and dS over the keys up to the diagonal for dQ (its own section below
  * says more). Both rebuild P as the forward forms its powers (fa_bwd_p).
+ * On Hopper (the sm_90a image) head size 128's backward runs the same split
+ * on warpgroup products instead: flash_wg.cuh, included at the end.
  * The cost is computing P twice in the backward instead of adding dQ with
  * float atomics.
  *

@@ -19,14 +19,14 @@
  *       the reading tn found), checked against a double softmax on the
  *       host and timed at B 8, T 2048, 32 heads (FLOPs as FlashAttention
  *       counts them: 4 B H T^2 HS / 2);
- *   dkdv: dK and dV as traind's deterministic backward forms them (a
- *       block owns its keys' gradients over the query tiles past them),
- *       four products a tile pair, checked against double products on the
- *       host and timed at the same shape;
- *   dq: dQ, the backward's other kernel (a block owns 64 queries over the
- *       key tiles up to them), checked and timed the same; the two
- *       kernels' time gives the backward's rate as FlashAttention counts
- *       it (bench_attn's and peer_attn.py's "backward TFLOP/s").
+ *   bwd: flash.cu's backward at head size 128 (it includes flash_wg.cuh):
+ *       the wgmma pair (flash_bwd_dkdv_wg_d128, flash_bwd_dq_wg_d128) and
+ *       the mma.sync pair the launcher takes elsewhere, each checked per
+ *       element against double products on the host (bounds from P's and
+ *       dS's bf16 rounding and dP's fp32 sum), then timed at B 8, T 2048,
+ *       32 heads, with 32 and with 8 kv heads: the backward's rate as
+ *       FlashAttention counts it (bench_attn's "backward TFLOP/s", without
+ *       its flash_rowdot and flash_kv_reduce).
  * Each case is checked element by element against a double-precision
  * product of the same bf16 values on the host, within the fp32 sum's
  * bound (|sum| of the products' magnitudes x k x 2^-24 x 2, k terms), and
@@ -43,7 +43,8 @@
  * K row.
  *
  * Not part of the build (sm_90a only): tests/gpu/device-run.sh wgmma
- * compiles and runs it on the device. Not run yet (written without a GPU).
+ * compiles and runs it on the device. The readings it found on an H100:
+ * LBO 8192 / SBO 1024 for the MN-major operand (the canonical layout's).
  * usage: wgmma_probe [REPEATS]   (4096) */
 #include <cmath>
 #include <cstdint>

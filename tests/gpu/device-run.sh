@@ -10,12 +10,18 @@
 # (tests/bench/bench_table.py); ~8 minutes on an H200.
 # attn: attention alone (issue 13): bench_attn (the fused kernels' forward and
 # backward, causal, bf16, HS 128 and 64, T 2048 and 8192, after its sanity
-# check) beside peer_attn.py (PyTorch SDPA's flash backend) on the same
-# shapes, and a ratio line per (T, HS, direction); ~3 minutes. Not in all.
+# check), again at HS 128 with TD_CUDA_NO_WGMMA=1 (the mma.sync kernels where
+# Hopper's wgmma ones would run), beside peer_attn.py (PyTorch SDPA's flash
+# backend) on the same shapes, and a ratio line per (T, HS, direction);
+# ~3 minutes. Not in all.
 # overlap: two GPUs (issue 12) — how much an NCCL all-reduce slows the
 # products beside it, on plain memory (NCCL's ring) and on a symmetric
 # window (its symmetric kernels); tests/bench/nccl_overlap.cu, compiled here
 # with nvcc against the NCCL headers PyTorch ships; ~1 minute. Not in all.
+# wgmma: tests/bench/wgmma_probe.cu compiled here for sm_90a and run: Hopper's
+# warpgroup products and descriptors checked against the host's double
+# products, then flash_wg.cuh's backward and the mma.sync one checked and
+# timed side by side; ~1 minute. Not in all.
 # preempt: tests/gpu/preempt_gpu.sh alone (also part of tests).
 # share: tests/gpu/share_gpu.sh — four Llama-3-8B-shaped LoRA jobs from two
 # users sharing one frozen base on GPU 0 (the model dir made on the device),
@@ -127,7 +133,7 @@ if [ "$what" = wgmma ]; then
 	# Hopper's warpgroup products probed (issue 13): tests/bench/wgmma_probe.cu,
 	# compiled here for sm_90a: its two operand layouts checked against the
 	# host's double products, and the rate of its tile product.
-	nvcc -O2 -gencode arch=compute_90a,code=sm_90a tests/bench/wgmma_probe.cu -o "$out/wgmma_probe" ||
+	nvcc -O2 -std=c++17 -gencode arch=compute_90a,code=sm_90a tests/bench/wgmma_probe.cu -o "$out/wgmma_probe" ||
 		exit 1
 	"$out/wgmma_probe" | tee -a "$out/wgmma_probe.jsonl"
 	exit $?
@@ -150,6 +156,10 @@ fi
 if [ "$what" = attn ]; then
 	echo "== attention alone: traind's fused kernels (bench_attn) beside PyTorch SDPA's flash backend (peer_attn.py)"
 	"$bin/bench_attn" | tee "$out/bench_attn.jsonl" || status=1
+	# on Hopper, the mma.sync kernels too (HS 128's backward is
+	# flash_wg.cuh's wgmma pair there): the two paths side by side
+	TD_CUDA_NO_WGMMA=1 "$bin/bench_attn" --hs 128 | grep '^{' | sed 's/"traind-flash"/"traind-flash-mma.sync"/' |
+		tee "$out/bench_attn_mma.jsonl" || status=1
 	peer=$root/.gpu-libs/peer_attn.py
 	[ -f "$peer" ] || peer=$root/tests/bench/peer_attn.py
 	PYTHONUNBUFFERED=1 timeout 400 python3 "$peer" | tee "$out/peer_attn.jsonl" || status=1
