@@ -141,9 +141,9 @@ struct cu_backend {
 	/* The module is the sm_90a cubin (load_kernels): the kernels of
 	 * kernels/cuda/flash_wg.cuh have their bodies. */
 	bool image_specific;
-	/* HS 128's backward by flash_wg.cuh's wgmma kernels (the sm_90a image,
-	 * their shared memory granted, TD_CUDA_NO_WGMMA unset), else by the
-	 * mma.sync ones above. */
+	/* HS 128's forward and backward by flash_wg.cuh's wgmma kernels (the
+	 * sm_90a image, their shared memory granted, TD_CUDA_NO_WGMMA unset),
+	 * else by flash.cu's mma.sync ones. */
 	bool flash_wg;
 	/* TD_CUDA_PROFILE's per-op device times (cuda_prof.c); NULL when off. */
 	struct cu_prof *prof;

@@ -830,6 +830,9 @@ void cu_flash_prepare(struct cu_backend *cb)
 	 * benchmark hook: the two paths side by side in one call) */
 	const char *no_wg = getenv("TD_CUDA_NO_WGMMA");
 	cb->flash_wg = cb->image_specific && !(no_wg && strcmp(no_wg, "1") == 0) &&
+		       cb->drv.cuFuncSetAttribute(cb->fn[CU_K_flash_fwd_wg_d128],
+						  CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+						  (int)FLASH_WG_SMEM) == CUDA_SUCCESS &&
 		       cb->drv.cuFuncSetAttribute(cb->fn[CU_K_flash_bwd_dkdv_wg_d128],
 						  CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
 						  (int)FLASH_WG_SMEM) == CUDA_SUCCESS &&
@@ -918,6 +921,12 @@ static void cu_attention_forward(struct gpu_backend *be, float *out, gpu_bf16 *o
 		 * first, so every head's heaviest tiles start before any
 		 * lighter one (the lightest fill the tail) */
 		void *args[] = {&out, &out16, &att, &fc.q, &fc.k, &fc.v, &T, &NH, &NKV};
+		if (HS == 128 && cb->flash_wg) { /* flash_wg.cuh: (64-query tiles, NH, B) */
+			cu_launch(cb, CU_K_flash_fwd_wg_d128,
+				  (struct cu_dim){cu_blocks((size_t)T, 64), (unsigned)NH, (unsigned)B},
+				  dim1(128), FLASH_WG_SMEM, args);
+			return;
+		}
 		cu_launch(cb, f,
 			  (struct cu_dim){(unsigned)NH, (unsigned)B,
 					  cu_blocks((size_t)T, FLASH_FWD_ROWS)},

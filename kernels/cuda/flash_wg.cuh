@@ -1,17 +1,18 @@
-/* Causal attention's backward at head size 128 on Hopper's warpgroup
- * products (wgmma, sm_90a; issue 13): the same deterministic split and the
- * same arithmetic per element as flash.cu's kernels (it includes this file
- * at its end and lends it fa_pack, fa_cp16, fa_cp4, fa_bwd_p), on the
- * tensor cores' asynchronous path instead of mma.sync:
- *   flash_bwd_dkdv_wg_d128: a block (one warpgroup, 128 threads) per (head,
- *     batch, 64 keys) owns those keys' dK and dV (with kv groups, that query
+/* Causal attention at head size 128 on Hopper's warpgroup products (wgmma,
+ * sm_90a; issue 13): the same deterministic split and the same arithmetic
+ * per element as flash.cu's kernels (it includes this file at its end and
+ * lends it fa_pack, fa_ex2, fa_bwd_p, fa_quad_*, the cp.async helpers), on
+ * the tensor cores' asynchronous path instead of mma.sync:
+ *   flash_fwd_wg_d128: a block (one warpgroup, 128 threads) per (64
+ *     queries, head, batch): S = Q K^T, the online softmax, O += P V;
+ *   flash_bwd_dkdv_wg_d128: a block per (64 keys, head, batch) owns those keys' dK and dV (with kv groups, that query
  *     head's partials, as flash_bwd_dkdv; flash_kv_reduce adds them), over
  *     the query tiles at or past its keys: S^T = K Q^T and dP^T = V dO^T
  *     (both operands K-major in shared memory), P^T = fa_bwd_p and dS^T =
  *     P^T (dP^T - Dr) in registers, then dV += P^T dO and dK += dS^T Q with
  *     P^T and dS^T as A fragments in registers and dO, Q read MN-major from
  *     the same shared bytes;
- *   flash_bwd_dq_wg_d128: a block per (head, batch, 64 queries), heaviest
+ *   flash_bwd_dq_wg_d128: a block per (64 queries, head, batch), heaviest
  *     first, over the key tiles up to them: S = Q K^T, dP = dO V^T, dS in
  *     registers, dQ += dS K with K read MN-major.
  * Each block's next tile (Q and dO, or K and V, and the row statistics) is
@@ -360,6 +361,122 @@ extern "C" __global__ void __launch_bounds__(128)
 				*reinterpret_cast<float2 *>(qo + (size_t)row * ldq + c) =
 					make_float2(dQ[4 * j + 2 * hi] * sc, dQ[4 * j + 2 * hi + 1] * sc);
 		}
+#else
+	__trap();
+#endif
+}
+
+/* The forward, a block (one warpgroup) per (64 queries, head, batch); grid
+ * (ceil(T/64), NH, B), a head's query tiles together, its last (heaviest)
+ * first. The key tiles up to the diagonal, K and V double-buffered; per
+ * tile S = Q K^T (both K-major), the online softmax in registers as
+ * flash.cu's fa_fwd_softmax forms it (the max over the raw scores scaled
+ * once, each power fa_ex2 of one FFMA, the mask only on the diagonal tile
+ * or past T), P rounded to bf16 as A fragments, O += P V with V MN-major.
+ * out and out16 written where not NULL, and L = m + log2(l) per row. */
+extern "C" __global__ void __launch_bounds__(128)
+	flash_fwd_wg_d128(float *out, fa_bf16 *out16, float *lse, const fa_bf16 *q, const fa_bf16 *k,
+			  const fa_bf16 *v, int T, int NH, int NKV)
+{
+#if FA_WG
+	const int h = blockIdx.y, b = blockIdx.z, q0 = (gridDim.x - 1 - blockIdx.x) * 64;
+	const int kvh = h / (NH / NKV);
+	const size_t ldq = (size_t)NH * 128, ldk = (size_t)NKV * 128;
+	const fa_bf16 *kb = k + (size_t)b * T * ldk + kvh * 128, *vb = v + (size_t)b * T * ldk + kvh * 128;
+	unsigned char *sm = fa_wg_smem(), *sq = sm;
+	fa_wg_tile(sq, q + (size_t)b * T * ldq + h * 128, ldq, q0, T);
+	fa_wg_tile(sm + FA_WG_TILE, kb, ldk, 0, T);
+	fa_wg_tile(sm + 3 * FA_WG_TILE, vb, ldk, 0, T);
+	fa_commit();
+	const int w = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+	const int r = q0 + 16 * w, row0 = r + g; /* this warp's first row; the thread's: row0, row0 + 8 */
+	const float sl2 = FA_LOG2E * rsqrtf(128.0f);
+	float o[64], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+#pragma unroll
+	for (int i = 0; i < 64; i++)
+		o[i] = 0.0f;
+	const int tiles = (min(T, q0 + 64) - 1) / 64 + 1;
+	for (int it = 0; it < tiles; it++) {
+		const int k0 = 64 * it, buf = it & 1;
+		__syncthreads();
+		if (it + 1 < tiles) {
+			fa_wg_tile(sm + (1 + (buf ^ 1)) * FA_WG_TILE, kb, ldk, k0 + 64, T);
+			fa_wg_tile(sm + (3 + (buf ^ 1)) * FA_WG_TILE, vb, ldk, k0 + 64, T);
+		}
+		fa_commit();
+		fa_wait<1>();
+		fa_wg_proxy();
+		__syncthreads();
+		const unsigned char *sk = sm + (1 + buf) * FA_WG_TILE, *sv = sm + (3 + buf) * FA_WG_TILE;
+		float s[32];
+		fa_wg_fence();
+		fa_wg_nt(s, sq, sk);
+		fa_wg_commit();
+		fa_wg_wait0();
+		if (!(k0 + 63 <= r && k0 + 64 <= T)) { /* else below the diagonal, inside T */
+#pragma unroll
+			for (int i = 0; i < 32; i++) {
+				const int col = k0 + 8 * (i / 4) + 2 * t + (i & 1);
+				if (col > row0 + 8 * ((i >> 1) & 1) || col >= T)
+					s[i] = -INFINITY;
+			}
+		}
+		float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+		for (int i = 0; i < 32; i++)
+			mx[(i >> 1) & 1] = fmaxf(mx[(i >> 1) & 1], s[i]);
+		float c[2], rs[2] = {0.0f, 0.0f};
+#pragma unroll
+		for (int hi = 0; hi < 2; hi++) {
+			mx[hi] = fmaxf(m[hi], fa_quad_max(mx[hi]) * sl2);
+			c[hi] = exp2f(m[hi] - mx[hi]);
+			m[hi] = mx[hi];
+		}
+#pragma unroll
+		for (int i = 0; i < 32; i++) {
+			s[i] = fa_ex2(fmaf(s[i], sl2, -mx[(i >> 1) & 1]));
+			rs[(i >> 1) & 1] += s[i];
+		}
+#pragma unroll
+		for (int hi = 0; hi < 2; hi++)
+			l[hi] = l[hi] * c[hi] + rs[hi];
+#pragma unroll
+		for (int i = 0; i < 64; i++)
+			o[i] *= c[(i >> 1) & 1];
+		uint32_t pa[4][4];
+		fa_wg_pack(pa, s);
+		fa_wg_fence();
+		fa_wg_pv(o, pa, sv);
+		fa_wg_commit();
+		fa_wg_wait0();
+	}
+	float inv[2];
+#pragma unroll
+	for (int hi = 0; hi < 2; hi++) {
+		l[hi] = fa_quad_sum(l[hi]);
+		inv[hi] = 1.0f / l[hi];
+	}
+	const size_t ob = (size_t)b * T * ldq + h * 128;
+#pragma unroll
+	for (int j = 0; j < 16; j++)
+#pragma unroll
+		for (int hi = 0; hi < 2; hi++) {
+			const int row = row0 + 8 * hi, col = 8 * j + 2 * t;
+			if (row >= T)
+				continue;
+			const float x0 = o[4 * j + 2 * hi] * inv[hi], x1 = o[4 * j + 2 * hi + 1] * inv[hi];
+			if (out)
+				*reinterpret_cast<float2 *>(out + ob + (size_t)row * ldq + col) = make_float2(x0, x1);
+			if (out16)
+				*reinterpret_cast<uint32_t *>(out16 + ob + (size_t)row * ldq + col) = fa_pack(x0, x1);
+		}
+	if (t == 0) {
+		float *lb = lse + ((size_t)b * NH + h) * T;
+#pragma unroll
+		for (int hi = 0; hi < 2; hi++)
+			if (row0 + 8 * hi < T)
+				lb[row0 + 8 * hi] = m[hi] + log2f(l[hi]);
+	}
 #else
 	__trap();
 #endif

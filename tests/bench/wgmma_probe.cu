@@ -14,11 +14,11 @@
  *       LBO the stride between 64-value runs of N (a region here, 8 KiB)
  *       and SBO the stride between groups of 8 K rows (1 KiB): the first
  *       reading tried; its prose reads the other way round, so both run;
- *   fwd: a causal attention forward at head size 128 on these products
- *       (S = Q K^T, then P V with P from registers and V MN-major, under
- *       the reading tn found), checked against a double softmax on the
- *       host and timed at B 8, T 2048, 32 heads (FLOPs as FlashAttention
- *       counts them: 4 B H T^2 HS / 2);
+ *   fwd: flash.cu's forward at head size 128, the wgmma kernel
+ *       (flash_fwd_wg_d128) and the mma.sync one, each checked against a
+ *       double softmax on the host (out, out16 and the row statistics
+ *       L), then timed at B 8, T 2048, 32 heads with 32 and 8 kv heads
+ *       (FLOPs as FlashAttention counts them: 4 B H T^2 HS / 2);
  *   bwd: flash.cu's backward at head size 128 (it includes flash_wg.cuh):
  *       the wgmma pair (flash_bwd_dkdv_wg_d128, flash_bwd_dq_wg_d128) and
  *       the mma.sync pair the launcher takes elsewhere, each checked per
@@ -241,111 +241,6 @@ __global__ void __launch_bounds__(128) probe_rs(float *out, const bf16 *q, const
 
 
 
-/* 64 rows of a (B, T, H, 128) bf16 tensor from row r0 (src: the head's row
- * 0; ld: a row's stride in values) into a 128B-swizzled tile, 16 bytes (a
- * chunk of 8 values) a thread at a time; rows past T zero. */
-static __device__ __forceinline__ void tile_load(unsigned char *dst, const bf16 *src, size_t ld, int r0,
-						 int T)
-{
-	for (int i = threadIdx.x; i < 64 * 16; i += 128) {
-		const int r = i / 16, c = i % 16;
-		uint4 x = make_uint4(0, 0, 0, 0);
-		if (r0 + r < T)
-			x = *reinterpret_cast<const uint4 *>(src + (size_t)(r0 + r) * ld + c * 8);
-		*reinterpret_cast<uint4 *>(dst + swz(64, r, c * 8)) = x;
-	}
-}
-
-static __device__ __forceinline__ uint32_t pack2(float lo, float hi)
-{
-	__nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-	return *reinterpret_cast<uint32_t *>(&v);
-}
-
-/* fwd: causal attention forward at head size 128 on these products, as
- * simply as it goes (each key tile loaded, then used; no pipelining, no
- * warp specialisation): a block (one warpgroup) per 64 queries of one
- * (batch, head), the heaviest first; q, k, v (B, T, H, 128) bf16, out the
- * same shape in fp32. S = Q K^T (both K-major), the online softmax in
- * registers (each thread's rows g and g + 8 of its warp's 16, as the
- * mma.sync kernels), P rounded to bf16 into A fragments, O += P V with V
- * MN-major (lbo_v, sbo_v: the tn case's reading). */
-__global__ void __launch_bounds__(128) probe_fwd(float *out, const bf16 *q, const bf16 *k, const bf16 *v,
-						 int T, int H, unsigned lbo_v, unsigned sbo_v)
-{
-	unsigned char *sq = smem, *sk = smem + 16384, *sv = smem + 32768;
-	const int qt = gridDim.x - 1 - blockIdx.x, h = blockIdx.y, b = blockIdx.z;
-	const size_t ld = (size_t)H * 128, base = (size_t)b * T * ld + (size_t)h * 128;
-	const int q0 = qt * 64;
-	tile_load(sq, q + base, ld, q0, T);
-	const int w = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-	const int row0 = q0 + 16 * w + g; /* this thread's rows: row0, row0 + 8 */
-	const float sl2 = 1.4426950408889634f * rsqrtf(128.0f);
-	float o[64], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
-	for (int i = 0; i < 64; i++)
-		o[i] = 0.0f;
-	for (int kt = 0; kt <= qt; kt++) {
-		const int k0 = kt * 64;
-		__syncthreads(); /* the last tile's products are done (waited) */
-		tile_load(sk, k + base, ld, k0, T);
-		tile_load(sv, v + base, ld, k0, T);
-		proxy_fence();
-		__syncthreads();
-		float sc[32];
-		wg_fence();
-		for (int j = 0; j < 8; j++)
-			wg_m64n64k16_ss<0>(sc, desc(sq + (j / 4) * 64 * 128 + (j % 4) * 32, 16, 1024),
-					   desc(sk + (j / 4) * 64 * 128 + (j % 4) * 32, 16, 1024), j > 0);
-		wg_commit();
-		wg_wait0();
-		float mx[2] = {m[0], m[1]};
-		for (int i = 0; i < 32; i++) { /* n-block i / 4: keys k0 + 8 (i / 4) + 2t (+1) */
-			const int key = k0 + 8 * (i / 4) + 2 * t + (i & 1), row = row0 + 8 * ((i >> 1) & 1);
-			sc[i] = key > row || key >= T ? -INFINITY : sc[i] * sl2;
-			mx[(i >> 1) & 1] = fmaxf(mx[(i >> 1) & 1], sc[i]);
-		}
-		float corr[2];
-		for (int r = 0; r < 2; r++) {
-			mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
-			mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-			const float ms = mx[r] == -INFINITY ? 0.0f : mx[r]; /* a row with no key yet */
-			corr[r] = exp2f(m[r] - ms);
-			l[r] *= corr[r];
-			m[r] = mx[r];
-			mx[r] = ms;
-		}
-		for (int i = 0; i < 64; i++)
-			o[i] *= corr[(i >> 1) & 1];
-		for (int i = 0; i < 32; i++) {
-			sc[i] = exp2f(sc[i] - mx[(i >> 1) & 1]);
-			l[(i >> 1) & 1] += sc[i];
-		}
-		uint32_t a[4][4];
-		for (int kk = 0; kk < 4; kk++) { /* keys 16 kk..: n-blocks 2 kk, 2 kk + 1 */
-			a[kk][0] = pack2(sc[8 * kk + 0], sc[8 * kk + 1]);
-			a[kk][1] = pack2(sc[8 * kk + 2], sc[8 * kk + 3]);
-			a[kk][2] = pack2(sc[8 * kk + 4], sc[8 * kk + 5]);
-			a[kk][3] = pack2(sc[8 * kk + 6], sc[8 * kk + 7]);
-		}
-		wg_fence();
-		for (int kk = 0; kk < 4; kk++)
-			wg_m64n128k16_rs_t<1>(o, a[kk], desc(sv + kk * 16 * 128, lbo_v, sbo_v), 1);
-		wg_commit();
-		wg_wait0();
-	}
-	for (int r = 0; r < 2; r++) {
-		l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
-		l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
-	}
-	for (int j = 0; j < 16; j++)
-		for (int e = 0; e < 4; e++) {
-			const int row = row0 + 8 * (e >> 1), c = 8 * j + 2 * t + (e & 1);
-			if (row < T)
-				out[base + (size_t)row * ld + c] = o[4 * j + e] / l[e >> 1];
-		}
-}
-
-
 static float bf(bf16 v) { return __bfloat162float(v); }
 
 /* out against the double product, within k terms' fp32 sum bound. */
@@ -370,109 +265,6 @@ static double check(const float *out, const bf16 *a, int lda, bool a_t, const bf
 				worst = e;
 		}
 	return worst;
-}
-
-
-static int sms_of()
-{
-	int n = 0;
-	cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, 0);
-	return n;
-}
-
-/* The forward on (B, T, H) = (1, 200, 2) against the host's double
- * softmax, then timed at (8, 2048, 32). Bound: P is rounded to bf16
- * (2^-8 of each p, relatively) before P V while the row sum adds it
- * unrounded, so out may miss by 2^-8 of sum p |v| from each, doubled:
- * 2^-7 max |v|. */
-static int fwd_probe(unsigned lbo, unsigned sbo, int sms)
-{
-	(void)sms;
-	int B = 1, T = 200, H = 2;
-	size_t n = (size_t)B * T * H * 128;
-	bf16 *hq = (bf16 *)malloc(n * 2), *hk = (bf16 *)malloc(n * 2), *hv = (bf16 *)malloc(n * 2);
-	for (size_t i = 0; i < n; i++) {
-		hq[i] = __float2bfloat16((float)((int)(i * 37 % 101) - 50) / 40.0f);
-		hk[i] = __float2bfloat16((float)((int)(i * 53 % 97) - 48) / 40.0f);
-		hv[i] = __float2bfloat16((float)((int)(i * 71 % 89) - 44) / 44.0f);
-	}
-	bf16 *q, *k, *v;
-	float *out;
-	CK(cudaMalloc(&q, n * 2));
-	CK(cudaMalloc(&k, n * 2));
-	CK(cudaMalloc(&v, n * 2));
-	CK(cudaMalloc(&out, n * 4));
-	CK(cudaMemcpy(q, hq, n * 2, cudaMemcpyHostToDevice));
-	CK(cudaMemcpy(k, hk, n * 2, cudaMemcpyHostToDevice));
-	CK(cudaMemcpy(v, hv, n * 2, cudaMemcpyHostToDevice));
-	CK(cudaFuncSetAttribute(probe_fwd, cudaFuncAttributeMaxDynamicSharedMemorySize, 48 * 1024));
-	dim3 grid((T + 63) / 64, H, B);
-	probe_fwd<<<grid, 128, 48 * 1024>>>(out, q, k, v, T, H, lbo, sbo);
-	CK(cudaGetLastError());
-	float *ho = (float *)malloc(n * 4);
-	CK(cudaMemcpy(ho, out, n * 4, cudaMemcpyDeviceToHost));
-	double worst = 0, vmax = 0;
-	for (size_t i = 0; i < n; i++)
-		vmax = fmax(vmax, fabs(bf(hv[i])));
-	const double tol = ldexp(vmax, -7);
-	for (int h = 0; h < H; h++)
-		for (int r = 0; r < T; r++) {
-			const size_t qo = ((size_t)r * H + h) * 128;
-			double mx = -1e300, sum = 0, acc[128] = {0};
-			double sc[200];
-			for (int c = 0; c <= r; c++) {
-				const size_t ko = ((size_t)c * H + h) * 128;
-				double d = 0;
-				for (int e = 0; e < 128; e++)
-					d += (double)bf(hq[qo + e]) * bf(hk[ko + e]);
-				sc[c] = d / sqrt(128.0);
-				mx = fmax(mx, sc[c]);
-			}
-			for (int c = 0; c <= r; c++) {
-				const double p = exp(sc[c] - mx);
-				sum += p;
-				const size_t vo = ((size_t)c * H + h) * 128;
-				for (int e = 0; e < 128; e++)
-					acc[e] += p * bf(hv[vo + e]);
-			}
-			for (int e = 0; e < 128; e++)
-				worst = fmax(worst, fabs(ho[qo + e] - acc[e] / sum) / tol);
-		}
-	printf("{\"case\": \"fwd\", \"T\": %d, \"ok\": %s, \"worst_over_bound\": %.3g}\n", T,
-	       worst <= 1 ? "true" : "false", worst);
-	if (!(worst <= 1))
-		return 1;
-	cudaFree(q);
-	cudaFree(k);
-	cudaFree(v);
-	cudaFree(out);
-	/* timed: Llama-3-8B's heads at B 8, T 2048 (bench_attn's first shape, no GQA here) */
-	B = 8, T = 2048, H = 32;
-	n = (size_t)B * T * H * 128;
-	CK(cudaMalloc(&q, n * 2));
-	CK(cudaMalloc(&k, n * 2));
-	CK(cudaMalloc(&v, n * 2));
-	CK(cudaMalloc(&out, n * 4));
-	CK(cudaMemset(q, 0, n * 2));
-	CK(cudaMemset(k, 0, n * 2));
-	CK(cudaMemset(v, 0, n * 2));
-	grid = dim3(T / 64, H, B);
-	probe_fwd<<<grid, 128, 48 * 1024>>>(out, q, k, v, T, H, lbo, sbo);
-	cudaEvent_t t0, t1;
-	CK(cudaEventCreate(&t0));
-	CK(cudaEventCreate(&t1));
-	CK(cudaEventRecord(t0));
-	for (int i = 0; i < 10; i++)
-		probe_fwd<<<grid, 128, 48 * 1024>>>(out, q, k, v, T, H, lbo, sbo);
-	CK(cudaEventRecord(t1));
-	CK(cudaEventSynchronize(t1));
-	float ms = 0;
-	CK(cudaEventElapsedTime(&ms, t0, t1));
-	ms /= 10;
-	const double flops = 4.0 * B * H * (double)T * T * 128 / 2;
-	printf("{\"case\": \"fwd_rate\", \"B\": %d, \"T\": %d, \"H\": %d, \"ms\": %.3f, \"tflops\": %.1f}\n", B, T,
-	       H, ms, flops / ms / 1e9);
-	return 0;
 }
 
 
@@ -691,6 +483,153 @@ static int bwd_probe()
 	return 0;
 }
 
+/* flash.cu's forward at HS 128 of a kind (0: flash_fwd_wg_d128, 1: the
+ * mma.sync flash_fwd_d128), grids and shared memory as cuda_ops.c gives
+ * them. */
+static int fwd_launch(int kind, float *out, bf16 *out16, float *lse, const bf16 *q, const bf16 *k, const bf16 *v,
+		      int B, int T, int NH, int NKV)
+{
+	if (kind == 0) {
+		CK(cudaFuncSetAttribute(flash_fwd_wg_d128, cudaFuncAttributeMaxDynamicSharedMemorySize, FA_WG_SMEM));
+		flash_fwd_wg_d128<<<dim3((T + 63) / 64, NH, B), 128, FA_WG_SMEM>>>(out, out16, lse, q, k, v, T, NH,
+										    NKV);
+	} else {
+		const int shm = 4 * 64 * (128 + 8) * 2;
+		CK(cudaFuncSetAttribute(flash_fwd_d128, cudaFuncAttributeMaxDynamicSharedMemorySize, shm));
+		flash_fwd_d128<<<dim3(NH, B, (T + 127) / 128), 128, shm>>>(out, out16, lse, q, k, v, T, NH, NKV);
+	}
+	CK(cudaGetLastError());
+	return 0;
+}
+
+/* Both kinds' forward on (B, T, H) = (1, 200, 2) against the host's double
+ * softmax, every element (outputs first NaN), then timed at (8, 2048, 32)
+ * with 32 and 8 kv heads. Bounds: out within 2^-7 max |v| (P is rounded to
+ * bf16, 2^-8 of each p, before P V while the row sum adds it unrounded,
+ * doubled); out16 within that plus its own rounding (2^-8 |out|); L within
+ * 2^-16 + 2^-20 |L| (a row sum of fp32 powers from ex2.approx, and
+ * log2f; a wrong L is off by O(1)). */
+static int fwd_probe()
+{
+	int B = 1, T = 200, H = 2;
+	size_t n = (size_t)B * T * H * 128;
+	bf16 *hq = (bf16 *)malloc(n * 2), *hk = (bf16 *)malloc(n * 2), *hv = (bf16 *)malloc(n * 2);
+	for (size_t i = 0; i < n; i++) {
+		hq[i] = __float2bfloat16((float)((int)(i * 37 % 101) - 50) / 40.0f);
+		hk[i] = __float2bfloat16((float)((int)(i * 53 % 97) - 48) / 40.0f);
+		hv[i] = __float2bfloat16((float)((int)(i * 71 % 89) - 44) / 44.0f);
+	}
+	double *ro = (double *)malloc(n * 8), *rl = (double *)malloc((size_t)H * T * 8), vmax = 0;
+	for (size_t i = 0; i < n; i++)
+		vmax = fmax(vmax, fabs(bf(hv[i])));
+	for (int h = 0; h < H; h++)
+		for (int r = 0; r < T; r++) {
+			const size_t qo = ((size_t)r * H + h) * 128;
+			double mx = -1e300, sum = 0, acc[128] = {0}, sc[200];
+			for (int c = 0; c <= r; c++) {
+				const size_t ko = ((size_t)c * H + h) * 128;
+				double d = 0;
+				for (int e = 0; e < 128; e++)
+					d += (double)bf(hq[qo + e]) * bf(hk[ko + e]);
+				sc[c] = d / sqrt(128.0);
+				mx = fmax(mx, sc[c]);
+			}
+			for (int c = 0; c <= r; c++) {
+				const double p = exp(sc[c] - mx);
+				sum += p;
+				const size_t vo = ((size_t)c * H + h) * 128;
+				for (int e = 0; e < 128; e++)
+					acc[e] += p * bf(hv[vo + e]);
+			}
+			for (int e = 0; e < 128; e++)
+				ro[qo + e] = acc[e] / sum;
+			rl[(size_t)h * T + r] = (mx + log(sum)) / log(2.0);
+		}
+	bf16 *q, *k, *v, *o16;
+	float *out, *lse;
+	CK(cudaMalloc(&q, n * 2));
+	CK(cudaMalloc(&k, n * 2));
+	CK(cudaMalloc(&v, n * 2));
+	CK(cudaMalloc(&o16, n * 2));
+	CK(cudaMalloc(&out, n * 4));
+	CK(cudaMalloc(&lse, (size_t)H * T * 4));
+	CK(cudaMemcpy(q, hq, n * 2, cudaMemcpyHostToDevice));
+	CK(cudaMemcpy(k, hk, n * 2, cudaMemcpyHostToDevice));
+	CK(cudaMemcpy(v, hv, n * 2, cudaMemcpyHostToDevice));
+	float *ho = (float *)malloc(n * 4), *hl = (float *)malloc((size_t)H * T * 4);
+	bf16 *ho16 = (bf16 *)malloc(n * 2);
+	const double tol = ldexp(vmax, -7);
+	int bad = 0;
+	for (int kind = 0; kind < 2; kind++) {
+		CK(cudaMemset(out, 0xff, n * 4));
+		CK(cudaMemset(o16, 0xff, n * 2));
+		CK(cudaMemset(lse, 0xff, (size_t)H * T * 4));
+		if (fwd_launch(kind, out, o16, lse, q, k, v, B, T, H, H))
+			return 1;
+		CK(cudaMemcpy(ho, out, n * 4, cudaMemcpyDeviceToHost));
+		CK(cudaMemcpy(ho16, o16, n * 2, cudaMemcpyDeviceToHost));
+		CK(cudaMemcpy(hl, lse, (size_t)H * T * 4, cudaMemcpyDeviceToHost));
+		double wo = 0, w16 = 0, wl = 0;
+		size_t nonfinite = 0;
+		for (size_t i = 0; i < n; i++) {
+			nonfinite += !std::isfinite(ho[i]) + !std::isfinite(bf(ho16[i]));
+			wo = fmax(wo, fabs(ho[i] - ro[i]) / tol);
+			w16 = fmax(w16, fabs(bf(ho16[i]) - ro[i]) / (tol + ldexp(fabs(ro[i]), -8)));
+		}
+		for (size_t i = 0; i < (size_t)H * T; i++) {
+			nonfinite += !std::isfinite(hl[i]);
+			wl = fmax(wl, fabs(hl[i] - rl[i]) / (ldexp(1.0, -16) + ldexp(fabs(rl[i]), -20)));
+		}
+		const bool ok = nonfinite == 0 && wo <= 1 && w16 <= 1 && wl <= 1;
+		printf("{\"case\": \"fwd\", \"kernels\": \"%s\", \"T\": %d, \"ok\": %s, \"nonfinite\": %zu, "
+		       "\"out_worst_over_bound\": %.3g, \"out16_worst_over_bound\": %.3g, \"lse_worst_over_bound\": %.3g}\n",
+		       bwd_kind[kind], T, ok ? "true" : "false", nonfinite, wo, w16, wl);
+		bad |= !ok;
+	}
+	cudaFree(q), cudaFree(k), cudaFree(v), cudaFree(o16), cudaFree(out), cudaFree(lse);
+	if (bad)
+		return 1;
+	B = 8, T = 2048, H = 32;
+	n = (size_t)B * T * H * 128;
+	CK(cudaMalloc(&q, n * 2));
+	CK(cudaMalloc(&k, n * 2));
+	CK(cudaMalloc(&v, n * 2));
+	CK(cudaMalloc(&o16, n * 2));
+	CK(cudaMalloc(&lse, (size_t)B * H * T * 4));
+	{
+		bf16 *hx = (bf16 *)malloc(n * 2);
+		for (size_t i = 0; i < n; i++)
+			hx[i] = __float2bfloat16((float)((int)(i * 37 % 101) - 50) / 80.0f);
+		CK(cudaMemcpy(q, hx, n * 2, cudaMemcpyHostToDevice));
+		CK(cudaMemcpy(k, hx + 7, (n - 7) * 2, cudaMemcpyHostToDevice));
+		CK(cudaMemcpy(v, hx + 3, (n - 3) * 2, cudaMemcpyHostToDevice));
+		free(hx);
+	}
+	cudaEvent_t t0, t1;
+	CK(cudaEventCreate(&t0));
+	CK(cudaEventCreate(&t1));
+	const double flops = 4.0 * B * H * (double)T * T * 128 / 2;
+	for (int run = 0; run < 4; run++) {
+		const int kind = run % 2, NKV = run < 2 ? H : 8;
+		/* as training calls it: out16 only */
+		if (fwd_launch(kind, nullptr, o16, lse, q, k, v, B, T, H, NKV))
+			return 1;
+		CK(cudaEventRecord(t0));
+		for (int i = 0; i < 10; i++)
+			fwd_launch(kind, nullptr, o16, lse, q, k, v, B, T, H, NKV);
+		CK(cudaEventRecord(t1));
+		CK(cudaEventSynchronize(t1));
+		float ms = 0;
+		CK(cudaEventElapsedTime(&ms, t0, t1));
+		ms /= 10;
+		printf("{\"case\": \"fwd_rate\", \"kernels\": \"%s\", \"B\": %d, \"T\": %d, \"NH\": %d, \"NKV\": %d, "
+		       "\"ms\": %.3f, \"tflops\": %.1f}\n",
+		       bwd_kind[kind], B, T, H, NKV, ms, flops / ms / 1e9);
+	}
+	cudaFree(q), cudaFree(k), cudaFree(v), cudaFree(o16), cudaFree(lse);
+	return 0;
+}
+
 int main(int argc, char **argv)
 {
 	const int reps = argc > 1 ? atoi(argv[1]) : 4096;
@@ -727,7 +666,6 @@ int main(int argc, char **argv)
 
 	/* tn: A = the first 64 x 64 of q, B = the first 64 rows of k */
 	bool tn_ok = false;
-	unsigned tn_lbo = 0, tn_sbo = 0;
 	for (int v = 0; v < 2; v++) {
 		const unsigned lbo = v ? 1024 : 64 * 128, sbo = v ? 64 * 128 : 1024;
 		CK(cudaMemset(out, 0, 64 * 128 * 4));
@@ -738,14 +676,10 @@ int main(int argc, char **argv)
 		w = check(hout, hq, 64, false, hk, false, 64, 1.0);
 		printf("{\"case\": \"tn\", \"lbo\": %u, \"sbo\": %u, \"ok\": %s, \"worst_over_bound\": %.3g}\n",
 		       lbo, sbo, w <= 1 ? "true" : "false", w);
-		if (w <= 1 && !tn_ok) {
-			tn_ok = true;
-			tn_lbo = lbo;
-			tn_sbo = sbo;
-		}
+		tn_ok |= w <= 1;
 	}
 	bad |= !tn_ok;
-	if (tn_ok && fwd_probe(tn_lbo, tn_sbo, sms_of()))
+	if (fwd_probe())
 		bad = 1;
 	if (bwd_probe())
 		bad = 1;
