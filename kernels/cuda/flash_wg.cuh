@@ -5,8 +5,9 @@
  * the tensor cores' asynchronous path instead of mma.sync:
  *   flash_fwd_wg_d128: a block (one warpgroup, 128 threads) per (64
  *     queries, head, batch): S = Q K^T, the online softmax, O += P V;
- *   flash_bwd_dkdv_wg_d128: a block per (64 keys, head, batch) owns those keys' dK and dV (with kv groups, that query
- *     head's partials, as flash_bwd_dkdv; flash_kv_reduce adds them), over
+ *   flash_bwd_dkdv_wg_d128: a block per (64 keys, head, batch) owns those
+ *     keys' dK and dV (with kv groups, that query head's partials, as
+ *     flash_bwd_dkdv; flash_kv_reduce adds them), over
  *     the query tiles at or past its keys: S^T = K Q^T and dP^T = V dO^T
  *     (both operands K-major in shared memory), P^T = fa_bwd_p and dS^T =
  *     P^T (dP^T - Dr) in registers, then dV += P^T dO and dK += dS^T Q with
