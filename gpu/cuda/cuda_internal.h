@@ -141,7 +141,7 @@ struct cu_backend {
 	/* The module is the sm_90a cubin (load_kernels): the kernels of
 	 * kernels/cuda/flash_wg.cuh have their bodies. */
 	bool image_specific;
-	/* HS 128's forward and backward by flash_wg.cuh's wgmma kernels (the
+	/* HS 64's and 128's forward and backward by flash_wg.cuh's wgmma kernels (the
 	 * sm_90a image, their shared memory granted, TD_CUDA_NO_WGMMA unset),
 	 * else by flash.cu's mma.sync ones. */
 	bool flash_wg;

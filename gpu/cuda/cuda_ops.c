@@ -785,9 +785,25 @@ enum flash_kind { FLASH_FWD, FLASH_DKDV, FLASH_DQ };
  * double-buffered, the block's 128 keys and values (eight tiles), and the
  * row statistics of both buffers */
 #define FLASH_DKDV8_SMEM (8u * 64u * (128u + 8u) * 2u + 2u * 2u * 64u * 4u)
-/* flash_wg.cuh's FA_WG_SMEM: six 64 x 128 bf16 tiles, the row statistics
- * twice, 1 KiB to align the tiles */
-#define FLASH_WG_SMEM (6u * 64u * 128u * 2u + 2u * 2u * 64u * 4u + 1024u)
+/* flash_wg.cuh's FA_WG_SMEM(D): six 64 x HS bf16 tiles, the row
+ * statistics twice, 1 KiB to align the tiles */
+#define FLASH_WG_SMEM(HS) (6u * 64u * (unsigned)(HS) * 2u + 2u * 2u * 64u * 4u + 1024u)
+
+/* flash_wg.cuh's wgmma kernels (the sm_90a image: cb->flash_wg), head
+ * sizes 64 and 128 */
+static bool flash_wg_size(int HS)
+{
+	return HS == 64 || HS == 128;
+}
+static void flash_wg_kernels(int HS, enum cu_kernel *fwd, enum cu_kernel *dkdv, enum cu_kernel *dq)
+{
+	assert(flash_wg_size(HS));
+	if (HS == 64)
+		*fwd = CU_K_flash_fwd_wg_d64, *dkdv = CU_K_flash_bwd_dkdv_wg_d64, *dq = CU_K_flash_bwd_dq_wg_d64;
+	else
+		*fwd = CU_K_flash_fwd_wg_d128, *dkdv = CU_K_flash_bwd_dkdv_wg_d128,
+		*dq = CU_K_flash_bwd_dq_wg_d128;
+}
 static unsigned flash_smem_bytes(enum flash_kind kind, int HS)
 {
 	unsigned tile = 64u * (unsigned)(HS + 8) * 2u, st = HS <= 64 ? 2u : 1u;
@@ -829,16 +845,16 @@ void cu_flash_prepare(struct cu_backend *cb)
 	/* TD_CUDA_NO_WGMMA=1: the mma.sync kernels on Hopper too (a test and
 	 * benchmark hook: the two paths side by side in one call) */
 	const char *no_wg = getenv("TD_CUDA_NO_WGMMA");
-	cb->flash_wg = cb->image_specific && !(no_wg && strcmp(no_wg, "1") == 0) &&
-		       cb->drv.cuFuncSetAttribute(cb->fn[CU_K_flash_fwd_wg_d128],
-						  CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-						  (int)FLASH_WG_SMEM) == CUDA_SUCCESS &&
-		       cb->drv.cuFuncSetAttribute(cb->fn[CU_K_flash_bwd_dkdv_wg_d128],
-						  CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-						  (int)FLASH_WG_SMEM) == CUDA_SUCCESS &&
-		       cb->drv.cuFuncSetAttribute(cb->fn[CU_K_flash_bwd_dq_wg_d128],
-						  CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-						  (int)FLASH_WG_SMEM) == CUDA_SUCCESS;
+	cb->flash_wg = cb->image_specific && !(no_wg && strcmp(no_wg, "1") == 0);
+	for (int HS = 64; HS <= 128 && cb->flash_wg; HS += 64) {
+		enum cu_kernel k[3];
+		flash_wg_kernels(HS, &k[0], &k[1], &k[2]);
+		for (int j = 0; j < 3; j++)
+			if (cb->drv.cuFuncSetAttribute(cb->fn[k[j]],
+						       CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+						       (int)FLASH_WG_SMEM(HS)) != CUDA_SUCCESS)
+				cb->flash_wg = false;
+	}
 }
 
 #define FLASH_FWD_ROWS 128 /* flash.cu's FA_FWD_ROWS: queries per forward block */
@@ -921,10 +937,11 @@ static void cu_attention_forward(struct gpu_backend *be, float *out, gpu_bf16 *o
 		 * first, so every head's heaviest tiles start before any
 		 * lighter one (the lightest fill the tail) */
 		void *args[] = {&out, &out16, &att, &fc.q, &fc.k, &fc.v, &T, &NH, &NKV};
-		if (HS == 128 && cb->flash_wg) { /* flash_wg.cuh: (64-query tiles, NH, B) */
-			cu_launch(cb, CU_K_flash_fwd_wg_d128,
-				  (struct cu_dim){cu_blocks((size_t)T, 64), (unsigned)NH, (unsigned)B},
-				  dim1(128), FLASH_WG_SMEM, args);
+		if (cb->flash_wg && flash_wg_size(HS)) { /* flash_wg.cuh: (64-query tiles, NH, B) */
+			enum cu_kernel wf, wk, wq;
+			flash_wg_kernels(HS, &wf, &wk, &wq);
+			cu_launch(cb, wf, (struct cu_dim){cu_blocks((size_t)T, 64), (unsigned)NH, (unsigned)B},
+				  dim1(128), FLASH_WG_SMEM(HS), args);
 			return;
 		}
 		cu_launch(cb, f,
@@ -998,9 +1015,12 @@ static void cu_attention_backward(struct gpu_backend *be, float *dq, float *dk, 
 		/* flash_wg.cuh's grids: (64-row tiles, NH, B), a head's tiles
 		 * together */
 		const struct cu_dim wgrid = {cu_blocks((size_t)T, 64), (unsigned)NH, (unsigned)B};
-		if (HS == 128 && cb->flash_wg)
-			cu_launch(cb, CU_K_flash_bwd_dkdv_wg_d128, wgrid, dim1(128), FLASH_WG_SMEM, kargs);
-		else if (HS == 128 && cb->flash_dkdv8) /* 8 warps, 128 keys a block */
+		const bool wg = cb->flash_wg && flash_wg_size(HS);
+		enum cu_kernel wf, wk, wq = kdq;
+		if (wg) {
+			flash_wg_kernels(HS, &wf, &wk, &wq);
+			cu_launch(cb, wk, wgrid, dim1(128), FLASH_WG_SMEM(HS), kargs);
+		} else if (HS == 128 && cb->flash_dkdv8) /* 8 warps, 128 keys a block */
 			cu_launch(cb, CU_K_flash_bwd_dkdv8_d128,
 				  (struct cu_dim){cu_blocks((size_t)T, 128), (unsigned)NH,
 						  (unsigned)B},
@@ -1016,8 +1036,8 @@ static void cu_attention_backward(struct gpu_backend *be, float *dq, float *dk, 
 			launch_n(cb, CU_K_flash_kv_reduce_f32, (size_t)rows * NKV * HS / 4, sargs);
 		}
 		void *qargs[] = {&dq, &fc.dout, &fc.q, &fc.k, &fc.v, &att, &datt, &T, &NH, &NKV};
-		if (HS == 128 && cb->flash_wg) {
-			cu_launch(cb, CU_K_flash_bwd_dq_wg_d128, wgrid, dim1(128), FLASH_WG_SMEM, qargs);
+		if (wg) {
+			cu_launch(cb, wq, wgrid, dim1(128), FLASH_WG_SMEM(HS), qargs);
 			return;
 		}
 		/* the heaviest (last) query tiles of every head first */

@@ -1,11 +1,11 @@
-/* Causal attention at head size 128 on Hopper's warpgroup products (wgmma,
+/* Causal attention at head sizes 64 and 128 on Hopper's warpgroup products (wgmma,
  * sm_90a; issue 13): the same deterministic split and the same arithmetic
  * per element as flash.cu's kernels (it includes this file at its end and
  * lends it fa_pack, fa_ex2, fa_bwd_p, fa_quad_*, the cp.async helpers), on
  * the tensor cores' asynchronous path instead of mma.sync:
- *   flash_fwd_wg_d128: a block (one warpgroup, 128 threads) per (64
+ *   flash_fwd_wg_d*: a block (one warpgroup, 128 threads) per (64
  *     queries, head, batch): S = Q K^T, the online softmax, O += P V;
- *   flash_bwd_dkdv_wg_d128: a block per (64 keys, head, batch) owns those
+ *   flash_bwd_dkdv_wg_d*: a block per (64 keys, head, batch) owns those
  *     keys' dK and dV (with kv groups, that query head's partials, as
  *     flash_bwd_dkdv; flash_kv_reduce adds them), over
  *     the query tiles at or past its keys: S^T = K Q^T and dP^T = V dO^T
@@ -13,7 +13,7 @@
  *     P^T (dP^T - Dr) in registers, then dV += P^T dO and dK += dS^T Q with
  *     P^T and dS^T as A fragments in registers and dO, Q read MN-major from
  *     the same shared bytes;
- *   flash_bwd_dq_wg_d128: a block per (64 queries, head, batch), heaviest
+ *   flash_bwd_dq_wg_d*: a block per (64 queries, head, batch), heaviest
  *     first, over the key tiles up to them: S = Q K^T, dP = dO V^T, dS in
  *     registers, dQ += dS K with K read MN-major.
  * Each block's next tile (Q and dO, or K and V, and the row statistics) is
@@ -21,10 +21,10 @@
  * products per tile pair over both kernels (S and dP twice), no atomics:
  * each gradient element is one block's fixed-order sum, as in flash.cu.
  *
- * Shared memory: 64-row tiles of 128 bf16 in wgmma's 128-byte swizzle, each
+ * Shared memory: 64-row tiles of HS bf16 in wgmma's 128-byte swizzle, each
  * 1024-byte aligned: a row's 64-value (128-byte) runs of the head dimension
- * in two regions of 64 rows x 128 bytes (8 KiB apart), the 16-byte chunk c
- * of row r at chunk c ^ (r % 8). A K-major operand (the head dimension the
+ * in regions of 64 rows x 128 bytes (8 KiB apart; one at HS 64), the
+ * 16-byte chunk c of row r at chunk c ^ (r % 8). A K-major operand (the head dimension the
  * reduction) steps 32 bytes a k16 in its region (descriptor LBO unused, SBO
  * 1024: 8 rows); an MN-major one (the rows the reduction, imm-trans-b 1)
  * steps 16 rows (2 KiB) a k16, LBO 8192 between the N runs, SBO 1024 — the
@@ -45,11 +45,11 @@
 #define FA_WG 0
 #endif
 
-#define FA_WG_TILE (64 * 128 * 2) /* bytes of a 64 x 128 bf16 tile */
-/* Dynamic shared memory of both kernels: four tiles of the block's own rows
- * (K, V or Q, dO: two; the streamed pair twice: four), the row statistics
+#define FA_WG_TILE(D) (64 * (D) * 2) /* bytes of a 64 x D bf16 tile */
+/* Dynamic shared memory of every kernel here at head size D: six tiles (the
+ * block's own rows, two, and the streamed pair twice), the row statistics
  * twice, and 1 KiB to align the tiles to 1024 bytes. */
-#define FA_WG_SMEM (6 * FA_WG_TILE + 2 * 2 * 64 * 4 + 1024)
+#define FA_WG_SMEM(D) (6 * FA_WG_TILE(D) + 2 * 2 * 64 * 4 + 1024)
 
 #if FA_WG
 static __device__ __forceinline__ unsigned fa_wg_swz(int r, int k)
@@ -95,15 +95,17 @@ static __device__ __forceinline__ void fa_wg_cp4z(void *dst, const void *src, un
 	asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(s), "l"(src), "r"(n));
 }
 
-/* 64 rows from r0 of a (B, T, heads, 128) bf16 tensor (src: the head's row
- * 0, ld: a row's stride in values) into a swizzled tile, 8 chunks of 16
- * bytes a thread; rows past T zero-filled (their source clamped to row 0). */
+/* 64 rows from r0 of a (B, T, heads, D) bf16 tensor (src: the head's row
+ * 0, ld: a row's stride in values) into a swizzled tile, D / 16 chunks of
+ * 16 bytes a thread; rows past T zero-filled (their source clamped to row
+ * 0). */
+template <int D>
 static __device__ __forceinline__ void fa_wg_tile(unsigned char *dst, const fa_bf16 *src, size_t ld,
 						  int r0, int T)
 {
 #pragma unroll
-	for (int j = 0; j < 8; j++) {
-		const int i = threadIdx.x + 128 * j, r = i / 16, c = i % 16;
+	for (int j = 0; j < D / 16; j++) {
+		const int i = threadIdx.x + 128 * j, r = i / (D / 8), c = i % (D / 8);
 		const bool in = r0 + r < T;
 		fa_wg_cp16z(dst + fa_wg_swz(r, c * 8), src + (in ? (size_t)(r0 + r) * ld : 0) + c * 8,
 			    in ? 16u : 0u);
@@ -152,12 +154,23 @@ static __device__ __forceinline__ void fa_wg_rs128(float d[64], const uint32_t a
 		     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
 }
 
-/* x (64 x 64) = the product of two K-major 64 x 128 tiles, eight k16 steps
- * (two regions of four) */
+/* d (64 x 64) += A B, as fa_wg_rs128 at head size 64 */
+static __device__ __forceinline__ void fa_wg_rs64(float d[32], const uint32_t a[4], uint64_t db)
+{
+	asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+		     "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " FA_WG_D32
+		     ", {%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"
+		     : FA_WG_O8(d, 0), FA_WG_O8(d, 8), FA_WG_O8(d, 16), FA_WG_O8(d, 24)
+		     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
+}
+
+/* x (64 x 64) = the product of two K-major 64 x D tiles, D / 16 k16 steps
+ * (regions of four) */
+template <int D>
 static __device__ __forceinline__ void fa_wg_nt(float x[32], const unsigned char *a, const unsigned char *b)
 {
 #pragma unroll
-	for (int j = 0; j < 8; j++)
+	for (int j = 0; j < D / 16; j++)
 		fa_wg_ss64(x, fa_wg_desc(a + (j / 4) * 8192 + (j % 4) * 32, 16, 1024),
 			   fa_wg_desc(b + (j / 4) * 8192 + (j % 4) * 32, 16, 1024), j > 0);
 }
@@ -173,12 +186,19 @@ static __device__ __forceinline__ void fa_wg_pack(uint32_t a[4][4], const float 
 			a[kk][e] = fa_pack(x[8 * kk + 2 * e], x[8 * kk + 2 * e + 1]);
 }
 
-/* acc (64 x 128) += A (64 x 64, fragments) times the MN-major tile b */
-static __device__ __forceinline__ void fa_wg_pv(float acc[64], const uint32_t a[4][4], const unsigned char *b)
+/* acc (64 x D) += A (64 x 64, fragments) times the MN-major tile b (a k16
+ * step is 16 rows of 128 bytes in every region; at D 64 one region, LBO
+ * unused) */
+template <int D>
+static __device__ __forceinline__ void fa_wg_pv(float acc[D / 2], const uint32_t a[4][4], const unsigned char *b)
 {
 #pragma unroll
-	for (int kk = 0; kk < 4; kk++)
-		fa_wg_rs128(acc, a[kk], fa_wg_desc(b + kk * 16 * 128, 8192, 1024));
+	for (int kk = 0; kk < 4; kk++) {
+		if constexpr (D == 128)
+			fa_wg_rs128(acc, a[kk], fa_wg_desc(b + kk * 16 * 128, 8192, 1024));
+		else
+			fa_wg_rs64(acc, a[kk], fa_wg_desc(b + kk * 16 * 128, 8192, 1024));
+	}
 }
 
 /* The block's aligned shared memory. */
@@ -190,45 +210,45 @@ static __device__ __forceinline__ unsigned char *fa_wg_smem()
 }
 #endif
 
-/* dK, dV (scaled by 1/sqrt(128)) or, with kv groups, the query head's
- * partials ((B,T,NH,128)); grid (ceil(T/64), NH, B): a head's key tiles
+#if FA_WG
+/* dK, dV (scaled by 1/sqrt(D)) or, with kv groups, the query head's
+ * partials ((B,T,NH,D)); grid (ceil(T/64), NH, B): a head's key tiles
  * start together (x fastest), so that the Q and dO rows they all stream
  * are read from memory about once and then from L2. (A grid with the heads
  * fastest, every head's heaviest tile first, streamed each head's rows
  * from memory: 2.5 TB/s on an H100, the bound.) */
-extern "C" __global__ void __launch_bounds__(128)
-	flash_bwd_dkdv_wg_d128(float *dk, float *dv, const fa_bf16 *dout, const fa_bf16 *q,
+template <int D>
+static __device__ __forceinline__ void fa_wg_dkdv(float *dk, float *dv, const fa_bf16 *dout, const fa_bf16 *q,
 			       const fa_bf16 *k, const fa_bf16 *v, const float *lse, const float *dr,
 			       int T, int NH, int NKV)
 {
-#if FA_WG
 	const int h = blockIdx.y, b = blockIdx.z, k0 = blockIdx.x * 64, kvh = h / (NH / NKV);
-	const size_t ldq = (size_t)NH * 128, ldk = (size_t)NKV * 128;
-	const fa_bf16 *qb = q + (size_t)b * T * ldq + h * 128, *ob = dout + (size_t)b * T * ldq + h * 128;
+	const size_t ldq = (size_t)NH * D, ldk = (size_t)NKV * D;
+	const fa_bf16 *qb = q + (size_t)b * T * ldq + h * D, *ob = dout + (size_t)b * T * ldq + h * D;
 	const float *lb = lse + ((size_t)b * NH + h) * T, *db = dr + ((size_t)b * NH + h) * T;
-	unsigned char *sm = fa_wg_smem(), *sk = sm, *sv = sm + FA_WG_TILE;
-	float *rows = reinterpret_cast<float *>(sm + 6 * FA_WG_TILE); /* [buf][L 64, Dr 64] */
-	fa_wg_tile(sk, k + (size_t)b * T * ldk + kvh * 128, ldk, k0, T);
-	fa_wg_tile(sv, v + (size_t)b * T * ldk + kvh * 128, ldk, k0, T);
-	fa_wg_tile(sm + 2 * FA_WG_TILE, qb, ldq, k0, T);
-	fa_wg_tile(sm + 4 * FA_WG_TILE, ob, ldq, k0, T);
+	unsigned char *sm = fa_wg_smem(), *sk = sm, *sv = sm + FA_WG_TILE(D);
+	float *rows = reinterpret_cast<float *>(sm + 6 * FA_WG_TILE(D)); /* [buf][L 64, Dr 64] */
+	fa_wg_tile<D>(sk, k + (size_t)b * T * ldk + kvh * D, ldk, k0, T);
+	fa_wg_tile<D>(sv, v + (size_t)b * T * ldk + kvh * D, ldk, k0, T);
+	fa_wg_tile<D>(sm + 2 * FA_WG_TILE(D), qb, ldq, k0, T);
+	fa_wg_tile<D>(sm + 4 * FA_WG_TILE(D), ob, ldq, k0, T);
 	fa_wg_rows(rows + (threadIdx.x < 64 ? 0 : 64), threadIdx.x < 64 ? lb : db, k0, T);
 	fa_commit();
 	const int w = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
 	const int key0 = k0 + 16 * w + g; /* this thread's keys: key0, key0 + 8 */
-	const float sl2 = FA_LOG2E * rsqrtf(128.0f);
-	float dK[64], dV[64];
+	const float sl2 = FA_LOG2E * rsqrtf((float)D);
+	float dK[D / 2], dV[D / 2];
 #pragma unroll
-	for (int i = 0; i < 64; i++)
+	for (int i = 0; i < D / 2; i++)
 		dK[i] = dV[i] = 0.0f;
 	const int tiles = (T - k0 + 63) / 64;
 	for (int it = 0; it < tiles; it++) {
 		const int q0 = k0 + 64 * it, buf = it & 1;
 		__syncthreads(); /* every warp's products of tile it - 1 are done */
 		if (it + 1 < tiles) { /* the next query tile into the other buffer */
-			unsigned char *nq = sm + (2 + (buf ^ 1)) * FA_WG_TILE;
-			fa_wg_tile(nq, qb, ldq, q0 + 64, T);
-			fa_wg_tile(nq + 2 * FA_WG_TILE, ob, ldq, q0 + 64, T);
+			unsigned char *nq = sm + (2 + (buf ^ 1)) * FA_WG_TILE(D);
+			fa_wg_tile<D>(nq, qb, ldq, q0 + 64, T);
+			fa_wg_tile<D>(nq + 2 * FA_WG_TILE(D), ob, ldq, q0 + 64, T);
 			fa_wg_rows(rows + 128 * (buf ^ 1) + (threadIdx.x < 64 ? 0 : 64),
 				   threadIdx.x < 64 ? lb : db, q0 + 64, T);
 		}
@@ -236,12 +256,12 @@ extern "C" __global__ void __launch_bounds__(128)
 		fa_wait<1>();
 		fa_wg_proxy();
 		__syncthreads();
-		const unsigned char *sq = sm + (2 + buf) * FA_WG_TILE, *so = sq + 2 * FA_WG_TILE;
+		const unsigned char *sq = sm + (2 + buf) * FA_WG_TILE(D), *so = sq + 2 * FA_WG_TILE(D);
 		const float *sl = rows + 128 * buf, *sd = sl + 64;
 		float st[32], dpt[32];
 		fa_wg_fence();
-		fa_wg_nt(st, sk, sq);
-		fa_wg_nt(dpt, sv, so);
+		fa_wg_nt<D>(st, sk, sq);
+		fa_wg_nt<D>(dpt, sv, so);
 		fa_wg_commit();
 		fa_wg_wait0();
 		/* (key, query) of accumulator i: key0 + 8 ((i >> 1) & 1), q0 + qc.
@@ -260,15 +280,15 @@ extern "C" __global__ void __launch_bounds__(128)
 		fa_wg_pack(ap, st);
 		fa_wg_pack(as, dpt);
 		fa_wg_fence();
-		fa_wg_pv(dV, ap, so);
-		fa_wg_pv(dK, as, sq);
+		fa_wg_pv<D>(dV, ap, so);
+		fa_wg_pv<D>(dK, as, sq);
 		fa_wg_commit();
 		fa_wg_wait0();
 	}
-	const float sc = rsqrtf(128.0f);
-	float *kb = dk + (size_t)b * T * ldq + h * 128, *vb = dv + (size_t)b * T * ldq + h * 128;
+	const float sc = rsqrtf((float)D);
+	float *kb = dk + (size_t)b * T * ldq + h * D, *vb = dv + (size_t)b * T * ldq + h * D;
 #pragma unroll
-	for (int j = 0; j < 16; j++)
+	for (int j = 0; j < D / 8; j++)
 #pragma unroll
 		for (int hi = 0; hi < 2; hi++) {
 			const int key = key0 + 8 * hi, c = 8 * j + 2 * t;
@@ -279,28 +299,24 @@ extern "C" __global__ void __launch_bounds__(128)
 					make_float2(dV[4 * j + 2 * hi], dV[4 * j + 2 * hi + 1]);
 			}
 		}
-#else
-	__trap();
-#endif
 }
 
-/* dQ (scaled by 1/sqrt(128)); grid (ceil(T/64), NH, B), a head's query
+/* dQ (scaled by 1/sqrt(D)); grid (ceil(T/64), NH, B), a head's query
  * tiles together, its last (heaviest) first: they stream the same K and V
  * rows (and a kv group's heads follow one another). */
-extern "C" __global__ void __launch_bounds__(128)
-	flash_bwd_dq_wg_d128(float *dq, const fa_bf16 *dout, const fa_bf16 *q, const fa_bf16 *k,
+template <int D>
+static __device__ __forceinline__ void fa_wg_dq(float *dq, const fa_bf16 *dout, const fa_bf16 *q, const fa_bf16 *k,
 			     const fa_bf16 *v, const float *lse, const float *dr, int T, int NH, int NKV)
 {
-#if FA_WG
 	const int h = blockIdx.y, b = blockIdx.z, q0 = (gridDim.x - 1 - blockIdx.x) * 64;
 	const int kvh = h / (NH / NKV);
-	const size_t ldq = (size_t)NH * 128, ldk = (size_t)NKV * 128;
-	const fa_bf16 *kb = k + (size_t)b * T * ldk + kvh * 128, *vb = v + (size_t)b * T * ldk + kvh * 128;
-	unsigned char *sm = fa_wg_smem(), *sq = sm, *so = sm + FA_WG_TILE;
-	fa_wg_tile(sq, q + (size_t)b * T * ldq + h * 128, ldq, q0, T);
-	fa_wg_tile(so, dout + (size_t)b * T * ldq + h * 128, ldq, q0, T);
-	fa_wg_tile(sm + 2 * FA_WG_TILE, kb, ldk, 0, T);
-	fa_wg_tile(sm + 4 * FA_WG_TILE, vb, ldk, 0, T);
+	const size_t ldq = (size_t)NH * D, ldk = (size_t)NKV * D;
+	const fa_bf16 *kb = k + (size_t)b * T * ldk + kvh * D, *vb = v + (size_t)b * T * ldk + kvh * D;
+	unsigned char *sm = fa_wg_smem(), *sq = sm, *so = sm + FA_WG_TILE(D);
+	fa_wg_tile<D>(sq, q + (size_t)b * T * ldq + h * D, ldq, q0, T);
+	fa_wg_tile<D>(so, dout + (size_t)b * T * ldq + h * D, ldq, q0, T);
+	fa_wg_tile<D>(sm + 2 * FA_WG_TILE(D), kb, ldk, 0, T);
+	fa_wg_tile<D>(sm + 4 * FA_WG_TILE(D), vb, ldk, 0, T);
 	fa_commit();
 	const int w = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
 	const int row0 = q0 + 16 * w + g; /* this thread's queries: row0, row0 + 8 */
@@ -312,29 +328,29 @@ extern "C" __global__ void __launch_bounds__(128)
 		lr[r] = row < T ? lb[row] : 0.0f;
 		drr[r] = row < T ? db[row] : 0.0f;
 	}
-	const float sl2 = FA_LOG2E * rsqrtf(128.0f);
-	float dQ[64];
+	const float sl2 = FA_LOG2E * rsqrtf((float)D);
+	float dQ[D / 2];
 #pragma unroll
-	for (int i = 0; i < 64; i++)
+	for (int i = 0; i < D / 2; i++)
 		dQ[i] = 0.0f;
 	const int tiles = q0 / 64 + 1;
 	for (int it = 0; it < tiles; it++) {
 		const int k0 = 64 * it, buf = it & 1;
 		__syncthreads();
 		if (it + 1 < tiles) {
-			unsigned char *nk = sm + (2 + (buf ^ 1)) * FA_WG_TILE;
-			fa_wg_tile(nk, kb, ldk, k0 + 64, T);
-			fa_wg_tile(nk + 2 * FA_WG_TILE, vb, ldk, k0 + 64, T);
+			unsigned char *nk = sm + (2 + (buf ^ 1)) * FA_WG_TILE(D);
+			fa_wg_tile<D>(nk, kb, ldk, k0 + 64, T);
+			fa_wg_tile<D>(nk + 2 * FA_WG_TILE(D), vb, ldk, k0 + 64, T);
 		}
 		fa_commit();
 		fa_wait<1>();
 		fa_wg_proxy();
 		__syncthreads();
-		const unsigned char *sk = sm + (2 + buf) * FA_WG_TILE, *sv = sk + 2 * FA_WG_TILE;
+		const unsigned char *sk = sm + (2 + buf) * FA_WG_TILE(D), *sv = sk + 2 * FA_WG_TILE(D);
 		float s[32], dp[32];
 		fa_wg_fence();
-		fa_wg_nt(s, sq, sk);
-		fa_wg_nt(dp, so, sv);
+		fa_wg_nt<D>(s, sq, sk);
+		fa_wg_nt<D>(dp, so, sv);
 		fa_wg_commit();
 		fa_wg_wait0();
 		const bool diag = k0 == q0;
@@ -347,14 +363,14 @@ extern "C" __global__ void __launch_bounds__(128)
 		uint32_t as[4][4];
 		fa_wg_pack(as, dp);
 		fa_wg_fence();
-		fa_wg_pv(dQ, as, sk);
+		fa_wg_pv<D>(dQ, as, sk);
 		fa_wg_commit();
 		fa_wg_wait0();
 	}
-	const float sc = rsqrtf(128.0f);
-	float *qo = dq + (size_t)b * T * ldq + h * 128;
+	const float sc = rsqrtf((float)D);
+	float *qo = dq + (size_t)b * T * ldq + h * D;
 #pragma unroll
-	for (int j = 0; j < 16; j++)
+	for (int j = 0; j < D / 8; j++)
 #pragma unroll
 		for (int hi = 0; hi < 2; hi++) {
 			const int row = row0 + 8 * hi, c = 8 * j + 2 * t;
@@ -362,9 +378,6 @@ extern "C" __global__ void __launch_bounds__(128)
 				*reinterpret_cast<float2 *>(qo + (size_t)row * ldq + c) =
 					make_float2(dQ[4 * j + 2 * hi] * sc, dQ[4 * j + 2 * hi + 1] * sc);
 		}
-#else
-	__trap();
-#endif
 }
 
 /* The forward, a block (one warpgroup) per (64 queries, head, batch); grid
@@ -375,43 +388,42 @@ extern "C" __global__ void __launch_bounds__(128)
  * once, each power fa_ex2 of one FFMA, the mask only on the diagonal tile
  * or past T), P rounded to bf16 as A fragments, O += P V with V MN-major.
  * out and out16 written where not NULL, and L = m + log2(l) per row. */
-extern "C" __global__ void __launch_bounds__(128)
-	flash_fwd_wg_d128(float *out, fa_bf16 *out16, float *lse, const fa_bf16 *q, const fa_bf16 *k,
+template <int D>
+static __device__ __forceinline__ void fa_wg_fwd(float *out, fa_bf16 *out16, float *lse, const fa_bf16 *q, const fa_bf16 *k,
 			  const fa_bf16 *v, int T, int NH, int NKV)
 {
-#if FA_WG
 	const int h = blockIdx.y, b = blockIdx.z, q0 = (gridDim.x - 1 - blockIdx.x) * 64;
 	const int kvh = h / (NH / NKV);
-	const size_t ldq = (size_t)NH * 128, ldk = (size_t)NKV * 128;
-	const fa_bf16 *kb = k + (size_t)b * T * ldk + kvh * 128, *vb = v + (size_t)b * T * ldk + kvh * 128;
+	const size_t ldq = (size_t)NH * D, ldk = (size_t)NKV * D;
+	const fa_bf16 *kb = k + (size_t)b * T * ldk + kvh * D, *vb = v + (size_t)b * T * ldk + kvh * D;
 	unsigned char *sm = fa_wg_smem(), *sq = sm;
-	fa_wg_tile(sq, q + (size_t)b * T * ldq + h * 128, ldq, q0, T);
-	fa_wg_tile(sm + FA_WG_TILE, kb, ldk, 0, T);
-	fa_wg_tile(sm + 3 * FA_WG_TILE, vb, ldk, 0, T);
+	fa_wg_tile<D>(sq, q + (size_t)b * T * ldq + h * D, ldq, q0, T);
+	fa_wg_tile<D>(sm + FA_WG_TILE(D), kb, ldk, 0, T);
+	fa_wg_tile<D>(sm + 3 * FA_WG_TILE(D), vb, ldk, 0, T);
 	fa_commit();
 	const int w = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
 	const int r = q0 + 16 * w, row0 = r + g; /* this warp's first row; the thread's: row0, row0 + 8 */
-	const float sl2 = FA_LOG2E * rsqrtf(128.0f);
-	float o[64], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+	const float sl2 = FA_LOG2E * rsqrtf((float)D);
+	float o[D / 2], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
 #pragma unroll
-	for (int i = 0; i < 64; i++)
+	for (int i = 0; i < D / 2; i++)
 		o[i] = 0.0f;
 	const int tiles = (min(T, q0 + 64) - 1) / 64 + 1;
 	for (int it = 0; it < tiles; it++) {
 		const int k0 = 64 * it, buf = it & 1;
 		__syncthreads();
 		if (it + 1 < tiles) {
-			fa_wg_tile(sm + (1 + (buf ^ 1)) * FA_WG_TILE, kb, ldk, k0 + 64, T);
-			fa_wg_tile(sm + (3 + (buf ^ 1)) * FA_WG_TILE, vb, ldk, k0 + 64, T);
+			fa_wg_tile<D>(sm + (1 + (buf ^ 1)) * FA_WG_TILE(D), kb, ldk, k0 + 64, T);
+			fa_wg_tile<D>(sm + (3 + (buf ^ 1)) * FA_WG_TILE(D), vb, ldk, k0 + 64, T);
 		}
 		fa_commit();
 		fa_wait<1>();
 		fa_wg_proxy();
 		__syncthreads();
-		const unsigned char *sk = sm + (1 + buf) * FA_WG_TILE, *sv = sm + (3 + buf) * FA_WG_TILE;
+		const unsigned char *sk = sm + (1 + buf) * FA_WG_TILE(D), *sv = sm + (3 + buf) * FA_WG_TILE(D);
 		float s[32];
 		fa_wg_fence();
-		fa_wg_nt(s, sq, sk);
+		fa_wg_nt<D>(s, sq, sk);
 		fa_wg_commit();
 		fa_wg_wait0();
 		if (!(k0 + 63 <= r && k0 + 64 <= T)) { /* else below the diagonal, inside T */
@@ -442,12 +454,12 @@ extern "C" __global__ void __launch_bounds__(128)
 		for (int hi = 0; hi < 2; hi++)
 			l[hi] = l[hi] * c[hi] + rs[hi];
 #pragma unroll
-		for (int i = 0; i < 64; i++)
+		for (int i = 0; i < D / 2; i++)
 			o[i] *= c[(i >> 1) & 1];
 		uint32_t pa[4][4];
 		fa_wg_pack(pa, s);
 		fa_wg_fence();
-		fa_wg_pv(o, pa, sv);
+		fa_wg_pv<D>(o, pa, sv);
 		fa_wg_commit();
 		fa_wg_wait0();
 	}
@@ -457,9 +469,9 @@ extern "C" __global__ void __launch_bounds__(128)
 		l[hi] = fa_quad_sum(l[hi]);
 		inv[hi] = 1.0f / l[hi];
 	}
-	const size_t ob = (size_t)b * T * ldq + h * 128;
+	const size_t ob = (size_t)b * T * ldq + h * D;
 #pragma unroll
-	for (int j = 0; j < 16; j++)
+	for (int j = 0; j < D / 8; j++)
 #pragma unroll
 		for (int hi = 0; hi < 2; hi++) {
 			const int row = row0 + 8 * hi, col = 8 * j + 2 * t;
@@ -478,7 +490,35 @@ extern "C" __global__ void __launch_bounds__(128)
 			if (row0 + 8 * hi < T)
 				lb[row0 + 8 * hi] = m[hi] + log2f(l[hi]);
 	}
-#else
-	__trap();
-#endif
 }
+#define FA_WG_CALL(x) x
+#else
+#define FA_WG_CALL(x) __trap()
+#endif
+
+/* The kernels, head sizes 64 and 128: grid (ceil(T/64), NH, B), 128
+ * threads, FA_WG_SMEM(D) bytes of dynamic shared memory. */
+#define FA_WG_KERNELS(D)                                                                          \
+	extern "C" __global__ void __launch_bounds__(128)                                         \
+		flash_fwd_wg_d##D(float *out, fa_bf16 *out16, float *lse, const fa_bf16 *q,       \
+				  const fa_bf16 *k, const fa_bf16 *v, int T, int NH, int NKV)     \
+	{                                                                                         \
+		FA_WG_CALL((fa_wg_fwd<D>(out, out16, lse, q, k, v, T, NH, NKV)));                 \
+	}                                                                                         \
+	extern "C" __global__ void __launch_bounds__(128)                                         \
+		flash_bwd_dkdv_wg_d##D(float *dk, float *dv, const fa_bf16 *dout, const fa_bf16 *q, \
+				       const fa_bf16 *k, const fa_bf16 *v, const float *lse,      \
+				       const float *dr, int T, int NH, int NKV)                   \
+	{                                                                                         \
+		FA_WG_CALL((fa_wg_dkdv<D>(dk, dv, dout, q, k, v, lse, dr, T, NH, NKV)));          \
+	}                                                                                         \
+	extern "C" __global__ void __launch_bounds__(128)                                         \
+		flash_bwd_dq_wg_d##D(float *dq, const fa_bf16 *dout, const fa_bf16 *q,            \
+				     const fa_bf16 *k, const fa_bf16 *v, const float *lse,        \
+				     const float *dr, int T, int NH, int NKV)                     \
+	{                                                                                         \
+		FA_WG_CALL((fa_wg_dq<D>(dq, dout, q, k, v, lse, dr, T, NH, NKV)));                \
+	}
+
+FA_WG_KERNELS(64)
+FA_WG_KERNELS(128)
