@@ -32,8 +32,9 @@
  * the forward up to HS 64 (8 warps of 16 queries at HS 128), rebuilds
  * P and dS over the keys up to the diagonal for dQ (its own section below
  * says more). Both rebuild P as the forward forms its powers (fa_bwd_p).
- * On Hopper (the sm_90a image) head size 128's backward runs the same split
- * on warpgroup products instead: flash_wg.cuh, included at the end.
+ * On Hopper (the sm_90a image) head sizes 64 and 128, forward and backward,
+ * run the same split on warpgroup products instead: flash_wg.cuh, included
+ * at the end.
  * The cost is computing P twice in the backward instead of adding dQ with
  * float atomics.
  *
