@@ -631,30 +631,19 @@ static td_err load_ptx(struct cu_backend *cb, const struct cu_image *ptx, struct
 	return compile_ptx(cb, ptx, key, eb);
 }
 
-/* The image for this device: a cubin of the same major architecture and the
- * highest minor not above the device's (cubins run on later minors of their
- * major), else the PTX, which the driver's JIT linker compiles (counted) or
- * tier 2 of the module cache has from an earlier process. An sm_90a cubin runs
- * on compute capability 9.0 alone (image_specific: its wgmma kernels may be
- * launched). TD_CUDA_FORCE_PTX=1
- * takes the PTX path whatever the device: a test hook (tests/gpu/modcache.sh). */
+/* The image for this device (cu_image_cubin: its major, the highest minor
+ * not above its own; an sm_90a cubin on compute capability 9.0 alone, where
+ * image_specific lets its wgmma kernels be launched), else the PTX, which
+ * the driver's JIT linker compiles (counted) or tier 2 of the module cache
+ * has from an earlier process. TD_CUDA_FORCE_PTX=1 takes the PTX path
+ * whatever the device: a test hook (tests/gpu/modcache.sh). */
 static td_err load_kernels(struct cu_backend *cb, struct td_errbuf *eb)
 {
-	int want = cb->cc_major * 10 + cb->cc_minor;
 	const char *force = getenv("TD_CUDA_FORCE_PTX");
 	bool force_ptx = force && strcmp(force, "1") == 0;
-	const struct cu_image *best = NULL, *ptx = NULL;
-	for (size_t i = 0; i < cu_images_count; i++) {
-		const struct cu_image *im = &cu_images[i];
-		if (im->is_ptx) {
-			if (im->arch <= want && (!ptx || im->arch > ptx->arch))
-				ptx = im;
-			continue;
-		}
-		if (!force_ptx && im->arch / 10 == cb->cc_major && im->arch <= want &&
-		    (!im->specific || im->arch == want) && (!best || im->arch > best->arch))
-			best = im;
-	}
+	const struct cu_image *best =
+		force_ptx ? NULL : cu_image_cubin(cu_images, cu_images_count, cb->cc_major, cb->cc_minor);
+	const struct cu_image *ptx = cu_image_ptx(cu_images, cu_images_count, cb->cc_major, cb->cc_minor);
 	CUresult r;
 	td_err e;
 	cb->image_specific = best && best->specific;

@@ -18,4 +18,12 @@ struct cu_image {
 extern const struct cu_image cu_images[];
 extern const size_t cu_images_count;
 
+/* Of the n images im (gpu/cuda/image_pick.c): the cubin a device of compute
+ * capability major.minor loads — its major, the highest minor not above
+ * its own (cubins run on later minors of their major), an arch-specific
+ * one (sm_90a) only on its own capability — or NULL; and the PTX of the
+ * highest architecture not above it, or NULL. */
+const struct cu_image *cu_image_cubin(const struct cu_image *im, size_t n, int major, int minor);
+const struct cu_image *cu_image_ptx(const struct cu_image *im, size_t n, int major, int minor);
+
 #endif
