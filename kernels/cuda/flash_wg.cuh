@@ -201,6 +201,30 @@ static __device__ __forceinline__ void fa_wg_pv(float acc[D / 2], const uint32_t
 	}
 }
 
+/* The pipeline's turn: the copies just issued (the next tile's, maybe
+ * none) committed as a group, this thread's previous group (this tile's)
+ * waited for and made visible to wgmma, then every thread's. */
+static __device__ __forceinline__ void fa_wg_landed()
+{
+	fa_commit();
+	fa_wait<1>();
+	fa_wg_proxy();
+	__syncthreads();
+}
+
+/* x = a1 b1^T and y = a2 b2^T (64 x 64 each, K-major 64 x D tiles), issued
+ * together and waited for */
+template <int D>
+static __device__ __forceinline__ void fa_wg_nt2(float x[32], const unsigned char *a1, const unsigned char *b1,
+						 float y[32], const unsigned char *a2, const unsigned char *b2)
+{
+	fa_wg_fence();
+	fa_wg_nt<D>(x, a1, b1);
+	fa_wg_nt<D>(y, a2, b2);
+	fa_wg_commit();
+	fa_wg_wait0();
+}
+
 /* The block's aligned shared memory. */
 static __device__ __forceinline__ unsigned char *fa_wg_smem()
 {
@@ -252,18 +276,11 @@ static __device__ __forceinline__ void fa_wg_dkdv(float *dk, float *dv, const fa
 			fa_wg_rows(rows + 128 * (buf ^ 1) + (threadIdx.x < 64 ? 0 : 64),
 				   threadIdx.x < 64 ? lb : db, q0 + 64, T);
 		}
-		fa_commit();
-		fa_wait<1>();
-		fa_wg_proxy();
-		__syncthreads();
+		fa_wg_landed();
 		const unsigned char *sq = sm + (2 + buf) * FA_WG_TILE(D), *so = sq + 2 * FA_WG_TILE(D);
 		const float *sl = rows + 128 * buf, *sd = sl + 64;
 		float st[32], dpt[32];
-		fa_wg_fence();
-		fa_wg_nt<D>(st, sk, sq);
-		fa_wg_nt<D>(dpt, sv, so);
-		fa_wg_commit();
-		fa_wg_wait0();
+		fa_wg_nt2<D>(st, sk, sq, dpt, sv, so);
 		/* (key, query) of accumulator i: key0 + 8 ((i >> 1) & 1), q0 + qc.
 		 * Queries past T read L = Dr = 0 with Q, dO rows of zeros: dS^T
 		 * is 0 there and P^T meets a zero dO row. */
@@ -342,17 +359,10 @@ static __device__ __forceinline__ void fa_wg_dq(float *dq, const fa_bf16 *dout, 
 			fa_wg_tile<D>(nk, kb, ldk, k0 + 64, T);
 			fa_wg_tile<D>(nk + 2 * FA_WG_TILE(D), vb, ldk, k0 + 64, T);
 		}
-		fa_commit();
-		fa_wait<1>();
-		fa_wg_proxy();
-		__syncthreads();
+		fa_wg_landed();
 		const unsigned char *sk = sm + (2 + buf) * FA_WG_TILE(D), *sv = sk + 2 * FA_WG_TILE(D);
 		float s[32], dp[32];
-		fa_wg_fence();
-		fa_wg_nt<D>(s, sq, sk);
-		fa_wg_nt<D>(dp, so, sv);
-		fa_wg_commit();
-		fa_wg_wait0();
+		fa_wg_nt2<D>(s, sq, sk, dp, so, sv);
 		const bool diag = k0 == q0;
 #pragma unroll
 		for (int i = 0; i < 32; i++) { /* (query, key) of accumulator i */
@@ -416,10 +426,7 @@ static __device__ __forceinline__ void fa_wg_fwd(float *out, fa_bf16 *out16, flo
 			fa_wg_tile<D>(sm + (1 + (buf ^ 1)) * FA_WG_TILE(D), kb, ldk, k0 + 64, T);
 			fa_wg_tile<D>(sm + (3 + (buf ^ 1)) * FA_WG_TILE(D), vb, ldk, k0 + 64, T);
 		}
-		fa_commit();
-		fa_wait<1>();
-		fa_wg_proxy();
-		__syncthreads();
+		fa_wg_landed();
 		const unsigned char *sk = sm + (1 + buf) * FA_WG_TILE(D), *sv = sm + (3 + buf) * FA_WG_TILE(D);
 		float s[32];
 		fa_wg_fence();
