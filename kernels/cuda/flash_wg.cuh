@@ -201,6 +201,19 @@ static __device__ __forceinline__ void fa_wg_pv(float acc[D / 2], const uint32_t
 	}
 }
 
+/* acc (64 x D) += x (64 x 64 accumulators, packed to bf16 fragments
+ * before the fence) times the MN-major tile b, issued and waited for */
+template <int D>
+static __device__ __forceinline__ void fa_wg_xv(float acc[D / 2], const float x[32], const unsigned char *b)
+{
+	uint32_t a[4][4];
+	fa_wg_pack(a, x);
+	fa_wg_fence();
+	fa_wg_pv<D>(acc, a, b);
+	fa_wg_commit();
+	fa_wg_wait0();
+}
+
 /* The pipeline's turn: the copies just issued (the next tile's, maybe
  * none) committed as a group, this thread's previous group (this tile's)
  * waited for and made visible to wgmma, then every thread's. */
@@ -370,12 +383,7 @@ static __device__ __forceinline__ void fa_wg_dq(float *dq, const fa_bf16 *dout, 
 			const float p = diag && key > row0 + 8 * r ? 0.0f : fa_bwd_p(s[i], sl2, lr[r]);
 			dp[i] = p * (dp[i] - drr[r]);
 		}
-		uint32_t as[4][4];
-		fa_wg_pack(as, dp);
-		fa_wg_fence();
-		fa_wg_pv<D>(dQ, as, sk);
-		fa_wg_commit();
-		fa_wg_wait0();
+		fa_wg_xv<D>(dQ, dp, sk);
 	}
 	const float sc = rsqrtf((float)D);
 	float *qo = dq + (size_t)b * T * ldq + h * D;
@@ -463,12 +471,7 @@ static __device__ __forceinline__ void fa_wg_fwd(float *out, fa_bf16 *out16, flo
 #pragma unroll
 		for (int i = 0; i < D / 2; i++)
 			o[i] *= c[(i >> 1) & 1];
-		uint32_t pa[4][4];
-		fa_wg_pack(pa, s);
-		fa_wg_fence();
-		fa_wg_pv<D>(o, pa, sv);
-		fa_wg_commit();
-		fa_wg_wait0();
+		fa_wg_xv<D>(o, s, sv);
 	}
 	float inv[2];
 #pragma unroll
