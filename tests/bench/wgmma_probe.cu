@@ -277,16 +277,17 @@ static int bwd_launch(int kind, bool dkdv, float *dk, float *dv, float *dq, cons
 		      const bf16 *k, const bf16 *v, const float *L, const float *Dr, int B, int T, int NH,
 		      int NKV)
 {
+	const int wsm = FA_WG_SMEM(128);
 	if (kind == 0) {
 		const dim3 grid((T + 63) / 64, NH, B);
 		if (dkdv) {
 			CK(cudaFuncSetAttribute(flash_bwd_dkdv_wg_d128, cudaFuncAttributeMaxDynamicSharedMemorySize,
-						FA_WG_SMEM));
-			flash_bwd_dkdv_wg_d128<<<grid, 128, FA_WG_SMEM>>>(dk, dv, dout, q, k, v, L, Dr, T, NH, NKV);
+						wsm));
+			flash_bwd_dkdv_wg_d128<<<grid, 128, wsm>>>(dk, dv, dout, q, k, v, L, Dr, T, NH, NKV);
 		} else {
 			CK(cudaFuncSetAttribute(flash_bwd_dq_wg_d128, cudaFuncAttributeMaxDynamicSharedMemorySize,
-						FA_WG_SMEM));
-			flash_bwd_dq_wg_d128<<<grid, 128, FA_WG_SMEM>>>(dq, dout, q, k, v, L, Dr, T, NH, NKV);
+						wsm));
+			flash_bwd_dq_wg_d128<<<grid, 128, wsm>>>(dq, dout, q, k, v, L, Dr, T, NH, NKV);
 		}
 	} else if (dkdv) {
 		const int shm = FA_KV16X8_SMEM(128);
@@ -300,6 +301,26 @@ static int bwd_launch(int kind, bool dkdv, float *dk, float *dv, float *dq, cons
 									       NKV);
 	}
 	CK(cudaGetLastError());
+	return 0;
+}
+
+/* The timed runs' bf16 inputs: n values each of q, k, v and x (dout, or
+ * the forward's out16, which it overwrites), allocated and filled with one
+ * pattern at different offsets (values within +-0.63). */
+static int timed_inputs(size_t n, bf16 **q, bf16 **k, bf16 **v, bf16 **x)
+{
+	bf16 **bufs[4] = {q, k, v, x};
+	const size_t shift[4] = {0, 7, 3, 5};
+	bf16 *hx = (bf16 *)malloc(n * 2);
+	if (!hx)
+		return 1;
+	for (size_t i = 0; i < n; i++)
+		hx[i] = __float2bfloat16((float)((int)(i * 37 % 101) - 50) / 80.0f);
+	for (int j = 0; j < 4; j++) {
+		CK(cudaMalloc(bufs[j], n * 2));
+		CK(cudaMemcpy(*bufs[j], hx + shift[j], (n - shift[j]) * 2, cudaMemcpyHostToDevice));
+	}
+	free(hx);
 	return 0;
 }
 
@@ -429,24 +450,14 @@ static int bwd_probe()
 	 * no kv groups here), random bf16 values with L, Dr of their scale */
 	B = 8, T = 2048, H = 32;
 	n = (size_t)B * T * H * 128;
-	CK(cudaMalloc(&q, n * 2));
-	CK(cudaMalloc(&k, n * 2));
-	CK(cudaMalloc(&v, n * 2));
-	CK(cudaMalloc(&dout, n * 2));
+	if (timed_inputs(n, &q, &k, &v, &dout))
+		return 1;
 	CK(cudaMalloc(&L, (size_t)B * H * T * 4));
 	CK(cudaMalloc(&Dr, (size_t)B * H * T * 4));
 	CK(cudaMalloc(&dk, n * 4));
 	CK(cudaMalloc(&dv, n * 4));
 	CK(cudaMalloc(&dq, n * 4));
 	{
-		bf16 *hx = (bf16 *)malloc(n * 2);
-		for (size_t i = 0; i < n; i++)
-			hx[i] = __float2bfloat16((float)((int)(i * 37 % 101) - 50) / 80.0f);
-		CK(cudaMemcpy(q, hx, n * 2, cudaMemcpyHostToDevice));
-		CK(cudaMemcpy(k, hx + 7, (n - 7) * 2, cudaMemcpyHostToDevice));
-		CK(cudaMemcpy(v, hx + 3, (n - 3) * 2, cudaMemcpyHostToDevice));
-		CK(cudaMemcpy(dout, hx + 5, (n - 5) * 2, cudaMemcpyHostToDevice));
-		free(hx);
 		float *hr = (float *)malloc((size_t)B * H * T * 4);
 		for (size_t i = 0; i < (size_t)B * H * T; i++)
 			hr[i] = 8.0f;
@@ -490,9 +501,9 @@ static int fwd_launch(int kind, float *out, bf16 *out16, float *lse, const bf16 
 		      int B, int T, int NH, int NKV)
 {
 	if (kind == 0) {
-		CK(cudaFuncSetAttribute(flash_fwd_wg_d128, cudaFuncAttributeMaxDynamicSharedMemorySize, FA_WG_SMEM));
-		flash_fwd_wg_d128<<<dim3((T + 63) / 64, NH, B), 128, FA_WG_SMEM>>>(out, out16, lse, q, k, v, T, NH,
-										    NKV);
+		const int wsm = FA_WG_SMEM(128);
+		CK(cudaFuncSetAttribute(flash_fwd_wg_d128, cudaFuncAttributeMaxDynamicSharedMemorySize, wsm));
+		flash_fwd_wg_d128<<<dim3((T + 63) / 64, NH, B), 128, wsm>>>(out, out16, lse, q, k, v, T, NH, NKV);
 	} else {
 		const int shm = 4 * 64 * (128 + 8) * 2;
 		CK(cudaFuncSetAttribute(flash_fwd_d128, cudaFuncAttributeMaxDynamicSharedMemorySize, shm));
@@ -591,20 +602,9 @@ static int fwd_probe()
 		return 1;
 	B = 8, T = 2048, H = 32;
 	n = (size_t)B * T * H * 128;
-	CK(cudaMalloc(&q, n * 2));
-	CK(cudaMalloc(&k, n * 2));
-	CK(cudaMalloc(&v, n * 2));
-	CK(cudaMalloc(&o16, n * 2));
+	if (timed_inputs(n, &q, &k, &v, &o16))
+		return 1;
 	CK(cudaMalloc(&lse, (size_t)B * H * T * 4));
-	{
-		bf16 *hx = (bf16 *)malloc(n * 2);
-		for (size_t i = 0; i < n; i++)
-			hx[i] = __float2bfloat16((float)((int)(i * 37 % 101) - 50) / 80.0f);
-		CK(cudaMemcpy(q, hx, n * 2, cudaMemcpyHostToDevice));
-		CK(cudaMemcpy(k, hx + 7, (n - 7) * 2, cudaMemcpyHostToDevice));
-		CK(cudaMemcpy(v, hx + 3, (n - 3) * 2, cudaMemcpyHostToDevice));
-		free(hx);
-	}
 	cudaEvent_t t0, t1;
 	CK(cudaEventCreate(&t0));
 	CK(cudaEventCreate(&t1));
