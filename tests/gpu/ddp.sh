@@ -47,7 +47,8 @@
 #           sees it beside the lease a gang takes there; Llama-3-8B full
 #           fine-tuning, bf16, B2 x T2048 a GPU, on 2 GPUs with the weights
 #           sharded (PARAMETERS) and recompute full, then full-offload
-#           (BENCH_8B=0 skips it); then peer_dist.py (PyTorch DDP, and FSDP2's
+#           (BENCH_8B=0 skips it; BENCH_8B_AB=1 adds full-offload with and
+#           without TD_CUDA_NO_WGMMA=1); then peer_dist.py (PyTorch DDP, and FSDP2's
 #           fsdp-llama3-8b-gc with PEER_RUNS) on 2 GPUs where torchrun is
 #           found
 #   hosts   one job across two daemons (issue 12, item 4): daemon A owns
@@ -398,6 +399,16 @@ if [[ " $parts " == *" bench "* ]]; then
 			bench 2 --shape llama3-8b --batch 2 --seq 2048 --shard parameters --recompute $rc
 			note "8B --shard parameters --recompute $rc: $(cat "$WORK/b2.json")"
 		done
+		# BENCH_8B_AB=1: full-offload again with attention on the mma.sync
+		# kernels (TD_CUDA_NO_WGMMA=1), then on Hopper's again: what
+		# flash_wg.cuh gives a step, in one call
+		if [ "${BENCH_8B_AB:-0}" != 0 ]; then
+			for nw in 1 0; do
+				TD_CUDA_NO_WGMMA=$nw bench 2 --shape llama3-8b --batch 2 --seq 2048 --shard parameters \
+					--recompute full-offload
+				note "8B full-offload, TD_CUDA_NO_WGMMA=$nw: $(cat "$WORK/b2.json")"
+			done
+		fi
 	fi
 	if [ -n "${PEER_DIST:-}" ] && command -v torchrun >/dev/null; then
 		echo "== bench: peer (PyTorch DDP, peer_dist.py) on 2 GPUs"
