@@ -756,9 +756,35 @@ static bool cu_gemm_bf16(struct gpu_backend *be)
 	return !cu_of(be)->fp32_strict;
 }
 
-/* The fused kernels of one head size (flash.cu), by enum. */
-static void flash_kernels(int HS, enum cu_kernel *fwd, enum cu_kernel *dkdv, enum cu_kernel *dq)
+/* flash_wg.cuh's wgmma kernels (the sm_90a image: cb->flash_wg) cover head
+ * sizes 64 and 128 */
+static bool flash_wg_size(int HS)
 {
+	return HS == 64 || HS == 128;
+}
+
+/* flash_wg.cuh's grid: (64-row tiles, NH, B), 128 threads a block; a
+ * head's tiles start together (x fastest), so that the rows they all
+ * stream come from L2 */
+static struct cu_dim flash_wg_grid(int B, int T, int NH)
+{
+	return (struct cu_dim){cu_blocks((size_t)T, 64), (unsigned)NH, (unsigned)B};
+}
+
+/* The fused kernels of one head size, by enum: flash.cu's mma.sync ones, or
+ * with wg flash_wg.cuh's (flash_wg_size(HS)). */
+static void flash_kernels(int HS, bool wg, enum cu_kernel *fwd, enum cu_kernel *dkdv, enum cu_kernel *dq)
+{
+	assert(!wg || flash_wg_size(HS));
+	if (wg && HS == 64) {
+		*fwd = CU_K_flash_fwd_wg_d64, *dkdv = CU_K_flash_bwd_dkdv_wg_d64, *dq = CU_K_flash_bwd_dq_wg_d64;
+		return;
+	}
+	if (wg) {
+		*fwd = CU_K_flash_fwd_wg_d128, *dkdv = CU_K_flash_bwd_dkdv_wg_d128,
+		*dq = CU_K_flash_bwd_dq_wg_d128;
+		return;
+	}
 	switch (HS) {
 	case 16:
 		*fwd = CU_K_flash_fwd_d16, *dkdv = CU_K_flash_bwd_dkdv_d16, *dq = CU_K_flash_bwd_dq_d16;
@@ -789,21 +815,6 @@ enum flash_kind { FLASH_FWD, FLASH_DKDV, FLASH_DQ };
  * statistics twice, 1 KiB to align the tiles */
 #define FLASH_WG_SMEM(HS) (6u * 64u * (unsigned)(HS) * 2u + 2u * 2u * 64u * 4u + 1024u)
 
-/* flash_wg.cuh's wgmma kernels (the sm_90a image: cb->flash_wg), head
- * sizes 64 and 128 */
-static bool flash_wg_size(int HS)
-{
-	return HS == 64 || HS == 128;
-}
-static void flash_wg_kernels(int HS, enum cu_kernel *fwd, enum cu_kernel *dkdv, enum cu_kernel *dq)
-{
-	assert(flash_wg_size(HS));
-	if (HS == 64)
-		*fwd = CU_K_flash_fwd_wg_d64, *dkdv = CU_K_flash_bwd_dkdv_wg_d64, *dq = CU_K_flash_bwd_dq_wg_d64;
-	else
-		*fwd = CU_K_flash_fwd_wg_d128, *dkdv = CU_K_flash_bwd_dkdv_wg_d128,
-		*dq = CU_K_flash_bwd_dq_wg_d128;
-}
 static unsigned flash_smem_bytes(enum flash_kind kind, int HS)
 {
 	unsigned tile = 64u * (unsigned)(HS + 8) * 2u, st = HS <= 64 ? 2u : 1u;
@@ -826,7 +837,7 @@ void cu_flash_prepare(struct cu_backend *cb)
 	cb->flash_ok = 0;
 	for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]); i++) {
 		enum cu_kernel k[3];
-		flash_kernels(sizes[i], &k[0], &k[1], &k[2]);
+		flash_kernels(sizes[i], false, &k[0], &k[1], &k[2]);
 		bool ok = true;
 		for (int j = 0; j < 3; j++) {
 			unsigned bytes = flash_smem_bytes((enum flash_kind)j, sizes[i]);
@@ -848,7 +859,7 @@ void cu_flash_prepare(struct cu_backend *cb)
 	cb->flash_wg = cb->image_specific && !(no_wg && strcmp(no_wg, "1") == 0);
 	for (int HS = 64; HS <= 128 && cb->flash_wg; HS += 64) {
 		enum cu_kernel k[3];
-		flash_wg_kernels(HS, &k[0], &k[1], &k[2]);
+		flash_kernels(HS, true, &k[0], &k[1], &k[2]);
 		for (int j = 0; j < 3; j++)
 			if (cb->drv.cuFuncSetAttribute(cb->fn[k[j]],
 						       CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
@@ -930,20 +941,18 @@ static void cu_attention_forward(struct gpu_backend *be, float *out, gpu_bf16 *o
 		struct flash_copies fc;
 		if (!flash_cast_qkv(cb, &fc, q, q16, k, k16, v, v16, B, T, NH, NKV, HS))
 			return;
+		const bool wg = cb->flash_wg && flash_wg_size(HS);
 		enum cu_kernel f, d1, d2;
-		flash_kernels(HS, &f, &d1, &d2);
+		flash_kernels(HS, wg, &f, &d1, &d2);
+		void *args[] = {&out, &out16, &att, &fc.q, &fc.k, &fc.v, &T, &NH, &NKV};
+		if (wg) {
+			cu_launch(cb, f, flash_wg_grid(B, T, NH), dim1(128), FLASH_WG_SMEM(HS), args);
+			return;
+		}
 		/* grid (NH, B, query tiles): blocks start in this order, x
 		 * fastest, and the kernel takes the last (heaviest) query tiles
 		 * first, so every head's heaviest tiles start before any
 		 * lighter one (the lightest fill the tail) */
-		void *args[] = {&out, &out16, &att, &fc.q, &fc.k, &fc.v, &T, &NH, &NKV};
-		if (cb->flash_wg && flash_wg_size(HS)) { /* flash_wg.cuh: (64-query tiles, NH, B) */
-			enum cu_kernel wf, wk, wq;
-			flash_wg_kernels(HS, &wf, &wk, &wq);
-			cu_launch(cb, wf, (struct cu_dim){cu_blocks((size_t)T, 64), (unsigned)NH, (unsigned)B},
-				  dim1(128), FLASH_WG_SMEM(HS), args);
-			return;
-		}
 		cu_launch(cb, f,
 			  (struct cu_dim){(unsigned)NH, (unsigned)B,
 					  cu_blocks((size_t)T, FLASH_FWD_ROWS)},
@@ -1000,8 +1009,9 @@ static void cu_attention_backward(struct gpu_backend *be, float *dq, float *dk, 
 		struct flash_copies fc;
 		if (!flash_cast_qkv(cb, &fc, q, q16, k, k16, v, v16, B, T, NH, NKV, HS))
 			return;
+		const bool wg = cb->flash_wg && flash_wg_size(HS);
 		enum cu_kernel f, kdkdv, kdq;
-		flash_kernels(HS, &f, &kdkdv, &kdq);
+		flash_kernels(HS, wg, &f, &kdkdv, &kdq);
 		size_t warps = (size_t)B * T * NH;
 		assert(out || out16);
 		void *rargs[] = {&datt, &fc.dout, &dout, &out, &out16, &B, &T, &NH, &HS};
@@ -1012,15 +1022,9 @@ static void cu_attention_backward(struct gpu_backend *be, float *dq, float *dk, 
 			pv = pk + (size_t)B * T * NH * HS;
 		}
 		void *kargs[] = {&pk, &pv, &fc.dout, &fc.q, &fc.k, &fc.v, &att, &datt, &T, &NH, &NKV};
-		/* flash_wg.cuh's grids: (64-row tiles, NH, B), a head's tiles
-		 * together */
-		const struct cu_dim wgrid = {cu_blocks((size_t)T, 64), (unsigned)NH, (unsigned)B};
-		const bool wg = cb->flash_wg && flash_wg_size(HS);
-		enum cu_kernel wf, wk, wq = kdq;
-		if (wg) {
-			flash_wg_kernels(HS, &wf, &wk, &wq);
-			cu_launch(cb, wk, wgrid, dim1(128), FLASH_WG_SMEM(HS), kargs);
-		} else if (HS == 128 && cb->flash_dkdv8) /* 8 warps, 128 keys a block */
+		if (wg)
+			cu_launch(cb, kdkdv, flash_wg_grid(B, T, NH), dim1(128), FLASH_WG_SMEM(HS), kargs);
+		else if (HS == 128 && cb->flash_dkdv8) /* 8 warps, 128 keys a block */
 			cu_launch(cb, CU_K_flash_bwd_dkdv8_d128,
 				  (struct cu_dim){cu_blocks((size_t)T, 128), (unsigned)NH,
 						  (unsigned)B},
@@ -1037,7 +1041,7 @@ static void cu_attention_backward(struct gpu_backend *be, float *dq, float *dk, 
 		}
 		void *qargs[] = {&dq, &fc.dout, &fc.q, &fc.k, &fc.v, &att, &datt, &T, &NH, &NKV};
 		if (wg) {
-			cu_launch(cb, wq, wgrid, dim1(128), FLASH_WG_SMEM(HS), qargs);
+			cu_launch(cb, kdq, flash_wg_grid(B, T, NH), dim1(128), FLASH_WG_SMEM(HS), qargs);
 			return;
 		}
 		/* the heaviest (last) query tiles of every head first */
