@@ -454,6 +454,11 @@ static td_err cuda_set_bf16(struct gpu_backend *be, bool bf16, struct td_errbuf 
 	if (s != CUBLAS_STATUS_SUCCESS)
 		return td_fail(eb, TD_EDEVICE, "cublasSetMathMode: %s", cublasGetStatusName(s));
 	cb->fp32_strict = !bf16;
+	/* bf16 mode: the products through cuBLASLt, their algorithms timed
+	 * (cuda_ops.c: lt_tune); TD_CUDA_NO_GEMM_TUNE=1 keeps cublasGemmEx's
+	 * default (an A/B in one process, and a way back). */
+	const char *no_tune = getenv("TD_CUDA_NO_GEMM_TUNE");
+	cb->gemm_tune = bf16 && cb->lt && !(no_tune && *no_tune && strcmp(no_tune, "0"));
 	return TD_OK;
 }
 
@@ -467,6 +472,7 @@ static void cuda_destroy(struct gpu_backend *be)
 		cu_prof_close(cb);
 		for (int i = 0; i < cb->lt_nplans; i++) {
 			struct cu_lt_plan *lp = &cb->lt_plans[i];
+			cublasLtMatrixLayoutDestroy(lp->ld);
 			cublasLtMatrixLayoutDestroy(lp->lc);
 			cublasLtMatrixLayoutDestroy(lp->lb);
 			cublasLtMatrixLayoutDestroy(lp->la);
@@ -488,6 +494,9 @@ static void cuda_destroy(struct gpu_backend *be)
 		}
 		if (cb->copy_mark)
 			cb->drv.cuEventDestroy(cb->copy_mark);
+		for (int k = 0; k < 2; k++)
+			if (cb->tune_ev[k])
+				cb->drv.cuEventDestroy(cb->tune_ev[k]);
 		for (int k = 0; k < GPU_COPY_SLOTS; k++)
 			if (cb->copy_done[k])
 				cb->drv.cuEventDestroy(cb->copy_done[k]);

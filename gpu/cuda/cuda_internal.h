@@ -72,7 +72,8 @@ struct cu_dim {
 	unsigned x, y, z;
 };
 
-#define CU_LT_PLANS 16 /* a model's shapes of products with a residual addend */
+#define CU_LT_PLANS 128 /* a model's product shapes (LoRA's and the head's included) */
+#define CU_LT_ALGOS 8	 /* the heuristic's first algorithms timed per shape */
 
 struct cu_backend {
 	struct gpu_backend base; /* first: the engine holds a struct gpu_backend * */
@@ -95,18 +96,37 @@ struct cu_backend {
 	char name[256];
 	char uuid[37];
 	cublasHandle_t blas;
-	/* cuBLASLt, for the products whose output is not their addend
-	 * (cuda_ops.c: lt_plan, cu_matmul_forward_residual); NULL where it could not be created (the
-	 * ops then take another way). Its plans by shape, made once each. */
+	/* cuBLASLt: the residual adds' products (an addend apart from the
+	 * output), and every bf16 product's timed choice (cuda_ops.c:
+	 * gemm16_, lt_plan, lt_tune); NULL where it could not be created (the
+	 * products then go through cublasGemmEx, the residual adds through a
+	 * copy). Its plans, one per product shape, made the first time the
+	 * backend sees it: the heuristic's algorithms for it (up to
+	 * CU_LT_ALGOS), timed beside the reference (cublasGemmEx's default;
+	 * for a residual add, the heuristic's first) at the first call that
+	 * may run more than once (beta 0, or the addend apart), and the
+	 * fastest kept of those whose output has the reference's bits. */
 	cublasLtHandle_t lt;
 	struct cu_lt_plan {
-		int m, n, k;
-		bool ok; /* an algorithm was found */
+		int ta, tb, m, n, k, lda, ldb, ldc; /* ta, tb: cublasOperation_t */
+		bool out16, resid;		    /* D bf16; C fp32 apart from D */
+		unsigned align;			    /* of the four pointers, bytes, at most 256 */
+		int nalgo;			    /* 0: no algorithm (the plan is not used) */
+		int chosen;			    /* the algorithm run: -1 cublasGemmEx's */
+		bool tuned;
+		int degenerate;			    /* timings put off: an output of zeros */
+		float ms_ref;			    /* the reference's time */
+		float ms[CU_LT_ALGOS];		    /* each one's time (-1: not eligible) */
 		cublasLtMatmulDesc_t desc;
-		cublasLtMatrixLayout_t la, lb, lc;
-		cublasLtMatmulAlgo_t algo;
+		cublasLtMatrixLayout_t la, lb, lc, ld;
+		cublasLtMatmulAlgo_t algo[CU_LT_ALGOS];
 	} lt_plans[CU_LT_PLANS];
 	int lt_nplans;
+	/* cuBLASLt's algorithms timed (false: TD_CUDA_NO_GEMM_TUNE=1, or fp32
+	 * mode): cublasGemmEx's default for the products, as before. */
+	bool gemm_tune;
+	CUevent tune_ev[2];
+	int64_t gemm_tuned; /* plans timed, for the profile */
 	/* The first error of an asynchronous op: sticky until reported by sync. */
 	CUresult first_error;
 	char first_error_where[128];

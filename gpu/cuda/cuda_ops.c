@@ -12,10 +12,13 @@
  * orders, no float atomics), and the elementwise ones whose arithmetic allows
  * it are bit-identical to the CPU.
  *
- * GEMMs are cuBLAS SGEMMs with llm.c's row-major trick: a row-major (R, K)
+ * GEMMs are cuBLAS calls with llm.c's row-major trick: a row-major (R, K)
  * matrix is a column-major (K, R) one, so out (N,OC) = inp (N,C) W(OC,C)^T is
  * the column-major out^T = W^T inp^T, sgemm(T, N, m=OC, n=N, k=C). The
- * backend's cuBLAS handle is on its stream, without TF32 in fp32 mode.
+ * backend's cuBLAS handle is on its stream, without TF32 in fp32 mode (SGEMMs);
+ * in the bf16 mode they are bf16 products through cuBLASLt, each shape's
+ * algorithm the fastest of those that give the heuristic's first one's bits
+ * (lt_tune), or cublasGemmEx with TD_CUDA_NO_GEMM_TUNE=1.
  *
  * Not here: the backend's memory, context and kernel table (cuda_backend.c).
  *
@@ -203,17 +206,259 @@ static bool scratch_fits(const struct cu_backend *cb, size_t elems)
 	       (cb->base.gemm_scratch && 2 * elems <= cb->base.gemm_scratch_bytes);
 }
 
+/* ------------------------------------------------------ cuBLASLt plans -- */
+
+/* The largest power of two, at most 256, that divides every address. */
+static unsigned common_align(const void *a, const void *b, const void *c, const void *d)
+{
+	uintptr_t x = (uintptr_t)a | (uintptr_t)b | (uintptr_t)c | (uintptr_t)d | 256;
+	return (unsigned)(x & -x);
+}
+
+/* cuBLASLt's plan for D (m, n) = alpha op(A) op(B) + beta C, column-major,
+ * A and B bf16, D fp32 or bf16 (out16), C = D or (resid) an fp32 addend
+ * apart from it: made the first time the backend sees the shape (its
+ * operations, sizes, leading dimensions and the pointers' alignment), with
+ * the heuristic's first CU_LT_ALGOS algorithms within the cuBLAS
+ * workspace. NULL where there is no handle, no room for another shape or
+ * no algorithm (the caller then takes cublasGemmEx). */
+static struct cu_lt_plan *lt_plan(struct cu_backend *cb, cublasOperation_t ta,
+				  cublasOperation_t tb, int m, int n, int k, int lda, int ldb,
+				  int ldc, bool out16, bool resid, unsigned align)
+{
+	if (!cb->lt)
+		return NULL;
+	for (int i = 0; i < cb->lt_nplans; i++) {
+		struct cu_lt_plan *lp = &cb->lt_plans[i];
+		if (lp->ta == (int)ta && lp->tb == (int)tb && lp->m == m && lp->n == n &&
+		    lp->k == k && lp->lda == lda && lp->ldb == ldb && lp->ldc == ldc &&
+		    lp->out16 == out16 && lp->resid == resid && lp->align == align)
+			return lp->nalgo > 0 ? lp : NULL;
+	}
+	if (cb->lt_nplans == CU_LT_PLANS)
+		return NULL;
+	struct cu_lt_plan *lp = &cb->lt_plans[cb->lt_nplans];
+	memset(lp, 0, sizeof(*lp));
+	*lp = (struct cu_lt_plan){.ta = (int)ta, .tb = (int)tb, .m = m, .n = n, .k = k, .lda = lda,
+				  .ldb = ldb, .ldc = ldc, .out16 = out16, .resid = resid,
+				  .align = align, .chosen = resid ? 0 : -1}; /* the reference */
+	const cudaDataType_t dt = out16 ? CUDA_R_16BF : CUDA_R_32F;
+	cublasLtMatmulPreference_t pref = NULL;
+	cublasLtMatmulHeuristicResult_t res[CU_LT_ALGOS];
+	int found = 0;
+	const size_t ws = cb->blas_ws_bytes;
+	const uint32_t al = align;
+	if (cublasLtMatmulDescCreate(&lp->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F) ||
+	    cublasLtMatmulDescSetAttribute(lp->desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)) ||
+	    cublasLtMatmulDescSetAttribute(lp->desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)) ||
+	    cublasLtMatrixLayoutCreate(&lp->la, CUDA_R_16BF, ta == CUBLAS_OP_N ? m : k,
+				       ta == CUBLAS_OP_N ? k : m, lda) ||
+	    cublasLtMatrixLayoutCreate(&lp->lb, CUDA_R_16BF, tb == CUBLAS_OP_N ? k : n,
+				       tb == CUBLAS_OP_N ? n : k, ldb) ||
+	    cublasLtMatrixLayoutCreate(&lp->lc, resid ? CUDA_R_32F : dt, m, n, ldc) ||
+	    cublasLtMatrixLayoutCreate(&lp->ld, dt, m, n, ldc) ||
+	    cublasLtMatmulPreferenceCreate(&pref) ||
+	    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws,
+						 sizeof(ws)) ||
+	    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al,
+						 sizeof(al)) ||
+	    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al,
+						 sizeof(al)) ||
+	    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al,
+						 sizeof(al)) ||
+	    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al,
+						 sizeof(al)) ||
+	    cublasLtMatmulAlgoGetHeuristic(cb->lt, lp->desc, lp->la, lp->lb, lp->lc, lp->ld, pref,
+					   CU_LT_ALGOS, res, &found))
+		found = 0;
+	for (int i = 0; i < found; i++)
+		if (res[i].state == CUBLAS_STATUS_SUCCESS)
+			lp->algo[lp->nalgo++] = res[i].algo;
+	if (pref)
+		cublasLtMatmulPreferenceDestroy(pref);
+	cb->lt_nplans++; /* kept either way: destroyed with the backend, not asked again */
+	return lp->nalgo > 0 ? lp : NULL;
+}
+
+static cublasStatus_t lt_run(struct cu_backend *cb, const struct cu_lt_plan *lp, int i,
+			     float alpha, const uint16_t *A, const uint16_t *B, float beta,
+			     const void *C, void *D)
+{
+	return cublasLtMatmul(cb->lt, lp->desc, &alpha, A, lp->la, B, lp->lb, &beta, C, lp->lc, D,
+			      lp->ld, &lp->algo[i], cb->blas_ws, cb->blas_ws_bytes,
+			      (cudaStream_t)cb->stream);
+}
+
+/* cublasGemmEx's default for the plan's product: the backend's way
+ * before cuBLASLt's algorithms were timed, and the reference they are held
+ * to (lt_tune). */
+static cublasStatus_t ex_run(struct cu_backend *cb, const struct cu_lt_plan *lp, float alpha,
+			     const uint16_t *A, const uint16_t *B, float beta, void *D)
+{
+	return cublasGemmEx(cb->blas, (cublasOperation_t)lp->ta, (cublasOperation_t)lp->tb, lp->m,
+			    lp->n, lp->k, &alpha, A, CUDA_R_16BF, lp->lda, B, CUDA_R_16BF, lp->ldb,
+			    &beta, D, lp->out16 ? CUDA_R_16BF : CUDA_R_32F, lp->ldc,
+			    CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+}
+
+/* A fingerprint of D's bits, or (D NULL) of as many zero words (hash_u16
+ * into the reduction scratch, then downloaded: blocking); 0 after an
+ * error. */
+static uint64_t lt_fingerprint(struct cu_backend *cb, const struct cu_lt_plan *lp, const void *D)
+{
+	unsigned long long *h = (unsigned long long *)cb->reduce_buf;
+	size_t n = (size_t)lp->ldc * (size_t)(lp->n - 1) + (size_t)lp->m; /* D's span */
+	n *= lp->out16 ? 1 : 2;
+	cb->base.ops->zero(&cb->base, h, sizeof(*h));
+	const unsigned short *x = D;
+	void *args[] = {&h, &x, &n};
+	launch_n(cb, CU_K_hash_u16, n, args);
+	uint64_t v = 0;
+	cb->base.ops->download(&cb->base, &v, h, sizeof(v));
+	return cb->first_error == CUDA_SUCCESS ? v : 0;
+}
+
+static uint32_t algo_config(const cublasLtMatmulAlgo_t *a, cublasLtMatmulAlgoConfigAttributes_t at)
+{
+	uint32_t x = UINT32_MAX;
+	size_t w;
+	if (cublasLtMatmulAlgoConfigGetAttribute(a, at, &x, sizeof(x), &w))
+		return UINT32_MAX;
+	return x;
+}
+
+/* Whether an algorithm may be held to the reference: its split of k and
+ * reduction scheme are the first algorithm's (a residual add, whose
+ * reference that is), or none (against cublasGemmEx). Two that differ in
+ * them add their products in different orders; the fingerprint decides
+ * the rest. */
+static bool lt_candidate(const struct cu_lt_plan *lp, int i)
+{
+	const cublasLtMatmulAlgoConfigAttributes_t at[] = {CUBLASLT_ALGO_CONFIG_SPLITK_NUM,
+							   CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME};
+	const uint32_t none[] = {1, CUBLASLT_REDUCTION_SCHEME_NONE};
+	for (int j = 0; j < 2; j++) {
+		const uint32_t x = algo_config(&lp->algo[i], at[j]);
+		if (x == UINT32_MAX || x != (lp->resid ? algo_config(&lp->algo[0], at[j]) : none[j]))
+			return false;
+	}
+	return true;
+}
+
+/* ms a run of fn(i): the mean of REPS after the run already made */
+static float lt_time(struct cu_backend *cb, const struct cu_lt_plan *lp, int i, float alpha,
+		     const uint16_t *A, const uint16_t *B, float beta, const void *C, void *D)
+{
+	enum { REPS = 5 };
+	cb->drv.cuEventRecord(cb->tune_ev[0], cb->stream);
+	for (int r = 0; r < REPS; r++)
+		if (i < 0)
+			ex_run(cb, lp, alpha, A, B, beta, D);
+		else
+			lt_run(cb, lp, i, alpha, A, B, beta, C, D);
+	cb->drv.cuEventRecord(cb->tune_ev[1], cb->stream);
+	float ms = 0;
+	if (cb->drv.cuEventSynchronize(cb->tune_ev[1]) != CUDA_SUCCESS ||
+	    cb->drv.cuEventElapsedTime(&ms, cb->tune_ev[0], cb->tune_ev[1]) != CUDA_SUCCESS)
+		return -1.0f;
+	return ms / REPS;
+}
+
+/* Runs the plan's product as the call asks, with the algorithm chosen so far
+ * (the reference until timed). */
+static void lt_call(struct cu_backend *cb, const struct cu_lt_plan *lp, const char *what,
+		    float alpha, const uint16_t *A, const uint16_t *B, float beta, const void *C,
+		    void *D)
+{
+	cu_check_blas(cb,
+		      lp->chosen < 0 ? ex_run(cb, lp, alpha, A, B, beta, D)
+				     : lt_run(cb, lp, lp->chosen, alpha, A, B, beta, C, D),
+		      what);
+}
+
+/* Times the plan's algorithms on this call's operands, where running the
+ * call again gives the same D (beta 0, or C apart from D), beside the
+ * reference (cublasGemmEx's default; for a residual add the heuristic's
+ * first), and keeps the fastest of those whose output has the reference's
+ * bits: a split of k the reference may share (lt_candidate), and the same
+ * fingerprint of D. Every algorithm it may keep thus computes what the
+ * reference computes, so the choice, which the clock makes and may differ
+ * from run to run or rank to rank, changes no bits. An output of zeros
+ * (a LoRA B at its start) would tell nothing: the timing waits for another
+ * call, three times at most. The kept one runs last: D is its output.
+ * Blocking: once per plan, at its first such call. */
+static void lt_tune(struct cu_backend *cb, struct cu_lt_plan *lp, const char *what, float alpha,
+		    const uint16_t *A, const uint16_t *B, float beta, const void *C, void *D)
+{
+	const int ref = lp->resid ? 0 : -1;
+	lp->chosen = ref;
+	if (!cb->tune_ev[0] &&
+	    (cb->drv.cuEventCreate(&cb->tune_ev[0], CU_EVENT_DEFAULT) != CUDA_SUCCESS ||
+	     cb->drv.cuEventCreate(&cb->tune_ev[1], CU_EVENT_DEFAULT) != CUDA_SUCCESS)) {
+		cb->tune_ev[0] = NULL;
+		lp->tuned = true;
+		lt_call(cb, lp, what, alpha, A, B, beta, C, D);
+		return;
+	}
+	lt_call(cb, lp, what, alpha, A, B, beta, C, D);
+	const uint64_t want = lt_fingerprint(cb, lp, D);
+	if (cb->first_error != CUDA_SUCCESS)
+		return;
+	if (want == lt_fingerprint(cb, lp, NULL)) {
+		lp->tuned = ++lp->degenerate >= 3;
+		return;
+	}
+	lp->tuned = true;
+	cb->gemm_tuned++;
+	float best = lp->ms_ref = lt_time(cb, lp, ref, alpha, A, B, beta, C, D);
+	if (best < 0)
+		best = INFINITY;
+	for (int i = 0; i < lp->nalgo; i++) {
+		lp->ms[i] = -1.0f;
+		if (i == ref) {
+			lp->ms[i] = lp->ms_ref;
+			continue;
+		}
+		if (!lt_candidate(lp, i) ||
+		    lt_run(cb, lp, i, alpha, A, B, beta, C, D) != CUBLAS_STATUS_SUCCESS)
+			continue; /* nothing was enqueued */
+		if (lt_fingerprint(cb, lp, D) != want || cb->first_error != CUDA_SUCCESS)
+			continue;
+		lp->ms[i] = lt_time(cb, lp, i, alpha, A, B, beta, C, D);
+		if (lp->ms[i] >= 0 && lp->ms[i] < best) {
+			best = lp->ms[i];
+			lp->chosen = i;
+		}
+	}
+	/* D may hold an ineligible algorithm's output (other bits) */
+	lt_call(cb, lp, what, alpha, A, B, beta, C, D);
+}
+
 /* bf16 x bf16 -> C GEMM, fp32 accumulation; C fp32, or bf16 (C16) when C is
- * NULL. */
+ * NULL: cublasGemmEx's default, or where the backend times them the
+ * algorithm its plan for the shape keeps (lt_tune: the same bits). */
 static void gemm16_(struct cu_backend *cb, const char *what, cublasOperation_t ta,
 		    cublasOperation_t tb, int m, int n, int k, float alpha, const uint16_t *A,
 		    int lda, const uint16_t *B, int ldb, float beta, float *C, uint16_t *C16,
 		    int ldc)
 {
+	void *D = C ? (void *)C : (void *)C16;
+	struct cu_lt_plan *lp =
+		cb->gemm_tune && m > 0 && n > 0 && k > 0
+			? lt_plan(cb, ta, tb, m, n, k, lda, ldb, ldc, !C, false,
+				  common_align(A, B, D, D))
+			: NULL;
+	if (lp && !lp->tuned && beta == 0.0f) {
+		lt_tune(cb, lp, what, alpha, A, B, beta, D, D);
+		return;
+	}
+	if (lp) {
+		lt_call(cb, lp, what, alpha, A, B, beta, D, D);
+		return;
+	}
 	cu_check_blas(cb, cublasGemmEx(cb->blas, ta, tb, m, n, k, &alpha, A, CUDA_R_16BF, lda, B,
-				       CUDA_R_16BF, ldb, &beta, C ? (void *)C : (void *)C16,
-				       C ? CUDA_R_32F : CUDA_R_16BF, ldc, CUBLAS_COMPUTE_32F,
-				       CUBLAS_GEMM_DEFAULT),
+				       CUDA_R_16BF, ldb, &beta, D, C ? CUDA_R_32F : CUDA_R_16BF, ldc,
+				       CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
 		      what);
 }
 
@@ -480,7 +725,7 @@ static void forward16(struct cu_backend *cb, const char *op, gpu_bf16 *out16, fl
 	const uint16_t *w16 = weight16 ? weight16 : round_into(cb, slot, weight, nw);
 	const uint16_t *x16 = inp16 ? inp16 : round_into(cb, slot + gpu_gemm_slot(nw), inp, nx);
 	gemm16_(cb, op, OP_T, OP_N, OC, N, C, 1.0f, w16, C, x16, C, beta, NULL, out16, OC);
-	cu_prof_end(cb, "%s: cublasGemmEx (bf16 out) %dx%dx%d", op, OC, N, C);
+	cu_prof_end(cb, "%s: GEMM (bf16 out) %dx%dx%d", op, OC, N, C);
 }
 
 static void cu_matmul_forward(struct gpu_backend *be, float *out, gpu_bf16 *out16,
@@ -496,7 +741,7 @@ static void cu_matmul_forward(struct gpu_backend *be, float *out, gpu_bf16 *out1
 		return;
 	}
 	if (C > 0)
-		sgemm(cb, "matmul_forward: cublasSgemm", OP_T, OP_N, OC, N, C, 1.0f, weight, weight16,
+		sgemm(cb, "matmul_forward: GEMM", OP_T, OP_N, OC, N, C, 1.0f, weight, weight16,
 		      C, inp, inp16, C, 0.0f, out, OC);
 	else
 		be->ops->zero(be, out, sizeof(float) * (size_t)N * (size_t)OC);
@@ -522,55 +767,8 @@ static void cu_matmul_forward_add(struct gpu_backend *be, float *out, gpu_bf16 *
 		forward16(cb, "matmul_forward_add", out16, 1.0f, inp, inp16, weight, weight16, N, C, OC);
 		return;
 	}
-	sgemm(cb, "matmul_forward_add: cublasSgemm", OP_T, OP_N, OC, N, C, 1.0f, weight, weight16,
+	sgemm(cb, "matmul_forward_add: GEMM", OP_T, OP_N, OC, N, C, 1.0f, weight, weight16,
 	      C, inp, inp16, C, 1.0f, out, OC);
-}
-
-/* cuBLASLt's plan for D (m, n) = A^T (m, k) B (k, n) + C, column-major, A
- * and B bf16 (lda = ldb = k), C and D fp32 (ldc = m): made the first time
- * the backend sees the shape (the heuristic's first algorithm, within the
- * cuBLAS workspace), NULL where there is no handle, no room for another
- * shape or no algorithm. */
-static const struct cu_lt_plan *lt_plan(struct cu_backend *cb, int m, int n, int k)
-{
-	if (!cb->lt)
-		return NULL;
-	for (int i = 0; i < cb->lt_nplans; i++) {
-		const struct cu_lt_plan *lp = &cb->lt_plans[i];
-		if (lp->m == m && lp->n == n && lp->k == k)
-			return lp->ok ? lp : NULL;
-	}
-	if (cb->lt_nplans == CU_LT_PLANS)
-		return NULL;
-	struct cu_lt_plan *lp = &cb->lt_plans[cb->lt_nplans];
-	memset(lp, 0, sizeof(*lp));
-	lp->m = m, lp->n = n, lp->k = k;
-	const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
-	cublasLtMatmulPreference_t pref = NULL;
-	cublasLtMatmulHeuristicResult_t res;
-	int found = 0;
-	const size_t ws = cb->blas_ws_bytes;
-	if (cublasLtMatmulDescCreate(&lp->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F) ||
-	    cublasLtMatmulDescSetAttribute(lp->desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)) ||
-	    cublasLtMatmulDescSetAttribute(lp->desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)) ||
-	    cublasLtMatrixLayoutCreate(&lp->la, CUDA_R_16BF, (uint64_t)k, (uint64_t)m, k) ||
-	    cublasLtMatrixLayoutCreate(&lp->lb, CUDA_R_16BF, (uint64_t)k, (uint64_t)n, k) ||
-	    cublasLtMatrixLayoutCreate(&lp->lc, CUDA_R_32F, (uint64_t)m, (uint64_t)n, m) ||
-	    cublasLtMatmulPreferenceCreate(&pref) ||
-	    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws,
-						 sizeof(ws)) ||
-	    cublasLtMatmulAlgoGetHeuristic(cb->lt, lp->desc, lp->la, lp->lb, lp->lc, lp->lc, pref, 1,
-					   &res, &found) ||
-	    found < 1) {
-		lp->ok = false;
-	} else {
-		lp->ok = true;
-		lp->algo = res.algo;
-	}
-	if (pref)
-		cublasLtMatmulPreferenceDestroy(pref);
-	cb->lt_nplans++; /* kept either way: destroyed with the backend, not asked again */
-	return lp->ok ? lp : NULL;
 }
 
 /* out (N,OC) = res + inp (N,C) W^T (OC,C), out != res: where the GEMM can
@@ -587,10 +785,17 @@ static void cu_matmul_forward_residual(struct gpu_backend *be, float *out, const
 	struct cu_backend *cb = cu_of(be);
 	const size_t no = (size_t)N * (size_t)OC;
 	size_t nw = weight16 ? 0 : (size_t)OC * C, nx = inp16 ? 0 : (size_t)N * C;
-	const struct cu_lt_plan *lp = NULL;
-	if (out != res && N > 0 && OC > 0 && C > 0 && !cb->fp32_strict &&
-	    scratch_fits(cb, gpu_gemm_slot(nw) + nx))
-		lp = lt_plan(cb, OC, N, C);
+	const bool lt_ok = out != res && N > 0 && OC > 0 && C > 0 && !cb->fp32_strict &&
+			   scratch_fits(cb, gpu_gemm_slot(nw) + nx);
+	uint16_t *slot = cb->base.gemm_scratch;
+	const uint16_t *w16 = weight16, *x16 = inp16;
+	struct cu_lt_plan *lp = NULL;
+	if (lt_ok) { /* the plan knows the operands' alignment: the rounded ones' slots */
+		const void *wa = w16 ? (const void *)w16 : slot;
+		const void *xa = x16 ? (const void *)x16 : slot + gpu_gemm_slot(nw);
+		lp = lt_plan(cb, CUBLAS_OP_T, CUBLAS_OP_N, OC, N, C, C, C, OC, false, true,
+			     common_align(wa, xa, res, out));
+	}
 	if (!lp) {
 		if (out != res && no > 0)
 			cu_check(cb, cb->drv.cuMemcpyDtoDAsync((CUdeviceptr)(uintptr_t)out,
@@ -600,16 +805,18 @@ static void cu_matmul_forward_residual(struct gpu_backend *be, float *out, const
 		cu_matmul_forward_add(be, out, NULL, inp, inp16, weight, weight16, N, C, OC);
 		return;
 	}
-	uint16_t *slot = cb->base.gemm_scratch;
-	const uint16_t *w16 = weight16 ? weight16 : round_into(cb, slot, weight, nw);
-	const uint16_t *x16 = inp16 ? inp16 : round_into(cb, slot + gpu_gemm_slot(nw), inp, nx);
-	const float one = 1.0f;
+	if (!w16)
+		w16 = round_into(cb, slot, weight, nw);
+	if (!x16)
+		x16 = round_into(cb, slot + gpu_gemm_slot(nw), inp, nx);
 	cu_prof_begin(cb);
-	cu_check_blas(cb, cublasLtMatmul(cb->lt, lp->desc, &one, w16, lp->la, x16, lp->lb, &one, res,
-					 lp->lc, out, lp->lc, &lp->algo, cb->blas_ws, cb->blas_ws_bytes,
-					 (cudaStream_t)cb->stream),
-		      "matmul_forward_residual: cublasLtMatmul");
-	cu_prof_end(cb, "matmul_forward_residual: cublasLtMatmul %dx%dx%d", OC, N, C);
+	/* out = res + the product whatever ran before: a call that may be
+	 * timed (lt_tune) wherever the backend times its algorithms */
+	if (cb->gemm_tune && !lp->tuned)
+		lt_tune(cb, lp, "matmul_forward_residual: GEMM", 1.0f, w16, x16, 1.0f, res, out);
+	else
+		lt_call(cb, lp, "matmul_forward_residual: GEMM", 1.0f, w16, x16, 1.0f, res, out);
+	cu_prof_end(cb, "matmul_forward_residual: GEMM %dx%dx%d", OC, N, C);
 }
 
 /* dinp (N,C) += dout (N,OC) W (OC,C): column-major dinp^T = W^T dout^T.
@@ -647,16 +854,16 @@ static void cu_matmul_backward(struct gpu_backend *be, float *dinp, gpu_bf16 *di
 		if (want_in) {
 			cu_prof_begin(cb);
 			const uint16_t *w16 = weight16 ? weight16 : round_into(cb, slot, weight, nw);
-			gemm16_(cb, "matmul_backward (dinp): cublasGemmEx", OP_N, OP_N, C, N, OC,
+			gemm16_(cb, "matmul_backward (dinp): GEMM", OP_N, OP_N, C, N, OC,
 				1.0f, w16, C, d16, OC, beta_in, dinp, dinp16, C);
-			cu_prof_end(cb, "matmul_backward (dinp): cublasGemmEx %dx%dx%d", C, N, OC);
+			cu_prof_end(cb, "matmul_backward (dinp): GEMM %dx%dx%d", C, N, OC);
 		}
 		if (want_w) {
 			cu_prof_begin(cb);
 			const uint16_t *x16 = inp16 ? inp16 : round_into(cb, slot, inp, nx);
-			gemm16(cb, "matmul_backward (dweight): cublasGemmEx", OP_N, OP_T, C, OC, N,
+			gemm16(cb, "matmul_backward (dweight): GEMM", OP_N, OP_T, C, OC, N,
 			       1.0f, x16, C, d16, OC, beta_w, dweight, C);
-			cu_prof_end(cb, "matmul_backward (dweight): cublasGemmEx %dx%dx%d", C, OC, N);
+			cu_prof_end(cb, "matmul_backward (dweight): GEMM %dx%dx%d", C, OC, N);
 		}
 	} else if (dinp16) {
 		cu_check(cb, CUDA_ERROR_INVALID_VALUE,
@@ -664,10 +871,10 @@ static void cu_matmul_backward(struct gpu_backend *be, float *dinp, gpu_bf16 *di
 		return;
 	} else {
 		if (want_in)
-			sgemm(cb, "matmul_backward (dinp): cublasSgemm", OP_N, OP_N, C, N, OC, 1.0f,
+			sgemm(cb, "matmul_backward (dinp): GEMM", OP_N, OP_N, C, N, OC, 1.0f,
 			      weight, weight16, C, dout, dout16, OC, beta_in, dinp, C);
 		if (want_w)
-			sgemm(cb, "matmul_backward (dweight): cublasSgemm", OP_N, OP_T, C, OC, N, 1.0f,
+			sgemm(cb, "matmul_backward (dweight): GEMM", OP_N, OP_T, C, OC, N, 1.0f,
 			      inp, inp16, C, dout, dout16, OC, beta_w, dweight, C);
 	}
 	if (dbias) {

@@ -227,6 +227,25 @@ void cu_prof_close(struct cu_backend *cb)
 				r->ms, r->min_ms);
 	}
 	fprintf(stderr, "  %-28s %19s %10.1f ms\n", "total", "", total);
+	/* cuda_ops.c's lt_tune: per product shape timed, the reference's time
+	 * (cublasGemmEx's default; a residual add's, cuBLASLt's first) and the
+	 * one kept, of those with the reference's bits */
+	for (int i = 0; i < cb->lt_nplans; i++) {
+		const struct cu_lt_plan *lp = &cb->lt_plans[i];
+		if (!lp->tuned || lp->ms_ref <= 0)
+			continue;
+		int same = 0;
+		for (int j = 0; j < lp->nalgo; j++)
+			same += lp->ms[j] >= 0 && j != (lp->resid ? 0 : -1);
+		const float kept = lp->chosen < 0 ? lp->ms_ref : lp->ms[lp->chosen];
+		char k[24];
+		snprintf(k, sizeof(k), lp->chosen < 0 ? "reference" : "cuBLASLt #%d", lp->chosen);
+		fprintf(stderr, "  GEMM %c%c %dx%dx%d%s: reference %.4f ms, kept %s %.4f ms (%.3fx; "
+				"%d of %d others with its bits)\n",
+			lp->ta == CUBLAS_OP_N ? 'N' : 'T', lp->tb == CUBLAS_OP_N ? 'N' : 'T', lp->m, lp->n,
+			lp->k, lp->out16 ? " bf16 out" : lp->resid ? " + residual" : "", lp->ms_ref, k,
+			kept, lp->ms_ref / kept, same, lp->nalgo - (lp->resid ? 1 : 0));
+	}
 	for (int i = 0; i < 2 * CU_PROF_DEPTH; i++)
 		cb->drv.cuEventDestroy(p->ev[i]);
 	free(p);

@@ -51,3 +51,25 @@ extern "C" __global__ void colsum_reduce_f32(float *out, const float *partial, i
 		out[c] += s;
 	}
 }
+
+/* out += the sum, modulo 2^64, of a mix of each 16-bit word of x (n words)
+ * with its index: a fingerprint of x's bits, the same whatever order the
+ * threads add in (integer sums), for gpu/cuda/cuda_ops.c's lt_tune, which
+ * keeps only the cuBLASLt algorithms whose output has the reference's bits;
+ * x NULL: n zero words (what an output of zeros would give). out is zeroed
+ * by the caller. */
+extern "C" __global__ void hash_u16(unsigned long long *out, const unsigned short *x, size_t n)
+{
+	unsigned long long h = 0;
+	for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+	     i += (size_t)gridDim.x * blockDim.x) {
+		unsigned long long z = ((unsigned long long)i << 16 | (x ? x[i] : 0)) + 0x9e3779b97f4a7c15ull;
+		z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+		z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+		h += z ^ (z >> 31);
+	}
+	for (int o = 16; o > 0; o /= 2)
+		h += __shfl_down_sync(0xffffffffu, h, o);
+	if (threadIdx.x % 32 == 0)
+		atomicAdd(out, h);
+}

@@ -3,7 +3,7 @@
 # PyTorch peer, in one call. Expects .gpu-run/ (binaries and the CUDA module)
 # and .gpu-libs/lib (bundle-libs.sh) in the repo root: tests/gpu/bundle.sh
 # makes them.
-# usage: tests/gpu/device-run.sh [tests|bench|faults|memory|ddp|profile|preempt|share|attn|overlap|wgmma|all]
+# usage: tests/gpu/device-run.sh [tests|bench|faults|memory|ddp|profile|preempt|share|attn|overlap|wgmma|gemm|all]
 # bench: the tokenizer, then Qwen2-0.5B (fp32, bf16, LoRA q,v) and the
 # Llama-3-8B shapes' 4 layers (full, LoRA all seven; BENCH_8B=0 skips them)
 # beside peer_hf.py and peer_big.py, ending with the README's table
@@ -22,6 +22,10 @@
 # warpgroup products and descriptors checked against the host's double
 # products, then flash_wg.cuh's backward and the mma.sync one checked and
 # timed side by side; ~1 minute. Not in all.
+# gemm: tests/bench/gemm_tune.cu compiled here and run: each bf16 GEMM of
+# the Qwen2-0.5B and Llama-3-8B-shaped steps as the backend calls it,
+# against every algorithm cuBLASLt's heuristic offers for it (time, and
+# whether its bits are the default's); ~2 minutes. Not in all.
 # preempt: tests/gpu/preempt_gpu.sh alone (also part of tests).
 # share: tests/gpu/share_gpu.sh — four Llama-3-8B-shaped LoRA jobs from two
 # users sharing one frozen base on GPU 0 (the model dir made on the device),
@@ -136,6 +140,12 @@ if [ "$what" = wgmma ]; then
 	nvcc -O2 -std=c++17 -gencode arch=compute_90a,code=sm_90a tests/bench/wgmma_probe.cu -o "$out/wgmma_probe" ||
 		exit 1
 	"$out/wgmma_probe" | tee -a "$out/wgmma_probe.jsonl"
+	exit $?
+fi
+if [ "$what" = gemm ]; then
+	nvcc -O2 -std=c++17 -arch=native tests/bench/gemm_tune.cu -o "$out/gemm_tune" -lcublasLt -lcublas ||
+		exit 1
+	"$out/gemm_tune" | tee -a "$out/gemm_tune.jsonl"
 	exit $?
 fi
 if [ "$what" = overlap ]; then

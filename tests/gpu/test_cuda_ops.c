@@ -34,6 +34,7 @@
 #include <math.h>
 #include <stdbool.h>
 #include <stdint.h>
+#include <stdlib.h>
 
 #include "gpu/select.h"
 #include "kernels/cpu/ops.h"
@@ -696,6 +697,88 @@ static void test_matmul_bf16(void)
 		case_end();
 	}
 	op_report("bf16 matmul");
+	CHECK_EQ_INT(gpu_set_bf16(be, false, &eb), TD_OK);
+}
+
+/* The bf16 mode's products go through cuBLASLt, each shape's algorithm
+ * timed at its first call (gpu/cuda/cuda_ops.c: lt_tune) and the fastest
+ * kept of those that give the reference's bits (cublasGemmEx's default;
+ * for the residual add, cuBLASLt's first). So the timed call, the next
+ * (the kept algorithm, with no timing) and the reference alone
+ * (TD_CUDA_NO_GEMM_TUNE=1) give the same bits, whatever the clock chose:
+ * checked on model-sized shapes, where
+ * cuBLASLt offers several algorithms (Qwen2-0.5B's gate/up, down and o
+ * with its residual, at 2048 rows), fp32 and bf16 outputs, and a sample of
+ * each output against the host's double sums of the same bf16 products
+ * (the fp32 reduction bound over C terms). */
+static void test_gemm_tune(void)
+{
+	static const struct { int N, C, OC; bool resid; } cases[] = {
+		{ 2048, 896, 4864, false }, { 2048, 4864, 896, true }, { 2048, 896, 896, true },
+	};
+	struct td_errbuf eb = {{0}};
+	CHECK_EQ_INT(gpu_set_bf16(be, true, &eb), TD_OK);
+	op_begin();
+	for (size_t ci = 0; ci < COUNT(cases); ci++) {
+		const int N = cases[ci].N, C = cases[ci].C, OC = cases[ci].OC;
+		const size_t nin = (size_t)N * C, nout = (size_t)N * OC, nw = (size_t)OC * C;
+		snprintf(where, sizeof(where), "timed GEMM (N=%d C=%d OC=%d)", N, C, OC);
+		float *x = bf16_rounded(frand(nin, 1.0, 0.0), nin);
+		float *w = bf16_rounded(frand(nw, 1.0, 0.0), nw);
+		float *res = frand(nout, 1.0, 0.0);
+		gpu_bf16 *d_x16 = dput16(x, nin), *d_w16 = dput16(w, nw);
+		be->gemm_scratch = dmem(2); /* both twins: no rounding into it */
+		be->gemm_scratch_bytes = 2;
+		float *d_res = dputf(res, nout), *d_a = dnan(nout), *d_b = dnan(nout);
+		if (cases[ci].resid) {
+			gpu_matmul_forward_residual(be, d_a, d_res, NULL, d_x16, NULL, d_w16, N, C, OC);
+			gpu_matmul_forward_residual(be, d_b, d_res, NULL, d_x16, NULL, d_w16, N, C, OC);
+		} else {
+			gpu_matmul_forward(be, d_a, NULL, NULL, d_x16, NULL, d_w16, NULL, N, C, OC);
+			gpu_matmul_forward(be, d_b, NULL, NULL, d_x16, NULL, d_w16, NULL, N, C, OC);
+		}
+		float *a = hget(d_a, nout);
+		expect_same_bits("out (timed call, then the kept algorithm)", hget(d_b, nout), a, nout);
+		/* ...and the reference's bits: TD_CUDA_NO_GEMM_TUNE=1 (read by
+		 * set_bf16) runs cublasGemmEx's default, or for the residual add
+		 * cuBLASLt's first algorithm, as before the timing */
+		setenv("TD_CUDA_NO_GEMM_TUNE", "1", 1);
+		CHECK_EQ_INT(gpu_set_bf16(be, true, &eb), TD_OK);
+		float *d_c = dnan(nout);
+		if (cases[ci].resid)
+			gpu_matmul_forward_residual(be, d_c, d_res, NULL, d_x16, NULL, d_w16, N, C, OC);
+		else
+			gpu_matmul_forward(be, d_c, NULL, NULL, d_x16, NULL, d_w16, NULL, N, C, OC);
+		unsetenv("TD_CUDA_NO_GEMM_TUNE");
+		CHECK_EQ_INT(gpu_set_bf16(be, true, &eb), TD_OK);
+		expect_same_bits("out (the kept algorithm, then the reference)", hget(d_c, nout), a,
+				 nout);
+		/* bf16 out (no residual form): the same, as bf16 bits */
+		gpu_bf16 *d_a16 = dnan16(nout), *d_b16 = dnan16(nout);
+		if (!cases[ci].resid) {
+			gpu_matmul_forward(be, NULL, d_a16, NULL, d_x16, NULL, d_w16, NULL, N, C, OC);
+			gpu_matmul_forward(be, NULL, d_b16, NULL, d_x16, NULL, d_w16, NULL, N, C, OC);
+			expect_same_bits("out16 (timed call, then the kept algorithm)",
+					 hget16(d_b16, nout), hget16(d_a16, nout), nout);
+		}
+		enum { SAMPLES = 256 };
+		float got[SAMPLES], ref[SAMPLES];
+		for (int i = 0; i < SAMPLES; i++) {
+			const size_t r = (size_t)((urand() + 1.0) / 2 * N) % (size_t)N;
+			const size_t c = (size_t)((urand() + 1.0) / 2 * OC) % (size_t)OC;
+			double sum = cases[ci].resid ? res[r * OC + c] : 0.0;
+			for (int k = 0; k < C; k++)
+				sum += (double)x[r * C + k] * w[c * C + k];
+			ref[i] = (float)sum;
+			got[i] = a[r * OC + c];
+		}
+		expect_red("out (sampled, against double sums)", got, ref, SAMPLES, C + 1);
+		synced("timed GEMM");
+		be->gemm_scratch = NULL;
+		be->gemm_scratch_bytes = 0;
+		case_end();
+	}
+	op_report("timed GEMM");
 	CHECK_EQ_INT(gpu_set_bf16(be, false, &eb), TD_OK);
 }
 
@@ -1750,6 +1833,7 @@ int main(void)
 	test_flash_attention();
 	test_flash_no_scratch();
 	test_matmul_bf16();
+	test_gemm_tune();
 	test_twins();
 	test_swiglu();
 	test_residual_scale();
