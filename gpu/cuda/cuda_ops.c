@@ -16,9 +16,9 @@
  * matrix is a column-major (K, R) one, so out (N,OC) = inp (N,C) W(OC,C)^T is
  * the column-major out^T = W^T inp^T, sgemm(T, N, m=OC, n=N, k=C). The
  * backend's cuBLAS handle is on its stream, without TF32 in fp32 mode (SGEMMs);
- * in the bf16 mode they are bf16 products through cuBLASLt, each shape's
- * algorithm the fastest of those that give the heuristic's first one's bits
- * (lt_tune), or cublasGemmEx with TD_CUDA_NO_GEMM_TUNE=1.
+ * in the bf16 mode they are bf16 products, each shape's algorithm the
+ * fastest, timed once, of cublasGemmEx's default and those of cuBLASLt's that
+ * give its bits (lt_tune; TD_CUDA_NO_GEMM_TUNE=1: the default alone).
  *
  * Not here: the backend's memory, context and kernel table (cuda_backend.c).
  *
@@ -238,7 +238,6 @@ static struct cu_lt_plan *lt_plan(struct cu_backend *cb, cublasOperation_t ta,
 	if (cb->lt_nplans == CU_LT_PLANS)
 		return NULL;
 	struct cu_lt_plan *lp = &cb->lt_plans[cb->lt_nplans];
-	memset(lp, 0, sizeof(*lp));
 	*lp = (struct cu_lt_plan){.ta = (int)ta, .tb = (int)tb, .m = m, .n = n, .k = k, .lda = lda,
 				  .ldb = ldb, .ldc = ldc, .out16 = out16, .resid = resid,
 				  .align = align, .chosen = resid ? 0 : -1}; /* the reference */
