@@ -25,7 +25,10 @@
 # gemm: tests/bench/gemm_tune.cu compiled here and run: each bf16 GEMM of
 # the Qwen2-0.5B and Llama-3-8B-shaped steps as the backend calls it,
 # against every algorithm cuBLASLt's heuristic offers for it (time, and
-# whether its bits are the default's); ~2 minutes. Not in all.
+# whether its bits are the default's); then the backend's own timed choice
+# (gpu/cuda/cuda_ops.c: lt_tune) A/B'd in the step: bench_train on the
+# bench's four shapes with TD_CUDA_NO_GEMM_TUNE=1 and without, in turn,
+# twice; ~4 minutes. Not in all.
 # preempt: tests/gpu/preempt_gpu.sh alone (also part of tests).
 # share: tests/gpu/share_gpu.sh — four Llama-3-8B-shaped LoRA jobs from two
 # users sharing one frozen base on GPU 0 (the model dir made on the device),
@@ -145,8 +148,18 @@ fi
 if [ "$what" = gemm ]; then
 	nvcc -O2 -std=c++17 -arch=native tests/bench/gemm_tune.cu -o "$out/gemm_tune" -lcublasLt -lcublas ||
 		exit 1
-	"$out/gemm_tune" | tee -a "$out/gemm_tune.jsonl"
-	exit $?
+	"$out/gemm_tune" | tee -a "$out/gemm_tune.jsonl" || status=1
+	for args in "--shape qwen2-0.5b" "--shape qwen2-0.5b --lora-rank 16 --lora-targets qv" \
+		"--shape llama3-8b-4l --batch 4 --seq 2048" \
+		"--shape llama3-8b-4l --batch 4 --seq 2048 --lora-rank 16 --lora-targets all"; do
+		for t in 1 0 1 0; do
+			echo "TD_CUDA_NO_GEMM_TUNE=$t $args: $(TD_CUDA_NO_GEMM_TUNE=$t "$bin/bench_train" \
+				--backend cuda $args --precision bf16 --steps 8 --warm 2 |
+				grep -o '"ms_per_step": [0-9.]*\|"used_gib": [0-9.]*\|"loss": [0-9.]*' | tr '\n' ' ')" |
+				tee -a "$out/gemm_ab.txt"
+		done
+	done
+	exit $status
 fi
 if [ "$what" = overlap ]; then
 	export NCCL_NVLS_ENABLE=0
