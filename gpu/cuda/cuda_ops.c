@@ -813,8 +813,11 @@ static void cu_matmul_forward_residual(struct gpu_backend *be, float *out, const
 	 * timed (lt_tune) wherever the backend times its algorithms */
 	if (cb->gemm_tune && !lp->tuned)
 		lt_tune(cb, lp, "matmul_forward_residual: GEMM", 1.0f, w16, x16, 1.0f, res, out);
-	else
+	else if (cb->gemm_tune)
 		lt_call(cb, lp, "matmul_forward_residual: GEMM", 1.0f, w16, x16, 1.0f, res, out);
+	else /* the reference alone, whatever a timing kept before the switch */
+		cu_check_blas(cb, lt_run(cb, lp, 0, 1.0f, w16, x16, 1.0f, res, out),
+			      "matmul_forward_residual: GEMM");
 	cu_prof_end(cb, "matmul_forward_residual: GEMM %dx%dx%d", OC, N, C);
 }
 
