@@ -126,7 +126,6 @@ struct cu_backend {
 	 * mode): cublasGemmEx's default for the products, as before. */
 	bool gemm_tune;
 	CUevent tune_ev[2];
-	int64_t gemm_tuned; /* plans timed, for the profile */
 	/* The first error of an asynchronous op: sticky until reported by sync. */
 	CUresult first_error;
 	char first_error_where[128];

@@ -288,16 +288,24 @@ static cublasStatus_t lt_run(struct cu_backend *cb, const struct cu_lt_plan *lp,
 			      (cudaStream_t)cb->stream);
 }
 
-/* cublasGemmEx's default for the plan's product: the backend's way
- * before cuBLASLt's algorithms were timed, and the reference they are held
- * to (lt_tune). */
+/* cublasGemmEx's default: bf16 x bf16 -> D (fp32, or bf16 with out16),
+ * fp32 accumulation; the backend's way before cuBLASLt's algorithms were
+ * timed, and the reference they are held to (lt_tune). */
+static cublasStatus_t gemm_ex(struct cu_backend *cb, cublasOperation_t ta, cublasOperation_t tb,
+			      int m, int n, int k, float alpha, const uint16_t *A, int lda,
+			      const uint16_t *B, int ldb, float beta, void *D, bool out16, int ldc)
+{
+	return cublasGemmEx(cb->blas, ta, tb, m, n, k, &alpha, A, CUDA_R_16BF, lda, B, CUDA_R_16BF,
+			    ldb, &beta, D, out16 ? CUDA_R_16BF : CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F,
+			    CUBLAS_GEMM_DEFAULT);
+}
+
+/* gemm_ex for the plan's product */
 static cublasStatus_t ex_run(struct cu_backend *cb, const struct cu_lt_plan *lp, float alpha,
 			     const uint16_t *A, const uint16_t *B, float beta, void *D)
 {
-	return cublasGemmEx(cb->blas, (cublasOperation_t)lp->ta, (cublasOperation_t)lp->tb, lp->m,
-			    lp->n, lp->k, &alpha, A, CUDA_R_16BF, lp->lda, B, CUDA_R_16BF, lp->ldb,
-			    &beta, D, lp->out16 ? CUDA_R_16BF : CUDA_R_32F, lp->ldc,
-			    CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+	return gemm_ex(cb, (cublasOperation_t)lp->ta, (cublasOperation_t)lp->tb, lp->m, lp->n, lp->k,
+		       alpha, A, lp->lda, B, lp->ldb, beta, D, lp->out16, lp->ldc);
 }
 
 /* A fingerprint of D's bits, or (D NULL) of as many zero words (hash_u16
@@ -408,7 +416,6 @@ static void lt_tune(struct cu_backend *cb, struct cu_lt_plan *lp, const char *wh
 		return;
 	}
 	lp->tuned = true;
-	cb->gemm_tuned++;
 	float best = lp->ms_ref = lt_time(cb, lp, ref, alpha, A, B, beta, C, D);
 	if (best < 0)
 		best = INFINITY;
@@ -455,9 +462,7 @@ static void gemm16_(struct cu_backend *cb, const char *what, cublasOperation_t t
 		lt_call(cb, lp, what, alpha, A, B, beta, D, D);
 		return;
 	}
-	cu_check_blas(cb, cublasGemmEx(cb->blas, ta, tb, m, n, k, &alpha, A, CUDA_R_16BF, lda, B,
-				       CUDA_R_16BF, ldb, &beta, D, C ? CUDA_R_32F : CUDA_R_16BF, ldc,
-				       CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+	cu_check_blas(cb, gemm_ex(cb, ta, tb, m, n, k, alpha, A, lda, B, ldb, beta, D, !C, ldc),
 		      what);
 }
 
@@ -813,10 +818,9 @@ static void cu_matmul_forward_residual(struct gpu_backend *be, float *out, const
 	 * timed (lt_tune) wherever the backend times its algorithms */
 	if (cb->gemm_tune && !lp->tuned)
 		lt_tune(cb, lp, "matmul_forward_residual: GEMM", 1.0f, w16, x16, 1.0f, res, out);
-	else if (cb->gemm_tune)
-		lt_call(cb, lp, "matmul_forward_residual: GEMM", 1.0f, w16, x16, 1.0f, res, out);
-	else /* the reference alone, whatever a timing kept before the switch */
-		cu_check_blas(cb, lt_run(cb, lp, 0, 1.0f, w16, x16, 1.0f, res, out),
+	else /* untimed: the reference (#0) alone, whatever a timing kept before the switch */
+		cu_check_blas(cb, lt_run(cb, lp, cb->gemm_tune ? lp->chosen : 0, 1.0f, w16, x16, 1.0f,
+					 res, out),
 			      "matmul_forward_residual: GEMM");
 	cu_prof_end(cb, "matmul_forward_residual: GEMM %dx%dx%d", OC, N, C);
 }
