@@ -240,7 +240,7 @@ struct side_fns {
 
 /* NCCL: the events recorded after the last collectives, one each, in a
  * ring (gpu_comm_wait_for); the CUDA module's side stream has as many. */
-#define COMM_EVENTS 64
+#define COMM_EVENTS 16
 
 struct gpu_comm {
 	enum gpu_comm_kind kind; /* HOST or NCCL */

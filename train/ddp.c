@@ -3,7 +3,6 @@
 #include "train/ddp.h"
 
 #include <assert.h>
-#include <limits.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -105,25 +104,6 @@ struct tr_ddp {
 	bool last;          /* unsharded: this backward is the rank's last of the step */
 	bool empty;         /* sharded: an empty round (tr_ddp_micro_empty) */
 	uint64_t lookup_mark;
-	/* plan.masters_part with the lookup by rows: the bf16 copy's runs
-	 * (defer_build) — early ones broadcast as AdamW steps their piece,
-	 * late ones (the layers from defer_layer on, and the head's matrices)
-	 * from the next forward's embedding stage, each group waited for on
-	 * the device before the stage that first reads it. The lookup's
-	 * collectives follow the early broadcasts on the comm's stream, so its
-	 * wait orders the forward after them; the host waits for none of it
-	 * until the forward's end (joined). */
-	bool defer_ok;      /* masters_part and embed_lookup_rows */
-	int defer_layer;    /* the first late layer (> L: none late) */
-	bool defer_built;
-	struct run { size_t a, b; int need; } *eruns, *lruns;
-	size_t neruns, nlruns;
-	size_t *need_stage; /* [L + 1]: the forward stage that first reads need l (L: the head's) */
-	bool deferred;      /* the last step's late runs not yet broadcast */
-	bool bcast_open;    /* the step's broadcasts not known complete (no host wait yet) */
-	uint64_t step_mark; /* the comm's mark before them */
-	struct dgroup { size_t stage; uint64_t mark; } *dg;
-	size_t ndg, dg_next;
 };
 
 static int by_off(const void *a, const void *b)
@@ -303,124 +283,6 @@ static void after(struct tr_ddp *d, uint64_t mark)
 	d->err = gpu_comm_after(d->c, mark, &d->eb);
 	if (mark > d->joined)
 		d->joined = mark;
-}
-
-/* --- plan.masters_part: the step's broadcasts, early and late --- */
-
-static int run_by_need(const void *a, const void *b)
-{
-	const struct run *x = a, *y = b;
-	if (x->need != y->need)
-		return x->need < y->need ? -1 : 1;
-	return x->a < y->a ? -1 : x->a > y->a;
-}
-
-static int run_by_off(const void *a, const void *b)
-{
-	const struct run *x = a, *y = b;
-	return x->a < y->a ? -1 : x->a > y->a;
-}
-
-/* The bf16 copy's floats [copy16_lo, T) as runs by the forward's first
- * reader of each tensor: a decoder layer's matrices need their layer, the
- * head's (a tied embedding, lm_head) need L (the stages after the last
- * layer), the floats that do not decay (norms, biases: few, read by every
- * layer) need -1. Late: need >= defer_layer. Tensors next to each other
- * in the arena merge — early ones wherever no late one lies between (a gap
- * between tensors is broadcast with them: nothing reads it), late ones of
- * the same need — and the late runs are kept in the order of their need. */
-static td_err defer_build(struct tr_ddp *d, struct td_errbuf *eb)
-{
-	const struct tr_plan *p = tr_model_plan(d->m);
-	const int L = d->L;
-	const size_t c = p->copy16_lo, np = p->nparams ? p->nparams : 1;
-	struct run *all = calloc(np, sizeof(*all));
-	d->eruns = calloc(np, sizeof(*d->eruns));
-	d->lruns = calloc(np, sizeof(*d->lruns));
-	d->need_stage = calloc((size_t)L + 1, sizeof(*d->need_stage));
-	d->dg = calloc((size_t)L + 2, sizeof(*d->dg));
-	if (!all || !d->eruns || !d->lruns || !d->need_stage || !d->dg) {
-		free(all);
-		return td_fail(eb, TD_ENOMEM, "data parallel: out of memory");
-	}
-	size_t n = 0;
-	for (size_t i = 0; i < p->nparams; i++) {
-		const struct tr_param *t = &p->params[i];
-		if (!t->trainable || !t->numel || t->offset + t->numel <= c)
-			continue; /* below the copy: an untied embedding, never broadcast */
-		const int need = !t->decay ? -1 : t->layer >= 0 ? t->layer : L;
-		all[n++] = (struct run){t->offset > c ? t->offset : c, t->offset + t->numel, need};
-	}
-	qsort(all, n, sizeof(*all), run_by_off);
-	d->neruns = d->nlruns = 0;
-	int prev = -3; /* the last tensor's class: -3 none, -2 early, else its late need */
-	for (size_t i = 0; i < n; i++) {
-		const bool late = all[i].need >= d->defer_layer;
-		const int cls = late ? all[i].need : -2;
-		struct run *q = late ? d->lruns : d->eruns;
-		size_t *nq = late ? &d->nlruns : &d->neruns;
-		if (cls == prev)
-			q[*nq - 1].b = all[i].b;
-		else
-			q[(*nq)++] = all[i];
-		prev = cls;
-	}
-	free(all);
-	qsort(d->lruns, d->nlruns, sizeof(*d->lruns), run_by_need);
-	size_t last = 0;
-	for (size_t i = 0; i < p->nforward; i++) {
-		const struct tr_stage *s = &p->stages[i];
-		if (s->kind == TR_STAGE_LAYER && s->layer >= 0 && s->layer < L) {
-			d->need_stage[s->layer] = i;
-			last = i;
-		} else if (s->kind == TR_STAGE_EMBED && L == 0) {
-			last = i;
-		}
-	}
-	d->need_stage[L] = last + 1;
-	d->defer_built = true;
-	return TD_OK;
-}
-
-/* The last step's late runs, broadcast from their owners: one NCCL group
- * for each need, in the order of the forward's stages, each group's mark
- * kept for defer_join. Every rank calls it at the same stage. */
-static void defer_launch(struct tr_ddp *d)
-{
-	const struct tr_plan *p = tr_model_plan(d->m);
-	const size_t S = p->shard_numel, T = p->numel_trainable, c = p->copy16_lo;
-	const int R = p->opts.shard_ranks;
-	gpu_bf16 *h16 = tr_model_params16(d->m);
-	d->deferred = false;
-	d->ndg = d->dg_next = 0;
-	for (size_t i = 0; i < d->nlruns && d->err == TD_OK;) {
-		const int need = d->lruns[i].need;
-		struct td_errbuf later;
-		td_err e = TD_OK;
-		gpu_comm_group_begin(d->c);
-		for (; i < d->nlruns && d->lruns[i].need == need; i++)
-			for (int r = 0; r < R && e == TD_OK; r++) {
-				const size_t lo = (size_t)r * S, hi = lo + S < T ? lo + S : T;
-				const size_t x0 = d->lruns[i].a > lo ? d->lruns[i].a : lo;
-				const size_t x1 = d->lruns[i].b < hi ? d->lruns[i].b : hi;
-				if (x1 > x0) {
-					e = gpu_comm_broadcast16(d->c, h16 + (x0 - c), x1 - x0, r,
-								 h16 + (x0 - c), &d->eb);
-					d->stats.deferred += x1 - x0;
-				}
-			}
-		td_err ge = gpu_comm_group_end(d->c, e == TD_OK ? &d->eb : &later);
-		d->err = e != TD_OK ? e : ge;
-		d->dg[d->ndg++] = (struct dgroup){need < 0 ? 0 : d->need_stage[need], gpu_comm_mark(d->c)};
-	}
-}
-
-/* The device's stream waits, before forward stage next, for the late
- * groups that stage (or one before it) reads. */
-static void defer_join(struct tr_ddp *d, size_t next)
-{
-	while (d->dg_next < d->ndg && d->dg[d->dg_next].stage <= next && d->err == TD_OK)
-		after(d, d->dg[d->dg_next++].mark);
 }
 
 /* Unit u's gradients summed onto their owners' parts. Each piece is split
@@ -763,10 +625,8 @@ td_err tr_ddp_micro_begin(struct tr_ddp *d, struct td_errbuf *eb)
 	/* The last micro-batch's sums read the slots: done before this one's
 	 * forward gathers into them (plan.rest16_in_ring) and grads.rest is
 	 * zeroed (the ring's slots are zeroed before their first writer:
-	 * grads_before_unit). At a step's first micro-batch they were waited
-	 * for (tr_ddp_finish): the step's broadcasts since, not waited for
-	 * (bcast_open), are the forward's to wait for, stage by stage. */
-	td_err e = d->bcast_open ? gpu_comm_wait_for(d->c, d->step_mark, eb) : gpu_comm_wait(d->c, eb);
+	 * grads_before_unit). */
+	td_err e = gpu_comm_wait(d->c, eb);
 	if (e != TD_OK)
 		return e;
 	const struct tr_plan *p = tr_model_plan(d->m);
@@ -858,26 +718,16 @@ static void on_stage(void *ctx, const struct tr_stage *s)
 		const bool lookup = d->lookup && s->kind == TR_STAGE_EMBED && d->err == TD_OK;
 		if (lookup)
 			lookup_start(d);
-		/* the last step's late broadcasts, after the lookup's collectives
-		 * (which wait only for the early ones); at the forward's end at
-		 * the latest */
-		if (d->deferred && d->err == TD_OK &&
-		    (s->kind == TR_STAGE_EMBED || next == p->nforward))
-			defer_launch(d);
 		if (d->wp && d->err == TD_OK)
 			weights_on_stage(d, s);
 		if (lookup)
 			lookup_wait(d);
-		if (d->dg_next < d->ndg && next <= p->nforward)
-			defer_join(d, next == p->nforward ? SIZE_MAX : next);
 		/* last: it may wait, with the collectives above enqueued */
 		if (next < p->nstages && stage_unit(&p->stages[next]) >= 0 && d->err == TD_OK)
 			grads_before_unit(d, stage_unit(&p->stages[next]));
 		/* The forward's end: tr_model_forward blocks on the stream next */
 		if (next == p->nforward && d->joined && d->err == TD_OK)
 			d->err = gpu_comm_wait_for(d->c, d->joined, &d->eb);
-		if (next == p->nforward && d->err == TD_OK && d->dg_next == d->ndg)
-			d->bcast_open = false; /* joined is after every broadcast of the step */
 		return;
 	}
 	if (d->armed)
@@ -930,11 +780,6 @@ td_err tr_ddp_new(struct tr_ddp **out, struct tr_model *m, struct gpu_comm *c, s
 		d->lookup_l = d->wp && emb->wunit == d->L;
 	}
 	if (d->gr) {
-		d->defer_ok = p->masters_part && p->embed_lookup_rows;
-		tr_ddp_set_defer(d, -1);
-		const char *dv = getenv("TD_DDP_DEFER"); /* A/B: a layer, or "off" */
-		if (dv && *dv)
-			tr_ddp_set_defer(d, strcmp(dv, "off") == 0 ? INT_MAX : atoi(dv));
 		d->fresh = true; /* zero_grad before the first step */
 		d->poison = getenv("TD_TEST_POISON_GRADS") != NULL;
 		td_err e = grads_units(d, p, eb);
@@ -1000,10 +845,6 @@ void tr_ddp_free(struct tr_ddp *d)
 	free(d->wunits);
 	free(d->wpieces);
 	free(d->wready);
-	free(d->eruns);
-	free(d->lruns);
-	free(d->need_stage);
-	free(d->dg);
 	free(d);
 }
 
@@ -1080,12 +921,6 @@ static td_err masters_part_pieces(struct tr_ddp *d, const struct tr_adamw *h, fl
 	float *w = tr_model_params(d->m);
 	td_err e = TD_OK;
 	const size_t P = d->step_piece;
-	if (h && d->defer_ok && !d->defer_built)
-		e = defer_build(d, eb);
-	/* a step's broadcasts with late runs: the early runs now, the late
-	 * ones by the next forward (defer_launch) */
-	const bool defer = h && d->defer_ok && d->nlruns > 0;
-	d->step_mark = gpu_comm_mark(d->c);
 	for (size_t k0 = 0; k0 < S && e == TD_OK; k0 += P) {
 		const size_t k1 = k0 + P < S ? k0 + P : S;
 		if (h)
@@ -1096,14 +931,7 @@ static td_err masters_part_pieces(struct tr_ddp *d, const struct tr_adamw *h, fl
 			const size_t a = (size_t)r * S + k0;
 			const size_t b = (size_t)r * S + k1 < T ? (size_t)r * S + k1 : T;
 			const size_t a16 = a > c ? a : c, a32 = a > nd ? a : nd;
-			for (size_t i = 0; defer && i < d->neruns && e == TD_OK; i++) {
-				const size_t x0 = d->eruns[i].a > a ? d->eruns[i].a : a;
-				const size_t x1 = d->eruns[i].b < b ? d->eruns[i].b : b;
-				if (x1 > x0)
-					e = gpu_comm_broadcast16(d->c, h16 + (x0 - c), x1 - x0, r,
-								 h16 + (x0 - c), eb);
-			}
-			if (!defer && b > a16)
+			if (b > a16)
 				e = gpu_comm_broadcast16(d->c, h16 + (a16 - c), b - a16, r,
 							 h16 + (a16 - c), eb);
 			if (e == TD_OK && b > a32)
@@ -1113,15 +941,8 @@ static td_err masters_part_pieces(struct tr_ddp *d, const struct tr_adamw *h, fl
 		if (e == TD_OK)
 			e = ge;
 	}
-	if (e == TD_OK && defer) {
-		/* no wait: the next forward's lookup follows these broadcasts on
-		 * the comm's stream, and its stages wait for the late ones */
-		d->deferred = d->bcast_open = true;
-	} else if (e == TD_OK) {
+	if (e == TD_OK)
 		e = gpu_comm_wait(d->c, eb);
-		d->deferred = d->bcast_open = false; /* everything broadcast, late runs too */
-		d->ndg = d->dg_next = 0;
-	}
 	if (e == TD_OK)
 		d->stats.gathered += (T - c + 1) / 2 + (T > nd ? T - nd : 0);
 	return e;
@@ -1130,37 +951,6 @@ static td_err masters_part_pieces(struct tr_ddp *d, const struct tr_adamw *h, fl
 void tr_ddp_set_step_piece(struct tr_ddp *d, size_t floats)
 {
 	d->step_piece = floats ? (floats + 63) / 64 * 64 : DDP_STEP_PIECE;
-}
-
-void tr_ddp_set_defer(struct tr_ddp *d, int layer)
-{
-	assert(!d->deferred);
-	/* default: the last three quarters of the layers and the head late */
-	d->defer_layer = layer >= 0 ? layer : (d->L + 3) / 4;
-	d->defer_built = false;
-	free(d->eruns);
-	free(d->lruns);
-	free(d->need_stage);
-	free(d->dg);
-	d->eruns = d->lruns = NULL;
-	d->need_stage = NULL;
-	d->dg = NULL;
-	d->neruns = d->nlruns = d->ndg = d->dg_next = 0;
-}
-
-td_err tr_ddp_settle(struct tr_ddp *d, struct td_errbuf *eb)
-{
-	if (!d->gr)
-		return TD_OK;
-	if (d->deferred && d->err == TD_OK)
-		defer_launch(d);
-	d->ndg = d->dg_next = 0; /* the host waits for all of them */
-	td_err e = take_err(d, eb);
-	if (e == TD_OK)
-		e = gpu_comm_wait(d->c, eb);
-	if (e == TD_OK)
-		d->bcast_open = false;
-	return e;
 }
 
 td_err tr_ddp_step(struct tr_ddp *d, const struct tr_adamw *h, float lr, int t,

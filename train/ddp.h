@@ -43,8 +43,6 @@ struct tr_ddp_stats {
 	uint64_t gathered;     /* floats all-gathered (sharded weights), all steps */
 	uint64_t rows;         /* floats of the embedding's rows gathered and summed (its
 				* gradient and lookup by rows: train/plan.h embed_rows), all steps */
-	uint64_t deferred;     /* bf16 values broadcast by the forward after a step
-				* (plan.masters_part: tr_ddp_set_defer), all steps */
 };
 
 /* For model m (its plan and gradients) over comm c. bucket_floats: 0 for
@@ -158,22 +156,6 @@ td_err tr_ddp_step(struct tr_ddp *d, const struct tr_adamw *h, float lr, int t,
 /* tr_ddp_step's pieces, in floats (rounded up to 64; 0: the default, 32
  * Mi): tests cut a small model's parts into many. */
 void tr_ddp_set_step_piece(struct tr_ddp *d, size_t floats);
-/* plan.masters_part with the embedding looked up by rows: tr_ddp_step
- * broadcasts the bf16 copy of the layers below `layer` (and the floats that
- * do not decay) as AdamW steps them, and leaves those of the layers from
- * `layer` on and the head's matrices to the next forward, which launches
- * them at its embedding stage, after the lookup's collectives, and makes
- * each stage wait on the device for the runs it reads — the host waits at
- * the forward's end. The step then ends without a wait on the host, and
- * the broadcasts that AdamW's bytes slowed run beside the layers' GEMMs.
- * layer < 0: the default, (L + 3) / 4; > L: none deferred (the step waits
- * for all of them, as before). The environment's TD_DDP_DEFER (a layer,
- * or "off") sets it at tr_ddp_new. Not while a step's runs wait. */
-void tr_ddp_set_defer(struct tr_ddp *d, int layer);
-/* Launches any deferred broadcasts and waits for every collective: the
- * weights whole on every rank. Every rank calls it where a run of steps
- * ends (before the timing stops, or the job's output). */
-td_err tr_ddp_settle(struct tr_ddp *d, struct td_errbuf *eb);
 
 /* Rank r's share of a step's `accum` micro-batches over n ranks: [*a0, *a1),
  * contiguous, in order, sizes differing by at most one (the later ranks get

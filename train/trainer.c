@@ -1079,9 +1079,6 @@ static td_err train_rank(const Traind__JobSpec *spec, const struct tr_train_opts
 				(double)st.overlapped / (double)st.steps, (double)st.at_finish / (double)st.steps,
 				(double)st.floats / (double)st.steps / 1e6, (double)st.rows / (double)st.steps / 1e6);
 	}
-	/* the last step's broadcasts (masters_part) complete before the comm goes */
-	if (ddp && e == TD_OK)
-		e = tr_ddp_settle(ddp, eb);
 	/* PARAMETERS, masters_part: the output is saved from the gathered weights */
 	if (wsharded && e == TD_OK && !res->stopped)
 		e = gather_weights(&j, G, r, eb);

