@@ -13,7 +13,8 @@ void gpu_backend_check_ops(const struct gpu_backend_ops *o)
 	       o->rope_backward && o->attention_flash && o->gemm_bf16 && o->attention_forward && o->attention_backward &&
 	       o->swiglu_forward && o->swiglu_backward && o->lora_dx_add && o->residual_forward &&
 	       o->crossentropy_forward && o->crossentropy_backward && o->adamw_update &&
-	       o->sumsq && o->scale && o->bf16_round && o->bf16_widen);
+	       o->sumsq && o->scale && o->bf16_round && o->bf16_widen &&
+	       o->bf16_round_rows);
 	assert(o->nf4_dequantize && o->absmax_dequantize && o->distill_forward &&
 	       o->distill_backward && o->dropout);
 	/* Shared memory is optional, but all of it or none. */

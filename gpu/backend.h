@@ -292,6 +292,13 @@ struct gpu_backend_ops {
 	 * bf16 widened for a backend whose GEMMs read fp32. Any backend. */
 	void (*bf16_round)(struct gpu_backend *be, gpu_bf16 *out, const float *in, size_t n);
 	void (*bf16_widen)(struct gpu_backend *be, float *out, const gpu_bf16 *in, size_t n);
+	/* rows of cols floats (in, row r at in + r * cols) rounded as
+	 * bf16_round rounds them into row r of out at out + r * ldo (ldo >=
+	 * cols): tensors side by side in one bf16 matrix, one GEMM operand
+	 * (the q, k and v gradients of a layer's fused input-gradient and
+	 * weight-gradient products, train/model.c). */
+	void (*bf16_round_rows)(struct gpu_backend *be, gpu_bf16 *out, size_t ldo, const float *in,
+				size_t rows, size_t cols);
 
 	/* Methods (LoRA, QLoRA, distillation, classification): kernels/cpu/ops.h.
 	 * codes, absmax, q, scale: device buffers the engine uploaded at load.
@@ -710,6 +717,12 @@ static inline void gpu_bf16_round(struct gpu_backend *be, gpu_bf16 *out, const f
 				  size_t n)
 {
 	GPU_OP_(bf16_round, out, in, n);
+}
+
+static inline void gpu_bf16_round_rows(struct gpu_backend *be, gpu_bf16 *out, size_t ldo,
+				       const float *in, size_t rows, size_t cols)
+{
+	GPU_OP_(bf16_round_rows, out, ldo, in, rows, cols);
 }
 static inline void gpu_bf16_widen(struct gpu_backend *be, float *out, const gpu_bf16 *in,
 				  size_t n)

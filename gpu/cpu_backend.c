@@ -353,6 +353,12 @@ static void cpu_bf16_round(struct gpu_backend *be, gpu_bf16 *out, const float *i
 {
 	bf16_round(out, in, n);
 }
+static void cpu_bf16_round_rows(struct gpu_backend *be, gpu_bf16 *out, size_t ldo, const float *in,
+				size_t rows, size_t cols)
+{
+	for (size_t r = 0; r < rows; r++)
+		bf16_round(out + r * ldo, in + r * cols, cols);
+}
 static void cpu_bf16_widen(struct gpu_backend *be, float *out, const gpu_bf16 *in, size_t n)
 {
 	bf16_widen(out, in, n);
@@ -433,6 +439,7 @@ static const struct gpu_backend_ops cpu_ops = {
 	.scale = cpu_scale,
 	.bf16_round = cpu_bf16_round,
 	.bf16_widen = cpu_bf16_widen,
+	.bf16_round_rows = cpu_bf16_round_rows,
 	.nf4_dequantize = cpu_nf4_dequantize,
 	.absmax_dequantize = cpu_absmax_dequantize,
 	.distill_forward = cpu_distill_forward,

@@ -1835,6 +1835,66 @@ static void group_add(struct tr_model *m, float *dinp, const struct dx_group *gr
 		gpu_lora_dx_add(m->be, dinp, grp->ad, grp->G, m->plan.opts.B * m->plan.opts.T);
 }
 
+/* Layer l's q, k and v input and weight gradients (the bf16 mode, no
+ * adapter on them): where their weights' bf16 copies lie side by side, as
+ * one (H + 2 KV) x C matrix, and so do their weight gradients (or none is
+ * trained), the three products of each kind are one — d(ln1) = [dq dk dv]
+ * [Wq; Wk; Wv] over K = H + 2 KV, and [dWq; dWk; dWv] = [dq dk dv]^T ln1 —
+ * over the gradients rounded side by side into one bf16 operand, over
+ * d(y) or in the model's GEMM scratch (which the products leave alone:
+ * every operand has its bf16 twin). The same bf16 operands as three products (each gradient
+ * rounded as matmul_backward rounds it); d(ln1) is one fp32 sum over all
+ * of K instead of three added in turn, and Qwen2-0.5B's k and v products
+ * (K or M of 128) no longer run alone. Biases as before, from the fp32
+ * gradients. Returns false, having done nothing, where it does not apply. */
+static bool qkv_backward_fused(struct tr_model *m, int l, const float *dq, const float *dk,
+			       const float *dv)
+{
+	struct gpu_backend *be = m->be;
+	const struct tr_model_config *c = &m->plan.cfg;
+	const int N = m->plan.opts.B * m->plan.opts.T, C = c->hidden_size;
+	const size_t H = (size_t)c->num_heads * c->head_dim, KV = (size_t)c->num_kv_heads * c->head_dim;
+	const size_t W = H + 2 * KV;
+	const struct lin *q = &m->lin[l][TR_LIN_Q], *k = &m->lin[l][TR_LIN_K],
+			 *v = &m->lin[l][TR_LIN_V];
+	const struct layer_a *a = &m->a[l];
+	/* the operand's room: d(y), read by the attention's backward only
+	 * (as long as its H floats a row hold W bf16 values: KV <= H / 2), else
+	 * the GEMM scratch */
+	gpu_bf16 *d16 = m->dy && 2 * W <= 4 * H ? (gpu_bf16 *)(void *)m->dy
+			: m->gemm_bf16_bytes >= (size_t)N * W * sizeof(gpu_bf16)
+			? (gpu_bf16 *)(void *)m->gemm_bf16
+			: NULL;
+	if (!m->plan.opts.gemm_bf16 || q->lora || k->lora || v->lora || q->wp->nf4 || k->wp->nf4 ||
+	    v->wp->nf4 || !a->ln1_16 || !d16 || !q->dw != !k->dw ||
+	    !q->dw != !v->dw || (q->dw && (k->dw != q->dw + H * C || v->dw != k->dw + KV * C)))
+		return false;
+	const struct wref wq = weight_of(m, q->wp), wk = weight_of(m, k->wp),
+			  wv = weight_of(m, v->wp);
+	if (!wq.h || wk.h != wq.h + H * C || wv.h != wk.h + KV * C)
+		return false;
+	const bool sharded = tr_shard_grads(m->plan.opts.shard, m->plan.opts.shard_ranks);
+	bool set[3];
+	const struct lin *lins[3] = {q, k, v};
+	for (int i = 0; i < 3; i++)
+		set[i] = lins[i]->dw && (sharded || m->fresh) &&
+			 tr_plan_dw_overwritten(&m->plan, lins[i]->wp);
+	if (set[0] != set[1] || set[0] != set[2])
+		return false;
+	gpu_bf16_round_rows(be, d16, W, dq, (size_t)N, H);
+	gpu_bf16_round_rows(be, d16 + H, W, dk, (size_t)N, KV);
+	gpu_bf16_round_rows(be, d16 + H + KV, W, dv, (size_t)N, KV);
+	gpu_matmul_backward(be, m->dln, NULL, q->dw, NULL, NULL, d16, NULL, a->ln1_16, NULL, wq.h, N,
+			    C, (int)W, GPU_SET_DINP | (set[0] ? GPU_SET_DWEIGHT : 0u));
+	const float *douts[3] = {dq, dk, dv};
+	const size_t outs[3] = {H, KV, KV};
+	for (int i = 0; i < 3; i++)
+		if (lins[i]->db)
+			gpu_matmul_backward(be, NULL, NULL, NULL, lins[i]->db, douts[i], NULL, NULL, NULL,
+					    NULL, NULL, N, C, (int)outs[i], 0u);
+	return true;
+}
+
 /* Layer l's backward, its MLP half (TR_STAGE_LAYER_BACKWARD_MLP): every
  * gradient of tr_plan_mlp_half's tensors. */
 static void layer_backward_mlp(struct tr_model *m, int l)
@@ -1904,6 +1964,10 @@ static void layer_backward(struct tr_model *m, int l)
 		gpu_rmsnorm_backward(be, m->dkraw, g->kn, m->dk, a->kraw, w->kn, a->k_rstd, N * NKV, HS);
 		dqp = m->dqraw;
 		dkp = m->dkraw;
+	}
+	if (qkv_backward_fused(m, l, dqp, dkp, m->dv)) {
+		gpu_rmsnorm_backward(be, m->dres, g->ln1, m->dln, m->res[l], w->ln1, a->ln1_rstd, N, C);
+		return;
 	}
 	struct dx_group qkv = {.G = 0};
 	linear_backward_rows(m, l, TR_LIN_Q, m->dln, NULL, true, dqp, NULL, a->ln1, a->ln1_16, N,

@@ -1506,6 +1506,16 @@ static void cu_bf16_widen(struct gpu_backend *be, float *out, const gpu_bf16 *in
 	launch_n(cu_of(be), CU_K_cast_f32_bf16, n, args);
 }
 
+static void cu_bf16_round_rows(struct gpu_backend *be, gpu_bf16 *out, size_t ldo, const float *in,
+			       size_t rows, size_t cols)
+{
+	void *args[] = {&out, &ldo, &in, &rows, &cols};
+	if (cols > 0)
+		launch_rows(cu_of(be), CU_K_cast_bf16_f32_rows,
+			    rows > (size_t)INT_MAX ? INT_MAX : (int)rows,
+			    row_threads(cols > 4096 ? 4096 : (int)cols), args);
+}
+
 /* ---------------------------------------------------------------- methods -- */
 
 /* out16: the values rounded to bf16 as cast_bf16_f32 rounds them (the
@@ -1586,6 +1596,7 @@ void cu_ops_fill(struct gpu_backend_ops *ops)
 	ops->scale = cu_scale;
 	ops->bf16_round = cu_bf16_round;
 	ops->bf16_widen = cu_bf16_widen;
+	ops->bf16_round_rows = cu_bf16_round_rows;
 	ops->nf4_dequantize = cu_nf4_dequantize;
 	ops->absmax_dequantize = cu_absmax_dequantize;
 	ops->distill_forward = cu_distill_forward;

@@ -526,6 +526,17 @@ extern "C" __global__ void cast_bf16_f32(__nv_bfloat16 *out, const float *in, si
 		out[j] = __float2bfloat16_rn(in[j]);
 }
 
+/* Row r of in (rows of cols floats) rounded into out + r * ldo, as
+ * cast_bf16_f32 rounds each value: a block a row, grid-stride over rows.
+ * Overwrite. */
+extern "C" __global__ void cast_bf16_f32_rows(__nv_bfloat16 *out, size_t ldo, const float *in,
+					      size_t rows, size_t cols)
+{
+	for (size_t r = blockIdx.x; r < rows; r += gridDim.x)
+		for (size_t c = threadIdx.x; c < cols; c += blockDim.x)
+			out[r * ldo + c] = __float2bfloat16_rn(in[r * cols + c]);
+}
+
 /* out (n) = in (bf16) widened to fp32, exactly. Overwrite. */
 extern "C" __global__ void cast_f32_bf16(float *out, const __nv_bfloat16 *in, size_t n)
 {

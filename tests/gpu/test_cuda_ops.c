@@ -1702,6 +1702,35 @@ static void test_bf16_convert(void)
 		expect_same_bits("bf16_widen", hget(d_w, n), w, n);
 		case_end();
 	}
+	/* bf16_round_rows: each row into its place in a wider matrix, the
+	 * columns around it untouched (a sentinel) */
+	static const struct { size_t rows, cols, ldo, off; } shapes[] = {
+		{1, 1, 3, 1}, {5, 7, 20, 13}, {300, 896, 1152, 0}, {300, 128, 1152, 896},
+		{300, 128, 1152, 1024}, {3, 5000, 5003, 2}};
+	for (size_t ci = 0; ci < COUNT(shapes); ci++) {
+		const size_t R = shapes[ci].rows, Cc = shapes[ci].cols, L = shapes[ci].ldo,
+			     O = shapes[ci].off, n = R * Cc, nt = R * L;
+		snprintf(where, sizeof(where), "bf16_round_rows (%zu x %zu into ld %zu at %zu)", R, Cc,
+			 L, O);
+		float *x = frand(n, 1000.0, 0.0);
+		uint16_t *want = hmem(nt * sizeof(uint16_t)), *got = hmem(nt * sizeof(uint16_t));
+		for (size_t i = 0; i < nt; i++)
+			want[i] = 0x7fa5u; /* a NaN no rounding writes */
+		for (size_t r = 0; r < R; r++)
+			bf16_round(want + r * L + O, x + r * Cc, Cc);
+		gpu_bf16 *d16 = dnan16(nt);
+		uint16_t *fill = hmem(nt * sizeof(uint16_t));
+		for (size_t i = 0; i < nt; i++)
+			fill[i] = 0x7fa5u;
+		gpu_upload(be, d16, fill, nt * sizeof(uint16_t));
+		gpu_bf16_round_rows(be, d16 + O, L, dputf(x, n), R, Cc);
+		gpu_download(be, got, d16, nt * sizeof(uint16_t));
+		size_t bad = 0;
+		for (size_t i = 0; i < nt; i++)
+			bad += got[i] != want[i];
+		CHECK_MSG(bad == 0, "%s: %zu of %zu values differ from the CPU's rows", where, bad, nt);
+		case_end();
+	}
 	op_report("bf16 convert");
 }
 
