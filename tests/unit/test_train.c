@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "gpu/backend.h"
+#include "kernels/cpu/ops.h"
 #include "proto/jobspec.h"
 #include "tests/check.h"
 #include "tests/unit/rowmatmul.h"
@@ -575,8 +576,33 @@ static void test_bad_ids(const char *model)
 	gpu_backend_free(be);
 }
 
+/* bf16_round_rows on the CPU backend: each row rounded as bf16_round
+ * rounds it, into its place in a wider matrix, the columns around it
+ * untouched (the fused q, k and v backward's operand, train/model.c). */
+static void test_bf16_round_rows(void)
+{
+	struct gpu_backend *be = NULL;
+	struct td_errbuf eb = {{0}};
+	CHECK_EQ_INT(gpu_cpu_backend_new(&be, &eb), TD_OK);
+	if (!be)
+		return;
+	enum { R = 7, COLS = 5, LD = 12, OFF = 4 };
+	float x[R * COLS];
+	for (int i = 0; i < R * COLS; i++)
+		x[i] = 1.0f / (float)(i + 3) - 0.1f * (float)i;
+	gpu_bf16 got[R * LD], want[R * LD];
+	for (int i = 0; i < R * LD; i++)
+		got[i] = want[i] = 0x7fa5u; /* a NaN no rounding writes */
+	for (int r = 0; r < R; r++)
+		bf16_round(want + r * LD + OFF, x + r * COLS, COLS);
+	gpu_bf16_round_rows(be, got + OFF, LD, x, R, COLS);
+	CHECK(memcmp(got, want, sizeof(got)) == 0);
+	gpu_backend_free(be);
+}
+
 int main(void)
 {
+	test_bf16_round_rows();
 	fx = getenv("TD_FIXTURES");
 	if (!fx)
 		return check_skip("TD_FIXTURES is not set (run through meson test)");
