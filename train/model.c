@@ -1842,11 +1842,12 @@ static void group_add(struct tr_model *m, float *dinp, const struct dx_group *gr
  * [Wq; Wk; Wv] over K = H + 2 KV, and [dWq; dWk; dWv] = [dq dk dv]^T ln1 —
  * over the gradients rounded side by side into one bf16 operand, over
  * d(y) or in the model's GEMM scratch (which the products leave alone:
- * every operand has its bf16 twin). The same bf16 operands as three products (each gradient
- * rounded as matmul_backward rounds it); d(ln1) is one fp32 sum over all
- * of K instead of three added in turn, and Qwen2-0.5B's k and v products
- * (K or M of 128) no longer run alone. Biases as before, from the fp32
- * gradients. Returns false, having done nothing, where it does not apply. */
+ * every operand has its bf16 twin). The same bf16 operands as three
+ * products (each gradient rounded as matmul_backward rounds it); d(ln1) is
+ * one fp32 sum over all of K instead of three added in turn, and
+ * Qwen2-0.5B's k and v products (K or M of 128) no longer run alone.
+ * Biases as before, from the fp32 gradients. Returns false, having
+ * launched nothing, where it does not apply. */
 static bool qkv_backward_fused(struct tr_model *m, int l, const float *dq, const float *dk,
 			       const float *dv)
 {
