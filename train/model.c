@@ -1229,6 +1229,15 @@ static void linear_forward_residual(struct tr_model *m, int l, int k, float *out
 	gpu_residual_forward(m->be, out, res, tmp, (size_t)m->plan.opts.B * m->plan.opts.T * L->out);
 }
 
+/* Whether projection L's weight-gradient product of a micro-batch's first
+ * rows (first) overwrites its gradient instead of adding to it (the plan
+ * says its work buffer was not zeroed: tr_plan_dw_overwritten). */
+static bool dw_overwrites(const struct tr_model *m, const struct lin *L, bool first)
+{
+	const bool sharded = tr_shard_grads(m->plan.opts.shard, m->plan.opts.shard_ranks);
+	return first && L->dw && (sharded || m->fresh) && tr_plan_dw_overwritten(&m->plan, L->wp);
+}
+
 /* dinp (N, in) += d/dinp (set: = instead, the old values never read);
  * weight, bias and adapter gradients += where they train. dout16, inp16:
  * bf16 twins or NULL (the fp32 tensor may then be NULL: gpu/backend.h; a bias
@@ -1271,9 +1280,7 @@ static void linear_backward_rows(struct tr_model *m, int l, int k, float *dinp,
 	 * projection's d(h): swiglu_backward adds it) */
 	assert(!dinp16 || (!dinp && set && (!L->lora || slot >= 0)));
 	const struct wref w = weight_of(m, L->wp);
-	const bool sharded = tr_shard_grads(m->plan.opts.shard, m->plan.opts.shard_ranks);
-	const bool dw_set = first && L->dw && (sharded || m->fresh) &&
-			    tr_plan_dw_overwritten(&m->plan, L->wp);
+	const bool dw_set = dw_overwrites(m, L, first);
 	gpu_matmul_backward(be, dinp, dinp16, L->dw, L->db, dout, dout16, inp, inp16, w.f, w.h, n,
 			    L->in, L->out,
 			    (set ? GPU_SET_DINP : 0u) | (dw_set ? GPU_SET_DWEIGHT : 0u));
@@ -1874,19 +1881,15 @@ static bool qkv_backward_fused(struct tr_model *m, int l, const float *dq, const
 			  wv = weight_of(m, v->wp);
 	if (!wq.h || wk.h != wq.h + H * C || wv.h != wk.h + KV * C)
 		return false;
-	const bool sharded = tr_shard_grads(m->plan.opts.shard, m->plan.opts.shard_ranks);
-	bool set[3];
-	const struct lin *lins[3] = {q, k, v};
-	for (int i = 0; i < 3; i++)
-		set[i] = lins[i]->dw && (sharded || m->fresh) &&
-			 tr_plan_dw_overwritten(&m->plan, lins[i]->wp);
-	if (set[0] != set[1] || set[0] != set[2])
+	const bool set = dw_overwrites(m, q, true);
+	if (dw_overwrites(m, k, true) != set || dw_overwrites(m, v, true) != set)
 		return false;
 	gpu_bf16_round_rows(be, d16, W, dq, (size_t)N, H);
 	gpu_bf16_round_rows(be, d16 + H, W, dk, (size_t)N, KV);
 	gpu_bf16_round_rows(be, d16 + H + KV, W, dv, (size_t)N, KV);
 	gpu_matmul_backward(be, m->dln, NULL, q->dw, NULL, NULL, d16, NULL, a->ln1_16, NULL, wq.h, N,
-			    C, (int)W, GPU_SET_DINP | (set[0] ? GPU_SET_DWEIGHT : 0u));
+			    C, (int)W, GPU_SET_DINP | (set ? GPU_SET_DWEIGHT : 0u));
+	const struct lin *lins[3] = {q, k, v};
 	const float *douts[3] = {dq, dk, dv};
 	const size_t outs[3] = {H, KV, KV};
 	for (int i = 0; i < 3; i++)

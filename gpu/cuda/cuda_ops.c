@@ -352,7 +352,8 @@ static bool lt_candidate(const struct cu_lt_plan *lp, int i)
 	return true;
 }
 
-/* ms a run of fn(i): the mean of REPS after the run already made */
+/* ms a run of algorithm i (-1: cublasGemmEx's default): the mean of REPS
+ * runs after the one already made */
 static float lt_time(struct cu_backend *cb, const struct cu_lt_plan *lp, int i, float alpha,
 		     const uint16_t *A, const uint16_t *B, float beta, const void *C, void *D)
 {
