@@ -752,8 +752,37 @@ size_t tr_plan_copy16_index(const struct tr_plan *p, size_t i)
 	return (l % TR_COPY16_RING) * p->ring_numel + (i - p->ring_lo - l * p->ring_numel);
 }
 
+static td_err plan_build(struct tr_plan *p, const struct tr_model_config *cfg,
+			 const struct tr_plan_opts *o, bool mlp_whole, struct td_errbuf *eb);
+
+/* The MLP's backward over all of a micro-batch's rows where that takes no
+ * more scratch than its two parts (another phase of a layer's backward
+ * region is as large: the logits', the attention's), else in parts
+ * (tr_plan.mlp_rows). One product over N rows instead of two over N/2,
+ * and no second pass adding onto the weight gradients: on an H100,
+ * Qwen2-0.5B's full step 69.5 → 68.3 ms at the same plan bytes. The
+ * scratch does not depend on the shard or recompute policy, so every
+ * policy of a model makes the same choice (and gives the same bits). */
 td_err tr_plan_build(struct tr_plan *p, const struct tr_model_config *cfg,
 		     const struct tr_plan_opts *o, struct td_errbuf *eb)
+{
+	td_err e = plan_build(p, cfg, o, false, eb);
+	if (e != TD_OK || p->mlp_rows == o->B * o->T)
+		return e;
+	struct tr_plan w;
+	struct td_errbuf web = {{0}};
+	if (plan_build(&w, cfg, o, true, &web) != TD_OK)
+		return TD_OK; /* the parts' plan stands */
+	const bool whole = w.arena_bytes[TR_ARENA_SCRATCH] <= p->arena_bytes[TR_ARENA_SCRATCH];
+	tr_plan_fini(&w);
+	if (!whole)
+		return TD_OK;
+	tr_plan_fini(p);
+	return plan_build(p, cfg, o, true, eb);
+}
+
+static td_err plan_build(struct tr_plan *p, const struct tr_model_config *cfg,
+			 const struct tr_plan_opts *o, bool mlp_whole, struct td_errbuf *eb)
 {
 	memset(p, 0, sizeof(*p));
 	p->cfg = *cfg;
@@ -819,11 +848,13 @@ td_err tr_plan_build(struct tr_plan *p, const struct tr_model_config *cfg,
 	p->logits_rows = (int)N;
 	if ((train || o->teacher_rows) && !classify && N > rows)
 		p->logits_rows = (int)rows;
-	/* the MLP's backward in two parts of rows, where no adapter is on it */
+	/* the MLP's backward in two parts of rows, where no adapter is on it
+	 * and the whole rows would take more scratch (tr_plan_build) */
 	const unsigned mlp3 = 1u << TR_LIN_GATE | 1u << TR_LIN_UP | 1u << TR_LIN_DOWN;
 	/* (a multiple of 8 rows: each part's rows start 16-byte aligned whatever I) */
 	const size_t half = ((N + 1) / 2 + 7) / 8 * 8;
-	p->mlp_rows = train && half < N && !(R && (o->lora_targets & mlp3)) ? (int)half : (int)N;
+	p->mlp_rows = train && !mlp_whole && half < N && !(R && (o->lora_targets & mlp3)) ? (int)half
+											   : (int)N;
 	/* the adapters' input-gradient shares where d(x) is read, or one pass
 	 * for those that share an input: not through dropout's masks nor past
 	 * the ops' rank */

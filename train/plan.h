@@ -512,7 +512,9 @@ struct tr_plan {
 	 * the same parts in every mode, so that sharded runs stay NONE's
 	 * bits. ceil(N / 2) rounded up to 8 rows where no adapter is on the
 	 * MLP's projections (an adapter's kept product and dropout are the
-	 * whole batch's) and that is fewer than N, else N. */
+	 * whole batch's), that is fewer than N, and N rows would take more
+	 * scratch (tr_plan_build compares the scratch arenas, the same in
+	 * every mode); else N. */
 	int mlp_rows;
 	/* The MLP's d(h) in bf16 (scratch.dh16, the bf16 mode; with an
 	 * adapter on the down projection, where lora_dx_group holds): its

@@ -720,6 +720,26 @@ static void test_real_shapes(void)
 			const size_t per = C * (H + 2 * KV) + H * C + 3 * C * I;
 			const bool ring = bf16 && po.lora_rank == 0 && L > TR_COPY16_RING;
 			CHECK_EQ_INT(per * 2 % TR_PLAN_ALIGN, 0); /* so the aligned buffer shrinks by it */
+			/* The MLP's backward takes the same rows under every
+			 * policy (their bits are NONE's): whole where that takes
+			 * no more scratch (tr_plan_build) — Qwen2-0.5B's in the
+			 * bf16 mode, whose 3 x 8192 x 4864 bf16 gradients (239
+			 * MB) fit under its logits' chunk (2736 x 151936 bf16,
+			 * 831 MB) in the layer's backward region. */
+			int rows[TR_RECOMPUTE_COUNT];
+			for (int rc = 0; rc < TR_RECOMPUTE_COUNT; rc++) {
+				struct tr_plan q;
+				struct tr_plan_opts qo = po;
+				qo.recompute = (enum tr_recompute)rc;
+				CHECK_EQ_INT(tr_plan_build(&q, &cfg, &qo, &eb), TD_OK);
+				rows[rc] = q.mlp_rows;
+				tr_plan_fini(&q);
+				CHECK_EQ_INT(rows[rc], rows[0]);
+			}
+			if (bf16 && cfg.hidden_size == 896)
+				CHECK_EQ_INT(rows[0], (int)N);
+			printf("%-36s %-4s the MLP's backward by %d of %zu rows\n", cases[i].name,
+			       bf16 ? "bf16" : "fp32", rows[0], N);
 			for (int rc = 0; rc < TR_RECOMPUTE_COUNT; rc++) {
 				/* the other arenas do not depend on the policy, but for
 				 * the ring */
