@@ -773,12 +773,15 @@ td_err tr_plan_build(struct tr_plan *p, const struct tr_model_config *cfg,
 	struct td_errbuf web = {{0}};
 	if (plan_build(&w, cfg, o, true, &web) != TD_OK)
 		return TD_OK; /* the parts' plan stands */
-	const bool whole = w.arena_bytes[TR_ARENA_SCRATCH] <= p->arena_bytes[TR_ARENA_SCRATCH];
+	/* whole rows kept: the plans swap (their arrays are the heap's, none
+	 * points into the struct), and w is then the one let go */
+	if (w.arena_bytes[TR_ARENA_SCRATCH] <= p->arena_bytes[TR_ARENA_SCRATCH]) {
+		const struct tr_plan parts = *p;
+		*p = w;
+		w = parts;
+	}
 	tr_plan_fini(&w);
-	if (!whole)
-		return TD_OK;
-	tr_plan_fini(p);
-	return plan_build(p, cfg, o, true, eb);
+	return TD_OK;
 }
 
 static td_err plan_build(struct tr_plan *p, const struct tr_model_config *cfg,
