@@ -27,6 +27,19 @@ ROWS = [
 ]
 
 
+# Model FLOPs a token of the Llama-3-8B-shaped full fine-tune (4 layers, T
+# 2048): 6 x its matrix weights (the projections and the head: a multiply-add
+# each in the forward, two in the backward) plus causal attention's two
+# forward products of T x HS per head, halved by the mask, times 3 for the
+# backward's (FlashAttention's count); no recompute, no element-wise ops.
+def flops_8b4l(layers=4, C=4096, I=14336, NH=32, NKV=8, HS=128, V=128256, T=2048):
+    matrix = layers * (2 * C * NH * HS + 2 * C * NKV * HS + 3 * C * I) + V * C
+    return 6 * matrix + layers * 3 * (4 * T * HS * NH / 2)
+
+
+PEAK_TFLOPS = 790  # a large bf16 GEMM on an H100/H200 (issue 13's yardstick)
+
+
 def lines(path):
     if not os.path.exists(path):
         return []
@@ -70,6 +83,20 @@ def main():
         tm = (f"{t['used_gib']:.1f}" + (f" (smi {t['nvidia_smi_peak_mib']} MiB)"
                                         if "nvidia_smi_peak_mib" in t else "")) if t else "-"
         print(f"| {shape} | {run} | {ts} | {tok(e)} | {tok(c)} | {tm} | {mem(e)} | {mem(c)} |")
+    print()
+    full = next((r for r in ours if r["name"] == "traind-full-bf16" and r["layers"] == 4
+                 and r.get("gpus", 1) == 1), None)
+    if full:
+        tf = full["tokens_per_s"] * flops_8b4l() / 1e12
+        print(f"The 8B shapes' full fine-tune: {tf:.0f} TFLOP/s of model FLOPs "
+              f"({flops_8b4l() / 1e9:.2f} GFLOP a token: 6 x the matrix weights and causal "
+              f"attention), {100 * tf / PEAK_TFLOPS:.1f}% of {PEAK_TFLOPS}.")
+    clips = sorted({(r["name"], r["layers"], r.get("clip", 1.0)) for r in ours
+                    if r.get("gpus", 1) == 1})
+    if clips:
+        print("Gradient clipping (traind's runs, as their peers: peer_hf.py clips to 1.0, "
+              "peer_big.py not at all): " +
+              ", ".join(f"{n} ({l} layers) {'none' if c == 0 else c}" for n, l, c in clips) + ".")
 
 
 if __name__ == "__main__":

@@ -9,7 +9,7 @@
  *               [--shape fixture|25m|qwen2-0.5b|qwen3-0.6b|qwen2-1.5b|llama3-8b-4l|llama3-8b]
  *               [--batch B] [--seq T] [--steps N] [--warm N] [--lora-rank R]
  *               [--lora-targets qv|all] [--precision fp32|bf16] [--phases]
- *               [--recompute none|selective|full|full-offload] [--qlora]
+ *               [--recompute none|selective|full|full-offload] [--qlora] [--clip NORM]
  *               [--gpus N [--comm auto|host|nccl] [--shard none|optimizer|gradients|parameters]
  *                [--bucket-mfloats M]]
  *
@@ -32,6 +32,12 @@
  * --phases: each phase's time a step (synchronised at its end), and the
  * backward's host time before that sync (launching its kernels and
  * collectives: where it nears the backward's, the GPU waits for the host).
+ *
+ * --clip NORM: clip the gradients to this global norm before AdamW
+ * (PyTorch's clip_grad_norm_; default 1.0, as shared/bench/peer_hf.py
+ * does); 0: no clipping and no norm (AdamW straight after the backward, as
+ * peer_big.py and peer_dist.py step, so the runs set beside them do the same
+ * work). The line's "clip" field says which.
  *
  * --qlora: with --lora-rank, the frozen projections in NF4 with double
  * quantization (QLoRA).
@@ -141,6 +147,7 @@ struct bench {
 	struct tr_model_config cfg;
 	int B, T, steps, warm, lora_rank, gpus;
 	bool bf16, phases, qlora;
+	double clip;          /* max norm; 0: no clipping (--clip) */
 	size_t bucket_floats; /* 0: TR_DDP_BUCKET_FLOATS */
 	enum tr_recompute recompute;
 	enum tr_shard shard;
@@ -292,13 +299,15 @@ static td_err bench_rank(struct rank_run *rr)
 			rr->ph[2] += now_s() - tp;
 			tp = now_s();
 		}
-		if (ddp && tr_ddp_sharded_grads(ddp)) { /* the ranks' parts' norm */
+		if (b->clip <= 0.0) {
+			/* no clip: no norm either, AdamW next */
+		} else if (ddp && tr_ddp_sharded_grads(ddp)) { /* the ranks' parts' norm */
 			double norm;
 			if ((e = tr_ddp_grad_norm(ddp, &norm, eb)) != TD_OK)
 				break;
-			tr_model_clip_grads_by(m, 1.0, norm);
+			tr_model_clip_grads_by(m, b->clip, norm);
 		} else {
-			tr_model_clip_grads(m, 1.0); /* blocking: the step's end */
+			tr_model_clip_grads(m, b->clip); /* blocking: the step's end */
 		}
 		if (timed) {
 			rr->ph[3] += now_s() - tp;
@@ -355,7 +364,7 @@ int main(int argc, char **argv)
 	setenv("NCCL_NVLS_ENABLE", "0", 0); /* multicast off unless asked for (traind does the same) */
 	const char *shape = "25m", *comm = "auto";
 	struct bench b = {.backend = "cpu", .targets = "qv", .steps = 10, .warm = 2, .gpus = 1,
-			  .recompute = TR_RECOMPUTE_NONE};
+			  .recompute = TR_RECOMPUTE_NONE, .clip = 1.0};
 	for (int i = 1; i < argc; i++) {
 		const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
 		if (!strcmp(a, "--phases")) {
@@ -381,6 +390,14 @@ int main(int argc, char **argv)
 		else if (!strcmp(a, "--lora-targets")) b.targets = v;
 		else if (!strcmp(a, "--precision")) b.bf16 = !strcmp(v, "bf16");
 		else if (!strcmp(a, "--gpus")) b.gpus = atoi(v);
+		else if (!strcmp(a, "--clip")) {
+			char *end;
+			b.clip = strtod(v, &end);
+			if (end == v || *end || !(b.clip >= 0.0) || b.clip > 1e30) {
+				fprintf(stderr, "bench_train: --clip takes a norm >= 0 (0: none), not %s\n", v);
+				return 2;
+			}
+		}
 		else if (!strcmp(a, "--comm")) comm = v;
 		else if (!strcmp(a, "--bucket-mfloats")) {
 			double mf = atof(v);
@@ -477,14 +494,14 @@ int main(int argc, char **argv)
 	       "\"gpus\": %d, \"batch\": %d, \"seq\": %d, "
 	       "\"layers\": %d, \"params_total\": %zu, \"params_trainable\": %zu, \"ms_per_step\": %.2f, "
 	       "\"tokens_per_s\": %.1f, \"plan_gib\": %.3f, \"reserve_gib\": %.3f, \"used_gib\": %.3f, "
-	       "\"host_gib\": %.3f, ",
+	       "\"host_gib\": %.3f, \"clip\": %g, ",
 	       lr ? (b.qlora ? "qlora-" : "lora-") : "full-", lr ? b.targets : b.bf16 ? "bf16" : "fp32",
 	       b.bf16 ? "bf16" : "fp32", tr_recompute_name(b.recompute),
 	       tr_shard_name(b.gpus > 1 ? b.shard : TR_SHARD_NONE), r0->backend, r0->device, b.gpus,
 	       b.B, b.T, b.cfg.num_layers, r0->numel_params, r0->numel_trainable, r0->dt * 1e3,
 	       (double)b.gpus * b.B * b.T / r0->dt, (double)r0->plan_bytes / (1 << 30),
 	       (double)(r0->plan_bytes + r0->fixed_bytes) / (1 << 30), (double)used / (1 << 30),
-	       (double)r0->host_bytes / (1 << 30));
+	       (double)r0->host_bytes / (1 << 30), b.clip);
 	if (b.gang)
 		printf("\"comm\": \"%s\", \"sums_in_backward\": %.1f, \"sums_after\": %.1f, "
 		       "\"summed_mfloats\": %.1f, \"embed_rows_mfloats\": %.1f, ", r0->comm,

@@ -405,9 +405,9 @@ if [[ " $parts " == *" bench "* ]]; then
 	r=$(sed -n 's/.*"reserve_gib": \([0-9.]*\).*/\1/p' "$WORK/b2.json")
 	[ -n "$r" ] && echo "a gang's lease on each GPU: $(awk -v r="$r" 'BEGIN { printf "%.0f", r * 1024 + 768 + 1024 }') MiB (compare each GPU's nvidia_smi_peak_mib above)"
 	if [ "${BENCH_8B:-1}" != 0 ]; then
-		echo "== bench: Llama-3-8B full, bf16, B2 x T2048 a GPU, 2 GPUs, weights sharded"
+		echo "== bench: Llama-3-8B full, bf16, B2 x T2048 a GPU, 2 GPUs, weights sharded, unclipped (as peer_dist.py's FSDP2)"
 		for rc in full full-offload; do
-			bench 2 --shape llama3-8b --batch 2 --seq 2048 --shard parameters --recompute $rc
+			bench 2 --shape llama3-8b --batch 2 --seq 2048 --shard parameters --recompute $rc --clip 0
 			note "8B --shard parameters --recompute $rc: $(cat "$WORK/b2.json")"
 		done
 		# BENCH_8B_AB=1: full-offload again with attention on the mma.sync
@@ -416,7 +416,7 @@ if [[ " $parts " == *" bench "* ]]; then
 		if [ "${BENCH_8B_AB:-0}" != 0 ]; then
 			for nw in 1 0; do
 				TD_CUDA_NO_WGMMA=$nw bench 2 --shape llama3-8b --batch 2 --seq 2048 --shard parameters \
-					--recompute full-offload
+					--recompute full-offload --clip 0
 				note "8B full-offload, TD_CUDA_NO_WGMMA=$nw: $(cat "$WORK/b2.json")"
 			done
 		fi

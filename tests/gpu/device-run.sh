@@ -70,15 +70,16 @@ if [ "$what" = memory ]; then
 	for r in none selective full full-offload; do
 		bench_peak bench_memory.jsonl --shape qwen2-0.5b --precision bf16 --recompute $r --steps 6 --warm 2
 	done
+	# the 8B runs unclipped, as peer_big.py's
 	echo "== memory: Llama-3-8B (32 layers) LoRA r16 on all seven, bf16, B4 x T2048"
 	for r in ${MEM_POLICIES:-full-offload full selective none}; do
 		bench_peak bench_memory.jsonl --shape llama3-8b --lora-rank 16 --lora-targets all \
-			--precision bf16 --recompute $r --steps 4 --warm 2
+			--precision bf16 --recompute $r --clip 0 --steps 4 --warm 2
 	done
 	echo "== memory: Llama-3-8B (32 layers) QLoRA (NF4 base) r16 on all seven, bf16, B4 x T2048"
 	for r in ${MEM_QLORA_POLICIES:-full-offload full}; do
 		bench_peak bench_memory.jsonl --shape llama3-8b --lora-rank 16 --lora-targets all --qlora \
-			--precision bf16 --recompute $r --steps 4 --warm 2
+			--precision bf16 --recompute $r --clip 0 --steps 4 --warm 2
 	done
 	echo "== memory: peer (PEFT, with and without gradient checkpointing)"
 	PYTHONUNBUFFERED=1 RUNS=${PEER_RUNS:-lora-8b-gc,lora-8b} timeout 500 python3 "$root/.gpu-libs/peer_big.py" 2>&1 |
@@ -281,9 +282,11 @@ if [ "$what" != tests ]; then
 	done
 	# the Llama-3-8B shapes (4 of its 32 layers, peer_big.py's): BENCH_8B=0 skips them
 	if [ "${BENCH_8B:-1}" != 0 ]; then
+		# no clipping: peer_big.py steps AdamW without it (Qwen2's peer_hf.py
+		# clips at 1.0, and so do the runs above)
 		for args in "--precision bf16" "--lora-rank 16 --lora-targets all --precision bf16"; do
 			bench_peak bench_traind.jsonl --shape llama3-8b-4l --batch 4 --seq 2048 $args \
-				--steps 6 --warm 2
+				--clip 0 --steps 6 --warm 2
 		done
 	fi
 	echo "== bench: peer (PyTorch + transformers + PEFT)"
