@@ -87,9 +87,10 @@ def main():
     full = next((r for r in ours if r["name"] == "traind-full-bf16" and r["layers"] == 4
                  and r.get("gpus", 1) == 1), None)
     if full:
-        tf = full["tokens_per_s"] * flops_8b4l() / 1e12
+        per_token = flops_8b4l(T=full["seq"])
+        tf = full["tokens_per_s"] * per_token / 1e12
         print(f"The 8B shapes' full fine-tune: {tf:.0f} TFLOP/s of model FLOPs "
-              f"({flops_8b4l() / 1e9:.2f} GFLOP a token: 6 x the matrix weights and causal "
+              f"({per_token / 1e9:.2f} GFLOP a token: 6 x the matrix weights and causal "
               f"attention), {100 * tf / PEAK_TFLOPS:.1f}% of {PEAK_TFLOPS}.")
     clips = sorted({(r["name"], r["layers"], r.get("clip", 1.0)) for r in ours
                     if r.get("gpus", 1) == 1})

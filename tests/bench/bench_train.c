@@ -299,14 +299,13 @@ static td_err bench_rank(struct rank_run *rr)
 			rr->ph[2] += now_s() - tp;
 			tp = now_s();
 		}
-		if (b->clip <= 0.0) {
-			/* no clip: no norm either, AdamW next */
-		} else if (ddp && tr_ddp_sharded_grads(ddp)) { /* the ranks' parts' norm */
+		/* --clip 0: no norm either, AdamW next */
+		if (b->clip > 0.0 && ddp && tr_ddp_sharded_grads(ddp)) { /* the ranks' parts' norm */
 			double norm;
 			if ((e = tr_ddp_grad_norm(ddp, &norm, eb)) != TD_OK)
 				break;
 			tr_model_clip_grads_by(m, b->clip, norm);
-		} else {
+		} else if (b->clip > 0.0) {
 			tr_model_clip_grads(m, b->clip); /* blocking: the step's end */
 		}
 		if (timed) {
