@@ -510,6 +510,8 @@ static td_err handle_run(struct dmn_peers *p, const char *coord, const Traind__P
 	}
 	snprintf(gpus, gcap, "%s", g->gpus);
 	rep->gpus = gpus;
+	rep->has_lease_ttl_ms = 1;
+	rep->lease_ttl_ms = (int64_t)p->c->ttl_s * 1000;
 	td_info("TD-PEER-RUN",
 		"job %lld of %s (attempt %u, uid %u): ranks %d to %d of %d on %s; hub %s", (long long)r->job,
 		coord, r->attempt, (unsigned)r->uid, g->base, g->base + g->ngpus - 1, g->world, g->gpus,
@@ -840,6 +842,7 @@ struct dmn_peer_job {
 	pthread_mutex_t mu;
 	pthread_cond_t cv;
 	bool ending;
+	int64_t ttl_ms; /* the shortest lease ttl of this daemon's and its peers' */
 };
 
 static void peer_job_op(struct dmn_peer_job *j, int k, bool stop, int timeout_ms)
@@ -871,7 +874,9 @@ static void peer_job_op(struct dmn_peer_job *j, int k, bool stop, int timeout_ms
 static void *heartbeat_main(void *arg)
 {
 	struct dmn_peer_job *j = arg;
-	int64_t period = j->c->ttl_s * 1000 / 4;
+	/* a quarter of the shortest ttl: each peer keeps the run through three
+	 * lost or late heartbeats in a row */
+	int64_t period = j->ttl_ms / 4;
 	if (period < 250)
 		period = 250;
 	pthread_mutex_lock(&j->mu);
@@ -908,6 +913,7 @@ td_err dmn_peer_job_start(struct dmn_peer_job **out, const struct dmn_peer_clien
 	j->job = job;
 	j->attempt = attempt;
 	j->nhosts = (int)r->n_hosts;
+	j->ttl_ms = (int64_t)c->ttl_s * 1000;
 	j->world = (int)(r->gpus * (1 + r->n_hosts));
 	pthread_mutex_init(&j->mu, NULL);
 	pthread_cond_init(&j->cv, NULL);
@@ -954,6 +960,9 @@ td_err dmn_peer_job_start(struct dmn_peer_job **out, const struct dmn_peer_clien
 				    "%s", rep->message ? rep->message : "refused");
 		if (e == TD_OK) {
 			j->started[k] = true;
+			/* a peer of an older version says nothing: this daemon's own */
+			if (rep->has_lease_ttl_ms && rep->lease_ttl_ms > 0 && rep->lease_ttl_ms < j->ttl_ms)
+				j->ttl_ms = rep->lease_ttl_ms;
 			wl += (size_t)snprintf(j->where + wl, sizeof(j->where) - wl, "%s%s (ranks %u to %u: %s)",
 					       k ? ", " : "", j->host[k], run.rank_base,
 					       run.rank_base + run.ranks - 1, rep->gpus ? rep->gpus : "?");

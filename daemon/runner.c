@@ -473,6 +473,26 @@ static enum st_job_state run_job(struct dmn_runner *rn, char *reason, size_t cap
 		event(rn, "info", "running on %s (%s backend), attempt %d, as uid %u", rn->device,
 		      rn->backend, rn->attempts + 1, (unsigned)rn->uid);
 
+	/* A resumed run whose output already holds the finished model: recorded
+	 * as succeeded, through RUNNING (the previous attempt ran; PREPARING
+	 * may not end in SUCCEEDED), before any other daemon is asked to start
+	 * ranks for it. */
+	if ((e = dmn_fscreds_enter(&rn->creds, &eb)) != TD_OK) {
+		snprintf(reason, cap, "%s", eb.msg);
+		return ST_FAILED;
+	}
+	bool finished = finished_before(rn);
+	dmn_fscreds_leave(&rn->creds);
+	if (finished) {
+		if (st_job_transition(rn->db, rn->job_id, ST_PREPARING, ST_RUNNING, NULL, NULL, &eb) !=
+		    TD_OK)
+			td_warn("TD-RUN-STATE", "job %lld: %s", (long long)rn->job_id, eb.msg);
+		snprintf(reason, cap, "the previous run finished before the daemon restarted; the "
+				      "model is in %s",
+			 rn->spec->output->dir);
+		return ST_SUCCEEDED;
+	}
+
 	/* Across daemons: the other daemons reserve their GPUs and start their
 	 * ranks, which wait in this run's hub. One unreachable, busy or still
 	 * ending its last run: requeued and tried again shortly. */
@@ -506,14 +526,6 @@ static enum st_job_state run_job(struct dmn_runner *rn, char *reason, size_t cap
 		dmn_peer_job_end(pj);
 		snprintf(reason, cap, "%s", eb.msg);
 		return ST_FAILED;
-	}
-	if (finished_before(rn)) {
-		dmn_peer_job_end(pj);
-		dmn_fscreds_leave(&rn->creds);
-		snprintf(reason, cap, "the previous run finished before the daemon restarted; the "
-				      "model is in %s",
-			 rn->spec->output->dir);
-		return ST_SUCCEEDED;
 	}
 	cookie_io_functions_t io = {.write = log_write, .close = log_close};
 	FILE *log = fopencookie(rn, "w", io);

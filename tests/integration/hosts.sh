@@ -20,7 +20,8 @@
 #     restarted, requeues the job, which resumes and ends with the same bytes.
 #     SIGSTOP of A (silent, connections open): B gives the run up once A's
 #     heartbeats stop for peer_lease_ttl_s and frees its lease; A, continued,
-#     requeues the job, which resumes and ends with the same bytes.
+#     requeues the job, which resumes and ends with the same bytes, given up
+#     no more (A heartbeats at a quarter of B's ttl, not of its own).
 #     A rank's error on B fails the job on every rank, naming rank 1, with no
 #     lease left; both daemons serve on.
 #  5. B's GPU taken (a ledger lease on B): the job waits, saying why, and runs
@@ -218,6 +219,10 @@ check "after a requeue naming B's reason or B" sh -c "$TRAINCTL --socket $SOCK l
 	grep -q -e 'stopped renewing its leases' -e 'tcp://127.0.0.1:$PB (ranks 1 to 1)'"
 check "with the uninterrupted run's model" cmp -s "$WORK/out-run/model.safetensors" "$WORK/out-stop/model.safetensors"
 check "no lease left on B" wait_for 10 no_b_lease
+# A's own ttl is the default 60 s; it heartbeats at a quarter of B's (which
+# B's reply to the run said), so the run after the stop is never given up
+expect_eq "B gave the job up once, while A was stopped" \
+	"$(grep -c "TD-PEER-EXPIRE: job $j7 of tcp://127.0.0.1:$PA:" "$BLOG")" 1
 
 # --- 4c. a rank's error on B (TD_DDP_FAIL_AT, the trainer's test hook, on
 # B only): the job fails on every rank, naming rank 1 and B's reason, not

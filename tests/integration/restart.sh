@@ -5,7 +5,9 @@
 #  - a job holding a lease on that GPU, killed mid-run after a checkpoint,
 #    resumes from the checkpoint when the daemon starts again and succeeds
 #    with weights identical to an uninterrupted `traind --run`; no lease is
-#    left behind, the job is neither lost nor duplicated.
+#    left behind, the job is neither lost nor duplicated;
+#  - a job whose run finished before the kill but whose end was not recorded
+#    is recorded as succeeded at the restart, without training again.
 . "$(dirname "$0")/lib.sh"
 cd "$TD_SRC" || exit 1
 GPU=GPU-fake-0
@@ -43,7 +45,7 @@ sed -e 's|max_steps: 40|max_steps: 1000|' -e 's|checkpoint_every: 10|checkpoint_
 id=$(ctl submit "$WORK/job.txtpb" --device any --output "$WORK/out")
 has_checkpoint() {
 	local j
-	j=$(ctl --json show "$id")
+	j=$(ctl --json show "${1:-$id}")
 	[ -n "$(json_field "$j" checkpoint)" ] && [ "$(json_field "$j" state)" = JOB_STATE_RUNNING ]
 }
 check "the job runs and records a checkpoint" wait_for 60 has_checkpoint
@@ -66,5 +68,26 @@ check "the weights equal the uninterrupted run's, byte for byte" \
 	cmp "$WORK/ref/model.safetensors" "$WORK/out/model.safetensors"
 expect_contains "no reservation is left" "$(ctl ledger)" "no reservations"
 expect_eq "exactly one job in the queue's history" "$(ctl --json ls --all | grep -c '"id":')" 1
+
+# --- a run that finished with its end unrecorded: the daemon killed after
+# the trainer wrote the final model and state but before the job's end
+# reached the database (made here by putting the finished run's output in
+# place while the daemon is down: the first job's, the same spec's). Resumed, it is recorded as succeeded
+# without training again. ---
+id2=$(ctl submit "$WORK/job.txtpb" --device any --output "$WORK/out2")
+check "a second job runs and records a checkpoint" wait_for 60 has_checkpoint "$id2"
+kill9_daemon
+cp "$WORK/out/model.safetensors" "$WORK/out/trainer_state.json" "$WORK/out2/"
+start_daemon "${SETTINGS[@]}"
+ended2() { case $(json_field "$(ctl --json show "$id2")" state) in JOB_STATE_SUCCEEDED | JOB_STATE_FAILED | JOB_STATE_CANCELLED) return 0 ;; esac; return 1; }
+check "after the restart it ends" wait_for 60 ended2
+expect_eq "it succeeded" "$(json_field "$(ctl --json show "$id2")" state)" JOB_STATE_SUCCEEDED
+logs=$(ctl logs "$id2")
+expect_contains "saying the previous run had finished" "$logs" \
+	"the previous run finished before the daemon restarted; the model is in $WORK/out2"
+expect_eq "recorded once" "$(printf '%s\n' "$logs" | grep -c '→ SUCCEEDED')" 1
+expect_eq "two attempts" "$(json_field "$(ctl --json show "$id2")" attempts)" 2
+check "its model is the finished run's" cmp "$WORK/out/model.safetensors" "$WORK/out2/model.safetensors"
+expect_contains "no reservation is left" "$(ctl ledger)" "no reservations"
 stop_daemon
 finish
