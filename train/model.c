@@ -1247,6 +1247,10 @@ static void linear_backward_rows(struct tr_model *m, int l, int k, float *dinp,
 				 const gpu_bf16 *dout16, const float *inp, const gpu_bf16 *inp16, int n,
 				 bool first, int slot);
 
+static void adapter_backward(struct tr_model *m, int l, int k, float *dinp, const float *dout,
+			     const gpu_bf16 *dout16, const float *inp, const gpu_bf16 *inp16,
+			     int slot);
+
 static void linear_backward(struct tr_model *m, int l, int k, float *dinp, bool set,
 			    const float *dout, const gpu_bf16 *dout16, const float *inp,
 			    const gpu_bf16 *inp16)
@@ -1271,9 +1275,8 @@ static void linear_backward_rows(struct tr_model *m, int l, int k, float *dinp,
 {
 	struct gpu_backend *be = m->be;
 	const struct lin *L = &m->lin[l][k];
-	const int N = m->plan.opts.B * m->plan.opts.T, R = m->plan.opts.lora_rank;
 	assert(dout || !L->db);
-	assert(n == N || !L->lora);
+	assert(n == m->plan.opts.B * m->plan.opts.T || !L->lora);
 	assert(slot < 0 || (L->lora && m->plan.lora_dx_group && !m->dropout_used &&
 			    slot < GPU_LORA_DX_GROUP));
 	/* dinp16 with an adapter: its share is the caller's (the down
@@ -1284,6 +1287,19 @@ static void linear_backward_rows(struct tr_model *m, int l, int k, float *dinp,
 	gpu_matmul_backward(be, dinp, dinp16, L->dw, L->db, dout, dout16, inp, inp16, w.f, w.h, n,
 			    L->in, L->out,
 			    (set ? GPU_SET_DINP : 0u) | (dw_set ? GPU_SET_DWEIGHT : 0u));
+	adapter_backward(m, l, k, dinp, dout, dout16, inp, inp16, slot);
+}
+
+/* Projection k's adapter's part of linear_backward_rows (nothing without
+ * one), after the frozen product's: dA and dB added to, its share of dinp
+ * added (slot -1) or left in the slot for the caller. Whole rows. */
+static void adapter_backward(struct tr_model *m, int l, int k, float *dinp, const float *dout,
+			     const gpu_bf16 *dout16, const float *inp, const gpu_bf16 *inp16,
+			     int slot)
+{
+	struct gpu_backend *be = m->be;
+	const struct lin *L = &m->lin[l][k];
+	const int N = m->plan.opts.B * m->plan.opts.T, R = m->plan.opts.lora_rank;
 	if (!L->lora)
 		return;
 	/* With u = scale * x A^T kept: dB += dout^T u, du = scale * dout B. */
@@ -1842,8 +1858,8 @@ static void group_add(struct tr_model *m, float *dinp, const struct dx_group *gr
 		gpu_lora_dx_add(m->be, dinp, grp->ad, grp->G, m->plan.opts.B * m->plan.opts.T);
 }
 
-/* Layer l's q, k and v input and weight gradients (the bf16 mode, no
- * adapter on them): where their weights' bf16 copies lie side by side, as
+/* Layer l's q, k and v input and weight gradients (the bf16 mode; with
+ * adapters on them, over a frozen base and without dropout): where their weights' bf16 copies lie side by side, as
  * one (H + 2 KV) x C matrix, and so do their weight gradients (or none is
  * trained), the three products of each kind are one — d(ln1) = [dq dk dv]
  * [Wq; Wk; Wv] over K = H + 2 KV, and [dWq; dWk; dWv] = [dq dk dv]^T ln1 —
@@ -1853,8 +1869,10 @@ static void group_add(struct tr_model *m, float *dinp, const struct dx_group *gr
  * products (each gradient rounded as matmul_backward rounds it); d(ln1) is
  * one fp32 sum over all of K instead of three added in turn, and
  * Qwen2-0.5B's k and v products (K or M of 128) no longer run alone.
- * Biases as before, from the fp32 gradients. Returns false, having
- * launched nothing, where it does not apply. */
+ * Biases as before, from the fp32 gradients; the adapters' products after
+ * it, as linear_backward_rows takes them (their shares of d(ln1) grouped
+ * where the plan groups them). Returns false, having launched nothing,
+ * where it does not apply. */
 static bool qkv_backward_fused(struct tr_model *m, int l, const float *dq, const float *dk,
 			       const float *dv)
 {
@@ -1873,7 +1891,12 @@ static bool qkv_backward_fused(struct tr_model *m, int l, const float *dq, const
 			: m->gemm_bf16_bytes >= (size_t)N * W * sizeof(gpu_bf16)
 			? (gpu_bf16 *)(void *)m->gemm_bf16
 			: NULL;
-	if (!m->plan.opts.gemm_bf16 || q->lora || k->lora || v->lora || q->wp->nf4 || k->wp->nf4 ||
+	/* adapters: on a frozen base (no weight gradient to fuse with theirs),
+	 * without dropout (whose masked inputs and shares are
+	 * linear_backward_rows') */
+	const bool lora = q->lora || k->lora || v->lora;
+	if (!m->plan.opts.gemm_bf16 || (lora && (q->dw || k->dw || v->dw || m->dropout_used)) ||
+	    q->wp->nf4 || k->wp->nf4 ||
 	    v->wp->nf4 || !a->ln1_16 || !d16 || !q->dw != !k->dw ||
 	    !q->dw != !v->dw || (q->dw && (k->dw != q->dw + H * C || v->dw != k->dw + KV * C)))
 		return false;
@@ -1896,6 +1919,14 @@ static bool qkv_backward_fused(struct tr_model *m, int l, const float *dq, const
 		if (lins[i]->db)
 			gpu_matmul_backward(be, NULL, NULL, NULL, lins[i]->db, douts[i], NULL, NULL, NULL,
 					    NULL, NULL, N, C, (int)outs[i], 0u);
+	/* the adapters after the frozen product, as linear_backward_rows
+	 * takes them (d16 may hold d(y)'s bytes: they read the fp32 gradients) */
+	struct dx_group grp = {.G = 0};
+	const int ks[3] = {TR_LIN_Q, TR_LIN_K, TR_LIN_V};
+	for (int i = 0; i < 3; i++)
+		adapter_backward(m, l, ks[i], m->dln, douts[i], NULL, a->ln1, a->ln1_16,
+				 group_slot(m, l, ks[i], &grp));
+	group_add(m, m->dln, &grp);
 	return true;
 }
 
