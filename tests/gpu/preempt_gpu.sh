@@ -85,8 +85,7 @@ else
 	ctx=$((share_mib * 6 / 10 - 36))
 	note "GPU $uuid: $total bytes; share $share_mib MiB; cuda_context_mib $ctx"
 	printf 'cpu_slots = 0\nvram_factor = 0.05\ncuda_context_mib = %d\n' "$ctx" >"$CONF"
-	kill -HUP "$DPID"
-	sleep 0.5
+	reload_daemon
 fi
 placed() { ctl logs "$1" | grep -q "placed on $uuid"; }
 ended() { case $(job_state "$1") in SUCCEEDED | FAILED | CANCELLED) return 0 ;; esac; return 1; }
@@ -117,7 +116,7 @@ check "the long job is cancelled" wait_for 60 job_is "$G" CANCELLED
 
 # --- priority: the low-priority job is preempted as soon as it steps ---
 printf 'preempt = priority\n' >>"$CONF"
-kill -HUP "$DPID"
+reload_daemon
 low=$(job low "$STEPS" 0)
 check "the low-priority job runs" wait_for 120 running_past "$low" 5
 ctl release "$high" >/dev/null

@@ -152,6 +152,18 @@ wait_for() {
 	return 1
 }
 
+# reload_daemon: SIGHUP, then wait until the daemon has logged that it read
+# its settings again (or kept the old ones) — not a fixed sleep, which a
+# loaded host's event loop may outlast. A daemon that never logs it fails
+# the check.
+reload_daemon() {
+	local n
+	n=$(grep -c "TD-CONFIG-RELOAD" "$LOG")
+	kill -HUP "$DPID"
+	check "SIGHUP: the daemon read its settings again" wait_for 30 \
+		sh -c "[ \"\$(grep -c TD-CONFIG-RELOAD '$LOG')\" -gt $n ]"
+}
+
 # job_state ID: QUEUED, RUNNING, SUCCEEDED, ...
 job_state() {
 	json_field "$(ctl --json show "$1")" state | sed 's/^JOB_STATE_//'

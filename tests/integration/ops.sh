@@ -81,8 +81,7 @@ expect_contains "its events say who held and released it" "$(ctl logs "$h")" "re
 
 # A's queued job, held by the admin C, then by A; held twice is no error.
 printf 'cpu_slots = 0\nuser_priority_max = 10\n' >"$CONF"
-kill -HUP "$DPID"
-sleep 0.3
+reload_daemon
 q=$(subA q)
 expect_contains "C (an admin) holds A's job" "$(ctlC hold "$q")" "job $q held"
 expect_contains "holding it again changes nothing" "$(ctlA hold "$q")" "job $q held"
@@ -119,7 +118,7 @@ expect_contains "the spec says the new priority" "$(ctl show "$p2")" "priority: 
 expect_contains "the events say who changed it" "$(ctl logs "$p2")" "priority 0 → 50 by uid $(id -u "$C")"
 : >"$LOG"
 printf 'cpu_slots = 1\nuser_priority_max = 10\n' >"$CONF"
-kill -HUP "$DPID"
+reload_daemon
 check "the three run to the end" wait_for 90 all_ended "$p1" "$p2" "$p3"
 expect_eq "admitted by the new priorities: 50, 10, then 0" "$(started_order)" "$p2 $p3 $p1"
 
@@ -151,8 +150,7 @@ expect_contains "it says to submit anew" "$(cat "$WORK/err")" "submit a new job"
 
 # --- submit --after ---
 printf 'cpu_slots = 0\nuser_priority_max = 10\n' >"$CONF"
-kill -HUP "$DPID"
-sleep 0.3
+reload_daemon
 d1=$(subA d1)
 d2=$(subA d2 --after "$d1")
 check "A submits a job after another" test -n "$d2"
@@ -189,7 +187,7 @@ d3=$(ctl submit "$TD_SRC/tests/integration/job.txtpb" --output "$WORK/d3" --afte
 check "root submits a job after A's" test -n "$d3"
 : >"$LOG"
 printf 'cpu_slots = 1\nuser_priority_max = 10\n' >"$CONF"
-kill -HUP "$DPID"
+reload_daemon
 check "d1, then d2 and d3 run to the end" wait_for 120 all_ended "$d1" "$d2" "$d3"
 expect_eq "root's job after A's succeeded" "$(job_state "$d3")" SUCCEEDED
 expect_eq "d1 succeeded" "$(job_state "$d1")" SUCCEEDED

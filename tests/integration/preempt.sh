@@ -99,8 +99,7 @@ ctlA hold "$Ha" >/dev/null
 
 # --- user: only one's own jobs ---
 printf 'cpu_slots = 1\npreempt = user\npreempt_grace_s = 3600\n' >"$CONF"
-kill -HUP "$DPID"
-sleep 0.3
+reload_daemon
 expect_contains "trainctl info gives the policy" "$(ctlB info)" \
 	"preemption:  user: a waiting job stops running jobs of a lower priority of its own user (not one preempted in the last 3600 s)"
 Hb=$(sub "$B" Hb --priority 3)
@@ -142,8 +141,7 @@ expect_eq "two attempts: before and after the preemption" "$(json_field "$(ctl -
 
 # --- priority: anyone's lower-priority job (the issue's case) ---
 printf 'cpu_slots = 1\npreempt = priority\n' >"$CONF"
-kill -HUP "$DPID"
-sleep 0.3
+reload_daemon
 L2=$(low L2)
 check "A's low-priority job runs" wait_for 60 running_past "$L2" 3
 H=$(sub "$B" H --priority 10)
@@ -173,8 +171,7 @@ expect_eq "its accounting counts both runs: every step's tokens once" \
 
 # A bad value on SIGHUP: refused, the daemon keeps its settings and serves on.
 printf 'cpu_slots = 1\npreempt = always\n' >"$CONF"
-kill -HUP "$DPID"
-sleep 0.5
+reload_daemon
 check "the daemon serves on" ctl info >/dev/null
 expect_contains "the log names the setting" "$(cat "$LOG")" "preempt: 'always' is not one of off,user,priority"
 stop_daemon

@@ -31,18 +31,17 @@ expect_contains "the limit is named" "$(cat "$WORK/err")" "limit 3"
 expect_eq "with cpu_slots 0 nothing starts" "$(job_state "$j2")" QUEUED
 reset_log
 printf 'cpu_slots = 1\nmax_queued_per_user = 3\n' >"$CONF"
-kill -HUP "$DPID"
+reload_daemon
 check "all three run to the end" wait_for 60 all_done "$j1" "$j2" "$j3"
 expect_eq "priority first, then the oldest" "$(started_order)" "$j2 $j1 $j3"
 
 # --- max_running_per_user: two slots, but one job at a time for this user ---
 printf 'cpu_slots = 0\nmax_running_per_user = 1\n' >"$CONF"
-kill -HUP "$DPID"
-sleep 0.3
+reload_daemon
 k1=$(ctl submit "$JOB" --output "$WORK/r1")
 k2=$(ctl submit "$JOB" --output "$WORK/r2")
 printf 'cpu_slots = 2\nmax_running_per_user = 1\n' >"$CONF"
-kill -HUP "$DPID"
+reload_daemon
 check "both run to the end" wait_for 60 all_done "$k1" "$k2"
 end1=$(json_field "$(ctl --json show "$k1")" end_time)
 start2=$(json_field "$(ctl --json show "$k2")" start_time)
@@ -74,7 +73,7 @@ b1=$(as_user "$U" "$UCTL" --socket "$SOCK" submit "$UJOB" --model "$WORK/$U/mode
 check "the second user submits" test -n "$b1"
 reset_log
 printf 'cpu_slots = 2\n' >"$CONF"
-kill -HUP "$DPID"
+reload_daemon
 check "all three run to the end" wait_for 60 all_done "$a1" "$a2" "$b1"
 expect_eq "root's oldest, then the user with nothing running, then root's second" \
 	"$(started_order)" "$a1 $b1 $a2"

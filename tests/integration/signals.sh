@@ -10,7 +10,7 @@ printf 'cpu_slots = 1\nshutdown_timeout_s = 60\n' >"$CONF"
 start_daemon --user --config "$CONF"
 expect_contains "the config file is read" "$(ctl info)" "1 CPU slot(s)"
 printf 'cpu_slots = 2\nshutdown_timeout_s = 60\nrpc_contexts = 8\n' >"$CONF"
-kill -HUP "$DPID"
+reload_daemon
 check "SIGHUP: cpu_slots 1 -> 2" wait_for 10 sh -c "'$TRAINCTL' --socket '$SOCK' info | grep -q '2 CPU slot(s)'"
 check "SIGHUP: an immutable setting is kept and named" wait_for 10 grep -q "rpc_contexts: 16 -> 8 needs a restart" "$LOG"
 printf 'cpu_slots = 1\n' >"$CONF"

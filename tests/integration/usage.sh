@@ -115,21 +115,20 @@ fi
 # pass admits in fair share's order. (Not GPU jobs: the first job waiting
 # for GPUs has them held for it, whatever fair share says of later ones.)
 printf 'cpu_slots = 0\n' >"$CONF"
-kill -HUP "$DPID"
-sleep 0.3
+reload_daemon
 a2=$(sub "$A" a2 --device cpu)
 sleep 0.1
 b1=$(sub "$B" b1 --device cpu)
 : >"$LOG"
 printf 'cpu_slots = 1\n' >"$CONF"
-kill -HUP "$DPID"
+reload_daemon
 both_done() { job_is "$a2" SUCCEEDED && job_is "$b1" SUCCEEDED; }
 check "both succeed" wait_for 90 both_done
 expect_eq "B's job (no usage) started first" "$(started_order)" "$b1 $a2"
 
 # --- why a GPU job waits: the GPU filled by a reservation of a sleeping process ---
 printf 'cpu_slots = 0\n' >"$CONF"
-kill -HUP "$DPID"
+reload_daemon
 sleep 300 &
 HOLDER=$!
 lease=$(ctl ledger reserve --gpu 0 --bytes 56M --pid "$HOLDER" --note "it-usage")
@@ -150,15 +149,14 @@ a_gpu_s=$(ctl --json usage --user "$A" | sed -n 's/^ *"gpu_s": *\([0-9.e+-]*\),\
 check "A used GPU time ($a_gpu_s s)" awk -v a="$a_gpu_s" 'BEGIN { exit !(a > 0) }'
 quota=$(awk -v a="$a_gpu_s" 'BEGIN { printf "%.9f", a / 2 / 3600 }')
 printf 'cpu_slots = 0\nquota_gpu_hours = %s\n' "$quota" >"$CONF"
-kill -HUP "$DPID"
-sleep 0.3
+reload_daemon
 a3=$(sub "$A" a3 --device any)
 sleep 2.5
 expect_eq "A's job over the quota is not admitted" "$(job_state "$a3")" QUEUED
 expect_contains "it says why" "$(ctl show "$a3")" "quota_gpu_hours: uid $(id -u "$A") used"
 expect_contains "usage shows the quota" "$(ctlA usage)" "; quota $(awk -v q="$quota" 'BEGIN { printf "%.3f", q }')"
 printf 'cpu_slots = 0\nquota_gpu_hours = 100\n' >"$CONF"
-kill -HUP "$DPID"
+reload_daemon
 check "with the quota raised it runs" wait_for 60 job_is "$a3" SUCCEEDED
 stop_daemon
 finish
