@@ -669,6 +669,12 @@ static enum st_job_state run_job(struct dmn_runner *rn, char *reason, size_t cap
 	}
 	if (res.resumed_from)
 		event(rn, "info", "resumed from step %llu", (unsigned long long)res.resumed_from);
+	/* A run resumed from its last step's checkpoint (killed before its
+	 * model was written) trains no step, so on_step never moved it to
+	 * RUNNING: PREPARING may not end in SUCCEEDED. */
+	if (!rn->running && st_job_transition(rn->db, rn->job_id, ST_PREPARING, ST_RUNNING, NULL,
+					      NULL, &eb) != TD_OK)
+		td_warn("TD-RUN-STATE", "job %lld: %s", (long long)rn->job_id, eb.msg);
 	snprintf(reason, cap, "%llu steps, loss %.4f -> %.4f; model in %s",
 		 (unsigned long long)res.steps_done, res.first_loss, res.last_loss, res.output_dir);
 	return ST_SUCCEEDED;

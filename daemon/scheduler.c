@@ -1572,8 +1572,21 @@ static void runner_done(void *ctx, int64_t job_id, enum st_job_state final, bool
 		}
 		if (ST_MASK(j.state) & ST_MASK_ACTIVE) {
 			if (st_job_transition(s->db, job_id, ST_ANY_STATE, final,
-					      "the runner ended without recording its state", NULL, &eb) != TD_OK)
+					      "the runner ended without recording its state", NULL, &eb) == TD_OK) {
+				j.state = final;
+			} else {
 				td_err_log("TD-SCHED-STATE", "job %lld: %s", (long long)job_id, eb.msg);
+				/* never left looking active (it would hold its place, and
+				 * be run again at each start): failed, saying why */
+				char why[sizeof(eb.msg) + 96];
+				snprintf(why, sizeof(why), "the runner ended as %s, which %s cannot move to: %s",
+					 st_job_state_name(final), st_job_state_name(j.state), eb.msg);
+				if (st_job_transition(s->db, job_id, ST_ANY_STATE, ST_FAILED, why, NULL, &eb) ==
+				    TD_OK)
+					j.state = ST_FAILED;
+				else
+					td_err_log("TD-SCHED-STATE", "job %lld: %s", (long long)job_id, eb.msg);
+			}
 			size_t nrel;
 			st_ledger_release_job(s->db, job_id, &nrel, NULL);
 		}

@@ -7,7 +7,9 @@
 #    with weights identical to an uninterrupted `traind --run`; no lease is
 #    left behind, the job is neither lost nor duplicated;
 #  - a job whose run finished before the kill but whose end was not recorded
-#    is recorded as succeeded at the restart, without training again.
+#    is recorded as succeeded at the restart, without training again; one
+#    killed after its last step's checkpoint, before its model was written,
+#    writes it at the restart and succeeds.
 . "$(dirname "$0")/lib.sh"
 cd "$TD_SRC" || exit 1
 GPU=GPU-fake-0
@@ -88,6 +90,25 @@ expect_contains "saying the previous run had finished" "$logs" \
 expect_eq "recorded once" "$(printf '%s\n' "$logs" | grep -c '→ SUCCEEDED')" 1
 expect_eq "two attempts" "$(json_field "$(ctl --json show "$id2")" attempts)" 2
 check "its model is the finished run's" cmp "$WORK/out/model.safetensors" "$WORK/out2/model.safetensors"
+expect_contains "no reservation is left" "$(ctl ledger)" "no reservations"
+
+# --- a run killed after its last step's checkpoint, before its model was
+# written (made here by putting the first job's last checkpoint in place
+# while the daemon is down): resumed, it trains no step, writes the model
+# and is recorded as succeeded ---
+id3=$(ctl submit "$WORK/job.txtpb" --device any --output "$WORK/out3")
+check "a third job runs and records a checkpoint" wait_for 60 has_checkpoint "$id3"
+kill9_daemon
+last=$(ls -d "$WORK/out/checkpoints/step-"* | tail -n 1)
+check "the first job kept its last step's checkpoint" test "$(basename "$last")" = step-00001000
+cp -r "$last" "$WORK/out3/checkpoints/"
+start_daemon "${SETTINGS[@]}"
+ended3() { case $(json_field "$(ctl --json show "$id3")" state) in JOB_STATE_SUCCEEDED | JOB_STATE_FAILED | JOB_STATE_CANCELLED) return 0 ;; esac; return 1; }
+check "after the restart it ends" wait_for 60 ended3
+expect_eq "it succeeded" "$(json_field "$(ctl --json show "$id3")" state)" JOB_STATE_SUCCEEDED
+expect_contains "resumed from the last step's checkpoint" "$(ctl logs "$id3")" \
+	"resumed from $WORK/out3/checkpoints/step-00001000"
+check "its model is the first job's" cmp "$WORK/out/model.safetensors" "$WORK/out3/model.safetensors"
 expect_contains "no reservation is left" "$(ctl ledger)" "no reservations"
 stop_daemon
 finish
