@@ -891,7 +891,12 @@ static void *heartbeat_main(void *arg)
 			break;
 		pthread_mutex_unlock(&j->mu);
 		for (int k = 0; k < j->nhosts; k++)
-			peer_job_op(j, k, false, (int)period);
+			/* the hosts in turn, twice the period among them: a slow
+			 * host's answer is still a renewal and the round stays
+			 * within the ttl (period + 2 period < 4 period), and fewer
+			 * calls are given up mid-handshake, which can leave nng
+			 * 1.5's listener deaf (probe_main) */
+			peer_job_op(j, k, false, (int)(2 * period / j->nhosts));
 		pthread_mutex_lock(&j->mu);
 	}
 	pthread_mutex_unlock(&j->mu);
