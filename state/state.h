@@ -121,7 +121,8 @@ int64_t st_now_ms(void);
  * Legal transitions (anything else is TD_ESTATE naming both states):
  *   QUEUED      → ADMITTED, FAILED (can never run, e.g. fits no device), CANCELLED
  *   ADMITTED    → PREPARING, QUEUED (admission undone), FAILED, CANCELLED, INTERRUPTED
- *   PREPARING   → RUNNING, FAILED, CANCELLED, INTERRUPTED
+ *   PREPARING   → RUNNING, FAILED, CANCELLED, INTERRUPTED (a resumed run with no
+ *                 step left to train still passes through RUNNING: daemon/runner.c)
  *   RUNNING     → SUCCEEDED, FAILED, CANCELLED, INTERRUPTED
  *   INTERRUPTED → QUEUED (at restart, keeping the checkpoint; at once after a
  *                 device loss or a preemption), FAILED, CANCELLED
