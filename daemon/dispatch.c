@@ -900,7 +900,7 @@ static td_err h_ledger_list(struct dmn_call *c)
 	td_err e = st_ledger_list(c->env->db, NULL, &c->leases, &n, &c->eb);
 	if (e != TD_OK)
 		return e;
-	Traind__LedgerReply *lr;
+	Traind__LedgerReply *lr = NULL;
 	if ((e = ledger_reply(c, &lr)) != TD_OK)
 		return e;
 	Traind__Lease **arr = cz(c, (n + 1) * sizeof(*arr));
@@ -996,7 +996,7 @@ static td_err h_ledger_reserve(struct dmn_call *c)
 	size_t n = 0;
 	if ((e = st_ledger_list(c->env->db, g->uuid, &c->leases, &n, &c->eb)) != TD_OK)
 		return e;
-	Traind__LedgerReply *rep;
+	Traind__LedgerReply *rep = NULL;
 	if ((e = ledger_reply(c, &rep)) != TD_OK)
 		return e;
 	for (size_t i = 0; i < n; i++) {
@@ -1019,7 +1019,7 @@ static td_err h_ledger_release(struct dmn_call *c)
 		return e;
 	td_info("TD-LEDGER-RELEASE", "lease %lld released by uid %u", (long long)id,
 		(unsigned)c->peer.uid);
-	Traind__LedgerReply *rep;
+	Traind__LedgerReply *rep = NULL;
 	return ledger_reply(c, &rep);
 }
 
