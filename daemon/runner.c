@@ -225,6 +225,20 @@ static void write_tensorboard(struct dmn_runner *rn, const struct tr_progress *p
 	}
 }
 
+/* PREPARING -> RUNNING, once: at the run's first step, or before a run that
+ * trained no step ends as succeeded (PREPARING may not end so). With the
+ * daemon's file credentials (db_enter where the user's are in force). */
+static void mark_running(struct dmn_runner *rn)
+{
+	if (rn->running)
+		return;
+	rn->running = true;
+	struct td_errbuf eb = {{0}};
+	if (st_job_transition(rn->db, rn->job_id, ST_PREPARING, ST_RUNNING, NULL, NULL, &eb) !=
+	    TD_OK)
+		td_warn("TD-RUN-STATE", "job %lld: %s", (long long)rn->job_id, eb.msg);
+}
+
 static void hook_on_step(void *ctx, const struct tr_progress *p)
 {
 	struct dmn_runner *rn = ctx;
@@ -258,13 +272,7 @@ static void hook_on_step(void *ctx, const struct tr_progress *p)
 	if (first || rn->nbatch == METRICS_BATCH || m->time_ms - rn->last_flush_ms >= METRICS_FLUSH_MS ||
 	    p->step == p->total_steps) {
 		db_enter(rn);
-		if (first) {
-			struct td_errbuf eb = {{0}};
-			rn->running = true;
-			if (st_job_transition(rn->db, rn->job_id, ST_PREPARING, ST_RUNNING, NULL, NULL,
-					      &eb) != TD_OK)
-				td_warn("TD-RUN-STATE", "job %lld: %s", (long long)rn->job_id, eb.msg);
-		}
+		mark_running(rn);
 		flush_metrics(rn);
 		db_leave(rn);
 	}
@@ -484,9 +492,7 @@ static enum st_job_state run_job(struct dmn_runner *rn, char *reason, size_t cap
 	bool finished = finished_before(rn);
 	dmn_fscreds_leave(&rn->creds);
 	if (finished) {
-		if (st_job_transition(rn->db, rn->job_id, ST_PREPARING, ST_RUNNING, NULL, NULL, &eb) !=
-		    TD_OK)
-			td_warn("TD-RUN-STATE", "job %lld: %s", (long long)rn->job_id, eb.msg);
+		mark_running(rn);
 		snprintf(reason, cap, "the previous run finished before the daemon restarted; the "
 				      "model is in %s",
 			 rn->spec->output->dir);
@@ -669,12 +675,9 @@ static enum st_job_state run_job(struct dmn_runner *rn, char *reason, size_t cap
 	}
 	if (res.resumed_from)
 		event(rn, "info", "resumed from step %llu", (unsigned long long)res.resumed_from);
-	/* A run resumed from its last step's checkpoint (killed before its
-	 * model was written) trains no step, so on_step never moved it to
-	 * RUNNING: PREPARING may not end in SUCCEEDED. */
-	if (!rn->running && st_job_transition(rn->db, rn->job_id, ST_PREPARING, ST_RUNNING, NULL,
-					      NULL, &eb) != TD_OK)
-		td_warn("TD-RUN-STATE", "job %lld: %s", (long long)rn->job_id, eb.msg);
+	/* a run resumed from its last step's checkpoint (killed before its
+	 * model was written) trained no step: on_step never came */
+	mark_running(rn);
 	snprintf(reason, cap, "%llu steps, loss %.4f -> %.4f; model in %s",
 		 (unsigned long long)res.steps_done, res.first_loss, res.last_loss, res.output_dir);
 	return ST_SUCCEEDED;

@@ -1859,8 +1859,8 @@ static void group_add(struct tr_model *m, float *dinp, const struct dx_group *gr
 }
 
 /* Layer l's q, k and v input and weight gradients (the bf16 mode; with
- * adapters on them, over a frozen base and without dropout): where their weights' bf16 copies lie side by side, as
- * one (H + 2 KV) x C matrix, and so do their weight gradients (or none is
+ * adapters on them, over a frozen base and without dropout): where their
+ * weights' bf16 copies lie side by side, as one (H + 2 KV) x C matrix, and so do their weight gradients (or none is
  * trained), the three products of each kind are one — d(ln1) = [dq dk dv]
  * [Wq; Wk; Wv] over K = H + 2 KV, and [dWq; dWk; dWv] = [dq dk dv]^T ln1 —
  * over the gradients rounded side by side into one bf16 operand, over
@@ -1896,8 +1896,7 @@ static bool qkv_backward_fused(struct tr_model *m, int l, const float *dq, const
 	 * linear_backward_rows') */
 	const bool lora = q->lora || k->lora || v->lora;
 	if (!m->plan.opts.gemm_bf16 || (lora && (q->dw || k->dw || v->dw || m->dropout_used)) ||
-	    q->wp->nf4 || k->wp->nf4 ||
-	    v->wp->nf4 || !a->ln1_16 || !d16 || !q->dw != !k->dw ||
+	    q->wp->nf4 || k->wp->nf4 || v->wp->nf4 || !a->ln1_16 || !d16 || !q->dw != !k->dw ||
 	    !q->dw != !v->dw || (q->dw && (k->dw != q->dw + H * C || v->dw != k->dw + KV * C)))
 		return false;
 	const struct wref wq = weight_of(m, q->wp), wk = weight_of(m, k->wp),

@@ -26,7 +26,6 @@ STEPS=200
 EXPECT=$WORK/expect
 : >"$EXPECT"
 
-ended() { case $(job_state "$1") in SUCCEEDED | FAILED | CANCELLED) return 0 ;; esac; return 1; }
 all_ended() {
 	for j in "$@"; do ended "$j" || return 1; done
 }

@@ -139,7 +139,6 @@ b_leases() { ctlb ledger | grep -c "of tcp://127.0.0.1:$PA" ; }
 no_b_lease() { [ "$(b_leases)" = 0 ]; }
 # a_lease ID: A's ledger names the job.
 a_lease() { ctl ledger | grep -q "job $1\b"; }
-ended() { case $(job_state "$1") in SUCCEEDED | FAILED | CANCELLED) return 0 ;; esac; return 1; }
 
 start_b
 start_a

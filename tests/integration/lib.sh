@@ -174,6 +174,9 @@ job_is() {
 	[ "$(job_state "$1")" = "$2" ]
 }
 
+# ended ID: whether the job has ended (SUCCEEDED, FAILED or CANCELLED).
+ended() { case $(job_state "$1") in SUCCEEDED | FAILED | CANCELLED) return 0 ;; esac; return 1; }
+
 finish() {
 	echo "$CHECKS checks, $FAILS failed"
 	[ "$FAILS" -eq 0 ]

@@ -52,7 +52,6 @@ subA() {
 		--output "$WORK/$A/$n" "$@"
 }
 started_order() { sed -n 's/.*TD-JOB-START: job \([0-9]*\) .*/\1/p' "$LOG" | tr '\n' ' ' | sed 's/ $//'; }
-ended() { case $(job_state "$1") in SUCCEEDED | FAILED | CANCELLED) return 0 ;; esac; return 1; }
 all_ended() {
 	for j in "$@"; do ended "$j" || return 1; done
 }

@@ -81,8 +81,7 @@ check "a second job runs and records a checkpoint" wait_for 60 has_checkpoint "$
 kill9_daemon
 cp "$WORK/out/model.safetensors" "$WORK/out/trainer_state.json" "$WORK/out2/"
 start_daemon "${SETTINGS[@]}"
-ended2() { case $(json_field "$(ctl --json show "$id2")" state) in JOB_STATE_SUCCEEDED | JOB_STATE_FAILED | JOB_STATE_CANCELLED) return 0 ;; esac; return 1; }
-check "after the restart it ends" wait_for 60 ended2
+check "after the restart it ends" wait_for 60 ended "$id2"
 expect_eq "it succeeded" "$(json_field "$(ctl --json show "$id2")" state)" JOB_STATE_SUCCEEDED
 logs=$(ctl logs "$id2")
 expect_contains "saying the previous run had finished" "$logs" \
@@ -103,8 +102,7 @@ last=$(ls -d "$WORK/out/checkpoints/step-"* | tail -n 1)
 check "the first job kept its last step's checkpoint" test "$(basename "$last")" = step-00001000
 cp -r "$last" "$WORK/out3/checkpoints/"
 start_daemon "${SETTINGS[@]}"
-ended3() { case $(json_field "$(ctl --json show "$id3")" state) in JOB_STATE_SUCCEEDED | JOB_STATE_FAILED | JOB_STATE_CANCELLED) return 0 ;; esac; return 1; }
-check "after the restart it ends" wait_for 60 ended3
+check "after the restart it ends" wait_for 60 ended "$id3"
 expect_eq "it succeeded" "$(json_field "$(ctl --json show "$id3")" state)" JOB_STATE_SUCCEEDED
 expect_contains "resumed from the last step's checkpoint" "$(ctl logs "$id3")" \
 	"resumed from $WORK/out3/checkpoints/step-00001000"
