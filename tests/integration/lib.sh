@@ -16,6 +16,7 @@ SOCK=$WORK/traind.sock
 STATE=$WORK/state
 LOG=$WORK/traind.log
 DPID=
+LOG_SHOWN=
 FAILS=0
 CHECKS=0
 
@@ -26,13 +27,30 @@ cleanup() {
 		kill -KILL "$DPID" 2>/dev/null
 	fi
 	if declare -F extra_cleanup >/dev/null; then extra_cleanup; fi
-	if [ "$FAILS" -ne 0 ] && [ -f "$LOG" ]; then
+	if [ "$FAILS" -ne 0 ] && [ -f "$LOG" ] && [ -z "${LOG_SHOWN:-}" ]; then
 		echo "---- traind log ----"
 		tail -n 150 "$LOG"
 	fi
 	rm -rf "$WORK"
 }
 trap cleanup EXIT
+
+# Killed from outside (meson's timeout sends SIGTERM to the whole process
+# group, the daemon's included, and SIGKILL half a second later): say at
+# once which check was running; cleanup then prints the daemon's log, so
+# that a hang seen once in CI can be read afterwards.
+CURRENT="(before the first check)"
+on_term() {
+	trap - TERM
+	bad "killed by SIGTERM (a timeout?) during: $CURRENT"
+	if [ -f "$LOG" ]; then
+		echo "---- traind log ----"
+		tail -n 80 "$LOG"
+		LOG_SHOWN=1
+	fi
+	exit 1
+}
+trap on_term TERM
 
 note() { echo "# $*"; }
 
@@ -46,6 +64,7 @@ check() {
 	local what=$1
 	shift
 	CHECKS=$((CHECKS + 1))
+	CURRENT=$what
 	if ! "$@"; then
 		bad "$what"
 		return 1
@@ -126,8 +145,21 @@ start_daemon() {
 }
 
 # stop_daemon: SIGTERM; the daemon must exit 0 (under ASan: without leaks).
+# A daemon still there after 75 s (its own shutdown_timeout_s is 60 s by
+# default) is a hang: its threads' stacks are shown, and it is killed.
 stop_daemon() {
 	kill -TERM "$DPID"
+	CURRENT="traind stops on SIGTERM"
+	local _
+	for _ in $(seq 1 750); do
+		kill -0 "$DPID" 2>/dev/null || break
+		sleep 0.1
+	done
+	if kill -0 "$DPID" 2>/dev/null; then
+		bad "traind did not exit within 75 s of SIGTERM"
+		dump_daemon "SIGTERM did not stop it"
+		kill -KILL "$DPID"
+	fi
 	wait "$DPID"
 	local rc=$?
 	expect_eq "traind exit status after SIGTERM" "$rc" 0
