@@ -837,8 +837,13 @@ struct dmn_peer_job {
 	char host[PEER_MAX_HOSTS][256];
 	bool started[PEER_MAX_HOSTS];
 	char where[PEER_MAX_HOSTS * 400];
-	pthread_t hb;
-	bool hb_started;
+	/* a heartbeat thread for each host: a slow or dead one delays no other's */
+	struct peer_hb {
+		struct dmn_peer_job *j;
+		int k;
+		pthread_t thread;
+		bool started;
+	} hb[PEER_MAX_HOSTS];
 	pthread_mutex_t mu;
 	pthread_cond_t cv;
 	bool ending;
@@ -871,11 +876,17 @@ static void peer_job_op(struct dmn_peer_job *j, int k, bool stop, int timeout_ms
 		traind__peer_reply__free_unpacked(rep, NULL);
 }
 
+/* Host k's heartbeats, a quarter of the shortest ttl apart: each peer keeps
+ * the run through three lost or late heartbeats in a row. A call waits up
+ * to twice the period, so a slow host's answer is still a renewal while the
+ * round stays within the ttl (period + 2 periods < 4), and fewer calls are
+ * given up mid-handshake, which can leave nng 1.5's listener deaf
+ * (probe_main). Each host has its own thread: one that does not answer
+ * costs the others nothing. */
 static void *heartbeat_main(void *arg)
 {
-	struct dmn_peer_job *j = arg;
-	/* a quarter of the shortest ttl: each peer keeps the run through three
-	 * lost or late heartbeats in a row */
+	struct peer_hb *hb = arg;
+	struct dmn_peer_job *j = hb->j;
 	int64_t period = j->ttl_ms / 4;
 	if (period < 250)
 		period = 250;
@@ -890,13 +901,7 @@ static void *heartbeat_main(void *arg)
 		if (j->ending)
 			break;
 		pthread_mutex_unlock(&j->mu);
-		for (int k = 0; k < j->nhosts; k++)
-			/* the hosts in turn, twice the period among them: a slow
-			 * host's answer is still a renewal and the round stays
-			 * within the ttl (period + 2 period < 4 period), and fewer
-			 * calls are given up mid-handshake, which can leave nng
-			 * 1.5's listener deaf (probe_main) */
-			peer_job_op(j, k, false, (int)(2 * period / j->nhosts));
+		peer_job_op(j, hb->k, false, (int)(2 * period));
 		pthread_mutex_lock(&j->mu);
 	}
 	pthread_mutex_unlock(&j->mu);
@@ -978,11 +983,14 @@ td_err dmn_peer_job_start(struct dmn_peer_job **out, const struct dmn_peer_clien
 		if (rep)
 			traind__peer_reply__free_unpacked(rep, NULL);
 	}
-	if (e == TD_OK) {
-		int rv = pthread_create(&j->hb, NULL, heartbeat_main, j);
+	for (int k = 0; k < j->nhosts && e == TD_OK; k++) {
+		j->hb[k].j = j;
+		j->hb[k].k = k;
+		int rv = pthread_create(&j->hb[k].thread, NULL, heartbeat_main, &j->hb[k]);
 		if (rv != 0)
-			e = td_fail(eb, TD_EINTERNAL, "peers: cannot start the heartbeats: %s", strerror(rv));
-		j->hb_started = rv == 0;
+			e = td_fail(eb, TD_EINTERNAL, "peers: cannot start the heartbeats to %s: %s",
+				    j->host[k], strerror(rv));
+		j->hb[k].started = rv == 0;
 	}
 	if (e != TD_OK) {
 		dmn_peer_job_end(j);
@@ -1016,13 +1024,13 @@ void dmn_peer_job_end(struct dmn_peer_job *j)
 {
 	if (!j)
 		return;
-	if (j->hb_started) {
-		pthread_mutex_lock(&j->mu);
-		j->ending = true;
-		pthread_cond_broadcast(&j->cv);
-		pthread_mutex_unlock(&j->mu);
-		pthread_join(j->hb, NULL);
-	}
+	pthread_mutex_lock(&j->mu);
+	j->ending = true;
+	pthread_cond_broadcast(&j->cv);
+	pthread_mutex_unlock(&j->mu);
+	for (int k = 0; k < j->nhosts; k++)
+		if (j->hb[k].started)
+			pthread_join(j->hb[k].thread, NULL);
 	/* Closing the hub fails any rank still in it; the stop reaches a run
 	 * that had not joined yet. */
 	gpu_hub_free(j->hub);
