@@ -4,14 +4,26 @@
 
 #include <nng/nng.h>
 #include <nng/protocol/reqrep0/req.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 
+/* a redial an hour away: never, for a client's life */
+#define NNG_RECONN_NEVER_MS (3600 * 1000)
+
 struct ctl_conn {
 	nng_socket sock;
 	char path[256];
+	atomic_bool lost; /* its one connection closed (no redial: ctl_connect) */
 };
+
+static void pipe_removed(nng_pipe p, nng_pipe_ev ev, void *arg)
+{
+	(void)p;
+	(void)ev;
+	atomic_store(&((struct ctl_conn *)arg)->lost, true);
+}
 
 const char *ctl_default_socket(char *buf, size_t cap)
 {
@@ -44,6 +56,15 @@ td_err ctl_connect(struct ctl_conn **out, const char *path, int timeout_ms, stru
 	}
 	/* A request is never sent twice: a resent submit would queue the job twice. */
 	nng_socket_set_ms(c->sock, NNG_OPT_REQ_RESENDTIME, NNG_DURATION_INFINITE);
+	/* Nor is the connection made again behind its back: nng 1.5's close
+	 * can hang for good where the dialer is making a pipe at that moment
+	 * (nng #1498), and a lost connection fails the call anyway. */
+	nng_socket_set_ms(c->sock, NNG_OPT_RECONNMINT, NNG_RECONN_NEVER_MS);
+	nng_socket_set_ms(c->sock, NNG_OPT_RECONNMAXT, NNG_RECONN_NEVER_MS);
+	/* a call after the connection closed fails at once, and a watch
+	 * dials again (trainctl.c: reconnect) instead of waiting out --timeout */
+	atomic_init(&c->lost, false);
+	nng_pipe_notify(c->sock, NNG_PIPE_EV_REM_POST, pipe_removed, c);
 	nng_socket_set_ms(c->sock, NNG_OPT_RECVTIMEO, timeout_ms);
 	nng_socket_set_ms(c->sock, NNG_OPT_SENDTIMEO, timeout_ms);
 	nng_socket_set_size(c->sock, NNG_OPT_RECVMAXSZ, RPC_MAX_RESPONSE_BYTES);
@@ -82,6 +103,10 @@ td_err ctl_call(struct ctl_conn *c, Traind__Request *req, Traind__Response **res
 		free(buf);
 		return td_fail(eb, TD_ERANGE, "the request is %zu bytes, more than the %u traind accepts",
 			       len, RPC_MAX_REQUEST_BYTES);
+	}
+	if (atomic_load(&c->lost)) {
+		free(buf);
+		return td_fail(eb, TD_EIO, "traind at %s closed the connection", c->path);
 	}
 	int rv = nng_send(c->sock, buf, len, 0);
 	free(buf);

@@ -171,6 +171,10 @@ td_err dmn_peer_call(const struct dmn_peer_client *c, const char *addr, Traind__
 		return td_fail(eb, TD_EIO, "peer call: nng: %s", nng_strerror(rv));
 	}
 	nng_socket_set_ms(s, NNG_OPT_REQ_RESENDTIME, NNG_DURATION_INFINITE);
+	/* no redial behind the call's back: nng 1.5's close can hang for good
+	 * where the dialer is making a pipe at that moment (nng #1498) */
+	nng_socket_set_ms(s, NNG_OPT_RECONNMINT, 3600 * 1000);
+	nng_socket_set_ms(s, NNG_OPT_RECONNMAXT, 3600 * 1000);
 	nng_socket_set_ms(s, NNG_OPT_RECVTIMEO, timeout_ms);
 	nng_socket_set_ms(s, NNG_OPT_SENDTIMEO, timeout_ms);
 	nng_socket_set_size(s, NNG_OPT_RECVMAXSZ, 1 << 20);

@@ -8,11 +8,11 @@
 #include <limits.h>
 #include <nng/nng.h>
 #include <nng/protocol/reqrep0/rep.h>
-#include <nng/protocol/reqrep0/req.h>
 #include <nng/transport/ipc/ipc.h>
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -67,7 +67,7 @@ struct server {
 	struct dmn_sched *sched;
 	struct dmn_env env;
 	int lock_fd;
-	bool loop_ready, stopping, closing;
+	bool loop_ready, started, stopping, closing;
 	bool reexec; /* stopping to re-execute (a GPU context that cannot be reset) */
 	struct dmn_metrics_http *metrics_http; /* metrics_port */
 	/* peer_listen: jobs across daemons (daemon/peers.h) */
@@ -360,41 +360,97 @@ static td_err listen_socket(struct server *srv, struct td_errbuf *eb)
  * so a relisten where the listener was fine costs no client its answer. */
 enum { PROBE_EVERY_MS = 2000, PROBE_TIMEOUT_MS = 5000, PROBE_FAILS = 3 };
 
+/* The probe speaks SP over IPC itself, on a plain unix socket: no nng
+ * socket of its own to close. nng 1.5's close can hang for good where its
+ * dialer is making a pipe at that moment (nng #1498: an endpoint's pipe
+ * orphaned at close), and a probe left hanging would keep the loop from
+ * ever ending (a work item in flight). The wire: each side's 8-byte header
+ * (0, 'S', 'P', 0, the protocol, 0, 0: REQ 0x30, REP 0x31), then messages
+ * of a type byte 1, a 64-bit big-endian length and the payload: a request
+ * id (4 bytes, the top bit set), then the body; the reply echoes the id. */
+static const uint8_t sp_req_header[8] = {0, 'S', 'P', 0, 0x00, 0x30, 0, 0};
+static const uint8_t sp_rep_header[8] = {0, 'S', 'P', 0, 0x00, 0x31, 0, 0};
+
+static int64_t mono_ms(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* All n bytes written (out) or read (!out) by the deadline; 0 or an errno
+ * (ETIMEDOUT, or EPIPE where the other end closed). */
+static int probe_io(int fd, uint8_t *buf, size_t n, bool out, int64_t deadline)
+{
+	size_t done = 0;
+	while (done < n) {
+		ssize_t k = out ? send(fd, buf + done, n - done, MSG_NOSIGNAL) : recv(fd, buf + done, n - done, 0);
+		if (k > 0) {
+			done += (size_t)k;
+			continue;
+		}
+		if (k == 0)
+			return EPIPE;
+		if (errno == EINTR)
+			continue;
+		if (errno != EAGAIN && errno != EWOULDBLOCK)
+			return errno;
+		int64_t left = deadline - mono_ms();
+		if (left <= 0)
+			return ETIMEDOUT;
+		struct pollfd pf = {.fd = fd, .events = out ? POLLOUT : POLLIN};
+		if (poll(&pf, 1, (int)left) < 0 && errno != EINTR)
+			return errno;
+	}
+	return 0;
+}
+
+static void be64(uint8_t *p, uint64_t v)
+{
+	for (int i = 7; i >= 0; i--, v >>= 8)
+		p[i] = (uint8_t)v;
+}
+
 /* 1: a request over a new connection got the daemon's reply; 0: it did
  * not (why says what happened); -1: the probe could not run. A client of
  * the daemon's own socket, in this process (handle() answers a request
  * from this pid itself, nothing dispatched, counted or logged); the SP
  * handshake alone proves nothing: nng 1.5's transport completes it for a
- * listener that no longer hands connections up. Blocks up to about
- * 2 x PROBE_TIMEOUT_MS. */
+ * listener that no longer hands connections up. Blocks up to
+ * PROBE_TIMEOUT_MS. */
 static int probe_socket(const char *path, char *why, size_t n)
 {
-	nng_socket s;
-	int rv = nng_req0_open(&s);
-	if (rv != 0) {
-		snprintf(why, n, "nng_req0_open: %s", nng_strerror(rv));
+	int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+	if (fd < 0) {
+		snprintf(why, n, "socket: %s", strerror(errno));
 		return -1;
 	}
-	nng_socket_set_ms(s, NNG_OPT_SENDTIMEO, PROBE_TIMEOUT_MS);
-	nng_socket_set_ms(s, NNG_OPT_RECVTIMEO, PROBE_TIMEOUT_MS);
-	char url[PATH_MAX + 8];
-	snprintf(url, sizeof(url), "ipc://%s", path);
-	int result = 0;
-	char *reply = NULL;
-	size_t len = 0;
-	if ((rv = nng_dial(s, url, NULL, 0)) != 0)
-		snprintf(why, n, "connect: %s", nng_strerror(rv));
-	else if ((rv = nng_send(s, (void *)probe_body, sizeof(probe_body), 0)) != 0)
-		snprintf(why, n, "send: %s", nng_strerror(rv));
-	else if ((rv = nng_recv(s, &reply, &len, NNG_FLAG_ALLOC)) != 0)
-		snprintf(why, n, "no reply: %s", nng_strerror(rv));
-	else if (len != sizeof(probe_body) || memcmp(reply, probe_body, len) != 0)
-		snprintf(why, n, "another reply (%zu bytes)", len);
+	const int64_t deadline = mono_ms() + PROBE_TIMEOUT_MS;
+	struct sockaddr_un sa = {.sun_family = AF_UNIX};
+	snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", path);
+	enum { BODY = sizeof(probe_body), ID = 0x80000001u };
+	uint8_t head[8], msg[1 + 8 + 4 + BODY], rep[1 + 8 + 4 + BODY];
+	msg[0] = 1;
+	be64(msg + 1, 4 + BODY);
+	msg[9] = ID >> 24, msg[10] = (ID >> 16) & 0xff, msg[11] = (ID >> 8) & 0xff, msg[12] = ID & 0xff;
+	memcpy(msg + 13, probe_body, BODY);
+	int rv, result = 0;
+	if (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) != 0)
+		snprintf(why, n, "connect: %s", strerror(errno));
+	else if ((rv = probe_io(fd, (uint8_t *)sp_req_header, sizeof(sp_req_header), true, deadline)) != 0 ||
+		 (rv = probe_io(fd, head, sizeof(head), false, deadline)) != 0)
+		snprintf(why, n, "handshake: %s", strerror(rv));
+	else if (memcmp(head, sp_rep_header, sizeof(head)) != 0)
+		snprintf(why, n, "handshake: not a REP socket's header");
+	else if ((rv = probe_io(fd, msg, sizeof(msg), true, deadline)) != 0)
+		snprintf(why, n, "send: %s", strerror(rv));
+	else if ((rv = probe_io(fd, rep, sizeof(rep), false, deadline)) != 0)
+		snprintf(why, n, "no reply: %s", strerror(rv));
+	else if (memcmp(rep, msg, sizeof(rep)) != 0)
+		snprintf(why, n, "another reply");
 	else
 		result = 1;
-	if (reply)
-		nng_free(reply, len);
-	nng_close(s);
+	close(fd);
 	return result;
 }
 
@@ -636,11 +692,46 @@ static void signal_cb(uv_signal_t *h, int signum)
 	begin_stop(srv, signum == SIGTERM ? "SIGTERM" : "SIGINT");
 }
 
+/* The exit's guard. Once every job has stopped and been recorded, nothing
+ * is left to lose, but nng 1.5's close can hang for good where a listener
+ * is making a pipe at that moment (nng #1498: a client connecting as the
+ * daemon stops); a daemon that never exits holds its socket, its state dir
+ * and its systemd unit. So the last stretch has EXIT_GRACE_S: past it the
+ * process logs and leaves, with the status it would have had (1 where it
+ * meant to re-execute: systemd's Restart=on-failure starts it again). */
+enum { EXIT_GRACE_S = 30 };
+
+static void *exit_guard_main(void *arg)
+{
+	int code = (int)(intptr_t)arg;
+	struct timespec ts = {.tv_sec = EXIT_GRACE_S};
+	while (nanosleep(&ts, &ts) != 0 && errno == EINTR)
+		;
+	td_err_log("TD-STOP",
+		   "still not exited %d s after every job stopped (a hang in closing; nng 1.5's "
+		   "close is one known); leaving now",
+		   EXIT_GRACE_S);
+	_exit(code);
+	return NULL;
+}
+
+static void start_exit_guard(int code)
+{
+	pthread_t t;
+	pthread_attr_t a;
+	pthread_attr_init(&a);
+	pthread_attr_setdetachstate(&a, PTHREAD_CREATE_DETACHED);
+	if (pthread_create(&t, &a, exit_guard_main, (void *)(intptr_t)code) != 0)
+		td_warn("TD-STOP", "cannot start the exit's guard thread");
+	pthread_attr_destroy(&a);
+}
+
 static void close_handles(struct server *srv)
 {
 	if (srv->closing)
 		return;
 	srv->closing = true;
+	start_exit_guard(srv->reexec || !srv->started ? 1 : 0);
 	if (srv->sock_open) {
 		nng_close(srv->sock); /* aborts every receive; callbacks see NNG_ECLOSED */
 		srv->sock_open = false;
@@ -781,6 +872,7 @@ int dmn_serve(struct dmn_config *cfg, int argc, char **argv)
 
 	struct td_errbuf eb = {{0}};
 	td_err e = start(srv, &eb);
+	srv->started = e == TD_OK;
 	int code = 0;
 	if (e != TD_OK) {
 		td_err_log("TD-START", "cannot start: %s", eb.msg);

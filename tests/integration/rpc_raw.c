@@ -166,7 +166,11 @@ int main(int argc, char **argv)
 	nng_socket s;
 	char url[300];
 	snprintf(url, sizeof(url), "ipc://%s", argv[1]);
-	if (nng_req0_open(&s) != 0 || nng_dial(s, url, NULL, 0) != 0) {
+	/* no redial after the daemon drops the connection (the 40 MB case):
+	 * nng 1.5's close can hang for good where the dialer is making a pipe
+	 * at that moment (nng #1498) */
+	if (nng_req0_open(&s) != 0 || nng_socket_set_ms(s, NNG_OPT_RECONNMINT, 3600 * 1000) != 0 ||
+	    nng_socket_set_ms(s, NNG_OPT_RECONNMAXT, 3600 * 1000) != 0 || nng_dial(s, url, NULL, 0) != 0) {
 		fprintf(stderr, "rpc_raw: cannot reach %s\n", argv[1]);
 		return 3;
 	}
