@@ -405,9 +405,10 @@ static int probe_io(int fd, uint8_t *buf, size_t n, bool out, int64_t deadline)
 	return 0;
 }
 
-static void be64(uint8_t *p, uint64_t v)
+/* v as n big-endian bytes */
+static void put_be(uint8_t *p, uint64_t v, int n)
 {
-	for (int i = 7; i >= 0; i--, v >>= 8)
+	for (int i = n - 1; i >= 0; i--, v >>= 8)
 		p[i] = (uint8_t)v;
 }
 
@@ -431,8 +432,8 @@ static int probe_socket(const char *path, char *why, size_t n)
 	enum { BODY = sizeof(probe_body), ID = 0x80000001u };
 	uint8_t head[8], msg[1 + 8 + 4 + BODY], rep[1 + 8 + 4 + BODY];
 	msg[0] = 1;
-	be64(msg + 1, 4 + BODY);
-	msg[9] = ID >> 24, msg[10] = (ID >> 16) & 0xff, msg[11] = (ID >> 8) & 0xff, msg[12] = ID & 0xff;
+	put_be(msg + 1, 4 + BODY, 8);
+	put_be(msg + 9, ID, 4);
 	memcpy(msg + 13, probe_body, BODY);
 	int rv, result = 0;
 	if (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) != 0)
