@@ -912,6 +912,14 @@ static void *heartbeat_main(void *arg)
 	return NULL;
 }
 
+/* Host k's stop, at the run's end. */
+static void *stop_main(void *arg)
+{
+	struct peer_hb *hb = arg;
+	peer_job_op(hb->j, hb->k, true, 5000);
+	return NULL;
+}
+
 td_err dmn_peer_job_start(struct dmn_peer_job **out, const struct dmn_peer_client *c, int64_t job,
 			  uint32_t attempt, uid_t uid, gid_t gid, const Traind__JobSpec *spec,
 			  uint64_t lease_bytes, bool *retry, struct td_errbuf *eb)
@@ -1038,9 +1046,20 @@ void dmn_peer_job_end(struct dmn_peer_job *j)
 	/* Closing the hub fails any rank still in it; the stop reaches a run
 	 * that had not joined yet. */
 	gpu_hub_free(j->hub);
-	for (int k = 0; k < j->nhosts; k++)
-		if (j->started[k])
+	/* The stops at once, a thread a host (each waits up to 5 s): hosts that
+	 * do not answer cost the end 5 s, not 5 s each. */
+	for (int k = 0; k < j->nhosts; k++) {
+		j->hb[k].j = j; /* a start that failed midway set no heartbeat's */
+		j->hb[k].k = k;
+		j->hb[k].started = j->started[k] &&
+				   pthread_create(&j->hb[k].thread, NULL, stop_main, &j->hb[k]) == 0;
+	}
+	for (int k = 0; k < j->nhosts; k++) {
+		if (j->hb[k].started)
+			pthread_join(j->hb[k].thread, NULL);
+		else if (j->started[k])
 			peer_job_op(j, k, true, 5000);
+	}
 	pthread_cond_destroy(&j->cv);
 	pthread_mutex_destroy(&j->mu);
 	free(j);

@@ -254,6 +254,20 @@ expect_contains "saying B has no room" "$(ctl show "$j5")" "has no 1 GPU(s) with
 ctlb ledger release "$lease" >/dev/null
 check "once released it runs to the end" wait_for 60 job_is "$j5" SUCCEEDED
 
+# --- 5b. two hosts, the second unreachable: each try starts B's ranks,
+# then fails at the second host, and the end of a start that failed midway
+# stops B's run (dmn_peer_job_end, a thread a host); nothing is left on B ---
+sed 's/^  grad_accum: 2$/  grad_accum: 3/' "$WORK/h0.txtpb" >"$WORK/h3.txtpb" # a micro-batch a rank
+j5b=$(ctl submit "$WORK/h3.txtpb" --hosts "tcp://127.0.0.1:$PB,tcp://127.0.0.1:1" \
+	--output "$WORK/out-2h" --steps 40 --checkpoint-every 0)
+check "two hosts, one unreachable: the job waits, naming it" wait_for 30 sh -c \
+	"$TRAINCTL --socket $SOCK show $j5b | grep -q 'resources.hosts\[1\] (tcp://127.0.0.1:1): cannot reach'"
+check "B's ranks of a try ended" wait_for 30 grep -qF "job $j5b of tcp://127.0.0.1:$PA (attempt" "$BLOG"
+ctl cancel "$j5b" >/dev/null
+check "cancelled" wait_for 30 job_is "$j5b" CANCELLED
+check "no lease left on B" wait_for 10 no_b_lease
+check "A serves on" ctl info >/dev/null
+
 # --- 6. a daemon of another secret ---
 (umask 077 && head -c 48 /dev/urandom | base64 >"$WORK/other.secret")
 "$TRAIND" --socket "$WORK/c.sock" --state-dir "$WORK/c-state" --user --cpu-slots 0 \
