@@ -9,8 +9,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
-/* a redial an hour away: never, for a client's life */
-#define NNG_RECONN_NEVER_MS (3600 * 1000)
+#include "proto/rpc_nng.h"
 
 struct ctl_conn {
 	nng_socket sock;
@@ -54,13 +53,7 @@ td_err ctl_connect(struct ctl_conn **out, const char *path, int timeout_ms, stru
 		free(c);
 		return td_fail(eb, TD_EIO, "cannot open an nng socket: %s", nng_strerror(rv));
 	}
-	/* A request is never sent twice: a resent submit would queue the job twice. */
-	nng_socket_set_ms(c->sock, NNG_OPT_REQ_RESENDTIME, NNG_DURATION_INFINITE);
-	/* Nor is the connection made again behind its back: nng 1.5's close
-	 * can hang for good where the dialer is making a pipe at that moment
-	 * (nng #1498), and a lost connection fails the call anyway. */
-	nng_socket_set_ms(c->sock, NNG_OPT_RECONNMINT, NNG_RECONN_NEVER_MS);
-	nng_socket_set_ms(c->sock, NNG_OPT_RECONNMAXT, NNG_RECONN_NEVER_MS);
+	rpc_req_once(c->sock);
 	/* a call after the connection closed fails at once, and a watch
 	 * dials again (trainctl.c: reconnect) instead of waiting out --timeout */
 	atomic_init(&c->lost, false);

@@ -28,6 +28,7 @@
 #include "proto/jobspec.h"
 #include "proto/log.h"
 #include "proto/rpc.h"
+#include "proto/rpc_nng.h"
 #include "state/state.h"
 #include "train/trainer.h"
 
@@ -170,11 +171,7 @@ td_err dmn_peer_call(const struct dmn_peer_client *c, const char *addr, Traind__
 		free(buf);
 		return td_fail(eb, TD_EIO, "peer call: nng: %s", nng_strerror(rv));
 	}
-	nng_socket_set_ms(s, NNG_OPT_REQ_RESENDTIME, NNG_DURATION_INFINITE);
-	/* no redial behind the call's back: nng 1.5's close can hang for good
-	 * where the dialer is making a pipe at that moment (nng #1498) */
-	nng_socket_set_ms(s, NNG_OPT_RECONNMINT, 3600 * 1000);
-	nng_socket_set_ms(s, NNG_OPT_RECONNMAXT, 3600 * 1000);
+	rpc_req_once(s);
 	nng_socket_set_ms(s, NNG_OPT_RECVTIMEO, timeout_ms);
 	nng_socket_set_ms(s, NNG_OPT_SENDTIMEO, timeout_ms);
 	nng_socket_set_size(s, NNG_OPT_RECVMAXSZ, 1 << 20);
@@ -939,8 +936,11 @@ td_err dmn_peer_job_start(struct dmn_peer_job **out, const struct dmn_peer_clien
 	j->world = (int)(r->gpus * (1 + r->n_hosts));
 	pthread_mutex_init(&j->mu, NULL);
 	pthread_cond_init(&j->cv, NULL);
-	for (int k = 0; k < j->nhosts; k++)
+	for (int k = 0; k < j->nhosts; k++) {
 		snprintf(j->host[k], sizeof(j->host[k]), "%s", r->hosts[k]);
+		j->hb[k].j = j;
+		j->hb[k].k = k;
+	}
 	td_err e = TD_OK;
 	if (RAND_bytes(j->token, sizeof(j->token)) != 1)
 		e = td_fail(eb, TD_EINTERNAL, "peers: no random bytes for the hub's token");
@@ -996,8 +996,6 @@ td_err dmn_peer_job_start(struct dmn_peer_job **out, const struct dmn_peer_clien
 			traind__peer_reply__free_unpacked(rep, NULL);
 	}
 	for (int k = 0; k < j->nhosts && e == TD_OK; k++) {
-		j->hb[k].j = j;
-		j->hb[k].k = k;
 		int rv = pthread_create(&j->hb[k].thread, NULL, heartbeat_main, &j->hb[k]);
 		if (rv != 0)
 			e = td_fail(eb, TD_EINTERNAL, "peers: cannot start the heartbeats to %s: %s",
@@ -1048,12 +1046,9 @@ void dmn_peer_job_end(struct dmn_peer_job *j)
 	gpu_hub_free(j->hub);
 	/* The stops at once, a thread a host (each waits up to 5 s): hosts that
 	 * do not answer cost the end 5 s, not 5 s each. */
-	for (int k = 0; k < j->nhosts; k++) {
-		j->hb[k].j = j; /* a start that failed midway set no heartbeat's */
-		j->hb[k].k = k;
+	for (int k = 0; k < j->nhosts; k++)
 		j->hb[k].started = j->started[k] &&
 				   pthread_create(&j->hb[k].thread, NULL, stop_main, &j->hb[k]) == 0;
-	}
 	for (int k = 0; k < j->nhosts; k++) {
 		if (j->hb[k].started)
 			pthread_join(j->hb[k].thread, NULL);

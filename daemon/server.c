@@ -371,11 +371,10 @@ enum { PROBE_EVERY_MS = 2000, PROBE_TIMEOUT_MS = 5000, PROBE_FAILS = 3 };
 static const uint8_t sp_req_header[8] = {0, 'S', 'P', 0, 0x00, 0x30, 0, 0};
 static const uint8_t sp_rep_header[8] = {0, 'S', 'P', 0, 0x00, 0x31, 0, 0};
 
+/* libuv's monotonic clock, in ms (safe off the loop's thread) */
 static int64_t mono_ms(void)
 {
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+	return (int64_t)(uv_hrtime() / 1000000);
 }
 
 /* All n bytes written (out) or read (!out) by the deadline; 0 or an errno

@@ -71,7 +71,6 @@ watchdog() {
 # group, the daemon's included, and SIGKILL half a second later): say at
 # once which check was running; cleanup then prints the daemon's log, so
 # that a hang seen once in CI can be read afterwards.
-CURRENT="(before the first check)"
 on_term() {
 	trap - TERM
 	if [ -f "$LOG" ] && [ ! -e "$WORK/dumped" ]; then
@@ -79,7 +78,7 @@ on_term() {
 		tail -n 80 "$LOG"
 	fi
 	LOG_SHOWN=1
-	bad "killed by SIGTERM (a timeout?) during: $CURRENT"
+	bad "killed by SIGTERM (a timeout?) during: $(cat "$WORK/current" 2>/dev/null || echo "(before the first check)")"
 	exit 1
 }
 trap on_term TERM
@@ -96,8 +95,7 @@ check() {
 	local what=$1
 	shift
 	CHECKS=$((CHECKS + 1))
-	CURRENT=$what
-	printf '%s\n' "$what" >"$WORK/current"
+	printf '%s\n' "$what" >"$WORK/current" # for the watchdog and on_term
 	if ! "$@"; then
 		bad "$what"
 		return 1
@@ -182,8 +180,7 @@ start_daemon() {
 # default) is a hang: its threads' stacks are shown, and it is killed.
 stop_daemon() {
 	kill -TERM "$DPID"
-	CURRENT="traind stops on SIGTERM"
-	printf '%s\n' "$CURRENT" >"$WORK/current"
+	printf '%s\n' "traind stops on SIGTERM" >"$WORK/current"
 	local _
 	for _ in $(seq 1 750); do
 		kill -0 "$DPID" 2>/dev/null || break

@@ -20,6 +20,7 @@
 #include <unistd.h>
 
 #include "proto/rpc.h"
+#include "proto/rpc_nng.h"
 
 static Traind__JobSpec *spec_for(const char *model, const char *data, const char *out)
 {
@@ -166,11 +167,8 @@ int main(int argc, char **argv)
 	nng_socket s;
 	char url[300];
 	snprintf(url, sizeof(url), "ipc://%s", argv[1]);
-	/* no redial after the daemon drops the connection (the 40 MB case):
-	 * nng 1.5's close can hang for good where the dialer is making a pipe
-	 * at that moment (nng #1498) */
-	if (nng_req0_open(&s) != 0 || nng_socket_set_ms(s, NNG_OPT_RECONNMINT, 3600 * 1000) != 0 ||
-	    nng_socket_set_ms(s, NNG_OPT_RECONNMAXT, 3600 * 1000) != 0 || nng_dial(s, url, NULL, 0) != 0) {
+	/* no redial after the daemon drops the connection (the 40 MB case) */
+	if (nng_req0_open(&s) != 0 || rpc_req_once(s) != 0 || nng_dial(s, url, NULL, 0) != 0) {
 		fprintf(stderr, "rpc_raw: cannot reach %s\n", argv[1]);
 		return 3;
 	}
@@ -179,7 +177,6 @@ int main(int argc, char **argv)
 	/* A send the daemon never takes (it stopped reading) must not hang the
 	 * test either. */
 	nng_socket_set_ms(s, NNG_OPT_SENDTIMEO, tmo ? atoi(tmo) : 30000);
-	nng_socket_set_ms(s, NNG_OPT_REQ_RESENDTIME, NNG_DURATION_INFINITE);
 	int rv = nng_send(s, buf, len, 0);
 	free(buf);
 	if (rv != 0) {
