@@ -900,11 +900,23 @@ static void cu_matmul_backward(struct gpu_backend *be, float *dinp, gpu_bf16 *di
 /* ------------------------------------------------------------------- rope -- */
 
 /* args: the kernel's, out16 among them where it has one (the forward) */
-static void launch_rope(struct cu_backend *cb, enum cu_kernel k, void **args, int B, int T, int NH,
-			int HS)
+/* k4: the kernel's four-pairs-a-thread twin, taken where HS/2 is a
+ * multiple of 4 and every pointer (args' first three and the tables)
+ * 16-byte aligned; else k, a block a token. */
+static void launch_rope(struct cu_backend *cb, enum cu_kernel k, enum cu_kernel k4, void **args,
+			const void *const ptrs[5], int B, int T, int NH, int HS)
 {
 	if (B <= 0 || T <= 0 || NH <= 0 || HS < 2)
 		return;
+	uintptr_t a = 0;
+	for (int i = 0; i < 5; i++)
+		a |= (uintptr_t)ptrs[i];
+	if ((HS / 2) % 4 == 0 && (a & 15) == 0) {
+		size_t units = (size_t)B * (size_t)T * (size_t)NH * (size_t)(HS / 8);
+		cu_launch(cb, k4, dim1(grid_cap((units + CU_THREADS - 1) / CU_THREADS)),
+			  dim1(CU_THREADS), 0, args);
+		return;
+	}
 	int pairs = NH * (HS / 2);
 	cu_launch(cb, k, dim1(grid_cap((size_t)B * (size_t)T)), dim1(row_threads(pairs)), 0, args);
 }
@@ -913,14 +925,19 @@ static void cu_rope_forward(struct gpu_backend *be, float *out, gpu_bf16 *out16,
 			    const float *cos, const float *sin, int B, int T, int NH, int HS)
 {
 	void *args[] = {&out, &out16, &inp, &cos, &sin, &B, &T, &NH, &HS};
-	launch_rope(cu_of(be), CU_K_rope_forward_f32, args, B, T, NH, HS);
+	/* out16's 8-byte stores: 16-byte alignment asked of it too */
+	const void *const ptrs[5] = {out, out16, inp, cos, sin};
+	launch_rope(cu_of(be), CU_K_rope_forward_f32, CU_K_rope_forward4_f32, args, ptrs, B, T, NH,
+		    HS);
 }
 
 static void cu_rope_backward(struct gpu_backend *be, float *dinp, const float *dout,
 			     const float *cos, const float *sin, int B, int T, int NH, int HS)
 {
 	void *args[] = {&dinp, &dout, &cos, &sin, &B, &T, &NH, &HS};
-	launch_rope(cu_of(be), CU_K_rope_backward_f32, args, B, T, NH, HS);
+	const void *const ptrs[5] = {dinp, dout, cos, sin, NULL};
+	launch_rope(cu_of(be), CU_K_rope_backward_f32, CU_K_rope_backward4_f32, args, ptrs, B, T,
+		    NH, HS);
 }
 
 /* -------------------------------------------------------------- attention -- */
@@ -1511,6 +1528,14 @@ static void cu_bf16_round_rows(struct gpu_backend *be, gpu_bf16 *out, size_t ldo
 			       size_t rows, size_t cols)
 {
 	void *args[] = {&out, &ldo, &in, &rows, &cols};
+	/* four values a thread: whole quads a row, in 16-byte and out 8-byte
+	 * aligned at every row */
+	if (cols > 0 && cols % 4 == 0 && ldo % 4 == 0 && ((uintptr_t)in & 15) == 0 &&
+	    ((uintptr_t)out & 7) == 0) {
+		size_t quads = rows * (cols / 4);
+		launch_n(cu_of(be), CU_K_cast_bf16_f32_rows4, quads, args);
+		return;
+	}
 	if (cols > 0)
 		launch_rows(cu_of(be), CU_K_cast_bf16_f32_rows,
 			    rows > (size_t)INT_MAX ? INT_MAX : (int)rows,

@@ -537,6 +537,22 @@ extern "C" __global__ void cast_bf16_f32_rows(__nv_bfloat16 *out, size_t ldo, co
 			out[r * ldo + c] = __float2bfloat16_rn(in[r * cols + c]);
 }
 
+/* cast_bf16_f32_rows four values a thread (cols and ldo multiples of 4,
+ * in 16-byte and out 8-byte aligned: the launcher checks), grid-stride over
+ * the rows * cols / 4 quads: a row of Qwen2-0.5B's k (128 values) was a
+ * block of 128 threads, each with one value in flight. */
+extern "C" __global__ void cast_bf16_f32_rows4(__nv_bfloat16 *out, size_t ldo, const float *in,
+					       size_t rows, size_t cols)
+{
+	const size_t q = cols / 4, n = rows * q;
+	for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+	     i += (size_t)gridDim.x * blockDim.x) {
+		const size_t r = i / q, c = i - r * q;
+		const float4 v = reinterpret_cast<const float4 *>(in)[i];
+		reinterpret_cast<uint2 *>(out + r * ldo)[c] = cu_pack_bf16x4(v);
+	}
+}
+
 /* out (n) = in (bf16) widened to fp32, exactly. Overwrite. */
 extern "C" __global__ void cast_f32_bf16(float *out, const __nv_bfloat16 *in, size_t n)
 {

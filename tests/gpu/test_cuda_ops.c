@@ -1706,7 +1706,7 @@ static void test_bf16_convert(void)
 	 * columns around it untouched (a sentinel) */
 	static const struct { size_t rows, cols, ldo, off; } shapes[] = {
 		{1, 1, 3, 1}, {5, 7, 20, 13}, {300, 896, 1152, 0}, {300, 128, 1152, 896},
-		{300, 128, 1152, 1024}, {3, 5000, 5003, 2}};
+		{300, 128, 1152, 1024}, {3, 5000, 5003, 2}, {4, 8, 12, 2}, {4, 8, 12, 4}};
 	for (size_t ci = 0; ci < COUNT(shapes); ci++) {
 		const size_t R = shapes[ci].rows, Cc = shapes[ci].cols, L = shapes[ci].ldo,
 			     O = shapes[ci].off, n = R * Cc, nt = R * L;
