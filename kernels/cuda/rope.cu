@@ -78,32 +78,25 @@ static __device__ __forceinline__ void rope_rotate4(float *out, __nv_bfloat16 *o
 	}
 }
 
-/* out[:HS/2] = x1*cos - x2*sin ; out[HS/2:] = x2*cos + x1*sin. Overwrite. */
-extern "C" __global__ void rope_forward_f32(float *out, __nv_bfloat16 *out16, const float *inp,
-					    const float *cos, const float *sin, int B, int T,
-					    int NH, int HS)
-{
-	rope_rotate(out, out16, inp, cos, sin, B, T, NH, HS, 1.0f);
-}
+/* The forward and backward kernels of a rotation (rope_rotate or
+ * rope_rotate4), named with its suffix:
+ * out[:HS/2] = x1*cos - x2*sin ; out[HS/2:] = x2*cos + x1*sin, and
+ * dinp[:HS/2] = d1*cos + d2*sin ; dinp[HS/2:] = d2*cos - d1*sin. Overwrite.
+ * rope_forward_f32 and rope_backward_f32 take a block a token;
+ * rope_forward4_f32 and rope_backward4_f32 a thread a unit, grid-stride. */
+#define ROPE_KERNELS(sfx, rotate)                                                                  \
+	extern "C" __global__ void rope_forward##sfx(float *out, __nv_bfloat16 *out16,             \
+						     const float *inp, const float *cos,           \
+						     const float *sin, int B, int T, int NH, int HS) \
+	{                                                                                          \
+		rotate(out, out16, inp, cos, sin, B, T, NH, HS, 1.0f);                             \
+	}                                                                                          \
+	extern "C" __global__ void rope_backward##sfx(float *dinp, const float *dout,              \
+						      const float *cos, const float *sin, int B,   \
+						      int T, int NH, int HS)                       \
+	{                                                                                          \
+		rotate(dinp, NULL, dout, cos, sin, B, T, NH, HS, -1.0f);                           \
+	}
 
-/* dinp[:HS/2] = d1*cos + d2*sin ; dinp[HS/2:] = d2*cos - d1*sin. Overwrite. */
-extern "C" __global__ void rope_backward_f32(float *dinp, const float *dout, const float *cos,
-					     const float *sin, int B, int T, int NH, int HS)
-{
-	rope_rotate(dinp, NULL, dout, cos, sin, B, T, NH, HS, -1.0f);
-}
-
-/* rope_forward_f32 and rope_backward_f32 by rope_rotate4 (launch: a thread
- * a unit, grid-stride). */
-extern "C" __global__ void rope_forward4_f32(float *out, __nv_bfloat16 *out16, const float *inp,
-					     const float *cos, const float *sin, int B, int T,
-					     int NH, int HS)
-{
-	rope_rotate4(out, out16, inp, cos, sin, B, T, NH, HS, 1.0f);
-}
-
-extern "C" __global__ void rope_backward4_f32(float *dinp, const float *dout, const float *cos,
-					      const float *sin, int B, int T, int NH, int HS)
-{
-	rope_rotate4(dinp, NULL, dout, cos, sin, B, T, NH, HS, -1.0f);
-}
+ROPE_KERNELS(_f32, rope_rotate)
+ROPE_KERNELS(4_f32, rope_rotate4)
