@@ -899,19 +899,16 @@ static void cu_matmul_backward(struct gpu_backend *be, float *dinp, gpu_bf16 *di
 
 /* ------------------------------------------------------------------- rope -- */
 
-/* args: the kernel's, out16 among them where it has one (the forward) */
-/* k4: the kernel's four-pairs-a-thread twin, taken where HS/2 is a
- * multiple of 4 and every pointer (args' first three and the tables)
- * 16-byte aligned; else k, a block a token. */
-static void launch_rope(struct cu_backend *cb, enum cu_kernel k, enum cu_kernel k4, void **args,
-			const void *const ptrs[5], int B, int T, int NH, int HS)
+/* args: the kernel's, out16 among them where it has one (the forward).
+ * k4, the kernel's four-pairs-a-thread twin (the same bits), where HS/2 is
+ * a multiple of 4 and v4 (the caller's pointers 16-byte aligned, out16
+ * 8-byte); else k, a block a token. */
+static void launch_rope(struct cu_backend *cb, enum cu_kernel k, enum cu_kernel k4, bool v4,
+			void **args, int B, int T, int NH, int HS)
 {
 	if (B <= 0 || T <= 0 || NH <= 0 || HS < 2)
 		return;
-	uintptr_t a = 0;
-	for (int i = 0; i < 5; i++)
-		a |= (uintptr_t)ptrs[i];
-	if ((HS / 2) % 4 == 0 && (a & 15) == 0) {
+	if (v4 && (HS / 2) % 4 == 0) {
 		size_t units = (size_t)B * (size_t)T * (size_t)NH * (size_t)(HS / 8);
 		cu_launch(cb, k4, dim1(grid_cap((units + CU_THREADS - 1) / CU_THREADS)),
 			  dim1(CU_THREADS), 0, args);
@@ -925,19 +922,18 @@ static void cu_rope_forward(struct gpu_backend *be, float *out, gpu_bf16 *out16,
 			    const float *cos, const float *sin, int B, int T, int NH, int HS)
 {
 	void *args[] = {&out, &out16, &inp, &cos, &sin, &B, &T, &NH, &HS};
-	/* out16's 8-byte stores: 16-byte alignment asked of it too */
-	const void *const ptrs[5] = {out, out16, inp, cos, sin};
-	launch_rope(cu_of(be), CU_K_rope_forward_f32, CU_K_rope_forward4_f32, args, ptrs, B, T, NH,
-		    HS);
+	bool v4 = (((uintptr_t)out | (uintptr_t)inp | (uintptr_t)cos | (uintptr_t)sin) & 15) == 0 &&
+		  ((uintptr_t)out16 & 7) == 0;
+	launch_rope(cu_of(be), CU_K_rope_forward_f32, CU_K_rope_forward4_f32, v4, args, B, T, NH, HS);
 }
 
 static void cu_rope_backward(struct gpu_backend *be, float *dinp, const float *dout,
 			     const float *cos, const float *sin, int B, int T, int NH, int HS)
 {
 	void *args[] = {&dinp, &dout, &cos, &sin, &B, &T, &NH, &HS};
-	const void *const ptrs[5] = {dinp, dout, cos, sin, NULL};
-	launch_rope(cu_of(be), CU_K_rope_backward_f32, CU_K_rope_backward4_f32, args, ptrs, B, T,
-		    NH, HS);
+	bool v4 = (((uintptr_t)dinp | (uintptr_t)dout | (uintptr_t)cos | (uintptr_t)sin) & 15) == 0;
+	launch_rope(cu_of(be), CU_K_rope_backward_f32, CU_K_rope_backward4_f32, v4, args, B, T, NH,
+		    HS);
 }
 
 /* -------------------------------------------------------------- attention -- */

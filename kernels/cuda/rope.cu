@@ -40,8 +40,8 @@ static __device__ __forceinline__ void rope_rotate(float *out, __nv_bfloat16 *ou
 	}
 }
 
-/* The same rotation four pairs a thread (HS/2 a multiple of 4, every
- * pointer 16-byte aligned: the launcher checks), grid-stride over the
+/* The same rotation four pairs a thread (HS/2 a multiple of 4; inp, out,
+ * cos and sin 16-byte aligned, out16 8-byte: the launcher checks), grid-stride over the
  * (token, head, quad) units: four 16-byte loads a thread (x1, x2, and the
  * row's cos and sin, which L1 and L2 serve) before its stores, so a thread
  * has them all in flight at once, where one pair a thread at a block a token
