@@ -113,6 +113,7 @@ struct tr_model {
 	struct { size_t off, n; } *zr;
 	size_t nzr;
 	bool fresh;
+	bool head_fresh; /* and the causal head's first chunk (head_weight_grad) */
 	/* PARAMETERS: the weights gathered into the same layout (params.ring.K,
 	 * params.rest) and their bf16 rounding (params16.*, the bf16 mode);
 	 * params is then the part's fp32 masters, and wholes (when set:
@@ -422,9 +423,9 @@ static int zr_by_off(const void *a, const void *b)
 
 /* Unsharded training: the arena's ranges that zero_grad zeroes — all of
  * it but the tensors whose first product of a step overwrites their
- * gradient (tr_plan_dw_overwritten): for a full fine-tune the embedding,
- * the head and the norms and biases (the decoder's projection weights sit
- * together, decayed first: train/plan.c). None overwritten (LoRA, frozen
+ * gradient (tr_plan_dw_overwritten: the decoder's projection weights,
+ * which sit together, decayed first, and the causal head's): for a full
+ * fine-tune an untied embedding and the norms and biases (train/plan.c). None overwritten (LoRA, frozen
  * layers), or out of memory: m->zr stays NULL, the whole arena is zeroed. */
 static void zero_ranges(struct tr_model *m)
 {
@@ -1515,8 +1516,14 @@ static void head_weight_grad(struct tr_model *m, int r0, int n, const float *dl,
 	const struct tr_model_config *c = &m->plan.cfg;
 	const int C = c->hidden_size, V = c->vocab_size;
 	const struct wref w = weight_of(m, m->lm_head);
+	/* the step's first chunk overwrites the gradient that zero_grad left
+	 * (tr_plan_dw_overwritten), the rest add */
+	const bool set = m->fresh && m->head_fresh && m->dlm_head &&
+			 tr_plan_dw_overwritten(&m->plan, m->lm_head);
+	m->head_fresh = false;
 	gpu_matmul_backward(m->be, m->dln + (size_t)r0 * C, NULL, m->dlm_head, NULL, dl, dl16,
-			    m->lnf_out + (size_t)r0 * C, NULL, w.f, w.h, n, C, V, GPU_SET_DINP);
+			    m->lnf_out + (size_t)r0 * C, NULL, w.f, w.h, n, C, V,
+			    GPU_SET_DINP | (set ? GPU_SET_DWEIGHT : 0u));
 }
 
 /* The causal head's backward over rows [r0, r0 + n), whose logits are in the
@@ -2260,7 +2267,7 @@ void tr_model_zero_grad(struct tr_model *m)
 			gpu_scale(m->be, m->grads, NAN, grads_held(m));
 		for (size_t i = 0; i < m->nzr; i++)
 			gpu_zero(m->be, m->grads + m->zr[i].off, m->zr[i].n * sizeof(float));
-		m->fresh = true;
+		m->fresh = m->head_fresh = true;
 	} else {
 		gpu_zero(m->be, m->grads, grads_held(m) * sizeof(float));
 	}

@@ -595,7 +595,17 @@ bool tr_plan_mlp_half(const struct tr_param *t)
 
 bool tr_plan_dw_overwritten(const struct tr_plan *p, const struct tr_param *t)
 {
-	if (!t->trainable || t->kind != TR_P_BASE || t->layer < 0 || t->lin < 0 || t->ndim != 2)
+	if (!t->trainable || t->kind != TR_P_BASE || t->ndim != 2)
+		return false;
+	/* The causal head's weight (a tied embedding's, whose lookup's
+	 * scatter comes after the head's products in every step), unsharded:
+	 * its first chunk's product overwrites the gradient arena's floats. */
+	if (t->layer < 0)
+		return !p->opts.inference && p->opts.num_labels == 0 &&
+		       !tr_shard_grads(p->opts.shard, p->opts.shard_ranks) &&
+		       t == tr_plan_param(p, p->cfg.tie_word_embeddings ? "model.embed_tokens.weight"
+									 : "lm_head.weight");
+	if (t->lin < 0)
 		return false;
 	return tr_shard_grads(p->opts.shard, p->opts.shard_ranks)
 		       ? t->gslot >= 0 && t->gslot < TR_GRAD_RING
