@@ -623,11 +623,36 @@ static void cu_embedding_forward_part(struct gpu_backend *be, float *out, const 
 
 /* ---------------------------------------------------------------- rmsnorm -- */
 
+/* rmsnorm.cu's warp-a-row kernels (rows of C <= 1024, C a multiple of 4,
+ * every pointer 16-byte aligned): V float4s a lane, the fewest of 1, 2, 4
+ * and 8 that hold a row; 0 where they do not apply (then a block a row).
+ * RMS_WARP_ROWS warps (rows at a time) a block. */
+#define RMS_WARP_ROWS 8
+static int rms_warp_vec(int C, uintptr_t ptrs)
+{
+	if (C <= 0 || (C & 3) || C / 4 > 32 * 8 || (ptrs & 15))
+		return 0;
+	const int f = (C / 4 + 31) / 32;
+	return f <= 1 ? 1 : f <= 2 ? 2 : f <= 4 ? 4 : 8;
+}
+
 static void cu_rmsnorm_forward(struct gpu_backend *be, float *out, gpu_bf16 *out16, float *rstd,
 			       const float *inp, const float *weight, int N, int C, float eps)
 {
+	struct cu_backend *cb = cu_of(be);
 	void *args[] = {&out, &out16, &rstd, &inp, &weight, &N, &C, &eps};
-	launch_rows(cu_of(be), CU_K_rmsnorm_forward_f32, N, row_threads(C), args);
+	const int v = rms_warp_vec(C, (uintptr_t)out | (uintptr_t)out16 | (uintptr_t)inp |
+					      (uintptr_t)weight);
+	if (v && N > 0) {
+		const enum cu_kernel k = v == 1 ? CU_K_rmsnorm_forward_w1_f32
+				       : v == 2 ? CU_K_rmsnorm_forward_w2_f32
+				       : v == 4 ? CU_K_rmsnorm_forward_w4_f32
+						: CU_K_rmsnorm_forward_w8_f32;
+		cu_launch(cb, k, dim1(grid_cap(((size_t)N + RMS_WARP_ROWS - 1) / RMS_WARP_ROWS)),
+			  dim1(32 * RMS_WARP_ROWS), 0, args);
+		return;
+	}
+	launch_rows(cb, CU_K_rmsnorm_forward_f32, N, row_threads(C), args);
 }
 
 /* The most float4s a thread of rmsnorm.cu's backward holds (its kernels
@@ -668,6 +693,42 @@ static void cu_rmsnorm_backward(struct gpu_backend *be, float *dinp, float *dwei
 	struct cu_backend *cb = cu_of(be);
 	if (N <= 0 || C <= 0)
 		return;
+	/* The warp-a-row backward for rows of up to 256 channels (a lane's two
+	 * float4s of each of inp, dout and dinp): per-head norms (Qwen3's q
+	 * and k, 128). Past that its registers held one or two blocks an SM
+	 * and it ran slower than a block a row (Qwen2-0.5B's C 896: 2.65 ->
+	 * 3.24 ms a step, on an H100), which the forward did not (1.30 ->
+	 * 1.03). */
+	const int v = rms_warp_vec(C, (uintptr_t)dinp | (uintptr_t)dout | (uintptr_t)inp |
+					      (uintptr_t)weight);
+	if (v && v <= 2) {
+		/* Block b's warps take rows 8 b + w, 8 b + w + 8 G, ... (G
+		 * blocks); with dweight, each block its partial row in the
+		 * scratch (G from N, C and the scratch only, as the block-a-row
+		 * kernel's below), added by bias_grad_f32 in block order. */
+		const enum cu_kernel k =
+			v == 1 ? CU_K_rmsnorm_backward_w1_f32 : CU_K_rmsnorm_backward_w2_f32;
+		const size_t blocks = grid_cap(((size_t)N + RMS_WARP_ROWS - 1) / RMS_WARP_ROWS);
+		size_t cap;
+		float *part = dweight ? scratch_floats(cb, &cap) : NULL;
+		size_t G = blocks;
+		if (dweight && G > cap / (size_t)C)
+			G = cap / (size_t)C;
+		if (dweight && G > RMS_FUSED_MAX_PARTS)
+			G = RMS_FUSED_MAX_PARTS;
+		if (!dweight || G >= RMS_FUSED_MIN_PARTS || G == blocks) {
+			void *wargs[] = {&dinp, &part, &dout, &inp, &weight, &rstd, &N, &C};
+			cu_launch(cb, k, dim1((unsigned)G), dim1(32 * RMS_WARP_ROWS), 0, wargs);
+			if (!dweight)
+				return;
+			int P = (int)G, direct = 1;
+			const float *cpart = part;
+			void *cargs[] = {&dweight, &cpart, &P, &C, &P, &direct};
+			cu_launch(cb, CU_K_bias_grad_f32, (struct cu_dim){cu_blocks((size_t)C, 32), 1, 1},
+				  (struct cu_dim){32, 32, 1}, 0, cargs);
+			return;
+		}
+	}
 	const unsigned threads = row_threads(C);
 	enum cu_kernel krow, kdw;
 	rms_kernels(C, threads, &krow, &kdw);

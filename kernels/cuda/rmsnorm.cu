@@ -12,6 +12,15 @@
  * straight into dweight or by chunks of rows into the backend's scratch
  * that colsum_reduce_f32 (matmul.cu) then adds in chunk order.
  *
+ * Rows of up to 1024 channels in the forward, and of up to 256 in the
+ * backward (C a multiple of 4, every pointer 16-byte aligned), take the
+ * warp-a-row kernels below instead (rmsnorm_*_wV_f32): a row's float4s
+ * spread over one warp's lanes, V a lane, its sums a warp's shuffle tree
+ * alone — no block barrier between a row's loads and its stores, and V
+ * loads of each tensor in flight a lane (a block a row held one, and
+ * waited on two barriers a row; at C 128, Qwen3's per-head norms, it
+ * also left three of its four warps idle).
+ *
  * Not here: fused residual + norm (a bf16-path optimisation for later).
  *
  * Key: N rows, C channels. */
@@ -246,3 +255,147 @@ extern "C" __global__ void rmsnorm_dweight_f32(float *dst, const float *dout, co
 	else
 		dst[(size_t)blockIdx.y * C + c] = sum;
 }
+
+/* ------------------------------------------------ warp-a-row kernels -- */
+
+/* Blocks of 8 warps (the launcher's RMS_WARP_ROWS). Rows of C = 4 * C4 <= 128 * V channels, one warp each (row n to warp n
+ * of the grid's, striding by the grid's warps); float4 i of a row is lane
+ * i % 32's, its k = i / 32-th. The same arithmetic per value as the block
+ * kernels above; a row's sums are each lane's float4s in k order, then the
+ * warp's xor tree (an order fixed by C: the same bits on every run). */
+template <int V>
+static __device__ __forceinline__ void rms_fwd_warp(float *out, __nv_bfloat16 *out16, float *rstd,
+						    const float *inp, const float *weight, int N,
+						    int C, float eps)
+{
+	const int lane = threadIdx.x & 31, C4 = C / 4, wpb = blockDim.x / 32;
+	for (int n = blockIdx.x * wpb + threadIdx.x / 32; n < N; n += gridDim.x * wpb) {
+		const float4 *x = reinterpret_cast<const float4 *>(inp + (size_t)n * C);
+		float4 xv[V];
+		float ss = 0.0f;
+#pragma unroll
+		for (int k = 0; k < V; k++) {
+			const int i = lane + 32 * k;
+			if (i < C4) {
+				xv[k] = x[i];
+				ss += xv[k].x * xv[k].x + xv[k].y * xv[k].y + xv[k].z * xv[k].z +
+				      xv[k].w * xv[k].w;
+			}
+		}
+		ss = cu_warp_sum(ss);
+		const float var = __fdiv_rn(ss, (float)C);
+		const float r = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(var, eps)));
+		const size_t row4 = (size_t)n * C4;
+#pragma unroll
+		for (int k = 0; k < V; k++) {
+			const int i = lane + 32 * k;
+			if (i < C4) {
+				const float4 w = reinterpret_cast<const float4 *>(weight)[i];
+				const float4 y = make_float4(__fmul_rn(w.x, __fmul_rn(xv[k].x, r)),
+							     __fmul_rn(w.y, __fmul_rn(xv[k].y, r)),
+							     __fmul_rn(w.z, __fmul_rn(xv[k].z, r)),
+							     __fmul_rn(w.w, __fmul_rn(xv[k].w, r)));
+				cu_put4(out, out16, row4 + i, y);
+			}
+		}
+		if (lane == 0)
+			rstd[n] = r;
+	}
+}
+
+/* dinp += as rms_backward's; block b's warp w takes rows 8 b + w, 8 b +
+ * w + 8 G, ... (G blocks, 8 warps each: RMS_WARP_ROWS of the launcher).
+ * With part (not NULL), also dweight's partial row of the block's rows:
+ * each warp adds dout * (inp * rstd) of its rows in row order (into its
+ * row of shared memory), then the
+ * block adds its warps' in warp order into part[b * C + c] (bias_grad_f32
+ * then adds the G rows in block order). G comes from the launcher's N, C
+ * and scratch alone: the same order on every run. */
+template <int V>
+static __device__ __forceinline__ void rms_bwd_warp(float *dinp, float *part, const float *dout,
+						    const float *inp, const float *weight,
+						    const float *rstd, int N, int C)
+{
+	const int lane = threadIdx.x & 31, w = threadIdx.x / 32, C4 = C / 4;
+	/* warp w's partial row (its lanes' own float4s: no barrier until the
+	 * block's sum), in shared memory rather than registers: 32 V more a
+	 * thread would cut the blocks an SM holds to one */
+	__shared__ float4 red[8][32 * V];
+	if (part)
+#pragma unroll
+		for (int k = 0; k < V; k++)
+			red[w][lane + 32 * k] = make_float4(0.f, 0.f, 0.f, 0.f);
+	for (int n = blockIdx.x * 8 + w; n < N; n += gridDim.x * 8) {
+		const float4 *x = reinterpret_cast<const float4 *>(inp + (size_t)n * C);
+		const float4 *d = reinterpret_cast<const float4 *>(dout + (size_t)n * C);
+		float4 *dx = reinterpret_cast<float4 *>(dinp + (size_t)n * C);
+		const float r = rstd[n];
+		float dot = 0.0f;
+		float4 xv[V], gv[V];
+#pragma unroll
+		for (int k = 0; k < V; k++) {
+			const int i = lane + 32 * k;
+			if (i < C4) {
+				const float4 wt = reinterpret_cast<const float4 *>(weight)[i];
+				const float4 dd = d[i];
+				xv[k] = x[i];
+				gv[k] = make_float4(wt.x * dd.x, wt.y * dd.y, wt.z * dd.z, wt.w * dd.w);
+				dot += gv[k].x * xv[k].x + gv[k].y * xv[k].y + gv[k].z * xv[k].z +
+				       gv[k].w * xv[k].w;
+				if (part) {
+					float4 a = red[w][i];
+					a.x += dd.x * (xv[k].x * r);
+					a.y += dd.y * (xv[k].y * r);
+					a.z += dd.z * (xv[k].z * r);
+					a.w += dd.w * (xv[k].w * r);
+					red[w][i] = a;
+				}
+			}
+		}
+		dot = cu_warp_sum(dot);
+		const float kk = dot / (float)C * r * r * r;
+#pragma unroll
+		for (int k = 0; k < V; k++) {
+			const int i = lane + 32 * k;
+			if (i < C4) {
+				float4 o = dx[i];
+				o.x += r * gv[k].x - kk * xv[k].x;
+				o.y += r * gv[k].y - kk * xv[k].y;
+				o.z += r * gv[k].z - kk * xv[k].z;
+				o.w += r * gv[k].w - kk * xv[k].w;
+				dx[i] = o;
+			}
+		}
+	}
+	if (!part)
+		return;
+	__syncthreads();
+	for (int i = threadIdx.x; i < C4; i += blockDim.x) {
+		float4 t = red[0][i];
+		for (int j = 1; j < 8; j++) {
+			t.x += red[j][i].x;
+			t.y += red[j][i].y;
+			t.z += red[j][i].z;
+			t.w += red[j][i].w;
+		}
+		reinterpret_cast<float4 *>(part + (size_t)blockIdx.x * C)[i] = t;
+	}
+}
+
+#define RMS_WARP_FWD(V)                                                                         \
+	extern "C" __global__ void rmsnorm_forward_w##V##_f32(                                   \
+		float *out, __nv_bfloat16 *out16, float *rstd, const float *inp, const float *weight, \
+		int N, int C, float eps)                                                        \
+	{                                                                                       \
+		rms_fwd_warp<V>(out, out16, rstd, inp, weight, N, C, eps);                      \
+	}
+#define RMS_WARP_BWD(V)                                                                         \
+	extern "C" __global__ void rmsnorm_backward_w##V##_f32(                                  \
+		float *dinp, float *part, const float *dout, const float *inp, const float *weight, \
+		const float *rstd, int N, int C)                                                \
+	{                                                                                       \
+		rms_bwd_warp<V>(dinp, part, dout, inp, weight, rstd, N, C);                     \
+	}
+/* the backward for rows of up to 256 channels only (the launcher's) */
+RMS_WARP_FWD(1) RMS_WARP_FWD(2) RMS_WARP_FWD(4) RMS_WARP_FWD(8)
+RMS_WARP_BWD(1) RMS_WARP_BWD(2)

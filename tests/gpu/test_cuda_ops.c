@@ -365,17 +365,23 @@ static void test_embedding(void)
 
 static void test_rmsnorm(void)
 {
-	/* C a multiple of 4 takes the one-pass backward (dweight's partial
-	 * rows in the row pass): one row a block ({5, 8}, {64, 896}, {1024,
-	 * 256}), several ({2048, 896}: 2 a block of 1024; {3000, 4096}: the
-	 * scratch holds 256 partial rows, ~12 a block). Otherwise the separate
-	 * column sum: N >= 256 splits it into parts (when the backend's scratch
-	 * has room); N < 128 keeps one. A thread holds one float4 of a row up
-	 * to C 1024 (C / 4 of the 256 or 512 threads a row), two at 4096, four
-	 * at 6144 (three used) and 8192: each kernel of the backward's. */
+	/* C a multiple of 4 up to 1024 takes the warp-a-row forward, a lane
+	 * holding V float4s of a row: V 1 ({5, 8}, {33, 36}: 9 of the 32
+	 * lanes; {3000, 128}: Qwen3's per-head norm), 2 ({1024, 256}), 4
+	 * ({77, 512}), 8 ({64, 896}, {2048, 896}, {8192, 896}: Qwen2-0.5B's
+	 * B8 x T1024; {1000, 1024}: every lane's 8); up to 256 (V 1 and 2) the
+	 * warp-a-row backward too, dweight as partial rows, one a block of 8
+	 * warps. Other C a multiple of 4 take the block-a-row one-pass
+	 * backward ({64, 896}, {8192, 896}; {3000, 4096}: the scratch holds
+	 * 256 partial rows, ~12 a block). Otherwise
+	 * the separate column sum: N >= 256 splits it into parts (when the
+	 * backend's scratch has room); N < 128 keeps one. A block-a-row thread
+	 * holds two float4s at 4096, four at 6144 (three used) and 8192: each
+	 * kernel of the backward's. */
 	static const struct { int N, C; } cases[] = {
 		{ 1, 1 }, { 5, 8 }, { 10, 67 }, { 64, 896 }, { 1024, 256 }, { 300, 4096 },
 		{ 4100, 33 }, { 2048, 896 }, { 3000, 4096 }, { 64, 6144 }, { 300, 8192 },
+		{ 33, 36 }, { 3000, 128 }, { 77, 512 }, { 8192, 896 }, { 1000, 1024 },
 	};
 	const float eps = 1e-6f;
 	op_begin();
