@@ -686,6 +686,15 @@ static void rms_kernels(int C, unsigned threads, enum cu_kernel *k, enum cu_kern
 								 : CU_K_rmsnorm_backward_dw4_f32;
 }
 
+/* dweight (C) += the P partial rows at part, in row order (bias_grad_f32) */
+static void rms_parts_sum(struct cu_backend *cb, float *dweight, const float *part, int P, int C)
+{
+	int direct = 1;
+	void *cargs[] = {&dweight, &part, &P, &C, &P, &direct};
+	cu_launch(cb, CU_K_bias_grad_f32, (struct cu_dim){cu_blocks((size_t)C, 32), 1, 1},
+		  (struct cu_dim){32, 32, 1}, 0, cargs);
+}
+
 static void cu_rmsnorm_backward(struct gpu_backend *be, float *dinp, float *dweight,
 				const float *dout, const float *inp, const float *weight,
 				const float *rstd, int N, int C)
@@ -721,11 +730,7 @@ static void cu_rmsnorm_backward(struct gpu_backend *be, float *dinp, float *dwei
 			cu_launch(cb, k, dim1((unsigned)G), dim1(32 * RMS_WARP_ROWS), 0, wargs);
 			if (!dweight)
 				return;
-			int P = (int)G, direct = 1;
-			const float *cpart = part;
-			void *cargs[] = {&dweight, &cpart, &P, &C, &P, &direct};
-			cu_launch(cb, CU_K_bias_grad_f32, (struct cu_dim){cu_blocks((size_t)C, 32), 1, 1},
-				  (struct cu_dim){32, 32, 1}, 0, cargs);
+			rms_parts_sum(cb, dweight, part, (int)G, C);
 			return;
 		}
 	}
@@ -748,11 +753,7 @@ static void cu_rmsnorm_backward(struct gpu_backend *be, float *dinp, float *dwei
 		if (G >= RMS_FUSED_MIN_PARTS || G == (size_t)N) {
 			void *fargs[] = {&dinp, &part, &dout, &inp, &weight, &rstd, &N, &C};
 			cu_launch(cb, kdw, dim1((unsigned)G), dim1(threads), 0, fargs);
-			int P = (int)G, direct = 1;
-			const float *cpart = part;
-			void *cargs[] = {&dweight, &cpart, &P, &C, &P, &direct};
-			cu_launch(cb, CU_K_bias_grad_f32, (struct cu_dim){cu_blocks((size_t)C, 32), 1, 1},
-				  (struct cu_dim){32, 32, 1}, 0, cargs);
+			rms_parts_sum(cb, dweight, part, (int)G, C);
 			return;
 		}
 	}

@@ -28,6 +28,15 @@
 
 #define RMS_VEC 4 /* float4s a thread keeps in registers on the vector path */
 
+/* weight * (x * r) of float4 i of a row, each product rounded as the CPU
+ * op's (the _rn intrinsics keep nvcc from contracting them) */
+static __device__ __forceinline__ float4 rms_scale4(const float *weight, int i, float4 x, float r)
+{
+	const float4 w = reinterpret_cast<const float4 *>(weight)[i];
+	return make_float4(__fmul_rn(w.x, __fmul_rn(x.x, r)), __fmul_rn(w.y, __fmul_rn(x.y, r)),
+			   __fmul_rn(w.z, __fmul_rn(x.z, r)), __fmul_rn(w.w, __fmul_rn(x.w, r)));
+}
+
 /* rstd[n] = 1/sqrt(mean(inp[n]^2) + eps); out = weight * (inp * rstd).
  * out (N,C), rstd (N) overwrite; out may not alias inp. Rounding as the CPU
  * op: x*r rounded before the multiply by weight (the _rn intrinsics keep
@@ -70,12 +79,7 @@ extern "C" __global__ void rmsnorm_forward_f32(float *out, __nv_bfloat16 *out16,
 			for (int k = 0; k < RMS_VEC; k++) {
 				const int i = threadIdx.x + k * blockDim.x;
 				if (i < C / 4) {
-					const float4 w = reinterpret_cast<const float4 *>(weight)[i];
-					const float4 y = make_float4(__fmul_rn(w.x, __fmul_rn(xv[k].x, r)),
-								     __fmul_rn(w.y, __fmul_rn(xv[k].y, r)),
-								     __fmul_rn(w.z, __fmul_rn(xv[k].z, r)),
-								     __fmul_rn(w.w, __fmul_rn(xv[k].w, r)));
-					cu_put4(out, out16, row4 + i, y);
+					cu_put4(out, out16, row4 + i, rms_scale4(weight, i, xv[k], r));
 				}
 			}
 		} else {
@@ -290,12 +294,7 @@ static __device__ __forceinline__ void rms_fwd_warp(float *out, __nv_bfloat16 *o
 		for (int k = 0; k < V; k++) {
 			const int i = lane + 32 * k;
 			if (i < C4) {
-				const float4 w = reinterpret_cast<const float4 *>(weight)[i];
-				const float4 y = make_float4(__fmul_rn(w.x, __fmul_rn(xv[k].x, r)),
-							     __fmul_rn(w.y, __fmul_rn(xv[k].y, r)),
-							     __fmul_rn(w.z, __fmul_rn(xv[k].z, r)),
-							     __fmul_rn(w.w, __fmul_rn(xv[k].w, r)));
-				cu_put4(out, out16, row4 + i, y);
+				cu_put4(out, out16, row4 + i, rms_scale4(weight, i, xv[k], r));
 			}
 		}
 		if (lane == 0)
