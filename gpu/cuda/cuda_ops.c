@@ -1304,7 +1304,16 @@ static void cu_attention_backward(struct gpu_backend *be, float *dq, float *dk, 
 		size_t warps = (size_t)B * T * NH;
 		assert(out || out16);
 		void *rargs[] = {&datt, &fc.dout, &dout, &out, &out16, &B, &T, &NH, &HS};
-		launch_att_rows(cb, CU_K_flash_rowdot_f32, warps, rargs);
+		/* four columns a lane where the rows' alignment allows (HS a
+		 * multiple of 4: every row of dout, out, out16 and the copy
+		 * starts as aligned as the tensor) */
+		if (HS % 4 == 0 && HS <= 128 &&
+		    (((uintptr_t)dout | (uintptr_t)out) & 15) == 0 &&
+		    (((uintptr_t)out16 | (uintptr_t)fc.dout) & 7) == 0)
+			launch_att_rows(cb, CU_K_flash_rowdot4_f32, (warps * (size_t)(HS / 4) + 31) / 32,
+					rargs);
+		else
+			launch_att_rows(cb, CU_K_flash_rowdot_f32, warps, rargs);
 		float *pk = dk, *pv = dv;
 		if (NH != NKV) {
 			pk = datt + gpu_flash_part_offset(B, T, NH);

@@ -715,6 +715,50 @@ extern "C" __global__ void flash_rowdot_f32(float *dr, fa_bf16 *dout16, const fl
 	}
 }
 
+/* flash_rowdot four columns a lane (HS a multiple of 4 up to 128; dout and
+ * out 16-byte aligned, out16 and dout16 8-byte: the launcher's test): G =
+ * HS / 4 lanes a (row, head), a warp 32 / G of them at once; a lane's four
+ * products summed in column order, then the G lanes' xor tree; dout16
+ * written four values a lane. The pairs a warp takes are one run (a group
+ * past the last pair reads nothing and adds zeros: the shuffles need every
+ * lane). The same terms as flash_rowdot's, summed in another fixed order. */
+extern "C" __global__ void flash_rowdot4_f32(float *dr, fa_bf16 *dout16, const float *dout,
+					     const float *out, const fa_bf16 *out16, int B, int T,
+					     int NH, int HS)
+{
+	const int G = HS / 4, lane = threadIdx.x & 31, sub = lane % G, per = 32 / G;
+	const size_t n = (size_t)B * T * NH;
+	const size_t warps = ((size_t)gridDim.x * blockDim.x) >> 5;
+	for (size_t wb = (((size_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5) * per; wb < n;
+	     wb += warps * per) {
+		const size_t w = wb + lane / G; /* (b*T + t)*NH + h: row w of HS values */
+		float s = 0.f;
+		if (w < n) {
+			const size_t at = w * HS + 4 * sub;
+			const float4 a = *reinterpret_cast<const float4 *>(dout + at);
+			float4 o;
+			if (out16) {
+				const uint2 u = *reinterpret_cast<const uint2 *>(out16 + at);
+				o = make_float4(__uint_as_float(u.x << 16), __uint_as_float(u.x & 0xffff0000u),
+						__uint_as_float(u.y << 16), __uint_as_float(u.y & 0xffff0000u));
+			} else {
+				o = *reinterpret_cast<const float4 *>(out + at);
+			}
+			s = a.x * o.x;
+			s += a.y * o.y;
+			s += a.z * o.z;
+			s += a.w * o.w;
+			*reinterpret_cast<uint2 *>(dout16 + at) = cu_pack_bf16x4(a);
+		}
+		for (int off = G / 2; off > 0; off >>= 1)
+			s += __shfl_xor_sync(CU_FULL_MASK, s, off);
+		if (w < n && sub == 0) {
+			const size_t row = w / NH, b = row / T, t = row % T;
+			dr[(b * NH + w % NH) * T + t] = s;
+		}
+	}
+}
+
 /* The backward's P rebuilt from a raw score s (q . k) and its row's L:
  * 2^fl(s sl2 - L), one FFMA and fa_ex2 (powers under 2^-126 become 0), as
  * the forward's powers are formed; tests/bench/attn_check.c's backward

@@ -1257,6 +1257,16 @@ static void test_flash_attention(void)
 		expect_same_bits("dq", hget(d_dq, nq), g_dq, nq);
 		expect_same_bits("dk", hget(d_dk, nk), g_dk, nk);
 		expect_same_bits("dv", hget(d_dv, nk), g_dv, nk);
+		/* dout a float past 16-byte alignment: Dr by flash_rowdot's
+		 * column-a-lane kernel, not the four-columns one (its sum in
+		 * another order: within the same bounds) */
+		float *d_du = (float *)dmem((nq + 1) * sizeof(float)) + 1;
+		gpu_upload(be, d_du, dout, nq * sizeof(float));
+		gpu_attention_backward(be, d_dq, d_dk, d_dv, d_dr, d_du, d_out, NULL, d_q, NULL, d_k, NULL,
+				       d_v, NULL, d_lse, B, T, NH, NKV, HS);
+		expect_normwise("dq (dout unaligned)", hget(d_dq, nq), dq, nq, FLASH_NORM_TOL);
+		expect_normwise("dk (dout unaligned)", hget(d_dk, nk), dk, nk, FLASH_NORM_TOL);
+		expect_normwise("dv (dout unaligned)", hget(d_dv, nk), dv, nk, FLASH_NORM_TOL);
 		/* q, k, v as twins (bf16_round of the same values), and a scratch
 		 * of exactly dout's copy: the same bits again */
 		gpu_bf16 *d_q16 = dnan16(nq), *d_k16 = dnan16(nk), *d_v16 = dnan16(nk);
