@@ -113,7 +113,10 @@ struct tr_model {
 	struct { size_t off, n; } *zr;
 	size_t nzr;
 	bool fresh;
-	bool head_fresh; /* and the causal head's first chunk (head_weight_grad) */
+	/* the causal head's weight gradient overwritten by a step's first
+	 * chunk (tr_plan_dw_overwritten, once at creation); head_fresh: that
+	 * chunk is still to come (head_weight_grad) */
+	bool head_overwrites, head_fresh;
 	/* PARAMETERS: the weights gathered into the same layout (params.ring.K,
 	 * params.rest) and their bf16 rounding (params16.*, the bf16 mode);
 	 * params is then the part's fp32 masters, and wholes (when set:
@@ -515,6 +518,7 @@ static void bind(struct tr_model *m)
 		m->lm_head = tr_plan_param(&m->plan, "lm_head.weight");
 		m->dlm_head = pptr(m, true, "lm_head.weight", 0);
 	}
+	m->head_overwrites = m->lm_head && m->dlm_head && tr_plan_dw_overwritten(&m->plan, m->lm_head);
 	for (int l = 0; l < c->num_layers; l++) {
 		for (int gr = 0; gr < 2; gr++) {
 			struct layer_w *w = gr ? &m->g[l] : &m->w[l];
@@ -1516,10 +1520,9 @@ static void head_weight_grad(struct tr_model *m, int r0, int n, const float *dl,
 	const struct tr_model_config *c = &m->plan.cfg;
 	const int C = c->hidden_size, V = c->vocab_size;
 	const struct wref w = weight_of(m, m->lm_head);
-	/* the step's first chunk overwrites the gradient that zero_grad left
-	 * (tr_plan_dw_overwritten), the rest add */
-	const bool set = m->fresh && m->head_fresh && m->dlm_head &&
-			 tr_plan_dw_overwritten(&m->plan, m->lm_head);
+	/* the step's first chunk overwrites the gradient that zero_grad left,
+	 * the rest add */
+	const bool set = m->head_fresh;
 	m->head_fresh = false;
 	gpu_matmul_backward(m->be, m->dln + (size_t)r0 * C, NULL, m->dlm_head, NULL, dl, dl16,
 			    m->lnf_out + (size_t)r0 * C, NULL, w.f, w.h, n, C, V,
@@ -2267,7 +2270,8 @@ void tr_model_zero_grad(struct tr_model *m)
 			gpu_scale(m->be, m->grads, NAN, grads_held(m));
 		for (size_t i = 0; i < m->nzr; i++)
 			gpu_zero(m->be, m->grads + m->zr[i].off, m->zr[i].n * sizeof(float));
-		m->fresh = m->head_fresh = true;
+		m->fresh = true;
+		m->head_fresh = m->head_overwrites;
 	} else {
 		gpu_zero(m->be, m->grads, grads_held(m) * sizeof(float));
 	}

@@ -686,6 +686,24 @@ static void rms_kernels(int C, unsigned threads, enum cu_kernel *k, enum cu_kern
 								 : CU_K_rmsnorm_backward_dw4_f32;
 }
 
+/* The partial rows of dweight a one-pass backward over `units` (rows, or
+ * blocks of rows) writes to the scratch: as many as the scratch holds, at
+ * most RMS_FUSED_MAX_PARTS and units; 0 where that is under
+ * RMS_FUSED_MIN_PARTS and not every unit (the pass would be too narrow:
+ * the two-pass way then). From N, C and the scratch only: the same order
+ * on every run and device. */
+static size_t rms_parts(struct cu_backend *cb, int C, size_t units, float **part)
+{
+	size_t cap;
+	*part = scratch_floats(cb, &cap);
+	size_t G = cap / (size_t)C;
+	if (G > RMS_FUSED_MAX_PARTS)
+		G = RMS_FUSED_MAX_PARTS;
+	if (G > units)
+		G = units;
+	return G >= RMS_FUSED_MIN_PARTS || G == units ? G : 0;
+}
+
 /* dweight (C) += the P partial rows at part, in row order (bias_grad_f32) */
 static void rms_parts_sum(struct cu_backend *cb, float *dweight, const float *part, int P, int C)
 {
@@ -718,14 +736,9 @@ static void cu_rmsnorm_backward(struct gpu_backend *be, float *dinp, float *dwei
 		const enum cu_kernel k =
 			v == 1 ? CU_K_rmsnorm_backward_w1_f32 : CU_K_rmsnorm_backward_w2_f32;
 		const size_t blocks = grid_cap(((size_t)N + RMS_WARP_ROWS - 1) / RMS_WARP_ROWS);
-		size_t cap;
-		float *part = dweight ? scratch_floats(cb, &cap) : NULL;
-		size_t G = blocks;
-		if (dweight && G > cap / (size_t)C)
-			G = cap / (size_t)C;
-		if (dweight && G > RMS_FUSED_MAX_PARTS)
-			G = RMS_FUSED_MAX_PARTS;
-		if (!dweight || G >= RMS_FUSED_MIN_PARTS || G == blocks) {
+		float *part = NULL;
+		const size_t G = dweight ? rms_parts(cb, C, blocks, &part) : blocks;
+		if (G) {
 			void *wargs[] = {&dinp, &part, &dout, &inp, &weight, &rstd, &N, &C};
 			cu_launch(cb, k, dim1((unsigned)G), dim1(32 * RMS_WARP_ROWS), 0, wargs);
 			if (!dweight)
@@ -743,14 +756,9 @@ static void cu_rmsnorm_backward(struct gpu_backend *be, float *dinp, float *dwei
 		 * G from N, C and the scratch only: the same order on every run
 		 * and device. At least RMS_FUSED_MIN_PARTS blocks, else the row
 		 * pass would be too narrow: then the two-pass way below. */
-		size_t cap;
-		float *part = scratch_floats(cb, &cap);
-		size_t G = cap / (size_t)C;
-		if (G > RMS_FUSED_MAX_PARTS)
-			G = RMS_FUSED_MAX_PARTS;
-		if (G > (size_t)N)
-			G = (size_t)N;
-		if (G >= RMS_FUSED_MIN_PARTS || G == (size_t)N) {
+		float *part;
+		const size_t G = rms_parts(cb, C, (size_t)N, &part);
+		if (G) {
 			void *fargs[] = {&dinp, &part, &dout, &inp, &weight, &rstd, &N, &C};
 			cu_launch(cb, kdw, dim1((unsigned)G), dim1(threads), 0, fargs);
 			rms_parts_sum(cb, dweight, part, (int)G, C);
