@@ -225,12 +225,13 @@ static int zr_by_off(const void *a, const void *b)
 	return x->off < y->off ? -1 : x->off > y->off;
 }
 
-/* Each ring unit's ranges of its slot to zero: its tensors that the
- * backward adds to (norms, biases, adapters), adjacent ones merged. */
+/* Each unit's ranges of its slot to zero: its tensors that the backward
+ * adds to (norms, biases, adapters), adjacent ones merged — the ring's
+ * units and unit 2L, grads.rest (the head's weight overwritten). */
 static void zero_ranges(struct tr_ddp *d, const struct tr_plan *p)
 {
 	size_t nz = 0;
-	for (int u = 0; u < 2 * d->L; u++) {
+	for (int u = 0; u <= 2 * d->L; u++) {
 		d->units[u].z0 = nz;
 		const size_t first = nz;
 		for (size_t i = 0; i < p->nparams; i++) {
@@ -618,22 +619,38 @@ td_err tr_ddp_check(struct tr_ddp *d, struct td_errbuf *eb)
 	return take_err(d, eb);
 }
 
-td_err tr_ddp_micro_begin(struct tr_ddp *d, struct td_errbuf *eb)
+static td_err micro_begin(struct tr_ddp *d, bool empty, struct td_errbuf *eb)
 {
 	if (!d->gr)
 		return TD_OK;
 	/* The last micro-batch's sums read the slots: done before this one's
 	 * forward gathers into them (plan.rest16_in_ring) and grads.rest is
-	 * zeroed (the ring's slots are zeroed before their first writer:
-	 * grads_before_unit). */
+	 * zeroed where the backward adds (the ring's slots are zeroed before
+	 * their first writer: grads_before_unit). */
 	td_err e = gpu_comm_wait(d->c, eb);
 	if (e != TD_OK)
 		return e;
-	const struct tr_plan *p = tr_model_plan(d->m);
-	if (p->grad_slot_numel[TR_GRAD_RING])
-		gpu_zero(tr_model_backend(d->m), tr_model_grad_slot(d->m, TR_GRAD_RING),
-			 p->grad_slot_numel[TR_GRAD_RING] * sizeof(float));
+	const size_t n = tr_model_plan(d->m)->grad_slot_numel[TR_GRAD_RING];
+	struct gpu_backend *be = tr_model_backend(d->m);
+	float *rest = tr_model_grad_slot(d->m, TR_GRAD_RING);
+	if (!n)
+		return TD_OK;
+	if (empty) { /* no backward writes it: all of it */
+		gpu_zero(be, rest, n * sizeof(float));
+		return TD_OK;
+	}
+	/* but the head's weight, which its first chunk overwrites */
+	tr_model_head_overwrites_next(d->m);
+	if (d->poison)
+		gpu_scale(be, rest, NAN, n);
+	for (size_t z = d->units[2 * d->L].z0; z < d->units[2 * d->L].z1; z++)
+		gpu_zero(be, rest + d->zr[z].off, d->zr[z].n * sizeof(float));
 	return TD_OK;
+}
+
+td_err tr_ddp_micro_begin(struct tr_ddp *d, struct td_errbuf *eb)
+{
+	return micro_begin(d, false, eb);
 }
 
 /* PARAMETERS: the weights a forward starts with (the stage hook's call
@@ -672,7 +689,7 @@ td_err tr_ddp_micro_empty(struct tr_ddp *d, struct td_errbuf *eb)
 	assert(d->gr);
 	/* The hook's calls after every stage of a forward and backward, on
 	 * zero gradients: the same collectives in the same order. */
-	td_err e = tr_ddp_micro_begin(d, eb);
+	td_err e = micro_begin(d, true, eb);
 	const struct tr_plan *p = tr_model_plan(d->m);
 	d->empty = true;
 	if (e == TD_OK)

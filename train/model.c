@@ -114,8 +114,9 @@ struct tr_model {
 	size_t nzr;
 	bool fresh;
 	/* the causal head's weight gradient overwritten by a step's first
-	 * chunk (tr_plan_dw_overwritten, once at creation); head_fresh: that
-	 * chunk is still to come (head_weight_grad) */
+	 * chunk, or a micro-batch's with sharded gradients
+	 * (tr_plan_dw_overwritten, once at creation); head_fresh: that chunk
+	 * is still to come (head_weight_grad) */
 	bool head_overwrites, head_fresh;
 	/* PARAMETERS: the weights gathered into the same layout (params.ring.K,
 	 * params.rest) and their bf16 rounding (params16.*, the bf16 mode);
@@ -1520,8 +1521,9 @@ static void head_weight_grad(struct tr_model *m, int r0, int n, const float *dl,
 	const struct tr_model_config *c = &m->plan.cfg;
 	const int C = c->hidden_size, V = c->vocab_size;
 	const struct wref w = weight_of(m, m->lm_head);
-	/* the step's first chunk overwrites the gradient that zero_grad left,
-	 * the rest add */
+	/* the step's first chunk overwrites the gradient that zero_grad left
+	 * (GRADIENTS: each micro-batch's, in grads.rest: micro_begin), the
+	 * rest add */
 	const bool set = m->head_fresh;
 	m->head_fresh = false;
 	gpu_matmul_backward(m->be, m->dln + (size_t)r0 * C, NULL, m->dlm_head, NULL, dl, dl16,
@@ -2260,6 +2262,11 @@ void tr_model_zero_part_only(struct tr_model *m, size_t lo, size_t hi)
 		return; /* then zero_grad zeroes the whole part */
 	if (hi > lo)
 		m->zr[m->nzr++] = (__typeof__(*m->zr)){lo, hi - lo};
+}
+
+void tr_model_head_overwrites_next(struct tr_model *m)
+{
+	m->head_fresh = m->head_overwrites;
 }
 
 void tr_model_zero_grad(struct tr_model *m)

@@ -157,6 +157,11 @@ void tr_model_zero_grad(struct tr_model *m);
  * part), which is only added to; tr_model_zero_grad then zeroes only that
  * range of the part (its work buffers as before). */
 void tr_model_zero_part_only(struct tr_model *m, size_t lo, size_t hi);
+/* GRADIENTS: the next micro-batch's first chunk of the causal head
+ * overwrites the head's gradient in its work buffer (grads.rest) where the
+ * plan says so (tr_plan_dw_overwritten); tr_ddp_micro_begin zeroes the
+ * slot's other floats. */
+void tr_model_head_overwrites_next(struct tr_model *m);
 /* Data parallel (train/ddp.h): the gradients arena on the device
  * (plan.numel_trainable floats; a trainable tensor's at its goffset), which
  * the ranks sum; and a hook that tr_model_backward calls (fn(ctx, s), on the

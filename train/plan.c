@@ -598,11 +598,13 @@ bool tr_plan_dw_overwritten(const struct tr_plan *p, const struct tr_param *t)
 	if (!t->trainable || t->kind != TR_P_BASE || t->ndim != 2)
 		return false;
 	/* The causal head's weight (a tied embedding's, whose lookup's
-	 * scatter comes after the head's products in every step), unsharded:
-	 * its first chunk's product overwrites the gradient arena's floats. */
+	 * scatter comes after the head's products in every step, or goes by
+	 * rows in a gang: embed_rows): its first chunk's product overwrites
+	 * the gradient arena's floats (unsharded) or its floats of grads.rest
+	 * (GRADIENTS: each micro-batch's, reduced from there onto the
+	 * owners). */
 	if (t->layer < 0)
 		return !p->opts.inference && p->opts.num_labels == 0 &&
-		       !tr_shard_grads(p->opts.shard, p->opts.shard_ranks) &&
 		       t == tr_plan_param(p, p->cfg.tie_word_embeddings ? "model.embed_tokens.weight"
 									 : "lm_head.weight");
 	if (t->lin < 0)

@@ -577,8 +577,10 @@ bool tr_plan_mlp_half(const struct tr_param *t);
  * GRADIENTS and past, in its ring slot, at its first product of a
  * micro-batch (train/ddp.c leaves it out of the slot's zeroing); else in
  * the gradients arena at its first product of a step (tr_model_zero_grad
- * leaves it out); and, unsharded, the causal head's weight (a tied
- * embedding's: its lookup adds after), at the step's first chunk. */
+ * leaves it out); and the causal head's weight (a tied embedding's: its
+ * lookup adds after, or goes by rows in a gang), at the first chunk of a
+ * step (unsharded) or of a micro-batch (GRADIENTS: in grads.rest, which
+ * tr_ddp_micro_begin zeroes but for it). */
 bool tr_plan_dw_overwritten(const struct tr_plan *p, const struct tr_param *t);
 
 /* Whether a FULL_OFFLOAD plan of cfg and o keeps each layer's attention

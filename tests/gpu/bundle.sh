@@ -18,7 +18,7 @@ b=${BUILD:-build}
 cp "$b"/daemon/traind "$b"/client/trainctl "$b"/tests/parity "$b"/tests/gpu/test_cuda_ops \
 	"$b"/tests/bench/bench_train "$b"/tests/bench/bench_tokenizer "$b"/tests/bench/bench_attn \
 	"$b"/tests/unit/test_recompute \
-	"$b"/tests/unit/test_frozen "$b"/tests/unit/test_base \
+	"$b"/tests/unit/test_frozen "$b"/tests/unit/test_base "$b"/tests/gpu/nccl_smoke \
 	"$b"/gpu/cuda/libtraind-cuda.so .gpu-run/
 ../shared/device/bundle-libs.sh .gpu-libs .gpu-run/* >/dev/null
 cp ../shared/bench/peer_hf.py ../shared/bench/peer_big.py ../shared/bench/peer_dist.py \

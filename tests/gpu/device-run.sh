@@ -123,6 +123,10 @@ if [ "$what" = ddp ]; then
 		[ -f "$TD_NCCL_LIBRARY" ] || TD_NCCL_LIBRARY=$(find / -name libnccl.so.2 -not -path '/proc/*' 2>/dev/null | head -n 1)
 		export TD_NCCL_LIBRARY
 	fi
+	echo "== NCCL on the first two GPUs: topology, an all-reduce, the bandwidth of ddp's patterns, no hang (nccl_smoke)"
+	"$bin/nccl_smoke"
+	rc=$?
+	[ $rc = 0 ] || [ $rc = 77 ] || status=1
 	echo "== data parallel (tests/gpu/ddp.sh ${DDP_PARTS:-all}); NCCL: ${TD_NCCL_LIBRARY:-libnccl.so.2}"
 	TRAIND=$bin/traind TRAINCTL=$bin/trainctl TD_FIXTURES=$fx TD_SRC=$root BENCH_TRAIN=$bin/bench_train \
 		PEER_DIST=$root/.gpu-libs/peer_dist.py OUT=$out bash tests/gpu/ddp.sh ${DDP_PARTS:-} || status=1

@@ -8,6 +8,14 @@
  *    group, waited for with gpu_nccl_wait.
  * 3. An all-reduce (sum) of 64 Mi floats, rank r holding r + 1: every
  *    element must come back 3; its time and bus bandwidth are printed.
+ * 3b. The bandwidth of the patterns train/ddp.c uses, each timed over 10
+ *    calls enqueued in a row and waited for once, after one: every rank's 64 MB bf16 piece broadcast from it in
+ *    one group (tr_ddp_step's pieces) against an all-gather of the same
+ *    bytes and a send and a receive a rank in one group, on streams of
+ *    the device's highest priority as traind's side stream; a 60 MB fp32 layer reduced onto one rank (GRADIENTS) against
+ *    a reduce-scatter of it; each alone and beside a 2 GiB memset on
+ *    another stream of each GPU (memory traffic as AdamW's). Printed,
+ *    never checked: the numbers are the device's.
  * 4. No hang: rank 0 alone starts an all-reduce that rank 1 never joins;
  *    gpu_nccl_wait (timeout 3 s, polling rank 0's stream) must abort both
  *    communicators and return TD_EDEVICE within a few seconds, and the GPU
@@ -44,6 +52,8 @@ static struct {
 	CUresult (*stream)(CUstream *, unsigned);
 	CUresult (*query)(CUstream);
 	CUresult (*sync)(CUstream);
+	CUresult (*memset32)(CUdeviceptr, unsigned, size_t, CUstream);
+	CUresult (*stream_prio)(CUstream *, unsigned, int);
 } cu;
 
 static double now_s(void)
@@ -90,11 +100,13 @@ int main(void)
 	}
 	void **slot[] = {(void **)&cu.init, (void **)&cu.count, (void **)&cu.get, (void **)&cu.uuid,
 			 (void **)&cu.retain, (void **)&cu.set, (void **)&cu.alloc, (void **)&cu.htod,
-			 (void **)&cu.dtoh, (void **)&cu.stream, (void **)&cu.query, (void **)&cu.sync};
+			 (void **)&cu.dtoh, (void **)&cu.stream, (void **)&cu.query, (void **)&cu.sync,
+			 (void **)&cu.memset32};
 	const char *names[] = {"cuInit", "cuDeviceGetCount", "cuDeviceGet", "cuDeviceGetUuid_v2",
 			       "cuDevicePrimaryCtxRetain", "cuCtxSetCurrent", "cuMemAlloc_v2",
 			       "cuMemcpyHtoD_v2", "cuMemcpyDtoH_v2", "cuStreamCreate", "cuStreamQuery",
-			       "cuStreamSynchronize"};
+			       "cuStreamSynchronize", "cuMemsetD32Async"};
+	cu.stream_prio = (CUresult(*)(CUstream *, unsigned, int))dlsym(h, "cuStreamCreateWithPriority");
 	for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
 		if (!(*slot[i] = dlsym(h, names[i]))) {
 			fprintf(stderr, "FAIL: libcuda.so.1 lacks %s\n", names[i]);
@@ -177,7 +189,10 @@ int main(void)
 	CUdeviceptr buf[2];
 	for (int r = 0; r < 2; r++) {
 		cu.set(ctx[r]);
-		CU(cu.stream(&streams[r], 1 /* non-blocking */));
+		if (cu.stream_prio) /* the side stream's priority in traind (gpu/cuda/cuda_side.c) */
+			CU(cu.stream_prio(&streams[r], 1, -5));
+		else
+			CU(cu.stream(&streams[r], 1 /* non-blocking */));
 		CU(cu.alloc(&buf[r], n * sizeof(float)));
 		for (size_t i = 0; i < n; i++)
 			host[i] = (float)(r + 1);
@@ -206,6 +221,89 @@ int main(void)
 			wrong += host[i] != 3.0f;
 		printf("all-reduce: rank %d: %zu of %zu elements are not 1 + 2\n", r, wrong, n);
 		fails += wrong != 0;
+	}
+
+	/* 3b. Bandwidth of ddp's patterns (printed only). */
+	{
+		const size_t P = (size_t)32 << 20;    /* bf16 values a rank's piece */
+		const size_t LF = (size_t)15 << 20;   /* fp32 floats of a layer */
+		const size_t load = (size_t)512 << 20; /* 2 GiB of 4-byte words */
+		CUdeviceptr big[2], loadbuf[2];
+		CUstream side[2];
+		for (int r = 0; r < 2; r++) {
+			cu.set(ctx[r]);
+			CU(cu.alloc(&big[r], 2 * P * 2 + 2 * LF * 4));
+			CU(cu.alloc(&loadbuf[r], load * 4));
+			CU(cu.stream(&side[r], 1));
+		}
+		const char *pat[] = {"broadcast16 x2 (group)", "all-gather16", "reduce fp32 onto 1",
+				     "reduce-scatter fp32", "send16/recv16 (group)"};
+		typedef gpu_nccl_result_t (*p2p_fn)(void *, size_t, int, int, gpu_nccl_comm, void *);
+		p2p_fn nsend = (p2p_fn)dlsym(nc.handle, "ncclSend");
+		p2p_fn nrecv = (p2p_fn)dlsym(nc.handle, "ncclRecv");
+		for (int beside = 0; beside < 2; beside++)
+			for (int k = 0; k < (nsend && nrecv ? 5 : 4); k++) {
+				double sum = 0;
+				for (int it = 0; it < 2; it++) {
+				const int reps = it ? 10 : 1; /* one to warm, then ten waited for once */
+				double t = now_s();
+				for (int rep = 0; rep < reps; rep++) {
+					if (beside)
+						for (int r = 0; r < 2; r++) {
+							cu.set(ctx[r]);
+							cu.memset32(loadbuf[r], (unsigned)rep, load, side[r]);
+						}
+					nc.group_start();
+					for (int r = 0; r < 2; r++) {
+						cu.set(ctx[r]);
+						char *b = (char *)big[r];
+						if (k == 0)
+							for (int root = 0; root < 2; root++)
+								nc.broadcast(b + root * P * 2, b + root * P * 2, P,
+									     GPU_NCCL_BFLOAT16, root, comms[r],
+									     streams[r]);
+						else if (k == 1)
+							nc.all_gather(b + r * P * 2, b, P, GPU_NCCL_BFLOAT16,
+								      comms[r], streams[r]);
+						else if (k == 2)
+							nc.reduce(b + 4 * P, b + 4 * P + LF * 4, LF,
+								  GPU_NCCL_FLOAT32, GPU_NCCL_SUM, 1, comms[r],
+								  streams[r]);
+						else if (k == 4) {
+							nsend(b + r * P * 2, P, GPU_NCCL_BFLOAT16, 1 - r,
+							      comms[r], streams[r]);
+							nrecv(b + (1 - r) * P * 2, P, GPU_NCCL_BFLOAT16, 1 - r,
+							      comms[r], streams[r]);
+						} else
+							nc.reduce_scatter(b + 4 * P, b + 4 * P + LF * 4 + r * LF * 2,
+									  LF / 2, GPU_NCCL_FLOAT32, GPU_NCCL_SUM,
+									  comms[r], streams[r]);
+					}
+					nc.group_end();
+					if ((e = gpu_nccl_wait(&nc, comms, 2, 60000, NULL, NULL, pat[k], &eb)) !=
+					    TD_OK) {
+						fprintf(stderr, "FAIL: %s\n", eb.msg);
+						return 1;
+					}
+				}
+				for (int r = 0; r < 2; r++) {
+					cu.set(ctx[r]);
+					CU(cu.sync(streams[r]));
+				}
+				t = now_s() - t;
+				for (int r = 0; beside && r < 2; r++) {
+					cu.set(ctx[r]);
+					CU(cu.sync(side[r]));
+				}
+				if (it)
+					sum = t;
+				}
+				const double bytes = k < 2 || k == 4 ? (double)P * 2 : k == 2 ? (double)LF * 4 : LF * 2.0;
+				printf("bandwidth: %-24s %s: %.3f ms each of 10 in a row; %.0f GB/s a "
+				       "direction (%.0f MB each way)\n",
+				       pat[k], beside ? "beside memsets" : "alone         ", sum / 10 * 1e3,
+				       bytes / (sum / 10) / 1e9, bytes / 1e6);
+			}
 	}
 
 	/* 4. Rank 1 never joins: abort, no hang. */
