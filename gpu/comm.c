@@ -485,6 +485,11 @@ bool gpu_comm_async(const struct gpu_comm *c)
 	return c->kind == GPU_COMM_NCCL;
 }
 
+bool gpu_comm_can_broadcast(const struct gpu_comm *c)
+{
+	return c->kind == GPU_COMM_NCCL || !c->g->net;
+}
+
 void gpu_comm_stats(const struct gpu_comm *c, struct gpu_comm_stats *out)
 {
 	*out = c->stats;

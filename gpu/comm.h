@@ -214,6 +214,9 @@ td_err gpu_comm_reduce_sum(struct gpu_comm *c, const float *x, size_t n, int roo
  * All-reduce's rules; in one process only (a gang of a hub: TD_EUNSUPPORTED). */
 td_err gpu_comm_broadcast(struct gpu_comm *c, const float *x, size_t n, int root, float *y,
 			  struct td_errbuf *eb);
+/* Whether this comm has the broadcasts: NCCL, or host memory in one
+ * process (a gang of a hub's CPU ranks has none). */
+bool gpu_comm_can_broadcast(const struct gpu_comm *c);
 /* The same for n bf16 values (2n bytes; the stats count n / 2 floats). */
 td_err gpu_comm_broadcast16(struct gpu_comm *c, const void *x, size_t n, int root, void *y,
 			    struct td_errbuf *eb);

@@ -97,6 +97,10 @@ struct tr_ddp {
 	 * rank, R ranks; emb_head: it is the head too, whose part of its
 	 * gradient is a table summed after the head's backward. */
 	bool rows, emb_head, lookup;
+	/* the lookup: the rank whose part holds the whole table (its rows
+	 * broadcast from it), or -1 (a part's edge cuts the table, or the
+	 * comm has no broadcast: the rows summed over the parts) */
+	int emb_owner;
 	size_t emb_off, emb_n;
 	int N, C, R;
 	int accum;          /* the step's micro-batches (tr_ddp_set_accum; 0: not known) */
@@ -502,13 +506,42 @@ static void rows_backward(struct tr_ddp *d)
 					    d->emb_n);
 }
 
+/* lookup_start where one rank's part holds the whole table (emb_owner):
+ * it writes every rank's rows, its own into its res[0], and broadcasts each
+ * other rank's to it (into its res[0]; to the rest into their rows buffer,
+ * unread) — the table's floats themselves, as the sum over the parts gives
+ * them, with half its bytes on two GPUs and nothing to wait for on the
+ * owner. */
+static void lookup_owned(struct tr_ddp *d, float *rows, const int32_t *ids, const int32_t *mids,
+			 float *res0)
+{
+	const struct tr_plan *p = tr_model_plan(d->m);
+	struct gpu_backend *be = tr_model_backend(d->m);
+	const int me = p->opts.shard_rank, o = d->emb_owner;
+	const size_t NC = (size_t)d->N * (size_t)d->C;
+	if (me == o) {
+		const float *table = tr_model_params(d->m) + (d->emb_off - (d->wp ? p->shard_lo : 0));
+		gpu_embedding_forward_part(be, rows, ids, table, d->N * d->R, d->C, 0, d->emb_n);
+		if (!d->empty)
+			gpu_embedding_forward_part(be, res0, mids, table, d->N, d->C, 0, d->emb_n);
+	}
+	for (int r = 0; r < d->R && d->err == TD_OK; r++) {
+		if (r == o)
+			continue;
+		float *x = rows + (size_t)r * NC;
+		d->err = gpu_comm_broadcast(d->c, x, NC, o, r == me && !d->empty ? res0 : x, &d->eb);
+		d->stats.rows += NC;
+	}
+}
+
 /* PARAMETERS with the embedding apart from the head, and GRADIENTS whose
  * masters are the part's (plan.embed_lookup_rows;
  * after TR_STAGE_EMBED, which left res[0] to this): every rank's ids
  * gathered; this rank writes the floats of the table its part holds for
  * all of them (zeros elsewhere) and each rank's N rows are summed onto it,
  * into its res[0] — one part holds each float, so the sum is the table's
- * row (an empty round's into its own rows). Waited for by lookup_wait. */
+ * row (an empty round's into its own rows) — or the one rank holding it all
+ * sends them (lookup_owned). Waited for by lookup_wait. */
 static void lookup_start(struct tr_ddp *d)
 {
 	const struct tr_plan *p = tr_model_plan(d->m);
@@ -525,6 +558,11 @@ static void lookup_start(struct tr_ddp *d)
 		after(d, g);
 	if (d->err != TD_OK)
 		return;
+	if (d->emb_owner >= 0) {
+		lookup_owned(d, rows, ids, mids, res0);
+		d->lookup_mark = gpu_comm_mark(d->c);
+		return;
+	}
 	size_t a, b;
 	emb_part(d, &a, &b);
 	if (b > a)
@@ -796,6 +834,10 @@ td_err tr_ddp_new(struct tr_ddp **out, struct tr_model *m, struct gpu_comm *c, s
 		d->emb_head = p->cfg.tie_word_embeddings && p->opts.num_labels == 0;
 		d->lookup_l = d->wp && emb->wunit == d->L;
 	}
+	d->emb_owner = -1;
+	if (d->lookup && p->shard_numel && d->emb_n && gpu_comm_can_broadcast(c) &&
+	    d->emb_off / p->shard_numel == (d->emb_off + d->emb_n - 1) / p->shard_numel)
+		d->emb_owner = (int)(d->emb_off / p->shard_numel);
 	if (d->gr) {
 		d->fresh = true; /* zero_grad before the first step */
 		d->poison = getenv("TD_TEST_POISON_GRADS") != NULL;

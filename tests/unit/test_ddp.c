@@ -1429,7 +1429,7 @@ static void test_shard_grads_resume(const char *deep, enum tr_shard kind)
  * of the same floats, so the losses and norms of every step are the same
  * bits where the same sums are made (GRADIENTS and PARAMETERS; NONE and
  * OPTIMIZER), and no twin is stale. */
-enum { EM_MAX_RANKS = 3, EM_STEPS = 3 };
+enum { EM_MAX_RANKS = 4, EM_STEPS = 3 };
 
 struct em_arg {
 	struct gpu_gang *g;
@@ -2122,6 +2122,11 @@ int main(int argc, char **argv)
 		test_shard_emu16(qwen, 2, false, false, true, 0);
 		test_shard_emu16(qwen, 2, false, false, true, 1000);
 		test_shard_emu16(qwen, 3, false, false, true, 1000);
+		/* up to 3 ranks one part holds the tied table, whose lookup
+		 * rows it broadcasts (train/ddp.c: lookup_owned); on 4 a part's
+		 * edge cuts it (31,376 floats a part, the table 32,768), and
+		 * the rows are summed over the parts */
+		test_shard_emu16(qwen, 4, false, false, true, 1000);
 		test_shard_optimizer();
 		test_shard_resume();
 		test_shard_gradients(deep, TR_SHARD_GRADIENTS);
