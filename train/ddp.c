@@ -507,11 +507,11 @@ static void rows_backward(struct tr_ddp *d)
 }
 
 /* lookup_start where one rank's part holds the whole table (emb_owner):
- * it writes every rank's rows, its own into its res[0], and broadcasts each
- * other rank's to it (into its res[0]; to the rest into their rows buffer,
- * unread) — the table's floats themselves, as the sum over the parts gives
- * them, with half its bytes on two GPUs and nothing to wait for on the
- * owner. */
+ * it writes each other rank's rows into the rows buffer and broadcasts them
+ * to that rank (into its res[0]; to the rest into their rows buffer,
+ * unread), and its own straight into its res[0] — the table's floats
+ * themselves, as the sum over the parts gives them, with half its bytes on
+ * two GPUs and nothing to wait for on the owner. */
 static void lookup_owned(struct tr_ddp *d, float *rows, const int32_t *ids, const int32_t *mids,
 			 float *res0)
 {
@@ -519,16 +519,17 @@ static void lookup_owned(struct tr_ddp *d, float *rows, const int32_t *ids, cons
 	struct gpu_backend *be = tr_model_backend(d->m);
 	const int me = p->opts.shard_rank, o = d->emb_owner;
 	const size_t NC = (size_t)d->N * (size_t)d->C;
-	if (me == o) {
-		const float *table = tr_model_params(d->m) + (d->emb_off - (d->wp ? p->shard_lo : 0));
-		gpu_embedding_forward_part(be, rows, ids, table, d->N * d->R, d->C, 0, d->emb_n);
-		if (!d->empty)
-			gpu_embedding_forward_part(be, res0, mids, table, d->N, d->C, 0, d->emb_n);
-	}
+	const float *table =
+		me == o ? tr_model_params(d->m) + (d->emb_off - (d->wp ? p->shard_lo : 0)) : NULL;
+	if (me == o && !d->empty)
+		gpu_embedding_forward_part(be, res0, mids, table, d->N, d->C, 0, d->emb_n);
 	for (int r = 0; r < d->R && d->err == TD_OK; r++) {
 		if (r == o)
 			continue;
 		float *x = rows + (size_t)r * NC;
+		if (me == o)
+			gpu_embedding_forward_part(be, x, ids + (size_t)r * (size_t)d->N, table, d->N,
+						   d->C, 0, d->emb_n);
 		d->err = gpu_comm_broadcast(d->c, x, NC, o, r == me && !d->empty ? res0 : x, &d->eb);
 		d->stats.rows += NC;
 	}

@@ -1313,9 +1313,10 @@ static void cu_attention_backward(struct gpu_backend *be, float *dq, float *dk, 
 		assert(out || out16);
 		void *rargs[] = {&datt, &fc.dout, &dout, &out, &out16, &B, &T, &NH, &HS};
 		/* four columns a lane where the rows' alignment allows (HS a
-		 * multiple of 4: every row of dout, out, out16 and the copy
+		 * power of two from 4 to 128: HS / 4 lanes a row, whole xor
+		 * groups of a warp; every row of dout, out, out16 and the copy
 		 * starts as aligned as the tensor) */
-		if (HS % 4 == 0 && HS <= 128 &&
+		if (HS >= 4 && HS <= 128 && (HS & (HS - 1)) == 0 &&
 		    (((uintptr_t)dout | (uintptr_t)out) & 15) == 0 &&
 		    (((uintptr_t)out16 | (uintptr_t)fc.dout) & 7) == 0)
 			launch_att_rows(cb, CU_K_flash_rowdot4_f32, (warps * (size_t)(HS / 4) + 31) / 32,

@@ -715,7 +715,7 @@ extern "C" __global__ void flash_rowdot_f32(float *dr, fa_bf16 *dout16, const fl
 	}
 }
 
-/* flash_rowdot four columns a lane (HS a multiple of 4 up to 128; dout and
+/* flash_rowdot four columns a lane (HS a power of two, 4 to 128; dout and
  * out 16-byte aligned, out16 and dout16 8-byte: the launcher's test): G =
  * HS / 4 lanes a (row, head), a warp 32 / G of them at once; a lane's four
  * products summed in column order, then the G lanes' xor tree; dout16
