@@ -233,6 +233,21 @@ struct gpu_backend_ops {
 				   const gpu_bf16 *out16, const float *q, const gpu_bf16 *q16, const float *k, const gpu_bf16 *k16,
 				   const float *v, const gpu_bf16 *v16, const float *att, int B,
 				   int T, int NH, int NKV, int HS);
+	/* Optional (NULL: never). attention_backward, then rope_backward of dq
+	 * and dk (cos, sin: rope_backward's tables), then dq, dk and dv
+	 * rounded to bf16 into the rows of d16 (ld16 values a row: dq at
+	 * column 0, dk at NH*HS, dv at (NH+NKV)*HS), as those five ops give,
+	 * bit for bit, in fewer passes (the attention kernels rotate and round
+	 * what they write). dq, dk, dv: each written where not NULL (all
+	 * three or none). d16 may hold dout's bytes (read first, before any
+	 * of d16 is written). False, and nothing done, where the backend does
+	 * not fuse them at these shapes: the caller runs the five ops. */
+	bool (*attention_backward_rope16)(struct gpu_backend *be, float *dq, float *dk, float *dv,
+					  float *datt, const float *dout, const float *out,
+					  const gpu_bf16 *out16, const gpu_bf16 *q16,
+					  const gpu_bf16 *k16, const gpu_bf16 *v16, const float *att,
+					  const float *cos, const float *sin, gpu_bf16 *d16,
+					  size_t ld16, int B, int T, int NH, int NKV, int HS);
 	/* Twins: out16, dgate16, dup16, or NULL; each fp32 output may be NULL
 	 * when its twin is not. gate and up are read in fp32, or (gate NULL and
 	 * up NULL) from gate16 and up16, a product kept in bf16 only; the
@@ -589,6 +604,26 @@ static inline void gpu_attention_backward(struct gpu_backend *be, float *dq, flo
 {
 	GPU_OP_(attention_backward, dq, dk, dv, datt, dout, out, out16, q, q16, k, k16, v, v16, att,
 		B, T, NH, NKV, HS);
+}
+static inline bool gpu_attention_backward_rope16(struct gpu_backend *be, float *dq, float *dk,
+						 float *dv, float *datt, const float *dout,
+						 const float *out, const gpu_bf16 *out16,
+						 const gpu_bf16 *q16, const gpu_bf16 *k16,
+						 const gpu_bf16 *v16, const float *att, const float *cos,
+						 const float *sin, gpu_bf16 *d16, size_t ld16, int B,
+						 int T, int NH, int NKV, int HS)
+{
+	if (!be->ops->attention_backward_rope16)
+		return false;
+	be->op_count++;
+	if (be->trace)
+		be->trace(be, "attention_backward_rope16", false);
+	bool r = be->ops->attention_backward_rope16(be, dq, dk, dv, datt, dout, out, out16, q16, k16,
+						    v16, att, cos, sin, d16, ld16, B, T, NH, NKV,
+						    HS);
+	if (be->trace)
+		be->trace(be, "attention_backward_rope16", true);
+	return r;
 }
 
 /* The fused attention backward's scratch (datt): B*NH*T row statistics and,

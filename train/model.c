@@ -1885,10 +1885,12 @@ static void group_add(struct tr_model *m, float *dinp, const struct dx_group *gr
  * it, as linear_backward_rows takes them (their shares of d(ln1) grouped
  * where the plan groups them). Returns false, having launched nothing,
  * where it does not apply. */
-static bool qkv_backward_fused(struct tr_model *m, int l, const float *dq, const float *dk,
-			       const float *dv)
+/* qkv_backward_fused's operand room for layer l: d(y)'s floats, read by
+ * the attention's backward only (as long as its H floats a row hold the
+ * H + 2 KV bf16 values: KV <= H / 2), else the GEMM scratch; NULL where
+ * the fused products do not apply. */
+static gpu_bf16 *qkv_fused_room(struct tr_model *m, int l)
 {
-	struct gpu_backend *be = m->be;
 	const struct tr_model_config *c = &m->plan.cfg;
 	const int N = m->plan.opts.B * m->plan.opts.T, C = c->hidden_size;
 	const size_t H = (size_t)c->num_heads * c->head_dim, KV = (size_t)c->num_kv_heads * c->head_dim;
@@ -1896,9 +1898,6 @@ static bool qkv_backward_fused(struct tr_model *m, int l, const float *dq, const
 	const struct lin *q = &m->lin[l][TR_LIN_Q], *k = &m->lin[l][TR_LIN_K],
 			 *v = &m->lin[l][TR_LIN_V];
 	const struct layer_a *a = &m->a[l];
-	/* the operand's room: d(y), read by the attention's backward only
-	 * (as long as its H floats a row hold W bf16 values: KV <= H / 2), else
-	 * the GEMM scratch */
 	gpu_bf16 *d16 = m->dy && 2 * W <= 4 * H ? (gpu_bf16 *)(void *)m->dy
 			: m->gemm_bf16_bytes >= (size_t)N * W * sizeof(gpu_bf16)
 			? (gpu_bf16 *)(void *)m->gemm_bf16
@@ -1910,17 +1909,41 @@ static bool qkv_backward_fused(struct tr_model *m, int l, const float *dq, const
 	if (!m->plan.opts.gemm_bf16 || (lora && (q->dw || k->dw || v->dw || m->dropout_used)) ||
 	    q->wp->nf4 || k->wp->nf4 || v->wp->nf4 || !a->ln1_16 || !d16 || !q->dw != !k->dw ||
 	    !q->dw != !v->dw || (q->dw && (k->dw != q->dw + H * C || v->dw != k->dw + KV * C)))
-		return false;
+		return NULL;
 	const struct wref wq = weight_of(m, q->wp), wk = weight_of(m, k->wp),
 			  wv = weight_of(m, v->wp);
 	if (!wq.h || wk.h != wq.h + H * C || wv.h != wk.h + KV * C)
-		return false;
+		return NULL;
 	const bool set = dw_overwrites(m, q, true);
 	if (dw_overwrites(m, k, true) != set || dw_overwrites(m, v, true) != set)
+		return NULL;
+	return d16;
+}
+
+/* packed: the attention's backward already rounded dq, dk and dv into
+ * qkv_fused_room's rows (gpu_attention_backward_rope16). */
+static bool qkv_backward_fused(struct tr_model *m, int l, const float *dq, const float *dk,
+			       const float *dv, bool packed)
+{
+	struct gpu_backend *be = m->be;
+	const struct tr_model_config *c = &m->plan.cfg;
+	const int N = m->plan.opts.B * m->plan.opts.T, C = c->hidden_size;
+	const size_t H = (size_t)c->num_heads * c->head_dim, KV = (size_t)c->num_kv_heads * c->head_dim;
+	const size_t W = H + 2 * KV;
+	const struct lin *q = &m->lin[l][TR_LIN_Q], *k = &m->lin[l][TR_LIN_K],
+			 *v = &m->lin[l][TR_LIN_V];
+	const struct layer_a *a = &m->a[l];
+	gpu_bf16 *d16 = qkv_fused_room(m, l);
+	assert(d16 || !packed);
+	if (!d16)
 		return false;
-	gpu_bf16_round_rows(be, d16, W, dq, (size_t)N, H);
-	gpu_bf16_round_rows(be, d16 + H, W, dk, (size_t)N, KV);
-	gpu_bf16_round_rows(be, d16 + H + KV, W, dv, (size_t)N, KV);
+	const struct wref wq = weight_of(m, q->wp);
+	const bool set = dw_overwrites(m, q, true);
+	if (!packed) {
+		gpu_bf16_round_rows(be, d16, W, dq, (size_t)N, H);
+		gpu_bf16_round_rows(be, d16 + H, W, dk, (size_t)N, KV);
+		gpu_bf16_round_rows(be, d16 + H + KV, W, dv, (size_t)N, KV);
+	}
 	gpu_matmul_backward(be, m->dln, NULL, q->dw, NULL, NULL, d16, NULL, a->ln1_16, NULL, wq.h, N,
 			    C, (int)W, GPU_SET_DINP | (set ? GPU_SET_DWEIGHT : 0u));
 	const struct lin *lins[3] = {q, k, v};
@@ -1996,12 +2019,28 @@ static void layer_backward(struct tr_model *m, int l)
 	const struct layer_a *a = &m->a[l];
 	ring_ensure(m, l);
 
-	/* dres is now d(res_mid); same for the attention branch. */
+	/* dres is now d(res_mid); same for the attention branch. Where the
+	 * q, k, v products are fused and the backend can, the attention's
+	 * backward rotates dq and dk back and rounds all three into the
+	 * products' operand as it writes them (the fp32 gradients only where
+	 * a bias or an adapter reads them). */
 	linear_backward(m, l, TR_LIN_O, m->dy, true, m->dres, NULL, a->y, a->y16);
-	gpu_attention_backward(be, m->dq, m->dk, m->dv, m->datt, m->dy, a->y, a->y16, a->q, a->q16,
-			       a->k, a->k16, a->v, a->v16, a->att, B, T, NH, NKV, HS);
-	gpu_rope_backward(be, m->dq, m->dq, m->rope_cos, m->rope_sin, B, T, NH, HS);
-	gpu_rope_backward(be, m->dk, m->dk, m->rope_cos, m->rope_sin, B, T, NKV, HS);
+	gpu_bf16 *d16 = c->qk_norm ? NULL : qkv_fused_room(m, l);
+	bool f32 = false;
+	for (int k = TR_LIN_Q; k <= TR_LIN_V; k++)
+		f32 = f32 || m->lin[l][k].db || m->lin[l][k].lora;
+	const bool packed =
+		d16 && gpu_attention_backward_rope16(be, f32 ? m->dq : NULL, f32 ? m->dk : NULL,
+						     f32 ? m->dv : NULL, m->datt, m->dy, a->y, a->y16,
+						     a->q16, a->k16, a->v16, a->att, m->rope_cos,
+						     m->rope_sin, d16, (size_t)(H + 2 * KV), B, T, NH,
+						     NKV, HS);
+	if (!packed) {
+		gpu_attention_backward(be, m->dq, m->dk, m->dv, m->datt, m->dy, a->y, a->y16, a->q,
+				       a->q16, a->k, a->k16, a->v, a->v16, a->att, B, T, NH, NKV, HS);
+		gpu_rope_backward(be, m->dq, m->dq, m->rope_cos, m->rope_sin, B, T, NH, HS);
+		gpu_rope_backward(be, m->dk, m->dk, m->rope_cos, m->rope_sin, B, T, NKV, HS);
+	}
 	const float *dqp = m->dq, *dkp = m->dk;
 	if (c->qk_norm) {
 		gpu_zero(be, m->dqraw, (size_t)N * H * sizeof(float));
@@ -2011,7 +2050,7 @@ static void layer_backward(struct tr_model *m, int l)
 		dqp = m->dqraw;
 		dkp = m->dkraw;
 	}
-	if (qkv_backward_fused(m, l, dqp, dkp, m->dv)) {
+	if (qkv_backward_fused(m, l, dqp, dkp, m->dv, packed)) {
 		gpu_rmsnorm_backward(be, m->dres, g->ln1, m->dln, m->res[l], w->ln1, a->ln1_rstd, N, C);
 		return;
 	}

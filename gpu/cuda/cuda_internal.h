@@ -164,6 +164,7 @@ struct cu_backend {
 	 * sm_90a image, their shared memory granted, TD_CUDA_NO_WGMMA unset),
 	 * else by flash.cu's mma.sync ones. */
 	bool flash_wg;
+	bool no_rope16; /* TD_CUDA_NO_ROPE16=1 (cuda_ops.c) */
 	/* TD_CUDA_PROFILE's per-op device times (cuda_prof.c); NULL when off. */
 	struct cu_prof *prof;
 	/* TD_CUDA_TRACE's timeline of the ops (cuda_prof.c); NULL when off. */

@@ -1163,6 +1163,10 @@ void cu_flash_prepare(struct cu_backend *cb)
 						       (int)FLASH_WG_SMEM(HS)) != CUDA_SUCCESS)
 				cb->flash_wg = false;
 	}
+	/* TD_CUDA_NO_ROPE16=1: the attention backward's RoPE and roundings
+	 * apart (attention_backward_rope16 says no; an A/B hook) */
+	const char *no_r16 = getenv("TD_CUDA_NO_ROPE16");
+	cb->no_rope16 = no_r16 && strcmp(no_r16, "1") == 0;
 }
 
 #define FLASH_FWD_ROWS 128 /* flash.cu's FA_FWD_ROWS: queries per forward block */
@@ -1286,12 +1290,19 @@ static void cu_attention_forward(struct gpu_backend *be, float *out, gpu_bf16 *o
  * heads h of a kv group in increasing h: the group's first head writes
  * (beta 0), the others add (beta 1), one GEMM after another on the stream —
  * a fixed order, no atomics. datt is scratch (it ends holding dS). */
-static void cu_attention_backward(struct gpu_backend *be, float *dq, float *dk, float *dv,
-				  float *datt, const float *dout, const float *out,
-				  const gpu_bf16 *out16, const float *q, const gpu_bf16 *q16,
-				  const float *k, const gpu_bf16 *k16, const float *v,
-				  const gpu_bf16 *v16, const float *att, int B, int T, int NH, int NKV,
-				  int HS)
+/* attention_backward_rope16's tables and rows (gpu/backend.h), for the
+ * wgmma kernels with kv groups only (att_backward's caller checks) */
+struct att_rope16 {
+	const float *cos, *sin;
+	gpu_bf16 *d16;
+	int ld16;
+};
+
+static void att_backward(struct gpu_backend *be, float *dq, float *dk, float *dv, float *datt,
+			 const float *dout, const float *out, const gpu_bf16 *out16, const float *q,
+			 const gpu_bf16 *q16, const float *k, const gpu_bf16 *k16, const float *v,
+			 const gpu_bf16 *v16, const float *att, int B, int T, int NH, int NKV, int HS,
+			 const struct att_rope16 *r)
 {
 	struct cu_backend *cb = cu_of(be);
 	assert(NKV > 0 && NH % NKV == 0);
@@ -1341,16 +1352,27 @@ static void cu_attention_backward(struct gpu_backend *be, float *dq, float *dk, 
 				  (struct cu_dim){cu_blocks((size_t)T, FLASH_KV_ROWS(HS)),
 						  (unsigned)NH, (unsigned)B},
 				  dim1(FLASH_THREADS), flash_smem_bytes(FLASH_DKDV, HS), kargs);
-		if (NH != NKV) {
-			int rows = B * T;
+		int rows = B * T;
+		const float *rc = r ? r->cos : NULL, *rs = r ? r->sin : NULL;
+		gpu_bf16 *d16 = r ? r->d16 : NULL;
+		int ld16 = r ? r->ld16 : 0;
+		if (r) { /* dk rotated back, both rounded into d16's rows */
+			int ok = NH * HS, ov = (NH + NKV) * HS;
+			void *sargs[] = {&dk, &dv, &pk,	 &pv, &rc, &rs,	 &d16, &ld16,
+					 &ok, &ov, &rows, &T,  &NH, &NKV, &HS};
+			launch_n(cb, CU_K_flash_kv_reduce_rope_f32, (size_t)rows * NKV * HS / 8, sargs);
+		} else if (NH != NKV) {
 			void *sargs[] = {&dk, &dv, &pk, &pv, &rows, &NH, &NKV, &HS};
 			launch_n(cb, CU_K_flash_kv_reduce_f32, (size_t)rows * NKV * HS / 4, sargs);
 		}
 		void *qargs[] = {&dq, &fc.dout, &fc.q, &fc.k, &fc.v, &att, &datt, &T, &NH, &NKV};
 		if (wg) {
-			cu_launch(cb, kdq, flash_wg_grid(B, T, NH), dim1(128), FLASH_WG_SMEM(HS), qargs);
+			void *wargs[] = {&dq, &fc.dout, &fc.q, &fc.k, &fc.v, &att, &datt,
+					 &T,  &NH,	&NKV,  &rc,   &rs,   &d16, &ld16};
+			cu_launch(cb, kdq, flash_wg_grid(B, T, NH), dim1(128), FLASH_WG_SMEM(HS), wargs);
 			return;
 		}
+		assert(!r);
 		/* the heaviest (last) query tiles of every head first */
 		cu_launch(cb, kdq,
 			  (struct cu_dim){(unsigned)NH, (unsigned)B,
@@ -1358,7 +1380,7 @@ static void cu_attention_backward(struct gpu_backend *be, float *dq, float *dk, 
 			  dim1(FLASH_DQ_THREADS(HS)), flash_smem_bytes(FLASH_DQ, HS), qargs);
 		return;
 	}
-	assert(!q16 && !k16 && !v16);
+	assert(!q16 && !k16 && !v16 && !r);
 	struct att_views a = att_views(T, NH, NKV, HS);
 	/* dP_h = dout_h V_g^T: column-major dP^T = V_g dout_h^T. */
 	for (int h = 0; h < NH; h++) {
@@ -1388,6 +1410,46 @@ static void cu_attention_backward(struct gpu_backend *be, float *dq, float *dk, 
 			      HS, T, T, 1.0f, dout + (size_t)h * HS, a.ldq, a.sq, P, T, a.sa, beta,
 			      dv + (size_t)g * HS, a.ldk, a.sk, B);
 	}
+}
+
+static void cu_attention_backward(struct gpu_backend *be, float *dq, float *dk, float *dv,
+				  float *datt, const float *dout, const float *out,
+				  const gpu_bf16 *out16, const float *q, const gpu_bf16 *q16,
+				  const float *k, const gpu_bf16 *k16, const float *v,
+				  const gpu_bf16 *v16, const float *att, int B, int T, int NH, int NKV,
+				  int HS)
+{
+	att_backward(be, dq, dk, dv, datt, dout, out, out16, q, q16, k, k16, v, v16, att, B, T, NH,
+		     NKV, HS, NULL);
+}
+
+/* Where the wgmma kernels run with kv groups: the dQ kernel rotates and
+ * rounds what it writes, and the kv groups' sum (flash_kv_reduce_rope_f32)
+ * does so for dk and dv; rope_backward's and cast_bf16_f32_rows4's passes
+ * over them are left out. Elsewhere false (gpu/backend.h). */
+static bool cu_attention_backward_rope16(struct gpu_backend *be, float *dq, float *dk, float *dv,
+					 float *datt, const float *dout, const float *out,
+					 const gpu_bf16 *out16, const gpu_bf16 *q16,
+					 const gpu_bf16 *k16, const gpu_bf16 *v16, const float *att,
+					 const float *cos, const float *sin, gpu_bf16 *d16,
+					 size_t ld16, int B, int T, int NH, int NKV, int HS)
+{
+	struct cu_backend *cb = cu_of(be);
+	const size_t W = (size_t)(NH + 2 * NKV) * HS;
+	/* the reduce's float4 and uint2 accesses: HS / 2 in quads, every row
+	 * of d16 (and dk's and dv's columns in it) 8-byte aligned, the tables,
+	 * dk and dv 16-byte */
+	if (cb->no_rope16 || B <= 0 || T <= 0 || NH <= NKV || NKV <= 0 || NH % NKV ||
+	    !cu_attention_flash(be, HS) ||
+	    !cb->flash_wg || !flash_wg_size(HS) || !q16 || !k16 || !v16 || !d16 || !cos || !sin ||
+	    !dq != !dk || !dq != !dv || ld16 < W || ld16 > INT_MAX || ld16 % 4 ||
+	    ((uintptr_t)d16 & 7) || (((uintptr_t)cos | (uintptr_t)sin) & 15) ||
+	    (((uintptr_t)dk | (uintptr_t)dv) & 15))
+		return false;
+	const struct att_rope16 r = {cos, sin, d16, (int)ld16};
+	att_backward(be, dq, dk, dv, datt, dout, out, out16, NULL, q16, NULL, k16, NULL, v16, att, B,
+		     T, NH, NKV, HS, &r);
+	return true;
 }
 
 /* ------------------------------------------------------------ elementwise -- */
@@ -1686,6 +1748,7 @@ void cu_ops_fill(struct gpu_backend_ops *ops)
 	ops->gemm_bf16 = cu_gemm_bf16;
 	ops->attention_forward = cu_attention_forward;
 	ops->attention_backward = cu_attention_backward;
+	ops->attention_backward_rope16 = cu_attention_backward_rope16;
 	ops->swiglu_forward = cu_swiglu_forward;
 	ops->swiglu_backward = cu_swiglu_backward;
 	ops->lora_dx_add = cu_lora_dx_add;

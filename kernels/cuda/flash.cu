@@ -1243,6 +1243,72 @@ extern "C" __global__ void flash_kv_reduce_f32(float *dk, float *dv, const float
 	}
 }
 
+/* flash_kv_reduce_f32's sums (the same order: value by value over the
+ * partials in head order), then dk rotated back as rope_backward4_f32
+ * rotates it (rope.cu: the pair (d, d + HS/2) at position row % T, the
+ * tables rc, rs of (T, HS/2), the sine negated), and both rounded to bf16
+ * into the rows of d16 (ld16 values a row, dk's kv head j at column ok + j
+ * HS, dv's at ov + j HS) as cast_bf16_f32_rows4 rounds them; dk, dv
+ * written where not NULL. A thread per four pairs of (B*T, NKV): HS/2 a
+ * multiple of 4, every row of d16 and the tables 8- and 16-byte aligned
+ * (the launcher's condition). */
+extern "C" __global__ void flash_kv_reduce_rope_f32(float *dk, float *dv, const float *pk,
+						    const float *pv, const float *rc,
+						    const float *rs, __nv_bfloat16 *d16, int ld16,
+						    int ok, int ov, int rows, int T, int NH, int NKV,
+						    int HS)
+{
+	const int rep = NH / NKV, H2 = HS / 2, q4 = NKV * H2 / 4;
+	const size_t n = (size_t)rows * q4;
+	for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+	     i += (size_t)gridDim.x * blockDim.x) {
+		const size_t row = i / q4;
+		const int u = (int)(i % q4) * 4, j = u / H2, d = u % H2;
+		const size_t src = row * NH * HS + (size_t)j * rep * HS + d;
+		float4 k1 = *reinterpret_cast<const float4 *>(pk + src);
+		float4 k2 = *reinterpret_cast<const float4 *>(pk + src + H2);
+		float4 v1 = *reinterpret_cast<const float4 *>(pv + src);
+		float4 v2 = *reinterpret_cast<const float4 *>(pv + src + H2);
+		for (int r = 1; r < rep; r++) {
+			const size_t o = src + (size_t)r * HS;
+			const float4 a1 = *reinterpret_cast<const float4 *>(pk + o);
+			const float4 a2 = *reinterpret_cast<const float4 *>(pk + o + H2);
+			const float4 w1 = *reinterpret_cast<const float4 *>(pv + o);
+			const float4 w2 = *reinterpret_cast<const float4 *>(pv + o + H2);
+			k1.x += a1.x, k1.y += a1.y, k1.z += a1.z, k1.w += a1.w;
+			k2.x += a2.x, k2.y += a2.y, k2.z += a2.z, k2.w += a2.w;
+			v1.x += w1.x, v1.y += w1.y, v1.z += w1.z, v1.w += w1.w;
+			v2.x += w2.x, v2.y += w2.y, v2.z += w2.z, v2.w += w2.w;
+		}
+		const int t = (int)(row % (size_t)T);
+		const float4 c = *reinterpret_cast<const float4 *>(rc + (size_t)t * H2 + d);
+		float4 s = *reinterpret_cast<const float4 *>(rs + (size_t)t * H2 + d);
+		s = make_float4(-1.0f * s.x, -1.0f * s.y, -1.0f * s.z, -1.0f * s.w);
+		const float4 y1 = make_float4(__fsub_rn(__fmul_rn(k1.x, c.x), __fmul_rn(k2.x, s.x)),
+					      __fsub_rn(__fmul_rn(k1.y, c.y), __fmul_rn(k2.y, s.y)),
+					      __fsub_rn(__fmul_rn(k1.z, c.z), __fmul_rn(k2.z, s.z)),
+					      __fsub_rn(__fmul_rn(k1.w, c.w), __fmul_rn(k2.w, s.w)));
+		const float4 y2 = make_float4(__fadd_rn(__fmul_rn(k2.x, c.x), __fmul_rn(k1.x, s.x)),
+					      __fadd_rn(__fmul_rn(k2.y, c.y), __fmul_rn(k1.y, s.y)),
+					      __fadd_rn(__fmul_rn(k2.z, c.z), __fmul_rn(k1.z, s.z)),
+					      __fadd_rn(__fmul_rn(k2.w, c.w), __fmul_rn(k1.w, s.w)));
+		const size_t dst = row * NKV * HS + (size_t)j * HS + d;
+		if (dk) {
+			*reinterpret_cast<float4 *>(dk + dst) = y1;
+			*reinterpret_cast<float4 *>(dk + dst + H2) = y2;
+		}
+		if (dv) {
+			*reinterpret_cast<float4 *>(dv + dst) = v1;
+			*reinterpret_cast<float4 *>(dv + dst + H2) = v2;
+		}
+		__nv_bfloat16 *o16 = d16 + row * (size_t)ld16 + (size_t)j * HS + d;
+		*reinterpret_cast<uint2 *>(o16 + ok) = cu_pack_bf16x4(y1);
+		*reinterpret_cast<uint2 *>(o16 + ok + H2) = cu_pack_bf16x4(y2);
+		*reinterpret_cast<uint2 *>(o16 + ov) = cu_pack_bf16x4(v1);
+		*reinterpret_cast<uint2 *>(o16 + ov + H2) = cu_pack_bf16x4(v2);
+	}
+}
+
 /* --- dQ ---
  * A block per (FA_DQ_ROWS(D) queries, head, batch), grid (NH, B, query
  * tiles) with the heaviest (last) query tiles of every head first; the keys

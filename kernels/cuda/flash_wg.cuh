@@ -333,10 +333,17 @@ static __device__ __forceinline__ void fa_wg_dkdv(float *dk, float *dv, const fa
 
 /* dQ (scaled by 1/sqrt(D)); grid (ceil(T/64), NH, B), a head's query
  * tiles together, its last (heaviest) first: they stream the same K and V
- * rows (and a kv group's heads follow one another). */
+ * rows (and a kv group's heads follow one another). d16 (else NULL): dQ
+ * rotated back as rope_backward_f32 rotates it (rope.cu: the pair (c, c +
+ * D/2) of a row, at position row, by the tables rc, rs of (T, D/2) with the
+ * sine negated; the thread holds both halves: n-blocks j and j + D/16),
+ * written so to dq where dq is not NULL and rounded to bf16 into row
+ * (b, row) of d16 (ld16 values a row, head h at column h D), as
+ * cast_bf16_f32_rows rounds it. */
 template <int D>
 static __device__ __forceinline__ void fa_wg_dq(float *dq, const fa_bf16 *dout, const fa_bf16 *q, const fa_bf16 *k,
-			     const fa_bf16 *v, const float *lse, const float *dr, int T, int NH, int NKV)
+			     const fa_bf16 *v, const float *lse, const float *dr, int T, int NH, int NKV,
+			     const float *rc, const float *rs, fa_bf16 *d16, int ld16)
 {
 	const int h = blockIdx.y, b = blockIdx.z, q0 = (gridDim.x - 1 - blockIdx.x) * 64;
 	const int kvh = h / (NH / NKV);
@@ -386,6 +393,37 @@ static __device__ __forceinline__ void fa_wg_dq(float *dq, const fa_bf16 *dout, 
 		fa_wg_xv<D>(dQ, dp, sk);
 	}
 	const float sc = rsqrtf((float)D);
+	if (d16) {
+		float *qo = dq ? dq + (size_t)b * T * ldq + h * D : nullptr;
+		fa_bf16 *o16 = d16 + (size_t)b * T * ld16 + h * D;
+#pragma unroll
+		for (int j = 0; j < D / 16; j++)
+#pragma unroll
+			for (int hi = 0; hi < 2; hi++) {
+				const int row = row0 + 8 * hi, c = 8 * j + 2 * t, J = j + D / 16;
+				if (row >= T)
+					continue;
+				float y1[2], y2[2];
+#pragma unroll
+				for (int e = 0; e < 2; e++) {
+					const float x1 = __fmul_rn(dQ[4 * j + 2 * hi + e], sc);
+					const float x2 = __fmul_rn(dQ[4 * J + 2 * hi + e], sc);
+					const float ci = rc[(size_t)row * (D / 2) + c + e];
+					const float si = -1.0f * rs[(size_t)row * (D / 2) + c + e];
+					y1[e] = __fsub_rn(__fmul_rn(x1, ci), __fmul_rn(x2, si));
+					y2[e] = __fadd_rn(__fmul_rn(x2, ci), __fmul_rn(x1, si));
+				}
+				if (qo) {
+					*reinterpret_cast<float2 *>(qo + (size_t)row * ldq + c) = make_float2(y1[0], y1[1]);
+					*reinterpret_cast<float2 *>(qo + (size_t)row * ldq + c + D / 2) =
+						make_float2(y2[0], y2[1]);
+				}
+				*reinterpret_cast<uint32_t *>(o16 + (size_t)row * ld16 + c) = fa_pack(y1[0], y1[1]);
+				*reinterpret_cast<uint32_t *>(o16 + (size_t)row * ld16 + c + D / 2) =
+					fa_pack(y2[0], y2[1]);
+			}
+		return;
+	}
 	float *qo = dq + (size_t)b * T * ldq + h * D;
 #pragma unroll
 	for (int j = 0; j < D / 8; j++)
@@ -525,9 +563,10 @@ static __device__ __forceinline__ void fa_wg_fwd(float *out, fa_bf16 *out16, flo
 	extern "C" __global__ void __launch_bounds__(128)                                         \
 		flash_bwd_dq_wg_d##D(float *dq, const fa_bf16 *dout, const fa_bf16 *q,            \
 				     const fa_bf16 *k, const fa_bf16 *v, const float *lse,        \
-				     const float *dr, int T, int NH, int NKV)                     \
+				     const float *dr, int T, int NH, int NKV, const float *rc,    \
+				     const float *rs, fa_bf16 *d16, int ld16)                     \
 	{                                                                                         \
-		FA_WG_CALL((fa_wg_dq<D>(dq, dout, q, k, v, lse, dr, T, NH, NKV)));                \
+		FA_WG_CALL((fa_wg_dq<D>(dq, dout, q, k, v, lse, dr, T, NH, NKV, rc, rs, d16, ld16))); \
 	}
 
 FA_WG_KERNELS(64)

@@ -287,7 +287,8 @@ static int bwd_launch(int kind, bool dkdv, float *dk, float *dv, float *dq, cons
 		} else {
 			CK(cudaFuncSetAttribute(flash_bwd_dq_wg_d128, cudaFuncAttributeMaxDynamicSharedMemorySize,
 						wsm));
-			flash_bwd_dq_wg_d128<<<grid, 128, wsm>>>(dq, dout, q, k, v, L, Dr, T, NH, NKV);
+			flash_bwd_dq_wg_d128<<<grid, 128, wsm>>>(dq, dout, q, k, v, L, Dr, T, NH, NKV, nullptr,
+								 nullptr, nullptr, 0);
 		}
 	} else if (dkdv) {
 		const int shm = FA_KV16X8_SMEM(128);

@@ -238,7 +238,12 @@ if [ "$what" != bench ]; then
 		"$bin/parity" "$fx/$f" --backend cuda --precision bf16 | tail -n 8 || status=1
 	done
 	echo "== cuda-ops"
-	"$bin/test_cuda_ops" 2>&1 | tail -n 5 || status=1
+	# Hopper (compute capability 9.0) runs flash_wg.cuh's kernels: there
+	# the attention backward's RoPE and roundings must fuse where they can
+	cc=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader | head -n 1)
+	wg=0
+	[ "$cc" = 9.0 ] && wg=1
+	TD_EXPECT_FLASH_WG=$wg "$bin/test_cuda_ops" 2>&1 | grep -E 'rope16|checks,|failed|SKIP' | tail -n 12 || status=1
 	echo "== loss curve (100 steps, GPU vs CPU)"
 	tests/gpu/loss_curve.sh "$bin/traind" "$fx" fp32 || status=1
 	tests/gpu/loss_curve.sh "$bin/traind" "$fx" bf16 || status=1

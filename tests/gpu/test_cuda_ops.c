@@ -1205,6 +1205,86 @@ static void flash_out16_case(int B, int T, int NH, int NKV, int HS, const float 
 			FLASH_NORM_TOL + sqrt(ek2) / (rk2 > 0 ? sqrt(rk2) : 1.0));
 }
 
+/* attention_backward_rope16 (gpu/backend.h) against the five ops it
+ * stands for, run here on the same inputs: attention_backward (q, k, v
+ * twins, out given in fp32), rope_backward of dq and dk, and dq, dk, dv
+ * rounded by bf16_round_rows into rows of ld16 values (a column past the
+ * three left alone: its NaN stays). Where the backend fuses them, the same
+ * bits, whole: the fp32 gradients, and every bf16 value (they are the
+ * same roundings of the same floats); with dq, dk, dv NULL the same rows;
+ * with the rows over dout's own bytes (the model's room), the same rows
+ * again. Where it does not, it must say so and write nothing. Returns
+ * whether it fused. */
+static bool flash_rope16_case(int B, int T, int NH, int NKV, int HS, const float *d_dout,
+			      const float *d_out, const gpu_bf16 *d_q16, const gpu_bf16 *d_k16,
+			      const gpu_bf16 *d_v16, const float *d_lse)
+{
+	const size_t N = (size_t)B * T, H = (size_t)NH * HS, KV = (size_t)NKV * HS;
+	const size_t W = H + 2 * KV, ld = W + 4, nq = N * H, nk = N * KV;
+	float *cs = frand((size_t)T * HS / 2, 2.0, -1.0), *sn = frand((size_t)T * HS / 2, 2.0, -1.0);
+	float *d_cos = dputf(cs, (size_t)T * HS / 2), *d_sin = dputf(sn, (size_t)T * HS / 2);
+	float *d_dr = dnan(gpu_flash_datt_floats(B, T, NH, NKV, HS));
+	/* the five ops */
+	float *d_rq = dnan(nq), *d_rk = dnan(nk), *d_rv = dnan(nk);
+	gpu_attention_backward(be, d_rq, d_rk, d_rv, d_dr, d_dout, d_out, NULL, NULL, d_q16, NULL,
+			       d_k16, NULL, d_v16, d_lse, B, T, NH, NKV, HS);
+	gpu_rope_backward(be, d_rq, d_rq, d_cos, d_sin, B, T, NH, HS);
+	gpu_rope_backward(be, d_rk, d_rk, d_cos, d_sin, B, T, NKV, HS);
+	gpu_bf16 *d_ref = dnan16(N * ld);
+	gpu_bf16_round_rows(be, d_ref, ld, d_rq, N, H);
+	gpu_bf16_round_rows(be, d_ref + H, ld, d_rk, N, KV);
+	gpu_bf16_round_rows(be, d_ref + H + KV, ld, d_rv, N, KV);
+	float *rq = hget(d_rq, nq), *rk = hget(d_rk, nk), *rv = hget(d_rv, nk);
+	float *ref = hget16(d_ref, N * ld);
+	/* fused */
+	float *d_dq = dnan(nq), *d_dk = dnan(nk), *d_dv = dnan(nk);
+	gpu_bf16 *d16 = dnan16(N * ld);
+	const bool fused = gpu_attention_backward_rope16(be, d_dq, d_dk, d_dv, d_dr, d_dout, d_out,
+							 NULL, d_q16, d_k16, d_v16, d_lse, d_cos,
+							 d_sin, d16, ld, B, T, NH, NKV, HS);
+	if (!fused) {
+		float *nan = ffill(nq, NAN);
+		CHECK_MSG(memcmp(hget(d_dq, nq), nan, nq * sizeof(float)) == 0 &&
+				  memcmp(hget16(d16, N * ld), hget16(dnan16(N * ld), N * ld),
+					 N * ld * sizeof(float)) == 0,
+			  "%s: attention_backward_rope16 said no, and wrote", where);
+		return false;
+	}
+	CHECK_MSG(memcmp(hget(d_dq, nq), rq, nq * sizeof(float)) == 0,
+		  "%s: rope16's dq is not rope_backward's", where);
+	CHECK_MSG(memcmp(hget(d_dk, nk), rk, nk * sizeof(float)) == 0,
+		  "%s: rope16's dk is not rope_backward's", where);
+	CHECK_MSG(memcmp(hget(d_dv, nk), rv, nk * sizeof(float)) == 0,
+		  "%s: rope16's dv is not attention_backward's", where);
+	CHECK_MSG(memcmp(hget16(d16, N * ld), ref, N * ld * sizeof(float)) == 0,
+		  "%s: rope16's bf16 rows are not bf16_round_rows'", where);
+	/* without the fp32 gradients */
+	gpu_bf16 *d16b = dnan16(N * ld);
+	CHECK(gpu_attention_backward_rope16(be, NULL, NULL, NULL, d_dr, d_dout, d_out, NULL, d_q16,
+					    d_k16, d_v16, d_lse, d_cos, d_sin, d16b, ld, B, T, NH,
+					    NKV, HS));
+	CHECK_MSG(memcmp(hget16(d16b, N * ld), ref, N * ld * sizeof(float)) == 0,
+		  "%s: rope16's bf16 rows (dq, dk, dv NULL) are not bf16_round_rows'", where);
+	/* the rows over dout's bytes, ld16 = W (as the model's room, where
+	 * they fit: W <= 2 H) */
+	if (W <= 2 * H) {
+		float *d_du = dmem(nq * sizeof(float));
+		gpu_upload(be, d_du, hget(d_dout, nq), nq * sizeof(float));
+		CHECK(gpu_attention_backward_rope16(be, d_dq, d_dk, d_dv, d_dr, d_du, d_out, NULL,
+						    d_q16, d_k16, d_v16, d_lse, d_cos, d_sin,
+						    (gpu_bf16 *)(void *)d_du, W, B, T, NH, NKV, HS));
+		float *got = hget16((gpu_bf16 *)(void *)d_du, N * W);
+		size_t bad = 0;
+		for (size_t r = 0; r < N; r++)
+			bad += memcmp(got + r * W, ref + r * ld, W * sizeof(float)) != 0;
+		CHECK_MSG(bad == 0, "%s: rope16 over dout's bytes: %zu of %zu rows differ", where, bad,
+			  N);
+		CHECK_MSG(memcmp(hget(d_dq, nq), rq, nq * sizeof(float)) == 0,
+			  "%s: rope16's dq over dout's bytes is not rope_backward's", where);
+	}
+	return true;
+}
+
 static void test_flash_attention(void)
 {
 	static const struct { int B, T, NH, NKV, HS; } cases[] = {
@@ -1214,6 +1294,7 @@ static void test_flash_attention(void)
 		{ 1, 300, 4, 1, 128 }, { 1, 200, 4, 1, 64 }, { 1, 200, 2, 2, 128 },
 	};
 	struct td_errbuf eb = {{0}};
+	int rope16_fused = 0, rope16_eligible = 0;
 	CHECK_EQ_INT(gpu_set_bf16(be, true, &eb), TD_OK);
 	op_begin();
 	for (size_t ci = 0; ci < COUNT(cases); ci++) {
@@ -1287,8 +1368,22 @@ static void test_flash_attention(void)
 		expect_same_bits("dv (q, k, v twins)", hget(d_dv, nk), g_dv, nk);
 		flash_out16_case(B, T, NH, NKV, HS, g_out, dout, att, q, k, dq, dk, g_dv, d_q16,
 				 d_k16, d_v16, d_dout, hget(d_lse, nl));
+		const bool fused =
+			flash_rope16_case(B, T, NH, NKV, HS, d_dout, d_out2, d_q16, d_k16, d_v16, d_lse2);
+		/* kv groups at HS 64 and 128: Hopper's kernels fuse them
+		 * (TD_EXPECT_FLASH_WG=1: device-run.sh on compute capability 9.0) */
+		const bool eligible = NH != NKV && (HS == 64 || HS == 128);
+		rope16_fused += fused;
+		rope16_eligible += eligible;
+		CHECK_MSG(!fused || eligible, "%s: rope16 fused where it should not", where);
+		if (getenv("TD_EXPECT_FLASH_WG") && strcmp(getenv("TD_EXPECT_FLASH_WG"), "1") == 0)
+			CHECK_MSG(fused == eligible, "%s: rope16 %s", where,
+				  fused ? "fused" : "not fused");
 		case_end();
 	}
+	fprintf(stderr, "flash attention: attention_backward_rope16 fused %d of %d cases with kv "
+			"groups at HS 64 or 128\n",
+		rope16_fused, rope16_eligible);
 	op_report("flash attention");
 	be->gemm_scratch = NULL; /* freed with the last case */
 	be->gemm_scratch_bytes = 0;

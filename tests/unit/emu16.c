@@ -466,6 +466,40 @@ static void emu_nf4_dequantize(struct gpu_backend *be, float *out, gpu_bf16 *out
 	finish(out16, o, n, tmp);
 }
 
+/* attention_backward_rope16 as the CUDA backend gives it where it fuses
+ * (kv groups): the five ops in turn, so that the model's path through it
+ * runs here too (d16 may hold dout's bytes: the backward has read them
+ * all before the rows are written; dq, dk, dv NULL: not written). */
+static bool emu_flash_backward_rope16(struct gpu_backend *be, float *dq, float *dk, float *dv,
+				      float *datt, const float *dout, const float *out,
+				      const gpu_bf16 *out16, const gpu_bf16 *q16,
+				      const gpu_bf16 *k16, const gpu_bf16 *v16, const float *att,
+				      const float *cos, const float *sin, gpu_bf16 *d16, size_t ld16,
+				      int B, int T, int NH, int NKV, int HS)
+{
+	if (!emu_flash(be, HS) || NH == NKV || !q16 || !k16 || !v16 || !dq != !dk || !dq != !dv)
+		return false;
+	const size_t N = (size_t)B * T, H = (size_t)NH * HS, KV = (size_t)NKV * HS;
+	if (ld16 < H + 2 * KV)
+		return false;
+	float *q = dq ? dq : xmalloc(N * H * sizeof(float));
+	float *k = dk ? dk : xmalloc(N * KV * sizeof(float));
+	float *v = dv ? dv : xmalloc(N * KV * sizeof(float));
+	emu_flash_backward(be, q, k, v, datt, dout, out, out16, NULL, q16, NULL, k16, NULL, v16, att,
+			   B, T, NH, NKV, HS);
+	rope_backward(q, q, cos, sin, B, T, NH, HS);
+	rope_backward(k, k, cos, sin, B, T, NKV, HS);
+	be->ops->bf16_round_rows(be, d16, ld16, q, N, H);
+	be->ops->bf16_round_rows(be, d16 + H, ld16, k, N, KV);
+	be->ops->bf16_round_rows(be, d16 + H + KV, ld16, v, N, KV);
+	if (!dq) {
+		free(q);
+		free(k);
+		free(v);
+	}
+	return true;
+}
+
 static td_err emu_new(struct gpu_backend **out, bool flash, struct td_errbuf *eb)
 {
 	static struct gpu_backend_ops tables[2];
@@ -500,6 +534,7 @@ static td_err emu_new(struct gpu_backend **out, bool flash, struct td_errbuf *eb
 		ops.attention_flash = emu_flash;
 		ops.attention_forward = emu_flash_forward;
 		ops.attention_backward = emu_flash_backward;
+		ops.attention_backward_rope16 = emu_flash_backward_rope16;
 	}
 	gpu_backend_check_ops(&ops);
 	*t = ops;

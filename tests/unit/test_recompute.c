@@ -53,6 +53,9 @@
 static const char *fx;
 static const char *backend = "cpu";
 static bool bf16;
+/* open_backend's tables without attention_backward_rope16: the model then
+ * runs the attention's backward, RoPE's and the roundings apart */
+static bool unfused;
 
 static struct gpu_backend *open_backend(void)
 {
@@ -66,6 +69,12 @@ static struct gpu_backend *open_backend(void)
 	if (e != TD_OK) {
 		fprintf(stderr, "backend %s: %s\n", backend, eb.msg);
 		exit(2);
+	}
+	if (unfused) {
+		static struct gpu_backend_ops t;
+		t = *be->ops;
+		t.attention_backward_rope16 = NULL;
+		be->ops = &t;
 	}
 	return be;
 }
@@ -479,7 +488,12 @@ static void test_same_bits(void)
 	};
 	/* The late copies are the CPU's: a GPU backend's copies are its own. */
 	const bool cpu = strcmp(backend, "cpu") == 0 || strncmp(backend, "emu16", 5) == 0;
-	enum { AGAIN = TR_RECOMPUTE_COUNT, LAZY, NRUNS };
+	/* NONE with the attention's backward apart from RoPE's and the
+	 * roundings, where the backend fuses them */
+	struct gpu_backend *probe = open_backend();
+	const bool fuses = probe->ops->attention_backward_rope16 != NULL;
+	gpu_backend_free(probe);
+	enum { AGAIN = TR_RECOMPUTE_COUNT, LAZY, UNFUSED, NRUNS };
 	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
 		const struct rc_case *c = &cases[i];
 		struct result r[NRUNS];
@@ -494,6 +508,16 @@ static void test_same_bits(void)
 					run(c, TR_RECOMPUTE_FULL_OFFLOAD, true, &r[rc]);
 				else
 					memset(&r[rc], 0, sizeof(r[rc]));
+				continue;
+			}
+			if (rc == UNFUSED) {
+				if (fuses) {
+					unfused = true;
+					run(c, TR_RECOMPUTE_NONE, false, &r[rc]);
+					unfused = false;
+				} else {
+					memset(&r[rc], 0, sizeof(r[rc]));
+				}
 				continue;
 			}
 			run(c, (enum tr_recompute)rc, false, &r[rc]);
@@ -543,11 +567,12 @@ static void test_same_bits(void)
 		const struct result *n = &r[TR_RECOMPUTE_NONE];
 		for (int rc = NRUNS - 1; rc >= 1; rc--) {
 			const struct result *x = &r[rc];
-			if (rc == LAZY && !cpu)
+			if ((rc == LAZY && !cpu) || (rc == UNFUSED && !fuses))
 				continue;
-			const char *pol = rc == AGAIN  ? "none again"
-					  : rc == LAZY ? "full-offload, late copies"
-						       : tr_recompute_name(rc);
+			const char *pol = rc == AGAIN	 ? "none again"
+					  : rc == LAZY	 ? "full-offload, late copies"
+					  : rc == UNFUSED ? "none, attention backward unfused"
+							 : tr_recompute_name(rc);
 			CHECK_MSG(memcmp(x->loss, n->loss, sizeof(n->loss)) == 0,
 				  "%s (%s): losses %.17g %.17g, none's %.17g %.17g", c->name, pol,
 				  x->loss[0][0], x->loss[3][0], n->loss[0][0], n->loss[3][0]);
