@@ -171,6 +171,16 @@ struct gpu_backend_ops {
 				const float *dout, const gpu_bf16 *dout16, const float *inp,
 				const gpu_bf16 *inp16, const float *weight,
 				const gpu_bf16 *weight16, int N, int C, int OC, unsigned set);
+	/* Optional (NULL: never). matmul_backward's products (dinp in fp32,
+	 * no bias) with dout given as a bf16 matrix alone whose rows are ldo
+	 * values apart (ldo >= OC): a column block of a wider one, such as
+	 * attention_backward_rope16's rows. The same bits as matmul_backward
+	 * given those values as a dense twin, or as fp32 values that round to
+	 * them. */
+	void (*matmul_backward_ld16)(struct gpu_backend *be, float *dinp, float *dweight,
+				     const gpu_bf16 *dout16, size_t ldo, const float *inp,
+				     const gpu_bf16 *inp16, const float *weight,
+				     const gpu_bf16 *weight16, int N, int C, int OC, unsigned set);
 	/* out (N,OC) += inp (N,C) @ weight (OC,C)^T, fp32 out, no bias: the
 	 * GEMM adds its product to out as it writes it (beta 1), one pass
 	 * over out instead of a product written and then residual_forward's
@@ -575,6 +585,15 @@ static inline void gpu_matmul_backward(struct gpu_backend *be, float *dinp, gpu_
 {
 	GPU_OP_(matmul_backward, dinp, dinp16, dweight, dbias, dout, dout16, inp, inp16, weight,
 		weight16, N, C, OC, set);
+}
+static inline void gpu_matmul_backward_ld16(struct gpu_backend *be, float *dinp, float *dweight,
+					    const gpu_bf16 *dout16, size_t ldo, const float *inp,
+					    const gpu_bf16 *inp16, const float *weight,
+					    const gpu_bf16 *weight16, int N, int C, int OC,
+					    unsigned set)
+{
+	GPU_OP_(matmul_backward_ld16, dinp, dweight, dout16, ldo, inp, inp16, weight, weight16, N, C,
+		OC, set);
 }
 static inline void gpu_rope_forward(struct gpu_backend *be, float *out, gpu_bf16 *out16,
 				    const float *inp, const float *cos, const float *sin, int B,

@@ -1254,8 +1254,8 @@ static void linear_backward_rows(struct tr_model *m, int l, int k, float *dinp,
 				 bool first, int slot);
 
 static void adapter_backward(struct tr_model *m, int l, int k, float *dinp, const float *dout,
-			     const gpu_bf16 *dout16, const float *inp, const gpu_bf16 *inp16,
-			     int slot);
+			     const gpu_bf16 *dout16, size_t ld16, const float *inp,
+			     const gpu_bf16 *inp16, int slot);
 
 static void linear_backward(struct tr_model *m, int l, int k, float *dinp, bool set,
 			    const float *dout, const gpu_bf16 *dout16, const float *inp,
@@ -1293,15 +1293,17 @@ static void linear_backward_rows(struct tr_model *m, int l, int k, float *dinp,
 	gpu_matmul_backward(be, dinp, dinp16, L->dw, L->db, dout, dout16, inp, inp16, w.f, w.h, n,
 			    L->in, L->out,
 			    (set ? GPU_SET_DINP : 0u) | (dw_set ? GPU_SET_DWEIGHT : 0u));
-	adapter_backward(m, l, k, dinp, dout, dout16, inp, inp16, slot);
+	adapter_backward(m, l, k, dinp, dout, dout16, 0, inp, inp16, slot);
 }
 
 /* Projection k's adapter's part of linear_backward_rows (nothing without
  * one), after the frozen product's: dA and dB added to, its share of dinp
- * added (slot -1) or left in the slot for the caller. Whole rows. */
+ * added (slot -1) or left in the slot for the caller. Whole rows. ld16 > 0:
+ * dout is dout16 alone, its rows ld16 values apart (matmul_backward_ld16:
+ * the q, k, v gradients' rows that the attention's backward rounded). */
 static void adapter_backward(struct tr_model *m, int l, int k, float *dinp, const float *dout,
-			     const gpu_bf16 *dout16, const float *inp, const gpu_bf16 *inp16,
-			     int slot)
+			     const gpu_bf16 *dout16, size_t ld16, const float *inp,
+			     const gpu_bf16 *inp16, int slot)
 {
 	struct gpu_backend *be = m->be;
 	const struct lin *L = &m->lin[l][k];
@@ -1310,8 +1312,12 @@ static void adapter_backward(struct tr_model *m, int l, int k, float *dinp, cons
 		return;
 	/* With u = scale * x A^T kept: dB += dout^T u, du = scale * dout B. */
 	float *du = m->lora_du + (slot > 0 ? (size_t)slot * (size_t)N * (size_t)R : 0);
-	gpu_matmul_backward(be, du, NULL, L->dB, NULL, dout, dout16, L->u, NULL, L->B, L->B16, N,
-			    R, L->out, true);
+	if (ld16)
+		gpu_matmul_backward_ld16(be, du, L->dB, dout16, ld16, L->u, NULL, L->B, L->B16, N, R,
+					 L->out, true);
+	else
+		gpu_matmul_backward(be, du, NULL, L->dB, NULL, dout, dout16, L->u, NULL, L->B,
+				    L->B16, N, R, L->out, true);
 	gpu_scale(be, du, m->plan.lora_scale, (size_t)N * R);
 	if (!m->dropout_used) {
 		gpu_matmul_backward(be, slot >= 0 ? NULL : dinp, NULL, L->dA, NULL, du, NULL, inp,
@@ -1954,12 +1960,16 @@ static bool qkv_backward_fused(struct tr_model *m, int l, const float *dq, const
 			gpu_matmul_backward(be, NULL, NULL, NULL, lins[i]->db, douts[i], NULL, NULL, NULL,
 					    NULL, NULL, N, C, (int)outs[i], 0u);
 	/* the adapters after the frozen product, as linear_backward_rows
-	 * takes them (d16 may hold d(y)'s bytes: they read the fp32 gradients) */
+	 * takes them: from the rows just rounded where the backend reads a
+	 * block of them in place, else from the fp32 gradients (which round
+	 * to those rows) */
 	struct dx_group grp = {.G = 0};
 	const int ks[3] = {TR_LIN_Q, TR_LIN_K, TR_LIN_V};
+	const size_t cols[3] = {0, H, H + KV};
+	const bool rows = packed && be->ops->matmul_backward_ld16;
 	for (int i = 0; i < 3; i++)
-		adapter_backward(m, l, ks[i], m->dln, douts[i], NULL, a->ln1, a->ln1_16,
-				 group_slot(m, l, ks[i], &grp));
+		adapter_backward(m, l, ks[i], m->dln, rows ? NULL : douts[i], rows ? d16 + cols[i] : NULL,
+				 rows ? W : 0, a->ln1, a->ln1_16, group_slot(m, l, ks[i], &grp));
 	group_add(m, m->dln, &grp);
 	return true;
 }
@@ -2028,7 +2038,7 @@ static void layer_backward(struct tr_model *m, int l)
 	gpu_bf16 *d16 = c->qk_norm ? NULL : qkv_fused_room(m, l);
 	bool f32 = false;
 	for (int k = TR_LIN_Q; k <= TR_LIN_V; k++)
-		f32 = f32 || m->lin[l][k].db || m->lin[l][k].lora;
+		f32 = f32 || m->lin[l][k].db || (m->lin[l][k].lora && !be->ops->matmul_backward_ld16);
 	const bool packed =
 		d16 && gpu_attention_backward_rope16(be, f32 ? m->dq : NULL, f32 ? m->dk : NULL,
 						     f32 ? m->dv : NULL, m->datt, m->dy, a->y, a->y16,

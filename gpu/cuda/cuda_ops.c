@@ -899,13 +899,15 @@ static void cu_matmul_forward_residual(struct gpu_backend *be, float *out, const
 /* dinp (N,C) += dout (N,OC) W (OC,C): column-major dinp^T = W^T dout^T.
  * dweight (OC,C) += dout^T inp: column-major dweight^T = inp^T dout.
  * dbias (OC) += the column sums of dout (fp32 dout required). */
-static void cu_matmul_backward(struct gpu_backend *be, float *dinp, gpu_bf16 *dinp16,
-			       float *dweight, float *dbias, const float *dout,
-			       const gpu_bf16 *dout16, const float *inp, const gpu_bf16 *inp16,
-			       const float *weight, const gpu_bf16 *weight16, int N, int C, int OC,
-			       unsigned set)
+/* cu_matmul_backward with dout16's rows ldo values apart (ldo: OC where
+ * dout16 is dense, or where dout is rounded into the scratch) */
+static void mm_backward(struct gpu_backend *be, float *dinp, gpu_bf16 *dinp16, float *dweight,
+			float *dbias, const float *dout, const gpu_bf16 *dout16, int ldo,
+			const float *inp, const gpu_bf16 *inp16, const float *weight,
+			const gpu_bf16 *weight16, int N, int C, int OC, unsigned set)
 {
 	struct cu_backend *cb = cu_of(be);
+	assert(ldo == OC || (dout16 && !dout && !dbias && ldo > OC));
 	const bool dinp_set = set & GPU_SET_DINP, dw_set = set & GPU_SET_DWEIGHT;
 	assert(!dinp16 || (!dinp && dinp_set));
 	if (dinp && dinp_set && N > 0 && C > 0 && OC <= 0)
@@ -932,17 +934,22 @@ static void cu_matmul_backward(struct gpu_backend *be, float *dinp, gpu_bf16 *di
 			cu_prof_begin(cb);
 			const uint16_t *w16 = weight16 ? weight16 : round_into(cb, slot, weight, nw);
 			gemm16_(cb, "matmul_backward (dinp): GEMM", OP_N, OP_N, C, N, OC,
-				1.0f, w16, C, d16, OC, beta_in, dinp, dinp16, C);
+				1.0f, w16, C, d16, ldo, beta_in, dinp, dinp16, C);
 			cu_prof_end(cb, "matmul_backward (dinp): GEMM %dx%dx%d", C, N, OC);
 		}
 		if (want_w) {
 			cu_prof_begin(cb);
 			const uint16_t *x16 = inp16 ? inp16 : round_into(cb, slot, inp, nx);
 			gemm16(cb, "matmul_backward (dweight): GEMM", OP_N, OP_T, C, OC, N,
-			       1.0f, x16, C, d16, OC, beta_w, dweight, C);
+			       1.0f, x16, C, d16, ldo, beta_w, dweight, C);
 			cu_prof_end(cb, "matmul_backward (dweight): GEMM %dx%dx%d", C, OC, N);
 		}
-	} else if (dinp16) {
+	} else if (dinp16 || ldo != OC) {
+		if (ldo != OC) {
+			cu_check(cb, CUDA_ERROR_INVALID_VALUE,
+				 "matmul_backward_ld16: needs the bf16 mode and gemm_scratch");
+			return;
+		}
 		cu_check(cb, CUDA_ERROR_INVALID_VALUE,
 			 "matmul_backward: a bf16 dinp needs the bf16 mode and gemm_scratch");
 		return;
@@ -965,6 +972,26 @@ static void cu_matmul_backward(struct gpu_backend *be, float *dinp, gpu_bf16 *di
 			  (struct cu_dim){32, 32, 1}, 0, args);
 		colsum_finish(cb, dbias, &p, OC);
 	}
+}
+
+static void cu_matmul_backward(struct gpu_backend *be, float *dinp, gpu_bf16 *dinp16,
+			       float *dweight, float *dbias, const float *dout,
+			       const gpu_bf16 *dout16, const float *inp, const gpu_bf16 *inp16,
+			       const float *weight, const gpu_bf16 *weight16, int N, int C, int OC,
+			       unsigned set)
+{
+	mm_backward(be, dinp, dinp16, dweight, dbias, dout, dout16, OC, inp, inp16, weight, weight16,
+		    N, C, OC, set);
+}
+
+static void cu_matmul_backward_ld16(struct gpu_backend *be, float *dinp, float *dweight,
+				    const gpu_bf16 *dout16, size_t ldo, const float *inp,
+				    const gpu_bf16 *inp16, const float *weight,
+				    const gpu_bf16 *weight16, int N, int C, int OC, unsigned set)
+{
+	assert(ldo >= (size_t)OC && ldo <= INT_MAX);
+	mm_backward(be, dinp, NULL, dweight, NULL, NULL, dout16, (int)ldo, inp, inp16, weight,
+		    weight16, N, C, OC, set);
 }
 
 /* ------------------------------------------------------------------- rope -- */
@@ -1749,6 +1776,7 @@ void cu_ops_fill(struct gpu_backend_ops *ops)
 	ops->attention_forward = cu_attention_forward;
 	ops->attention_backward = cu_attention_backward;
 	ops->attention_backward_rope16 = cu_attention_backward_rope16;
+	ops->matmul_backward_ld16 = cu_matmul_backward_ld16;
 	ops->swiglu_forward = cu_swiglu_forward;
 	ops->swiglu_backward = cu_swiglu_backward;
 	ops->lora_dx_add = cu_lora_dx_add;

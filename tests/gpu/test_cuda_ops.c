@@ -717,6 +717,71 @@ static void test_matmul_bf16(void)
  * with its residual, at 2048 rows), fp32 and bf16 outputs, and a sample of
  * each output against the host's double sums of the same bf16 products
  * (the fp32 reduction bound over C terms). */
+/* matmul_backward_ld16 (an adapter's products over the q, k, v gradients'
+ * rows that attention_backward_rope16 rounds): dout a column block of a
+ * wider bf16 matrix, read in place. Against matmul_backward given the same
+ * values as a dense twin, and as fp32 values that round to them: the same
+ * bits (the same bf16 operands into the same products), with dinp and
+ * dweight set and with dweight added to. */
+static void test_matmul_ld16(void)
+{
+	static const struct { int N, C, OC, W, c0; } cases[] = {
+		{ 300, 16, 896, 1152, 0 }, { 300, 16, 128, 1152, 1024 }, { 1024, 64, 256, 512, 128 },
+		{ 8192, 16, 896, 1152, 0 },
+	};
+	struct td_errbuf eb = {{0}};
+	CHECK_EQ_INT(gpu_set_bf16(be, true, &eb), TD_OK);
+	for (size_t ci = 0; ci < COUNT(cases); ci++) {
+		const int N = cases[ci].N, C = cases[ci].C, OC = cases[ci].OC, W = cases[ci].W;
+		const int c0 = cases[ci].c0;
+		snprintf(where, sizeof(where), "matmul_backward_ld16 (N=%d C=%d OC=%d, columns %d.. of %d)",
+			 N, C, OC, c0, W);
+		const size_t nx = (size_t)N * C, nw = (size_t)OC * C, nd = (size_t)N * OC;
+		be->gemm_scratch_bytes =
+			2 * gpu_matmul_scratch_elems(N, C, OC, true, true, true, true, false, false);
+		be->gemm_scratch = dmem(be->gemm_scratch_bytes);
+		float *full = frand((size_t)N * W, 2.0, -1.0), *block = fvec(nd);
+		for (int r = 0; r < N; r++)
+			memcpy(block + (size_t)r * OC, full + (size_t)r * W + c0, (size_t)OC * sizeof(float));
+		gpu_bf16 *d_full16 = dput16(full, (size_t)N * W), *d_block16 = dput16(block, nd);
+		float *d_block = dputf(block, nd);
+		float *inp = frand(nx, 2.0, -1.0), *w = frand(nw, 2.0, -1.0), *dw0 = frand(nw, 1.0, 0.0);
+		float *d_inp = dputf(inp, nx);
+		gpu_bf16 *d_w16 = dput16(w, nw);
+		for (int set = 0; set < 2; set++) {
+			const unsigned flags = GPU_SET_DINP | (set ? GPU_SET_DWEIGHT : 0u);
+			float *d_dx[3], *d_dw[3];
+			for (int k = 0; k < 3; k++) {
+				d_dx[k] = dnan(nx);
+				d_dw[k] = set ? dnan(nw) : dputf(dw0, nw);
+			}
+			gpu_matmul_backward_ld16(be, d_dx[0], d_dw[0], d_full16 + c0, (size_t)W, d_inp, NULL,
+						 NULL, d_w16, N, C, OC, flags);
+			gpu_matmul_backward(be, d_dx[1], NULL, d_dw[1], NULL, NULL, d_block16, d_inp, NULL,
+					    NULL, d_w16, N, C, OC, flags);
+			gpu_matmul_backward(be, d_dx[2], NULL, d_dw[2], NULL, d_block, NULL, d_inp, NULL,
+					    NULL, d_w16, N, C, OC, flags);
+			float *x0 = hget(d_dx[0], nx), *w0 = hget(d_dw[0], nw);
+			CHECK_MSG(memcmp(x0, hget(d_dx[1], nx), nx * sizeof(float)) == 0 &&
+					  memcmp(w0, hget(d_dw[1], nw), nw * sizeof(float)) == 0,
+				  "%s: not the dense twin's bits (dweight %s)", where, set ? "set" : "added to");
+			CHECK_MSG(memcmp(x0, hget(d_dx[2], nx), nx * sizeof(float)) == 0 &&
+					  memcmp(w0, hget(d_dw[2], nw), nw * sizeof(float)) == 0,
+				  "%s: not the fp32 gradient's bits (dweight %s)", where,
+				  set ? "set" : "added to");
+			/* and right: the CPU's product of the same bf16 values */
+			float *ref = fvec(nx);
+			matmul_backward(ref, NULL, NULL, bf16_rounded(block, nd), bf16_rounded(inp, nx),
+					bf16_rounded(w, nw), N, C, OC);
+			expect_red("dinp", x0, ref, nx, OC);
+		}
+		case_end();
+	}
+	be->gemm_scratch = NULL;
+	be->gemm_scratch_bytes = 0;
+	CHECK_EQ_INT(gpu_set_bf16(be, false, &eb), TD_OK);
+}
+
 static void test_gemm_tune(void)
 {
 	static const struct { int N, C, OC; bool resid; } cases[] = {
@@ -1970,6 +2035,7 @@ int main(void)
 	test_flash_attention();
 	test_flash_no_scratch();
 	test_matmul_bf16();
+	test_matmul_ld16();
 	test_gemm_tune();
 	test_twins();
 	test_swiglu();

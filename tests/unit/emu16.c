@@ -466,6 +466,25 @@ static void emu_nf4_dequantize(struct gpu_backend *be, float *out, gpu_bf16 *out
 	finish(out16, o, n, tmp);
 }
 
+/* matmul_backward_ld16: the rows gathered into a dense twin, then this
+ * table's matmul_backward (the CUDA backend's GEMM reads them in place:
+ * the same values). */
+static void emu_matmul_backward_ld16(struct gpu_backend *be, float *dinp, float *dweight,
+				     const gpu_bf16 *dout16, size_t ldo, const float *inp,
+				     const gpu_bf16 *inp16, const float *weight,
+				     const gpu_bf16 *weight16, int N, int C, int OC, unsigned set)
+{
+	if (ldo < (size_t)OC)
+		violation("%s: rows of %zu values, fewer than %zu", "matmul_backward_ld16", ldo,
+			  (size_t)OC);
+	gpu_bf16 *d = xmalloc((size_t)N * OC * sizeof(gpu_bf16));
+	for (int r = 0; r < N; r++)
+		memcpy(d + (size_t)r * OC, dout16 + (size_t)r * ldo, (size_t)OC * sizeof(gpu_bf16));
+	be->ops->matmul_backward(be, dinp, NULL, dweight, NULL, NULL, d, inp, inp16, weight, weight16,
+				 N, C, OC, set);
+	free(d);
+}
+
 /* attention_backward_rope16 as the CUDA backend gives it where it fuses
  * (kv groups): the five ops in turn, so that the model's path through it
  * runs here too (d16 may hold dout's bytes: the backward has read them
@@ -535,6 +554,7 @@ static td_err emu_new(struct gpu_backend **out, bool flash, struct td_errbuf *eb
 		ops.attention_forward = emu_flash_forward;
 		ops.attention_backward = emu_flash_backward;
 		ops.attention_backward_rope16 = emu_flash_backward_rope16;
+		ops.matmul_backward_ld16 = emu_matmul_backward_ld16;
 	}
 	gpu_backend_check_ops(&ops);
 	*t = ops;
