@@ -176,11 +176,20 @@ struct gpu_backend_ops {
 	 * values apart (ldo >= OC): a column block of a wider one, such as
 	 * attention_backward_rope16's rows. The same bits as matmul_backward
 	 * given those values as a dense twin, or as fp32 values that round to
-	 * them. */
+	 * them. alpha_in: dinp is alpha_in times the product (GPU_SET_DINP
+	 * where it is not 1), as matmul_backward then scale give it. */
 	void (*matmul_backward_ld16)(struct gpu_backend *be, float *dinp, float *dweight,
 				     const gpu_bf16 *dout16, size_t ldo, const float *inp,
 				     const gpu_bf16 *inp16, const float *weight,
-				     const gpu_bf16 *weight16, int N, int C, int OC, unsigned set);
+				     const gpu_bf16 *weight16, int N, int C, int OC, unsigned set,
+				     float alpha_in);
+	/* Optional (NULL: never). out (N,OC) = alpha (inp (N,C) @ weight
+	 * (OC,C)^T), fp32, no bias: the GEMM's alpha, as matmul_forward then
+	 * scale give it (a LoRA adapter's u = scale x A^T in one op). Operands
+	 * as matmul_forward's. */
+	void (*matmul_forward_scaled)(struct gpu_backend *be, float *out, const float *inp,
+				      const gpu_bf16 *inp16, const float *weight,
+				      const gpu_bf16 *weight16, int N, int C, int OC, float alpha);
 	/* out (N,OC) += inp (N,C) @ weight (OC,C)^T, fp32 out, no bias: the
 	 * GEMM adds its product to out as it writes it (beta 1), one pass
 	 * over out instead of a product written and then residual_forward's
@@ -590,10 +599,17 @@ static inline void gpu_matmul_backward_ld16(struct gpu_backend *be, float *dinp,
 					    const gpu_bf16 *dout16, size_t ldo, const float *inp,
 					    const gpu_bf16 *inp16, const float *weight,
 					    const gpu_bf16 *weight16, int N, int C, int OC,
-					    unsigned set)
+					    unsigned set, float alpha_in)
 {
 	GPU_OP_(matmul_backward_ld16, dinp, dweight, dout16, ldo, inp, inp16, weight, weight16, N, C,
-		OC, set);
+		OC, set, alpha_in);
+}
+static inline void gpu_matmul_forward_scaled(struct gpu_backend *be, float *out, const float *inp,
+					     const gpu_bf16 *inp16, const float *weight,
+					     const gpu_bf16 *weight16, int N, int C, int OC,
+					     float alpha)
+{
+	GPU_OP_(matmul_forward_scaled, out, inp, inp16, weight, weight16, N, C, OC, alpha);
 }
 static inline void gpu_rope_forward(struct gpu_backend *be, float *out, gpu_bf16 *out16,
 				    const float *inp, const float *cos, const float *sin, int B,

@@ -1177,6 +1177,11 @@ static void lora_input(struct tr_model *m, int l, int k, const float *inp, const
 	}
 	if (!u)
 		return;
+	if (be->ops->matmul_forward_scaled) { /* the scale as the GEMM's alpha: the same floats */
+		gpu_matmul_forward_scaled(be, L->u, x, x16, L->A, L->A16, N, L->in, R,
+					  m->plan.lora_scale);
+		return;
+	}
 	gpu_matmul_forward(be, L->u, NULL, x, x16, L->A, L->A16, NULL, N, L->in, R);
 	gpu_scale(be, L->u, m->plan.lora_scale, (size_t)N * R);
 }
@@ -1312,13 +1317,14 @@ static void adapter_backward(struct tr_model *m, int l, int k, float *dinp, cons
 		return;
 	/* With u = scale * x A^T kept: dB += dout^T u, du = scale * dout B. */
 	float *du = m->lora_du + (slot > 0 ? (size_t)slot * (size_t)N * (size_t)R : 0);
-	if (ld16)
+	if (ld16) { /* du's scale as the GEMM's alpha: the same floats */
 		gpu_matmul_backward_ld16(be, du, L->dB, dout16, ld16, L->u, NULL, L->B, L->B16, N, R,
-					 L->out, true);
-	else
+					 L->out, GPU_SET_DINP, m->plan.lora_scale);
+	} else {
 		gpu_matmul_backward(be, du, NULL, L->dB, NULL, dout, dout16, L->u, NULL, L->B,
 				    L->B16, N, R, L->out, true);
-	gpu_scale(be, du, m->plan.lora_scale, (size_t)N * R);
+		gpu_scale(be, du, m->plan.lora_scale, (size_t)N * R);
+	}
 	if (!m->dropout_used) {
 		gpu_matmul_backward(be, slot >= 0 ? NULL : dinp, NULL, L->dA, NULL, du, NULL, inp,
 				    inp16, L->A, L->A16, N, L->in, R, false);

@@ -904,10 +904,11 @@ static void cu_matmul_forward_residual(struct gpu_backend *be, float *out, const
 static void mm_backward(struct gpu_backend *be, float *dinp, gpu_bf16 *dinp16, float *dweight,
 			float *dbias, const float *dout, const gpu_bf16 *dout16, int ldo,
 			const float *inp, const gpu_bf16 *inp16, const float *weight,
-			const gpu_bf16 *weight16, int N, int C, int OC, unsigned set)
+			const gpu_bf16 *weight16, int N, int C, int OC, unsigned set, float alpha_in)
 {
 	struct cu_backend *cb = cu_of(be);
 	assert(ldo == OC || (dout16 && !dout && !dbias && ldo > OC));
+	assert(alpha_in == 1.0f || (set & GPU_SET_DINP));
 	const bool dinp_set = set & GPU_SET_DINP, dw_set = set & GPU_SET_DWEIGHT;
 	assert(!dinp16 || (!dinp && dinp_set));
 	if (dinp && dinp_set && N > 0 && C > 0 && OC <= 0)
@@ -934,7 +935,7 @@ static void mm_backward(struct gpu_backend *be, float *dinp, gpu_bf16 *dinp16, f
 			cu_prof_begin(cb);
 			const uint16_t *w16 = weight16 ? weight16 : round_into(cb, slot, weight, nw);
 			gemm16_(cb, "matmul_backward (dinp): GEMM", OP_N, OP_N, C, N, OC,
-				1.0f, w16, C, d16, ldo, beta_in, dinp, dinp16, C);
+				alpha_in, w16, C, d16, ldo, beta_in, dinp, dinp16, C);
 			cu_prof_end(cb, "matmul_backward (dinp): GEMM %dx%dx%d", C, N, OC);
 		}
 		if (want_w) {
@@ -944,8 +945,8 @@ static void mm_backward(struct gpu_backend *be, float *dinp, gpu_bf16 *dinp16, f
 			       1.0f, x16, C, d16, ldo, beta_w, dweight, C);
 			cu_prof_end(cb, "matmul_backward (dweight): GEMM %dx%dx%d", C, OC, N);
 		}
-	} else if (dinp16 || ldo != OC) {
-		if (ldo != OC) {
+	} else if (dinp16 || ldo != OC || alpha_in != 1.0f) {
+		if (ldo != OC || alpha_in != 1.0f) {
 			cu_check(cb, CUDA_ERROR_INVALID_VALUE,
 				 "matmul_backward_ld16: needs the bf16 mode and gemm_scratch");
 			return;
@@ -981,17 +982,33 @@ static void cu_matmul_backward(struct gpu_backend *be, float *dinp, gpu_bf16 *di
 			       unsigned set)
 {
 	mm_backward(be, dinp, dinp16, dweight, dbias, dout, dout16, OC, inp, inp16, weight, weight16,
-		    N, C, OC, set);
+		    N, C, OC, set, 1.0f);
 }
 
 static void cu_matmul_backward_ld16(struct gpu_backend *be, float *dinp, float *dweight,
 				    const gpu_bf16 *dout16, size_t ldo, const float *inp,
 				    const gpu_bf16 *inp16, const float *weight,
-				    const gpu_bf16 *weight16, int N, int C, int OC, unsigned set)
+				    const gpu_bf16 *weight16, int N, int C, int OC, unsigned set,
+				    float alpha_in)
 {
 	assert(ldo >= (size_t)OC && ldo <= INT_MAX);
 	mm_backward(be, dinp, NULL, dweight, NULL, NULL, dout16, (int)ldo, inp, inp16, weight,
-		    weight16, N, C, OC, set);
+		    weight16, N, C, OC, set, alpha_in);
+}
+
+/* matmul_forward's fp32 product with the GEMM's alpha */
+static void cu_matmul_forward_scaled(struct gpu_backend *be, float *out, const float *inp,
+				     const gpu_bf16 *inp16, const float *weight,
+				     const gpu_bf16 *weight16, int N, int C, int OC, float alpha)
+{
+	struct cu_backend *cb = cu_of(be);
+	if (N <= 0 || OC <= 0)
+		return;
+	if (C > 0)
+		sgemm(cb, "matmul_forward_scaled: GEMM", OP_T, OP_N, OC, N, C, alpha, weight, weight16,
+		      C, inp, inp16, C, 0.0f, out, OC);
+	else
+		be->ops->zero(be, out, sizeof(float) * (size_t)N * (size_t)OC);
 }
 
 /* ------------------------------------------------------------------- rope -- */
@@ -1777,6 +1794,7 @@ void cu_ops_fill(struct gpu_backend_ops *ops)
 	ops->attention_backward = cu_attention_backward;
 	ops->attention_backward_rope16 = cu_attention_backward_rope16;
 	ops->matmul_backward_ld16 = cu_matmul_backward_ld16;
+	ops->matmul_forward_scaled = cu_matmul_forward_scaled;
 	ops->swiglu_forward = cu_swiglu_forward;
 	ops->swiglu_backward = cu_swiglu_backward;
 	ops->lora_dx_add = cu_lora_dx_add;

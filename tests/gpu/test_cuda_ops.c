@@ -756,7 +756,7 @@ static void test_matmul_ld16(void)
 				d_dw[k] = set ? dnan(nw) : dputf(dw0, nw);
 			}
 			gpu_matmul_backward_ld16(be, d_dx[0], d_dw[0], d_full16 + c0, (size_t)W, d_inp, NULL,
-						 NULL, d_w16, N, C, OC, flags);
+						 NULL, d_w16, N, C, OC, flags, 1.0f);
 			gpu_matmul_backward(be, d_dx[1], NULL, d_dw[1], NULL, NULL, d_block16, d_inp, NULL,
 					    NULL, d_w16, N, C, OC, flags);
 			gpu_matmul_backward(be, d_dx[2], NULL, d_dw[2], NULL, d_block, NULL, d_inp, NULL,
@@ -774,6 +774,35 @@ static void test_matmul_ld16(void)
 			matmul_backward(ref, NULL, NULL, bf16_rounded(block, nd), bf16_rounded(inp, nx),
 					bf16_rounded(w, nw), N, C, OC);
 			expect_red("dinp", x0, ref, nx, OC);
+			/* alpha (a LoRA scale, a power of two and not): dinp as
+			 * the product then scale give it; dweight as before */
+			for (int ai = 0; ai < 2; ai++) {
+				const float alpha = ai ? 0.37f : 2.0f;
+				float *d_a = dnan(nx), *d_aw = set ? dnan(nw) : dputf(dw0, nw);
+				gpu_matmul_backward_ld16(be, d_a, d_aw, d_full16 + c0, (size_t)W, d_inp, NULL,
+							 NULL, d_w16, N, C, OC, flags, alpha);
+				gpu_scale(be, d_dx[1], alpha, nx);
+				CHECK_MSG(memcmp(hget(d_a, nx), hget(d_dx[1], nx), nx * sizeof(float)) == 0 &&
+						  memcmp(hget(d_aw, nw), w0, nw * sizeof(float)) == 0,
+					  "%s: alpha %g: not the product then scale's bits", where,
+					  (double)alpha);
+				gpu_upload(be, d_dx[1], x0, nx * sizeof(float));
+			}
+		}
+		/* matmul_forward_scaled: matmul_forward then scale's bits */
+		for (int ai = 0; ai < 2; ai++) {
+			const float alpha = ai ? 0.37f : 2.0f;
+			const size_t no = (size_t)N * C;
+			float *d_o1 = dnan(no), *d_o2 = dnan(no);
+			/* u = x A^T: x the block (N, OC), A (C, OC) */
+			float *a = frand((size_t)C * OC, 2.0, -1.0), *d_a = dputf(a, (size_t)C * OC);
+			gpu_bf16 *d_a16 = dput16(a, (size_t)C * OC);
+			gpu_matmul_forward_scaled(be, d_o1, d_block, NULL, d_a, d_a16, N, OC, C, alpha);
+			gpu_matmul_forward(be, d_o2, NULL, d_block, NULL, d_a, d_a16, NULL, N, OC, C);
+			gpu_scale(be, d_o2, alpha, no);
+			CHECK_MSG(memcmp(hget(d_o1, no), hget(d_o2, no), no * sizeof(float)) == 0,
+				  "%s: matmul_forward_scaled (alpha %g): not matmul_forward then scale's bits",
+				  where, (double)alpha);
 		}
 		case_end();
 	}

@@ -472,8 +472,11 @@ static void emu_nf4_dequantize(struct gpu_backend *be, float *out, gpu_bf16 *out
 static void emu_matmul_backward_ld16(struct gpu_backend *be, float *dinp, float *dweight,
 				     const gpu_bf16 *dout16, size_t ldo, const float *inp,
 				     const gpu_bf16 *inp16, const float *weight,
-				     const gpu_bf16 *weight16, int N, int C, int OC, unsigned set)
+				     const gpu_bf16 *weight16, int N, int C, int OC, unsigned set,
+				     float alpha_in)
 {
+	if (alpha_in != 1.0f && !(set & GPU_SET_DINP))
+		violation("%s: alpha %zu without GPU_SET_DINP (%zu)", "matmul_backward_ld16", 0, 0);
 	if (ldo < (size_t)OC)
 		violation("%s: rows of %zu values, fewer than %zu", "matmul_backward_ld16", ldo,
 			  (size_t)OC);
@@ -483,6 +486,17 @@ static void emu_matmul_backward_ld16(struct gpu_backend *be, float *dinp, float 
 	be->ops->matmul_backward(be, dinp, NULL, dweight, NULL, NULL, d, inp, inp16, weight, weight16,
 				 N, C, OC, set);
 	free(d);
+	if (alpha_in != 1.0f && dinp)
+		be->ops->scale(be, dinp, alpha_in, (size_t)N * C);
+}
+
+/* matmul_forward_scaled: this table's matmul_forward, then scale. */
+static void emu_matmul_forward_scaled(struct gpu_backend *be, float *out, const float *inp,
+				      const gpu_bf16 *inp16, const float *weight,
+				      const gpu_bf16 *weight16, int N, int C, int OC, float alpha)
+{
+	be->ops->matmul_forward(be, out, NULL, inp, inp16, weight, weight16, NULL, N, C, OC);
+	be->ops->scale(be, out, alpha, (size_t)N * OC);
 }
 
 /* attention_backward_rope16 as the CUDA backend gives it where it fuses
@@ -555,6 +569,7 @@ static td_err emu_new(struct gpu_backend **out, bool flash, struct td_errbuf *eb
 		ops.attention_backward = emu_flash_backward;
 		ops.attention_backward_rope16 = emu_flash_backward_rope16;
 		ops.matmul_backward_ld16 = emu_matmul_backward_ld16;
+		ops.matmul_forward_scaled = emu_matmul_forward_scaled;
 	}
 	gpu_backend_check_ops(&ops);
 	*t = ops;
