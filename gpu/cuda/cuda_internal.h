@@ -110,6 +110,7 @@ struct cu_backend {
 	struct cu_lt_plan {
 		int ta, tb, m, n, k, lda, ldb, ldc; /* ta, tb: cublasOperation_t */
 		bool out16, resid;		    /* D bf16; C fp32 apart from D */
+		bool bias;			    /* the epilogue adds a bias (fp32 D, beta 0) */
 		unsigned align;			    /* of the four pointers, bytes, at most 256 */
 		int nalgo;			    /* 0: no algorithm (the plan is not used) */
 		int chosen;			    /* the algorithm run: -1 cublasGemmEx's */
@@ -165,6 +166,7 @@ struct cu_backend {
 	 * else by flash.cu's mma.sync ones. */
 	bool flash_wg;
 	bool no_rope16; /* TD_CUDA_NO_ROPE16=1 (cuda_ops.c) */
+	bool no_bias_epilogue; /* TD_CUDA_NO_BIAS_EPILOGUE=1 (cuda_ops.c) */
 	/* TD_CUDA_PROFILE's per-op device times (cuda_prof.c); NULL when off. */
 	struct cu_prof *prof;
 	/* TD_CUDA_TRACE's timeline of the ops (cuda_prof.c); NULL when off. */

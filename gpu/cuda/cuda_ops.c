@@ -222,9 +222,9 @@ static unsigned common_align(const void *a, const void *b, const void *c, const 
  * the heuristic's first CU_LT_ALGOS algorithms within the cuBLAS
  * workspace. NULL where there is no handle, no room for another shape or
  * no algorithm (the caller then takes cublasGemmEx). */
-static struct cu_lt_plan *lt_plan(struct cu_backend *cb, cublasOperation_t ta,
-				  cublasOperation_t tb, int m, int n, int k, int lda, int ldb,
-				  int ldc, bool out16, bool resid, unsigned align)
+static struct cu_lt_plan *lt_plan_(struct cu_backend *cb, cublasOperation_t ta,
+				   cublasOperation_t tb, int m, int n, int k, int lda, int ldb,
+				   int ldc, bool out16, bool resid, bool bias, unsigned align)
 {
 	if (!cb->lt)
 		return NULL;
@@ -232,7 +232,8 @@ static struct cu_lt_plan *lt_plan(struct cu_backend *cb, cublasOperation_t ta,
 		struct cu_lt_plan *lp = &cb->lt_plans[i];
 		if (lp->ta == (int)ta && lp->tb == (int)tb && lp->m == m && lp->n == n &&
 		    lp->k == k && lp->lda == lda && lp->ldb == ldb && lp->ldc == ldc &&
-		    lp->out16 == out16 && lp->resid == resid && lp->align == align)
+		    lp->out16 == out16 && lp->resid == resid && lp->bias == bias &&
+		    lp->align == align)
 			return lp->nalgo > 0 ? lp : NULL;
 	}
 	if (cb->lt_nplans == CU_LT_PLANS)
@@ -240,7 +241,9 @@ static struct cu_lt_plan *lt_plan(struct cu_backend *cb, cublasOperation_t ta,
 	struct cu_lt_plan *lp = &cb->lt_plans[cb->lt_nplans];
 	*lp = (struct cu_lt_plan){.ta = (int)ta, .tb = (int)tb, .m = m, .n = n, .k = k, .lda = lda,
 				  .ldb = ldb, .ldc = ldc, .out16 = out16, .resid = resid,
-				  .align = align, .chosen = resid ? 0 : -1}; /* the reference */
+				  .bias = bias, .align = align,
+				  .chosen = resid || bias ? 0 : -1}; /* the reference */
+	const cublasLtEpilogue_t epi = bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
 	const cudaDataType_t dt = out16 ? CUDA_R_16BF : CUDA_R_32F;
 	cublasLtMatmulPreference_t pref = NULL;
 	cublasLtMatmulHeuristicResult_t res[CU_LT_ALGOS];
@@ -250,6 +253,7 @@ static struct cu_lt_plan *lt_plan(struct cu_backend *cb, cublasOperation_t ta,
 	if (cublasLtMatmulDescCreate(&lp->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F) ||
 	    cublasLtMatmulDescSetAttribute(lp->desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)) ||
 	    cublasLtMatmulDescSetAttribute(lp->desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)) ||
+	    cublasLtMatmulDescSetAttribute(lp->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi)) ||
 	    cublasLtMatrixLayoutCreate(&lp->la, CUDA_R_16BF, ta == CUBLAS_OP_N ? m : k,
 				       ta == CUBLAS_OP_N ? k : m, lda) ||
 	    cublasLtMatrixLayoutCreate(&lp->lb, CUDA_R_16BF, tb == CUBLAS_OP_N ? k : n,
@@ -277,6 +281,13 @@ static struct cu_lt_plan *lt_plan(struct cu_backend *cb, cublasOperation_t ta,
 		cublasLtMatmulPreferenceDestroy(pref);
 	cb->lt_nplans++; /* kept either way: destroyed with the backend, not asked again */
 	return lp->nalgo > 0 ? lp : NULL;
+}
+
+static struct cu_lt_plan *lt_plan(struct cu_backend *cb, cublasOperation_t ta,
+				  cublasOperation_t tb, int m, int n, int k, int lda, int ldb,
+				  int ldc, bool out16, bool resid, unsigned align)
+{
+	return lt_plan_(cb, ta, tb, m, n, k, lda, ldb, ldc, out16, resid, false, align);
 }
 
 static cublasStatus_t lt_run(struct cu_backend *cb, const struct cu_lt_plan *lp, int i,
@@ -335,8 +346,8 @@ static uint32_t algo_config(const cublasLtMatmulAlgo_t *a, cublasLtMatmulAlgoCon
 }
 
 /* Whether an algorithm may be held to the reference: its split of k and
- * reduction scheme are the first algorithm's (a residual add, whose
- * reference that is), or none (against cublasGemmEx). Two that differ in
+ * reduction scheme are the first algorithm's (a residual add or a bias,
+ * whose reference that is), or none (against cublasGemmEx). Two that differ in
  * them add their products in different orders; the fingerprint decides
  * the rest. */
 static bool lt_candidate(const struct cu_lt_plan *lp, int i)
@@ -346,7 +357,8 @@ static bool lt_candidate(const struct cu_lt_plan *lp, int i)
 	const uint32_t none[] = {1, CUBLASLT_REDUCTION_SCHEME_NONE};
 	for (int j = 0; j < 2; j++) {
 		const uint32_t x = algo_config(&lp->algo[i], at[j]);
-		if (x == UINT32_MAX || x != (lp->resid ? algo_config(&lp->algo[0], at[j]) : none[j]))
+		if (x == UINT32_MAX ||
+		    x != (lp->resid || lp->bias ? algo_config(&lp->algo[0], at[j]) : none[j]))
 			return false;
 	}
 	return true;
@@ -386,8 +398,8 @@ static void lt_call(struct cu_backend *cb, const struct cu_lt_plan *lp, const ch
 
 /* Times the plan's algorithms on this call's operands, where running the
  * call again gives the same D (beta 0, or C apart from D), beside the
- * reference (cublasGemmEx's default; for a residual add the heuristic's
- * first), and keeps the fastest of those whose output has the reference's
+ * reference (cublasGemmEx's default; for a residual add or a bias the
+ * heuristic's first), and keeps the fastest of those whose output has the reference's
  * bits: a split of k the reference may share (lt_candidate), and the same
  * fingerprint of D. Every algorithm it may keep thus computes what the
  * reference computes, so the choice, which the clock makes and may differ
@@ -398,7 +410,7 @@ static void lt_call(struct cu_backend *cb, const struct cu_lt_plan *lp, const ch
 static void lt_tune(struct cu_backend *cb, struct cu_lt_plan *lp, const char *what, float alpha,
 		    const uint16_t *A, const uint16_t *B, float beta, const void *C, void *D)
 {
-	const int ref = lp->resid ? 0 : -1;
+	const int ref = lp->resid || lp->bias ? 0 : -1;
 	lp->chosen = ref;
 	if (!cb->tune_ev[0] &&
 	    (cb->drv.cuEventCreate(&cb->tune_ev[0], CU_EVENT_DEFAULT) != CUDA_SUCCESS ||
@@ -803,6 +815,46 @@ static void forward16(struct cu_backend *cb, const char *op, gpu_bf16 *out16, fl
 	cu_prof_end(cb, "%s: GEMM (bf16 out) %dx%dx%d", op, OC, N, C);
 }
 
+/* matmul_forward's fp32 product with its bias added by the GEMM's epilogue
+ * (cuBLASLt's CUBLASLT_EPILOGUE_BIAS, the bf16 mode): each element the
+ * product's fp32 sum plus the bias in one rounding, as the product and
+ * add_bias_f32 give, in one pass over out instead of the product's and
+ * then add_bias's two (Qwen2's q, k and v: 0.6 ms of a Qwen2-0.5B step on
+ * an H100). The first algorithm of the shape's plan is the reference the
+ * timed ones are held to (lt_tune). False, with nothing run, where there
+ * is no plan (the fp32 mode, no cuBLASLt, no room for the operands). */
+static bool forward_bias(struct cu_backend *cb, float *out, const float *inp,
+			 const gpu_bf16 *inp16, const float *weight, const gpu_bf16 *weight16,
+			 const float *bias, int N, int C, int OC)
+{
+	size_t nw = weight16 ? 0 : (size_t)OC * C, nx = inp16 ? 0 : (size_t)N * C;
+	if (cb->fp32_strict || cb->no_bias_epilogue || !scratch_fits(cb, gpu_gemm_slot(nw) + nx))
+		return false;
+	uint16_t *slot = cb->base.gemm_scratch;
+	const void *wa = weight16 ? (const void *)weight16 : slot;
+	const void *xa = inp16 ? (const void *)inp16 : slot + gpu_gemm_slot(nw);
+	struct cu_lt_plan *lp = lt_plan_(cb, CUBLAS_OP_T, CUBLAS_OP_N, OC, N, C, C, C, OC, false,
+					 false, true, common_align(wa, xa, out, bias));
+	if (!lp)
+		return false;
+	const uint16_t *w16 = weight16 ? weight16 : round_into(cb, slot, weight, nw);
+	const uint16_t *x16 = inp16 ? inp16 : round_into(cb, slot + gpu_gemm_slot(nw), inp, nx);
+	if (cublasLtMatmulDescSetAttribute(lp->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
+					   sizeof(bias)) != CUBLAS_STATUS_SUCCESS) {
+		cu_check(cb, CUDA_ERROR_INVALID_VALUE, "matmul_forward: the bias epilogue's pointer");
+		return true;
+	}
+	cu_prof_begin(cb);
+	if (cb->gemm_tune && !lp->tuned)
+		lt_tune(cb, lp, "matmul_forward (bias): GEMM", 1.0f, w16, x16, 0.0f, out, out);
+	else /* untimed: the reference (#0) alone, whatever a timing kept before the switch */
+		cu_check_blas(cb, lt_run(cb, lp, cb->gemm_tune ? lp->chosen : 0, 1.0f, w16, x16, 0.0f,
+					 out, out),
+			      "matmul_forward (bias): GEMM");
+	cu_prof_end(cb, "matmul_forward (bias): GEMM %dx%dx%d", OC, N, C);
+	return true;
+}
+
 static void cu_matmul_forward(struct gpu_backend *be, float *out, gpu_bf16 *out16,
 			      const float *inp, const gpu_bf16 *inp16, const float *weight,
 			      const gpu_bf16 *weight16, const float *bias, int N, int C, int OC)
@@ -815,6 +867,8 @@ static void cu_matmul_forward(struct gpu_backend *be, float *out, gpu_bf16 *out1
 		forward16(cb, "matmul_forward", out16, 0.0f, inp, inp16, weight, weight16, N, C, OC);
 		return;
 	}
+	if (bias && C > 0 && forward_bias(cb, out, inp, inp16, weight, weight16, bias, N, C, OC))
+		return;
 	if (C > 0)
 		sgemm(cb, "matmul_forward: GEMM", OP_T, OP_N, OC, N, C, 1.0f, weight, weight16,
 		      C, inp, inp16, C, 0.0f, out, OC);
@@ -1211,6 +1265,10 @@ void cu_flash_prepare(struct cu_backend *cb)
 	 * apart (attention_backward_rope16 says no; an A/B hook) */
 	const char *no_r16 = getenv("TD_CUDA_NO_ROPE16");
 	cb->no_rope16 = no_r16 && strcmp(no_r16, "1") == 0;
+	/* TD_CUDA_NO_BIAS_EPILOGUE=1: a bias added by add_bias_f32 after the
+	 * product (forward_bias says no; an A/B hook) */
+	const char *no_be = getenv("TD_CUDA_NO_BIAS_EPILOGUE");
+	cb->no_bias_epilogue = no_be && strcmp(no_be, "1") == 0;
 }
 
 #define FLASH_FWD_ROWS 128 /* flash.cu's FA_FWD_ROWS: queries per forward block */

@@ -628,6 +628,23 @@ static void test_matmul_bf16(void)
 		gpu_matmul_forward(be, d_out2, NULL, NULL, d_inp16, NULL, d_w16, NULL, N, C, OC);
 		expect_same_bits("out (both twins, no scratch)", hget(d_out2, nout), hget(d_out, nout),
 				 nout);
+		/* a bias (Qwen2's q, k, v): added by the GEMM's epilogue in
+		 * the bf16 mode (cuda_ops.c: forward_bias); against the CPU's
+		 * product plus the bias (a sum of C + 1 terms), and run twice:
+		 * the same bits (timed or not, the reference's) */
+		float *bias = frand((size_t)OC, 1.0, 0.0), *d_bias = dputf(bias, (size_t)OC);
+		float *outb = fvec(nout);
+		matmul_forward(outb, bf16_rounded(inp, nin), bf16_rounded(weight, nw), bias, N, C, OC);
+		SCRATCH(false, false, false, true, false, false);
+		float *d_ob = dnan(nout);
+		gpu_matmul_forward(be, d_ob, NULL, d_inp, NULL, d_weight, d_w16, d_bias, N, C, OC);
+		float *gb = hget(d_ob, nout);
+		expect_red("out (bias)", gb, outb, nout, C + 1);
+		gpu_matmul_forward(be, d_ob, NULL, d_inp, NULL, d_weight, d_w16, d_bias, N, C, OC);
+		expect_same_bits("out (bias, again)", hget(d_ob, nout), gb, nout);
+		SCRATCH(false, false, false, true, true, false);
+		gpu_matmul_forward(be, d_ob, NULL, NULL, d_inp16, NULL, d_w16, d_bias, N, C, OC);
+		expect_red("out (bias, both twins)", hget(d_ob, nout), outb, nout, C + 1);
 		/* the add (LoRA's B product): a bf16-only weight, the fp32 input
 		 * rounded into the scratch */
 		float *acc0 = frand(nout, 1.0, 0.0), *acc = fcopy(acc0, nout);
