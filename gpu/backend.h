@@ -148,9 +148,11 @@ struct gpu_backend_ops {
 	/* out16: twin of out, or NULL; out may be NULL when out16 is not. */
 	void (*rmsnorm_forward)(struct gpu_backend *be, float *out, gpu_bf16 *out16, float *rstd,
 				const float *inp, const float *weight, int N, int C, float eps);
-	void (*rmsnorm_backward)(struct gpu_backend *be, float *dinp, float *dweight,
-				 const float *dout, const float *inp, const float *weight,
-				 const float *rstd, int N, int C);
+	/* dinp16: NULL, or dinp's twin, written with dinp's new values
+	 * rounded (the next products' operand: no rounding pass of their own) */
+	void (*rmsnorm_backward)(struct gpu_backend *be, float *dinp, gpu_bf16 *dinp16,
+				 float *dweight, const float *dout, const float *inp,
+				 const float *weight, const float *rstd, int N, int C);
 	/* inp16, dout16, weight16: twins of inp, dout, weight, or NULL; each
 	 * fp32 tensor may be NULL when its twin is not (dout only without
 	 * dbias). out16: NULL, or the product written in bf16 instead of fp32
@@ -558,11 +560,11 @@ static inline void gpu_rmsnorm_forward(struct gpu_backend *be, float *out, gpu_b
 {
 	GPU_OP_(rmsnorm_forward, out, out16, rstd, inp, weight, N, C, eps);
 }
-static inline void gpu_rmsnorm_backward(struct gpu_backend *be, float *dinp, float *dweight,
-					const float *dout, const float *inp, const float *weight,
-					const float *rstd, int N, int C)
+static inline void gpu_rmsnorm_backward(struct gpu_backend *be, float *dinp, gpu_bf16 *dinp16,
+					float *dweight, const float *dout, const float *inp,
+					const float *weight, const float *rstd, int N, int C)
 {
-	GPU_OP_(rmsnorm_backward, dinp, dweight, dout, inp, weight, rstd, N, C);
+	GPU_OP_(rmsnorm_backward, dinp, dinp16, dweight, dout, inp, weight, rstd, N, C);
 }
 static inline void gpu_matmul_forward(struct gpu_backend *be, float *out, gpu_bf16 *out16,
 				      const float *inp, const gpu_bf16 *inp16, const float *weight,

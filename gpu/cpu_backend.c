@@ -185,11 +185,13 @@ static void cpu_rmsnorm_forward(struct gpu_backend *be, float *out, gpu_bf16 *ou
 	assert(out && !out16);
 	rmsnorm_forward(out, rstd, inp, weight, N, C, eps);
 }
-static void cpu_rmsnorm_backward(struct gpu_backend *be, float *dinp, float *dweight,
-				 const float *dout, const float *inp, const float *weight,
-				 const float *rstd, int N, int C)
+static void cpu_rmsnorm_backward(struct gpu_backend *be, float *dinp, gpu_bf16 *dinp16,
+				 float *dweight, const float *dout, const float *inp,
+				 const float *weight, const float *rstd, int N, int C)
 {
 	rmsnorm_backward(dinp, dweight, dout, inp, weight, rstd, N, C);
+	if (dinp16)
+		bf16_round(dinp16, dinp, (size_t)N * (size_t)C);
 }
 static void cpu_matmul_forward(struct gpu_backend *be, float *out, gpu_bf16 *out16,
 			       const float *inp, const gpu_bf16 *inp16, const float *weight,

@@ -182,6 +182,10 @@ struct tr_model {
 	float *q32, *k32, *v32;          /* q, k, v in fp32 for the layer being computed (q16 ...) */
 	size_t gemm_bf16_bytes;
 	gpu_bf16 *dgate16, *dup16; /* bf16 mode: the gradients the products read */
+	/* bf16 mode: dres's twin, written by each norm's backward that
+	 * updates dres, for the o and down projections' backward (and their
+	 * adapters) that read it next */
+	gpu_bf16 *dres16;
 	gpu_bf16 *dh16;            /* plan.dh16: d(h) in bf16 (dh NULL) */
 	/* plan.logits16: the causal head's logits in bf16, and then their
 	 * gradient over them (logits NULL) */
@@ -629,6 +633,7 @@ static void bind(struct tr_model *m)
 	m->dgate16 = buf(m, "scratch.dgate16");
 	m->dup16 = buf(m, "scratch.dup16");
 	m->dh16 = buf(m, "scratch.dh16");
+	m->dres16 = buf(m, "scratch.dres16");
 	if (m->plan.logits16) {
 		m->logits16 = (gpu_bf16 *)m->logits;
 		m->logits = NULL;
@@ -2002,7 +2007,8 @@ static void layer_backward_mlp(struct tr_model *m, int l)
 		const int n = N - r0 < m->plan.mlp_rows ? N - r0 : m->plan.mlp_rows;
 		struct dx_group down = {.G = 0}, gu = {.G = 0};
 		linear_backward_rows(m, l, TR_LIN_DOWN, m->dh, m->dh16, true, ROWS(m->dres, r0, C),
-				     NULL, ROWS(a->h, r0, I), ROWS(a->h16, r0, I), n, r0 == 0,
+				     ROWS(m->dres16, r0, C), ROWS(a->h, r0, I), ROWS(a->h16, r0, I), n,
+				     r0 == 0,
 				     group_slot(m, l, TR_LIN_DOWN, &down));
 		gpu_swiglu_backward(be, m->dgate, m->dup, m->dgate16, m->dup16, m->dh, m->dh16,
 				    ROWS(a->gate, r0, I), ROWS(a->up, r0, I),
@@ -2018,7 +2024,8 @@ static void layer_backward_mlp(struct tr_model *m, int l)
 		group_add(m, m->dln, &gu);
 	}
 #undef ROWS
-	gpu_rmsnorm_backward(be, m->dres, g->ln2, m->dln, a->res_mid, w->ln2, a->ln2_rstd, N, C);
+	gpu_rmsnorm_backward(be, m->dres, m->dres16, g->ln2, m->dln, a->res_mid, w->ln2, a->ln2_rstd,
+			     N, C);
 }
 
 /* ... and its attention half (TR_STAGE_LAYER_BACKWARD), after it: the
@@ -2040,7 +2047,7 @@ static void layer_backward(struct tr_model *m, int l)
 	 * backward rotates dq and dk back and rounds all three into the
 	 * products' operand as it writes them (the fp32 gradients only where
 	 * a bias or an adapter reads them). */
-	linear_backward(m, l, TR_LIN_O, m->dy, true, m->dres, NULL, a->y, a->y16);
+	linear_backward(m, l, TR_LIN_O, m->dy, true, m->dres, m->dres16, a->y, a->y16);
 	gpu_bf16 *d16 = c->qk_norm ? NULL : qkv_fused_room(m, l);
 	bool f32 = false;
 	for (int k = TR_LIN_Q; k <= TR_LIN_V; k++)
@@ -2061,13 +2068,16 @@ static void layer_backward(struct tr_model *m, int l)
 	if (c->qk_norm) {
 		gpu_zero(be, m->dqraw, (size_t)N * H * sizeof(float));
 		gpu_zero(be, m->dkraw, (size_t)N * KV * sizeof(float));
-		gpu_rmsnorm_backward(be, m->dqraw, g->qn, m->dq, a->qraw, w->qn, a->q_rstd, N * NH, HS);
-		gpu_rmsnorm_backward(be, m->dkraw, g->kn, m->dk, a->kraw, w->kn, a->k_rstd, N * NKV, HS);
+		gpu_rmsnorm_backward(be, m->dqraw, NULL, g->qn, m->dq, a->qraw, w->qn, a->q_rstd,
+				     N * NH, HS);
+		gpu_rmsnorm_backward(be, m->dkraw, NULL, g->kn, m->dk, a->kraw, w->kn, a->k_rstd,
+				     N * NKV, HS);
 		dqp = m->dqraw;
 		dkp = m->dkraw;
 	}
 	if (qkv_backward_fused(m, l, dqp, dkp, m->dv, packed)) {
-		gpu_rmsnorm_backward(be, m->dres, g->ln1, m->dln, m->res[l], w->ln1, a->ln1_rstd, N, C);
+		gpu_rmsnorm_backward(be, m->dres, m->dres16, g->ln1, m->dln, m->res[l], w->ln1,
+				     a->ln1_rstd, N, C);
 		return;
 	}
 	struct dx_group qkv = {.G = 0};
@@ -2078,7 +2088,8 @@ static void layer_backward(struct tr_model *m, int l)
 	linear_backward_rows(m, l, TR_LIN_V, m->dln, NULL, false, m->dv, NULL, a->ln1, a->ln1_16,
 			     N, true, group_slot(m, l, TR_LIN_V, &qkv));
 	group_add(m, m->dln, &qkv);
-	gpu_rmsnorm_backward(be, m->dres, g->ln1, m->dln, m->res[l], w->ln1, a->ln1_rstd, N, C);
+	gpu_rmsnorm_backward(be, m->dres, m->dres16, g->ln1, m->dln, m->res[l], w->ln1, a->ln1_rstd,
+			     N, C);
 }
 
 void tr_model_fuse_head_backward(struct tr_model *m, float dloss)
@@ -2205,7 +2216,8 @@ void tr_model_backward(struct tr_model *m, float dloss)
 			break;
 		case TR_STAGE_FINAL_NORM_BACKWARD:
 			gpu_zero(be, m->dres, (size_t)N * C * sizeof(float));
-			gpu_rmsnorm_backward(be, m->dres, m->dlnf, m->dln, m->res[L], m->lnf, m->lnf_rstd,
+			gpu_rmsnorm_backward(be, m->dres, m->dres16, m->dlnf, m->dln, m->res[L], m->lnf,
+					     m->lnf_rstd,
 					     N, C);
 			break;
 		case TR_STAGE_LAYER_RECOMPUTE:

@@ -1237,6 +1237,11 @@ static td_err plan_build(struct tr_plan *p, const struct tr_model_config *cfg,
 		{"losses", f32_bytes(N, 1, 1), true, 0},
 		{"kl", f32_bytes(N, 1, 1), o->distill, 0},
 		{"dres", f32_bytes(N, C, 1), train, 0},
+		/* its twin (the bf16 mode): each norm's backward that updates
+		 * dres rounds it as it writes, for the o and down projections'
+		 * products and adapters that read it next (their own rounding
+		 * pass left out); live from one layer's half into the next */
+		{"dres16", f32_bytes(N, C, 1) / 2, train && o->gemm_bf16, 0},
 		{"dln", f32_bytes(N, C, 1), true, 0}, /* also the forward's projection output */
 		/* A layer's backward in two phases that share one region
 		 * (scratch.layer_backward): the MLP's (phase 2) runs first and is

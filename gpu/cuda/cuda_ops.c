@@ -725,13 +725,15 @@ static void rms_parts_sum(struct cu_backend *cb, float *dweight, const float *pa
 		  (struct cu_dim){32, 32, 1}, 0, cargs);
 }
 
-static void cu_rmsnorm_backward(struct gpu_backend *be, float *dinp, float *dweight,
-				const float *dout, const float *inp, const float *weight,
-				const float *rstd, int N, int C)
+static void cu_rmsnorm_backward(struct gpu_backend *be, float *dinp, gpu_bf16 *dinp16,
+				float *dweight, const float *dout, const float *inp,
+				const float *weight, const float *rstd, int N, int C)
 {
 	struct cu_backend *cb = cu_of(be);
 	if (N <= 0 || C <= 0)
 		return;
+	/* the twin four values a store where the float4 paths run */
+	const bool a16 = ((uintptr_t)dinp16 & 7) == 0;
 	/* The warp-a-row backward for rows of up to 256 channels (a lane's two
 	 * float4s of each of inp, dout and dinp): per-head norms (Qwen3's q
 	 * and k, 128). Past that its registers held one or two blocks an SM
@@ -740,7 +742,7 @@ static void cu_rmsnorm_backward(struct gpu_backend *be, float *dinp, float *dwei
 	 * 1.03). */
 	const int v = rms_warp_vec(C, (uintptr_t)dinp | (uintptr_t)dout | (uintptr_t)inp |
 					      (uintptr_t)weight);
-	if (v && v <= 2) {
+	if (v && v <= 2 && a16) {
 		/* Block b's warps take rows 8 b + w, 8 b + w + 8 G, ... (G
 		 * blocks); with dweight, each block its partial row in the
 		 * scratch (G from N, C and the scratch only, as the block-a-row
@@ -751,7 +753,7 @@ static void cu_rmsnorm_backward(struct gpu_backend *be, float *dinp, float *dwei
 		float *part = NULL;
 		const size_t G = dweight ? rms_parts(cb, C, blocks, &part) : blocks;
 		if (G) {
-			void *wargs[] = {&dinp, &part, &dout, &inp, &weight, &rstd, &N, &C};
+			void *wargs[] = {&dinp, &dinp16, &part, &dout, &inp, &weight, &rstd, &N, &C};
 			cu_launch(cb, k, dim1((unsigned)G), dim1(32 * RMS_WARP_ROWS), 0, wargs);
 			if (!dweight)
 				return;
@@ -762,7 +764,7 @@ static void cu_rmsnorm_backward(struct gpu_backend *be, float *dinp, float *dwei
 	const unsigned threads = row_threads(C);
 	enum cu_kernel krow, kdw;
 	rms_kernels(C, threads, &krow, &kdw);
-	if (dweight && rms_fused_vec(dinp, dout, inp, weight, C, threads)) {
+	if (dweight && a16 && rms_fused_vec(dinp, dout, inp, weight, C, threads)) {
 		/* One pass (rmsnorm_backward_dwV_f32): G blocks, each a partial row
 		 * of dweight in the scratch, added by bias_grad_f32 in block order.
 		 * G from N, C and the scratch only: the same order on every run
@@ -771,13 +773,13 @@ static void cu_rmsnorm_backward(struct gpu_backend *be, float *dinp, float *dwei
 		float *part;
 		const size_t G = rms_parts(cb, C, (size_t)N, &part);
 		if (G) {
-			void *fargs[] = {&dinp, &part, &dout, &inp, &weight, &rstd, &N, &C};
+			void *fargs[] = {&dinp, &dinp16, &part, &dout, &inp, &weight, &rstd, &N, &C};
 			cu_launch(cb, kdw, dim1((unsigned)G), dim1(threads), 0, fargs);
 			rms_parts_sum(cb, dweight, part, (int)G, C);
 			return;
 		}
 	}
-	void *args[] = {&dinp, &dout, &inp, &weight, &rstd, &N, &C};
+	void *args[] = {&dinp, &dinp16, &dout, &inp, &weight, &rstd, &N, &C};
 	launch_rows(cb, krow, N, threads, args);
 	if (!dweight)
 		return;

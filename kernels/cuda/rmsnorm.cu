@@ -101,12 +101,14 @@ extern "C" __global__ void rmsnorm_forward_f32(float *out, __nv_bfloat16 *out16,
  * at VEC 4, 56 of them a thread on sm_90). The float4s a thread holds are
  * the same whatever VEC, and so are the sums. */
 template <int VEC>
-static __device__ __forceinline__ void rms_backward(float *dinp, const float *dout,
-						    const float *inp, const float *weight,
-						    const float *rstd, int N, int C)
+static __device__ __forceinline__ void rms_backward(float *dinp, __nv_bfloat16 *dinp16,
+						    const float *dout, const float *inp,
+						    const float *weight, const float *rstd, int N,
+						    int C)
 {
 	const bool vec = (C & 3) == 0 && C / 4 <= VEC * (int)blockDim.x &&
-			 (((uintptr_t)dinp | (uintptr_t)dout | (uintptr_t)inp | (uintptr_t)weight) & 15) == 0;
+			 (((uintptr_t)dinp | (uintptr_t)dout | (uintptr_t)inp | (uintptr_t)weight) & 15) == 0 &&
+			 ((uintptr_t)dinp16 & 7) == 0;
 	for (int n = blockIdx.x; n < N; n += gridDim.x) {
 		const float *x = inp + (size_t)n * C;
 		const float *d = dout + (size_t)n * C;
@@ -139,6 +141,9 @@ static __device__ __forceinline__ void rms_backward(float *dinp, const float *do
 					o.z += r * gv[k].z - kk * xv[k].z;
 					o.w += r * gv[k].w - kk * xv[k].w;
 					reinterpret_cast<float4 *>(dx)[i] = o;
+					if (dinp16)
+						reinterpret_cast<uint2 *>(dinp16 + (size_t)n * C)[i] =
+							cu_pack_bf16x4(o);
 				}
 			}
 			continue;
@@ -147,8 +152,11 @@ static __device__ __forceinline__ void rms_backward(float *dinp, const float *do
 			dot += (weight[c] * d[c]) * x[c];
 		dot = cu_block_sum(dot);
 		const float k = dot / (float)C * r * r * r;
-		for (int c = threadIdx.x; c < C; c += blockDim.x)
+		for (int c = threadIdx.x; c < C; c += blockDim.x) {
 			dx[c] += r * (weight[c] * d[c]) - k * x[c];
+			if (dinp16)
+				dinp16[(size_t)n * C + c] = __float2bfloat16_rn(dx[c]);
+		}
 	}
 }
 
@@ -163,10 +171,10 @@ static __device__ __forceinline__ void rms_backward(float *dinp, const float *do
  * instead of two. The launcher uses it only where the vector path applies
  * (its conditions checked there, as rms_backward's here). */
 template <int VEC>
-static __device__ __forceinline__ void rms_backward_dw(float *dinp, float *part,
-						       const float *dout, const float *inp,
-						       const float *weight, const float *rstd, int N,
-						       int C)
+static __device__ __forceinline__ void rms_backward_dw(float *dinp, __nv_bfloat16 *dinp16,
+						       float *part, const float *dout,
+						       const float *inp, const float *weight,
+						       const float *rstd, int N, int C)
 {
 	float4 wacc[VEC];
 #pragma unroll
@@ -207,6 +215,8 @@ static __device__ __forceinline__ void rms_backward_dw(float *dinp, float *part,
 				o.z += r * gv[k].z - kk * xv[k].z;
 				o.w += r * gv[k].w - kk * xv[k].w;
 				reinterpret_cast<float4 *>(dx)[i] = o;
+				if (dinp16)
+					reinterpret_cast<uint2 *>(dinp16 + (size_t)n * C)[i] = cu_pack_bf16x4(o);
 			}
 		}
 	}
@@ -219,17 +229,17 @@ static __device__ __forceinline__ void rms_backward_dw(float *dinp, float *part,
 }
 
 #define RMS_BWD(V)                                                                              \
-	extern "C" __global__ void rmsnorm_backward##V##_f32(float *dinp, const float *dout,     \
-							       const float *inp, const float *weight, \
-							       const float *rstd, int N, int C)       \
+	extern "C" __global__ void rmsnorm_backward##V##_f32(                                   \
+		float *dinp, __nv_bfloat16 *dinp16, const float *dout, const float *inp,        \
+		const float *weight, const float *rstd, int N, int C)                           \
 	{                                                                                       \
-		rms_backward<V>(dinp, dout, inp, weight, rstd, N, C);                           \
+		rms_backward<V>(dinp, dinp16, dout, inp, weight, rstd, N, C);                   \
 	}                                                                                       \
 	extern "C" __global__ void rmsnorm_backward_dw##V##_f32(                                \
-		float *dinp, float *part, const float *dout, const float *inp, const float *weight, \
-		const float *rstd, int N, int C)                                                \
+		float *dinp, __nv_bfloat16 *dinp16, float *part, const float *dout,             \
+		const float *inp, const float *weight, const float *rstd, int N, int C)         \
 	{                                                                                       \
-		rms_backward_dw<V>(dinp, part, dout, inp, weight, rstd, N, C);                  \
+		rms_backward_dw<V>(dinp, dinp16, part, dout, inp, weight, rstd, N, C);          \
 	}
 RMS_BWD(1)
 RMS_BWD(2)
@@ -311,9 +321,10 @@ static __device__ __forceinline__ void rms_fwd_warp(float *out, __nv_bfloat16 *o
  * then adds the G rows in block order). G comes from the launcher's N, C
  * and scratch alone: the same order on every run. */
 template <int V>
-static __device__ __forceinline__ void rms_bwd_warp(float *dinp, float *part, const float *dout,
-						    const float *inp, const float *weight,
-						    const float *rstd, int N, int C)
+static __device__ __forceinline__ void rms_bwd_warp(float *dinp, __nv_bfloat16 *dinp16, float *part,
+						    const float *dout, const float *inp,
+						    const float *weight, const float *rstd, int N,
+						    int C)
 {
 	const int lane = threadIdx.x & 31, w = threadIdx.x / 32, C4 = C / 4;
 	/* warp w's partial row (its lanes' own float4s: no barrier until the
@@ -363,6 +374,8 @@ static __device__ __forceinline__ void rms_bwd_warp(float *dinp, float *part, co
 				o.z += r * gv[k].z - kk * xv[k].z;
 				o.w += r * gv[k].w - kk * xv[k].w;
 				dx[i] = o;
+				if (dinp16)
+					reinterpret_cast<uint2 *>(dinp16 + (size_t)n * C)[i] = cu_pack_bf16x4(o);
 			}
 		}
 	}
@@ -390,10 +403,10 @@ static __device__ __forceinline__ void rms_bwd_warp(float *dinp, float *part, co
 	}
 #define RMS_WARP_BWD(V)                                                                         \
 	extern "C" __global__ void rmsnorm_backward_w##V##_f32(                                  \
-		float *dinp, float *part, const float *dout, const float *inp, const float *weight, \
-		const float *rstd, int N, int C)                                                \
+		float *dinp, __nv_bfloat16 *dinp16, float *part, const float *dout,             \
+		const float *inp, const float *weight, const float *rstd, int N, int C)         \
 	{                                                                                       \
-		rms_bwd_warp<V>(dinp, part, dout, inp, weight, rstd, N, C);                     \
+		rms_bwd_warp<V>(dinp, dinp16, part, dout, inp, weight, rstd, N, C);             \
 	}
 /* the backward for rows of up to 256 channels only (the launcher's) */
 RMS_WARP_FWD(1) RMS_WARP_FWD(2) RMS_WARP_FWD(4) RMS_WARP_FWD(8)

@@ -363,6 +363,9 @@ static void test_embedding(void)
 	op_report("embedding");
 }
 
+static gpu_bf16 *dnan16(size_t n);
+static void expect_twin(const char *what, const gpu_bf16 *d16, const float *f32, size_t n);
+
 static void test_rmsnorm(void)
 {
 	/* C a multiple of 4 up to 1024 takes the warp-a-row forward, a lane
@@ -406,21 +409,30 @@ static void test_rmsnorm(void)
 		rmsnorm_backward(dinp, dw, dout, inp, weight, rstd, N, C);
 		float *d_dout = dputf(dout, nx), *d_rstd_ref = dputf(rstd, (size_t)N);
 		float *d_dinp = dputf(dinp0, nx), *d_dw = dputf(dw0, (size_t)C);
-		gpu_rmsnorm_backward(be, d_dinp, d_dw, d_dout, d_inp, d_weight, d_rstd_ref, N, C);
-		float *g_dw = hget(d_dw, (size_t)C);
-		expect_red("dinp", hget(d_dinp, nx), dinp, nx, C);
+		/* with dinp's twin: the new values rounded */
+		gpu_bf16 *d_t16 = dnan16(nx);
+		gpu_rmsnorm_backward(be, d_dinp, d_t16, d_dw, d_dout, d_inp, d_weight, d_rstd_ref, N, C);
+		float *g_dw = hget(d_dw, (size_t)C), *g_dinp = hget(d_dinp, nx);
+		expect_red("dinp", g_dinp, dinp, nx, C);
 		expect_red("dweight", g_dw, dw, (size_t)C, N);
+		expect_twin("dinp16", d_t16, g_dinp, nx);
 
-		/* Determinism, and dweight NULL (dinp alone). */
+		/* Determinism, without the twin: the same bits. */
 		gpu_upload(be, d_dw, dw0, sizeof(float) * (size_t)C);
 		gpu_upload(be, d_dinp, dinp0, sizeof(float) * nx);
-		gpu_rmsnorm_backward(be, d_dinp, d_dw, d_dout, d_inp, d_weight, d_rstd_ref, N, C);
+		gpu_rmsnorm_backward(be, d_dinp, NULL, d_dw, d_dout, d_inp, d_weight, d_rstd_ref, N, C);
 		expect_same_bits("dweight", hget(d_dw, (size_t)C), g_dw, (size_t)C);
+		expect_same_bits("dinp (no twin)", hget(d_dinp, nx), g_dinp, nx);
+		/* dweight NULL (dinp alone), the twin a value past 8-byte
+		 * alignment (its values a store each) */
 		float *dinp_only = fcopy(dinp0, nx);
 		rmsnorm_backward(dinp_only, NULL, dout, inp, weight, rstd, N, C);
 		gpu_upload(be, d_dinp, dinp0, sizeof(float) * nx);
-		gpu_rmsnorm_backward(be, d_dinp, NULL, d_dout, d_inp, d_weight, d_rstd_ref, N, C);
-		expect_red("dinp (dweight NULL)", hget(d_dinp, nx), dinp_only, nx, C);
+		gpu_bf16 *d_u16 = dnan16(nx + 1) + 1;
+		gpu_rmsnorm_backward(be, d_dinp, d_u16, NULL, d_dout, d_inp, d_weight, d_rstd_ref, N, C);
+		float *g_only = hget(d_dinp, nx);
+		expect_red("dinp (dweight NULL)", g_only, dinp_only, nx, C);
+		expect_twin("dinp16 (unaligned)", d_u16, g_only, nx);
 		synced("rmsnorm_backward");
 		case_end();
 	}
