@@ -453,6 +453,20 @@ static void lt_tune(struct cu_backend *cb, struct cu_lt_plan *lp, const char *wh
 	lt_call(cb, lp, what, alpha, A, B, beta, C, D);
 }
 
+/* A plan whose reference is its first algorithm (an addend apart from D,
+ * or a bias): timed at its first call (lt_tune) wherever the backend times
+ * its algorithms; untimed, the reference (#0) alone, whatever a timing
+ * kept before the switch. */
+static void lt_epilogue_call(struct cu_backend *cb, struct cu_lt_plan *lp, const char *what,
+			     const uint16_t *A, const uint16_t *B, float beta, const void *C, void *D)
+{
+	if (cb->gemm_tune && !lp->tuned)
+		lt_tune(cb, lp, what, 1.0f, A, B, beta, C, D);
+	else
+		cu_check_blas(cb, lt_run(cb, lp, cb->gemm_tune ? lp->chosen : 0, 1.0f, A, B, beta, C, D),
+			      what);
+}
+
 /* bf16 x bf16 -> C GEMM, fp32 accumulation; C fp32, or bf16 (C16) when C is
  * NULL: cublasGemmEx's default, or where the backend times them the
  * algorithm its plan for the shape keeps (lt_tune: the same bits). */
@@ -847,12 +861,7 @@ static bool forward_bias(struct cu_backend *cb, float *out, const float *inp,
 		return true;
 	}
 	cu_prof_begin(cb);
-	if (cb->gemm_tune && !lp->tuned)
-		lt_tune(cb, lp, "matmul_forward (bias): GEMM", 1.0f, w16, x16, 0.0f, out, out);
-	else /* untimed: the reference (#0) alone, whatever a timing kept before the switch */
-		cu_check_blas(cb, lt_run(cb, lp, cb->gemm_tune ? lp->chosen : 0, 1.0f, w16, x16, 0.0f,
-					 out, out),
-			      "matmul_forward (bias): GEMM");
+	lt_epilogue_call(cb, lp, "matmul_forward (bias): GEMM", w16, x16, 0.0f, out, out);
 	cu_prof_end(cb, "matmul_forward (bias): GEMM %dx%dx%d", OC, N, C);
 	return true;
 }
@@ -943,12 +952,7 @@ static void cu_matmul_forward_residual(struct gpu_backend *be, float *out, const
 	cu_prof_begin(cb);
 	/* out = res + the product whatever ran before: a call that may be
 	 * timed (lt_tune) wherever the backend times its algorithms */
-	if (cb->gemm_tune && !lp->tuned)
-		lt_tune(cb, lp, "matmul_forward_residual: GEMM", 1.0f, w16, x16, 1.0f, res, out);
-	else /* untimed: the reference (#0) alone, whatever a timing kept before the switch */
-		cu_check_blas(cb, lt_run(cb, lp, cb->gemm_tune ? lp->chosen : 0, 1.0f, w16, x16, 1.0f,
-					 res, out),
-			      "matmul_forward_residual: GEMM");
+	lt_epilogue_call(cb, lp, "matmul_forward_residual: GEMM", w16, x16, 1.0f, res, out);
 	cu_prof_end(cb, "matmul_forward_residual: GEMM %dx%dx%d", OC, N, C);
 }
 

@@ -26,6 +26,23 @@
 
 /* Four floats rounded to bf16 (nearest even), packed for one 8-byte store:
  * the bf16 twins and copies of the bf16 mode. */
+/* RoPE's rotation of four pairs (x1, x2) by (c, s) (rope.cu: Hugging
+ * Face's rotate_half): y1 = x1 c - x2 s, y2 = x2 c + x1 s, each product
+ * and sum rounded on its own (no contraction into FMAs): the CPU op's
+ * bits. */
+static __device__ __forceinline__ void cu_rope4(float4 x1, float4 x2, float4 c, float4 s,
+						float4 &y1, float4 &y2)
+{
+	y1 = make_float4(__fsub_rn(__fmul_rn(x1.x, c.x), __fmul_rn(x2.x, s.x)),
+			 __fsub_rn(__fmul_rn(x1.y, c.y), __fmul_rn(x2.y, s.y)),
+			 __fsub_rn(__fmul_rn(x1.z, c.z), __fmul_rn(x2.z, s.z)),
+			 __fsub_rn(__fmul_rn(x1.w, c.w), __fmul_rn(x2.w, s.w)));
+	y2 = make_float4(__fadd_rn(__fmul_rn(x2.x, c.x), __fmul_rn(x1.x, s.x)),
+			 __fadd_rn(__fmul_rn(x2.y, c.y), __fmul_rn(x1.y, s.y)),
+			 __fadd_rn(__fmul_rn(x2.z, c.z), __fmul_rn(x1.z, s.z)),
+			 __fadd_rn(__fmul_rn(x2.w, c.w), __fmul_rn(x1.w, s.w)));
+}
+
 static __device__ __forceinline__ uint2 cu_pack_bf16x4(float4 v)
 {
 	__nv_bfloat162 lo = __floats2bfloat162_rn(v.x, v.y), hi = __floats2bfloat162_rn(v.z, v.w);

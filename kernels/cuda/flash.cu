@@ -1284,14 +1284,8 @@ extern "C" __global__ void flash_kv_reduce_rope_f32(float *dk, float *dv, const 
 		const float4 c = *reinterpret_cast<const float4 *>(rc + (size_t)t * H2 + d);
 		float4 s = *reinterpret_cast<const float4 *>(rs + (size_t)t * H2 + d);
 		s = make_float4(-1.0f * s.x, -1.0f * s.y, -1.0f * s.z, -1.0f * s.w);
-		const float4 y1 = make_float4(__fsub_rn(__fmul_rn(k1.x, c.x), __fmul_rn(k2.x, s.x)),
-					      __fsub_rn(__fmul_rn(k1.y, c.y), __fmul_rn(k2.y, s.y)),
-					      __fsub_rn(__fmul_rn(k1.z, c.z), __fmul_rn(k2.z, s.z)),
-					      __fsub_rn(__fmul_rn(k1.w, c.w), __fmul_rn(k2.w, s.w)));
-		const float4 y2 = make_float4(__fadd_rn(__fmul_rn(k2.x, c.x), __fmul_rn(k1.x, s.x)),
-					      __fadd_rn(__fmul_rn(k2.y, c.y), __fmul_rn(k1.y, s.y)),
-					      __fadd_rn(__fmul_rn(k2.z, c.z), __fmul_rn(k1.z, s.z)),
-					      __fadd_rn(__fmul_rn(k2.w, c.w), __fmul_rn(k1.w, s.w)));
+		float4 y1, y2;
+		cu_rope4(k1, k2, c, s, y1, y2);
 		const size_t dst = row * NKV * HS + (size_t)j * HS + d;
 		if (dk) {
 			*reinterpret_cast<float4 *>(dk + dst) = y1;

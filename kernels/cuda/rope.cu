@@ -65,14 +65,8 @@ static __device__ __forceinline__ void rope_rotate4(float *out, __nv_bfloat16 *o
 		const float4 c = *reinterpret_cast<const float4 *>(cos + (size_t)t * H2 + i);
 		float4 s = *reinterpret_cast<const float4 *>(sin + (size_t)t * H2 + i);
 		s = make_float4(sign * s.x, sign * s.y, sign * s.z, sign * s.w);
-		const float4 y1 = make_float4(__fsub_rn(__fmul_rn(x1.x, c.x), __fmul_rn(x2.x, s.x)),
-					      __fsub_rn(__fmul_rn(x1.y, c.y), __fmul_rn(x2.y, s.y)),
-					      __fsub_rn(__fmul_rn(x1.z, c.z), __fmul_rn(x2.z, s.z)),
-					      __fsub_rn(__fmul_rn(x1.w, c.w), __fmul_rn(x2.w, s.w)));
-		const float4 y2 = make_float4(__fadd_rn(__fmul_rn(x2.x, c.x), __fmul_rn(x1.x, s.x)),
-					      __fadd_rn(__fmul_rn(x2.y, c.y), __fmul_rn(x1.y, s.y)),
-					      __fadd_rn(__fmul_rn(x2.z, c.z), __fmul_rn(x1.z, s.z)),
-					      __fadd_rn(__fmul_rn(x2.w, c.w), __fmul_rn(x1.w, s.w)));
+		float4 y1, y2;
+		cu_rope4(x1, x2, c, s, y1, y2);
 		cu_put4(out, out16, off / 4, y1);
 		cu_put4(out, out16, (off + H2) / 4, y2);
 	}
