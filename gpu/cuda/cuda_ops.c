@@ -1554,6 +1554,12 @@ static bool cu_attention_backward_rope16(struct gpu_backend *be, float *dq, floa
 	    ((uintptr_t)d16 & 7) || (((uintptr_t)cos | (uintptr_t)sin) & 15) ||
 	    (((uintptr_t)dk | (uintptr_t)dv) & 15))
 		return false;
+	/* the kernels read dout's bf16 copy from the GEMM scratch after the
+	 * kv groups' sum has written its rows: never the same bytes */
+	const uintptr_t r0 = (uintptr_t)d16, r1 = r0 + ((size_t)B * T * ld16) * sizeof(gpu_bf16);
+	const uintptr_t s0 = (uintptr_t)cb->base.gemm_scratch, s1 = s0 + cb->base.gemm_scratch_bytes;
+	if (r0 < s1 && s0 < r1)
+		return false;
 	const struct att_rope16 r = {cos, sin, d16, (int)ld16};
 	att_backward(be, dq, dk, dv, datt, dout, out, out16, NULL, q16, NULL, k16, NULL, v16, att, B,
 		     T, NH, NKV, HS, &r);
