@@ -1887,21 +1887,6 @@ static void group_add(struct tr_model *m, float *dinp, const struct dx_group *gr
 		gpu_lora_dx_add(m->be, dinp, grp->ad, grp->G, m->plan.opts.B * m->plan.opts.T);
 }
 
-/* Layer l's q, k and v input and weight gradients (the bf16 mode; with
- * adapters on them, over a frozen base and without dropout): where their
- * weights' bf16 copies lie side by side, as one (H + 2 KV) x C matrix, and so do their weight gradients (or none is
- * trained), the three products of each kind are one — d(ln1) = [dq dk dv]
- * [Wq; Wk; Wv] over K = H + 2 KV, and [dWq; dWk; dWv] = [dq dk dv]^T ln1 —
- * over the gradients rounded side by side into one bf16 operand, over
- * d(y) or in the model's GEMM scratch (which the products leave alone:
- * every operand has its bf16 twin). The same bf16 operands as three
- * products (each gradient rounded as matmul_backward rounds it); d(ln1) is
- * one fp32 sum over all of K instead of three added in turn, and
- * Qwen2-0.5B's k and v products (K or M of 128) no longer run alone.
- * Biases as before, from the fp32 gradients; the adapters' products after
- * it, as linear_backward_rows takes them (their shares of d(ln1) grouped
- * where the plan groups them). Returns false, having launched nothing,
- * where it does not apply. */
 /* qkv_backward_fused's operand room for layer l: d(y)'s floats, read by
  * the attention's backward only (as long as its H floats a row hold the
  * H + 2 KV bf16 values: KV <= H / 2), else the GEMM scratch; NULL where
@@ -1937,7 +1922,22 @@ static gpu_bf16 *qkv_fused_room(struct tr_model *m, int l)
 	return d16;
 }
 
-/* packed: the attention's backward already rounded dq, dk and dv into
+/* Layer l's q, k and v input and weight gradients (the bf16 mode; with
+ * adapters on them, over a frozen base and without dropout): where their
+ * weights' bf16 copies lie side by side, as one (H + 2 KV) x C matrix, and so do their weight gradients (or none is
+ * trained), the three products of each kind are one — d(ln1) = [dq dk dv]
+ * [Wq; Wk; Wv] over K = H + 2 KV, and [dWq; dWk; dWv] = [dq dk dv]^T ln1 —
+ * over the gradients rounded side by side into one bf16 operand, over
+ * d(y) or in the model's GEMM scratch (which the products leave alone:
+ * every operand has its bf16 twin). The same bf16 operands as three
+ * products (each gradient rounded as matmul_backward rounds it); d(ln1) is
+ * one fp32 sum over all of K instead of three added in turn, and
+ * Qwen2-0.5B's k and v products (K or M of 128) no longer run alone.
+ * Biases as before, from the fp32 gradients; the adapters' products after
+ * it, as linear_backward_rows takes them (their shares of d(ln1) grouped
+ * where the plan groups them). Returns false, having launched nothing,
+ * where it does not apply.
+ * packed: the attention's backward already rounded dq, dk and dv into
  * qkv_fused_room's rows (gpu_attention_backward_rope16). */
 static bool qkv_backward_fused(struct tr_model *m, int l, const float *dq, const float *dk,
 			       const float *dv, bool packed)
