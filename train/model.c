@@ -1937,10 +1937,11 @@ static gpu_bf16 *qkv_fused_room(struct tr_model *m, int l)
  * it, as linear_backward_rows takes them (their shares of d(ln1) grouped
  * where the plan groups them). Returns false, having launched nothing,
  * where it does not apply.
- * packed: the attention's backward already rounded dq, dk and dv into
- * qkv_fused_room's rows (gpu_attention_backward_rope16). */
-static bool qkv_backward_fused(struct tr_model *m, int l, const float *dq, const float *dk,
-			       const float *dv, bool packed)
+ * d16: qkv_fused_room's rows (the caller's); packed: the attention's
+ * backward already rounded dq, dk and dv into them
+ * (gpu_attention_backward_rope16). */
+static bool qkv_backward_fused(struct tr_model *m, int l, gpu_bf16 *d16, const float *dq,
+			       const float *dk, const float *dv, bool packed)
 {
 	struct gpu_backend *be = m->be;
 	const struct tr_model_config *c = &m->plan.cfg;
@@ -1950,7 +1951,6 @@ static bool qkv_backward_fused(struct tr_model *m, int l, const float *dq, const
 	const struct lin *q = &m->lin[l][TR_LIN_Q], *k = &m->lin[l][TR_LIN_K],
 			 *v = &m->lin[l][TR_LIN_V];
 	const struct layer_a *a = &m->a[l];
-	gpu_bf16 *d16 = qkv_fused_room(m, l);
 	assert(d16 || !packed);
 	if (!d16)
 		return false;
@@ -2048,12 +2048,12 @@ static void layer_backward(struct tr_model *m, int l)
 	 * products' operand as it writes them (the fp32 gradients only where
 	 * a bias or an adapter reads them). */
 	linear_backward(m, l, TR_LIN_O, m->dy, true, m->dres, m->dres16, a->y, a->y16);
-	gpu_bf16 *d16 = c->qk_norm ? NULL : qkv_fused_room(m, l);
+	gpu_bf16 *d16 = qkv_fused_room(m, l);
 	bool f32 = false;
 	for (int k = TR_LIN_Q; k <= TR_LIN_V; k++)
 		f32 = f32 || m->lin[l][k].db || (m->lin[l][k].lora && !be->ops->matmul_backward_ld16);
 	const bool packed =
-		d16 && gpu_attention_backward_rope16(be, f32 ? m->dq : NULL, f32 ? m->dk : NULL,
+		d16 && !c->qk_norm && gpu_attention_backward_rope16(be, f32 ? m->dq : NULL, f32 ? m->dk : NULL,
 						     f32 ? m->dv : NULL, m->datt, m->dy, a->y, a->y16,
 						     a->q16, a->k16, a->v16, a->att, m->rope_cos,
 						     m->rope_sin, d16, (size_t)(H + 2 * KV), B, T, NH,
@@ -2075,7 +2075,7 @@ static void layer_backward(struct tr_model *m, int l)
 		dqp = m->dqraw;
 		dkp = m->dkraw;
 	}
-	if (qkv_backward_fused(m, l, dqp, dkp, m->dv, packed)) {
+	if (qkv_backward_fused(m, l, d16, dqp, dkp, m->dv, packed)) {
 		gpu_rmsnorm_backward(be, m->dres, m->dres16, g->ln1, m->dln, m->res[l], w->ln1,
 				     a->ln1_rstd, N, C);
 		return;

@@ -476,7 +476,8 @@ static void emu_matmul_backward_ld16(struct gpu_backend *be, float *dinp, float 
 				     float alpha_in)
 {
 	if (alpha_in != 1.0f && !(set & GPU_SET_DINP))
-		violation("%s: alpha %zu without GPU_SET_DINP (%zu)", "matmul_backward_ld16", 0, 0);
+		violation("%s: an alpha on a dinp (%zu x %zu) added to, not set", "matmul_backward_ld16",
+			  (size_t)N, (size_t)C);
 	if (ldo < (size_t)OC)
 		violation("%s: rows of %zu values, fewer than %zu", "matmul_backward_ld16", ldo,
 			  (size_t)OC);
