@@ -1220,6 +1220,11 @@ static td_err plan_build(struct tr_plan *p, const struct tr_model_config *cfg,
 	 * bf16 GEMMs, a bf16 one widened to fp32. */
 	const size_t deq = o->gemm_bf16 ? p->nf4_max_numel * sizeof(uint16_t)
 					: f32_bytes(max_sz(p->nf4_max_numel, p->bf16_max_numel), 1, 1);
+	/* d(gate) written over d(h) (the bf16 mode, no adapter's share added
+	 * as d(h) is read: swiglu_backward's plain kernel, each element read by
+	 * the thread that then writes it): the MLP's phase holds two of its
+	 * three tensors, so its whole rows fit where its two parts did */
+	const bool dgate_over_dh = p->dh16 && !(R && (o->lora_targets & (1u << TR_LIN_DOWN)));
 	struct {
 		const char *what;
 		size_t bytes;
@@ -1288,9 +1293,11 @@ static td_err plan_build(struct tr_plan *p, const struct tr_model_config *cfg,
 		 o->gemm_bf16 && p->numel_trainable > 0 && !tr_shard_params(o->shard, o->shard_ranks), 0},
 	};
 	const size_t nscratch = sizeof(scratch) / sizeof(scratch[0]);
+	/* the member of its phase whose bytes member i reuses, or NULL */
+#define OVER(i) (dgate_over_dh && !strcmp(scratch[i].what, "dgate16") ? "dh16" : NULL)
 	size_t phase_bytes[5] = {0, 0, 0, 0, 0}, at[5] = {0, 0, 0, 0, 0};
 	for (size_t i = 0; i < nscratch; i++) {
-		if (!scratch[i].on)
+		if (!scratch[i].on || OVER(i))
 			continue;
 		phase_bytes[scratch[i].phase] += aligned(scratch[i].bytes);
 	}
@@ -1325,6 +1332,7 @@ static td_err plan_build(struct tr_plan *p, const struct tr_model_config *cfg,
 	}
 	size_t region = 0; /* the region's offset, placed with its first member */
 	bool placed = false;
+	size_t place[sizeof(scratch) / sizeof(scratch[0])]; /* each region member's offset in it */
 	for (size_t i = 0; i < nscratch; i++) {
 		if (!scratch[i].on)
 			continue;
@@ -1341,12 +1349,23 @@ static td_err plan_build(struct tr_plan *p, const struct tr_model_config *cfg,
 			BUF(TR_ARENA_SCRATCH, scratch[i].bytes);
 			continue;
 		}
-		if ((e = add_view(p, TR_ARENA_SCRATCH, nm, region + at[ph], scratch[i].bytes, eb))) {
+		const char *over = OVER(i);
+		size_t off = at[ph];
+		for (size_t j = 0; over && j < i; j++)
+			if (scratch[j].on && scratch[j].phase == ph && !strcmp(scratch[j].what, over)) {
+				assert(scratch[j].bytes >= scratch[i].bytes);
+				off = place[j];
+			}
+		assert(!over || off != at[ph]);
+		place[i] = off;
+		if ((e = add_view(p, TR_ARENA_SCRATCH, nm, region + off, scratch[i].bytes, eb))) {
 			tr_plan_fini(p);
 			return e;
 		}
-		at[ph] += aligned(scratch[i].bytes);
+		if (!over)
+			at[ph] += aligned(scratch[i].bytes);
 	}
+#undef OVER
 #undef BUF
 #undef NAMED
 	if ((e = build_stages(p, eb)) != TD_OK) {
@@ -1456,6 +1475,9 @@ void tr_plan_print(const struct tr_plan *p, FILE *f)
 	fprintf(f, "parameters %zu (%zu trainable, %zu with weight decay)\n", p->numel_params,
 		p->numel_trainable, p->numel_decay);
 	const struct tr_plan_opts *o = &p->opts;
+	if (p->mlp_rows < o->B * o->T)
+		fprintf(f, "mlp        the backward in parts of %d rows (the whole rows' d(h), d(gate) and "
+			"d(up) would need more scratch)\n", p->mlp_rows);
 	if (o->shard != TR_SHARD_NONE && o->shard_ranks > 1)
 		fprintf(f, "shard      %s over %d ranks: each keeps the moments%s of %zu trainable floats "
 			"(rank %d: [%zu, %zu))%s\n",

@@ -975,6 +975,14 @@ static void test_twins(void)
 			    d_u16, n, NULL);
 	expect_same_bits("swiglu dgate from bf16 dout, gate, up", hget(d_dg, n), dg_ref, n);
 	expect_same_bits("swiglu dup from bf16 dout, gate, up", hget(d_du, n), du_ref, n);
+	/* d(gate) written over d(h) (train/plan.c: dgate_over_dh), all bf16:
+	 * the bits of separate buffers */
+	gpu_bf16 *d_dy16 = dput16(dy, n), *d_dyin = dput16(dy, n);
+	gpu_swiglu_backward(be, NULL, NULL, d_dg16, d_du16, NULL, d_dy16, NULL, NULL, d_g16, d_u16,
+			    n, NULL);
+	gpu_swiglu_backward(be, NULL, NULL, d_dyin, d_du16, NULL, d_dyin, NULL, NULL, d_g16, d_u16,
+			    n, NULL);
+	expect_same_bits("swiglu dgate16 over dout16", hget16(d_dyin, n), hget16(d_dg16, n), n);
 
 	/* crossentropy_backward: the twin alone */
 	float *lg = frand(nl, 4.0, 0.0);

@@ -728,12 +728,15 @@ static void test_shard_8b_plan(void)
 		       "(PyTorch FSDP2 with checkpointing: 64.8 GiB peak)\n",
 		       tr_shard_name((enum tr_shard)k), (double)total / (1 << 30));
 		prev = total;
-		/* the MLP's backward by halves of the rows (2048 of 4096: d(h),
-		 * d(gate) and d(up) bf16, I wide) */
-		CHECK_EQ_INT(p.mlp_rows, 2048);
+		/* the MLP's backward over all 4096 rows: d(h) and d(up) bf16, I
+		 * wide, d(gate) written over d(h) (the three would take more
+		 * scratch than the head's logits chunk, the two do not) */
+		CHECK_EQ_INT(p.mlp_rows, 4096);
 		CHECK(p.dh16 && !tr_plan_find(&p, "scratch.dh"));
-		CHECK_EQ_INT(tr_plan_find(&p, "scratch.dh16")->bytes, 2048 * I * 2);
-		CHECK_EQ_INT(tr_plan_find(&p, "scratch.dup16")->bytes, 2048 * I * 2);
+		CHECK_EQ_INT(tr_plan_find(&p, "scratch.dh16")->bytes, 4096 * I * 2);
+		CHECK_EQ_INT(tr_plan_find(&p, "scratch.dup16")->bytes, 4096 * I * 2);
+		CHECK_EQ_INT(tr_plan_find(&p, "scratch.dgate16")->offset,
+			     tr_plan_find(&p, "scratch.dh16")->offset);
 		tr_plan_fini(&p);
 	}
 	/* The weights sharded with full-offload: within FSDP2's measured peak
@@ -750,17 +753,22 @@ static void test_shard_8b_plan(void)
 	       (double)total / (1 << 30));
 	tr_plan_fini(&p);
 	/* an adapter on the MLP keeps its backward whole (its kept product and
-	 * dropout are the batch's), one elsewhere does not; d(h) stays bf16
-	 * with one on down (its share added as swiglu_backward reads d(h)),
-	 * except through dropout's mask (then fp32: the share added by a GEMM) */
+	 * dropout are the batch's), one elsewhere takes whole rows here as
+	 * full fine-tuning does (above); d(h) stays bf16 with one on down (its
+	 * share added as swiglu_backward reads d(h)), except through dropout's
+	 * mask (then fp32: the share added by a GEMM); d(gate) is written over
+	 * d(h) only without one on down (swiglu_backward's plain kernel) */
 	for (int mlp = 0; mlp < 3; mlp++) {
 		struct tr_plan_opts lo = {.B = 2, .T = 2048, .gemm_bf16 = true, .attention_lse = true,
 					  .lora_rank = 8, .lora_alpha = 16,
 					  .lora_targets = 1u << TR_LIN_Q | (mlp ? 1u << TR_LIN_DOWN : 0),
 					  .lora_dropout = mlp == 2 ? 0.1f : 0.0f};
 		CHECK_EQ_INT(tr_plan_build(&p, &cfg, &lo, &eb), TD_OK);
-		CHECK_EQ_INT(p.mlp_rows, mlp ? 4096 : 2048);
+		CHECK_EQ_INT(p.mlp_rows, 4096);
 		CHECK_EQ_INT(p.dh16, mlp < 2);
+		CHECK_EQ_INT(tr_plan_find(&p, "scratch.dgate16")->offset ==
+				     tr_plan_find(&p, p.dh16 ? "scratch.dh16" : "scratch.dh")->offset,
+			     mlp == 0);
 		tr_plan_fini(&p);
 	}
 }

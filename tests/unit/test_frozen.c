@@ -519,6 +519,11 @@ static void test_real_shapes(void)
 				const struct tr_plan_buf *b = tr_plan_find(&p, names[k]);
 				CHECK_MSG(b && b->offset >= lb->offset && b->offset + b->bytes <= lb->offset + lb->bytes,
 					  "%s: %s is not inside scratch.layer_backward", shapes[i].name, names[k]);
+				/* d(gate) over d(h) where it is written in place:
+				 * their bytes once */
+				const struct tr_plan_buf *first = k ? tr_plan_find(&p, names[0]) : NULL;
+				if (b && first && ph == 1 && b->offset == first->offset)
+					continue;
 				sum[ph] += b ? (b->bytes + TR_PLAN_ALIGN - 1) / TR_PLAN_ALIGN * TR_PLAN_ALIGN : 0;
 			}
 		}
