@@ -1717,6 +1717,15 @@ static void cu_adamw_update_rows(struct gpu_backend *be, float *param, const flo
 	struct adamw_scalars k = adamw_scalars(lr, beta1, beta2, eps, weight_decay, t);
 	void *args[] = {&param, &rows,	 &row_of, &C,	   &gscale,	&m,	      &v,    &n,
 			&k.decay, &k.omb1, &k.omb2, &k.beta2, &k.bc2_sqrt, &k.step_size, &k.eps};
+	/* By rows, four values a thread, where C and the pointers allow (the
+	 * same bits): a block of C / 4 threads (up to CU_THREADS, whole warps) */
+	if (C % 4 == 0 &&
+	    (((uintptr_t)param | (uintptr_t)rows | (uintptr_t)m | (uintptr_t)v) & 15) == 0) {
+		const size_t q = (size_t)C / 4, warps = (q < CU_THREADS ? q : CU_THREADS) + 31;
+		cu_launch(cu_of(be), CU_K_adamw_update_rows_v4_f32, dim1(grid_cap(n / (size_t)C)),
+			  dim1((unsigned)(warps / 32 * 32)), 0, args);
+		return;
+	}
 	launch_n(cu_of(be), CU_K_adamw_update_rows_f32, n, args);
 }
 

@@ -1877,6 +1877,41 @@ static void test_adamw(void)
 		case_end();
 	}
 	op_report("adamw");
+	/* adamw_update_rows (an untied embedding's, its gradient by rows):
+	 * C a multiple of 4 with aligned pointers takes the by-rows four-wide
+	 * kernel (C / 4 of 1024 quads: 4 a thread, of 24: part of a warp), else
+	 * the one-wide; every third row without a gradient (zeros); the same
+	 * bits as the CPU op. */
+	static const struct { int C, rows, slots; size_t off; int t; float wd; } rcases[] = {
+		{ 4096, 37, 13, 0, 1, 0.1f }, { 96, 1000, 400, 0, 5, 0.0f }, { 6, 50, 20, 0, 2, 0.01f },
+		{ 96, 40, 17, 1, 3, 0.01f },
+	};
+	op_begin();
+	for (size_t ci = 0; ci < COUNT(rcases); ci++) {
+		const int C = rcases[ci].C, R = rcases[ci].rows, S = rcases[ci].slots;
+		const size_t n = (size_t)C * (size_t)R, off = rcases[ci].off, na = n + off;
+		const float gscale = ci % 2 ? 0.3712f : 1.0f;
+		snprintf(where, sizeof(where), "adamw_update_rows (C=%d rows=%d off=%zu)", C, R, off);
+		float *param = frand(na, 1.0, 0.0), *m = frand(na, 0.1, 0.0), *v = frand(na, 0.005, 0.005);
+		float *rows = frand((size_t)S * C, 1.0, 0.0);
+		int32_t *row_of = malloc((size_t)R * sizeof(int32_t));
+		for (int r = 0; r < R; r++)
+			row_of[r] = r % 3 == 2 ? -1 : (r * 7) % S;
+		float *d_param = dputf(param, na) + off, *d_m = dputf(m, na) + off;
+		float *d_v = dputf(v, na) + off, *d_rows = dputf(rows, (size_t)S * C);
+		int32_t *d_row_of = dput(row_of, (size_t)R * sizeof(int32_t));
+		param += off, m += off, v += off;
+		adamw_update_rows(param, rows, row_of, C, gscale, m, v, n, lr, beta1, beta2, eps,
+				  rcases[ci].wd, rcases[ci].t);
+		gpu_adamw_update_rows(be, d_param, d_rows, d_row_of, C, gscale, d_m, d_v, n, lr, beta1,
+				      beta2, eps, rcases[ci].wd, rcases[ci].t);
+		expect_exact("param", hget(d_param, n), param, n);
+		expect_exact("m", hget(d_m, n), m, n);
+		expect_exact("v", hget(d_v, n), v, n);
+		free(row_of);
+		case_end();
+	}
+	op_report("adamw_update_rows");
 }
 
 static void test_sumsq(void)
