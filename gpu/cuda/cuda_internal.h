@@ -167,10 +167,6 @@ struct cu_backend {
 	bool flash_wg;
 	bool no_rope16; /* TD_CUDA_NO_ROPE16=1 (cuda_ops.c) */
 	bool no_bias_epilogue; /* TD_CUDA_NO_BIAS_EPILOGUE=1 (cuda_ops.c) */
-	/* The shared memory granted crossentropy_backward_bf16_cached for a
-	 * row's values (bytes; 0: the kernel that reads the row twice), at
-	 * most TD_CUDA_CE_CACHE_KB KiB where that is set (cu_flash_prepare). */
-	unsigned ce_cache_bytes;
 	/* TD_CUDA_PROFILE's per-op device times (cuda_prof.c); NULL when off. */
 	struct cu_prof *prof;
 	/* TD_CUDA_TRACE's timeline of the ops (cuda_prof.c); NULL when off. */

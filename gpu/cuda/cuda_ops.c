@@ -1275,20 +1275,6 @@ void cu_flash_prepare(struct cu_backend *cb)
 	 * product (forward_bias says no; an A/B hook) */
 	const char *no_be = getenv("TD_CUDA_NO_BIAS_EPILOGUE");
 	cb->no_bias_epilogue = no_be && strcmp(no_be, "1") == 0;
-	/* the cross-entropy's row cache: the most of 225, 160 and 96 KiB that
-	 * the device grants a block (Hopper's 227, Ampere's 163, Ada's 99 less
-	 * the kernel's own), within TD_CUDA_CE_CACHE_KB (0: off; an A/B hook) */
-	const char *ce_kb = getenv("TD_CUDA_CE_CACHE_KB");
-	const long cap = ce_kb && *ce_kb ? strtol(ce_kb, NULL, 10) : 225;
-	static const unsigned kib[] = {225, 160, 96};
-	cb->ce_cache_bytes = 0;
-	for (size_t i = 0; i < sizeof(kib) / sizeof(kib[0]) && !cb->ce_cache_bytes; i++) {
-		const unsigned b = (unsigned)(kib[i] < cap ? kib[i] : cap > 0 ? cap : 0) * 1024u;
-		if (b && cb->drv.cuFuncSetAttribute(cb->fn[CU_K_crossentropy_backward_bf16_cached],
-						    CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-						    (int)b) == CUDA_SUCCESS)
-			cb->ce_cache_bytes = b;
-	}
 }
 
 #define FLASH_FWD_ROWS 128 /* flash.cu's FA_FWD_ROWS: queries per forward block */
@@ -1694,19 +1680,6 @@ static void cu_crossentropy_backward(struct gpu_backend *be, float *losses, floa
 	assert(!logits16 || (const void *)dlogits != (const void *)logits16);
 	assert(!logits || (const void *)dlogits16 != (const void *)logits);
 	const void *x = logits ? (const void *)logits : (const void *)logits16;
-	struct cu_backend *cb = cu_of(be);
-	/* bf16 rows 16-byte aligned: the row kept in shared memory between its
-	 * passes (crossentropy_backward_bf16_cached; the same bits) */
-	if (logits16 && cb->ce_cache_bytes && V % 8 == 0 &&
-	    (((uintptr_t)logits16 | (uintptr_t)dlogits | (uintptr_t)dlogits16) & 15) == 0) {
-		const unsigned chunks = cb->ce_cache_bytes / 16u;
-		int cache = (unsigned)(V / 8) < chunks ? V / 8 : (int)chunks;
-		void *args[] = {&losses, &dlogits, &dlogits16, &x, &targets, &dloss, &N, &V, &cache};
-		if (N > 0)
-			cu_launch(cb, CU_K_crossentropy_backward_bf16_cached, dim1(grid_cap((size_t)N)),
-				  dim1(vocab_threads(V)), (unsigned)cache * 16u, args);
-		return;
-	}
 	void *args[] = {&losses, &dlogits, &dlogits16, &x, &targets, &dloss, &N, &V};
 	launch_rows(cu_of(be),
 		    logits ? CU_K_crossentropy_backward_f32 : CU_K_crossentropy_backward_bf16, N,
