@@ -185,6 +185,14 @@ struct gpu_backend_ops {
 				     const gpu_bf16 *inp16, const float *weight,
 				     const gpu_bf16 *weight16, int N, int C, int OC, unsigned set,
 				     float alpha_in);
+	/* Optional (NULL: never). dbias (OC) += the column sums of dout16's
+	 * N rows of OC bf16 values, ldo apart (a block of columns of the fused
+	 * q, k, v products' operand), each widened and summed in fp32: the
+	 * bias gradient of the bf16 gradient the weight's products read (as
+	 * PyTorch's autocast takes it from its bf16 output gradient), so that
+	 * no fp32 gradient need be written for it. */
+	void (*bias_backward_ld16)(struct gpu_backend *be, float *dbias, const gpu_bf16 *dout16,
+				   size_t ldo, int N, int OC);
 	/* Optional (NULL: never). out (N,OC) = alpha (inp (N,C) @ weight
 	 * (OC,C)^T), fp32, no bias: the GEMM's alpha, as matmul_forward then
 	 * scale give it (a LoRA adapter's u = scale x A^T in one op). Operands
@@ -605,6 +613,11 @@ static inline void gpu_matmul_backward_ld16(struct gpu_backend *be, float *dinp,
 {
 	GPU_OP_(matmul_backward_ld16, dinp, dweight, dout16, ldo, inp, inp16, weight, weight16, N, C,
 		OC, set, alpha_in);
+}
+static inline void gpu_bias_backward_ld16(struct gpu_backend *be, float *dbias,
+					  const gpu_bf16 *dout16, size_t ldo, int N, int OC)
+{
+	GPU_OP_(bias_backward_ld16, dbias, dout16, ldo, N, OC);
 }
 static inline void gpu_matmul_forward_scaled(struct gpu_backend *be, float *out, const float *inp,
 					     const gpu_bf16 *inp16, const float *weight,

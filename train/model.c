@@ -1933,7 +1933,8 @@ static gpu_bf16 *qkv_fused_room(struct tr_model *m, int l)
  * products (each gradient rounded as matmul_backward rounds it); d(ln1) is
  * one fp32 sum over all of K instead of three added in turn, and
  * Qwen2-0.5B's k and v products (K or M of 128) no longer run alone.
- * Biases as before, from the fp32 gradients; the adapters' products after
+ * Biases from those rows where the backend can (bias_backward_ld16), else
+ * from the fp32 gradients; the adapters' products after
  * it, as linear_backward_rows takes them (their shares of d(ln1) grouped
  * where the plan groups them). Returns false, having launched nothing,
  * where it does not apply.
@@ -1965,9 +1966,14 @@ static bool qkv_backward_fused(struct tr_model *m, int l, gpu_bf16 *d16, const f
 			    C, (int)W, GPU_SET_DINP | (set ? GPU_SET_DWEIGHT : 0u));
 	const struct lin *lins[3] = {q, k, v};
 	const float *douts[3] = {dq, dk, dv};
-	const size_t outs[3] = {H, KV, KV};
+	const size_t outs[3] = {H, KV, KV}, cols[3] = {0, H, H + KV};
+	/* the biases' gradients from the rows the weights' product read
+	 * where the backend sums bf16 columns in place (no fp32 gradient then
+	 * written for them: layer_backward), else from the fp32 gradients */
 	for (int i = 0; i < 3; i++)
-		if (lins[i]->db)
+		if (lins[i]->db && be->ops->bias_backward_ld16)
+			gpu_bias_backward_ld16(be, lins[i]->db, d16 + cols[i], W, N, (int)outs[i]);
+		else if (lins[i]->db)
 			gpu_matmul_backward(be, NULL, NULL, NULL, lins[i]->db, douts[i], NULL, NULL, NULL,
 					    NULL, NULL, N, C, (int)outs[i], 0u);
 	/* the adapters after the frozen product, as linear_backward_rows
@@ -1976,7 +1982,6 @@ static bool qkv_backward_fused(struct tr_model *m, int l, gpu_bf16 *d16, const f
 	 * to those rows) */
 	struct dx_group grp = {.G = 0};
 	const int ks[3] = {TR_LIN_Q, TR_LIN_K, TR_LIN_V};
-	const size_t cols[3] = {0, H, H + KV};
 	const bool rows = packed && be->ops->matmul_backward_ld16;
 	for (int i = 0; i < 3; i++)
 		adapter_backward(m, l, ks[i], m->dln, rows ? NULL : douts[i], rows ? d16 + cols[i] : NULL,
@@ -2051,7 +2056,8 @@ static void layer_backward(struct tr_model *m, int l)
 	gpu_bf16 *d16 = qkv_fused_room(m, l);
 	bool f32 = false;
 	for (int k = TR_LIN_Q; k <= TR_LIN_V; k++)
-		f32 = f32 || m->lin[l][k].db || (m->lin[l][k].lora && !be->ops->matmul_backward_ld16);
+		f32 = f32 || (m->lin[l][k].db && !be->ops->bias_backward_ld16) ||
+		      (m->lin[l][k].lora && !be->ops->matmul_backward_ld16);
 	const bool packed =
 		d16 && !c->qk_norm && gpu_attention_backward_rope16(be, f32 ? m->dq : NULL, f32 ? m->dk : NULL,
 						     f32 ? m->dv : NULL, m->datt, m->dy, a->y, a->y16,

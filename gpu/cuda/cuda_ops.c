@@ -1045,6 +1045,24 @@ static void cu_matmul_backward(struct gpu_backend *be, float *dinp, gpu_bf16 *di
 		    N, C, OC, set, 1.0f);
 }
 
+/* dbias += the column sums of bf16 rows ldo apart: bias_grad_f32's plan
+ * and order over the widened values. */
+static void cu_bias_backward_ld16(struct gpu_backend *be, float *dbias, const gpu_bf16 *dout16,
+				  size_t ldo, int N, int OC)
+{
+	struct cu_backend *cb = cu_of(be);
+	assert(ldo >= (size_t)OC);
+	if (N <= 0 || OC <= 0)
+		return;
+	struct colsum_plan p = plan_colsum(cb, N, OC);
+	int direct = p.parts == 1;
+	float *dst = direct ? dbias : p.partial;
+	void *args[] = {&dst, &dout16, &ldo, &N, &OC, &p.rows_per_part, &direct};
+	cu_launch(cb, CU_K_bias_grad_bf16, (struct cu_dim){cu_blocks((size_t)OC, 32), p.parts, 1},
+		  (struct cu_dim){32, 32, 1}, 0, args);
+	colsum_finish(cb, dbias, &p, OC);
+}
+
 static void cu_matmul_backward_ld16(struct gpu_backend *be, float *dinp, float *dweight,
 				    const gpu_bf16 *dout16, size_t ldo, const float *inp,
 				    const gpu_bf16 *inp16, const float *weight,
@@ -1873,6 +1891,7 @@ void cu_ops_fill(struct gpu_backend_ops *ops)
 	ops->attention_backward = cu_attention_backward;
 	ops->attention_backward_rope16 = cu_attention_backward_rope16;
 	ops->matmul_backward_ld16 = cu_matmul_backward_ld16;
+	ops->bias_backward_ld16 = cu_bias_backward_ld16;
 	ops->matmul_forward_scaled = cu_matmul_forward_scaled;
 	ops->swiglu_forward = cu_swiglu_forward;
 	ops->swiglu_backward = cu_swiglu_backward;

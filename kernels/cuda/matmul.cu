@@ -41,6 +41,24 @@ extern "C" __global__ void bias_grad_f32(float *dst, const float *dout, int N, i
 		dst[(size_t)blockIdx.y * OC + j] = sum;
 }
 
+/* bias_grad_f32 over bf16 rows ldo apart (gpu/backend.h:
+ * bias_backward_ld16), each value widened: the same tiles and order. */
+extern "C" __global__ void bias_grad_bf16(float *dst, const __nv_bfloat16 *dout16, size_t ldo,
+					  int N, int OC, int rows_per_part, int direct)
+{
+	const int n0 = blockIdx.y * rows_per_part;
+	const int n1 = min(N, n0 + rows_per_part);
+	auto term = [=](int n, int j) { return __bfloat162float(dout16[(size_t)n * ldo + j]); };
+	float sum = cu_colsum_tile(term, n0, n1, OC);
+	const int j = blockIdx.x * 32 + threadIdx.x;
+	if (threadIdx.y != 0 || j >= OC)
+		return;
+	if (direct)
+		dst[j] += sum;
+	else
+		dst[(size_t)blockIdx.y * OC + j] = sum;
+}
+
 /* out (C) += sum over p < P of partial (P, C), in p order. Grid-stride over c. */
 extern "C" __global__ void colsum_reduce_f32(float *out, const float *partial, int P, int C)
 {

@@ -818,6 +818,22 @@ static void test_matmul_ld16(void)
 				gpu_upload(be, d_dx[1], x0, nx * sizeof(float));
 			}
 		}
+		/* bias_backward_ld16: the column sums of the block's bf16 values
+		 * read in place, added to the bias gradient — the bits of
+		 * matmul_backward's bias gradient over fp32 values equal to them
+		 * (the same tiles and order), and within a reduction's bound of
+		 * the CPU's sum over the N rows */
+		{
+			float *b0 = frand((size_t)OC, 1.0, 0.0), *br = bf16_rounded(block, nd);
+			float *d_b1 = dputf(b0, (size_t)OC), *d_b2 = dputf(b0, (size_t)OC);
+			gpu_bias_backward_ld16(be, d_b1, d_full16 + c0, (size_t)W, N, OC);
+			gpu_matmul_backward(be, NULL, NULL, NULL, d_b2, dputf(br, nd), NULL, NULL, NULL,
+					    NULL, NULL, N, C, OC, 0u);
+			float *b1 = hget(d_b1, (size_t)OC);
+			expect_same_bits("bias_backward_ld16", b1, hget(d_b2, (size_t)OC), (size_t)OC);
+			matmul_backward(NULL, NULL, b0, br, br, br, N, C, OC);
+			expect_red("bias_backward_ld16 against the CPU", b1, b0, (size_t)OC, N);
+		}
 		/* matmul_forward_scaled: matmul_forward then scale's bits */
 		for (int ai = 0; ai < 2; ai++) {
 			const float alpha = ai ? 0.37f : 2.0f;

@@ -491,6 +491,22 @@ static void emu_matmul_backward_ld16(struct gpu_backend *be, float *dinp, float 
 		be->ops->scale(be, dinp, alpha_in, (size_t)N * C);
 }
 
+/* bias_backward_ld16: the columns widened into fp32 rows, then this
+ * CPU's bias gradient (its order: a sum of the same values within a
+ * reduction's bound of the CUDA kernel's). */
+static void emu_bias_backward_ld16(struct gpu_backend *be, float *dbias, const gpu_bf16 *dout16,
+				   size_t ldo, int N, int OC)
+{
+	if (ldo < (size_t)OC)
+		violation("%s: rows of %zu values, fewer than %zu", "bias_backward_ld16", ldo,
+			  (size_t)OC);
+	float *d = xmalloc((size_t)N * OC * sizeof(float));
+	for (int r = 0; r < N; r++)
+		bf16_widen(d + (size_t)r * OC, dout16 + (size_t)r * ldo, (size_t)OC);
+	matmul_backward(NULL, NULL, dbias, d, d, d, N, 0, OC);
+	free(d);
+}
+
 /* matmul_forward_scaled: this table's matmul_forward, then scale. */
 static void emu_matmul_forward_scaled(struct gpu_backend *be, float *out, const float *inp,
 				      const gpu_bf16 *inp16, const float *weight,
@@ -570,6 +586,7 @@ static td_err emu_new(struct gpu_backend **out, bool flash, struct td_errbuf *eb
 		ops.attention_backward = emu_flash_backward;
 		ops.attention_backward_rope16 = emu_flash_backward_rope16;
 		ops.matmul_backward_ld16 = emu_matmul_backward_ld16;
+		ops.bias_backward_ld16 = emu_bias_backward_ld16;
 		ops.matmul_forward_scaled = emu_matmul_forward_scaled;
 	}
 	gpu_backend_check_ops(&ops);
