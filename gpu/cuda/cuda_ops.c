@@ -1058,7 +1058,10 @@ static void cu_bias_backward_ld16(struct gpu_backend *be, float *dbias, const gp
 	int direct = p.parts == 1;
 	float *dst = direct ? dbias : p.partial;
 	void *args[] = {&dst, &dout16, &ldo, &N, &OC, &p.rows_per_part, &direct};
-	cu_launch(cb, CU_K_bias_grad_bf16, (struct cu_dim){cu_blocks((size_t)OC, 32), p.parts, 1},
+	/* four columns a thread where they are 8-byte aligned (the same bits) */
+	const bool x4 = OC % 4 == 0 && ldo % 4 == 0 && ((uintptr_t)dout16 & 7) == 0;
+	cu_launch(cb, x4 ? CU_K_bias_grad_bf16x4 : CU_K_bias_grad_bf16,
+		  (struct cu_dim){cu_blocks((size_t)OC, x4 ? 128 : 32), p.parts, 1},
 		  (struct cu_dim){32, 32, 1}, 0, args);
 	colsum_finish(cb, dbias, &p, OC);
 }

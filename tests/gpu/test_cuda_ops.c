@@ -833,6 +833,18 @@ static void test_matmul_ld16(void)
 			expect_same_bits("bias_backward_ld16", b1, hget(d_b2, (size_t)OC), (size_t)OC);
 			matmul_backward(NULL, NULL, b0, br, br, br, N, C, OC);
 			expect_red("bias_backward_ld16 against the CPU", b1, b0, (size_t)OC, N);
+			/* OC - 1 columns (not a multiple of 4: one column a
+			 * thread), from the block's second: the same bits too */
+			const int O1 = OC - 1;
+			float *br1 = fvec((size_t)N * O1);
+			for (int r = 0; r < N; r++)
+				memcpy(br1 + (size_t)r * O1, br + (size_t)r * OC + 1, (size_t)O1 * sizeof(float));
+			float *d_c1 = dputf(b0, (size_t)O1), *d_c2 = dputf(b0, (size_t)O1);
+			gpu_bias_backward_ld16(be, d_c1, d_full16 + c0 + 1, (size_t)W, N, O1);
+			gpu_matmul_backward(be, NULL, NULL, NULL, d_c2, dputf(br1, (size_t)N * O1), NULL,
+					    NULL, NULL, NULL, NULL, N, C, O1, 0u);
+			expect_same_bits("bias_backward_ld16 (one column a thread)",
+					 hget(d_c1, (size_t)O1), hget(d_c2, (size_t)O1), (size_t)O1);
 		}
 		/* matmul_forward_scaled: matmul_forward then scale's bits */
 		for (int ai = 0; ai < 2; ai++) {
