@@ -22,15 +22,27 @@ extern "C" __global__ void add_bias_f32(float *out, const float *bias, int N, in
 	}
 }
 
-/* dbias (OC) = sum over rows of dout (N,OC), by column tiles as
+/* A value widened to float (bf16 exactly). */
+static __device__ __forceinline__ float mm_widen(float x)
+{
+	return x;
+}
+
+static __device__ __forceinline__ float mm_widen(__nv_bfloat16 x)
+{
+	return __bfloat162float(x);
+}
+
+/* dbias (OC) = sum over rows of dout (N rows ldo apart), by column tiles as
  * rmsnorm_dweight_f32: block (32, BY <= 32), grid (ceil(OC/32), P); direct
  * (P == 1) adds into dst = dbias, else partials go to dst[p*OC + j]. */
-extern "C" __global__ void bias_grad_f32(float *dst, const float *dout, int N, int OC,
-					 int rows_per_part, int direct)
+template <typename T>
+static __device__ __forceinline__ void bias_grad(float *dst, const T *dout, size_t ldo, int N,
+						 int OC, int rows_per_part, int direct)
 {
 	const int n0 = blockIdx.y * rows_per_part;
 	const int n1 = min(N, n0 + rows_per_part);
-	auto term = [=](int n, int j) { return dout[(size_t)n * OC + j]; };
+	auto term = [=](int n, int j) { return mm_widen(dout[(size_t)n * ldo + j]); };
 	float sum = cu_colsum_tile(term, n0, n1, OC);
 	const int j = blockIdx.x * 32 + threadIdx.x;
 	if (threadIdx.y != 0 || j >= OC)
@@ -41,22 +53,18 @@ extern "C" __global__ void bias_grad_f32(float *dst, const float *dout, int N, i
 		dst[(size_t)blockIdx.y * OC + j] = sum;
 }
 
+extern "C" __global__ void bias_grad_f32(float *dst, const float *dout, int N, int OC,
+					 int rows_per_part, int direct)
+{
+	bias_grad(dst, dout, (size_t)OC, N, OC, rows_per_part, direct);
+}
+
 /* bias_grad_f32 over bf16 rows ldo apart (gpu/backend.h:
  * bias_backward_ld16), each value widened: the same tiles and order. */
 extern "C" __global__ void bias_grad_bf16(float *dst, const __nv_bfloat16 *dout16, size_t ldo,
 					  int N, int OC, int rows_per_part, int direct)
 {
-	const int n0 = blockIdx.y * rows_per_part;
-	const int n1 = min(N, n0 + rows_per_part);
-	auto term = [=](int n, int j) { return __bfloat162float(dout16[(size_t)n * ldo + j]); };
-	float sum = cu_colsum_tile(term, n0, n1, OC);
-	const int j = blockIdx.x * 32 + threadIdx.x;
-	if (threadIdx.y != 0 || j >= OC)
-		return;
-	if (direct)
-		dst[j] += sum;
-	else
-		dst[(size_t)blockIdx.y * OC + j] = sum;
+	bias_grad(dst, dout16, ldo, N, OC, rows_per_part, direct);
 }
 
 /* bias_grad_bf16 four columns a thread (OC and ldo multiples of 4, dout16
