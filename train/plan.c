@@ -343,6 +343,9 @@ static td_err check_opts(const struct tr_plan_opts *o, const struct tr_model_con
 			       "plan: unknown sharding %d", (int)o->shard);
 	if (o->grad_accum < 0)
 		return td_fail(eb, TD_EINVAL, "plan: grad_accum %d", o->grad_accum);
+	if (o->mlp_rows < 0 || o->mlp_rows % 8)
+		return td_fail(eb, TD_EINVAL, "plan: the MLP's parts of %d rows (a multiple of 8)",
+			       o->mlp_rows);
 	if (o->shard_ranks < 0 || (o->shard_ranks > 1 && (o->shard_rank < 0 || o->shard_rank >= o->shard_ranks)))
 		return td_fail(eb, TD_EINVAL, "plan: shard rank %d of %d", o->shard_rank, o->shard_ranks);
 	if (o->lora_rank > 0) {
@@ -779,7 +782,7 @@ td_err tr_plan_build(struct tr_plan *p, const struct tr_model_config *cfg,
 		     const struct tr_plan_opts *o, struct td_errbuf *eb)
 {
 	td_err e = plan_build(p, cfg, o, false, eb);
-	if (e != TD_OK || p->mlp_rows == o->B * o->T)
+	if (e != TD_OK || p->mlp_rows == o->B * o->T || o->mlp_rows > 0)
 		return e;
 	struct tr_plan w;
 	struct td_errbuf web = {{0}};
@@ -870,6 +873,8 @@ static td_err plan_build(struct tr_plan *p, const struct tr_model_config *cfg,
 	const size_t half = ((N + 1) / 2 + 7) / 8 * 8;
 	p->mlp_rows = train && !mlp_whole && half < N && !(R && (o->lora_targets & mlp3)) ? (int)half
 											   : (int)N;
+	if (train && o->mlp_rows > 0 && !(R && (o->lora_targets & mlp3)))
+		p->mlp_rows = (size_t)o->mlp_rows < N ? o->mlp_rows : (int)N;
 	/* the adapters' input-gradient shares where d(x) is read, or one pass
 	 * for those that share an input: not through dropout's masks nor past
 	 * the ops' rank */

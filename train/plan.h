@@ -349,6 +349,10 @@ struct tr_plan_opts {
 	bool inference;        /* forward only (a teacher): everything frozen, no backward buffers */
 	bool teacher_rows;     /* a teacher whose logits a student asks for by rows (chunked) */
 	size_t logits_chunk_floats; /* the chunked head's bound (see logits_rows); 0: TR_LOGITS_CHUNK_FLOATS */
+	/* The MLP's backward in parts of this many rows (a multiple of 8; B * T
+	 * or more: whole rows; tests that hold the parts to whole rows), where
+	 * no adapter is on the MLP; 0: the plan's rule (mlp_rows). */
+	int mlp_rows;
 	/* Attention is fused (gpu/backend.h: gpu_attention_flash): att and datt
 	 * are B*NH*T row statistics instead of (B,NH,T,T) probabilities.
 	 * tr_model_new sets it from its backend; estimates made without one set

@@ -306,6 +306,63 @@ static void test_plan_equals_allocation(void)
 	}
 }
 
+/* The qwen2 fixture (its config and weights) and 48 token ids (B2 x T24),
+ * for the tests that hold a step's parts to the whole. */
+struct rows_case {
+	struct tr_model_config cfg;
+	struct tr_weights *w;
+	int32_t ids[2 * 24];
+};
+
+static void rows_case_open(struct rows_case *rc)
+{
+	char path[512];
+	struct td_errbuf eb = {{0}};
+	snprintf(path, sizeof(path), "%s/qwen2/config.json", fx);
+	CHECK_EQ_INT(tr_config_load(&rc->cfg, path, &eb), TD_OK);
+	snprintf(path, sizeof(path), "%s/qwen2", fx);
+	rc->w = NULL;
+	CHECK_EQ_INT(tr_weights_open(&rc->w, path, &eb), TD_OK);
+	for (int k = 0; k < 48; k++)
+		rc->ids[k] = (k * 131 + 7) % rc->cfg.vocab_size;
+}
+
+/* One forward and backward of the case under po on a CPU backend with
+ * rowmatmul.h's matmuls (fused: the head's backward in the forward): the
+ * loss, the trainable gradients (*g, malloc'd, *numel floats) and the
+ * plan's logits_rows and mlp_rows. */
+static double rows_case_step(const struct rows_case *rc, const struct tr_plan_opts *po, bool fused,
+			     float **g, size_t *numel, int *logits_rows, int *mlp_rows)
+{
+	struct td_errbuf eb = {{0}};
+	struct gpu_backend *be = NULL;
+	CHECK_EQ_INT(gpu_cpu_backend_new(&be, &eb), TD_OK);
+	rowmatmul_install(be);
+	struct tr_model *m = NULL;
+	CHECK_EQ_INT(tr_model_new(&m, be, &rc->cfg, po, &eb), TD_OK);
+	const struct tr_plan *p = tr_model_plan(m);
+	*logits_rows = p->logits_rows;
+	*mlp_rows = p->mlp_rows;
+	CHECK_EQ_INT(tr_model_load(m, rc->w, &eb), TD_OK);
+	int64_t nv;
+	double loss = 0.0;
+	tr_model_zero_grad(m);
+	const float dloss = 1.0f / (float)(2 * 23); /* every position but each row's last */
+	if (fused)
+		tr_model_fuse_head_backward(m, dloss);
+	CHECK_EQ_INT(tr_model_forward(m, rc->ids, rc->ids, &loss, &nv, &eb), TD_OK);
+	CHECK_EQ_INT(nv, 2 * 23);
+	tr_model_backward(m, dloss);
+	*numel = p->numel_trainable;
+	*g = malloc(*numel * sizeof(float));
+	for (size_t i = 0; i < p->nparams; i++)
+		if (p->params[i].trainable)
+			tr_model_get_grad(m, &p->params[i], *g + p->params[i].goffset);
+	tr_model_free(m);
+	gpu_backend_free(be);
+	return loss;
+}
+
 /* A head computed in chunks of rows (plan.logits_rows < N, with a remainder)
  * gives the loss and every gradient of the whole-logits head. The head's
  * backward fused into the forward (tr_model_fuse_head_backward) gives the
@@ -316,48 +373,19 @@ static void test_plan_equals_allocation(void)
  * operations, so every comparison is for equal bits. */
 static void test_chunked_head(void)
 {
-	char path[512];
-	snprintf(path, sizeof(path), "%s/qwen2/config.json", fx);
-	struct tr_model_config cfg;
-	struct td_errbuf eb = {{0}};
-	CHECK_EQ_INT(tr_config_load(&cfg, path, &eb), TD_OK);
-	snprintf(path, sizeof(path), "%s/qwen2", fx);
-	struct tr_weights *w = NULL;
-	CHECK_EQ_INT(tr_weights_open(&w, path, &eb), TD_OK);
-	int32_t ids[2 * 24];
-	for (int k = 0; k < 48; k++)
-		ids[k] = (k * 131 + 7) % cfg.vocab_size;
+	struct rows_case rc;
+	rows_case_open(&rc);
 	float *g[4] = {NULL, NULL, NULL, NULL};
 	double loss[4];
 	size_t numel = 0;
 	for (int v = 0; v < 4; v++) {
 		const bool chunked = v & 1, fused = v & 2;
-		struct gpu_backend *be = NULL;
-		CHECK_EQ_INT(gpu_cpu_backend_new(&be, &eb), TD_OK);
-		rowmatmul_install(be);
 		/* 5 rows a chunk: 48 = 9 x 5 + 3 */
 		struct tr_plan_opts po = {.B = 2, .T = 24,
-					  .logits_chunk_floats = chunked ? 5 * (size_t)cfg.vocab_size : 0};
-		struct tr_model *m = NULL;
-		CHECK_EQ_INT(tr_model_new(&m, be, &cfg, &po, &eb), TD_OK);
-		const struct tr_plan *p = tr_model_plan(m);
-		CHECK_EQ_INT(p->logits_rows, chunked ? 5 : 48);
-		CHECK_EQ_INT(tr_model_load(m, w, &eb), TD_OK);
-		int64_t nv;
-		tr_model_zero_grad(m);
-		const float dloss = 1.0f / (float)(2 * 23); /* every position but each row's last */
-		if (fused)
-			tr_model_fuse_head_backward(m, dloss);
-		CHECK_EQ_INT(tr_model_forward(m, ids, ids, &loss[v], &nv, &eb), TD_OK);
-		CHECK_EQ_INT(nv, 2 * 23);
-		tr_model_backward(m, dloss);
-		numel = p->numel_trainable;
-		g[v] = malloc(numel * sizeof(float));
-		for (size_t i = 0; i < p->nparams; i++)
-			if (p->params[i].trainable)
-				tr_model_get_grad(m, &p->params[i], g[v] + p->params[i].goffset);
-		tr_model_free(m);
-		gpu_backend_free(be);
+					  .logits_chunk_floats = chunked ? 5 * (size_t)rc.cfg.vocab_size : 0};
+		int lrows, mrows;
+		loss[v] = rows_case_step(&rc, &po, fused, &g[v], &numel, &lrows, &mrows);
+		CHECK_EQ_INT(lrows, chunked ? 5 : 48);
 	}
 	CHECK_MSG(loss[1] == loss[0], "chunked head: loss %.17g vs %.17g", loss[1], loss[0]);
 	CHECK_MSG(memcmp(g[1], g[0], numel * sizeof(float)) == 0,
@@ -370,7 +398,48 @@ static void test_chunked_head(void)
 	}
 	for (int v = 0; v < 4; v++)
 		free(g[v]);
-	tr_weights_close(w);
+	tr_weights_close(rc.w);
+}
+
+/* The MLP's backward in parts of rows (plan.mlp_rows < N: three parts of 16
+ * of 48 rows, 40 then 8, and the plan's own two of 24 for this fixture on
+ * the CPU) gives the loss and every gradient of whole rows (forced: 48):
+ * each part's d(h), d(gate) and d(up), its input gradients, its weight
+ * gradients added onto the last part's. With rowmatmul.h's matmuls (a
+ * weight gradient one row's contribution at a time, in row order) the parts
+ * perform the whole pass's float operations, so the comparison is for
+ * equal bits. Parts are what a plan keeps where whole rows would take more
+ * scratch (train/plan.c: tr_plan_build). */
+static void test_mlp_parts(void)
+{
+	struct rows_case rc;
+	rows_case_open(&rc);
+	static const int parts[] = {48, 16, 40, 0};
+	float *g[4] = {NULL, NULL, NULL, NULL};
+	double loss[4];
+	int rows[4];
+	size_t numel = 0;
+	for (int v = 0; v < 4; v++) {
+		struct tr_plan_opts po = {.B = 2, .T = 24, .mlp_rows = parts[v]};
+		int lrows;
+		loss[v] = rows_case_step(&rc, &po, false, &g[v], &numel, &lrows, &rows[v]);
+		CHECK_EQ_INT(rows[v], parts[v] ? parts[v] : 24);
+	}
+	for (int v = 1; v < 4; v++) {
+		CHECK_MSG(loss[v] == loss[0], "MLP in parts of %d rows: loss %.17g vs %.17g", rows[v],
+			  loss[v], loss[0]);
+		CHECK_MSG(memcmp(g[v], g[0], numel * sizeof(float)) == 0,
+			  "MLP in parts of %d rows: gradients differ from whole rows'", rows[v]);
+	}
+	/* a part that is not a multiple of 8 rows is refused, by name */
+	struct td_errbuf eb = {{0}};
+	struct tr_plan bad;
+	struct tr_plan_opts bo = {.B = 2, .T = 24, .mlp_rows = 12};
+	CHECK_EQ_INT(tr_plan_build(&bad, &rc.cfg, &bo, &eb), TD_EINVAL);
+	CHECK(strstr(eb.msg, "MLP") != NULL);
+	for (int v = 0; v < 4; v++)
+		free(g[v]);
+	tr_weights_close(rc.w);
 }
 
 /* Published parameter counts of real models, from their configs alone. */
@@ -619,6 +688,7 @@ int main(void)
 	test_plan_real_shapes();
 	test_plan_equals_allocation();
 	test_chunked_head();
+	test_mlp_parts();
 	test_bad_data(model);
 	test_bad_ids(model);
 	test_bad_weights(model);
