@@ -1742,9 +1742,9 @@ static void cu_adamw_update_rows(struct gpu_backend *be, float *param, const flo
 	 * same bits): a block of C / 4 threads (up to CU_THREADS, whole warps) */
 	if (C % 4 == 0 &&
 	    (((uintptr_t)param | (uintptr_t)rows | (uintptr_t)m | (uintptr_t)v) & 15) == 0) {
-		const size_t q = (size_t)C / 4, warps = (q < CU_THREADS ? q : CU_THREADS) + 31;
+		const size_t q = (size_t)C / 4, threads = ((q < CU_THREADS ? q : CU_THREADS) + 31) / 32 * 32;
 		cu_launch(cu_of(be), CU_K_adamw_update_rows_v4_f32, dim1(grid_cap(n / (size_t)C)),
-			  dim1((unsigned)(warps / 32 * 32)), 0, args);
+			  dim1((unsigned)threads), 0, args);
 		return;
 	}
 	launch_n(cu_of(be), CU_K_adamw_update_rows_f32, n, args);
