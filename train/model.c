@@ -1969,8 +1969,15 @@ static bool qkv_backward_fused(struct tr_model *m, int l, gpu_bf16 *d16, const f
 	const size_t outs[3] = {H, KV, KV}, cols[3] = {0, H, H + KV};
 	/* the biases' gradients from the rows the weights' product read
 	 * where the backend sums bf16 columns in place (no fp32 gradient then
-	 * written for them: layer_backward), else from the fp32 gradients */
-	for (int i = 0; i < 3; i++)
+	 * written for them: layer_backward), else from the fp32 gradients;
+	 * one sum over all W columns where the three lie side by side (as
+	 * train/plan.c's table puts them: Qwen2's; a launch instead of three,
+	 * each column's the same sum over the same N rows) */
+	const bool db_joint = q->db && k->db == q->db + H && v->db == k->db + KV &&
+			      be->ops->bias_backward_ld16;
+	if (db_joint)
+		gpu_bias_backward_ld16(be, q->db, d16, W, N, (int)W);
+	for (int i = 0; i < 3 && !db_joint; i++)
 		if (lins[i]->db && be->ops->bias_backward_ld16)
 			gpu_bias_backward_ld16(be, lins[i]->db, d16 + cols[i], W, N, (int)outs[i]);
 		else if (lins[i]->db)
