@@ -80,6 +80,15 @@ static void launch_n4(struct cu_backend *cb, enum cu_kernel k, size_t n, void **
 		  args);
 }
 
+/* The same for a kernel that takes eight a step. */
+static void launch_n8(struct cu_backend *cb, enum cu_kernel k, size_t n, void **args)
+{
+	if (n == 0)
+		return;
+	cu_launch(cb, k, dim1(grid_cap((n / 8 + CU_THREADS) / CU_THREADS)), dim1(CU_THREADS), 0,
+		  args);
+}
+
 /* out (n bf16) = in (n floats) rounded: cast_bf16_f32 takes four values a
  * thread step. */
 static void launch_cast(struct cu_backend *cb, uint16_t *out, const float *in, size_t n)
@@ -1589,10 +1598,25 @@ static bool cu_attention_backward_rope16(struct gpu_backend *be, float *dq, floa
 
 /* ------------------------------------------------------------ elementwise -- */
 
+/* SwiGLU's all-bf16 kernels (elementwise.cu: *_bf16x8) where each of its
+ * n operands is given and 16-byte aligned (the plan's buffers are) */
+static bool swiglu_x8(int n, const void *const *p)
+{
+	for (int i = 0; i < n; i++)
+		if (!p[i] || ((uintptr_t)p[i] & 15))
+			return false;
+	return true;
+}
+
 static void cu_swiglu_forward(struct gpu_backend *be, float *out, gpu_bf16 *out16,
 			      const float *gate, const float *up, const gpu_bf16 *gate16,
 			      const gpu_bf16 *up16, size_t n)
 {
+	if (!out && !gate && !up && swiglu_x8(3, (const void *[]){out16, gate16, up16})) {
+		void *args[] = {&out16, &gate16, &up16, &n};
+		launch_n8(cu_of(be), CU_K_swiglu_forward_bf16x8, n, args);
+		return;
+	}
 	void *args[] = {&out, &out16, &gate, &up, &gate16, &up16, &n};
 	launch_n4(cu_of(be), CU_K_swiglu_forward_f32, n, args);
 }
@@ -1603,6 +1627,12 @@ static void cu_swiglu_backward(struct gpu_backend *be, float *dgate, float *dup,
 			       const gpu_bf16 *gate16, const gpu_bf16 *up16, size_t n,
 			       const struct gpu_lora_dx *ad)
 {
+	if (!ad && !dgate && !dup && !dout && !gate && !up &&
+	    swiglu_x8(5, (const void *[]){dgate16, dup16, dout16, gate16, up16})) {
+		void *args[] = {&dgate16, &dup16, &dout16, &gate16, &up16, &n};
+		launch_n8(cu_of(be), CU_K_swiglu_backward_bf16x8, n, args);
+		return;
+	}
 	if (!ad) {
 		void *args[] = {&dgate, &dup,	&dgate16, &dup16,  &dout, &dout16,
 				&gate,	&up,	&gate16,  &up16,   &n};

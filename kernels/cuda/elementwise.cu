@@ -143,6 +143,74 @@ extern "C" __global__ void swiglu_backward_f32(float *dgate, float *dup, __nv_bf
 	}
 }
 
+/* The bf16 mode's SwiGLU, every input and output bf16 (no fp32 one): eight
+ * values a thread step, 16-byte loads and stores (every pointer 16-byte
+ * aligned: the launcher checks), each element's arithmetic
+ * swiglu_forward_f32's and swiglu_backward_f32's (cu_swiglu,
+ * cu_swiglu_grad), so the same bits; the tail past n / 8 * 8 one at a time. */
+static __device__ __forceinline__ void cu_unpack_bf16x8(uint4 u, float *f)
+{
+	const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+	for (int j = 0; j < 4; j++) {
+		const __nv_bfloat162 b = *reinterpret_cast<const __nv_bfloat162 *>(&w[j]);
+		f[2 * j] = __low2float(b);
+		f[2 * j + 1] = __high2float(b);
+	}
+}
+
+static __device__ __forceinline__ uint4 cu_pack_bf16x8(const float *f)
+{
+	const uint2 lo = cu_pack_bf16x4(make_float4(f[0], f[1], f[2], f[3]));
+	const uint2 hi = cu_pack_bf16x4(make_float4(f[4], f[5], f[6], f[7]));
+	return make_uint4(lo.x, lo.y, hi.x, hi.y);
+}
+
+extern "C" __global__ void swiglu_forward_bf16x8(__nv_bfloat16 *out16,
+						 const __nv_bfloat16 *__restrict__ gate16,
+						 const __nv_bfloat16 *__restrict__ up16, size_t n)
+{
+	CU_GRID_STRIDE(i, 0, n / 8)
+	{
+		float x[8], u[8], h[8];
+		cu_unpack_bf16x8(reinterpret_cast<const uint4 *>(gate16)[i], x);
+		cu_unpack_bf16x8(reinterpret_cast<const uint4 *>(up16)[i], u);
+		for (int j = 0; j < 8; j++)
+			h[j] = cu_swiglu(x[j], u[j]);
+		reinterpret_cast<uint4 *>(out16)[i] = cu_pack_bf16x8(h);
+	}
+	CU_GRID_STRIDE(i, n / 8 * 8, n)
+	out16[i] = __float2bfloat16_rn(
+		cu_swiglu(__bfloat162float(gate16[i]), __bfloat162float(up16[i])));
+}
+
+/* dgate16 may be dout16 (train/plan.c: dgate_over_dh): each element is
+ * read, then written, by one thread. */
+extern "C" __global__ void swiglu_backward_bf16x8(__nv_bfloat16 *dgate16, __nv_bfloat16 *dup16,
+						  const __nv_bfloat16 *dout16,
+						  const __nv_bfloat16 *__restrict__ gate16,
+						  const __nv_bfloat16 *__restrict__ up16, size_t n)
+{
+	CU_GRID_STRIDE(i, 0, n / 8)
+	{
+		float x[8], u[8], d[8], g[8], p[8];
+		cu_unpack_bf16x8(reinterpret_cast<const uint4 *>(gate16)[i], x);
+		cu_unpack_bf16x8(reinterpret_cast<const uint4 *>(up16)[i], u);
+		cu_unpack_bf16x8(reinterpret_cast<const uint4 *>(dout16)[i], d);
+		for (int j = 0; j < 8; j++)
+			cu_swiglu_grad(x[j], u[j], d[j], g[j], p[j]);
+		reinterpret_cast<uint4 *>(dgate16)[i] = cu_pack_bf16x8(g);
+		reinterpret_cast<uint4 *>(dup16)[i] = cu_pack_bf16x8(p);
+	}
+	CU_GRID_STRIDE(i, n / 8 * 8, n)
+	{
+		float g, p;
+		cu_swiglu_grad(__bfloat162float(gate16[i]), __bfloat162float(up16[i]),
+			       __bfloat162float(dout16[i]), g, p);
+		dgate16[i] = __float2bfloat16_rn(g);
+		dup16[i] = __float2bfloat16_rn(p);
+	}
+}
+
 /* swiglu_backward_f32 with an adapter's share of dout added as it is read
  * (gpu/backend.h: gpu_lora_dx): dout (rows, cols) + du (rows, R) @ A (R,
  * cols), each element's share summed over r = 0..R-1 from 0 by fused

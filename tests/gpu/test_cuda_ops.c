@@ -1003,6 +1003,31 @@ static void test_twins(void)
 			    d_u16, n, NULL);
 	expect_same_bits("swiglu dgate from bf16 dout, gate, up", hget(d_dg, n), dg_ref, n);
 	expect_same_bits("swiglu dup from bf16 dout, gate, up", hget(d_du, n), du_ref, n);
+	/* every operand bf16 (the bf16 mode's form: swiglu_*_bf16x8, eight a
+	 * thread step, n / 8 * 8 of them and a tail of 3): the bits of the
+	 * fp32 outputs above rounded; and from views 8 bytes off (no longer
+	 * 16-byte aligned: the four-a-step kernel), the same bits again */
+	{
+		const size_t o = 4, m = n - o;
+		gpu_bf16 *d_h16c = dnan16(n), *d_h16d = dnan16(n), *d_dg16c = dnan16(n),
+			 *d_du16c = dnan16(n), *d_dg16d = dnan16(n), *d_du16d = dnan16(n);
+		gpu_bf16 *d_dy16c = dput16(dy, n);
+		gpu_swiglu_forward(be, NULL, d_h16c, NULL, NULL, d_g16, d_u16, n);
+		expect_twin("swiglu all bf16: out16", d_h16c, hget(d_h2, n), n);
+		gpu_swiglu_forward(be, NULL, d_h16d + o, NULL, NULL, d_g16 + o, d_u16 + o, m);
+		expect_same_bits("swiglu all bf16, 8 bytes off: out16", hget16(d_h16d + o, m),
+				 hget16(d_h16c + o, m), m);
+		gpu_swiglu_backward(be, NULL, NULL, d_dg16c, d_du16c, NULL, d_dy16c, NULL, NULL,
+				    d_g16, d_u16, n, NULL);
+		expect_twin("swiglu all bf16: dgate16", d_dg16c, dg_ref, n);
+		expect_twin("swiglu all bf16: dup16", d_du16c, du_ref, n);
+		gpu_swiglu_backward(be, NULL, NULL, d_dg16d + o, d_du16d + o, NULL, d_dy16c + o, NULL,
+				    NULL, d_g16 + o, d_u16 + o, m, NULL);
+		expect_same_bits("swiglu all bf16, 8 bytes off: dgate16", hget16(d_dg16d + o, m),
+				 hget16(d_dg16c + o, m), m);
+		expect_same_bits("swiglu all bf16, 8 bytes off: dup16", hget16(d_du16d + o, m),
+				 hget16(d_du16c + o, m), m);
+	}
 	/* d(gate) written over d(h) (train/plan.c: dgate_over_dh), all bf16:
 	 * the bits of separate buffers */
 	gpu_bf16 *d_dy16 = dput16(dy, n), *d_dyin = dput16(dy, n);
