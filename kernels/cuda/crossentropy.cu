@@ -185,8 +185,13 @@ static __device__ __forceinline__ void ce_grad_row(const __nv_bfloat16 *x, float
 						      ce_grad(f[5], m, inv, dloss, j + 5, tgt),
 						      ce_grad(f[6], m, inv, dloss, j + 6, tgt),
 						      ce_grad(f[7], m, inv, dloss, j + 7, tgt));
-			cu_put4(d, d16, 2 * i, g0);
-			cu_put4(d, d16, 2 * i + 1, g1);
+			if (d) {
+				cu_put4(d, d16, 2 * i, g0);
+				cu_put4(d, d16, 2 * i + 1, g1);
+			} else if (d16) { /* one 16-byte store */
+				const uint2 lo = cu_pack_bf16x4(g0), hi = cu_pack_bf16x4(g1);
+				reinterpret_cast<uint4 *>(d16)[i] = make_uint4(lo.x, lo.y, hi.x, hi.y);
+			}
 		}
 		i = V / 8 * 8 + threadIdx.x;
 	}
