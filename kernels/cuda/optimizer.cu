@@ -170,22 +170,35 @@ extern "C" __global__ void sumsq_f32(double *partial, const float *x, size_t n)
 		partial[blockIdx.x] = acc;
 }
 
-/* sumsq_f32 four values a thread step (x 16-byte aligned): each thread
- * adds its float4s' squares in x, y, z, w order; the n % 4 last values go
+/* sumsq_f32 four values a thread step (x 16-byte aligned), two float4s a
+ * thread in flight: a thread's float4s i, i + 2 S, ... (S the grid's
+ * threads) add their squares in x, y, z, w order into one sum, those at i +
+ * S, i + 3 S, ... into another, added at the end; the n % 4 last values go
  * to the first thread. A different order from sumsq_f32's, fixed as well by
- * the grid (the launcher's, from n alone). */
+ * the grid (the launcher's, from n alone). One float4 at a time kept the
+ * reads of a Qwen2-0.5B step's 2 GB of gradients at 3.3 TB/s on an H200. */
+static __device__ __forceinline__ void sumsq_add4(double &acc, float4 q)
+{
+	acc += (double)q.x * q.x;
+	acc += (double)q.y * q.y;
+	acc += (double)q.z * q.z;
+	acc += (double)q.w * q.w;
+}
+
 extern "C" __global__ void sumsq_v4_f32(double *partial, const float *x, size_t n)
 {
-	double acc = 0.0;
-	const size_t n4 = n / 4;
-	for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n4;
-	     i += (size_t)gridDim.x * blockDim.x) {
-		const float4 q = reinterpret_cast<const float4 *>(x)[i];
-		acc += (double)q.x * q.x;
-		acc += (double)q.y * q.y;
-		acc += (double)q.z * q.z;
-		acc += (double)q.w * q.w;
+	double acc = 0.0, acc2 = 0.0;
+	const size_t n4 = n / 4, S = (size_t)gridDim.x * blockDim.x;
+	const float4 *x4 = reinterpret_cast<const float4 *>(x);
+	size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+	for (; i + S < n4; i += 2 * S) {
+		const float4 a = x4[i], b = x4[i + S];
+		sumsq_add4(acc, a);
+		sumsq_add4(acc2, b);
 	}
+	if (i < n4)
+		sumsq_add4(acc, x4[i]);
+	acc += acc2;
 	if (blockIdx.x == 0 && threadIdx.x == 0)
 		for (size_t i = n4 * 4; i < n; i++)
 			acc += (double)x[i] * x[i];
