@@ -1747,13 +1747,10 @@ static void cu_adamw_update(struct gpu_backend *be, float *param, gpu_bf16 *para
 	struct adamw_scalars k = adamw_scalars(lr, beta1, beta2, eps, weight_decay, t);
 	void *args[] = {&param,	 &param16, &grad,    &gscale,	  &m,		&v,    &n,
 			&k.decay, &k.omb1,  &k.omb2, &k.beta2, &k.bc2_sqrt, &k.step_size, &k.eps};
-	/* Eight or four values a thread step where the pointers allow (the
-	 * same bits): eight where the bf16 copy is 16-byte aligned too */
+	/* Four values a thread step where the pointers allow (the same bits). */
 	bool v4 = (((uintptr_t)param | (uintptr_t)grad | (uintptr_t)m | (uintptr_t)v) & 15) == 0 &&
 		  ((uintptr_t)param16 & 7) == 0;
-	if (v4 && ((uintptr_t)param16 & 15) == 0)
-		launch_n8(cu_of(be), CU_K_adamw_update_v8_f32, n, args);
-	else if (v4)
+	if (v4)
 		launch_n4(cu_of(be), CU_K_adamw_update_v4_f32, n, args);
 	else
 		launch_n(cu_of(be), CU_K_adamw_update_f32, n, args);

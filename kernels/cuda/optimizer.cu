@@ -155,62 +155,6 @@ extern "C" __global__ void adamw_update_v4_f32(float *param, __nv_bfloat16 *para
 		}
 }
 
-/* adamw_update_f32 eight values a thread step, for the launcher where
- * param, grad, m, v and param16 (or it NULL) are 16-byte aligned: two
- * float4s of each array in flight a thread and the bf16 copy one 16-byte
- * store (the four-a-step kernel's was 8 bytes), each value's arithmetic
- * adamw_one's (the same bits); the n % 8 last values as its tail. */
-static __device__ __forceinline__ void adamw_four(float4 &p, float4 g, float gscale, float4 &mm,
-						  float4 &vv, float decay, float omb1, float omb2,
-						  float beta2, float bc2_sqrt, float step_size,
-						  float eps)
-{
-	adamw_one(p.x, g.x, gscale, mm.x, vv.x, decay, omb1, omb2, beta2, bc2_sqrt, step_size, eps);
-	adamw_one(p.y, g.y, gscale, mm.y, vv.y, decay, omb1, omb2, beta2, bc2_sqrt, step_size, eps);
-	adamw_one(p.z, g.z, gscale, mm.z, vv.z, decay, omb1, omb2, beta2, bc2_sqrt, step_size, eps);
-	adamw_one(p.w, g.w, gscale, mm.w, vv.w, decay, omb1, omb2, beta2, bc2_sqrt, step_size, eps);
-}
-
-extern "C" __global__ void adamw_update_v8_f32(float *param, __nv_bfloat16 *param16,
-					       const float *grad, float gscale, float *m, float *v, size_t n,
-					       float decay, float omb1, float omb2, float beta2,
-					       float bc2_sqrt, float step_size, float eps)
-{
-	const size_t n8 = n / 8;
-	float4 *p4 = reinterpret_cast<float4 *>(param), *m4 = reinterpret_cast<float4 *>(m);
-	float4 *v4 = reinterpret_cast<float4 *>(v);
-	const float4 *g4 = reinterpret_cast<const float4 *>(grad);
-	for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n8;
-	     i += (size_t)gridDim.x * blockDim.x) {
-		float4 pa = p4[2 * i], pb = p4[2 * i + 1];
-		const float4 ga = g4[2 * i], gb = g4[2 * i + 1];
-		float4 ma = m4[2 * i], mb = m4[2 * i + 1];
-		float4 va = v4[2 * i], vb = v4[2 * i + 1];
-		adamw_four(pa, ga, gscale, ma, va, decay, omb1, omb2, beta2, bc2_sqrt, step_size, eps);
-		adamw_four(pb, gb, gscale, mb, vb, decay, omb1, omb2, beta2, bc2_sqrt, step_size, eps);
-		p4[2 * i] = pa;
-		p4[2 * i + 1] = pb;
-		m4[2 * i] = ma;
-		m4[2 * i + 1] = mb;
-		v4[2 * i] = va;
-		v4[2 * i + 1] = vb;
-		if (param16) {
-			const uint2 lo = cu_pack_bf16x4(pa), hi = cu_pack_bf16x4(pb);
-			reinterpret_cast<uint4 *>(param16)[i] = make_uint4(lo.x, lo.y, hi.x, hi.y);
-		}
-	}
-	if (blockIdx.x == 0 && threadIdx.x == 0)
-		for (size_t i = n8 * 8; i < n; i++) {
-			float p = param[i], mm = m[i], vv = v[i];
-			adamw_one(p, grad[i], gscale, mm, vv, decay, omb1, omb2, beta2, bc2_sqrt, step_size, eps);
-			param[i] = p;
-			m[i] = mm;
-			v[i] = vv;
-			if (param16)
-				param16[i] = __float2bfloat16_rn(p);
-		}
-}
-
 /* partial[blockIdx.x] = sum of x[i]^2 over this block's grid-stride share,
  * in double. */
 extern "C" __global__ void sumsq_f32(double *partial, const float *x, size_t n)
