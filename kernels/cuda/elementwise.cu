@@ -564,6 +564,31 @@ extern "C" __global__ void __launch_bounds__(128)
 	float acc[LXM_COLS / 8][4];
 	lx_share(acc, du, nullptr, nullptr, A16, nullptr, nullptr, 1, R, rows, cols, r0, c0);
 	lx_stage(st[w], acc);
+	if (cols % 8 == 0 && (((uintptr_t)dgate16 | (uintptr_t)dup16 | (uintptr_t)dout16 |
+			       (uintptr_t)gate16 | (uintptr_t)up16) & 15) == 0) {
+		/* eight columns a lane, 16-byte loads and stores: a row's 64
+		 * columns over 8 lanes, four rows at a time; each element's
+		 * arithmetic as below (the same bits) */
+		const int jj = lane / 8, cl = (lane % 8) * 8, col = c0 + cl;
+		if (col >= cols)
+			return;
+		for (int j = jj; j < 16 && r0 + j < rows; j += 4) {
+			const size_t e = ((size_t)(r0 + j) * (size_t)cols + (size_t)col) / 8;
+			const float4 sa = *reinterpret_cast<const float4 *>(&st[w][j][cl]);
+			const float4 sb = *reinterpret_cast<const float4 *>(&st[w][j][cl + 4]);
+			const float sh[8] = {sa.x, sa.y, sa.z, sa.w, sb.x, sb.y, sb.z, sb.w};
+			float x[8], u[8], d[8], g[8], q[8];
+			cu_unpack_bf16x8(reinterpret_cast<const uint4 *>(gate16)[e], x);
+			cu_unpack_bf16x8(reinterpret_cast<const uint4 *>(up16)[e], u);
+			cu_unpack_bf16x8(reinterpret_cast<const uint4 *>(dout16)[e], d);
+#pragma unroll
+			for (int k = 0; k < 8; k++)
+				cu_swiglu_grad(x[k], u[k], __fadd_rn(d[k], sh[k]), g[k], q[k]);
+			reinterpret_cast<uint4 *>(dgate16)[e] = cu_pack_bf16x8(g);
+			reinterpret_cast<uint4 *>(dup16)[e] = cu_pack_bf16x8(q);
+		}
+		return;
+	}
 	const int col = c0 + 2 * lane;
 	if (col >= cols)
 		return;

@@ -1642,8 +1642,9 @@ static void test_swiglu(void)
 	 * bf16 mode's form (du rounded inside, A from its bf16 copy, dout,
 	 * gate and up in bf16, bf16 outputs) against the fp32 form given the
 	 * rounded values: the same bits; then the model's call (below). */
-	static const int lshapes[][3] = {{45, 300, 8},   {64, 256, 16}, {33, 517, 19},
-					  {40, 130, 64}, {37, 516, 19}, {50, 1028, 36}};
+	static const int lshapes[][3] = {{45, 300, 8},	 {64, 256, 16}, {33, 517, 19},
+					  {40, 130, 64}, {37, 516, 19}, {50, 1028, 36},
+					  {45, 264, 16}, {70, 136, 8}};
 	for (size_t ci = 0; ci < COUNT(lshapes); ci++) {
 		const int rows = lshapes[ci][0], cols = lshapes[ci][1], R = lshapes[ci][2];
 		const size_t n = (size_t)rows * cols, na = (size_t)R * cols, nu = (size_t)rows * R;
@@ -1726,6 +1727,27 @@ static void test_swiglu(void)
 				}
 			CHECK_MSG(bad == 0, "%s: twins only (tensor cores): %zu of %zu values past "
 				  "their bound (worst err/bound %.3g)", where, bad, 2 * n, worst);
+		}
+		if (cols % 8 == 0) {
+			/* the tensor cores' kernel eight columns a lane (cols a
+			 * multiple of 8, every row 16-byte aligned) against its two
+			 * a lane (the same tensors 4 bytes into their allocations):
+			 * the same bits */
+			float *h_off[3];
+			const float *h_src[3] = {dout, gate, up};
+			for (int t = 0; t < 3; t++) {
+				h_off[t] = fvec(n + 2);
+				h_off[t][0] = h_off[t][1] = 0.0f;
+				memcpy(h_off[t] + 2, h_src[t], n * sizeof(float));
+			}
+			gpu_bf16 *o_dg = dnan16(n + 2) + 2, *o_du = dnan16(n + 2) + 2;
+			gpu_swiglu_backward(be, NULL, NULL, o_dg, o_du, NULL, dput16(h_off[0], n + 2) + 2,
+					    NULL, NULL, dput16(h_off[1], n + 2) + 2,
+					    dput16(h_off[2], n + 2) + 2, n, &ad16);
+			expect_same_bits("dgate16 (eight columns a lane, then two)",
+					 hget16(d_dg16b, n), hget16(o_dg, n), n);
+			expect_same_bits("dup16 (eight columns a lane, then two)", hget16(d_du16b, n),
+					 hget16(o_du, n), n);
 		}
 		case_end();
 	}
