@@ -1972,7 +1972,8 @@ static bool qkv_backward_fused(struct tr_model *m, int l, gpu_bf16 *d16, const f
 	 * written for them: layer_backward), else from the fp32 gradients;
 	 * one sum over all W columns where the three lie side by side (as
 	 * train/plan.c's table puts them: Qwen2's; a launch instead of three,
-	 * each column's the same sum over the same N rows) */
+	 * each column the sum of the same N rows, whose split into parts the
+	 * backend may choose by the width: gpu/cuda/cuda_ops.c, plan_colsum) */
 	const bool db_joint = q->db && k->db == q->db + H && v->db == k->db + KV &&
 			      be->ops->bias_backward_ld16;
 	if (db_joint)

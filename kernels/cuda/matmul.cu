@@ -73,8 +73,8 @@ extern "C" __global__ void bias_grad_bf16(float *dst, const __nv_bfloat16 *dout1
  * n0 + y + 32, ..., then row 0 adds the 32 partials in y order), so the
  * same bits, with a warp reading 256 bytes of a row instead of 64. A
  * thread's rows are loaded four at a time before they are added (in the
- * same order): one 8-byte load in flight a thread left the op at a quarter
- * of the memory's bandwidth (Qwen2-0.5B's 72 blocks a layer). */
+ * same order): one 8-byte load in flight a thread left the op at about
+ * 1 TB/s on an H200 (Qwen2-0.5B's 72 blocks a layer). */
 static __device__ __forceinline__ void bias_add4(float *acc, uint2 u)
 {
 	const __nv_bfloat162 *h = reinterpret_cast<const __nv_bfloat162 *>(&u);
