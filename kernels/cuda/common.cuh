@@ -52,6 +52,26 @@ static __device__ __forceinline__ uint2 cu_pack_bf16x4(float4 v)
 	return u;
 }
 
+/* Eight bf16 values of one 16-byte load, widened (exactly). */
+static __device__ __forceinline__ void cu_widen_bf16x8(uint4 u, float f[8])
+{
+	const __nv_bfloat162 *h = reinterpret_cast<const __nv_bfloat162 *>(&u);
+#pragma unroll
+	for (int k = 0; k < 4; k++) {
+		const float2 t = __bfloat1622float2(h[k]);
+		f[2 * k] = t.x;
+		f[2 * k + 1] = t.y;
+	}
+}
+
+/* Eight floats rounded to bf16 (nearest even) for one 16-byte store. */
+static __device__ __forceinline__ uint4 cu_pack_bf16x8(const float f[8])
+{
+	const uint2 lo = cu_pack_bf16x4(make_float4(f[0], f[1], f[2], f[3]));
+	const uint2 hi = cu_pack_bf16x4(make_float4(f[4], f[5], f[6], f[7]));
+	return make_uint4(lo.x, lo.y, hi.x, hi.y);
+}
+
 /* An output written in fp32 (p), as a bf16 twin (p16), or both; either may be
  * NULL. cu_put4 takes index i in units of four values (16-byte aligned p,
  * 8-byte aligned p16). */

@@ -58,18 +58,6 @@ static __device__ __forceinline__ float ce_grad(float x, float m, float inv, flo
 	return i == tgt ? g - dloss : g;
 }
 
-/* Eight bf16 values of one 16-byte load, widened. */
-static __device__ __forceinline__ void ce_widen8(uint4 u, float f[8])
-{
-	const __nv_bfloat162 *h = reinterpret_cast<const __nv_bfloat162 *>(&u);
-#pragma unroll
-	for (int k = 0; k < 4; k++) {
-		const float2 t = __bfloat1622float2(h[k]);
-		f[2 * k] = t.x;
-		f[2 * k + 1] = t.y;
-	}
-}
-
 /* ce_row_ms over a row of bf16 logits: eight values a load (rows whose
  * start is 16-byte aligned: V a multiple of 8), two loads in flight. The
  * order of the pushes is a function of (V, blockDim) only. */
@@ -85,17 +73,17 @@ static __device__ __forceinline__ void ce_row_ms(const __nv_bfloat16 *x, int V, 
 		float f[8];
 		for (; i + step < V8; i += 2 * step) {
 			const uint4 a = x8[i], b = x8[i + step];
-			ce_widen8(a, f);
+			cu_widen_bf16x8(a, f);
 #pragma unroll
 			for (int k = 0; k < 8; k++)
 				cu_ms_push(m, s, f[k]);
-			ce_widen8(b, f);
+			cu_widen_bf16x8(b, f);
 #pragma unroll
 			for (int k = 0; k < 8; k++)
 				cu_ms_push(m, s, f[k]);
 		}
 		if (i < V8) {
-			ce_widen8(x8[i], f);
+			cu_widen_bf16x8(x8[i], f);
 #pragma unroll
 			for (int k = 0; k < 8; k++)
 				cu_ms_push(m, s, f[k]);
@@ -175,7 +163,7 @@ static __device__ __forceinline__ void ce_grad_row(const __nv_bfloat16 *x, float
 		const uint4 *x8 = reinterpret_cast<const uint4 *>(x);
 		for (; i < V / 8; i += blockDim.x) {
 			float f[8];
-			ce_widen8(x8[i], f);
+			cu_widen_bf16x8(x8[i], f);
 			const int j = 8 * i;
 			const float4 g0 = make_float4(ce_grad(f[0], m, inv, dloss, j, tgt),
 						      ce_grad(f[1], m, inv, dloss, j + 1, tgt),
@@ -189,8 +177,8 @@ static __device__ __forceinline__ void ce_grad_row(const __nv_bfloat16 *x, float
 				cu_put4(d, d16, 2 * i, g0);
 				cu_put4(d, d16, 2 * i + 1, g1);
 			} else if (d16) { /* one 16-byte store */
-				const uint2 lo = cu_pack_bf16x4(g0), hi = cu_pack_bf16x4(g1);
-				reinterpret_cast<uint4 *>(d16)[i] = make_uint4(lo.x, lo.y, hi.x, hi.y);
+				const float g[8] = {g0.x, g0.y, g0.z, g0.w, g1.x, g1.y, g1.z, g1.w};
+				reinterpret_cast<uint4 *>(d16)[i] = cu_pack_bf16x8(g);
 			}
 		}
 		i = V / 8 * 8 + threadIdx.x;

@@ -148,23 +148,6 @@ extern "C" __global__ void swiglu_backward_f32(float *dgate, float *dup, __nv_bf
  * aligned: the launcher checks), each element's arithmetic
  * swiglu_forward_f32's and swiglu_backward_f32's (cu_swiglu,
  * cu_swiglu_grad), so the same bits; the tail past n / 8 * 8 one at a time. */
-static __device__ __forceinline__ void cu_unpack_bf16x8(uint4 u, float *f)
-{
-	const uint32_t w[4] = {u.x, u.y, u.z, u.w};
-	for (int j = 0; j < 4; j++) {
-		const __nv_bfloat162 b = *reinterpret_cast<const __nv_bfloat162 *>(&w[j]);
-		f[2 * j] = __low2float(b);
-		f[2 * j + 1] = __high2float(b);
-	}
-}
-
-static __device__ __forceinline__ uint4 cu_pack_bf16x8(const float *f)
-{
-	const uint2 lo = cu_pack_bf16x4(make_float4(f[0], f[1], f[2], f[3]));
-	const uint2 hi = cu_pack_bf16x4(make_float4(f[4], f[5], f[6], f[7]));
-	return make_uint4(lo.x, lo.y, hi.x, hi.y);
-}
-
 extern "C" __global__ void swiglu_forward_bf16x8(__nv_bfloat16 *out16,
 						 const __nv_bfloat16 *__restrict__ gate16,
 						 const __nv_bfloat16 *__restrict__ up16, size_t n)
@@ -172,8 +155,8 @@ extern "C" __global__ void swiglu_forward_bf16x8(__nv_bfloat16 *out16,
 	CU_GRID_STRIDE(i, 0, n / 8)
 	{
 		float x[8], u[8], h[8];
-		cu_unpack_bf16x8(reinterpret_cast<const uint4 *>(gate16)[i], x);
-		cu_unpack_bf16x8(reinterpret_cast<const uint4 *>(up16)[i], u);
+		cu_widen_bf16x8(reinterpret_cast<const uint4 *>(gate16)[i], x);
+		cu_widen_bf16x8(reinterpret_cast<const uint4 *>(up16)[i], u);
 		for (int j = 0; j < 8; j++)
 			h[j] = cu_swiglu(x[j], u[j]);
 		reinterpret_cast<uint4 *>(out16)[i] = cu_pack_bf16x8(h);
@@ -193,9 +176,9 @@ extern "C" __global__ void swiglu_backward_bf16x8(__nv_bfloat16 *dgate16, __nv_b
 	CU_GRID_STRIDE(i, 0, n / 8)
 	{
 		float x[8], u[8], d[8], g[8], p[8];
-		cu_unpack_bf16x8(reinterpret_cast<const uint4 *>(gate16)[i], x);
-		cu_unpack_bf16x8(reinterpret_cast<const uint4 *>(up16)[i], u);
-		cu_unpack_bf16x8(reinterpret_cast<const uint4 *>(dout16)[i], d);
+		cu_widen_bf16x8(reinterpret_cast<const uint4 *>(gate16)[i], x);
+		cu_widen_bf16x8(reinterpret_cast<const uint4 *>(up16)[i], u);
+		cu_widen_bf16x8(reinterpret_cast<const uint4 *>(dout16)[i], d);
 		for (int j = 0; j < 8; j++)
 			cu_swiglu_grad(x[j], u[j], d[j], g[j], p[j]);
 		reinterpret_cast<uint4 *>(dgate16)[i] = cu_pack_bf16x8(g);
@@ -578,9 +561,9 @@ extern "C" __global__ void __launch_bounds__(128)
 			const float4 sb = *reinterpret_cast<const float4 *>(&st[w][j][cl + 4]);
 			const float sh[8] = {sa.x, sa.y, sa.z, sa.w, sb.x, sb.y, sb.z, sb.w};
 			float x[8], u[8], d[8], g[8], q[8];
-			cu_unpack_bf16x8(reinterpret_cast<const uint4 *>(gate16)[e], x);
-			cu_unpack_bf16x8(reinterpret_cast<const uint4 *>(up16)[e], u);
-			cu_unpack_bf16x8(reinterpret_cast<const uint4 *>(dout16)[e], d);
+			cu_widen_bf16x8(reinterpret_cast<const uint4 *>(gate16)[e], x);
+			cu_widen_bf16x8(reinterpret_cast<const uint4 *>(up16)[e], u);
+			cu_widen_bf16x8(reinterpret_cast<const uint4 *>(dout16)[e], d);
 #pragma unroll
 			for (int k = 0; k < 8; k++)
 				cu_swiglu_grad(x[k], u[k], __fadd_rn(d[k], sh[k]), g[k], q[k]);
