@@ -3,7 +3,7 @@
 # PyTorch peer, in one call. Expects .gpu-run/ (binaries and the CUDA module)
 # and .gpu-libs/lib (bundle-libs.sh) in the repo root: tests/gpu/bundle.sh
 # makes them.
-# usage: tests/gpu/device-run.sh [tests|bench|faults|memory|ddp|profile|preempt|share|attn|overlap|wgmma|gemm|all]
+# usage: tests/gpu/device-run.sh [tests|bench|faults|memory|big32|ddp|profile|preempt|share|attn|overlap|wgmma|gemm|all]
 # bench: the tokenizer, then Qwen2-0.5B (fp32, bf16, LoRA q,v) and the
 # Llama-3-8B shapes' 4 layers (full, LoRA all seven; BENCH_8B=0 skips them)
 # beside peer_hf.py and peer_big.py, ending with the README's table
@@ -29,6 +29,9 @@
 # (gpu/cuda/cuda_ops.c: lt_tune) A/B'd in the step: bench_train on the
 # bench's four shapes with TD_CUDA_NO_GEMM_TUNE=1 and without, in turn,
 # twice; ~4 minutes. Not in all.
+# big32: all 32 of Llama-3-8B's layers, LoRA r16 on all seven: bench_train
+# with recompute full and selective beside tests/bench/peer_big32.py
+# (torch.compile with gradient checkpointing); ~6 minutes. Not in all.
 # preempt: tests/gpu/preempt_gpu.sh alone (also part of tests).
 # share: tests/gpu/share_gpu.sh — four Llama-3-8B-shaped LoRA jobs from two
 # users sharing one frozen base on GPU 0 (the model dir made on the device),
@@ -84,6 +87,23 @@ if [ "$what" = memory ]; then
 	echo "== memory: peer (PEFT, with and without gradient checkpointing)"
 	PYTHONUNBUFFERED=1 RUNS=${PEER_RUNS:-lora-8b-gc,lora-8b} timeout 500 python3 "$root/.gpu-libs/peer_big.py" 2>&1 |
 		grep '^{' | tee -a "$out/bench_memory.jsonl"
+	exit $status
+fi
+if [ "$what" = big32 ]; then
+	# All 32 of Llama-3-8B's layers (issue 13): LoRA r16 on all seven, bf16,
+	# B4 x T2048, no clipping; traind with each recompute policy of
+	# $BIG32_POLICIES (default: full selective) beside
+	# tests/bench/peer_big32.py's torch.compile runs ($PEER32_RUNS, default
+	# lora-8b-gc-compile: gradient checkpointing; lora-8b-compile, without,
+	# wants an H200). Lines to $out/bench_big32.jsonl.
+	rm -f "$out/bench_big32.jsonl"
+	for r in ${BIG32_POLICIES:-full selective}; do
+		bench_peak bench_big32.jsonl --shape llama3-8b --lora-rank 16 --lora-targets all \
+			--precision bf16 --recompute $r --clip 0 --steps 4 --warm 2
+	done
+	PYTHONUNBUFFERED=1 RUNS=${PEER32_RUNS:-lora-8b-gc-compile} timeout 480 \
+		python3 "$root/tests/bench/peer_big32.py" 2>&1 | grep '^{' | tee -a "$out/bench_big32.jsonl"
+	[ "${PIPESTATUS[0]}" = 0 ] || status=1
 	exit $status
 fi
 if [ "$what" = profile ]; then
