@@ -204,6 +204,9 @@ struct tr_model {
 	float *host_losses, *host_kl;    /* (N) */
 	int32_t *host_pool;              /* (B) */
 	bool logits_valid;
+	/* layer_forward is running a layer's recompute (its adapters' u then
+	 * are the forward's: lora_input) */
+	bool recomputing;
 	/* tr_model_fuse_head_backward: armed for the next forward (fuse_head),
 	 * and done by the last one (head_done, with its dloss). */
 	bool fuse_head, head_done;
@@ -1161,8 +1164,10 @@ static uint64_t dropout_seed(const struct tr_model *m, int l, int k)
 /* What projection k's adapter keeps of its input inp (N, in) for the
  * backward: xd = dropout(inp) where the forward has dropout (its mask a
  * function of the seed, the layer and the projection: regenerated, not
- * stored) and, with u, u = scale * (x A^T) with x the input after dropout.
- * Nothing without an adapter. */
+ * stored) and, with u, u = scale * (x A^T) with x the input after dropout —
+ * not in a recompute, where u is the forward's (every recompute policy keeps
+ * it: train/plan.c), the bits the product would give again. Nothing without
+ * an adapter. */
 static void lora_input(struct tr_model *m, int l, int k, const float *inp, const gpu_bf16 *inp16,
 		       bool u)
 {
@@ -1180,7 +1185,7 @@ static void lora_input(struct tr_model *m, int l, int k, const float *inp, const
 		x = L->xd;
 		x16 = NULL;
 	}
-	if (!u)
+	if (!u || m->recomputing)
 		return;
 	if (be->ops->matmul_forward_scaled) { /* the scale as the GEMM's alpha: the same floats */
 		gpu_matmul_forward_scaled(be, L->u, x, x16, L->A, L->A16, N, L->in, R,
@@ -1402,7 +1407,8 @@ static void att_claim(struct tr_model *m, int l)
  * before its backward: the same ops on the same inputs again, for what the
  * plan's policy did not keep, so the backward reads the forward's bits.
  * FULL runs every op but the down projection's product and the last
- * residual add (res[l+1] is kept; the down adapter's u and x are not);
+ * residual add (res[l+1] is kept; the down adapter's x after dropout is
+ * not) and the adapters' A products (every policy keeps their u);
  * SELECTIVE reruns no product (each adapter's dropout mask is applied again)
  * and runs the norms, SwiGLU, RoPE under q/k norms (without them RoPE was
  * applied in place to the kept product) and the attention where it is not
@@ -1422,6 +1428,7 @@ static void layer_forward(struct tr_model *m, int l, bool recompute)
 	 * built; a precision switched since would overrun it (a caller's bug). */
 	assert(gpu_attention_flash(be, HS) == m->plan.opts.attention_lse);
 	assert(!recompute || m->plan.opts.recompute != TR_RECOMPUTE_NONE);
+	m->recomputing = recompute;
 	struct layer_a *a = &m->a[l];
 	ring_ensure(m, l);
 	/* The products run in the forward and in a full recompute. */

@@ -1073,13 +1073,14 @@ static td_err plan_build(struct tr_plan *p, const struct tr_model_config *cfg,
 	 * rest lives once, in acts.work.*, for the layer being computed or
 	 * recomputed (train/model.c binds both so). KEEP_SEL: kept under
 	 * SELECTIVE too — the products (GEMM outputs: q, k, v or the q/k norms'
-	 * inputs, gate, up, the adapters' x A^T), the residual stream after
+	 * inputs, gate, up), the residual stream after
 	 * attention, and the fused attention's output and row statistics;
 	 * KEEP_NONE: recomputed under SELECTIVE — the norms' outputs and their
 	 * statistics, RoPE'd q and k under q/k norms, SwiGLU's output, the
 	 * adapters' dropout, and the unfused attention's probabilities and
 	 * output. FULL keeps only the residual stream (acts.res.L), and
-	 * FULL_OFFLOAD the same in the host arena. */
+	 * FULL_OFFLOAD the same in the host arena; every policy keeps the
+	 * adapters' x A^T (below). */
 	enum { KEEP_SEL, KEEP_NONE };
 	const bool lse = o->attention_lse;
 	const int qk = cfg->qk_norm ? KEEP_NONE : KEEP_SEL; /* without q/k norms, RoPE runs in place on the product */
@@ -1160,15 +1161,19 @@ static td_err plan_build(struct tr_plan *p, const struct tr_model_config *cfg,
 			ACT_NAME(acts[i].what);
 			BUF(TR_ARENA_ACTS, acts[i].bytes);
 		}
-		/* LoRA keeps scale * (x A^T) per adapter, and x after dropout when
-		 * there is dropout (the pre-dropout x is the base's input). */
+		/* LoRA keeps scale * (x A^T) per adapter under every policy (N x r
+		 * floats: at r 16 the 32 layers' seven adapters of Llama-3-8B
+		 * at B4 x T2048 are 112 MiB), so no recompute runs the adapters'
+		 * A products again (train/model.c: lora_input); and x after
+		 * dropout when there is dropout (the pre-dropout x is the base's
+		 * input). */
 		for (int lin = 0; R && lin < TR_LIN_COUNT; lin++) {
 			if (!(o->lora_targets & (1u << lin)))
 				continue;
 			int in, out;
 			tr_lin_dims(cfg, lin, &in, &out);
 			char what[32];
-			if (KEPT(KEEP_SEL) != work) {
+			if (!work) {
 				snprintf(what, sizeof(what), "lora_u.%s", lin_names[lin]);
 				ACT_NAME(what);
 				BUF(TR_ARENA_ACTS, f32_bytes(N, R, 1));

@@ -231,7 +231,9 @@ enum tr_recompute {
 				 * norms), SwiGLU, LoRA dropout and the unfused
 				 * attention (its T x T probabilities) */
 	TR_RECOMPUTE_FULL,      /* keeps each layer's input (the residual stream)
-				 * only; recomputes the layer but its last product */
+				 * and its LoRA adapters' x A^T (as every policy:
+				 * r floats a token an adapter) only; recomputes
+				 * the layer but its last product */
 	TR_RECOMPUTE_FULL_OFFLOAD, /* FULL, with the layer inputs kept in pinned
 				 * host memory (the host arena) instead of the
 				 * device: the device holds a ring of
