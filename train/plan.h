@@ -261,8 +261,9 @@ enum tr_recompute {
 
 /* "none", "selective", "full", "full-offload"; "?" out of range. */
 const char *tr_recompute_name(enum tr_recompute r);
-/* Whether r keeps only each layer's input (FULL, FULL_OFFLOAD): a recompute
- * reruns the whole layer but its last product. */
+/* Whether r keeps only each layer's input (FULL, FULL_OFFLOAD; and the
+ * adapters' x A^T, as every policy): a recompute reruns the whole layer but
+ * its last product and those A products. */
 static inline bool tr_recompute_full(enum tr_recompute r)
 {
 	return r == TR_RECOMPUTE_FULL || r == TR_RECOMPUTE_FULL_OFFLOAD;
