@@ -355,7 +355,14 @@ static void test_abort(void)
 	CHECK_MSG(strstr(b1.eb.msg, "the coordinator went silent (a test)") != NULL, "says: %s",
 		  b1.eb.msg);
 	CHECK_MSG(b1.t_end - t0 < 2.0, "gave up %.2f s after the flag", b1.t_end - t0);
+	/* Rank 0 hears it at this barrier, or at the next: rank 1 had arrived
+	 * at this one before it gave up, and where the hub's poll finds rank
+	 * 0's arrival and rank 1's FAIL waiting together (a loaded machine: it
+	 * failed 1 run in 15 beside three busy loops on two cores), it reads
+	 * the connections in order and the barrier is whole before the FAIL. */
 	td_err e = gpu_gang_barrier(ga, 0, &eb);
+	if (e == TD_OK)
+		e = gpu_gang_barrier(ga, 0, &eb);
 	CHECK_MSG(e == TD_EPEER_LOST && strstr(eb.msg, "went silent"), "rank 0 hears: %s: %s",
 		  td_errname(e), eb.msg);
 	gpu_gang_free(ga);
