@@ -22,6 +22,18 @@ export LSAN_OPTIONS="suppressions=$TD_SRC/tests/integration/nng-listener.supp${L
 export TD_RELISTEN_RETIRE_MS=3000
 start_daemon --user --log-level debug
 
+# A call answered; its output dropped inside the check, so that a failed
+# check's FAIL line is not dropped with it.
+served() { ctl info >/dev/null; }
+served_within() { # SECONDS: a call answered before then (each given 4 s)
+	local end=$(($(date +%s) + $1))
+	while [ "$(date +%s)" -lt "$end" ]; do
+		ctl --timeout 4 info >/dev/null 2>&1 && return 0
+		sleep 0.2
+	done
+	return 1
+}
+
 raw_case() {
 	local what=$1 needle=$2
 	shift 2
@@ -31,7 +43,7 @@ raw_case() {
 	[ "$rc" = 3 ] && dump_daemon "$what"
 	expect_eq "$what: a response" "$rc" 0
 	expect_contains "$what: the message" "$out" "$needle"
-	check "$what: the daemon serves on" ctl info >/dev/null
+	check "$what: the daemon serves on" served
 }
 
 raw_case "garbage bytes" "not a valid traind.Request" garbage
@@ -50,7 +62,10 @@ raw_case "a data file that does not exist" "data.train_file: /nonexistent/data.t
 # Far over nng's receive limit: the connection is dropped, nothing else.
 RPC_RAW_TIMEOUT_MS=2000 "$RPC_RAW" "$SOCK" oversized 40000000 >/dev/null 2>&1
 expect_eq "a 40 MB message gets no reply" "$?" 3
-check "and the daemon serves on" ctl info >/dev/null
+# The daemon drops that connection; nng 1.5's listener has then been
+# seen to stop accepting (CI: "Connection reset" at once, 1 run in many),
+# which the daemon's probe finds and mends within seconds (below).
+check "and the daemon serves on (within 30 s)" served_within 30
 
 # Through trainctl: a job file that does not parse, a model dir that is not there.
 printf 'model_dir: "x"\nhyper { lr: oops }\n' >"$WORK/bad.txtpb"
@@ -111,7 +126,7 @@ bad_model() {
 	for needle in "$@"; do
 		expect_contains "$what: and says" "$shown" "$needle"
 	done
-	check "$what: the daemon serves on" ctl info >/dev/null
+	check "$what: the daemon serves on" served
 }
 bad_model "a header length past the end of the file" hlen \
 	"header length 4294967295 exceeds the file size (504680 bytes)"
@@ -137,14 +152,6 @@ for _ in 1 2 3 4; do
 	storms+=($!)
 done
 wait "${storms[@]}" # not the daemon
-served_within() { # SECONDS: a call answered before then (each given 4 s)
-	local end=$(($(date +%s) + $1))
-	while [ "$(date +%s)" -lt "$end" ]; do
-		ctl --timeout 4 info >/dev/null 2>&1 && return 0
-		sleep 0.2
-	done
-	return 1
-}
 check "after up to 1200 connections closed in the handshake, the daemon answers within 60 s" served_within 60
 if grep -q "TD-RPC-RELISTEN" "$LOG"; then
 	echo "# (the listener had stopped accepting and was started again)"
