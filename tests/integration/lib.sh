@@ -19,6 +19,9 @@ DPID=
 LOG_SHOWN=
 FAILS=0
 CHECKS=0
+# The test's own stdout, where a FAIL line goes even from a check whose
+# output the caller sends elsewhere (`check ... ctl info >/dev/null`).
+exec 8>&1
 
 cleanup() {
 	kill $(pgrep -P "$WATCHDOG" 2>/dev/null) "$WATCHDOG" 2>/dev/null
@@ -87,7 +90,7 @@ note() { echo "# $*"; }
 
 bad() {
 	FAILS=$((FAILS + 1))
-	echo "FAIL: $*"
+	echo "FAIL: $*" >&8
 }
 
 # check DESCRIPTION COMMAND...: the command must succeed.
