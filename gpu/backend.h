@@ -231,6 +231,15 @@ struct gpu_backend_ops {
 			     const float *cos, const float *sin, int B, int T, int NH, int HS);
 	void (*rope_backward)(struct gpu_backend *be, float *dinp, const float *dout,
 			      const float *cos, const float *sin, int B, int T, int NH, int HS);
+	/* Optional (NULL: never). The fused attention's q16, k16 and v16 from
+	 * one product's rows: qkv (B*T, W), W = (NH + 2 NKV) HS, each row q, k
+	 * and v side by side (their projections as one GEMM over weights that
+	 * lie so); q and k rotated and rounded as rope_forward's out16, v
+	 * rounded as bf16_round: the same bits as those three ops on q, k and v
+	 * apart. */
+	void (*rope_qkv16)(struct gpu_backend *be, gpu_bf16 *q16, gpu_bf16 *k16, gpu_bf16 *v16,
+			   const float *qkv, const float *cos, const float *sin, int B, int T,
+			   int NH, int NKV, int HS);
 	/* Causal attention. Where attention_flash(HS) says false, att is the
 	 * (B,NH,T,T) probabilities and datt (B,NH,T,T) scratch, as in
 	 * kernels/cpu/ops.h. Where it says true (the CUDA backend's fused kernels,
@@ -631,6 +640,12 @@ static inline void gpu_rope_forward(struct gpu_backend *be, float *out, gpu_bf16
 				    int T, int NH, int HS)
 {
 	GPU_OP_(rope_forward, out, out16, inp, cos, sin, B, T, NH, HS);
+}
+static inline void gpu_rope_qkv16(struct gpu_backend *be, gpu_bf16 *q16, gpu_bf16 *k16,
+				  gpu_bf16 *v16, const float *qkv, const float *cos,
+				  const float *sin, int B, int T, int NH, int NKV, int HS)
+{
+	GPU_OP_(rope_qkv16, q16, k16, v16, qkv, cos, sin, B, T, NH, NKV, HS);
 }
 static inline void gpu_rope_backward(struct gpu_backend *be, float *dinp, const float *dout,
 				     const float *cos, const float *sin, int B, int T, int NH,

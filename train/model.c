@@ -78,7 +78,8 @@ struct layer_a {
 	gpu_bf16 *ln1_16, *y16, *ln2_16, *h16;
 	gpu_bf16 *gate16, *up16; /* the MLP's products in bf16 only (gate, up NULL) */
 	/* q, k, v (after RoPE) in bf16 only, as the fused attention reads them
-	 * (q, k, v NULL; staged in fp32 in the model's q32, k32, v32) */
+	 * (q, k, v NULL; staged in fp32 in the model's q32, k32, v32, or
+	 * q32 alone as one product's rows: qkv_forward_fused) */
 	gpu_bf16 *q16, *k16, *v16;
 };
 
@@ -627,9 +628,15 @@ static void bind(struct tr_model *m)
 	S(deq_absmax);
 	S(lora_du);
 	S(lora_dx);
-	S(q32);
-	S(k32);
-	S(v32);
+	/* q, k and v's staging: one after another, or one product's rows
+	 * (qkv_forward_fused) */
+	m->q32 = buf(m, "scratch.qkv32");
+	if (m->q32) {
+		const struct tr_model_config *c = &m->plan.cfg;
+		const size_t N = (size_t)m->plan.opts.B * (size_t)m->plan.opts.T;
+		m->k32 = m->q32 + N * (size_t)c->num_heads * (size_t)c->head_dim;
+		m->v32 = m->k32 + N * (size_t)c->num_kv_heads * (size_t)c->head_dim;
+	}
 	S(gemm_bf16);
 	const struct tr_plan_buf *gb = tr_plan_find(&m->plan, "scratch.gemm_bf16");
 	m->gemm_bf16_bytes = gb ? gb->bytes : 0;
@@ -1402,6 +1409,42 @@ static void att_claim(struct tr_model *m, int l)
 		gpu_copy_wait(m->be, att_copy(l));
 }
 
+/* Layer l's q, k and v where the attention is fused (kept in bf16 only,
+ * after RoPE), their weights' bf16 copies lie side by side as one
+ * (H + 2 KV) x C matrix (and their biases, if any, likewise), and none has
+ * an adapter or q/k norms: one product into the staging's rows of H + 2 KV
+ * (bias added by the GEMM), then one op rotating q and k and rounding all
+ * three (rope_qkv16) — instead of three products, two rotations and v's
+ * rounding. Each value is its own product's fp32 sum over the same C
+ * inputs (the GEMM's algorithm, and with it the order of a sum, may
+ * differ from the narrower products': within the bf16 mode's bounds, as
+ * any algorithm choice), the same rotation and rounding. Returns false,
+ * having launched nothing, where it does not apply. */
+static bool qkv_forward_fused(struct tr_model *m, int l)
+{
+	struct gpu_backend *be = m->be;
+	const struct tr_model_config *c = &m->plan.cfg;
+	const int B = m->plan.opts.B, T = m->plan.opts.T, N = B * T, C = c->hidden_size;
+	const size_t H = (size_t)c->num_heads * c->head_dim, KV = (size_t)c->num_kv_heads * c->head_dim;
+	const struct lin *q = &m->lin[l][TR_LIN_Q], *k = &m->lin[l][TR_LIN_K],
+			 *v = &m->lin[l][TR_LIN_V];
+	const struct layer_a *a = &m->a[l];
+	if (!be->ops->rope_qkv16 || !m->plan.opts.gemm_bf16 || c->qk_norm || !m->q32 || !a->q16 ||
+	    !a->k16 || !a->v16 || !a->ln1_16 || q->lora || k->lora || v->lora || q->wp->nf4 ||
+	    k->wp->nf4 || v->wp->nf4 || !q->b != !k->b || !q->b != !v->b ||
+	    (q->b && (k->b != q->b + H || v->b != k->b + KV)))
+		return false;
+	const struct wref wq = weight_of(m, q->wp), wk = weight_of(m, k->wp),
+			  wv = weight_of(m, v->wp);
+	if (!wq.h || wk.h != wq.h + H * C || wv.h != wk.h + KV * C)
+		return false;
+	gpu_matmul_forward(be, m->q32, NULL, NULL, a->ln1_16, NULL, wq.h, q->b, N, C,
+			   (int)(H + 2 * KV));
+	gpu_rope_qkv16(be, a->q16, a->k16, a->v16, m->q32, m->rope_cos, m->rope_sin, B, T,
+		       c->num_heads, c->num_kv_heads, c->head_dim);
+	return true;
+}
+
 /* Layer l's forward (recompute false): res[l] -> res[l+1], every activation
  * the backward reads written where the plan keeps it. Its recompute (true),
  * before its backward: the same ops on the same inputs again, for what the
@@ -1440,28 +1483,31 @@ static void layer_forward(struct tr_model *m, int l, bool recompute)
 	float *v = a->v16 ? m->v32 : a->v;
 
 	gpu_rmsnorm_forward(be, a->ln1, a->ln1_16, a->ln1_rstd, m->res[l], w->ln1, N, C, eps);
-	if (c->qk_norm) {
-		project(m, l, TR_LIN_Q, prod, a->qraw, NULL, a->ln1, a->ln1_16);
-		project(m, l, TR_LIN_K, prod, a->kraw, NULL, a->ln1, a->ln1_16);
-		gpu_rmsnorm_forward(be, q, NULL, a->q_rstd, a->qraw, w->qn, N * NH, HS, eps);
-		gpu_rmsnorm_forward(be, k, NULL, a->k_rstd, a->kraw, w->kn, N * NKV, HS, eps);
-	} else {
-		project(m, l, TR_LIN_Q, prod, q, NULL, a->ln1, a->ln1_16);
-		project(m, l, TR_LIN_K, prod, k, NULL, a->ln1, a->ln1_16);
+	/* q16, k16 and v16 in one product where it applies (a product pass) */
+	if (!prod || !qkv_forward_fused(m, l)) {
+		if (c->qk_norm) {
+			project(m, l, TR_LIN_Q, prod, a->qraw, NULL, a->ln1, a->ln1_16);
+			project(m, l, TR_LIN_K, prod, a->kraw, NULL, a->ln1, a->ln1_16);
+			gpu_rmsnorm_forward(be, q, NULL, a->q_rstd, a->qraw, w->qn, N * NH, HS, eps);
+			gpu_rmsnorm_forward(be, k, NULL, a->k_rstd, a->kraw, w->kn, N * NKV, HS, eps);
+		} else {
+			project(m, l, TR_LIN_Q, prod, q, NULL, a->ln1, a->ln1_16);
+			project(m, l, TR_LIN_K, prod, k, NULL, a->ln1, a->ln1_16);
+		}
+		/* v16 (the fused attention's) straight from its product where it has
+		 * no bias (matmul_forward's bf16 output takes none) */
+		const bool v16_out = a->v16 && !m->lin[l][TR_LIN_V].b;
+		project(m, l, TR_LIN_V, prod, v16_out ? NULL : v, v16_out ? a->v16 : NULL, a->ln1,
+			a->ln1_16);
+		if (prod || c->qk_norm) { /* q16, k16: the rotation rounded (rope_forward's twin) */
+			gpu_rope_forward(be, a->q16 ? NULL : q, a->q16, q, m->rope_cos, m->rope_sin, B, T,
+					 NH, HS);
+			gpu_rope_forward(be, a->k16 ? NULL : k, a->k16, k, m->rope_cos, m->rope_sin, B, T,
+					 NKV, HS);
+		}
+		if (prod && a->v16 && !v16_out)
+			gpu_bf16_round(be, a->v16, v, (size_t)N * NKV * HS);
 	}
-	/* v16 (the fused attention's) straight from its product where it has
-	 * no bias (matmul_forward's bf16 output takes none) */
-	const bool v16_out = a->v16 && !m->lin[l][TR_LIN_V].b;
-	project(m, l, TR_LIN_V, prod, v16_out ? NULL : v, v16_out ? a->v16 : NULL, a->ln1,
-		a->ln1_16);
-	if (prod || c->qk_norm) { /* q16, k16: the rotation rounded (rope_forward's twin) */
-		gpu_rope_forward(be, a->q16 ? NULL : q, a->q16, q, m->rope_cos, m->rope_sin, B, T,
-				 NH, HS);
-		gpu_rope_forward(be, a->k16 ? NULL : k, a->k16, k, m->rope_cos, m->rope_sin, B, T,
-				 NKV, HS);
-	}
-	if (prod && a->v16 && !v16_out)
-		gpu_bf16_round(be, a->v16, v, (size_t)N * NKV * HS);
 	/* not again where its output is kept: SELECTIVE's, FULL_OFFLOAD's ring */
 	if (!recompute || !m->plan.opts.attention_lse || (prod && !m->att_host))
 		gpu_attention_forward(be, a->y, a->y16, a->att, a->q, a->q16, a->k, a->k16, a->v, a->v16,

@@ -1086,7 +1086,7 @@ static td_err plan_build(struct tr_plan *p, const struct tr_model_config *cfg,
 	const int qk = cfg->qk_norm ? KEEP_NONE : KEEP_SEL; /* without q/k norms, RoPE runs in place on the product */
 	const int att = lse ? KEEP_SEL : KEEP_NONE;
 	/* The fused attention reads q, k, v in bf16 only: they are kept so
-	 * (after RoPE, rounded from fp32 values staged in scratch.q32 ...:
+	 * (after RoPE, rounded from fp32 values staged in scratch.qkv32:
 	 * the bits the attention rounded for itself before), and its
 	 * backward reads them again. The unfused attention reads fp32. */
 	const bool qkv16 = lse && o->gemm_bf16;
@@ -1283,10 +1283,10 @@ static td_err plan_build(struct tr_plan *p, const struct tr_model_config *cfg,
 		 * rounding (qkv16): a layer's forward or recompute, which never
 		 * overlaps its backward (phase 3; nothing of phases 1 and 2 is
 		 * live in a forward). A forward-only plan has no region: their
-		 * own bytes. */
-		{"q32", f32_bytes(N, H, 1), qkv16, train ? 3 : 0},
-		{"k32", f32_bytes(N, KV, 1), qkv16, train ? 3 : 0},
-		{"v32", f32_bytes(N, KV, 1), qkv16, train ? 3 : 0},
+		 * own bytes. One buffer of N rows of H + 2 KV: q's, k's and v's
+		 * products one after another, or as one product's rows side by
+		 * side (train/model.c: qkv_forward_fused). */
+		{"qkv32", f32_bytes(N, H + 2 * KV, 1), qkv16, train ? 3 : 0},
 		{"dpooled", f32_bytes(B, C, 1), train && classify, 0},
 		/* a frozen weight for one use (and an NF4 one's absmax values) */
 		{"deq", deq, deq > 0, 0},

@@ -1131,6 +1131,25 @@ static void cu_rope_forward(struct gpu_backend *be, float *out, gpu_bf16 *out16,
 	launch_rope(cu_of(be), CU_K_rope_forward_f32, CU_K_rope_forward4_f32, v4, args, B, T, NH, HS);
 }
 
+/* gpu/backend.h: rope_qkv16. Four values a thread where HS/2 is a
+ * multiple of 4 and the pointers allow (kernels/cuda/rope.cu), else one. */
+static void cu_rope_qkv16(struct gpu_backend *be, gpu_bf16 *q16, gpu_bf16 *k16, gpu_bf16 *v16,
+			  const float *qkv, const float *cos, const float *sin, int B, int T,
+			  int NH, int NKV, int HS)
+{
+	if (B <= 0 || T <= 0 || NH <= 0 || NKV <= 0 || HS < 2)
+		return;
+	void *args[] = {&q16, &k16, &v16, &qkv, &cos, &sin, &B, &T, &NH, &NKV, &HS};
+	const bool v4 = (HS / 2) % 4 == 0 &&
+			(((uintptr_t)qkv | (uintptr_t)cos | (uintptr_t)sin) & 15) == 0 &&
+			(((uintptr_t)q16 | (uintptr_t)k16 | (uintptr_t)v16) & 7) == 0;
+	const size_t tokens = (size_t)B * (size_t)T, rows = (size_t)(NH + NKV) * (size_t)(HS / 2),
+		     vals = (size_t)NKV * (size_t)HS;
+	const size_t units = v4 ? tokens * (rows / 4 + vals / 4) : tokens * (rows + vals);
+	cu_launch(cu_of(be), v4 ? CU_K_rope_qkv16x4_f32 : CU_K_rope_qkv16_f32,
+		  dim1(grid_cap((units + CU_THREADS - 1) / CU_THREADS)), dim1(CU_THREADS), 0, args);
+}
+
 static void cu_rope_backward(struct gpu_backend *be, float *dinp, const float *dout,
 			     const float *cos, const float *sin, int B, int T, int NH, int HS)
 {
@@ -1917,6 +1936,7 @@ void cu_ops_fill(struct gpu_backend_ops *ops)
 	ops->matmul_forward_residual = cu_matmul_forward_residual;
 	ops->matmul_backward = cu_matmul_backward;
 	ops->rope_forward = cu_rope_forward;
+	ops->rope_qkv16 = cu_rope_qkv16;
 	ops->rope_backward = cu_rope_backward;
 	ops->attention_flash = cu_attention_flash;
 	ops->gemm_bf16 = cu_gemm_bf16;

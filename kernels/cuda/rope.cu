@@ -94,3 +94,74 @@ static __device__ __forceinline__ void rope_rotate4(float *out, __nv_bfloat16 *o
 
 ROPE_KERNELS(_f32, rope_rotate)
 ROPE_KERNELS(4_f32, rope_rotate4)
+
+/* The fused attention's q16, k16 and v16 from one product's rows: q, k and v
+ * projected by one GEMM over their side-by-side weights (train/model.c:
+ * qkv_forward_fused), qkv (B*T, W) with W = (NH + 2 NKV) HS, each row
+ * [q | k | v]. q's and k's heads rotated and rounded as rope_forward's out16
+ * gives them (the same products and sums: the same bits), v rounded as
+ * bf16_round. One launch instead of three; q16 (B,T,NH,HS), k16 and v16
+ * (B,T,NKV,HS). A row's NH + NKV rotated heads are rows of HS values of qkv
+ * in turn (k's follow q's), so a head hh of row r starts at r W + hh HS.
+ * rope_qkv16_f32: a thread a pair or one of v's values, grid-stride;
+ * rope_qkv16x4_f32: four of either (HS/2 a multiple of 4, qkv, cos and sin
+ * 16-byte aligned, the bf16 outputs 8-byte: the launcher checks). */
+extern "C" __global__ void rope_qkv16_f32(__nv_bfloat16 *q16, __nv_bfloat16 *k16,
+					  __nv_bfloat16 *v16, const float *qkv, const float *cos,
+					  const float *sin, int B, int T, int NH, int NKV, int HS)
+{
+	const int H2 = HS / 2, NR = NH + NKV;
+	const size_t W = (size_t)(NH + 2 * NKV) * HS, KV = (size_t)NKV * HS;
+	const size_t tokens = (size_t)B * T, rot = tokens * NR * H2, units = rot + tokens * KV;
+	for (size_t u = (size_t)blockIdx.x * blockDim.x + threadIdx.x; u < units;
+	     u += (size_t)gridDim.x * blockDim.x) {
+		if (u >= rot) {
+			const size_t r = (u - rot) / KV, j = (u - rot) - r * KV;
+			v16[r * KV + j] = __float2bfloat16_rn(qkv[r * W + (size_t)NR * HS + j]);
+			continue;
+		}
+		const size_t head = u / H2; /* r * NR + hh */
+		const int i = (int)(u - head * H2);
+		const size_t r = head / NR;
+		const int hh = (int)(head - r * NR), t = (int)(r % (size_t)T);
+		const float *x = qkv + r * W + (size_t)hh * HS;
+		__nv_bfloat16 *o = hh < NH ? q16 + (r * NH + hh) * HS : k16 + (r * NKV + hh - NH) * HS;
+		const float x1 = x[i], x2 = x[i + H2];
+		const float ci = cos[(size_t)t * H2 + i], si = sin[(size_t)t * H2 + i];
+		o[i] = __float2bfloat16_rn(__fsub_rn(__fmul_rn(x1, ci), __fmul_rn(x2, si)));
+		o[i + H2] = __float2bfloat16_rn(__fadd_rn(__fmul_rn(x2, ci), __fmul_rn(x1, si)));
+	}
+}
+
+extern "C" __global__ void rope_qkv16x4_f32(__nv_bfloat16 *q16, __nv_bfloat16 *k16,
+					    __nv_bfloat16 *v16, const float *qkv, const float *cos,
+					    const float *sin, int B, int T, int NH, int NKV, int HS)
+{
+	const int H2 = HS / 2, Q = H2 / 4, NR = NH + NKV;
+	const size_t W = (size_t)(NH + 2 * NKV) * HS, KV4 = (size_t)NKV * HS / 4;
+	const size_t tokens = (size_t)B * T, rot = tokens * NR * Q, units = rot + tokens * KV4;
+	for (size_t u = (size_t)blockIdx.x * blockDim.x + threadIdx.x; u < units;
+	     u += (size_t)gridDim.x * blockDim.x) {
+		if (u >= rot) {
+			const size_t r = (u - rot) / KV4, j = (u - rot) - r * KV4;
+			const float4 x = *reinterpret_cast<const float4 *>(qkv + r * W +
+									   (size_t)NR * HS + 4 * j);
+			cu_put4(NULL, v16, r * KV4 + j, x);
+			continue;
+		}
+		const size_t head = u / Q; /* r * NR + hh */
+		const int i = (int)(u - head * Q) * 4;
+		const size_t r = head / NR;
+		const int hh = (int)(head - r * NR), t = (int)(r % (size_t)T);
+		const float *x = qkv + r * W + (size_t)hh * HS + i;
+		const float4 x1 = *reinterpret_cast<const float4 *>(x);
+		const float4 x2 = *reinterpret_cast<const float4 *>(x + H2);
+		const float4 c = *reinterpret_cast<const float4 *>(cos + (size_t)t * H2 + i);
+		const float4 s = *reinterpret_cast<const float4 *>(sin + (size_t)t * H2 + i);
+		float4 y1, y2;
+		cu_rope4(x1, x2, c, s, y1, y2);
+		__nv_bfloat16 *o = hh < NH ? q16 + (r * NH + hh) * HS : k16 + (r * NKV + hh - NH) * HS;
+		cu_put4(NULL, o + i, 0, y1);
+		cu_put4(NULL, o + i + H2, 0, y2);
+	}
+}

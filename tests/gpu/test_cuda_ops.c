@@ -1204,6 +1204,46 @@ static void test_rope(void)
 		case_end();
 	}
 	op_report("rope");
+
+	/* rope_qkv16 against rope_forward and the rounding on q, k and v
+	 * apart: every value the CPU op's rotation (or v) rounded, bit for
+	 * bit. off 1: qkv one float past an aligned address (the scalar
+	 * kernel where HS would take the four-wide one). */
+	static const struct { int B, T, NH, NKV, HS, off; } qc[] = {
+		{ 2, 5, 4, 2, 8, 0 },    { 3, 7, 3, 1, 6, 0 },  { 2, 33, 14, 2, 64, 0 },
+		{ 1, 16, 4, 4, 128, 0 }, { 2, 9, 4, 2, 64, 1 },
+	};
+	op_begin();
+	for (size_t ci = 0; ci < COUNT(qc) && be->ops->rope_qkv16; ci++) {
+		const int B = qc[ci].B, T = qc[ci].T, NH = qc[ci].NH, NKV = qc[ci].NKV, HS = qc[ci].HS;
+		const size_t N = (size_t)B * T, H = (size_t)NH * HS, KV = (size_t)NKV * HS;
+		const size_t W = H + 2 * KV, nc = (size_t)T * (HS / 2);
+		snprintf(where, sizeof(where), "rope_qkv16 (B=%d T=%d NH=%d NKV=%d HS=%d off %d)", B, T,
+			 NH, NKV, HS, qc[ci].off);
+		float *cos = fvec(nc), *sin = fvec(nc);
+		rope_cache(cos, sin, T, HS, 1e6);
+		float *qkv = frand(N * W + 1, 1.0, 0.0);
+		float *q = fvec(N * H), *k = fvec(N * KV), *v = fvec(N * KV);
+		const float *rows = qkv + qc[ci].off;
+		for (size_t r = 0; r < N; r++) {
+			memcpy(q + r * H, rows + r * W, H * sizeof(float));
+			memcpy(k + r * KV, rows + r * W + H, KV * sizeof(float));
+			memcpy(v + r * KV, rows + r * W + H + KV, KV * sizeof(float));
+		}
+		float *qr = fvec(N * H), *kr = fvec(N * KV);
+		rope_forward(qr, q, cos, sin, B, T, NH, HS);
+		rope_forward(kr, k, cos, sin, B, T, NKV, HS);
+		gpu_bf16 *d_q16 = dnan16(N * H), *d_k16 = dnan16(N * KV), *d_v16 = dnan16(N * KV);
+		const float *d_qkv = dputf(qkv, N * W + 1) + qc[ci].off;
+		gpu_rope_qkv16(be, d_q16, d_k16, d_v16, d_qkv, dputf(cos, nc), dputf(sin, nc), B, T, NH,
+			       NKV, HS);
+		expect_twin("q16", d_q16, qr, N * H);
+		expect_twin("k16", d_k16, kr, N * KV);
+		expect_twin("v16", d_v16, v, N * KV);
+		case_end();
+	}
+	CHECK(be->ops->rope_qkv16 != NULL);
+	op_report("rope_qkv16");
 }
 
 static void test_attention(void)

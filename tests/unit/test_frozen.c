@@ -507,10 +507,10 @@ static void test_real_shapes(void)
 		const char *const mlp[] = {p.dh16 ? "scratch.dh16" : "scratch.dh", "scratch.dgate16",
 					   "scratch.dup16"};
 		CHECK_EQ_INT(p.dh16, !(po.lora_targets & (1u << TR_LIN_DOWN)) || po.lora_dropout == 0.0f);
-		static const char *const fwd[] = {"scratch.q32", "scratch.k32", "scratch.v32"};
+		static const char *const fwd[] = {"scratch.qkv32"};
 		static const char *const head[] = {"scratch.logits"};
 		const char *const *const phases[] = {attn, mlp, fwd, head};
-		static const size_t nphase[] = {5, 3, 3, 1};
+		static const size_t nphase[] = {5, 3, 1, 1};
 		size_t sum[4] = {0, 0, 0, 0};
 		for (int ph = 0; ph < 4 && lb; ph++) {
 			const char *const *names = phases[ph];
