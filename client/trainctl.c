@@ -503,6 +503,10 @@ static int cmd_submit(const struct opts *o, int argc, char **argv)
 					s->memory->shard = sh_names[k].v;
 					ok = true;
 				}
+		} else if (strcmp(a, "--selective-layers") == 0 &&
+			   (ok = parse_u64(v, &u) && u <= UINT32_MAX)) {
+			s->memory->has_selective_layers = true;
+			s->memory->selective_layers = (uint32_t)u;
 		} else if (strcmp(a, "--max-memory") == 0 && (ok = parse_bytes(v, &u))) {
 			s->memory->has_max_bytes = true;
 			s->memory->max_bytes = u;
@@ -1863,7 +1867,8 @@ static const struct command {
 	 "         [--steps N] [--lr X] [--batch N] [--seq-len N] [--checkpoint-every N]\n"
 	 "         [--eval FILE] [--name NAME] [--priority N] [--device cpu|gpu|any] [--gpus N]\n"
 	 "         [--grad-accum N] (a step's micro-batches, shared by a gang's GPUs)\n"
-	 "         [--recompute auto|none|selective|full|full-offload] [--max-memory BYTES[K|M|G|T]]\n"
+	 "         [--recompute auto|none|selective|full|full-offload] [--selective-layers N]\n"
+	 "         [--max-memory BYTES[K|M|G|T]]\n"
 	 "         [--shard auto|none|optimizer|gradients|parameters] (a gang's state split over its GPUs)\n"
 	 "         [--hosts tcp://HOST:PORT[,...]] (other daemons that run the job's next ranks)\n"
 	 "         [--after ID[,ID...]] [--hold] [--watch]\n"

@@ -1200,9 +1200,19 @@ static td_err check_resources(const Traind__JobSpec *s, struct td_errbuf *eb)
 static td_err check_memory(const Traind__JobSpec *s, struct td_errbuf *eb)
 {
 	const Traind__MemorySpec *m = s->memory;
-	if (!m || !m->has_shard)
+	if (!m)
 		return TD_OK;
-	TRY(check_enum(eb, "memory.shard", &traind__shard__descriptor, m->shard));
+	/* selective layers are steps of FULL and FULL_OFFLOAD (AUTO's too) */
+	if (m->selective_layers > 0 && m->has_recompute &&
+	    (m->recompute == TRAIND__RECOMPUTE__RECOMPUTE_NONE ||
+	     m->recompute == TRAIND__RECOMPUTE__RECOMPUTE_SELECTIVE))
+		return td_fail(eb, TD_EINVAL,
+			       "memory.selective_layers: %u, but memory.recompute %s keeps every layer "
+			       "alike (selective layers are steps of full and full-offload)",
+			       m->selective_layers,
+			       m->recompute == TRAIND__RECOMPUTE__RECOMPUTE_NONE ? "none" : "selective");
+	if (m->has_shard)
+		TRY(check_enum(eb, "memory.shard", &traind__shard__descriptor, m->shard));
 	return TD_OK;
 }
 
@@ -1423,6 +1433,7 @@ void rpc_jobspec_print(const Traind__JobSpec *s, FILE *f)
 	       rc == TRAIND__RECOMPUTE__RECOMPUTE_UNSPECIFIED ? TRAIND__RECOMPUTE__RECOMPUTE_AUTO : rc);
 	p_u64(f, "memory.max_bytes", m && m->has_max_bytes && m->max_bytes, m ? m->max_bytes : 0,
 	      "(no bound)");
+	fprintf(f, "memory.selective_layers: %u\n", m ? m->selective_layers : 0);
 	p_enum(f, "memory.shard", &traind__shard__descriptor,
 	       sh == TRAIND__SHARD__SHARD_UNSPECIFIED ? TRAIND__SHARD__SHARD_AUTO : sh);
 	p_bool(f, "memory.share_base", m ? m->share_base : true);

@@ -145,6 +145,9 @@ static td_err choose_recompute(const struct tr__method_ops *ops, const Traind__J
 	default:
 		return td_fail(eb, TD_EINVAL, "memory.recompute: unknown value %d", (int)r);
 	}
+	/* under FULL and FULL_OFFLOAD (AUTO's too), in every plan below */
+	po->selective_layers = ms && ms->selective_layers > (uint32_t)INT_MAX ? INT_MAX
+			       : ms ? (int)ms->selective_layers : 0;
 	if (!max)
 		return TD_OK;
 	size_t other = 0, acts[TR_RECOMPUTE_COUNT], total[TR_RECOMPUTE_COUNT];
@@ -169,13 +172,16 @@ static td_err choose_recompute(const struct tr__method_ops *ops, const Traind__J
 	}
 	/* AUTO: the last policy's plan, the smallest on the device */
 	const int k = aut ? TR_RECOMPUTE_COUNT - 1 : (int)po->recompute;
-	char b1[32], b2[32];
+	char b1[32], b2[32], sel[64] = "";
+	if (po->selective_layers > 0 && tr_recompute_full((enum tr_recompute)k))
+		snprintf(sel, sizeof(sel), ", memory.selective_layers %d",
+			 po->selective_layers);
 	return td_fail(eb, TD_ERANGE,
 		       "memory.max_bytes: %s (%llu bytes), but the job's plan needs %s (%zu bytes) with "
-		       "recompute %s at micro-batch %d x sequence %d",
+		       "recompute %s%s at micro-batch %d x sequence %d",
 		       tr_fmt_bytes(b1, sizeof(b1), max), (unsigned long long)max,
 		       tr_fmt_bytes(b2, sizeof(b2), total[k] + other), total[k] + other,
-		       tr_recompute_name((enum tr_recompute)k), po->B, po->T);
+		       tr_recompute_name((enum tr_recompute)k), sel, po->B, po->T);
 }
 
 static td_err method_plan_opts(const struct tr__method_ops *ops, const Traind__JobSpec *spec,

@@ -1470,12 +1470,15 @@ static void layer_forward(struct tr_model *m, int l, bool recompute)
 	/* att was sized for the attention the backend ran when the model was
 	 * built; a precision switched since would overrun it (a caller's bug). */
 	assert(gpu_attention_flash(be, HS) == m->plan.opts.attention_lse);
-	assert(!recompute || m->plan.opts.recompute != TR_RECOMPUTE_NONE);
+	const enum tr_recompute rc =
+		tr_layer_recompute(m->plan.opts.recompute, m->plan.opts.selective_layers, l);
+	assert(!recompute || rc != TR_RECOMPUTE_NONE);
 	m->recomputing = recompute;
 	struct layer_a *a = &m->a[l];
 	ring_ensure(m, l);
-	/* The products run in the forward and in a full recompute. */
-	const bool prod = !recompute || tr_recompute_full(m->plan.opts.recompute);
+	/* The products run in the forward and in a full recompute (the
+	 * layer's own policy: tr_layer_recompute). */
+	const bool prod = !recompute || tr_recompute_full(rc);
 	/* q, k, v in fp32: kept, or (q16: the fused attention's) staged in
 	 * fp32 and kept rounded, q and k by RoPE; the attention reads what is
 	 * kept. */

@@ -379,6 +379,10 @@ static td_err check_opts(const struct tr_plan_opts *o, const struct tr_model_con
 		return td_fail(eb, TD_EINVAL, "plan: distillation trains a causal LM, not a classifier");
 	if ((unsigned)o->recompute >= TR_RECOMPUTE_COUNT)
 		return td_fail(eb, TD_EINVAL, "plan: unknown recompute policy %d", (int)o->recompute);
+	if (o->selective_layers < 0 || o->selective_layers > c->num_layers)
+		return td_fail(eb, TD_EINVAL,
+			       "plan: %d selective layers (memory.selective_layers: 0 to the model's %d)",
+			       o->selective_layers, c->num_layers);
 	if (o->inference && o->distill)
 		return td_fail(eb, TD_EINVAL, "plan: a distillation student trains; it is not forward-only");
 	return TD_OK;
@@ -813,6 +817,8 @@ static td_err plan_build(struct tr_plan *p, const struct tr_model_config *cfg,
 		return e;
 	if (o->inference)
 		p->opts.recompute = TR_RECOMPUTE_NONE; /* nothing is kept for a backward */
+	if (!tr_recompute_full(p->opts.recompute))
+		p->opts.selective_layers = 0; /* ignored: every layer keeps as the policy says */
 	if (o->gemm_bf16)
 		p->opts.frozen_bf16 = true; /* the bf16 GEMMs read frozen weights in bf16 */
 	if (o->lora_rank > 0)
@@ -1147,7 +1153,11 @@ static td_err plan_build(struct tr_plan *p, const struct tr_model_config *cfg,
 		const bool work = l == nl; /* the working set, after the layers' own */
 		if (work && rc == TR_RECOMPUTE_NONE)
 			break;
-#define KEPT(keep) (rc == TR_RECOMPUTE_NONE || (rc == TR_RECOMPUTE_SELECTIVE && (keep) == KEEP_SEL))
+		/* the layer's own policy (tr_layer_recompute); the working set
+		 * is the plan's, for the layers that keep less */
+		const enum tr_recompute lrc =
+			work ? rc : tr_layer_recompute(rc, p->opts.selective_layers, l);
+#define KEPT(keep) (lrc == TR_RECOMPUTE_NONE || (lrc == TR_RECOMPUTE_SELECTIVE && (keep) == KEEP_SEL))
 #define ACT_NAME(what)                                        \
 	do {                                                  \
 		if (work)                                     \
@@ -1576,7 +1586,12 @@ void tr_plan_print(const struct tr_plan *p, FILE *f)
 	size_t acts[TR_RECOMPUTE_COUNT], totals[TR_RECOMPUTE_COUNT], hosts[TR_RECOMPUTE_COUNT];
 	if (o->inference || tr_plan_policy_bytes(&p->cfg, o, acts, totals, hosts, NULL) != TD_OK)
 		return;
-	fprintf(f, "recompute  %s; by policy, acts and total:", tr_recompute_name(o->recompute));
+	if (p->opts.selective_layers > 0)
+		fprintf(f, "recompute  %s, the first %d of %d layers selective; by policy, acts and "
+			"total:",
+			tr_recompute_name(o->recompute), p->opts.selective_layers, p->cfg.num_layers);
+	else
+		fprintf(f, "recompute  %s; by policy, acts and total:", tr_recompute_name(o->recompute));
 	for (int r = 0; r < TR_RECOMPUTE_COUNT; r++) {
 		fprintf(f, "%s %s %s (%zu bytes), %s", r ? ";" : "", tr_recompute_name(r),
 			tr_fmt_bytes(b1, sizeof(b1), acts[r]), acts[r],
@@ -1594,7 +1609,7 @@ td_err tr_plan_policy_bytes(const struct tr_model_config *cfg, const struct tr_p
 	for (int r = 0; r < TR_RECOMPUTE_COUNT; r++) {
 		struct tr_plan q;
 		struct tr_plan_opts po = *o;
-		po.recompute = (enum tr_recompute)r;
+		po.recompute = (enum tr_recompute)r; /* selective_layers: FULL's and FULL_OFFLOAD's */
 		td_err e = tr_plan_build(&q, cfg, &po, eb);
 		if (e != TD_OK)
 			return e;

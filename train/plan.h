@@ -269,6 +269,17 @@ static inline bool tr_recompute_full(enum tr_recompute r)
 	return r == TR_RECOMPUTE_FULL || r == TR_RECOMPUTE_FULL_OFFLOAD;
 }
 
+/* Layer l's policy under o: SELECTIVE for the first o->selective_layers
+ * layers of a FULL or FULL_OFFLOAD plan, else o->recompute. Which layers
+ * does not change the bytes (each keeps the same) or the bits (every policy
+ * gives NONE's); the first ones are those a two-layer model can recompute
+ * (the last layer never is: its working set is still the forward's). */
+static inline enum tr_recompute tr_layer_recompute(enum tr_recompute r, int selective_layers,
+						   int l)
+{
+	return tr_recompute_full(r) && l < selective_layers ? TR_RECOMPUTE_SELECTIVE : r;
+}
+
 /* Sharded data parallel (ZeRO; the spec's memory.shard): which of a
  * gang's per-rank copies of the training state are split over its ranks
  * instead, each rank keeping a contiguous part of the trainable floats
@@ -366,6 +377,13 @@ struct tr_plan_opts {
 	 * attention_lse. */
 	bool gemm_bf16;
 	enum tr_recompute recompute; /* TR_RECOMPUTE_NONE (0): keep everything */
+	/* Under FULL and FULL_OFFLOAD: the first selective_layers layers keep
+	 * what SELECTIVE keeps and are recomputed as SELECTIVE recomputes
+	 * (tr_layer_recompute); 0 to num_layers, ignored under NONE and
+	 * SELECTIVE. The steps between FULL and SELECTIVE, a layer's
+	 * products at a time: what a memory bound takes where SELECTIVE does
+	 * not fit (train/method.c). */
+	int selective_layers;
 	/* FULL_OFFLOAD's attention output on the host (tr_plan_offloads_attention):
 	 * 0 where it pays, 1 wherever the device holds less for it (tests:
 	 * small models never pay), -1 never. */

@@ -9,7 +9,8 @@
  *               [--shape fixture|25m|qwen2-0.5b|qwen3-0.6b|qwen2-1.5b|llama3-8b-4l|llama3-8b]
  *               [--batch B] [--seq T] [--steps N] [--warm N] [--lora-rank R]
  *               [--lora-targets qv|all] [--precision fp32|bf16] [--phases]
- *               [--recompute none|selective|full|full-offload] [--qlora] [--clip NORM]
+ *               [--recompute none|selective|full|full-offload [--selective-layers S]]
+ *               [--qlora] [--clip NORM]
  *               [--gpus N [--comm auto|host|nccl] [--shard none|optimizer|gradients|parameters]
  *                [--bucket-mfloats M]]
  *
@@ -32,6 +33,10 @@
  * --phases: each phase's time a step (synchronised at its end), and the
  * backward's host time before that sync (launching its kernels and
  * collectives: where it nears the backward's, the GPU waits for the host).
+ *
+ * --selective-layers S: under recompute full or full-offload, the first S
+ * layers keep what selective keeps (memory.selective_layers); the line's
+ * "selective_layers" field says how many.
  *
  * --clip NORM: clip the gradients to this global norm before AdamW
  * (PyTorch's clip_grad_norm_; default 1.0, as shared/bench/peer_hf.py
@@ -150,6 +155,7 @@ struct bench {
 	double clip;          /* max norm; 0: no clipping (--clip) */
 	size_t bucket_floats; /* 0: TR_DDP_BUCKET_FLOATS */
 	enum tr_recompute recompute;
+	int selective_layers; /* --selective-layers */
 	enum tr_shard shard;
 	struct gpu_gang *gang;
 	enum gpu_comm_kind comm;
@@ -197,7 +203,8 @@ static td_err bench_rank(struct rank_run *rr)
 	gpu_mem_info(be, &free0, &total);
 	free_min = free0;
 
-	struct tr_plan_opts po = {.B = B, .T = T, .recompute = b->recompute, .shard = b->shard,
+	struct tr_plan_opts po = {.B = B, .T = T, .recompute = b->recompute,
+				  .selective_layers = b->selective_layers, .shard = b->shard,
 				  .shard_ranks = b->gpus > 1 ? b->gpus : 0, .shard_rank = rr->r,
 				  .grad_accum = 1 /* a micro-batch a step (a rank) */};
 	if (b->lora_rank > 0) {
@@ -426,6 +433,8 @@ int main(int argc, char **argv)
 			}
 			b.recompute = (enum tr_recompute)r;
 		}
+		else if (!strcmp(a, "--selective-layers"))
+			b.selective_layers = atoi(v);
 		else {
 			fprintf(stderr, "bench_train: unknown option %s\n", a);
 			return 2;
@@ -493,14 +502,15 @@ int main(int argc, char **argv)
 	       "\"gpus\": %d, \"batch\": %d, \"seq\": %d, "
 	       "\"layers\": %d, \"params_total\": %zu, \"params_trainable\": %zu, \"ms_per_step\": %.2f, "
 	       "\"tokens_per_s\": %.1f, \"plan_gib\": %.3f, \"reserve_gib\": %.3f, \"used_gib\": %.3f, "
-	       "\"host_gib\": %.3f, \"clip\": %g, ",
+	       "\"host_gib\": %.3f, \"clip\": %g, \"selective_layers\": %d, ",
 	       lr ? (b.qlora ? "qlora-" : "lora-") : "full-", lr ? b.targets : b.bf16 ? "bf16" : "fp32",
 	       b.bf16 ? "bf16" : "fp32", tr_recompute_name(b.recompute),
 	       tr_shard_name(b.gpus > 1 ? b.shard : TR_SHARD_NONE), r0->backend, r0->device, b.gpus,
 	       b.B, b.T, b.cfg.num_layers, r0->numel_params, r0->numel_trainable, r0->dt * 1e3,
 	       (double)b.gpus * b.B * b.T / r0->dt, (double)r0->plan_bytes / (1 << 30),
 	       (double)(r0->plan_bytes + r0->fixed_bytes) / (1 << 30), (double)used / (1 << 30),
-	       (double)r0->host_bytes / (1 << 30), b.clip);
+	       (double)r0->host_bytes / (1 << 30), b.clip,
+	       tr_recompute_full(b.recompute) ? b.selective_layers : 0);
 	if (b.gang)
 		printf("\"comm\": \"%s\", \"sums_in_backward\": %.1f, \"sums_after\": %.1f, "
 		       "\"summed_mfloats\": %.1f, \"embed_rows_mfloats\": %.1f, ", r0->comm,

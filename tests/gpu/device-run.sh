@@ -30,7 +30,8 @@
 # bench's four shapes with TD_CUDA_NO_GEMM_TUNE=1 and without, in turn,
 # twice; ~4 minutes. Not in all.
 # big32: all 32 of Llama-3-8B's layers, LoRA r16 on all seven: bench_train
-# with recompute full, full-offload and selective beside tests/bench/peer_big32.py
+# with recompute full, full-offload (and with its first 7 layers selective)
+# and selective beside tests/bench/peer_big32.py
 # (torch.compile with gradient checkpointing); ~6 minutes. Not in all.
 # preempt: tests/gpu/preempt_gpu.sh alone (also part of tests).
 # share: tests/gpu/share_gpu.sh — four Llama-3-8B-shaped LoRA jobs from two
@@ -92,14 +93,19 @@ fi
 if [ "$what" = big32 ]; then
 	# All 32 of Llama-3-8B's layers (issue 13): LoRA r16 on all seven, bf16,
 	# B4 x T2048, no clipping; traind with each recompute policy of
-	# $BIG32_POLICIES (default: full full-offload selective) beside
-	# tests/bench/peer_big32.py's torch.compile runs ($PEER32_RUNS, default
-	# lora-8b-gc-compile: gradient checkpointing; lora-8b-compile, without,
-	# wants an H200). Lines to $out/bench_big32.jsonl.
+	# $BIG32_POLICIES (default: full full-offload full-offload:7 selective;
+	# POLICY:S is POLICY with its first S layers selective,
+	# memory.selective_layers: full-offload:7 plans 22.90 GiB, under the
+	# peer's 23.39) beside tests/bench/peer_big32.py's torch.compile runs
+	# ($PEER32_RUNS, default lora-8b-gc-compile: gradient checkpointing;
+	# lora-8b-compile, without, wants an H200). Lines to
+	# $out/bench_big32.jsonl.
 	rm -f "$out/bench_big32.jsonl"
-	for r in ${BIG32_POLICIES:-full full-offload selective}; do
+	for r in ${BIG32_POLICIES:-full full-offload full-offload:7 selective}; do
+		sel=0
+		case $r in *:*) sel=${r#*:} r=${r%%:*} ;; esac
 		bench_peak bench_big32.jsonl --shape llama3-8b --lora-rank 16 --lora-targets all \
-			--precision bf16 --recompute $r --clip 0 --steps 4 --warm 2
+			--precision bf16 --recompute $r --selective-layers $sel --clip 0 --steps 4 --warm 2
 	done
 	PYTHONUNBUFFERED=1 RUNS=${PEER32_RUNS:-lora-8b-gc-compile} timeout 480 \
 		python3 "$root/tests/bench/peer_big32.py" 2>&1 | grep '^{' | tee -a "$out/bench_big32.jsonl"

@@ -485,6 +485,10 @@ M(m_host_cpu, SET(re(s), device, TRAIND__DEVICE__DEVICE_CPU); SET(hy(s), grad_ac
 M(m_host_accum, SET(re(s), gpus, 2); SET(hy(s), grad_accum, 2); HOSTS("tcp://h1:7001"))
 M(m_host_shard, SET(hy(s), grad_accum, 2); SET(me(s), shard, TRAIND__SHARD__SHARD_OPTIMIZER);
   HOSTS("tcp://h1:7001"))
+M(m_sel_none, SET(me(s), recompute, TRAIND__RECOMPUTE__RECOMPUTE_NONE);
+  SET(me(s), selective_layers, 2))
+M(m_sel_selective, SET(me(s), recompute, TRAIND__RECOMPUTE__RECOMPUTE_SELECTIVE);
+  SET(me(s), selective_layers, 1))
 M(m_cpu_bf16, SET(re(s), device, TRAIND__DEVICE__DEVICE_CPU);
   SET(hy(s), precision, TRAIND__PRECISION__PRECISION_BF16))
 M(m_rank0, SET(s, method, TRAIND__METHOD__METHOD_LORA); SET(lo(s), rank, 0))
@@ -593,6 +597,9 @@ static const struct bad_case bad_cases[] = {
 			"to 4" },
 	{ m_host_shard, "memory.shard: a job across daemons (resources.hosts) keeps whole optimizer "
 			"state" },
+	{ m_sel_none, "memory.selective_layers: 2, but memory.recompute none keeps every layer alike" },
+	{ m_sel_selective, "memory.selective_layers: 1, but memory.recompute selective keeps every "
+			   "layer alike" },
 	{ m_rank0, "lora.rank: must be >= 1 (got 0)" },
 	{ m_lora_alpha_nan, "lora.alpha:" },
 	{ m_lora_alpha_neg, "lora.alpha: must be > 0" },

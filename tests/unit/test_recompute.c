@@ -56,6 +56,9 @@ static bool bf16;
 /* open_backend's tables without attention_backward_rope16: the model then
  * runs the attention's backward, RoPE's and the roundings apart */
 static bool unfused;
+/* > 0: the runs' plans keep that many layers as SELECTIVE under FULL and
+ * FULL_OFFLOAD (tr_plan_opts.selective_layers) */
+static int sel_layers;
 
 static struct gpu_backend *open_backend(void)
 {
@@ -229,6 +232,7 @@ static void run(const struct rc_case *c, enum tr_recompute rc, bool lazy, struct
 	po.B = B_;
 	po.T = T_;
 	po.recompute = rc;
+	po.selective_layers = sel_layers;
 	/* FULL_OFFLOAD moves the attention's output wherever it frees device
 	 * memory, though at these sizes the copies would not pay */
 	po.offload_attention = 1;
@@ -493,7 +497,9 @@ static void test_same_bits(void)
 	struct gpu_backend *probe = open_backend();
 	const bool fuses = probe->ops->attention_backward_rope16 != NULL;
 	gpu_backend_free(probe);
-	enum { AGAIN = TR_RECOMPUTE_COUNT, LAZY, UNFUSED, NRUNS };
+	/* MIXED, MIXED_OFF: FULL and FULL_OFFLOAD with the first layer
+	 * SELECTIVE (tr_layer_recompute), the last layer as it always is */
+	enum { AGAIN = TR_RECOMPUTE_COUNT, LAZY, UNFUSED, MIXED, MIXED_OFF, NRUNS };
 	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
 		const struct rc_case *c = &cases[i];
 		struct result r[NRUNS];
@@ -520,7 +526,14 @@ static void test_same_bits(void)
 				}
 				continue;
 			}
-			run(c, (enum tr_recompute)rc, false, &r[rc]);
+			if (rc == MIXED || rc == MIXED_OFF) {
+				sel_layers = 1;
+				run(c, rc == MIXED ? TR_RECOMPUTE_FULL : TR_RECOMPUTE_FULL_OFFLOAD, false,
+				    &r[rc]);
+				sel_layers = 0;
+			} else {
+				run(c, (enum tr_recompute)rc, false, &r[rc]);
+			}
 			/* the plan is what the backend allocates, and all it ever
 			 * holds, on the device and on the host */
 			CHECK_MSG(r[rc].alloc_bytes == r[rc].plan_bytes,
@@ -532,7 +545,8 @@ static void test_same_bits(void)
 				  "%s (%s): host memory allocated %zu bytes, peak %zu, plan %zu", c->name,
 				  tr_recompute_name(rc), r[rc].host_alloc, r[rc].host_peak, r[rc].host_plan);
 			/* only FULL_OFFLOAD has host bytes: FULL's layer inputs but the last output */
-			CHECK_MSG((rc == TR_RECOMPUTE_FULL_OFFLOAD) == (r[rc].host_plan > 0),
+			CHECK_MSG((rc == TR_RECOMPUTE_FULL_OFFLOAD || rc == MIXED_OFF) ==
+					  (r[rc].host_plan > 0),
 				  "%s (%s): host plan %zu bytes", c->name, tr_recompute_name(rc),
 				  r[rc].host_plan);
 		}
@@ -542,6 +556,22 @@ static void test_same_bits(void)
 			  "%s: acts full-offload %zu, full %zu, selective %zu, none %zu", c->name,
 			  r[TR_RECOMPUTE_FULL_OFFLOAD].acts_bytes, r[TR_RECOMPUTE_FULL].acts_bytes,
 			  r[TR_RECOMPUTE_SELECTIVE].acts_bytes, r[TR_RECOMPUTE_NONE].acts_bytes);
+		/* a selective layer keeps more than a full one, less than
+		 * SELECTIVE's layers and working set (as much where every layer
+		 * but the last is selective: the last's products are then
+		 * FULL's working set), and the host the same */
+		for (int k = MIXED; k <= MIXED_OFF; k++) {
+			const int base = k == MIXED ? TR_RECOMPUTE_FULL : TR_RECOMPUTE_FULL_OFFLOAD;
+			CHECK_MSG(r[k].acts_bytes > r[base].acts_bytes &&
+					  r[k].acts_bytes - r[base].acts_bytes <=
+						  r[TR_RECOMPUTE_SELECTIVE].acts_bytes -
+							  r[TR_RECOMPUTE_FULL].acts_bytes &&
+					  r[k].host_plan == r[base].host_plan,
+				  "%s: acts %s with a selective layer %zu (host %zu), without %zu (%zu); "
+				  "selective %zu",
+				  c->name, tr_recompute_name(base), r[k].acts_bytes, r[k].host_plan,
+				  r[base].acts_bytes, r[base].host_plan, r[TR_RECOMPUTE_SELECTIVE].acts_bytes);
+		}
 		/* what moved to the host is what left the device, but for the
 		 * ring's slots, one of which would have held the last output:
 		 * L layer inputs on the host, L + 1 - RING fewer on the device;
@@ -572,6 +602,8 @@ static void test_same_bits(void)
 			const char *pol = rc == AGAIN	 ? "none again"
 					  : rc == LAZY	 ? "full-offload, late copies"
 					  : rc == UNFUSED ? "none, attention backward unfused"
+					  : rc == MIXED	 ? "full, first layer selective"
+					  : rc == MIXED_OFF ? "full-offload, first layer selective"
 							 : tr_recompute_name(rc);
 			CHECK_MSG(memcmp(x->loss, n->loss, sizeof(n->loss)) == 0,
 				  "%s (%s): losses %.17g %.17g, none's %.17g %.17g", c->name, pol,

@@ -194,6 +194,10 @@ static void test_recompute_job(const char *model, const char *data)
 		{"rc-full", "memory { recompute: RECOMPUTE_FULL }", TD_OK, TR_RECOMPUTE_FULL},
 		{"rc-full-offload", "memory { recompute: RECOMPUTE_FULL_OFFLOAD }", TD_OK,
 		 TR_RECOMPUTE_FULL_OFFLOAD},
+		/* the first layer of FULL's kept as SELECTIVE keeps it
+		 * (memory.selective_layers): the same bits again */
+		{"rc-full-sel", "memory { recompute: RECOMPUTE_FULL selective_layers: 1 }", TD_OK,
+		 TR_RECOMPUTE_FULL},
 		{"rc-tiny", "memory { max_bytes: 1000 }", TD_ERANGE, 0},
 	};
 	enum { NCASES = sizeof(cases) / sizeof(cases[0]) };
@@ -210,8 +214,10 @@ static void test_recompute_job(const char *model, const char *data)
 		struct td_errbuf eb = {{0}};
 		struct tr_plan_opts po;
 		CHECK_EQ_INT(tr_method_plan_opts(s, &cfg, 2, 16, &po, &eb), cases[i].code);
-		if (cases[i].code == TD_OK)
+		if (cases[i].code == TD_OK) {
 			CHECK_EQ_INT(po.recompute, cases[i].rc);
+			CHECK_EQ_INT(po.selective_layers, strstr(cases[i].memory, "selective_layers") != NULL);
+		}
 		CHECK_EQ_INT(train(s, 0, &r[i], &eb), cases[i].code);
 		if (cases[i].code != TD_OK)
 			CHECK_CONTAINS(eb.msg, "memory.max_bytes: 1000 B (1000 bytes), but the job's plan needs");
@@ -234,6 +240,39 @@ static void test_recompute_job(const char *model, const char *data)
 		s = spec_with("rc-bound", model, data, "micro_batch: 2", "", mem);
 		CHECK_EQ_INT(tr_method_plan_opts(s, &cfg, 2, 16, &po, &eb), TD_OK);
 		CHECK_EQ_INT(po.recompute, TR_RECOMPUTE_FULL_OFFLOAD);
+		rpc_jobspec_free(s);
+	}
+	/* Selective layers in the bound: a bound FULL's plan fits and FULL
+	 * with a selective layer does not fails the job naming both; more
+	 * layers than the model has fail its plan, naming the field. */
+	{
+		Traind__JobSpec *s = spec_with("rc-sel", model, data, "micro_batch: 2", "", "");
+		struct td_errbuf eb = {{0}};
+		struct tr_plan_opts po;
+		size_t full[TR_RECOMPUTE_COUNT], sel[TR_RECOMPUTE_COUNT];
+		CHECK_EQ_INT(tr_method_plan_opts(s, &cfg, 2, 16, &po, &eb), TD_OK);
+		CHECK_EQ_INT(tr_plan_policy_bytes(&cfg, &po, NULL, full, NULL, &eb), TD_OK);
+		po.selective_layers = 1;
+		CHECK_EQ_INT(tr_plan_policy_bytes(&cfg, &po, NULL, sel, NULL, &eb), TD_OK);
+		CHECK(sel[TR_RECOMPUTE_FULL] > full[TR_RECOMPUTE_FULL] &&
+		      sel[TR_RECOMPUTE_NONE] == full[TR_RECOMPUTE_NONE] &&
+		      sel[TR_RECOMPUTE_SELECTIVE] == full[TR_RECOMPUTE_SELECTIVE]);
+		rpc_jobspec_free(s);
+		char mem[128];
+		snprintf(mem, sizeof(mem),
+			 "memory { recompute: RECOMPUTE_FULL selective_layers: 1 max_bytes: %zu }",
+			 full[TR_RECOMPUTE_FULL]);
+		s = spec_with("rc-sel", model, data, "micro_batch: 2", "", mem);
+		CHECK_EQ_INT(tr_method_plan_opts(s, &cfg, 2, 16, &po, &eb), TD_ERANGE);
+		CHECK_CONTAINS(eb.msg, "with recompute full, memory.selective_layers 1 at micro-batch");
+		rpc_jobspec_free(s);
+		snprintf(mem, sizeof(mem), "memory { recompute: RECOMPUTE_FULL selective_layers: %d }",
+			 cfg.num_layers + 1);
+		s = spec_with("rc-sel", model, data, "micro_batch: 2", "", mem);
+		struct tr_plan p;
+		CHECK_EQ_INT(tr_method_plan_opts(s, &cfg, 2, 16, &po, &eb), TD_OK);
+		CHECK_EQ_INT(tr_plan_build(&p, &cfg, &po, &eb), TD_EINVAL);
+		CHECK_CONTAINS(eb.msg, "selective layers (memory.selective_layers: 0 to the model's");
 		rpc_jobspec_free(s);
 	}
 	for (size_t i = 1; i < NCASES - 1; i++) {
