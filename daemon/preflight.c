@@ -199,7 +199,8 @@ static td_err checks(const Traind__JobSpec *s, struct dmn_plan_bytes *out, struc
 	struct dmn_plan_bytes pb = {.bytes = tr_plan_total_bytes(&p),
 				    .host_bytes = tr_plan_host_bytes(&p),
 				    .auto_policy = dmn_recompute_is_auto(s),
-				    .auto_shard = dmn_shard_is_auto(s)};
+				    .auto_shard = dmn_shard_is_auto(s),
+				    .selective_layers = po.selective_layers};
 	/* A base it may share: the files' digest, read as the submitter (once
 	 * per process for the same files: train/base.h). */
 	bool share = tr_method_can_share_base(s) && (!s->memory || !s->memory->has_share_base ||

@@ -54,6 +54,12 @@ struct dmn_plan_bytes {
 	bool auto_shard;
 	uint64_t shard_bytes[TR_SHARD_COUNT];
 	uint64_t shard_by_policy[TR_SHARD_COUNT][TR_RECOMPUTE_COUNT];
+	/* memory.selective_layers as the plans took it (the method's choice
+	 * under memory.max_bytes where the spec does not say: train/method.c),
+	 * part of by_policy's FULL and FULL_OFFLOAD plans: what the scheduler
+	 * writes into the spec beside a policy it chooses, so that the job
+	 * plans what its lease holds. */
+	int selective_layers;
 };
 
 /* The plan of sharding sh (enum tr_shard; NONE: the unsharded one) and

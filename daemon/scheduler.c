@@ -731,16 +731,28 @@ static enum place try_place(struct dmn_sched *s, const struct st_queued *q)
 	if (gpu && policy >= 0) {
 		spec->memory->has_recompute = true;
 		spec->memory->recompute = (Traind__Recompute)(TRAIND__RECOMPUTE__RECOMPUTE_NONE + policy);
+		/* the selective layers by_policy's plan took, said even where 0
+		 * (else the job would choose its own under memory.max_bytes:
+		 * train/method.c); none beside NONE and SELECTIVE, which the
+		 * spec's check refuses them with */
+		const bool full = tr_recompute_full((enum tr_recompute)policy);
+		spec->memory->has_selective_layers = full;
+		spec->memory->selective_layers = full ? (uint32_t)p->pb.selective_layers : 0;
 		char host[96] = ""; /* FULL_OFFLOAD's, in no lease */
 		if (p->pb.host_by_policy[policy])
 			snprintf(host, sizeof(host), " (and %.1f MiB of pinned host memory)",
 				 (double)p->pb.host_by_policy[policy] / (1 << 20));
+		char sel[64] = "";
+		if (full && spec->memory->selective_layers > 0)
+			snprintf(sel, sizeof(sel), " with its first %u layers selective",
+				 spec->memory->selective_layers);
 		if (policy > 0)
 			snprintf(chose, sizeof(chose),
-				 "; memory.recompute AUTO chose %s: its plan of %.1f MiB fits%s, none's "
+				 "; memory.recompute AUTO chose %s%s: its plan of %.1f MiB fits%s, none's "
 				 "%.1f MiB does not",
-				 tr_recompute_name((enum tr_recompute)policy), (double)plan_bytes / (1 << 20),
-				 host, (double)p->pb.by_policy[TR_RECOMPUTE_NONE] / (1 << 20));
+				 tr_recompute_name((enum tr_recompute)policy), sel,
+				 (double)plan_bytes / (1 << 20), host,
+				 (double)p->pb.by_policy[TR_RECOMPUTE_NONE] / (1 << 20));
 		else
 			snprintf(chose, sizeof(chose),
 				 "; memory.recompute AUTO chose none: its plan of %.1f MiB fits",

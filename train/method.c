@@ -111,10 +111,47 @@ static td_err plan_opts(const struct tr__method_ops *ops, const Traind__JobSpec 
 	return ops->plan_opts ? ops->plan_opts(spec, cfg, po, eb) : TD_OK;
 }
 
+/* Under FULL or FULL_OFFLOAD with memory.max_bytes and memory.selective_layers
+ * unset, on one GPU: as many selective layers as the bound holds (room: the
+ * bytes left for this model's plan), each a layer's products not recomputed
+ * — the fastest plan between the policy's and the next faster one's. The
+ * plan's bytes grow with the layers (each keeps the same buffers), so the
+ * most is found by bisection. Not on a gang or across daemons: a sharding
+ * the scheduler picks later would change what fits, and the lease must
+ * hold the plan the ranks build. */
+static td_err most_selective(const Traind__JobSpec *spec, const struct tr_model_config *cfg,
+			     struct tr_plan_opts *po, uint64_t room, struct td_errbuf *eb)
+{
+	const Traind__MemorySpec *ms = spec->memory;
+	const Traind__Resources *rs = spec->resources;
+	if (!tr_recompute_full(po->recompute) || (ms && ms->has_selective_layers) ||
+	    (rs && (rs->gpus > 1 || rs->n_hosts > 0)))
+		return TD_OK;
+	int lo = 0, hi = cfg->num_layers; /* lo fits (the caller's plan); hi: the most there are */
+	while (lo < hi) {
+		const int mid = lo + (hi - lo + 1) / 2;
+		struct tr_plan_opts q = *po;
+		q.selective_layers = mid;
+		struct tr_plan p;
+		td_err e = tr_plan_build(&p, cfg, &q, eb);
+		if (e != TD_OK)
+			return e;
+		const bool fits = tr_plan_total_bytes(&p) <= room;
+		tr_plan_fini(&p);
+		if (fits)
+			lo = mid;
+		else
+			hi = mid - 1;
+	}
+	po->selective_layers = lo;
+	return TD_OK;
+}
+
 /* memory.recompute into po (the rest of po set), held to memory.max_bytes
  * when that is set: the job's plan, this model's and the method's other
  * model's (a teacher's), must fit. AUTO is NONE, or with a bound the least
- * recompute that fits it. */
+ * recompute that fits it; FULL and FULL_OFFLOAD under a bound take as many
+ * selective layers as fit where the spec does not say (most_selective). */
 static td_err choose_recompute(const struct tr__method_ops *ops, const Traind__JobSpec *spec,
 			       const struct tr_model_config *cfg, struct tr_plan_opts *po,
 			       struct td_errbuf *eb)
@@ -167,7 +204,7 @@ static td_err choose_recompute(const struct tr__method_ops *ops, const Traind__J
 	     k++) {
 		if (total[k] + other <= max) {
 			po->recompute = (enum tr_recompute)k;
-			return TD_OK;
+			return most_selective(spec, cfg, po, max - other, eb);
 		}
 	}
 	/* AUTO: the last policy's plan, the smallest on the device */

@@ -9,8 +9,9 @@
 #    size). Three jobs submitted together: one goes to GPU 1 with SELECTIVE,
 #    one to GPU 0 with FULL, the third waits and runs after them; each says
 #    its choice in its events and trains. A policy the spec fixes is kept
-#    (NONE, which no GPU can grant, fails). --max-memory bounds the plan at
-#    submit; an unknown policy is refused.
+#    (NONE, which no GPU can grant, fails); FULL under a bound takes the
+#    selective layers that fit. --max-memory bounds the plan at submit; an
+#    unknown policy is refused.
 . "$(dirname "$0")/lib.sh"
 cd "$TD_SRC" || exit 1
 JOB=tests/integration/job.txtpb
@@ -67,6 +68,14 @@ expect_contains "job 3 waited, then ran" "$(ctl logs "$j3")" "memory.recompute A
 jn=$(submit fixed --recompute none)
 check "a fixed NONE fails" wait_for 30 job_is "$jn" FAILED
 expect_contains "naming what it needs" "$(ctl logs "$jn")" "can ever grant"
+# FULL under a bound takes as many selective layers as fit (train/method.c:
+# most_selective): at SELECTIVE's bytes, the first of the fixture's two
+# layers (its plan then the same size as SELECTIVE's: the last layer's
+# products are FULL's working set); the plan the trainer built says so.
+js=$(submit selbound --recompute full --max-memory "$sel")
+check "FULL under SELECTIVE's bytes trains" wait_for 60 job_is "$js" SUCCEEDED
+expect_contains "with its first layer selective" "$(ctl logs "$js")" \
+	"recompute  full, the first 1 of 2 layers selective"
 # --max-memory: the bound is checked at submit, before anything is queued.
 ctl submit "$JOB" --device any --max-memory 1K --output "$WORK/m" >/dev/null 2>"$WORK/err"
 expect_eq "a bound below every plan: refused" "$?" 2

@@ -266,6 +266,28 @@ static void test_recompute_job(const char *model, const char *data)
 		CHECK_EQ_INT(tr_method_plan_opts(s, &cfg, 2, 16, &po, &eb), TD_ERANGE);
 		CHECK_CONTAINS(eb.msg, "with recompute full, memory.selective_layers 1 at micro-batch");
 		rpc_jobspec_free(s);
+		/* unset, FULL under a bound takes the most selective layers that
+		 * fit: one at its plan's bytes, none a byte under them or where
+		 * the spec says 0 */
+		const struct {
+			size_t max;
+			const char *sel;
+			int want;
+		} bound[] = {
+			{sel[TR_RECOMPUTE_FULL], "", 1},
+			{sel[TR_RECOMPUTE_FULL] - 1, "", 0},
+			{sel[TR_RECOMPUTE_FULL], "selective_layers: 0", 0},
+		};
+		for (size_t b = 0; b < sizeof(bound) / sizeof(bound[0]); b++) {
+			snprintf(mem, sizeof(mem), "memory { recompute: RECOMPUTE_FULL max_bytes: %zu %s }",
+				 bound[b].max, bound[b].sel);
+			s = spec_with("rc-sel", model, data, "micro_batch: 2", "", mem);
+			CHECK_EQ_INT(tr_method_plan_opts(s, &cfg, 2, 16, &po, &eb), TD_OK);
+			CHECK_MSG(po.recompute == TR_RECOMPUTE_FULL && po.selective_layers == bound[b].want,
+				  "%s: recompute %s, %d selective layers (want %d)", mem,
+				  tr_recompute_name(po.recompute), po.selective_layers, bound[b].want);
+			rpc_jobspec_free(s);
+		}
 		snprintf(mem, sizeof(mem), "memory { recompute: RECOMPUTE_FULL selective_layers: %d }",
 			 cfg.num_layers + 1);
 		s = spec_with("rc-sel", model, data, "micro_batch: 2", "", mem);
