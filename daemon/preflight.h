@@ -60,6 +60,13 @@ struct dmn_plan_bytes {
 	 * writes into the spec beside a policy it chooses, so that the job
 	 * plans what its lease holds. */
 	int selective_layers;
+	/* AUTO on one GPU where the spec does not fix the selective layers:
+	 * what one more selective layer adds to by_policy[k]'s plan (FULL and
+	 * FULL_OFFLOAD, each layer alike up to the model's num_layers: checked
+	 * against the plan with all of them), for the scheduler to add as many
+	 * as the GPU grants; 0 elsewhere (none added). */
+	uint64_t sel_layer_bytes[TR_RECOMPUTE_COUNT];
+	int num_layers;
 };
 
 /* The plan of sharding sh (enum tr_shard; NONE: the unsharded one) and

@@ -629,6 +629,7 @@ static enum place try_place(struct dmn_sched *s, const struct st_queued *q)
 	uint64_t plan_bytes = 0;
 	int policy = -1; /* AUTO's choice (enum tr_recompute) where it placed the job */
 	int shard = -1;  /* memory.shard AUTO's (enum tr_shard) */
+	int sel_more = 0; /* selective layers AUTO added to its plan's (policy's) */
 	const struct plan *p = NULL;
 	struct share sh = {0};
 	bool shares = false;
@@ -680,6 +681,28 @@ static enum place try_place(struct dmn_sched *s, const struct st_queued *q)
 				policy = pk;
 			if (mask && (p->pb.auto_shard || hosts))
 				shard = hosts ? TR_SHARD_NONE : sk;
+		}
+		/* AUTO on FULL or FULL_OFFLOAD, one GPU: as many more of the
+		 * first layers selective as the GPUs grant now (each a layer's
+		 * products not recomputed: the fastest plan between the policy's
+		 * and the next faster one's, a layer at a time). */
+		const uint64_t per = policy >= 0 ? p->pb.sel_layer_bytes[policy] : 0;
+		if (mask && per && ngpus == 1 && !hosts && nsh == 1) {
+			const uint64_t base = plan_bytes;
+			int lo = 0, hi = p->pb.num_layers - p->pb.selective_layers;
+			while (lo < hi) {
+				const int mid = lo + (hi - lo + 1) / 2;
+				offer(s, q, base + (uint64_t)mid * per, ngpus, true, true, pg,
+				      shares ? &sh : NULL);
+				if (dmn_place_pick(pg, s->dev->n, s->dev->nvlink, (int)ngpus, DMN_PLACE_NOW))
+					lo = mid;
+				else
+					hi = mid - 1;
+			}
+			sel_more = lo;
+			plan_bytes = base + (uint64_t)lo * per;
+			offer(s, q, plan_bytes, ngpus, true, true, pg, shares ? &sh : NULL);
+			mask = dmn_place_pick(pg, s->dev->n, s->dev->nvlink, (int)ngpus, DMN_PLACE_NOW);
 		}
 		if (mask) {
 			td_err e = reserve_gpus(s, q, mask, pg, shares ? &sh : NULL, &rr, &eb);
@@ -737,7 +760,7 @@ static enum place try_place(struct dmn_sched *s, const struct st_queued *q)
 		 * spec's check refuses them with */
 		const bool full = tr_recompute_full((enum tr_recompute)policy);
 		spec->memory->has_selective_layers = full;
-		spec->memory->selective_layers = full ? (uint32_t)p->pb.selective_layers : 0;
+		spec->memory->selective_layers = full ? (uint32_t)(p->pb.selective_layers + sel_more) : 0;
 		char host[96] = ""; /* FULL_OFFLOAD's, in no lease */
 		if (p->pb.host_by_policy[policy])
 			snprintf(host, sizeof(host), " (and %.1f MiB of pinned host memory)",

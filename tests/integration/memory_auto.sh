@@ -12,6 +12,8 @@
 #    (NONE, which no GPU can grant, fails); FULL under a bound takes the
 #    selective layers that fit. --max-memory bounds the plan at submit; an
 #    unknown policy is refused.
+# 3. AUTO on FULL takes as many selective layers as the GPU grants (the
+#    fixture deepened to four layers).
 . "$(dirname "$0")/lib.sh"
 cd "$TD_SRC" || exit 1
 JOB=tests/integration/job.txtpb
@@ -83,5 +85,38 @@ expect_contains "naming memory.max_bytes" "$(cat "$WORK/err")" "memory.max_bytes
 ctl submit "$JOB" --device any --recompute sometimes --output "$WORK/m" >/dev/null 2>"$WORK/err"
 expect_eq "an unknown policy: exit 2" "$?" 2
 expect_contains "naming the flag" "$(cat "$WORK/err")" "--recompute"
+stop_daemon
+
+# --- 3: AUTO on FULL adds the selective layers the GPU grants ---
+# The fixture deepened to four layers (deepen_model): a GPU halfway between
+# FULL's plan and SELECTIVE's grants FULL with some of its first layers
+# selective (each adds the layer's kept products; the last layer's are
+# FULL's working set, so SELECTIVE is past three), the fastest plan it can;
+# the trainer builds the plan the scheduler sized the lease for.
+deep="$WORK/deep4"
+mkdir -p "$deep"
+"$DEEPEN_MODEL" "$TD_FIXTURES/qwen2" "$deep" 4 || bad "deepen_model"
+cp "$TD_FIXTURES/qwen2/tokenizer.json" "$TD_FIXTURES/qwen2/generation_config.json" "$deep/"
+rm -rf "$STATE"
+start_daemon --user --cpu-slots 0 --vram-factor 1 --fake-gpus "$U0:4096"
+jp=$(submit probe4 --model "$deep")
+check "the deep probe fails" wait_for 30 job_is "$jp" FAILED
+line=$(ctl logs "$jp" | grep 'plan: [0-9]* bytes with recompute none')
+sel=$(printf '%s\n' "$line" | sed -n 's/.*plan: \([0-9]*\) bytes with recompute none, \([0-9]*\) selective, \([0-9]*\) full.*/\2/p')
+full=$(printf '%s\n' "$line" | sed -n 's/.*plan: \([0-9]*\) bytes with recompute none, \([0-9]*\) selective, \([0-9]*\) full.*/\3/p')
+stop_daemon
+if [ -z "$sel" ] || [ -z "$full" ]; then
+	bad "the deep probe gives every policy's plan: '$line'"
+	finish
+	exit 1
+fi
+rm -rf "$STATE"
+start_daemon --user --cpu-slots 0 --vram-factor 1 --fake-gpus "$U0:$(((full + sel) / 2))"
+jd=$(submit deep --model "$deep")
+check "the deep job trains" wait_for 60 job_is "$jd" SUCCEEDED
+evd=$(ctl logs "$jd")
+nsel=$(printf '%s\n' "$evd" | sed -n 's/.*memory.recompute AUTO chose full with its first \([0-9]*\) layers selective.*/\1/p' | head -n 1)
+check "AUTO chose full with 1 to 3 selective layers (got '$nsel')" test "${nsel:-0}" -ge 1 -a "${nsel:-0}" -le 3
+expect_contains "the trainer built that plan" "$evd" "recompute  full, the first $nsel of 4 layers selective"
 stop_daemon
 finish
