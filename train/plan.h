@@ -269,8 +269,9 @@ static inline bool tr_recompute_full(enum tr_recompute r)
 	return r == TR_RECOMPUTE_FULL || r == TR_RECOMPUTE_FULL_OFFLOAD;
 }
 
-/* Layer l's policy under o: SELECTIVE for the first o->selective_layers
- * layers of a FULL or FULL_OFFLOAD plan, else o->recompute. Which layers
+/* Layer l's policy in a plan of policy r and selective_layers: SELECTIVE
+ * for the first selective_layers layers under FULL or FULL_OFFLOAD, else
+ * r. Which layers
  * does not change the bytes (each keeps the same) or the bits (every policy
  * gives NONE's); the first ones are those a two-layer model can recompute
  * (the last layer never is: its working set is still the forward's). */

@@ -178,6 +178,20 @@ static void test_grad_accum(const char *model, const char *data)
 	rpc_jobspec_free(acc);
 }
 
+/* Every policy's plan bytes (and host bytes, where host) for the job at
+ * micro-batch 2 x 16 with sel selective layers (FULL's and FULL_OFFLOAD's). */
+static void policy_bytes(const char *model, const char *data, const struct tr_model_config *cfg,
+			 int sel, size_t total[TR_RECOMPUTE_COUNT], size_t host[TR_RECOMPUTE_COUNT])
+{
+	Traind__JobSpec *s = spec_with("rc-bytes", model, data, "micro_batch: 2", "", "");
+	struct td_errbuf eb = {{0}};
+	struct tr_plan_opts po;
+	CHECK_EQ_INT(tr_method_plan_opts(s, cfg, 2, 16, &po, &eb), TD_OK);
+	po.selective_layers = sel;
+	CHECK_EQ_INT(tr_plan_policy_bytes(cfg, &po, NULL, total, host, &eb), TD_OK);
+	rpc_jobspec_free(s);
+}
+
 /* memory.recompute through the job spec: SELECTIVE, FULL and FULL_OFFLOAD
  * train the same bits as NONE (test_recompute holds every method to it op by op);
  * memory.max_bytes picks the least recompute that fits, or fails the job
@@ -226,18 +240,15 @@ static void test_recompute_job(const char *model, const char *data)
 	/* A bound that FULL_OFFLOAD's plan fits and FULL's does not: AUTO takes
 	 * FULL_OFFLOAD (its host bytes are in no bound: they are not the GPU's). */
 	{
-		Traind__JobSpec *s = spec_with("rc-bound", model, data, "micro_batch: 2", "", "");
 		struct td_errbuf eb = {{0}};
 		struct tr_plan_opts po;
 		size_t total[TR_RECOMPUTE_COUNT], host[TR_RECOMPUTE_COUNT];
-		CHECK_EQ_INT(tr_method_plan_opts(s, &cfg, 2, 16, &po, &eb), TD_OK);
-		CHECK_EQ_INT(tr_plan_policy_bytes(&cfg, &po, NULL, total, host, &eb), TD_OK);
+		policy_bytes(model, data, &cfg, 0, total, host);
 		CHECK(total[TR_RECOMPUTE_FULL_OFFLOAD] < total[TR_RECOMPUTE_FULL] &&
 		      host[TR_RECOMPUTE_FULL_OFFLOAD] > 0 && host[TR_RECOMPUTE_FULL] == 0);
-		rpc_jobspec_free(s);
 		char mem[96];
 		snprintf(mem, sizeof(mem), "memory { max_bytes: %zu }", total[TR_RECOMPUTE_FULL_OFFLOAD]);
-		s = spec_with("rc-bound", model, data, "micro_batch: 2", "", mem);
+		Traind__JobSpec *s = spec_with("rc-bound", model, data, "micro_batch: 2", "", mem);
 		CHECK_EQ_INT(tr_method_plan_opts(s, &cfg, 2, 16, &po, &eb), TD_OK);
 		CHECK_EQ_INT(po.recompute, TR_RECOMPUTE_FULL_OFFLOAD);
 		rpc_jobspec_free(s);
@@ -246,23 +257,19 @@ static void test_recompute_job(const char *model, const char *data)
 	 * with a selective layer does not fails the job naming both; more
 	 * layers than the model has fail its plan, naming the field. */
 	{
-		Traind__JobSpec *s = spec_with("rc-sel", model, data, "micro_batch: 2", "", "");
 		struct td_errbuf eb = {{0}};
 		struct tr_plan_opts po;
 		size_t full[TR_RECOMPUTE_COUNT], sel[TR_RECOMPUTE_COUNT];
-		CHECK_EQ_INT(tr_method_plan_opts(s, &cfg, 2, 16, &po, &eb), TD_OK);
-		CHECK_EQ_INT(tr_plan_policy_bytes(&cfg, &po, NULL, full, NULL, &eb), TD_OK);
-		po.selective_layers = 1;
-		CHECK_EQ_INT(tr_plan_policy_bytes(&cfg, &po, NULL, sel, NULL, &eb), TD_OK);
+		policy_bytes(model, data, &cfg, 0, full, NULL);
+		policy_bytes(model, data, &cfg, 1, sel, NULL);
 		CHECK(sel[TR_RECOMPUTE_FULL] > full[TR_RECOMPUTE_FULL] &&
 		      sel[TR_RECOMPUTE_NONE] == full[TR_RECOMPUTE_NONE] &&
 		      sel[TR_RECOMPUTE_SELECTIVE] == full[TR_RECOMPUTE_SELECTIVE]);
-		rpc_jobspec_free(s);
 		char mem[128];
 		snprintf(mem, sizeof(mem),
 			 "memory { recompute: RECOMPUTE_FULL selective_layers: 1 max_bytes: %zu }",
 			 full[TR_RECOMPUTE_FULL]);
-		s = spec_with("rc-sel", model, data, "micro_batch: 2", "", mem);
+		Traind__JobSpec *s = spec_with("rc-sel", model, data, "micro_batch: 2", "", mem);
 		CHECK_EQ_INT(tr_method_plan_opts(s, &cfg, 2, 16, &po, &eb), TD_ERANGE);
 		CHECK_CONTAINS(eb.msg, "with recompute full, memory.selective_layers 1 at micro-batch");
 		rpc_jobspec_free(s);
