@@ -255,18 +255,35 @@ static void print_auto_on_host(Traind__JobSpec *spec, FILE *out)
 			c = k1 * nsh - 1; /* the smallest lease, which does not fit */
 		const int k = c / nsh, sh = SHARD_OF(c);
 #undef SHARD_OF
-		char what[96];
-		snprintf(what, sizeof(what), "%s%s%s", tr_recompute_name((enum tr_recompute)k),
+		/* AUTO on FULL or FULL_OFFLOAD, one GPU: the selective layers
+		 * the scheduler adds while the GPU grants them (each the same
+		 * bytes: dmn_selective_layer_bytes) */
+		uint64_t per = 0, lease = total[sh][k] + extra;
+		int more = 0;
+		if (arc && lease <= avail &&
+		    dmn_selective_layer_bytes(spec, &mc, &po, k, total[sh][k], &per, &eb) == TD_OK &&
+		    per) {
+			const uint64_t fit = (avail - lease) / per;
+			more = fit < (uint64_t)(mc.num_layers - po.selective_layers)
+				       ? (int)fit
+				       : mc.num_layers - po.selective_layers;
+			lease += (uint64_t)more * per;
+		}
+		char what[128], sel[64] = "";
+		if (more > 0)
+			snprintf(sel, sizeof(sel), " with its first %d layers selective",
+				 po.selective_layers + more);
+		snprintf(what, sizeof(what), "%s%s%s%s", tr_recompute_name((enum tr_recompute)k), sel,
 			 ngpus > 1 ? ", shard " : "",
 			 ngpus > 1 ? tr_shard_name(ash ? (enum tr_shard)sh : po.shard) : "");
-		if (total[sh][k] + extra > avail)
+		if (lease > avail)
 			fprintf(out, "nothing fits (%s's lease is %.2f GiB)\n", what,
 				(double)(total[sh][k] + extra) / (1 << 30));
 		else if (host[sh][k])
 			fprintf(out, "%s (lease %.2f GiB, and %.2f GiB of pinned host memory)\n", what,
-				(double)(total[sh][k] + extra) / (1 << 30), (double)host[sh][k] / (1 << 30));
+				(double)lease / (1 << 30), (double)host[sh][k] / (1 << 30));
 		else
-			fprintf(out, "%s (lease %.2f GiB)\n", what, (double)(total[sh][k] + extra) / (1 << 30));
+			fprintf(out, "%s (lease %.2f GiB)\n", what, (double)lease / (1 << 30));
 	}
 }
 

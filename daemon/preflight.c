@@ -160,22 +160,15 @@ uint64_t dmn_plan_smallest(const struct dmn_plan_bytes *pb)
 			   TR_RECOMPUTE_COUNT - 1);
 }
 
-/* pb->sel_layer_bytes[k] (AUTO, policy k's plan just taken into
- * pb->by_policy[k] with po): under FULL and FULL_OFFLOAD on one GPU, the
- * spec not fixing memory.selective_layers, what each selective layer past
- * po's adds — where the plan with every layer selective is po's plus that
- * many times it (each layer's kept buffers alike: else 0, and the scheduler
- * adds none). */
-static td_err layer_bytes(const Traind__JobSpec *s, const struct tr_model_config *cfg,
-			  const struct tr_plan_opts *po, struct dmn_plan_bytes *pb, int k,
-			  struct td_errbuf *eb)
+td_err dmn_selective_layer_bytes(const Traind__JobSpec *s, const struct tr_model_config *cfg,
+				 const struct tr_plan_opts *po, int k, uint64_t base, uint64_t *per,
+				 struct td_errbuf *eb)
 {
 	const Traind__MemorySpec *m = s->memory;
 	const Traind__Resources *r = s->resources;
-	pb->num_layers = cfg->num_layers;
+	*per = 0;
 	if (!tr_recompute_full((enum tr_recompute)k) || (m && m->has_selective_layers) ||
-	    (r && (r->gpus > 1 || r->n_hosts > 0)) ||
-	    po->selective_layers >= cfg->num_layers)
+	    (r && (r->gpus > 1 || r->n_hosts > 0)) || po->selective_layers >= cfg->num_layers)
 		return TD_OK;
 	uint64_t b[2];
 	const int n[2] = {po->selective_layers + 1, cfg->num_layers};
@@ -190,9 +183,9 @@ static td_err layer_bytes(const Traind__JobSpec *s, const struct tr_model_config
 		b[i] = tr_plan_total_bytes(&p);
 		tr_plan_fini(&p);
 	}
-	const uint64_t per = b[0] > pb->by_policy[k] ? b[0] - pb->by_policy[k] : 0;
+	const uint64_t one = b[0] > base ? b[0] - base : 0;
 	const uint64_t more = (uint64_t)(cfg->num_layers - po->selective_layers);
-	pb->sel_layer_bytes[k] = per && b[1] == pb->by_policy[k] + more * per ? per : 0;
+	*per = one && b[1] == base + more * one ? one : 0;
 	return TD_OK;
 }
 
@@ -269,7 +262,9 @@ static td_err checks(const Traind__JobSpec *s, struct dmn_plan_bytes *out, struc
 		pb.by_policy[k] = tr_plan_total_bytes(&p);
 		pb.host_by_policy[k] = tr_plan_host_bytes(&p);
 		tr_plan_fini(&p);
-		if ((e = layer_bytes(s, &cfg, &po, &pb, k, eb)) != TD_OK)
+		pb.num_layers = cfg.num_layers;
+		if ((e = dmn_selective_layer_bytes(s, &cfg, &po, k, pb.by_policy[k],
+						   &pb.sel_layer_bytes[k], eb)) != TD_OK)
 			return e;
 		so.recompute = po.recompute;
 		for (int sh = TR_SHARD_OPTIMIZER; pb.auto_shard && sh < TR_SHARD_BUILT; sh++) {

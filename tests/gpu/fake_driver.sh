@@ -11,7 +11,8 @@
 # + NCCL's allowance (1 GiB) and runs a rank on each ordinal — which fails
 # there too, naming the rank — where NCCL loads; a daemon that cannot load
 # it ($TD_NCCL_LIBRARY pointing nowhere) refuses the gang at submit, naming
-# NCCL.
+# NCCL. traind --plan's AUTO lines on the fake devices add the selective
+# layers a device grants (an 8B config alone).
 # usage: fake_driver.sh LIBFAKECUDA (environment as tests/integration/lib.sh)
 . "$(dirname "$0")/../integration/lib.sh"
 cd "$TD_SRC" || exit 1
@@ -91,4 +92,32 @@ expect_eq "a gang of 2 real GPUs without NCCL: exit 2" "$?" 2
 expect_contains "the refusal names the field and NCCL" "$(cat "$WORK/err")" \
 	"resources.gpus: 2: training on several CUDA GPUs (data parallel) needs NCCL: $WORK/no-libnccl.so.2 cannot be loaded"
 stop_daemon
+
+# traind --plan's AUTO lines on the fake devices, for Llama-3-8B's shapes
+# (a config alone: --plan reads no weights) with LoRA on all seven at B8 x
+# T2048: device 0's 60 GiB grant full (none's and selective's plans are
+# larger) with as many of its first layers selective as fit — the layers
+# the scheduler would add — and device 1's 0.5 GiB nothing.
+mkdir -p "$WORK/l8b"
+cat >"$WORK/l8b/config.json" <<'EOF2'
+{"model_type":"llama","vocab_size":128256,"hidden_size":4096,"intermediate_size":14336,"num_hidden_layers":32,"num_attention_heads":32,"num_key_value_heads":8,"rope_theta":500000.0,"rms_norm_eps":1e-5,"tie_word_embeddings":false,"max_position_embeddings":8192,"torch_dtype":"bfloat16"}
+EOF2
+echo '{"text": "hello"}' >"$WORK/l8b/d.jsonl"
+cat >"$WORK/l8b/job.txtpb" <<EOF2
+name: "l8b" method: METHOD_LORA model_dir: "$WORK/l8b"
+data { train_file: "$WORK/l8b/d.jsonl" seq_len: 2048 }
+hyper { micro_batch: 8 precision: PRECISION_BF16 max_steps: 1 }
+lora { rank: 16 target_modules: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"] }
+output { dir: "$WORK/l8b/out" }
+resources { device: DEVICE_GPU }
+EOF2
+pl=$("$TRAIND" --plan "$WORK/l8b/job.txtpb" 2>&1)
+auto0=$(printf '%s\n' "$pl" | grep '^auto       GPU 0')
+nsel=$(printf '%s\n' "$auto0" | sed -n 's/.*: full with its first \([0-9]*\) layers selective (lease \([0-9.]*\) GiB).*/\1/p')
+lease=$(printf '%s\n' "$auto0" | sed -n 's/.*: full with its first \([0-9]*\) layers selective (lease \([0-9.]*\) GiB).*/\2/p')
+check "--plan: device 0 takes full with 1 to 31 selective layers ('$auto0')" \
+	test "${nsel:-0}" -ge 1 -a "${nsel:-0}" -le 31
+check "--plan: within device 0's 60 GiB (lease $lease)" awk -v l="${lease:-99}" 'BEGIN { exit !(l <= 60) }'
+expect_contains "--plan: device 1 takes nothing" "$(printf '%s\n' "$pl" | grep '^auto       GPU 1')" \
+	"nothing fits"
 finish
