@@ -257,11 +257,11 @@ static void print_auto_on_host(Traind__JobSpec *spec, FILE *out)
 #undef SHARD_OF
 		/* AUTO on FULL or FULL_OFFLOAD, one GPU: the selective layers
 		 * the scheduler adds while the GPU grants them (each the same
-		 * bytes: dmn_selective_layer_bytes) */
+		 * bytes: tr_method_selective_layer_bytes) */
 		uint64_t per = 0, lease = total[sh][k] + extra;
 		int more = 0;
 		if (arc && lease <= avail &&
-		    dmn_selective_layer_bytes(spec, &mc, &po, k, total[sh][k], &per, &eb) == TD_OK &&
+		    tr_method_selective_layer_bytes(spec, &mc, &po, k, total[sh][k], &per, &eb) == TD_OK &&
 		    per) {
 			const uint64_t fit = (avail - lease) / per;
 			more = fit < (uint64_t)(mc.num_layers - po.selective_layers)

@@ -160,35 +160,6 @@ uint64_t dmn_plan_smallest(const struct dmn_plan_bytes *pb)
 			   TR_RECOMPUTE_COUNT - 1);
 }
 
-td_err dmn_selective_layer_bytes(const Traind__JobSpec *s, const struct tr_model_config *cfg,
-				 const struct tr_plan_opts *po, int k, uint64_t base, uint64_t *per,
-				 struct td_errbuf *eb)
-{
-	const Traind__MemorySpec *m = s->memory;
-	const Traind__Resources *r = s->resources;
-	*per = 0;
-	if (!tr_recompute_full((enum tr_recompute)k) || (m && m->has_selective_layers) ||
-	    (r && (r->gpus > 1 || r->n_hosts > 0)) || po->selective_layers >= cfg->num_layers)
-		return TD_OK;
-	uint64_t b[2];
-	const int n[2] = {po->selective_layers + 1, cfg->num_layers};
-	for (int i = 0; i < 2; i++) {
-		struct tr_plan_opts q = *po;
-		q.recompute = (enum tr_recompute)k;
-		q.selective_layers = n[i];
-		struct tr_plan p;
-		td_err e = tr_plan_build(&p, cfg, &q, eb);
-		if (e != TD_OK)
-			return e;
-		b[i] = tr_plan_total_bytes(&p);
-		tr_plan_fini(&p);
-	}
-	const uint64_t one = b[0] > base ? b[0] - base : 0;
-	const uint64_t more = (uint64_t)(cfg->num_layers - po->selective_layers);
-	*per = one && b[1] == base + more * one ? one : 0;
-	return TD_OK;
-}
-
 static td_err checks(const Traind__JobSpec *s, struct dmn_plan_bytes *out, struct td_errbuf *eb)
 {
 	td_err e = need_dir("model_dir", s->model_dir, eb);
@@ -263,8 +234,8 @@ static td_err checks(const Traind__JobSpec *s, struct dmn_plan_bytes *out, struc
 		pb.host_by_policy[k] = tr_plan_host_bytes(&p);
 		tr_plan_fini(&p);
 		pb.num_layers = cfg.num_layers;
-		if ((e = dmn_selective_layer_bytes(s, &cfg, &po, k, pb.by_policy[k],
-						   &pb.sel_layer_bytes[k], eb)) != TD_OK)
+		if ((e = tr_method_selective_layer_bytes(s, &cfg, &po, k, pb.by_policy[k],
+							  &pb.sel_layer_bytes[k], eb)) != TD_OK)
 			return e;
 		so.recompute = po.recompute;
 		for (int sh = TR_SHARD_OPTIMIZER; pb.auto_shard && sh < TR_SHARD_BUILT; sh++) {

@@ -64,7 +64,8 @@ struct dmn_plan_bytes {
 	 * what one more selective layer adds to by_policy[k]'s plan (FULL and
 	 * FULL_OFFLOAD, each layer alike up to the model's num_layers: checked
 	 * against the plan with all of them), for the scheduler to add as many
-	 * as the GPU grants; 0 elsewhere (none added). */
+	 * as the GPU grants (tr_method_selective_layer_bytes); 0 elsewhere
+	 * (none added). */
 	uint64_t sel_layer_bytes[TR_RECOMPUTE_COUNT];
 	int num_layers;
 };
@@ -95,16 +96,6 @@ enum tr_shard dmn_auto_shard(int i);
  * FULL_OFFLOAD, with the most sharded state where that is AUTO too), else
  * the fixed plan's bytes. */
 uint64_t dmn_plan_smallest(const struct dmn_plan_bytes *pb);
-
-/* *per: what each selective layer past po's adds to the plan of policy k
- * (base: that plan's total bytes with po's layers) — AUTO's steps past
- * FULL and FULL_OFFLOAD on one GPU, where the spec does not fix
- * memory.selective_layers; 0 elsewhere, and where the plan with every layer
- * selective is not base and that many times it (the scheduler and traind
- * --plan then add none). */
-td_err dmn_selective_layer_bytes(const Traind__JobSpec *s, const struct tr_model_config *cfg,
-				 const struct tr_plan_opts *po, int k, uint64_t base, uint64_t *per,
-				 struct td_errbuf *eb);
 
 /* Whether spec leaves the sharding of a gang to placement: resources.gpus
  * > 1, memory.shard AUTO or unset, and no memory.max_bytes. */

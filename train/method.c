@@ -111,39 +111,54 @@ static td_err plan_opts(const struct tr__method_ops *ops, const Traind__JobSpec 
 	return ops->plan_opts ? ops->plan_opts(spec, cfg, po, eb) : TD_OK;
 }
 
-/* Under FULL or FULL_OFFLOAD with memory.max_bytes and memory.selective_layers
- * unset, on one GPU: as many selective layers as the bound holds (room: the
- * bytes left for this model's plan), each a layer's products not recomputed
- * — the fastest plan between the policy's and the next faster one's. The
- * plan's bytes grow with the layers (each keeps the same buffers), so the
- * most is found by bisection. Not on a gang or across daemons: a sharding
- * the scheduler picks later would change what fits, and the lease must
- * hold the plan the ranks build. */
-static td_err most_selective(const Traind__JobSpec *spec, const struct tr_model_config *cfg,
-			     struct tr_plan_opts *po, uint64_t room, struct td_errbuf *eb)
+td_err tr_method_selective_layer_bytes(const Traind__JobSpec *spec,
+				       const struct tr_model_config *cfg,
+				       const struct tr_plan_opts *po, int k, uint64_t base,
+				       uint64_t *per, struct td_errbuf *eb)
 {
-	const Traind__MemorySpec *ms = spec->memory;
-	const Traind__Resources *rs = spec->resources;
-	if (!tr_recompute_full(po->recompute) || (ms && ms->has_selective_layers) ||
-	    (rs && (rs->gpus > 1 || rs->n_hosts > 0)))
+	const Traind__MemorySpec *m = spec->memory;
+	const Traind__Resources *r = spec->resources;
+	*per = 0;
+	if (!tr_recompute_full((enum tr_recompute)k) || (m && m->has_selective_layers) ||
+	    (r && (r->gpus > 1 || r->n_hosts > 0)) || po->selective_layers >= cfg->num_layers)
 		return TD_OK;
-	int lo = 0, hi = cfg->num_layers; /* lo fits (the caller's plan); hi: the most there are */
-	while (lo < hi) {
-		const int mid = lo + (hi - lo + 1) / 2;
+	uint64_t b[2];
+	const int n[2] = {po->selective_layers + 1, cfg->num_layers};
+	for (int i = 0; i < 2; i++) {
 		struct tr_plan_opts q = *po;
-		q.selective_layers = mid;
+		q.recompute = (enum tr_recompute)k;
+		q.selective_layers = n[i];
 		struct tr_plan p;
 		td_err e = tr_plan_build(&p, cfg, &q, eb);
 		if (e != TD_OK)
 			return e;
-		const bool fits = tr_plan_total_bytes(&p) <= room;
+		b[i] = tr_plan_total_bytes(&p);
 		tr_plan_fini(&p);
-		if (fits)
-			lo = mid;
-		else
-			hi = mid - 1;
 	}
-	po->selective_layers = lo;
+	const uint64_t one = b[0] > base ? b[0] - base : 0;
+	const uint64_t more = (uint64_t)(cfg->num_layers - po->selective_layers);
+	*per = one && b[1] == base + more * one ? one : 0;
+	return TD_OK;
+}
+
+/* Under FULL or FULL_OFFLOAD with memory.max_bytes and memory.selective_layers
+ * unset, on one GPU: as many selective layers as the bound holds (room: the
+ * bytes left for this model's plan, base of them its plan's now), each a
+ * layer's products not recomputed — the fastest plan between the policy's
+ * and the next faster one's, each layer the same bytes
+ * (tr_method_selective_layer_bytes). Not on a gang or across daemons: a
+ * sharding the scheduler picks later would change what fits, and the lease
+ * must hold the plan the ranks build. */
+static td_err most_selective(const Traind__JobSpec *spec, const struct tr_model_config *cfg,
+			     struct tr_plan_opts *po, uint64_t base, uint64_t room,
+			     struct td_errbuf *eb)
+{
+	uint64_t per;
+	td_err e = tr_method_selective_layer_bytes(spec, cfg, po, (int)po->recompute, base, &per, eb);
+	if (e != TD_OK || !per)
+		return e;
+	const uint64_t fit = (room - base) / per, most = (uint64_t)(cfg->num_layers - po->selective_layers);
+	po->selective_layers += (int)(fit < most ? fit : most);
 	return TD_OK;
 }
 
@@ -204,7 +219,7 @@ static td_err choose_recompute(const struct tr__method_ops *ops, const Traind__J
 	     k++) {
 		if (total[k] + other <= max) {
 			po->recompute = (enum tr_recompute)k;
-			return most_selective(spec, cfg, po, max - other, eb);
+			return most_selective(spec, cfg, po, total[k], max - other, eb);
 		}
 	}
 	/* AUTO: the last policy's plan, the smallest on the device */

@@ -46,6 +46,17 @@ td_err tr_method_check(const Traind__JobSpec *spec, const struct tr_model_config
 td_err tr_method_plan_opts(const Traind__JobSpec *spec, const struct tr_model_config *cfg, int B,
 			   int T, struct tr_plan_opts *po, struct td_errbuf *eb);
 
+/* *per: what each selective layer past po's adds to the plan of policy k
+ * (base: that plan's total bytes with po's layers), where more are chosen
+ * for the spec — FULL and FULL_OFFLOAD on one GPU, memory.selective_layers
+ * unset (under memory.max_bytes here, by the scheduler under AUTO) — and
+ * the plan with every layer selective is base and that many times it (each
+ * layer's kept buffers alike); else 0, and none are added. */
+td_err tr_method_selective_layer_bytes(const Traind__JobSpec *spec,
+				       const struct tr_model_config *cfg,
+				       const struct tr_plan_opts *po, int k, uint64_t base,
+				       uint64_t *per, struct td_errbuf *eb);
+
 /* Prints the plans (the trained model's, the teacher's) and their sum. */
 td_err tr_method_print_plan(const Traind__JobSpec *spec, const struct tr_model_config *cfg, int B,
 			    int T, FILE *out, struct td_errbuf *eb);
