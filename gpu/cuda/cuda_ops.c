@@ -1484,6 +1484,7 @@ static void att_backward(struct gpu_backend *be, float *dq, float *dk, float *dv
 		 * power of two from 4 to 128: HS / 4 lanes a row, whole xor
 		 * groups of a warp; every row of dout, out, out16 and the copy
 		 * starts as aligned as the tensor) */
+		cu_prof_begin(cb);
 		if (HS >= 4 && HS <= 128 && (HS & (HS - 1)) == 0 &&
 		    (((uintptr_t)dout | (uintptr_t)out) & 15) == 0 &&
 		    (((uintptr_t)out16 | (uintptr_t)fc.dout) & 7) == 0)
@@ -1491,12 +1492,14 @@ static void att_backward(struct gpu_backend *be, float *dq, float *dk, float *dv
 					rargs);
 		else
 			launch_att_rows(cb, CU_K_flash_rowdot_f32, warps, rargs);
+		cu_prof_end(cb, "attention_backward: rowdot");
 		float *pk = dk, *pv = dv;
 		if (NH != NKV) {
 			pk = datt + gpu_flash_part_offset(B, T, NH);
 			pv = pk + (size_t)B * T * NH * HS;
 		}
 		void *kargs[] = {&pk, &pv, &fc.dout, &fc.q, &fc.k, &fc.v, &att, &datt, &T, &NH, &NKV};
+		cu_prof_begin(cb);
 		if (wg)
 			cu_launch(cb, kdkdv, flash_wg_grid(B, T, NH), dim1(128), FLASH_WG_SMEM(HS), kargs);
 		else if (HS == 128 && cb->flash_dkdv8) /* 8 warps, 128 keys a block */
@@ -1509,10 +1512,12 @@ static void att_backward(struct gpu_backend *be, float *dq, float *dk, float *dv
 				  (struct cu_dim){cu_blocks((size_t)T, FLASH_KV_ROWS(HS)),
 						  (unsigned)NH, (unsigned)B},
 				  dim1(FLASH_THREADS), flash_smem_bytes(FLASH_DKDV, HS), kargs);
+		cu_prof_end(cb, "attention_backward: dK dV T%d HS%d", T, HS);
 		int rows = B * T;
 		const float *rc = r ? r->cos : NULL, *rs = r ? r->sin : NULL;
 		gpu_bf16 *d16 = r ? r->d16 : NULL;
 		int ld16 = r ? r->ld16 : 0;
+		cu_prof_begin(cb);
 		if (r) { /* dk rotated back, both rounded into d16's rows */
 			int ok = NH * HS, ov = (NH + NKV) * HS;
 			void *sargs[] = {&dk, &dv, &pk,	 &pv, &rc, &rs,	 &d16, &ld16,
@@ -1522,11 +1527,14 @@ static void att_backward(struct gpu_backend *be, float *dq, float *dk, float *dv
 			void *sargs[] = {&dk, &dv, &pk, &pv, &rows, &NH, &NKV, &HS};
 			launch_n(cb, CU_K_flash_kv_reduce_f32, (size_t)rows * NKV * HS / 4, sargs);
 		}
+		cu_prof_end(cb, "attention_backward: kv reduce");
 		void *qargs[] = {&dq, &fc.dout, &fc.q, &fc.k, &fc.v, &att, &datt, &T, &NH, &NKV};
 		if (wg) {
 			void *wargs[] = {&dq, &fc.dout, &fc.q, &fc.k, &fc.v, &att, &datt,
 					 &T,  &NH,	&NKV,  &rc,   &rs,   &d16, &ld16};
+			cu_prof_begin(cb);
 			cu_launch(cb, kdq, flash_wg_grid(B, T, NH), dim1(128), FLASH_WG_SMEM(HS), wargs);
+			cu_prof_end(cb, "attention_backward: dQ T%d HS%d", T, HS);
 			return;
 		}
 		assert(!r);
