@@ -253,7 +253,8 @@ static void print_auto_on_host(Traind__JobSpec *spec, FILE *out)
 			(double)dev[i].free_bytes / (1 << 30));
 		if (c == k1 * nsh)
 			c = k1 * nsh - 1; /* the smallest lease, which does not fit */
-		const int k = c / nsh, sh = SHARD_OF(c);
+		int k = c / nsh;
+		const int sh = SHARD_OF(c);
 #undef SHARD_OF
 		/* AUTO on FULL or FULL_OFFLOAD, one GPU: the selective layers
 		 * the scheduler adds while the GPU grants them (each the same
@@ -269,7 +270,30 @@ static void print_auto_on_host(Traind__JobSpec *spec, FILE *out)
 				       : mc.num_layers - po.selective_layers;
 			lease += (uint64_t)more * per;
 		}
-		char what[128], sel[64] = "";
+		/* FULL_OFFLOAD in FULL's place where the bytes FULL was granted
+		 * hold more selective layers with the checkpoints on the host
+		 * (and the pinned bytes are left: here, with no job running) */
+		const int fo = TR_RECOMPUTE_FULL_OFFLOAD;
+		const uint64_t lease_fo = total[sh][fo] + extra;
+		uint64_t per_fo = 0;
+		int over = -1; /* FULL's selective layers, where FULL_OFFLOAD took over */
+		if (arc && k == TR_RECOMPUTE_FULL && per && ngpus <= 1 && lease <= avail &&
+		    host[sh][fo] && host[sh][fo] <= dmn_config_pinned_max(&cfg) && lease_fo <= avail &&
+		    tr_method_selective_layer_bytes(spec, &mc, &po, fo, total[sh][fo], &per_fo, &eb) ==
+			    TD_OK &&
+		    per_fo) {
+			const uint64_t fit = (avail - lease_fo) / per_fo;
+			const int m = fit < (uint64_t)(mc.num_layers - po.selective_layers)
+					      ? (int)fit
+					      : mc.num_layers - po.selective_layers;
+			if (m > more) {
+				over = po.selective_layers + more;
+				k = fo;
+				more = m;
+				lease = lease_fo + (uint64_t)m * per_fo;
+			}
+		}
+		char what[160], sel[64] = "";
 		if (more > 0)
 			snprintf(sel, sizeof(sel), " with its first %d layers selective",
 				 po.selective_layers + more);
@@ -279,6 +303,11 @@ static void print_auto_on_host(Traind__JobSpec *spec, FILE *out)
 		if (lease > avail)
 			fprintf(out, "nothing fits (%s's lease is %.2f GiB)\n", what,
 				(double)(total[sh][k] + extra) / (1 << 30));
+		else if (host[sh][k] && over >= 0)
+			fprintf(out,
+				"%s (lease %.2f GiB, and %.2f GiB of pinned host memory; full would "
+				"have %d selective layers)\n",
+				what, (double)lease / (1 << 30), (double)host[sh][k] / (1 << 30), over);
 		else if (host[sh][k])
 			fprintf(out, "%s (lease %.2f GiB, and %.2f GiB of pinned host memory)\n", what,
 				(double)lease / (1 << 30), (double)host[sh][k] / (1 << 30));

@@ -43,6 +43,7 @@ struct dmn_runner {
 	int32_t attempts;
 	bool on_gpu;
 	char device[DMN_MAX_GPUS * 97]; /* as dmn_run_request.device */
+	uint64_t host_bytes; /* pinned host memory its plan holds (dmn_run_request) */
 	int ngpus;
 	struct dmn_run_gpu gpu[DMN_MAX_GPUS];
 	char backend[16];
@@ -808,6 +809,7 @@ td_err dmn_runners_start(struct dmn_runners *r, struct dmn_run_request *req, str
 	snprintf(rn->backend, sizeof(rn->backend), "%s", req->backend);
 	rn->cuda_device = req->cuda_device;
 	rn->peer = req->peer;
+	rn->host_bytes = req->host_bytes;
 	rn->ngpus = req->ngpus > 0 && req->ngpus <= DMN_MAX_GPUS ? req->ngpus : 0;
 	memcpy(rn->gpu, req->gpu, (size_t)rn->ngpus * sizeof(rn->gpu[0]));
 	if (req->cache_dir)
@@ -888,6 +890,7 @@ size_t dmn_runners_list(struct dmn_runners *r, struct dmn_run_info *out, size_t 
 			.stopping = atomic_load(&rn->cancel) || atomic_load(&rn->preempt) ||
 				    atomic_load(&rn->shutdown) || atomic_load(&rn->device_lost),
 			.ngpus = rn->ngpus,
+			.host_bytes = rn->host_bytes,
 		};
 		memcpy(o->gpu, rn->gpu, (size_t)rn->ngpus * sizeof(rn->gpu[0]));
 	}

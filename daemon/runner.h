@@ -51,6 +51,10 @@ struct dmn_run_request {
 	Traind__JobSpec *spec;      /* defaults applied, precision resolved; taken on success */
 	const char *device;         /* "cpu", the GPU's uuid, or a gang's uuids joined by ',' */
 	bool on_gpu;                /* counts against a GPU (its lease), not a CPU slot */
+	/* pinned host memory the job's plan holds (memory.recompute
+	 * full-offload's checkpoints), in no lease: the scheduler sums the
+	 * running jobs' against the pinned_host_max_mib setting */
+	uint64_t host_bytes;
 	const char *backend;        /* for tr_train: "cpu" or "cuda" */
 	int cuda_device;            /* "cuda": the device ordinal; -1 otherwise (set it) */
 	const char *cache_dir;      /* the module cache's root (setting cache_dir); NULL: none */
@@ -114,6 +118,7 @@ struct dmn_run_info {
 	uid_t uid;
 	bool on_gpu;
 	bool stopping;  /* cancel, preemption or shutdown asked */
+	uint64_t host_bytes; /* pinned host memory (dmn_run_request) */
 	int ngpus;
 	struct dmn_run_gpu gpu[DMN_MAX_GPUS];
 };

@@ -76,6 +76,11 @@ static const struct setting settings[] = {
 	 "module, cuBLAS's handle and lazily loaded kernels). Measured on an H200 with "
 	 "driver 580 / CUDA 13: the whole process 650 MiB for a 21 MiB plan, i.e. ~593 MiB "
 	 "of context and code; 768 leaves room for the cuBLAS kernels larger shapes load"},
+	{"pinned_host_max_mib", T_INT, F(pinned_host_max_mib), "-1", -1, 1L << 40, NULL, true,
+	 "MiB of pinned host memory the running jobs may hold together (memory.recompute "
+	 "full-offload keeps each layer's checkpoint there): a job that needs more than is left "
+	 "waits, memory.recompute AUTO chooses another policy, and one that needs more than the "
+	 "whole fails; -1: half of this host's physical memory; 0: none (no job offloads)"},
 	{"share_bases", T_INT, F(share_bases), "1", 0, 1, NULL, true,
 	 "1: LoRA and QLoRA jobs on one GPU whose frozen base is the same files stored alike "
 	 "share one read-only copy of it (the ledger holds it once, as a shared block; each "
@@ -591,4 +596,12 @@ void dmn_config_help(FILE *f)
 		fprintf(f, "  %-24s %s (default %s%s)%s\n      %s\n", flag, env,
 			*s->dflt ? s->dflt : "by mode", bounds, s->mut ? " [hup]" : "", s->help);
 	}
+}
+
+uint64_t dmn_config_pinned_max(const struct dmn_config *cfg)
+{
+	if (cfg->pinned_host_max_mib >= 0)
+		return (uint64_t)cfg->pinned_host_max_mib << 20;
+	const long pages = sysconf(_SC_PHYS_PAGES), size = sysconf(_SC_PAGESIZE);
+	return pages > 0 && size > 0 ? (uint64_t)pages * (uint64_t)size / 2 : 0;
 }

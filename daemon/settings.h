@@ -16,6 +16,7 @@
 
 #include <limits.h>
 #include <stdbool.h>
+#include <stdint.h>
 #include <stdio.h>
 
 #include "proto/err.h"
@@ -50,6 +51,7 @@ struct dmn_config {
 	long max_queued_per_user;   /* 0: no limit */
 	double vram_factor;         /* the share of a GPU the ledger hands out */
 	long cuda_context_mib;      /* per job on a real GPU, reserved on top of plan + backend */
+	long pinned_host_max_mib;   /* pinned host memory of all running jobs; -1: half of RAM */
 	long share_bases;           /* 1: LoRA jobs of the same base files share one copy */
 	long shutdown_timeout_s;
 	long tick_ms;
@@ -97,5 +99,10 @@ void dmn_config_help(FILE *f);
 
 /* "system" or "user". */
 const char *dmn_mode_name(int mode);
+
+/* The pinned host memory all running jobs may hold together: the
+ * pinned_host_max_mib setting in bytes, or (-1) half of this host's physical
+ * memory. */
+uint64_t dmn_config_pinned_max(const struct dmn_config *cfg);
 
 #endif

@@ -111,13 +111,23 @@ lora { rank: 16 target_modules: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_p
 output { dir: "$WORK/l8b/out" }
 resources { device: DEVICE_GPU }
 EOF2
-pl=$("$TRAIND" --plan "$WORK/l8b/job.txtpb" 2>&1)
+# With no pinned host memory to give (pinned_host_max_mib 0) full-offload
+# is out; with 16 GiB of it, full-offload (its checkpoints on the host)
+# takes FULL's place with more selective layers in the same grant.
+pl=$(TRAIND_PINNED_HOST_MAX_MIB=0 "$TRAIND" --plan "$WORK/l8b/job.txtpb" 2>&1)
 auto0=$(printf '%s\n' "$pl" | grep '^auto       GPU 0')
 nsel=$(printf '%s\n' "$auto0" | sed -n 's/.*: full with its first \([0-9]*\) layers selective (lease \([0-9.]*\) GiB).*/\1/p')
 lease=$(printf '%s\n' "$auto0" | sed -n 's/.*: full with its first \([0-9]*\) layers selective (lease \([0-9.]*\) GiB).*/\2/p')
 check "--plan: device 0 takes full with 1 to 31 selective layers ('$auto0')" \
 	test "${nsel:-0}" -ge 1 -a "${nsel:-0}" -le 31
 check "--plan: within device 0's 60 GiB (lease $lease)" awk -v l="${lease:-99}" 'BEGIN { exit !(l <= 60) }'
+plo=$(TRAIND_PINNED_HOST_MAX_MIB=16384 "$TRAIND" --plan "$WORK/l8b/job.txtpb" 2>&1 | grep '^auto       GPU 0')
+noff=$(printf '%s\n' "$plo" | sed -n 's/.*: full-offload with its first \([0-9]*\) layers selective (lease \([0-9.]*\) GiB, and [0-9.]* GiB of pinned host memory; full would have \([0-9]*\) selective layers).*/\1/p')
+lo=$(printf '%s\n' "$plo" | sed -n 's/.*: full-offload with its first \([0-9]*\) layers selective (lease \([0-9.]*\) GiB.*/\2/p')
+nfull=$(printf '%s\n' "$plo" | sed -n 's/.*; full would have \([0-9]*\) selective layers).*/\1/p')
+check "--plan: with pinned memory, device 0 takes full-offload with more selective layers than full's $nsel ('$plo')" \
+	test "${noff:-0}" -gt "${nsel:-99}" -a "${nfull:-0}" = "${nsel:-x}"
+check "--plan: full-offload's lease within device 0's 60 GiB (lease $lo)" awk -v l="${lo:-99}" 'BEGIN { exit !(l <= 60) }'
 expect_contains "--plan: device 1 takes nothing" "$(printf '%s\n' "$pl" | grep '^auto       GPU 1')" \
 	"nothing fits"
 finish

@@ -13,7 +13,10 @@
 #    selective layers that fit. --max-memory bounds the plan at submit; an
 #    unknown policy is refused.
 # 3. AUTO on FULL takes as many selective layers as the GPU grants (the
-#    fixture deepened to four layers).
+#    fixture deepened to four layers), with no pinned host memory to give
+#    (pinned_host_max_mib 0), which fails a job that fixes full-offload.
+# 4. With pinned host memory, AUTO takes full-offload in full's place: more
+#    selective layers in the same GPU bytes.
 . "$(dirname "$0")/lib.sh"
 cd "$TD_SRC" || exit 1
 JOB=tests/integration/job.txtpb
@@ -111,12 +114,37 @@ if [ -z "$sel" ] || [ -z "$full" ]; then
 	exit 1
 fi
 rm -rf "$STATE"
-start_daemon --user --cpu-slots 0 --vram-factor 1 --fake-gpus "$U0:$(((full + sel) / 2))"
+# no pinned host memory (pinned_host_max_mib 0): full-offload is out (4 below)
+start_daemon --user --cpu-slots 0 --vram-factor 1 --pinned-host-max-mib 0 \
+	--fake-gpus "$U0:$(((full + sel) / 2))"
 jd=$(submit deep --model "$deep")
 check "the deep job trains" wait_for 60 job_is "$jd" SUCCEEDED
 evd=$(ctl logs "$jd")
 nsel=$(printf '%s\n' "$evd" | sed -n 's/.*memory.recompute AUTO chose full with its first \([0-9]*\) layers selective.*/\1/p' | head -n 1)
 check "AUTO chose full with 1 to 3 selective layers (got '$nsel')" test "${nsel:-0}" -ge 1 -a "${nsel:-0}" -le 3
 expect_contains "the trainer built that plan" "$evd" "recompute  full, the first $nsel of 4 layers selective"
+# a job that fixes full-offload needs pinned host memory, and there is none
+jo=$(submit deep-off --model "$deep" --recompute full-offload)
+check "full-offload with no pinned host memory to give fails" wait_for 30 job_is "$jo" FAILED
+expect_contains "naming the setting" "$(ctl logs "$jo")" \
+	"more than the 0.0 MiB that the pinned_host_max_mib setting lets all running jobs hold together"
+stop_daemon
+
+# --- 4: with pinned host memory, full-offload in full's place ---
+# The same GPU and model with the default budget (half of the host's
+# memory): full-offload keeps the layers' checkpoints on the host, so the
+# bytes full was granted hold more selective layers, the faster plan.
+rm -rf "$STATE"
+start_daemon --user --cpu-slots 0 --vram-factor 1 --fake-gpus "$U0:$(((full + sel) / 2))"
+jd=$(submit deep2 --model "$deep")
+check "the deep job trains again" wait_for 60 job_is "$jd" SUCCEEDED
+evd=$(ctl logs "$jd")
+noff=$(printf '%s\n' "$evd" | sed -n 's/.*memory.recompute AUTO chose full-offload with its first \([0-9]*\) layers selective.*/\1/p' | head -n 1)
+nfull=$(printf '%s\n' "$evd" | sed -n 's/.*full-offload rather than full, whose plan the GPU granted with \([0-9]*\) selective layers.*/\1/p' | head -n 1)
+check "AUTO chose full-offload with more selective layers ($noff) than full's ($nfull, as in 3: $nsel)" \
+	test "${noff:-0}" -gt "${nfull:-9}" -a "${nfull:-x}" = "$nsel"
+expect_contains "its pinned host memory said" "$evd" "MiB of pinned host memory"
+expect_contains "the trainer built full-offload's plan" "$evd" \
+	"recompute  full-offload, the first $noff of 4 layers selective"
 stop_daemon
 finish
