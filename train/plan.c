@@ -1331,22 +1331,27 @@ static td_err plan_build(struct tr_plan *p, const struct tr_model_config *cfg,
 	 * 22 chunks of 384 rows once, 8 of 1024 with this, 4 of 2048 in bf16).
 	 * Not where the caller set the bound (logits_chunk_floats: tests that
 	 * want a given chunk). */
-	if (train && !classify && !o->distill && !o->logits_chunk_floats &&
-	    (size_t)p->logits_rows < N) {
+	size_t rows_now = 0; /* the chunk's rows, where set here */
+	if (train && !classify && !o->distill && o->logits_rows > 0 && !o->logits_chunk_floats) {
+		rows_now = even_rows(N, (size_t)o->logits_rows);
+	} else if (train && !classify && !o->distill && !o->logits_chunk_floats &&
+		   (size_t)p->logits_rows < N) {
 		const size_t others = max_sz(max_sz(phase_bytes[1], phase_bytes[2]), phase_bytes[3]);
 		const size_t fit = min_sz(others / (V * lsz),
 					  TR_LOGITS_CHUNK_FLOATS * sizeof(float) / lsz / V) / 64 * 64;
-		if (fit > (size_t)p->logits_rows) {
-			p->logits_rows = (int)even_rows(N, fit);
-			for (size_t i = 0; i < nscratch; i++) {
-				if (!strcmp(scratch[i].what, "logits")) {
-					phase_bytes[4] -= aligned(scratch[i].bytes);
-					scratch[i].bytes = logits_bytes(p->logits_rows, V, lsz);
-					phase_bytes[4] += aligned(scratch[i].bytes);
-				} else if (!strcmp(scratch[i].what, "gemm_bf16")) {
-					/* the head's input, rounded: more rows */
-					scratch[i].bytes = gemm_scratch_elems(p) * 2;
-				}
+		if (fit > (size_t)p->logits_rows)
+			rows_now = even_rows(N, fit);
+	}
+	if (rows_now) {
+		p->logits_rows = (int)rows_now;
+		for (size_t i = 0; i < nscratch; i++) {
+			if (!strcmp(scratch[i].what, "logits")) {
+				phase_bytes[4] -= aligned(scratch[i].bytes);
+				scratch[i].bytes = logits_bytes(p->logits_rows, V, lsz);
+				phase_bytes[4] += aligned(scratch[i].bytes);
+			} else if (!strcmp(scratch[i].what, "gemm_bf16")) {
+				/* the head's input, rounded: more rows */
+				scratch[i].bytes = gemm_scratch_elems(p) * 2;
 			}
 		}
 	}

@@ -364,6 +364,11 @@ struct tr_plan_opts {
 	bool inference;        /* forward only (a teacher): everything frozen, no backward buffers */
 	bool teacher_rows;     /* a teacher whose logits a student asks for by rows (chunked) */
 	size_t logits_chunk_floats; /* the chunked head's bound (see logits_rows); 0: TR_LOGITS_CHUNK_FLOATS */
+	/* > 0: a causal training head's chunks of at most this many rows,
+	 * split evenly (multiples of 8 rows) over the chunks N rows take, in
+	 * place of the bounds' rule (bench_train --logits-rows: the trade of
+	 * memory for fewer, larger head products measured) */
+	int logits_rows;
 	/* The MLP's backward in parts of this many rows (a multiple of 8; B * T
 	 * or more: whole rows; tests that hold the parts to whole rows), where
 	 * no adapter is on the MLP; 0: the plan's rule (mlp_rows). */

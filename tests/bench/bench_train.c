@@ -156,6 +156,7 @@ struct bench {
 	size_t bucket_floats; /* 0: TR_DDP_BUCKET_FLOATS */
 	enum tr_recompute recompute;
 	int selective_layers; /* --selective-layers */
+	int logits_rows;      /* --logits-rows: the head's chunks (0: the plan's rule) */
 	enum tr_shard shard;
 	struct gpu_gang *gang;
 	enum gpu_comm_kind comm;
@@ -205,6 +206,7 @@ static td_err bench_rank(struct rank_run *rr)
 
 	struct tr_plan_opts po = {.B = B, .T = T, .recompute = b->recompute,
 				  .selective_layers = b->selective_layers, .shard = b->shard,
+				  .logits_rows = b->logits_rows,
 				  .shard_ranks = b->gpus > 1 ? b->gpus : 0, .shard_rank = rr->r,
 				  .grad_accum = 1 /* a micro-batch a step (a rank) */};
 	if (b->lora_rank > 0) {
@@ -435,6 +437,8 @@ int main(int argc, char **argv)
 		}
 		else if (!strcmp(a, "--selective-layers"))
 			b.selective_layers = atoi(v);
+		else if (!strcmp(a, "--logits-rows"))
+			b.logits_rows = atoi(v);
 		else {
 			fprintf(stderr, "bench_train: unknown option %s\n", a);
 			return 2;
