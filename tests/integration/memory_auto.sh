@@ -17,6 +17,7 @@
 #    (pinned_host_max_mib 0), which fails a job that fixes full-offload.
 # 4. With pinned host memory, AUTO takes full-offload in full's place: more
 #    selective layers in the same GPU bytes.
+# 5. Jobs that fix full-offload wait for the pinned host memory others hold.
 . "$(dirname "$0")/lib.sh"
 cd "$TD_SRC" || exit 1
 JOB=tests/integration/job.txtpb
@@ -146,5 +147,22 @@ check "AUTO chose full-offload with more selective layers ($noff) than full's ($
 expect_contains "its pinned host memory said" "$evd" "MiB of pinned host memory"
 expect_contains "the trainer built full-offload's plan" "$evd" \
 	"recompute  full-offload, the first $noff of 4 layers selective"
+stop_daemon
+
+# --- 5: jobs that fix full-offload share the pinned host memory ---
+# pinned_host_max_mib 1 and the deep model at 2 x 384 tokens, whose
+# full-offload plan pins 768 KiB: one such job at a time runs; the next waits
+# for its bytes ("pinned host memory" in show's waiting line), not for the
+# GPU, which has room for both, and runs once the first has ended (here,
+# cancelled).
+rm -rf "$STATE"
+start_daemon --user --cpu-slots 0 --vram-factor 1 --pinned-host-max-mib 1 --fake-gpus "$U0:268435456"
+p1=$(submit pin1 --model "$deep" --recompute full-offload --seq-len 384 --steps 300)
+check "the first pinning job runs" wait_for 30 job_is "$p1" RUNNING
+p2=$(submit pin2 --model "$deep" --recompute full-offload --seq-len 384 --steps 20)
+pin_waits() { job_is "$p1" RUNNING && ctl show "$p2" | grep -q 'waiting: *pinned host memory: its plan (memory.recompute full-offload) pins 0.8 MiB and the running jobs hold 0.8 of the 1.0 MiB'; }
+check "the second waits for pinned host memory while the first runs" wait_for 30 pin_waits
+ctl cancel "$p1" >/dev/null
+check "once the first has ended (cancelled), the second runs and succeeds" wait_for 60 job_is "$p2" SUCCEEDED
 stop_daemon
 finish
