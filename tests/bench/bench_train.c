@@ -522,7 +522,7 @@ int main(int argc, char **argv)
 		       (double)r0->st.at_finish / (double)(r0->st.steps ? r0->st.steps : 1),
 		       (double)r0->st.floats / 1e6 / (double)(r0->st.steps ? r0->st.steps : 1),
 		       (double)r0->st.rows / 1e6 / (double)(r0->st.steps ? r0->st.steps : 1));
-	printf("\"loss\": %.4f}\n", r0->loss);
+	printf("\"loss\": %.4f, \"loss_exact\": %.17g}\n", r0->loss, r0->loss);
 	if (b.phases)
 		fprintf(stderr, "phases (ms/step, rank 0): forward+loss %.1f  backward %.1f (host %.1f)  "
 			"sum %.1f  clip %.1f  adamw %.1f\n",

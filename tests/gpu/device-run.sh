@@ -298,6 +298,8 @@ if [ "$what" != bench ]; then
 	done
 	tests/gpu/loss_curve.sh "$bin/traind" "$fx" fp32 full full || status=1
 	tests/gpu/loss_curve.sh "$bin/traind" "$fx" fp32 full full-offload || status=1
+	echo "== determinism at the real shapes (head sizes 64 and 128): the same loss twice"
+	bash tests/gpu/determinism.sh "$bin/bench_train" || status=1
 	echo "== resume on the GPU, compile counter"
 	tests/gpu/resume_cuda.sh "$bin/traind" "$fx" || status=1
 	echo "== the daemon places a job on the GPU"
