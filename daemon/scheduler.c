@@ -578,7 +578,6 @@ static void release_gpus(struct dmn_sched *s, const struct dmn_run_request *rr)
 	}
 }
 
-/* Tries to start q now. */
 /* Pinned host memory (memory.recompute FULL_OFFLOAD's checkpoints, in no
  * lease): what the running jobs may hold together (dmn_config_pinned_max),
  * and what they hold. */
@@ -589,17 +588,18 @@ static uint64_t pinned_max(const struct dmn_sched *s)
 
 static uint64_t pinned_held(struct dmn_sched *s)
 {
-	struct dmn_run_info info[64];
-	size_t n = dmn_runners_list(s->run, info, 64);
-	struct dmn_run_info *all = info;
-	if (n > 64 && (all = calloc(n, sizeof(*all))) != NULL)
-		n = dmn_runners_list(s->run, all, n); /* may have changed: at most n */
-	else if (n > 64)
-		return UINT64_MAX; /* out of memory: nothing more is pinned this pass */
+	struct dmn_run_info some[64], *all = some;
+	size_t cap = 64, n = dmn_runners_list(s->run, all, cap);
+	if (n > cap) { /* only this thread starts runners: the next list is no longer */
+		if (!(all = calloc(n, sizeof(*all))))
+			return UINT64_MAX; /* out of memory: nothing more is pinned this pass */
+		cap = n;
+		n = dmn_runners_list(s->run, all, cap);
+	}
 	uint64_t held = 0;
-	for (size_t i = 0; i < n && i < (all == info ? 64 : n); i++)
+	for (size_t i = 0; i < n && i < cap; i++)
 		held += all[i].host_bytes;
-	if (all != info)
+	if (all != some)
 		free(all);
 	return held;
 }
@@ -637,6 +637,7 @@ static int selective_granted(struct dmn_sched *s, const struct st_queued *q, con
 	return lo;
 }
 
+/* Tries to start q now. */
 static enum place try_place(struct dmn_sched *s, const struct st_queued *q)
 {
 	struct td_errbuf eb = {{0}};

@@ -1330,7 +1330,7 @@ static td_err plan_build(struct tr_plan *p, const struct tr_model_config *cfg,
 	 * reads and writes the whole fp32 gradient (Llama-3-8B at B4 x T2048:
 	 * 22 chunks of 384 rows once, 8 of 1024 with this, 4 of 2048 in bf16).
 	 * Not where the caller set the bound (logits_chunk_floats: tests that
-	 * want a given chunk). */
+	 * want a given chunk); where it set the rows (logits_rows), those. */
 	size_t rows_now = 0; /* the chunk's rows, where set here */
 	if (train && !classify && !o->distill && o->logits_rows > 0 && !o->logits_chunk_floats) {
 		rows_now = even_rows(N, (size_t)o->logits_rows);
