@@ -27,23 +27,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define CK(x)                                                                            \
-	do {                                                                             \
-		cudaError_t e_ = (x);                                                    \
-		if (e_ != cudaSuccess) {                                                 \
-			fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x,        \
-				cudaGetErrorString(e_));                                 \
-			exit(2);                                                         \
-		}                                                                        \
-	} while (0)
-#define CB(x)                                                                            \
-	do {                                                                             \
-		cublasStatus_t s_ = (x);                                                 \
-		if (s_ != CUBLAS_STATUS_SUCCESS) {                                       \
-			fprintf(stderr, "%s:%d %s: %d\n", __FILE__, __LINE__, #x, (int)s_); \
-			exit(2);                                                         \
-		}                                                                        \
-	} while (0)
+#include "cublas_check.h"
 
 /* One product as cuda_ops.c issues it, column-major: D (m, n) = op(A) op(B)
  * + beta C, A and B bf16, D fp32 or bf16 (out16), C = D unless resid

@@ -17,15 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define CK(x)                                                                              \
-	do {                                                                               \
-		cudaError_t e_ = (x);                                                      \
-		if (e_ != cudaSuccess) {                                                   \
-			fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x,          \
-				cudaGetErrorString(e_));                                   \
-			exit(2);                                                           \
-		}                                                                          \
-	} while (0)
+#include "cublas_check.h"
 
 struct shape {
 	const char *what;
