@@ -177,6 +177,8 @@ static void render_jobs(struct sb *b, const struct dmn_env *env)
 		{"job_tokens_per_second", "The running job's training throughput."},
 		{"job_eta_seconds", "The running job's estimated time to its end."},
 		{"job_gpus", "GPUs the running job holds (0: a CPU slot)."},
+		{"job_pinned_host_bytes", "Pinned host memory the running job's plan holds "
+					  "(memory.recompute full-offload's layer inputs)."},
 	};
 	struct st_job_filter f = {.all_users = true, .state_mask = ST_MASK_ACTIVE};
 	struct st_job *jobs = NULL;
@@ -201,6 +203,10 @@ static void render_jobs(struct sb *b, const struct dmn_env *env)
 				v = !*dv || strcmp(dv, "cpu") == 0 ? 0 : 1;
 				for (; *dv; dv++)
 					v += *dv == ',';
+			} else if (k == 6) {
+				if (!has[i])
+					continue;
+				v = (double)dmn_runners_host_bytes(dmn_sched_runners(env->sched), jobs[i].id);
 			} else if (!has[i]) {
 				continue;
 			} else {
@@ -284,6 +290,14 @@ td_err dmn_metrics_render(const struct dmn_env *env, char **out, size_t *len, st
 		sb_value(&b, (double)env->rpc_errors[slot]);
 	}
 	render_gpus(&b, env);
+	family(&b, "pinned_host_bytes", "gauge",
+	       "Pinned host memory the running jobs' plans hold together (in no lease).");
+	sb_printf(&b, "traind_pinned_host_bytes");
+	sb_value(&b, (double)dmn_runners_host_bytes(dmn_sched_runners(env->sched), -1));
+	family(&b, "pinned_host_max_bytes", "gauge",
+	       "What they may hold together: the pinned_host_max_mib setting.");
+	sb_printf(&b, "traind_pinned_host_max_bytes");
+	sb_value(&b, (double)dmn_config_pinned_max(env->cfg));
 	render_jobs(&b, env);
 	render_usage(&b, env);
 	if (b.oom || !b.p) {

@@ -10,8 +10,11 @@
  *   gpu_total_bytes, gpu_share_bytes (total x vram_factor),
  *   gpu_reserved_bytes (the ledger), gpu_used_bytes (total - the driver's
  *   free; absent where unknown)                    {gpu, uuid, name}
+ *   pinned_host_bytes (the running jobs' plans'), pinned_host_max_bytes
+ *   (the setting pinned_host_max_mib)
  *   job_step, job_total_steps, job_loss, job_tokens_per_second,
- *   job_eta_seconds, job_gpus              {job, user, name}: running jobs
+ *   job_eta_seconds, job_gpus, job_pinned_host_bytes
+ *                                          {job, user, name}: running jobs
  *   user_gpu_seconds_total, user_cpu_seconds_total,
  *   user_gpu_memory_byte_seconds_total, user_tokens_total   {user}
  * Label values are escaped as the format says (\\, \", \n): job names are

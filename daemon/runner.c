@@ -942,6 +942,17 @@ void dmn_runners_lost_clear(struct dmn_runners *r, int ordinal)
 	pthread_mutex_unlock(&r->mu);
 }
 
+uint64_t dmn_runners_host_bytes(struct dmn_runners *r, int64_t job_id)
+{
+	uint64_t sum = 0;
+	pthread_mutex_lock(&r->mu);
+	for (struct dmn_runner *rn = r->list; rn; rn = rn->next)
+		if (job_id < 0 || rn->job_id == job_id)
+			sum += rn->host_bytes;
+	pthread_mutex_unlock(&r->mu);
+	return sum;
+}
+
 size_t dmn_runners_count(const struct dmn_runners *r)
 {
 	return r->n;

@@ -144,6 +144,10 @@ bool dmn_runners_lost(struct dmn_runners *r, int ordinal);
 int dmn_runners_lost_idle(struct dmn_runners *r, uint64_t skip);
 void dmn_runners_lost_clear(struct dmn_runners *r, int ordinal);
 
+/* The pinned host memory (dmn_run_request.host_bytes) of the running job
+ * job_id, or (job_id < 0) of all of them. Any thread. */
+uint64_t dmn_runners_host_bytes(struct dmn_runners *r, int64_t job_id);
+
 /* Running jobs: all, and those on CPU slots (not on a GPU). */
 size_t dmn_runners_count(const struct dmn_runners *r);
 size_t dmn_runners_count_cpu(const struct dmn_runners *r);

@@ -588,20 +588,7 @@ static uint64_t pinned_max(const struct dmn_sched *s)
 
 static uint64_t pinned_held(struct dmn_sched *s)
 {
-	struct dmn_run_info some[64], *all = some;
-	size_t cap = 64, n = dmn_runners_list(s->run, all, cap);
-	if (n > cap) { /* only this thread starts runners: the next list is no longer */
-		if (!(all = calloc(n, sizeof(*all))))
-			return UINT64_MAX; /* out of memory: nothing more is pinned this pass */
-		cap = n;
-		n = dmn_runners_list(s->run, all, cap);
-	}
-	uint64_t held = 0;
-	for (size_t i = 0; i < n && i < cap; i++)
-		held += all[i].host_bytes;
-	if (all != some)
-		free(all);
-	return held;
+	return dmn_runners_host_bytes(s->run, -1);
 }
 
 /* What a job whose policy the spec fixes pins beyond what is left (0: it

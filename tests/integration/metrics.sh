@@ -40,7 +40,7 @@ TEXTFILE=$WORK/textfile/traind.prom
 CONF=$WORK/traind.conf
 printf 'metrics_textfile = %s\n' "$TEXTFILE" >"$CONF"
 start_daemon --user --config "$CONF" --cpu-slots 0 --fake-gpus GPU-metrics-0:64M \
-	--metrics-port "$PORT"
+	--metrics-port "$PORT" --pinned-host-max-mib 1024
 expect_contains "the daemon says where" "$(cat "$LOG")" "Prometheus metrics at http://127.0.0.1:$PORT/metrics"
 
 id=$(ctl submit "$JOB" --device any --steps 100000 --checkpoint-every 0 --output "$WORK/o" \
@@ -70,6 +70,10 @@ expect_contains "the job's step, its name escaped" "$m" "traind_job_step{$esc}"
 expect_contains "the job's loss" "$m" "traind_job_loss{$esc}"
 expect_contains "the job's tokens/s" "$m" "traind_job_tokens_per_second{$esc}"
 expect_contains "the job's GPUs" "$m" "traind_job_gpus{$esc} 1"
+# it does not offload: no pinned host memory; the budget is the setting's
+expect_contains "the job's pinned host memory" "$m" "traind_job_pinned_host_bytes{$esc} 0"
+expect_contains "the running jobs' pinned host memory" "$m" "traind_pinned_host_bytes 0"
+expect_contains "the pinned host memory budget" "$m" "traind_pinned_host_max_bytes 1073741824"
 expect_contains "the queue's length" "$m" 'traind_jobs{state="QUEUED"} 1'
 expect_contains "running jobs" "$m" 'traind_jobs{state="RUNNING"} 1'
 expect_contains "requests per call" "$m" 'traind_requests_total{call="submit"} 2'
