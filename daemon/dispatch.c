@@ -464,12 +464,15 @@ static void submit_done(uv_work_t *req, int status)
 	}
 	if (c->plan.auto_policy)
 		st_event_addf(env->db, id, "info", NULL,
-			      "plan: %llu bytes with recompute none, %llu selective, %llu full "
+			      "plan: %llu bytes with recompute none, %llu selective, %llu full, "
+			      "%llu full-offload (and %llu pinned on the host) "
 			      "(memory.recompute AUTO: the fastest that fits where the job is "
 			      "placed)%s; %s job on %s",
 			      (unsigned long long)c->plan.by_policy[TR_RECOMPUTE_NONE],
 			      (unsigned long long)c->plan.by_policy[TR_RECOMPUTE_SELECTIVE],
-			      (unsigned long long)c->plan.by_policy[TR_RECOMPUTE_FULL], sharded,
+			      (unsigned long long)c->plan.by_policy[TR_RECOMPUTE_FULL],
+			      (unsigned long long)c->plan.by_policy[TR_RECOMPUTE_FULL_OFFLOAD],
+			      (unsigned long long)c->plan.host_by_policy[TR_RECOMPUTE_FULL_OFFLOAD], sharded,
 			      rpc_method_name(c->spec->method), c->spec->model_dir);
 	else
 		st_event_addf(env->db, id, "info", NULL, "plan: %llu bytes%s; %s job on %s",

@@ -745,17 +745,32 @@ static enum place try_place(struct dmn_sched *s, const struct st_queued *q)
 		if (shares)
 			snprintf(sh.label, sizeof(sh.label), "base of %s (%s)", spec->model_dir,
 				 rpc_method_name(spec->method));
+		bool pin_later = false; /* a plan passed over while others hold its pinned bytes */
 		for (int k = 0; k < npol * nsh && !mask; k++) {
 			const int pk = k / nsh, sk = nsh > 1 ? (int)dmn_auto_shard(k % nsh) : 0;
-			if (p->pb.auto_policy && p->pb.host_by_policy[pk] > pin_left)
-				continue;
+			const uint64_t hb = p->pb.auto_policy ? p->pb.host_by_policy[pk] : 0;
+			if (hb > pin_max)
+				continue; /* never: it waits with another plan */
 			plan_bytes = dmn_plan_of(&p->pb, sk, pk);
+			if (hb > pin_left) {
+				pin_later = true;
+				continue;
+			}
 			offer(s, q, plan_bytes, ngpus, true, true, pg, shares ? &sh : NULL);
 			mask = dmn_place_pick(pg, s->dev->n, s->dev->nvlink, (int)ngpus, DMN_PLACE_NOW);
 			if (mask && p->pb.auto_policy)
 				policy = pk;
 			if (mask && (p->pb.auto_shard || hosts))
 				shard = hosts ? TR_SHARD_NONE : sk;
+		}
+		/* Only the plan whose pinned bytes are held fits a GPU now: the
+		 * job waits for those bytes (explain_wait), holding no GPU. */
+		if (!mask && pin_later) {
+			offer(s, q, plan_bytes, ngpus, true, true, pg, shares ? &sh : NULL);
+			if (dmn_place_pick(pg, s->dev->n, s->dev->nvlink, (int)ngpus, DMN_PLACE_NOW)) {
+				rpc_jobspec_free(spec);
+				return PLACE_WAIT;
+			}
 		}
 		/* AUTO on FULL or FULL_OFFLOAD, one GPU: as many more of the
 		 * first layers selective as the GPUs grant now (each a layer's
@@ -1125,6 +1140,16 @@ static void explain_wait(struct dmn_sched *s, const struct st_queued *q)
 	}
 	uint64_t pin_max, pin_held;
 	const uint64_t pin_short = gpu_ok ? pinned_short(s, p, &pin_max, &pin_held) : 0;
+	char pins[200] = ""; /* AUTO: full-offload's pinned bytes held by others */
+	const uint64_t hfo = gpu_ok && p->pb.auto_policy ? p->pb.host_by_policy[TR_RECOMPUTE_FULL_OFFLOAD] : 0;
+	if (hfo) {
+		const uint64_t mx = pinned_max(s), held = pinned_held(s);
+		if (hfo <= mx && hfo > (mx > held ? mx - held : 0))
+			snprintf(pins, sizeof(pins),
+				 "; full-offload's plan pins %.1f MiB of host memory and the running jobs "
+				 "hold %.1f of the %.1f MiB that pinned_host_max_mib allows",
+				 (double)hfo / (1 << 20), (double)held / (1 << 20), (double)mx / (1 << 20));
+	}
 	if (pin_short) {
 		why_set(s, q->id,
 			"pinned host memory: its plan (memory.recompute full-offload) pins %.1f MiB and "
@@ -1155,7 +1180,7 @@ static void explain_wait(struct dmn_sched *s, const struct st_queued *q)
 	if (allow_cpu)
 		snprintf(cpu, sizeof(cpu), "%severy CPU slot is busy (cpu_slots = %ld)",
 			 gpu_ok ? "; " : "", s->cfg->cpu_slots);
-	why_set(s, q->id, "%s%s", gpu, cpu);
+	why_set(s, q->id, "%s%s%s", gpu, pins, cpu);
 }
 
 /* ------------------------------------------------------------------------ */

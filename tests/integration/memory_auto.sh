@@ -18,6 +18,7 @@
 # 4. With pinned host memory, AUTO takes full-offload in full's place: more
 #    selective layers in the same GPU bytes.
 # 5. Jobs that fix full-offload wait for the pinned host memory others hold.
+# 6. So does AUTO where only full-offload's plan fits a GPU.
 . "$(dirname "$0")/lib.sh"
 cd "$TD_SRC" || exit 1
 JOB=tests/integration/job.txtpb
@@ -164,5 +165,41 @@ pin_waits() { job_is "$p1" RUNNING && ctl show "$p2" | grep -q 'waiting: *pinned
 check "the second waits for pinned host memory while the first runs" wait_for 30 pin_waits
 ctl cancel "$p1" >/dev/null
 check "once the first has ended (cancelled), the second runs and succeeds" wait_for 60 job_is "$p2" SUCCEEDED
+stop_daemon
+
+# --- 6: AUTO waits for pinned host memory where only full-offload fits ---
+# The deep model at 2 x 384 and 2 x 424 tokens; their plans from probes that
+# fit nowhere. GPU 0 holds one full-offload job at 2 x 424 (848 KiB
+# pinned) and nothing beside it; GPU 1 has room for the 2 x 384 job's
+# full-offload plan but not full's, and neither GPU for full's at all. An
+# AUTO job at 2 x 384 then waits for the pinned bytes (pinned_host_max_mib
+# 1) — it does not fail as if no GPU could ever take it — says so, and
+# runs once the first job has ended.
+plans_of() { # SEQ: "full full-offload pinned" bytes of the deep model's plans
+	rm -rf "$STATE"
+	start_daemon --user --cpu-slots 0 --vram-factor 1 --fake-gpus "$U0:4096"
+	local j line
+	j=$(submit "probe$1" --model "$deep" --seq-len "$1")
+	wait_for 30 job_is "$j" FAILED
+	line=$(ctl logs "$j" | grep 'plan: [0-9]* bytes with recompute none')
+	stop_daemon
+	printf '%s\n' "$line" | sed -n 's/.* selective, \([0-9]*\) full, \([0-9]*\) full-offload (and \([0-9]*\) pinned on the host).*/\1 \2 \3/p'
+}
+read -r f6 o6 h6 <<<"$(plans_of 384)"
+read -r f7 o7 h7 <<<"$(plans_of 424)"
+check "the plan events give full's and full-offload's plans and pinned bytes ($f6 $o6 $h6; $f7 $o7 $h7)" \
+	test -n "$h7" -a "${h6:-0}" -gt 0 -a $(((o6 + f6) / 2)) -lt "${o7:-0}" -a $((o7 + 4096)) -lt "${f6:-0}"
+rm -rf "$STATE"
+U1=GPU-11111111-1111-1111-1111-111111111111
+start_daemon --user --cpu-slots 0 --vram-factor 1 --pinned-host-max-mib 1 \
+	--fake-gpus "$U0:$((o7 + 4096)),$U1:$(((o6 + f6) / 2))"
+q1=$(submit pin424 --model "$deep" --recompute full-offload --seq-len 424 --steps 300)
+check "a full-offload job runs (on GPU 0, the one with room for it)" wait_for 30 job_is "$q1" RUNNING
+q2=$(submit auto384 --model "$deep" --seq-len 384 --steps 20)
+auto_pin_waits() { job_is "$q1" RUNNING && job_is "$q2" QUEUED && ctl show "$q2" | grep -q "full-offload's plan pins 0.8 MiB of host memory and the running jobs hold 0.8 of the 1.0 MiB"; }
+check "the AUTO job waits for the pinned bytes, not failing" wait_for 30 auto_pin_waits
+ctl cancel "$q1" >/dev/null
+check "then it runs and succeeds" wait_for 60 job_is "$q2" SUCCEEDED
+expect_contains "placed by AUTO" "$(ctl logs "$q2")" "memory.recompute AUTO chose"
 stop_daemon
 finish
