@@ -432,8 +432,11 @@ static void hold_clear(struct dmn_sched *s)
  * first job of a pass's order that waits for GPUs may take a free hold, so
  * that the hold follows the order (priority, fair share, age) and a job that
  * waited on another's hold is next. */
+/* smallest: 0, the job's plan; 1, AUTO's smallest (FULL_OFFLOAD's); 2,
+ * AUTO's smallest without FULL_OFFLOAD, whose pinned bytes are more than
+ * pinned_host_max_mib (FULL's) */
 static enum place wait_for_gpus(struct dmn_sched *s, const struct st_queued *q, uint64_t plan_bytes,
-				unsigned want, bool allow_cpu, bool smallest, const struct share *sh)
+				unsigned want, bool allow_cpu, int smallest, const struct share *sh)
 {
 	struct dmn_place_gpu pg[DMN_MAX_GPUS];
 	/* sh: a job that could hold a GPU's shared block of its base needs
@@ -455,9 +458,12 @@ static enum place wait_for_gpus(struct dmn_sched *s, const struct st_queued *q, 
 			 "host's GPUs can ever grant that much (the most one grants is %.1f MiB: its "
 			 "memory \u00d7 vram_factor %.2f)",
 			 (double)need / (1 << 20), want, want == 1 ? "" : "s",
-			 smallest ? " with its smallest plan (memory.recompute AUTO tried none, "
-				    "selective, full and full-offload; full-offload's is the smallest)"
-				  : "",
+			 smallest == 1 ? " with its smallest plan (memory.recompute AUTO tried none, "
+					 "selective, full and full-offload; full-offload's is the smallest)"
+			 : smallest == 2 ? " with its smallest plan (memory.recompute AUTO tried none, "
+					   "selective and full; full-offload pins more host memory than "
+					   "pinned_host_max_mib allows)"
+					 : "",
 			 want == 1 ? "one" : "set", (double)most / (1 << 20), s->cfg->vram_factor);
 		if (s->hold_job == q->id)
 			hold_clear(s);
@@ -677,6 +683,7 @@ static enum place try_place(struct dmn_sched *s, const struct st_queued *q)
 	int shard = -1;  /* memory.shard AUTO's (enum tr_shard) */
 	int sel_more = 0; /* selective layers AUTO added to its plan's (policy's) */
 	int full_more = -1; /* where AUTO took FULL_OFFLOAD for more of them: FULL's */
+	bool fo_never = false; /* AUTO: FULL_OFFLOAD pins more than pinned_host_max_mib */
 	const struct plan *p = NULL;
 	struct share sh = {0};
 	bool shares = false;
@@ -749,8 +756,10 @@ static enum place try_place(struct dmn_sched *s, const struct st_queued *q)
 		for (int k = 0; k < npol * nsh && !mask; k++) {
 			const int pk = k / nsh, sk = nsh > 1 ? (int)dmn_auto_shard(k % nsh) : 0;
 			const uint64_t hb = p->pb.auto_policy ? p->pb.host_by_policy[pk] : 0;
-			if (hb > pin_max)
+			if (hb > pin_max) {
+				fo_never = true;
 				continue; /* never: it waits with another plan */
+			}
 			plan_bytes = dmn_plan_of(&p->pb, sk, pk);
 			if (hb > pin_left) {
 				pin_later = true;
@@ -820,7 +829,9 @@ static enum place try_place(struct dmn_sched *s, const struct st_queued *q)
 	if (!gpu) {
 		if (!allow_cpu || (long)dmn_runners_count_cpu(s->run) >= s->cfg->cpu_slots) {
 			enum place w = gpu_ok ? wait_for_gpus(s, q, plan_bytes, ngpus, allow_cpu,
-							      p && p->pb.auto_policy,
+							      !(p && p->pb.auto_policy) ? 0
+							      : fo_never		? 2
+										: 1,
 							      shares ? &sh : NULL)
 					      : PLACE_WAIT;
 			rpc_jobspec_free(spec);

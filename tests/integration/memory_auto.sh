@@ -130,6 +130,12 @@ jo=$(submit deep-off --model "$deep" --recompute full-offload)
 check "full-offload with no pinned host memory to give fails" wait_for 30 job_is "$jo" FAILED
 expect_contains "naming the setting" "$(ctl logs "$jo")" \
 	"more than the 0.0 MiB that the pinned_host_max_mib setting lets all running jobs hold together"
+# an AUTO job too big for the GPU even with full's plan: full-offload, which
+# it may never use here, is not named its smallest
+jb=$(submit deep-big --model "$deep" --seq-len 1024)
+check "an AUTO job that fits no GPU fails" wait_for 30 job_is "$jb" FAILED
+expect_contains "naming full as its smallest usable plan" "$(ctl logs "$jb")" \
+	"with its smallest plan (memory.recompute AUTO tried none, selective and full; full-offload pins more host memory than pinned_host_max_mib allows)"
 stop_daemon
 
 # --- 4: with pinned host memory, full-offload in full's place ---
