@@ -264,10 +264,8 @@ static void print_auto_on_host(Traind__JobSpec *spec, FILE *out)
 		if (arc && lease <= avail &&
 		    tr_method_selective_layer_bytes(spec, &mc, &po, k, total[sh][k], &per, &eb) == TD_OK &&
 		    per) {
-			const uint64_t fit = (avail - lease) / per;
-			more = fit < (uint64_t)(mc.num_layers - po.selective_layers)
-				       ? (int)fit
-				       : mc.num_layers - po.selective_layers;
+			more = tr_method_selective_fit(avail - lease, per,
+						       mc.num_layers - po.selective_layers);
 			lease += (uint64_t)more * per;
 		}
 		/* FULL_OFFLOAD in FULL's place where the bytes FULL was granted
@@ -282,10 +280,8 @@ static void print_auto_on_host(Traind__JobSpec *spec, FILE *out)
 		    tr_method_selective_layer_bytes(spec, &mc, &po, fo, total[sh][fo], &per_fo, &eb) ==
 			    TD_OK &&
 		    per_fo) {
-			const uint64_t fit = (avail - lease_fo) / per_fo;
-			const int m = fit < (uint64_t)(mc.num_layers - po.selective_layers)
-					      ? (int)fit
-					      : mc.num_layers - po.selective_layers;
+			const int m = tr_method_selective_fit(avail - lease_fo, per_fo,
+							      mc.num_layers - po.selective_layers);
 			if (m > more) {
 				over = po.selective_layers + more;
 				k = fo;

@@ -226,6 +226,7 @@ static td_err checks(const Traind__JobSpec *s, struct dmn_plan_bytes *out, struc
 	/* AUTO: every policy's plan, for the scheduler to choose from where it
 	 * places the job (the method chose NONE here, AUTO's choice without a
 	 * bound). */
+	pb.num_layers = cfg.num_layers;
 	for (int k = 0; pb.auto_policy && k < TR_RECOMPUTE_COUNT; k++) {
 		po.recompute = (enum tr_recompute)k;
 		if ((e = tr_plan_build(&p, &cfg, &po, eb)) != TD_OK)
@@ -233,7 +234,6 @@ static td_err checks(const Traind__JobSpec *s, struct dmn_plan_bytes *out, struc
 		pb.by_policy[k] = tr_plan_total_bytes(&p);
 		pb.host_by_policy[k] = tr_plan_host_bytes(&p);
 		tr_plan_fini(&p);
-		pb.num_layers = cfg.num_layers;
 		if ((e = tr_method_selective_layer_bytes(s, &cfg, &po, k, pb.by_policy[k],
 							  &pb.sel_layer_bytes[k], eb)) != TD_OK)
 			return e;

@@ -157,8 +157,8 @@ static td_err most_selective(const Traind__JobSpec *spec, const struct tr_model_
 	td_err e = tr_method_selective_layer_bytes(spec, cfg, po, (int)po->recompute, base, &per, eb);
 	if (e != TD_OK || !per)
 		return e;
-	const uint64_t fit = (room - base) / per, most = (uint64_t)(cfg->num_layers - po->selective_layers);
-	po->selective_layers += (int)(fit < most ? fit : most);
+	po->selective_layers +=
+		tr_method_selective_fit(room - base, per, cfg->num_layers - po->selective_layers);
 	return TD_OK;
 }
 

@@ -57,6 +57,14 @@ td_err tr_method_selective_layer_bytes(const Traind__JobSpec *spec,
 				       const struct tr_plan_opts *po, int k, uint64_t base,
 				       uint64_t *per, struct td_errbuf *eb);
 
+/* How many more selective layers, each per bytes (from
+ * tr_method_selective_layer_bytes), spare bytes hold, up to the left ones. */
+static inline int tr_method_selective_fit(uint64_t spare, uint64_t per, int left)
+{
+	const uint64_t fit = per ? spare / per : 0;
+	return fit < (uint64_t)left ? (int)fit : left;
+}
+
 /* Prints the plans (the trained model's, the teacher's) and their sum. */
 td_err tr_method_print_plan(const Traind__JobSpec *spec, const struct tr_model_config *cfg, int B,
 			    int T, FILE *out, struct td_errbuf *eb);

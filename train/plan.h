@@ -271,10 +271,10 @@ static inline bool tr_recompute_full(enum tr_recompute r)
 
 /* Layer l's policy in a plan of policy r and selective_layers: SELECTIVE
  * for the first selective_layers layers under FULL or FULL_OFFLOAD, else
- * r. Which layers
- * does not change the bytes (each keeps the same) or the bits (every policy
- * gives NONE's); the first ones are those a two-layer model can recompute
- * (the last layer never is: its working set is still the forward's). */
+ * r. Which layers does not change the bytes (each keeps the same) or the
+ * bits (every policy gives NONE's); the first ones are those a two-layer
+ * model can recompute (the last layer never is: its working set is still
+ * the forward's). */
 static inline enum tr_recompute tr_layer_recompute(enum tr_recompute r, int selective_layers,
 						   int l)
 {
