@@ -208,6 +208,13 @@ struct tr_model {
 	/* layer_forward is running a layer's recompute (its adapters' u then
 	 * are the forward's: lora_input) */
 	bool recomputing;
+	/* The layer stages' graphs (staged): per stage of the plan, its
+	 * executable graph (gpu/backend.h: graph_end) and its calls so far
+	 * (-1: its recording failed, no graph again); NULL: none (the CPU
+	 * backend). graph_holds: ring_holds when a recording began. */
+	void **graph;
+	int *graph_calls;
+	int graph_holds[TR_COPY16_RING];
 	/* tr_model_fuse_head_backward: armed for the next forward (fuse_head),
 	 * and done by the last one (head_done, with its dloss). */
 	bool fuse_head, head_done;
@@ -709,6 +716,16 @@ static td_err model_new(struct tr_model **out, struct gpu_backend *be,
 	m->host_losses = malloc(N * sizeof(float));
 	m->host_kl = malloc(N * sizeof(float));
 	m->host_pool = malloc((size_t)opts->B * sizeof(int32_t));
+	if (be->ops->graph_begin && m->plan.nstages) { /* none without room: not an error */
+		m->graph = calloc(m->plan.nstages, sizeof(*m->graph));
+		m->graph_calls = calloc(m->plan.nstages, sizeof(*m->graph_calls));
+		if (!m->graph || !m->graph_calls) {
+			free(m->graph);
+			free(m->graph_calls);
+			m->graph = NULL;
+			m->graph_calls = NULL;
+		}
+	}
 	const size_t ES = m->plan.emb_slots;
 	if (ES) {
 		m->slot_of = malloc((size_t)m->plan.cfg.vocab_size * sizeof(int32_t));
@@ -788,6 +805,10 @@ void tr_model_free(struct tr_model *m)
 	if (!m)
 		return;
 	free(m->zr);
+	for (size_t i = 0; m->graph && i < m->plan.nstages; i++)
+		gpu_graph_free(m->be, m->graph[i]);
+	free(m->graph);
+	free(m->graph_calls);
 	if (m->gemm_bf16 && m->be->gemm_scratch == m->gemm_bf16) {
 		m->be->gemm_scratch = NULL;
 		m->be->gemm_scratch_bytes = 0;
@@ -1669,6 +1690,46 @@ static void head_forward(struct tr_model *m, const struct tr_stage *s, const str
 	}
 }
 
+/* A layer stage through a graph (STAGED): from its third call — the first
+ * two run as they come, since a product's algorithm is timed at its first
+ * calls, which a recording cannot do (gpu/cuda/cuda_ops.c: lt_tune) —
+ * stage i's ops are recorded and launched as one graph, each call's own
+ * recording (gpu/backend.h: graph_end), so a graph never runs what this
+ * call would not. A layer stage's ops only read and write device memory
+ * on the stream: no copy, upload, wait or sync. Where a recording fails,
+ * the host state it changed (the bf16 ring's holds) is put back and the
+ * ops run again without one; that stage is not recorded again. */
+static bool stage_record(struct tr_model *m, size_t i)
+{
+	if (!m->graph || m->graph_calls[i] < 0)
+		return false;
+	if (m->graph_calls[i] < 2) {
+		m->graph_calls[i]++;
+		return false;
+	}
+	memcpy(m->graph_holds, m->ring_holds, sizeof(m->ring_holds));
+	return gpu_graph_begin(m->be);
+}
+
+static bool stage_launch(struct tr_model *m, size_t i)
+{
+	if (gpu_graph_end(m->be, &m->graph[i]))
+		return true;
+	memcpy(m->ring_holds, m->graph_holds, sizeof(m->ring_holds));
+	m->graph_calls[i] = -1;
+	return false;
+}
+
+#define STAGED(m, i, call)                                    \
+	do {                                                  \
+		if (stage_record(m, i)) {                     \
+			call;                                 \
+			if (stage_launch(m, i))               \
+				break;                        \
+		}                                             \
+		call;                                         \
+	} while (0)
+
 /* The plan's forward stages over inputs already on the device. */
 static void forward_walk(struct tr_model *m, const struct head_args *h)
 {
@@ -1699,7 +1760,7 @@ static void forward_walk(struct tr_model *m, const struct head_args *h)
 		case TR_STAGE_LAYER:
 			ring_claim(m, s->layer + 1);
 			att_claim(m, s->layer);
-			layer_forward(m, s->layer, false);
+			STAGED(m, i, layer_forward(m, s->layer, false));
 			break;
 		case TR_STAGE_OFFLOAD:
 			gpu_copy_to_host(be, m->res_host[s->layer], m->res[s->layer], res_bytes(m),
@@ -2294,7 +2355,7 @@ void tr_model_backward(struct tr_model *m, float dloss)
 			if (m->res_host) /* res[l] copied back (TR_STAGE_PREFETCH) */
 				gpu_copy_wait(be, ring_slot(s->layer));
 			att_claim(m, s->layer); /* and its attention's output */
-			layer_forward(m, s->layer, true);
+			STAGED(m, i, layer_forward(m, s->layer, true));
 			break;
 		case TR_STAGE_PREFETCH:
 			gpu_copy_to_device(be, m->res[s->layer], m->res_host[s->layer], res_bytes(m),
@@ -2305,10 +2366,10 @@ void tr_model_backward(struct tr_model *m, float dloss)
 					   m->att_span, att_copy(s->layer));
 			break;
 		case TR_STAGE_LAYER_BACKWARD_MLP:
-			layer_backward_mlp(m, s->layer);
+			STAGED(m, i, layer_backward_mlp(m, s->layer));
 			break;
 		case TR_STAGE_LAYER_BACKWARD:
-			layer_backward(m, s->layer);
+			STAGED(m, i, layer_backward(m, s->layer));
 			break;
 		case TR_STAGE_EMBED_BACKWARD:
 			embed_backward(m);

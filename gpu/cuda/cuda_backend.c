@@ -98,9 +98,22 @@ static void fault_wait(struct cu_backend *cb)
 		nanosleep(&(struct timespec){.tv_nsec = 10 * 1000 * 1000}, NULL);
 }
 
+/* A failure while the stream is recorded is the recording's (graph_end
+ * then drops it and the ops run again), unless it lost the context. */
+static bool capture_failed(struct cu_backend *cb, CUresult r, const char *what)
+{
+	if (!cb->capturing || cu_sticky(r))
+		return false;
+	if (cb->capture_error == CUDA_SUCCESS) {
+		cb->capture_error = r;
+		snprintf(cb->capture_error_where, sizeof(cb->capture_error_where), "%s", what);
+	}
+	return true;
+}
+
 void cu_check(struct cu_backend *cb, CUresult r, const char *what)
 {
-	if (r == CUDA_SUCCESS || cb->first_error != CUDA_SUCCESS)
+	if (r == CUDA_SUCCESS || cb->first_error != CUDA_SUCCESS || capture_failed(cb, r, what))
 		return;
 	cb->first_error = r;
 	snprintf(cb->first_error_where, sizeof(cb->first_error_where), "%s", what);
@@ -108,7 +121,8 @@ void cu_check(struct cu_backend *cb, CUresult r, const char *what)
 
 void cu_check_blas(struct cu_backend *cb, cublasStatus_t s, const char *what)
 {
-	if (s == CUBLAS_STATUS_SUCCESS || cb->first_error != CUDA_SUCCESS)
+	if (s == CUBLAS_STATUS_SUCCESS || cb->first_error != CUDA_SUCCESS ||
+	    capture_failed(cb, CUDA_ERROR_UNKNOWN, what))
 		return;
 	/* cuBLAS failures map onto a driver-style sticky error with the cuBLAS name. */
 	cb->first_error = CUDA_ERROR_UNKNOWN;
@@ -688,6 +702,69 @@ static td_err load_kernels(struct cu_backend *cb, struct td_errbuf *eb)
 
 /* --- creation --- */
 
+/* --- graphs --- */
+
+static bool cuda_graph_begin(struct gpu_backend *be)
+{
+	struct cu_backend *cb = cu_of(be);
+	/* not under a profile, a trace or the fault hook, which count and time
+	 * each op as it is enqueued */
+	if (!cb->graphs || cb->capturing || be->trace || cb->prof || cb->fault_after ||
+	    cb->first_error != CUDA_SUCCESS)
+		return false;
+	/* THREAD_LOCAL: the other jobs' threads on this context go on as they
+	 * were; only this thread may not block while it records */
+	if (cb->drv.cuStreamBeginCapture(cb->stream, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL) !=
+	    CUDA_SUCCESS)
+		return false;
+	cb->capturing = true;
+	cb->capture_error = CUDA_SUCCESS;
+	cb->capture_error_where[0] = '\0';
+	return true;
+}
+
+static bool cuda_graph_end(struct gpu_backend *be, void **exec)
+{
+	struct cu_backend *cb = cu_of(be);
+	CUgraph g = NULL;
+	CUresult r = cb->drv.cuStreamEndCapture(cb->stream, &g);
+	cb->capturing = false;
+	if (r != CUDA_SUCCESS && cb->capture_error == CUDA_SUCCESS) {
+		cb->capture_error = r;
+		snprintf(cb->capture_error_where, sizeof(cb->capture_error_where),
+			 "cuStreamEndCapture");
+	}
+	CUgraphExec x = *exec;
+	if (cb->capture_error == CUDA_SUCCESS && g) {
+		/* the exec takes this recording's nodes and arguments where the
+		 * two have the same shape; else it is made anew */
+		CUgraphExecUpdateResultInfo info;
+		if (x && cb->drv.cuGraphExecUpdate(x, g, &info) != CUDA_SUCCESS) {
+			cb->drv.cuGraphExecDestroy(x);
+			x = NULL;
+		}
+		if (!x && (r = cb->drv.cuGraphInstantiateWithFlags(&x, g, 0)) != CUDA_SUCCESS) {
+			x = NULL;
+			cb->capture_error = r;
+			snprintf(cb->capture_error_where, sizeof(cb->capture_error_where),
+				 "cuGraphInstantiate");
+		}
+	}
+	if (g)
+		cb->drv.cuGraphDestroy(g);
+	*exec = x;
+	if (cb->capture_error != CUDA_SUCCESS || !x)
+		return false;
+	cu_check(cb, cb->drv.cuGraphLaunch(x, cb->stream), "cuGraphLaunch");
+	be->graph_launches++;
+	return true;
+}
+
+static void cuda_graph_free(struct gpu_backend *be, void *exec)
+{
+	cu_of(be)->drv.cuGraphExecDestroy((CUgraphExec)exec);
+}
+
 static struct gpu_backend_ops cuda_ops = {
 	.name = "cuda",
 	.alloc = cuda_alloc,
@@ -706,6 +783,9 @@ static struct gpu_backend_ops cuda_ops = {
 	.host_free = cuda_host_free,
 	.copy_async = cuda_copy_async,
 	.copy_wait = cuda_copy_wait,
+	.graph_begin = cuda_graph_begin,
+	.graph_end = cuda_graph_end,
+	.graph_free = cuda_graph_free,
 };
 
 td_err cu_open_driver(struct cu_driver *d, struct td_errbuf *eb)
@@ -770,6 +850,13 @@ static td_err backend_new(struct gpu_backend **out, int ordinal, const char *cac
 		e = td_fail(eb, TD_EINVAL, "module cache directory: path too long: %.64s...", cache_dir);
 	if (e == TD_OK)
 		e = cu_open_driver(&cb->drv, eb);
+	/* graphs where the driver records streams; TD_CUDA_NO_GRAPHS=1: every
+	 * op launched as it comes (an A/B in one process, and a way back) */
+	const char *no_graphs = getenv("TD_CUDA_NO_GRAPHS");
+	cb->graphs = e == TD_OK && cb->drv.cuStreamBeginCapture && cb->drv.cuStreamEndCapture &&
+		     cb->drv.cuGraphInstantiateWithFlags && cb->drv.cuGraphExecUpdate &&
+		     cb->drv.cuGraphLaunch && cb->drv.cuGraphDestroy && cb->drv.cuGraphExecDestroy &&
+		     !(no_graphs && *no_graphs && strcmp(no_graphs, "0"));
 	CUresult r = CUDA_SUCCESS;
 	int count = 0;
 	const char *env = getenv("TD_CUDA_DEVICE");

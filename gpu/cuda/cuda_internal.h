@@ -54,11 +54,15 @@ enum cu_kernel {
 
 /* Optional entry points (NULL where the driver lacks them): the virtual
  * memory management API, which a shared base (gpu/backend.h: share_alloc)
- * is allocated through so that it can be made read-only. */
+ * is allocated through so that it can be made read-only; stream capture
+ * and graphs (gpu/backend.h: graph_begin). */
 #define CU_DRIVER_OPT_LIST(X)                                                 \
 	X(cuMemCreate) X(cuMemRelease) X(cuMemAddressReserve)                 \
 	X(cuMemAddressFree) X(cuMemMap) X(cuMemUnmap) X(cuMemSetAccess)       \
-	X(cuMemGetAllocationGranularity)
+	X(cuMemGetAllocationGranularity)                                      \
+	X(cuStreamBeginCapture) X(cuStreamEndCapture)                         \
+	X(cuGraphInstantiateWithFlags) X(cuGraphExecUpdate) X(cuGraphLaunch)  \
+	X(cuGraphDestroy) X(cuGraphExecDestroy)
 
 struct cu_driver {
 	void *lib;
@@ -130,6 +134,14 @@ struct cu_backend {
 	/* The first error of an asynchronous op: sticky until reported by sync. */
 	CUresult first_error;
 	char first_error_where[128];
+	/* Graphs (gpu/backend.h: graph_begin): the driver has them and
+	 * TD_CUDA_NO_GRAPHS is not set; capturing: the stream is being
+	 * recorded, and capture_error is the first failure while it was (the
+	 * recording's, not the stream's: the ops run again without a graph);
+	 * no blocking op (lt_tune) runs then. */
+	bool graphs, capturing;
+	CUresult capture_error;
+	char capture_error_where[128];
 	int64_t compiles, compiles_after_seal;
 	/* Tier 2 of the module cache (gpu/cuda/modcache.h): its directory, ""
 	 * for none (every PTX load compiles), and what it did at creation. */

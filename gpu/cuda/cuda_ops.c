@@ -469,7 +469,7 @@ static void lt_tune(struct cu_backend *cb, struct cu_lt_plan *lp, const char *wh
 static void lt_epilogue_call(struct cu_backend *cb, struct cu_lt_plan *lp, const char *what,
 			     const uint16_t *A, const uint16_t *B, float beta, const void *C, void *D)
 {
-	if (cb->gemm_tune && !lp->tuned)
+	if (cb->gemm_tune && !lp->tuned && !cb->capturing) /* a recording cannot block */
 		lt_tune(cb, lp, what, 1.0f, A, B, beta, C, D);
 	else
 		cu_check_blas(cb, lt_run(cb, lp, cb->gemm_tune ? lp->chosen : 0, 1.0f, A, B, beta, C, D),
@@ -490,7 +490,7 @@ static void gemm16_(struct cu_backend *cb, const char *what, cublasOperation_t t
 			? lt_plan(cb, ta, tb, m, n, k, lda, ldb, ldc, !C, false,
 				  common_align(A, B, D, D))
 			: NULL;
-	if (lp && !lp->tuned && beta == 0.0f) {
+	if (lp && !lp->tuned && beta == 0.0f && !cb->capturing) { /* a recording cannot block */
 		lt_tune(cb, lp, what, alpha, A, B, beta, D, D);
 		return;
 	}

@@ -173,6 +173,7 @@ struct rank_run {
 	double ph[5];           /* forward, backward, sum (ranks), clip, adamw: seconds */
 	double bwd_host;        /* the backward's calls on the host, before its sync */
 	size_t plan_bytes, host_bytes, fixed_bytes, used_bytes;
+	int64_t graph_launches; /* the layer stages launched as graphs (gpu/backend.h) */
 	size_t numel_params, numel_trainable;
 	char backend[16], device[128], comm[32];
 	struct tr_ddp_stats st;
@@ -345,6 +346,7 @@ static td_err bench_rank(struct rank_run *rr)
 	rr->plan_bytes = tr_plan_total_bytes(p);
 	rr->host_bytes = tr_plan_host_bytes(p);
 	rr->fixed_bytes = be->fixed_bytes;
+	rr->graph_launches = be->graph_launches;
 	rr->used_bytes = be->fixed_bytes + (strcmp(b->backend, "cpu") ? free0 - free_min : be->bytes_peak);
 	rr->numel_params = p->numel_params;
 	rr->numel_trainable = p->numel_trainable;
@@ -522,7 +524,8 @@ int main(int argc, char **argv)
 		       (double)r0->st.at_finish / (double)(r0->st.steps ? r0->st.steps : 1),
 		       (double)r0->st.floats / 1e6 / (double)(r0->st.steps ? r0->st.steps : 1),
 		       (double)r0->st.rows / 1e6 / (double)(r0->st.steps ? r0->st.steps : 1));
-	printf("\"loss\": %.4f, \"loss_exact\": %.17g}\n", r0->loss, r0->loss);
+	printf("\"graph_launches\": %lld, \"loss\": %.4f, \"loss_exact\": %.17g}\n",
+	       (long long)r0->graph_launches, r0->loss, r0->loss);
 	if (b.phases)
 		fprintf(stderr, "phases (ms/step, rank 0): forward+loss %.1f  backward %.1f (host %.1f)  "
 			"sum %.1f  clip %.1f  adamw %.1f\n",

@@ -10,6 +10,11 @@
 # 128; this test is what catches an ordering bug there (one such, a dQ
 # kernel reading d(y) while another block wrote the q, k, v gradients'
 # operand over it, changed the 8B shapes' loss from run to run).
+# The layer stages run as CUDA graphs from their third call (train/model.c:
+# STAGED), so five steps take graphs in three forwards and backwards: a
+# third run with TD_CUDA_NO_GRAPHS=1 (every op launched as it comes) must
+# give the same bits too, and the first must have launched graphs
+# ("graph_launches" > 0; a shape with recompute and offload among them).
 # usage: determinism.sh BENCH_TRAIN. Skipped (77) without a GPU.
 set -u
 bt=$1
@@ -17,21 +22,32 @@ fails=0
 n=0
 for args in "--shape qwen2-0.5b --batch 2 --seq 1024 --precision bf16" \
 	"--shape llama3-8b-4l --batch 1 --seq 2048 --precision bf16 --clip 0" \
-	"--shape llama3-8b-4l --batch 1 --seq 2048 --lora-rank 16 --lora-targets all --precision bf16 --clip 0"; do
-	a=$("$bt" --backend cuda $args --steps 3 --warm 0 2>"${TMPDIR:-/tmp}/det.err")
+	"--shape llama3-8b-4l --batch 1 --seq 2048 --lora-rank 16 --lora-targets all --precision bf16 --clip 0" \
+	"--shape qwen2-0.5b --batch 2 --seq 1024 --lora-rank 16 --lora-targets all --precision bf16 --recompute full-offload --selective-layers 3"; do
+	a=$("$bt" --backend cuda $args --steps 5 --warm 0 2>"${TMPDIR:-/tmp}/det.err")
 	rc=$?
 	if [ $rc != 0 ] && grep -q 'no NVIDIA driver\|no CUDA device\|no CUDA GPU\|CUDA module' "${TMPDIR:-/tmp}/det.err"; then
 		echo "SKIP: no GPU ($(head -n 1 "${TMPDIR:-/tmp}/det.err"))"
 		exit 77
 	fi
-	b=$("$bt" --backend cuda $args --steps 3 --warm 0 2>/dev/null)
+	b=$("$bt" --backend cuda $args --steps 5 --warm 0 2>/dev/null)
+	c=$(TD_CUDA_NO_GRAPHS=1 "$bt" --backend cuda $args --steps 5 --warm 0 2>/dev/null)
 	la=$(printf '%s\n' "$a" | grep -o '"loss_exact": [^,}]*')
 	lb=$(printf '%s\n' "$b" | grep -o '"loss_exact": [^,}]*')
-	n=$((n + 1))
+	lc=$(printf '%s\n' "$c" | grep -o '"loss_exact": [^,}]*')
+	ga=$(printf '%s\n' "$a" | grep -o '"graph_launches": [0-9]*' | grep -o '[0-9]*$')
+	gc=$(printf '%s\n' "$c" | grep -o '"graph_launches": [0-9]*' | grep -o '[0-9]*$')
+	n=$((n + 2))
 	if [ -n "$la" ] && [ "$la" = "$lb" ]; then
 		echo "ok: $args: the same loss twice ($la)"
 	else
 		echo "FAIL: $args: '$la' then '$lb'"
+		fails=$((fails + 1))
+	fi
+	if [ -n "$la" ] && [ "$la" = "$lc" ] && [ "${ga:-0}" -gt 0 ] && [ "${gc:-1}" = 0 ]; then
+		echo "ok: $args: the same loss with $ga graph launches and without graphs"
+	else
+		echo "FAIL: $args: graphs ($ga launches) '$la', without ($gc) '$lc'"
 		fails=$((fails + 1))
 	fi
 done
