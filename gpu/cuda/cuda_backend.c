@@ -700,8 +700,6 @@ static td_err load_kernels(struct cu_backend *cb, struct td_errbuf *eb)
 	return TD_OK;
 }
 
-/* --- creation --- */
-
 /* --- graphs --- */
 
 static bool cuda_graph_begin(struct gpu_backend *be)
@@ -753,8 +751,20 @@ static bool cuda_graph_end(struct gpu_backend *be, void **exec)
 	if (g)
 		cb->drv.cuGraphDestroy(g);
 	*exec = x;
-	if (cb->capture_error != CUDA_SUCCESS || !x)
+	if (cb->capture_error != CUDA_SUCCESS || !x) {
+		/* once a backend: the caller runs those ops without a graph from
+		 * now on, which is slower, not wrong */
+		if (!cb->capture_told) {
+			const char *name = "?";
+			if (cb->drv.cuGetErrorName)
+				cb->drv.cuGetErrorName(cb->capture_error, &name);
+			fprintf(stderr, "traind: CUDA graphs: recording ops failed at %s (%s); they "
+					"run without a graph\n",
+				cb->capture_error_where, name);
+			cb->capture_told = true;
+		}
 		return false;
+	}
 	cu_check(cb, cb->drv.cuGraphLaunch(x, cb->stream), "cuGraphLaunch");
 	be->graph_launches++;
 	return true;
@@ -764,6 +774,8 @@ static void cuda_graph_free(struct gpu_backend *be, void *exec)
 {
 	cu_of(be)->drv.cuGraphExecDestroy((CUgraphExec)exec);
 }
+
+/* --- creation --- */
 
 static struct gpu_backend_ops cuda_ops = {
 	.name = "cuda",

@@ -142,6 +142,7 @@ struct cu_backend {
 	bool graphs, capturing;
 	CUresult capture_error;
 	char capture_error_where[128];
+	bool capture_told; /* a failed recording logged (once a backend) */
 	int64_t compiles, compiles_after_seal;
 	/* Tier 2 of the module cache (gpu/cuda/modcache.h): its directory, ""
 	 * for none (every PTX load compiles), and what it did at creation. */
