@@ -3,7 +3,7 @@
 # PyTorch peer, in one call. Expects .gpu-run/ (binaries and the CUDA module)
 # and .gpu-libs/lib (bundle-libs.sh) in the repo root: tests/gpu/bundle.sh
 # makes them.
-# usage: tests/gpu/device-run.sh [tests|bench|faults|memory|big32|ddp|profile|preempt|share|attn|overlap|wgmma|gemm|splitk|all]
+# usage: tests/gpu/device-run.sh [tests|bench|faults|memory|big32|ddp|profile|preempt|share|attn|overlap|wgmma|gemm|splitk|graphs|all]
 # bench: the tokenizer, then Qwen2-0.5B (fp32, bf16, LoRA q,v) and the
 # Llama-3-8B shapes' 4 layers (full, LoRA all seven; BENCH_8B=0 skips them)
 # beside peer_hf.py and peer_big.py, ending with the README's table
@@ -191,6 +191,14 @@ if [ "$what" = gemm ]; then
 		done
 	done
 	exit $status
+fi
+if [ "$what" = graphs ]; then
+	# What CUDA graphs save against launches on a stream, the way the
+	# layer stages record them (tests/bench/graph_probe.cu, compiled here):
+	# JSON lines.
+	nvcc -O2 -std=c++17 -arch=native tests/bench/graph_probe.cu -o "$out/graph_probe" || exit 1
+	"$out/graph_probe" | tee "$out/graphs.jsonl"
+	exit $?
 fi
 if [ "$what" = splitk ]; then
 	# Whether splitting k helps the small weight-gradient products
