@@ -1,5 +1,6 @@
-/* The CUDA probes' checks (tests/bench/gemm_tune.cu, splitk_probe.cu): a
- * runtime or cuBLAS call that fails prints where and exits 2. */
+/* The CUDA probes' checks (tests/bench/gemm_tune.cu, splitk_probe.cu,
+ * graph_probe.cu): a runtime or cuBLAS call that fails prints where and
+ * exits 2. */
 #ifndef TD_BENCH_CUBLAS_CHECK_H
 #define TD_BENCH_CUBLAS_CHECK_H
 #include <cublas_v2.h>

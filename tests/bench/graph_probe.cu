@@ -9,19 +9,8 @@
 // Built by meson where nvcc is; tests/gpu/device-run.sh graphs compiles and
 // runs it on the device.
 #include <chrono>
-#include <cstdio>
-#include <cstdlib>
-#include <cuda_runtime.h>
 
-#define CHECK(x)                                                                        \
-	do {                                                                            \
-		cudaError_t e_ = (x);                                                   \
-		if (e_ != cudaSuccess) {                                                \
-			fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x,      \
-				cudaGetErrorString(e_));                                \
-			exit(1);                                                        \
-		}                                                                       \
-	} while (0)
+#include "cublas_check.h"
 
 // iters dependent multiply-adds a thread: the kernel's length
 __global__ void spin(float *x, int n, int iters)
@@ -46,65 +35,65 @@ int main()
 {
 	enum { TOTAL = 960, MAXSEG = TOTAL / 12 };
 	int sms = 0;
-	CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+	CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
 	const int n = sms * 4 * 256 * 8, blocks = (n + 255) / 256;
 	float *x;
-	CHECK(cudaMalloc(&x, n * sizeof(float)));
-	CHECK(cudaMemset(x, 0, n * sizeof(float)));
+	CK(cudaMalloc(&x, n * sizeof(float)));
+	CK(cudaMemset(x, 0, n * sizeof(float)));
 	cudaStream_t s;
-	CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+	CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
 	cudaEvent_t a, b;
-	CHECK(cudaEventCreate(&a));
-	CHECK(cudaEventCreate(&b));
+	CK(cudaEventCreate(&a));
+	CK(cudaEventCreate(&b));
 	for (int iters : {50, 200, 800}) {
 		// warm, then the stream alone
 		for (int k = 0; k < TOTAL; k++)
 			spin<<<blocks, 256, 0, s>>>(x, n, iters);
-		CHECK(cudaStreamSynchronize(s));
+		CK(cudaStreamSynchronize(s));
 		double h0 = now_us();
-		CHECK(cudaEventRecord(a, s));
+		CK(cudaEventRecord(a, s));
 		for (int k = 0; k < TOTAL; k++)
 			spin<<<blocks, 256, 0, s>>>(x, n, iters);
-		CHECK(cudaEventRecord(b, s));
+		CK(cudaEventRecord(b, s));
 		const double host_stream = now_us() - h0;
-		CHECK(cudaEventSynchronize(b));
+		CK(cudaEventSynchronize(b));
 		float ms_stream;
-		CHECK(cudaEventElapsedTime(&ms_stream, a, b));
+		CK(cudaEventElapsedTime(&ms_stream, a, b));
 		for (int seg : {12, 24, 48}) {
 			cudaGraphExec_t ex[MAXSEG] = {};
 			float ms_rec = 0;
 			double host_rec = 0;
 			for (int rep = 0; rep < 3; rep++) { // the last of three: execs made
 				h0 = now_us();
-				CHECK(cudaEventRecord(a, s));
+				CK(cudaEventRecord(a, s));
 				for (int g = 0; g < TOTAL / seg; g++) {
 					cudaGraph_t gr;
-					CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+					CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
 					for (int k = 0; k < seg; k++)
 						spin<<<blocks, 256, 0, s>>>(x, n, iters);
-					CHECK(cudaStreamEndCapture(s, &gr));
+					CK(cudaStreamEndCapture(s, &gr));
 					cudaGraphExecUpdateResultInfo info;
 					if (ex[g] && cudaGraphExecUpdate(ex[g], gr, &info) != cudaSuccess) {
 						fprintf(stderr, "graph_probe: cuGraphExecUpdate failed\n");
 						return 1;
 					}
 					if (!ex[g])
-						CHECK(cudaGraphInstantiate(&ex[g], gr, 0));
-					CHECK(cudaGraphDestroy(gr));
-					CHECK(cudaGraphLaunch(ex[g], s));
+						CK(cudaGraphInstantiate(&ex[g], gr, 0));
+					CK(cudaGraphDestroy(gr));
+					CK(cudaGraphLaunch(ex[g], s));
 				}
-				CHECK(cudaEventRecord(b, s));
+				CK(cudaEventRecord(b, s));
 				host_rec = now_us() - h0;
-				CHECK(cudaEventSynchronize(b));
-				CHECK(cudaEventElapsedTime(&ms_rec, a, b));
+				CK(cudaEventSynchronize(b));
+				CK(cudaEventElapsedTime(&ms_rec, a, b));
 			}
-			CHECK(cudaEventRecord(a, s));
+			CK(cudaEventRecord(a, s));
 			for (int g = 0; g < TOTAL / seg; g++)
-				CHECK(cudaGraphLaunch(ex[g], s));
-			CHECK(cudaEventRecord(b, s));
-			CHECK(cudaEventSynchronize(b));
+				CK(cudaGraphLaunch(ex[g], s));
+			CK(cudaEventRecord(b, s));
+			CK(cudaEventSynchronize(b));
 			float ms_replay;
-			CHECK(cudaEventElapsedTime(&ms_replay, a, b));
+			CK(cudaEventElapsedTime(&ms_replay, a, b));
 			printf("{\"iters\": %d, \"segment\": %d, \"kernels\": %d, \"us_a_kernel_stream\": %.3f, "
 			       "\"us_a_kernel_recorded\": %.3f, \"us_a_kernel_replayed\": %.3f, "
 			       "\"us_saved_recorded\": %.3f, \"host_us_stream\": %.0f, \"host_us_recorded\": %.0f}\n",
@@ -113,9 +102,9 @@ int main()
 			       host_rec);
 			for (int g = 0; g < MAXSEG; g++)
 				if (ex[g])
-					CHECK(cudaGraphExecDestroy(ex[g]));
+					CK(cudaGraphExecDestroy(ex[g]));
 		}
 	}
-	CHECK(cudaFree(x));
+	CK(cudaFree(x));
 	return 0;
 }
