@@ -1110,10 +1110,17 @@ out:
 		res->compiles = j.be->compiles;
 		res->compiles_after_seal = j.be->compiles_after_seal;
 		res->cache = j.be->cache_entry;
-		if (log)
-			fprintf(log, "backend %s (%s): %lld kernel compiles, %lld after seal; first step %.2fs after start\n",
+		if (log) {
+			fprintf(log, "backend %s (%s): %lld kernel compiles, %lld after seal; first step %.2fs after start",
 				j.be->ops->name, j.be->device, (long long)res->compiles,
 				(long long)res->compiles_after_seal, res->first_step_s);
+			/* where the backend records graphs: how many layer stages ran as
+			 * one (train/model.c: STAGED) */
+			if (j.be->ops->graph_begin)
+				fprintf(log, "; %lld layer stages launched as graphs",
+					(long long)j.be->graph_launches);
+			fputc('\n', log);
+		}
 	}
 	close_job(&j);
 	return e;
