@@ -210,12 +210,14 @@ struct tr_model {
 	bool recomputing;
 	/* backwards run to their end (adapters_first) */
 	int64_t steps_done;
-	/* The layer stages' graphs (staged): per stage of the plan, its
+	/* The layer stages' graphs (STAGED): per stage of the plan, its
 	 * executable graph (gpu/backend.h: graph_end) and its calls so far
 	 * (-1: its recording failed, no graph again); NULL: none (the CPU
 	 * backend). graph_holds: ring_holds when a recording began. */
-	void **graph;
-	int *graph_calls;
+	struct stage_graph {
+		void *exec;
+		int calls;
+	} *graph;
 	int graph_holds[TR_COPY16_RING];
 	/* tr_model_fuse_head_backward: armed for the next forward (fuse_head),
 	 * and done by the last one (head_done, with its dloss). */
@@ -718,16 +720,8 @@ static td_err model_new(struct tr_model **out, struct gpu_backend *be,
 	m->host_losses = malloc(N * sizeof(float));
 	m->host_kl = malloc(N * sizeof(float));
 	m->host_pool = malloc((size_t)opts->B * sizeof(int32_t));
-	if (be->ops->graph_begin && m->plan.nstages) { /* none without room: not an error */
+	if (be->ops->graph_begin && m->plan.nstages) /* NULL without room: no graphs, not an error */
 		m->graph = calloc(m->plan.nstages, sizeof(*m->graph));
-		m->graph_calls = calloc(m->plan.nstages, sizeof(*m->graph_calls));
-		if (!m->graph || !m->graph_calls) {
-			free(m->graph);
-			free(m->graph_calls);
-			m->graph = NULL;
-			m->graph_calls = NULL;
-		}
-	}
 	const size_t ES = m->plan.emb_slots;
 	if (ES) {
 		m->slot_of = malloc((size_t)m->plan.cfg.vocab_size * sizeof(int32_t));
@@ -808,9 +802,8 @@ void tr_model_free(struct tr_model *m)
 		return;
 	free(m->zr);
 	for (size_t i = 0; m->graph && i < m->plan.nstages; i++)
-		gpu_graph_free(m->be, m->graph[i]);
+		gpu_graph_free(m->be, m->graph[i].exec);
 	free(m->graph);
-	free(m->graph_calls);
 	if (m->gemm_bf16 && m->be->gemm_scratch == m->gemm_bf16) {
 		m->be->gemm_scratch = NULL;
 		m->be->gemm_scratch_bytes = 0;
@@ -1315,12 +1308,9 @@ static void linear_backward_rows(struct tr_model *m, int l, int k, float *dinp,
 				 const gpu_bf16 *dout16, const float *inp, const gpu_bf16 *inp16, int n,
 				 bool first, int slot);
 
-static void adapter_backward(struct tr_model *m, int l, int k, float *dinp, const float *dout,
-			     const gpu_bf16 *dout16, size_t ld16, const float *inp,
-			     const gpu_bf16 *inp16, int slot);
-static void adapter_backward_(struct tr_model *m, int l, int k, float *dinp, bool set,
-			      const float *dout, const gpu_bf16 *dout16, size_t ld16,
-			      const float *inp, const gpu_bf16 *inp16, int slot);
+static void adapter_backward(struct tr_model *m, int l, int k, float *dinp, bool set,
+			     const float *dout, const gpu_bf16 *dout16, size_t ld16,
+			     const float *inp, const gpu_bf16 *inp16, int slot);
 
 static void linear_backward(struct tr_model *m, int l, int k, float *dinp, bool set,
 			    const float *dout, const gpu_bf16 *dout16, const float *inp,
@@ -1363,12 +1353,12 @@ static void linear_backward_rows(struct tr_model *m, int l, int k, float *dinp,
 	const bool first_ad = L->lora && slot < 0 && adapters_first(m) && !m->dropout_used &&
 			      dinp && !dinp16;
 	if (first_ad)
-		adapter_backward_(m, l, k, dinp, set, dout, dout16, 0, inp, inp16, slot);
+		adapter_backward(m, l, k, dinp, set, dout, dout16, 0, inp, inp16, slot);
 	gpu_matmul_backward(be, dinp, dinp16, L->dw, L->db, dout, dout16, inp, inp16, w.f, w.h, n,
 			    L->in, L->out,
 			    (set && !first_ad ? GPU_SET_DINP : 0u) | (dw_set ? GPU_SET_DWEIGHT : 0u));
 	if (!first_ad)
-		adapter_backward(m, l, k, dinp, dout, dout16, 0, inp, inp16, slot);
+		adapter_backward(m, l, k, dinp, false, dout, dout16, 0, inp, inp16, slot);
 }
 
 /* Projection k's adapter's part of linear_backward_rows (nothing without
@@ -1376,17 +1366,9 @@ static void linear_backward_rows(struct tr_model *m, int l, int k, float *dinp,
  * added (slot -1) or left in the slot for the caller. Whole rows. ld16 > 0:
  * dout is dout16 alone, its rows ld16 values apart (matmul_backward_ld16:
  * the q, k, v gradients' rows that the attention's backward rounded). */
-static void adapter_backward(struct tr_model *m, int l, int k, float *dinp, const float *dout,
-			     const gpu_bf16 *dout16, size_t ld16, const float *inp,
-			     const gpu_bf16 *inp16, int slot)
-{
-	adapter_backward_(m, l, k, dinp, false, dout, dout16, ld16, inp, inp16, slot);
-}
-
-/* ... set: its share written into dinp, not added (no dropout) */
-static void adapter_backward_(struct tr_model *m, int l, int k, float *dinp, bool set,
-			      const float *dout, const gpu_bf16 *dout16, size_t ld16,
-			      const float *inp, const gpu_bf16 *inp16, int slot)
+static void adapter_backward(struct tr_model *m, int l, int k, float *dinp, bool set,
+			     const float *dout, const gpu_bf16 *dout16, size_t ld16,
+			     const float *inp, const gpu_bf16 *inp16, int slot)
 {
 	struct gpu_backend *be = m->be;
 	const struct lin *L = &m->lin[l][k];
@@ -1742,10 +1724,10 @@ static void head_forward(struct tr_model *m, const struct tr_stage *s, const str
  * ops run again without one; that stage is not recorded again. */
 static bool stage_record(struct tr_model *m, size_t i)
 {
-	if (!m->graph || m->graph_calls[i] < 0)
+	if (!m->graph || m->graph[i].calls < 0)
 		return false;
-	if (m->graph_calls[i] < 2) {
-		m->graph_calls[i]++;
+	if (m->graph[i].calls < 2) {
+		m->graph[i].calls++;
 		return false;
 	}
 	memcpy(m->graph_holds, m->ring_holds, sizeof(m->ring_holds));
@@ -1754,10 +1736,10 @@ static bool stage_record(struct tr_model *m, size_t i)
 
 static bool stage_launch(struct tr_model *m, size_t i)
 {
-	if (gpu_graph_end(m->be, &m->graph[i]))
+	if (gpu_graph_end(m->be, &m->graph[i].exec))
 		return true;
 	memcpy(m->ring_holds, m->graph_holds, sizeof(m->ring_holds));
-	m->graph_calls[i] = -1;
+	m->graph[i].calls = -1;
 	return false;
 }
 
@@ -2150,7 +2132,7 @@ static bool qkv_backward_fused(struct tr_model *m, int l, gpu_bf16 *d16, const f
 	const int ks[3] = {TR_LIN_Q, TR_LIN_K, TR_LIN_V};
 	const bool rows = packed && be->ops->matmul_backward_ld16;
 	for (int i = 0; i < 3; i++)
-		adapter_backward(m, l, ks[i], m->dln, rows ? NULL : douts[i], rows ? d16 + cols[i] : NULL,
+		adapter_backward(m, l, ks[i], m->dln, false, rows ? NULL : douts[i], rows ? d16 + cols[i] : NULL,
 				 rows ? W : 0, a->ln1, a->ln1_16, group_slot(m, l, ks[i], &grp));
 	group_add(m, m->dln, &grp);
 	return true;
