@@ -295,14 +295,19 @@ struct gpu_backend_ops {
 	 * bit for bit, in fewer passes (the attention kernels rotate and round
 	 * what they write). dq, dk, dv: each written where not NULL (all
 	 * three or none). d16 may hold dout's bytes (read first, before any
-	 * of d16 is written). False, and nothing done, where the backend does
-	 * not fuse them at these shapes: the caller runs the five ops. */
+	 * of d16 is written). ds (else NULL): ds_bytes of the caller's that
+	 * nothing else of the call reads or writes (not dq, dk, dv, d16 or
+	 * dout), which the backend may use as scratch (CUDA on Hopper: the
+	 * probabilities' gradient between its kernels). False, and nothing
+	 * done, where the backend does not fuse them at these shapes: the
+	 * caller runs the five ops. */
 	bool (*attention_backward_rope16)(struct gpu_backend *be, float *dq, float *dk, float *dv,
 					  float *datt, const float *dout, const float *out,
 					  const gpu_bf16 *out16, const gpu_bf16 *q16,
 					  const gpu_bf16 *k16, const gpu_bf16 *v16, const float *att,
 					  const float *cos, const float *sin, gpu_bf16 *d16,
-					  size_t ld16, int B, int T, int NH, int NKV, int HS);
+					  size_t ld16, void *ds, size_t ds_bytes, int B, int T,
+					  int NH, int NKV, int HS);
 	/* Twins: out16, dgate16, dup16, or NULL; each fp32 output may be NULL
 	 * when its twin is not. gate and up are read in fp32, or (gate NULL and
 	 * up NULL) from gate16 and up16, a product kept in bf16 only; the
@@ -709,8 +714,8 @@ static inline bool gpu_attention_backward_rope16(struct gpu_backend *be, float *
 						 const float *out, const gpu_bf16 *out16,
 						 const gpu_bf16 *q16, const gpu_bf16 *k16,
 						 const gpu_bf16 *v16, const float *att, const float *cos,
-						 const float *sin, gpu_bf16 *d16, size_t ld16, int B,
-						 int T, int NH, int NKV, int HS)
+						 const float *sin, gpu_bf16 *d16, size_t ld16, void *ds,
+						 size_t ds_bytes, int B, int T, int NH, int NKV, int HS)
 {
 	if (!be->ops->attention_backward_rope16)
 		return false;
@@ -718,8 +723,8 @@ static inline bool gpu_attention_backward_rope16(struct gpu_backend *be, float *
 	if (be->trace)
 		be->trace(be, "attention_backward_rope16", false);
 	bool r = be->ops->attention_backward_rope16(be, dq, dk, dv, datt, dout, out, out16, q16, k16,
-						    v16, att, cos, sin, d16, ld16, B, T, NH, NKV,
-						    HS);
+						    v16, att, cos, sin, d16, ld16, ds, ds_bytes, B, T,
+						    NH, NKV, HS);
 	if (be->trace)
 		be->trace(be, "attention_backward_rope16", true);
 	return r;

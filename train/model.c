@@ -182,6 +182,10 @@ struct tr_model {
 		*dgate, *dup, *dpooled, *lora_du, *lora_dx, *gemm_bf16;
 	float *q32, *k32, *v32;          /* q, k, v in fp32 for the layer being computed (q16 ...) */
 	size_t gemm_bf16_bytes;
+	/* the fused attention backward's dS room (plan: scratch.att_ds, from
+	 * dq on), lent only where that backward does not write dq, dk, dv */
+	void *att_ds;
+	size_t att_ds_bytes;
 	gpu_bf16 *dgate16, *dup16; /* bf16 mode: the gradients the products read */
 	/* bf16 mode: dres's twin, written by each norm's backward that
 	 * updates dres, for the o and down projections' backward (and their
@@ -651,6 +655,9 @@ static void bind(struct tr_model *m)
 	S(gemm_bf16);
 	const struct tr_plan_buf *gb = tr_plan_find(&m->plan, "scratch.gemm_bf16");
 	m->gemm_bf16_bytes = gb ? gb->bytes : 0;
+	const struct tr_plan_buf *dsb = tr_plan_find(&m->plan, "scratch.att_ds");
+	m->att_ds = buf(m, "scratch.att_ds");
+	m->att_ds_bytes = dsb ? dsb->bytes : 0;
 	m->dgate16 = buf(m, "scratch.dgate16");
 	m->dup16 = buf(m, "scratch.dup16");
 	m->dh16 = buf(m, "scratch.dh16");
@@ -2207,11 +2214,12 @@ static void layer_backward(struct tr_model *m, int l)
 		f32 = f32 || (m->lin[l][k].db && !be->ops->bias_backward_ld16) ||
 		      (m->lin[l][k].lora && !be->ops->matmul_backward_ld16);
 	const bool packed =
-		d16 && !c->qk_norm && gpu_attention_backward_rope16(be, f32 ? m->dq : NULL, f32 ? m->dk : NULL,
-						     f32 ? m->dv : NULL, m->datt, m->dy, a->y, a->y16,
-						     a->q16, a->k16, a->v16, a->att, m->rope_cos,
-						     m->rope_sin, d16, (size_t)(H + 2 * KV), B, T, NH,
-						     NKV, HS);
+		d16 && !c->qk_norm &&
+		gpu_attention_backward_rope16(be, f32 ? m->dq : NULL, f32 ? m->dk : NULL, f32 ? m->dv : NULL,
+					      m->datt, m->dy, a->y, a->y16, a->q16, a->k16, a->v16,
+					      a->att, m->rope_cos, m->rope_sin, d16,
+					      (size_t)(H + 2 * KV), f32 ? NULL : m->att_ds,
+					      f32 ? 0 : m->att_ds_bytes, B, T, NH, NKV, HS);
 	if (!packed) {
 		gpu_attention_backward(be, m->dq, m->dk, m->dv, m->datt, m->dy, a->y, a->y16, a->q,
 				       a->q16, a->k, a->k16, a->v, a->v16, a->att, B, T, NH, NKV, HS);

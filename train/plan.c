@@ -1274,6 +1274,13 @@ static td_err plan_build(struct tr_plan *p, const struct tr_model_config *cfg,
 		{"dq", f32_bytes(N, H, 1), train, 1},
 		{"dk", f32_bytes(N, KV, 1), train, 1},
 		{"dv", f32_bytes(N, KV, 1), train, 1},
+		/* The fused attention's dS room (gpu/backend.h: ds of
+		 * attention_backward_rope16), a view from dq on: dq, dk and dv,
+		 * which that op's packed form does not write, and past them as
+		 * much of the region as phase 1 leaves below the largest other
+		 * phase, up to every (batch, head) pair's dS (its bytes here:
+		 * that extra; set below) */
+		{"att_ds", 0, false, 1},
 		{"dqraw", f32_bytes(N, H, 1), train && cfg->qk_norm, 1},
 		{"dkraw", f32_bytes(N, KV, 1), train && cfg->qk_norm, 1},
 		{"dy", f32_bytes(N, H, 1), train, 1},
@@ -1320,6 +1327,25 @@ static td_err plan_build(struct tr_plan *p, const struct tr_model_config *cfg,
 		if (!scratch[i].on || OVER(i))
 			continue;
 		phase_bytes[scratch[i].phase] += aligned(scratch[i].bytes);
+	}
+	/* att_ds where the packed attention backward can run and uses it
+	 * (fused, bf16, kv groups, no q/k norms, head size 128: the CUDA
+	 * backend's Hopper kernels): dS is a 64 x 64 bf16 tile a (query tile,
+	 * key tile <= it) of each pair */
+	size_t ids = nscratch, idq = nscratch;
+	for (size_t i = 0; i < nscratch; i++) {
+		ids = !strcmp(scratch[i].what, "att_ds") ? i : ids;
+		idq = !strcmp(scratch[i].what, "dq") ? i : idq;
+	}
+	if (train && o->attention_lse && o->gemm_bf16 && NKV < NH && !cfg->qk_norm && HS == 128) {
+		const size_t tiles = ((size_t)o->T + 63) / 64;
+		const size_t want = B * NH * (tiles * (tiles + 1) / 2) * 8192;
+		const size_t have = aligned(f32_bytes(N, H, 1)) + 2 * aligned(f32_bytes(N, KV, 1));
+		const size_t others = max_sz(phase_bytes[2], phase_bytes[3]);
+		const size_t slack = others > phase_bytes[1] ? others - phase_bytes[1] : 0;
+		scratch[ids].on = true;
+		scratch[ids].bytes = want > have ? min_sz(want - have, slack) / TR_PLAN_ALIGN * TR_PLAN_ALIGN : 0;
+		phase_bytes[1] += scratch[ids].bytes;
 	}
 	/* A chunked causal head (phase 4: its logits, and their gradient over
 	 * them) takes as many more rows as the region that the layers'
@@ -1372,6 +1398,15 @@ static td_err plan_build(struct tr_plan *p, const struct tr_model_config *cfg,
 		NAMED("scratch.%s", scratch[i].what);
 		if (!ph) {
 			BUF(TR_ARENA_SCRATCH, scratch[i].bytes);
+			continue;
+		}
+		if (i == ids) { /* from dq's place through its own extra */
+			const size_t from = place[idq], to = at[ph] + scratch[i].bytes;
+			if ((e = add_view(p, TR_ARENA_SCRATCH, nm, region + from, to - from, eb))) {
+				tr_plan_fini(p);
+				return e;
+			}
+			at[ph] = to;
 			continue;
 		}
 		const char *over = OVER(i);

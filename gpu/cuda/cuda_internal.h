@@ -179,6 +179,7 @@ struct cu_backend {
 	 * else by flash.cu's mma.sync ones. */
 	bool flash_wg;
 	bool no_rope16; /* TD_CUDA_NO_ROPE16=1 (cuda_ops.c) */
+	bool no_ds;     /* TD_CUDA_NO_DS=1 (cuda_ops.c) */
 	bool no_bias_epilogue; /* TD_CUDA_NO_BIAS_EPILOGUE=1 (cuda_ops.c) */
 	/* TD_CUDA_PROFILE's per-op device times (cuda_prof.c); NULL when off. */
 	struct cu_prof *prof;

@@ -1264,6 +1264,18 @@ enum flash_kind { FLASH_FWD, FLASH_DKDV, FLASH_DQ };
 /* flash_wg.cuh's FA_WG_SMEM(D): six 64 x HS bf16 tiles, the row
  * statistics twice, 1 KiB to align the tiles */
 #define FLASH_WG_SMEM(HS) (6u * 64u * (unsigned)(HS) * 2u + 2u * 2u * 64u * 4u + 1024u)
+/* FA_WG_DKDV_SMEM(D): FLASH_WG_SMEM and an 8 KiB dS staging tile */
+#define FLASH_WG_DKDV_SMEM(HS) (FLASH_WG_SMEM(HS) + 8192u)
+/* FA_WG_DQS_SMEM(D): a ring of three slots of two 8 KiB dS tiles and a
+ * 64 x HS K tile, 1 KiB */
+#define FLASH_WG_DQS_SMEM(HS) (3u * (2u * 8192u + 64u * (unsigned)(HS) * 2u) + 1024u)
+/* Bytes of the dS flash_wg.cuh's dK dV kernel leaves for dQ's (fa_wg_ds_tile)
+ * a (batch, head) pair: a 64 x 64 bf16 tile a (query tile, key tile <= it) */
+static size_t flash_ds_pair_bytes(int T)
+{
+	const size_t tiles = cu_blocks((size_t)T, 64);
+	return tiles * (tiles + 1) / 2 * 8192u;
+}
 
 static unsigned flash_smem_bytes(enum flash_kind kind, int HS)
 {
@@ -1313,13 +1325,23 @@ void cu_flash_prepare(struct cu_backend *cb)
 		for (int j = 0; j < 3; j++)
 			if (cb->drv.cuFuncSetAttribute(cb->fn[k[j]],
 						       CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-						       (int)FLASH_WG_SMEM(HS)) != CUDA_SUCCESS)
+						       (int)(j == 1 ? FLASH_WG_DKDV_SMEM(HS)
+								    : FLASH_WG_SMEM(HS))) != CUDA_SUCCESS)
 				cb->flash_wg = false;
+		if (cb->drv.cuFuncSetAttribute(cb->fn[HS == 64 ? CU_K_flash_bwd_dqs_wg_d64
+								: CU_K_flash_bwd_dqs_wg_d128],
+					       CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+					       (int)FLASH_WG_DQS_SMEM(HS)) != CUDA_SUCCESS)
+			cb->flash_wg = false;
 	}
 	/* TD_CUDA_NO_ROPE16=1: the attention backward's RoPE and roundings
 	 * apart (attention_backward_rope16 says no; an A/B hook) */
 	const char *no_r16 = getenv("TD_CUDA_NO_ROPE16");
 	cb->no_rope16 = no_r16 && strcmp(no_r16, "1") == 0;
+	/* TD_CUDA_NO_DS=1: the room for dS left unused (dQ by its three
+	 * products again; an A/B hook) */
+	const char *no_ds = getenv("TD_CUDA_NO_DS");
+	cb->no_ds = no_ds && strcmp(no_ds, "1") == 0;
 	/* TD_CUDA_NO_BIAS_EPILOGUE=1: a bias added by add_bias_f32 after the
 	 * product (forward_bias says no; an A/B hook) */
 	const char *no_be = getenv("TD_CUDA_NO_BIAS_EPILOGUE");
@@ -1453,6 +1475,8 @@ struct att_rope16 {
 	const float *cos, *sin;
 	gpu_bf16 *d16;
 	int ld16;
+	void *ds; /* the caller's free scratch for dS (else NULL), ds_bytes of it */
+	size_t ds_bytes;
 };
 
 static void att_backward(struct gpu_backend *be, float *dq, float *dk, float *dv, float *datt,
@@ -1498,25 +1522,64 @@ static void att_backward(struct gpu_backend *be, float *dq, float *dk, float *dv
 			pk = datt + gpu_flash_part_offset(B, T, NH);
 			pv = pk + (size_t)B * T * NH * HS;
 		}
-		void *kargs[] = {&pk, &pv, &fc.dout, &fc.q, &fc.k, &fc.v, &att, &datt, &T, &NH, &NKV};
-		cu_prof_begin(cb);
-		if (wg)
-			cu_launch(cb, kdkdv, flash_wg_grid(B, T, NH), dim1(128), FLASH_WG_SMEM(HS), kargs);
-		else if (HS == 128 && cb->flash_dkdv8) /* 8 warps, 128 keys a block */
-			cu_launch(cb, CU_K_flash_bwd_dkdv8_d128,
-				  (struct cu_dim){cu_blocks((size_t)T, 128), (unsigned)NH,
-						  (unsigned)B},
-				  dim1(256), FLASH_DKDV8_SMEM, kargs);
-		else
-			cu_launch(cb, kdkdv,
-				  (struct cu_dim){cu_blocks((size_t)T, FLASH_KV_ROWS(HS)),
-						  (unsigned)NH, (unsigned)B},
-				  dim1(FLASH_THREADS), flash_smem_bytes(FLASH_DKDV, HS), kargs);
-		cu_prof_end(cb, "attention_backward: dK dV T%d HS%d", T, HS);
-		int rows = B * T;
 		const float *rc = r ? r->cos : NULL, *rs = r ? r->sin : NULL;
 		gpu_bf16 *d16 = r ? r->d16 : NULL;
 		int ld16 = r ? r->ld16 : 0;
+		/* Hopper at head size 128, where the caller lends room for dS
+		 * (the rows' form): the dK dV kernel leaves each tile's dS there
+		 * and dQ is one product from it (flash_wg.cuh: fa_wg_dqs)
+		 * instead of three; as many (batch, head) pairs at a time as the
+		 * room holds, each chunk's dK dV before its dQ. A tile pair's dS
+		 * costs 16 KiB of traffic (written, read) for two products of
+		 * 64 x 64 x HS: at head size 64 half the products for the same
+		 * bytes, and no faster on Qwen2-0.5B's shape (DESIGN.md) */
+		const int pairs = B * NH;
+		const size_t pair_ds = flash_ds_pair_bytes(T);
+		gpu_bf16 *ds = wg && HS == 128 && r && r->ds && r->ds_bytes >= pair_ds ? r->ds : NULL;
+		if (wg) {
+			size_t fit = ds ? r->ds_bytes / pair_ds : (size_t)pairs;
+			fit = fit < 65535u ? fit : 65535u; /* gridDim.y */
+			const size_t chunks = ((size_t)pairs + fit - 1) / fit; /* of even size */
+			const int per = (int)(((size_t)pairs + chunks - 1) / chunks);
+			const enum cu_kernel kdqs =
+				HS == 64 ? CU_K_flash_bwd_dqs_wg_d64 : CU_K_flash_bwd_dqs_wg_d128;
+			for (int p0 = 0; p0 < pairs; p0 += per) {
+				const unsigned n = (unsigned)(pairs - p0 < per ? pairs - p0 : per);
+				const unsigned tiles = cu_blocks((size_t)T, 64);
+				/* with ds: pairs fastest, the heaviest tiles first
+				 * (flash_wg.cuh: fa_wg_dkdv, fa_wg_dqs) */
+				const struct cu_dim grid = ds ? (struct cu_dim){n, tiles, 1}
+							      : (struct cu_dim){tiles, n, 1};
+				void *wkargs[] = {&pk, &pv, &fc.dout, &fc.q,  &fc.k, &fc.v, &att,
+						  &datt, &T, &NH,     &NKV,  &ds,   &p0};
+				cu_prof_begin(cb);
+				cu_launch(cb, kdkdv, grid, dim1(128), FLASH_WG_DKDV_SMEM(HS), wkargs);
+				cu_prof_end(cb, "attention_backward: dK dV T%d HS%d", T, HS);
+				if (!ds)
+					continue;
+				void *sargs[] = {&dq, &ds, &fc.k, &T, &NH, &NKV, &p0, &rc, &rs, &d16, &ld16};
+				cu_prof_begin(cb);
+				cu_launch(cb, kdqs, (struct cu_dim){n, (tiles + 1) / 2, 1}, dim1(128),
+					  FLASH_WG_DQS_SMEM(HS), sargs);
+				cu_prof_end(cb, "attention_backward: dQ from dS T%d HS%d", T, HS);
+			}
+		}
+		void *kargs[] = {&pk, &pv, &fc.dout, &fc.q, &fc.k, &fc.v, &att, &datt, &T, &NH, &NKV};
+		if (!wg) {
+			cu_prof_begin(cb);
+			if (HS == 128 && cb->flash_dkdv8) /* 8 warps, 128 keys a block */
+				cu_launch(cb, CU_K_flash_bwd_dkdv8_d128,
+					  (struct cu_dim){cu_blocks((size_t)T, 128), (unsigned)NH,
+							  (unsigned)B},
+					  dim1(256), FLASH_DKDV8_SMEM, kargs);
+			else
+				cu_launch(cb, kdkdv,
+					  (struct cu_dim){cu_blocks((size_t)T, FLASH_KV_ROWS(HS)),
+							  (unsigned)NH, (unsigned)B},
+					  dim1(FLASH_THREADS), flash_smem_bytes(FLASH_DKDV, HS), kargs);
+			cu_prof_end(cb, "attention_backward: dK dV T%d HS%d", T, HS);
+		}
+		int rows = B * T;
 		cu_prof_begin(cb);
 		if (r) { /* dk rotated back, both rounded into d16's rows */
 			int ok = NH * HS, ov = (NH + NKV) * HS;
@@ -1529,6 +1592,8 @@ static void att_backward(struct gpu_backend *be, float *dq, float *dk, float *dv
 		}
 		cu_prof_end(cb, "attention_backward: kv reduce");
 		void *qargs[] = {&dq, &fc.dout, &fc.q, &fc.k, &fc.v, &att, &datt, &T, &NH, &NKV};
+		if (wg && ds)
+			return;
 		if (wg) {
 			void *wargs[] = {&dq, &fc.dout, &fc.q, &fc.k, &fc.v, &att, &datt,
 					 &T,  &NH,	&NKV,  &rc,   &rs,   &d16, &ld16};
@@ -1597,7 +1662,8 @@ static bool cu_attention_backward_rope16(struct gpu_backend *be, float *dq, floa
 					 const gpu_bf16 *out16, const gpu_bf16 *q16,
 					 const gpu_bf16 *k16, const gpu_bf16 *v16, const float *att,
 					 const float *cos, const float *sin, gpu_bf16 *d16,
-					 size_t ld16, int B, int T, int NH, int NKV, int HS)
+					 size_t ld16, void *ds, size_t ds_bytes, int B, int T, int NH,
+					 int NKV, int HS)
 {
 	struct cu_backend *cb = cu_of(be);
 	const size_t W = (size_t)(NH + 2 * NKV) * HS;
@@ -1617,7 +1683,12 @@ static bool cu_attention_backward_rope16(struct gpu_backend *be, float *dq, floa
 	const uintptr_t s0 = (uintptr_t)cb->base.gemm_scratch, s1 = s0 + cb->base.gemm_scratch_bytes;
 	if (r0 < s1 && s0 < r1)
 		return false;
-	const struct att_rope16 r = {cos, sin, d16, (int)ld16};
+	/* ds: where it is 16-byte aligned and clear of the rows and of the
+	 * GEMM scratch (the kernels' bf16 copies); else not used */
+	const uintptr_t x0 = (uintptr_t)ds, x1 = x0 + ds_bytes;
+	if (cb->no_ds || (x0 & 15) || (x0 < r1 && r0 < x1) || (x0 < s1 && s0 < x1))
+		ds = NULL;
+	const struct att_rope16 r = {cos, sin, d16, (int)ld16, ds, ds ? ds_bytes : 0};
 	att_backward(be, dq, dk, dv, datt, dout, out, out16, NULL, q16, NULL, k16, NULL, v16, att, B,
 		     T, NH, NKV, HS, &r);
 	return true;

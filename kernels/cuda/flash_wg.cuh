@@ -50,6 +50,12 @@
  * block's own rows, two, and the streamed pair twice), the row statistics
  * twice, and 1 KiB to align the tiles to 1024 bytes. */
 #define FA_WG_SMEM(D) (6 * FA_WG_TILE(D) + 2 * 2 * 64 * 4 + 1024)
+/* fa_wg_dkdv's: FA_WG_SMEM and the staging tile of dS (8 KiB) */
+#define FA_WG_DKDV_SMEM(D) (FA_WG_SMEM(D) + 8192)
+/* fa_wg_dqs's: a ring of FA_WG_DQS_STAGES slots of two dS tiles (8 KiB
+ * each) and a K tile, aligned */
+#define FA_WG_DQS_STAGES 3
+#define FA_WG_DQS_SMEM(D) (FA_WG_DQS_STAGES * (2 * 8192 + FA_WG_TILE(D)) + 1024)
 
 #if FA_WG
 static __device__ __forceinline__ unsigned fa_wg_swz(int r, int k)
@@ -164,6 +170,28 @@ static __device__ __forceinline__ void fa_wg_rs64(float d[32], const uint32_t a[
 		     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
 }
 
+/* d (64 x 128) += A B over one k16 step, A and B both MN-major in shared
+ * memory (imm-trans-a 1, imm-trans-b 1) */
+static __device__ __forceinline__ void fa_wg_tt128(float d[64], uint64_t da, uint64_t db)
+{
+	asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+		     "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " FA_WG_D64
+		     ", %64, %65, p, 1, 1, 1, 1;\n}\n"
+		     : FA_WG_O8(d, 0), FA_WG_O8(d, 8), FA_WG_O8(d, 16), FA_WG_O8(d, 24),
+		       FA_WG_O8(d, 32), FA_WG_O8(d, 40), FA_WG_O8(d, 48), FA_WG_O8(d, 56)
+		     : "l"(da), "l"(db), "r"(1));
+}
+
+/* d (64 x 64) += A B, as fa_wg_tt128 at head size 64 */
+static __device__ __forceinline__ void fa_wg_tt64(float d[32], uint64_t da, uint64_t db)
+{
+	asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+		     "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " FA_WG_D32
+		     ", %32, %33, p, 1, 1, 1, 1;\n}\n"
+		     : FA_WG_O8(d, 0), FA_WG_O8(d, 8), FA_WG_O8(d, 16), FA_WG_O8(d, 24)
+		     : "l"(da), "l"(db), "r"(1));
+}
+
 /* x (64 x 64) = the product of two K-major 64 x D tiles, D / 16 k16 steps
  * (regions of four) */
 template <int D>
@@ -248,23 +276,45 @@ static __device__ __forceinline__ unsigned char *fa_wg_smem()
 #endif
 
 #if FA_WG
+/* The probabilities' gradient dS of one (query tile, key tile) pair of a
+ * (batch, head) pair, where fa_wg_dkdv leaves it for fa_wg_dqs: 64 x 64
+ * bf16 (8 KiB), a row per key, its 64 queries in the 128-byte swizzle
+ * (fa_wg_swz), so that the tile copied as it lies is dQ's product's A
+ * operand MN-major; a pair's tiles (qt, kt <= qt) in row order of that
+ * triangle, pairs one after another from the chunk's first (p0). */
+static __device__ __forceinline__ fa_bf16 *fa_wg_ds_tile(fa_bf16 *ds, int pair, int tiles, int qt, int kt)
+{
+	return ds + ((size_t)pair * ((size_t)tiles * (tiles + 1) / 2) + (size_t)qt * (qt + 1) / 2 + kt) * 4096;
+}
+
 /* dK, dV (scaled by 1/sqrt(D)) or, with kv groups, the query head's
- * partials ((B,T,NH,D)); grid (ceil(T/64), NH, B): a head's key tiles
+ * partials ((B,T,NH,D)); grid (ceil(T/64), pairs): block y the (batch,
+ * head) pair p0 + y, b = pair / NH, h = pair % NH; a head's key tiles
  * start together (x fastest), so that the Q and dO rows they all stream
  * are read from memory about once and then from L2. (A grid with the heads
  * fastest, every head's heaviest tile first, streamed each head's rows
- * from memory: 2.5 TB/s on an H100, the bound.) */
+ * from memory: 2.5 TB/s on an H100, the bound.) ds (else NULL): each
+ * tile's dS as bf16 (the A fragments of dK's product), fa_wg_ds_tile's
+ * place for the chunk's pair, zero at keys past T; then the grid is
+ * (pairs, ceil(T/64)), the heaviest tiles first across a chunk's pairs
+ * (few enough that their Q and dO rows stay in L2): the chunks' launches
+ * end on light blocks, not on heavy ones started late. */
 template <int D>
 static __device__ __forceinline__ void fa_wg_dkdv(float *dk, float *dv, const fa_bf16 *dout, const fa_bf16 *q,
 			       const fa_bf16 *k, const fa_bf16 *v, const float *lse, const float *dr,
-			       int T, int NH, int NKV)
+			       int T, int NH, int NKV, fa_bf16 *ds, int p0)
 {
-	const int h = blockIdx.y, b = blockIdx.z, k0 = blockIdx.x * 64, kvh = h / (NH / NKV);
+	const bool pf = ds != nullptr; /* grid (pairs, tiles) */
+	const int pl = pf ? blockIdx.x : blockIdx.y, kt = pf ? blockIdx.y : blockIdx.x;
+	const int ntile = pf ? gridDim.y : gridDim.x; /* of T */
+	const int pair = p0 + pl, h = pair % NH, b = pair / NH, k0 = kt * 64;
+	const int kvh = h / (NH / NKV);
 	const size_t ldq = (size_t)NH * D, ldk = (size_t)NKV * D;
 	const fa_bf16 *qb = q + (size_t)b * T * ldq + h * D, *ob = dout + (size_t)b * T * ldq + h * D;
 	const float *lb = lse + ((size_t)b * NH + h) * T, *db = dr + ((size_t)b * NH + h) * T;
 	unsigned char *sm = fa_wg_smem(), *sk = sm, *sv = sm + FA_WG_TILE(D);
 	float *rows = reinterpret_cast<float *>(sm + 6 * FA_WG_TILE(D)); /* [buf][L 64, Dr 64] */
+	unsigned char *stage = sm + 6 * FA_WG_TILE(D) + 2 * 2 * 64 * 4; /* dS's, with ds */
 	fa_wg_tile<D>(sk, k + (size_t)b * T * ldk + kvh * D, ldk, k0, T);
 	fa_wg_tile<D>(sv, v + (size_t)b * T * ldk + kvh * D, ldk, k0, T);
 	fa_wg_tile<D>(sm + 2 * FA_WG_TILE(D), qb, ldq, k0, T);
@@ -313,6 +363,26 @@ static __device__ __forceinline__ void fa_wg_dkdv(float *dk, float *dv, const fa
 		fa_wg_pv<D>(dV, ap, so);
 		fa_wg_pv<D>(dK, as, sq);
 		fa_wg_commit();
+		if (ds) {
+			/* dS^T's fragments into the staging tile in its final
+			 * layout (as[kk][e]: key row 16 w + g + 8 (e & 1),
+			 * queries 16 kk + 8 (e >> 1) + 2 t and + 1; the swizzle
+			 * puts a warp's 32 words in 32 banks), then copied out
+			 * 16 bytes a thread, 512 a warp, while the products run */
+#pragma unroll
+			for (int kk = 0; kk < 4; kk++)
+#pragma unroll
+				for (int e = 0; e < 4; e++) {
+					const int r = 16 * w + g + 8 * (e & 1);
+					*reinterpret_cast<uint32_t *>(stage + fa_wg_swz(r, 16 * kk + 8 * (e >> 1) + 2 * t)) =
+						k0 + r < T ? as[kk][e] : 0u;
+				}
+			__syncthreads();
+			uint4 *dt = reinterpret_cast<uint4 *>(fa_wg_ds_tile(ds, pl, ntile, q0 / 64, kt));
+#pragma unroll
+			for (int j = 0; j < 4; j++)
+				dt[threadIdx.x + 128 * j] = reinterpret_cast<const uint4 *>(stage)[threadIdx.x + 128 * j];
+		}
 		fa_wg_wait0();
 	}
 	const float sc = rsqrtf((float)D);
@@ -330,6 +400,61 @@ static __device__ __forceinline__ void fa_wg_dkdv(float *dk, float *dv, const fa
 			}
 		}
 }
+
+/* dQ's accumulators (rows row0, row0 + 8 of this thread; queries past T
+ * skipped) scaled by 1/sqrt(D) into dq, or with d16 rotated back and
+ * rounded as fa_wg_dq's comment says. */
+template <int D>
+static __device__ __forceinline__ void fa_wg_dq_store(const float dQ[D / 2], float *dq, int b, int h, int row0,
+						      int T, int NH, const float *rc, const float *rs,
+						      fa_bf16 *d16, int ld16)
+{
+	const int t = threadIdx.x % 4;
+	const size_t ldq = (size_t)NH * D;
+	const float sc = rsqrtf((float)D);
+	if (d16) {
+		float *qo = dq ? dq + (size_t)b * T * ldq + h * D : nullptr;
+		fa_bf16 *o16 = d16 + (size_t)b * T * ld16 + h * D;
+#pragma unroll
+		for (int j = 0; j < D / 16; j++)
+#pragma unroll
+			for (int hi = 0; hi < 2; hi++) {
+				const int row = row0 + 8 * hi, c = 8 * j + 2 * t, J = j + D / 16;
+				if (row >= T)
+					continue;
+				float y1[2], y2[2];
+#pragma unroll
+				for (int e = 0; e < 2; e++) {
+					const float x1 = __fmul_rn(dQ[4 * j + 2 * hi + e], sc);
+					const float x2 = __fmul_rn(dQ[4 * J + 2 * hi + e], sc);
+					const float ci = rc[(size_t)row * (D / 2) + c + e];
+					const float si = -1.0f * rs[(size_t)row * (D / 2) + c + e];
+					y1[e] = __fsub_rn(__fmul_rn(x1, ci), __fmul_rn(x2, si));
+					y2[e] = __fadd_rn(__fmul_rn(x2, ci), __fmul_rn(x1, si));
+				}
+				if (qo) {
+					*reinterpret_cast<float2 *>(qo + (size_t)row * ldq + c) = make_float2(y1[0], y1[1]);
+					*reinterpret_cast<float2 *>(qo + (size_t)row * ldq + c + D / 2) =
+						make_float2(y2[0], y2[1]);
+				}
+				*reinterpret_cast<uint32_t *>(o16 + (size_t)row * ld16 + c) = fa_pack(y1[0], y1[1]);
+				*reinterpret_cast<uint32_t *>(o16 + (size_t)row * ld16 + c + D / 2) =
+					fa_pack(y2[0], y2[1]);
+			}
+		return;
+	}
+	float *qo = dq + (size_t)b * T * ldq + h * D;
+#pragma unroll
+	for (int j = 0; j < D / 8; j++)
+#pragma unroll
+		for (int hi = 0; hi < 2; hi++) {
+			const int row = row0 + 8 * hi, c = 8 * j + 2 * t;
+			if (row < T)
+				*reinterpret_cast<float2 *>(qo + (size_t)row * ldq + c) =
+					make_float2(dQ[4 * j + 2 * hi] * sc, dQ[4 * j + 2 * hi + 1] * sc);
+		}
+}
+
 
 /* dQ (scaled by 1/sqrt(D)); grid (ceil(T/64), NH, B), a head's query
  * tiles together, its last (heaviest) first: they stream the same K and V
@@ -392,48 +517,91 @@ static __device__ __forceinline__ void fa_wg_dq(float *dq, const fa_bf16 *dout, 
 		}
 		fa_wg_xv<D>(dQ, dp, sk);
 	}
-	const float sc = rsqrtf((float)D);
-	if (d16) {
-		float *qo = dq ? dq + (size_t)b * T * ldq + h * D : nullptr;
-		fa_bf16 *o16 = d16 + (size_t)b * T * ld16 + h * D;
+	fa_wg_dq_store<D>(dQ, dq, b, h, row0, T, NH, rc, rs, d16, ld16);
+}
+
+/* dQ from the dS that fa_wg_dkdv left (ds, fa_wg_ds_tile's places from the
+ * chunk's first pair p0): one product per tile pair, dQ += dS K, instead of
+ * fa_wg_dq's three. A block per two query tiles (2 m, 2 m + 1) of a pair,
+ * which share each K tile they read; grid (pairs, ceil(tiles / 2)): block x
+ * the pair p0 + x, the heaviest tiles first (y 0: the last two) across the
+ * chunk's pairs, whose K rows (0.5 MiB a pair at T 2048, HS 128) L2 holds.
+ * Per key tile up to the diagonal, the two dS tiles (copied as they lie: A,
+ * MN-major) and K (B, MN-major), in a ring of FA_WG_DQS_STAGES (the loop
+ * waits on memory, not on its small products: two in flight while one is
+ * used); the same k16 steps in the same order as fa_wg_dq's product over
+ * the same bf16 dS, so the same sums where the two kernels' dS are the
+ * same. Then fa_wg_dq_store, as fa_wg_dq. */
+template <int D>
+static __device__ __forceinline__ void fa_wg_dqs(float *dq, const fa_bf16 *ds, const fa_bf16 *k, int T, int NH,
+						 int NKV, int p0, const float *rc, const float *rs, fa_bf16 *d16,
+						 int ld16)
+{
+	constexpr int S = FA_WG_DQS_STAGES, ST = 2 * 8192 + FA_WG_TILE(D); /* a slot's bytes */
+	const int pair = p0 + blockIdx.x, h = pair % NH, b = pair / NH, tiles = (T + 63) / 64;
+	const int qa = 2 * (gridDim.y - 1 - blockIdx.y), qb = qa + 1 < tiles ? qa + 1 : qa;
+	const int kvh = h / (NH / NKV);
+	const size_t ldk = (size_t)NKV * D;
+	const fa_bf16 *kb = k + (size_t)b * T * ldk + kvh * D;
+	fa_bf16 *dsp = const_cast<fa_bf16 *>(ds);
+	unsigned char *sm = fa_wg_smem(); /* slot: [dS of qa][dS of qb][K] */
+	const auto load = [&](int kt) { /* key tile kt into slot kt % S, if any; one group */
+		if (kt <= qb) {
+			unsigned char *slot = sm + (kt % S) * ST;
 #pragma unroll
-		for (int j = 0; j < D / 16; j++)
-#pragma unroll
-			for (int hi = 0; hi < 2; hi++) {
-				const int row = row0 + 8 * hi, c = 8 * j + 2 * t, J = j + D / 16;
-				if (row >= T)
+			for (int t2 = 0; t2 < 2; t2++) {
+				const int q = t2 ? qb : qa;
+				if (kt > q || (t2 && qb == qa))
 					continue;
-				float y1[2], y2[2];
+				const fa_bf16 *src = fa_wg_ds_tile(dsp, blockIdx.x, tiles, q, kt);
 #pragma unroll
-				for (int e = 0; e < 2; e++) {
-					const float x1 = __fmul_rn(dQ[4 * j + 2 * hi + e], sc);
-					const float x2 = __fmul_rn(dQ[4 * J + 2 * hi + e], sc);
-					const float ci = rc[(size_t)row * (D / 2) + c + e];
-					const float si = -1.0f * rs[(size_t)row * (D / 2) + c + e];
-					y1[e] = __fsub_rn(__fmul_rn(x1, ci), __fmul_rn(x2, si));
-					y2[e] = __fadd_rn(__fmul_rn(x2, ci), __fmul_rn(x1, si));
+				for (int j = 0; j < 4; j++) {
+					const int i = threadIdx.x + 128 * j;
+					fa_wg_cp16z(slot + t2 * 8192 + i * 16, src + i * 8, 16u);
 				}
-				if (qo) {
-					*reinterpret_cast<float2 *>(qo + (size_t)row * ldq + c) = make_float2(y1[0], y1[1]);
-					*reinterpret_cast<float2 *>(qo + (size_t)row * ldq + c + D / 2) =
-						make_float2(y2[0], y2[1]);
-				}
-				*reinterpret_cast<uint32_t *>(o16 + (size_t)row * ld16 + c) = fa_pack(y1[0], y1[1]);
-				*reinterpret_cast<uint32_t *>(o16 + (size_t)row * ld16 + c + D / 2) =
-					fa_pack(y2[0], y2[1]);
 			}
-		return;
-	}
-	float *qo = dq + (size_t)b * T * ldq + h * D;
-#pragma unroll
-	for (int j = 0; j < D / 8; j++)
-#pragma unroll
-		for (int hi = 0; hi < 2; hi++) {
-			const int row = row0 + 8 * hi, c = 8 * j + 2 * t;
-			if (row < T)
-				*reinterpret_cast<float2 *>(qo + (size_t)row * ldq + c) =
-					make_float2(dQ[4 * j + 2 * hi] * sc, dQ[4 * j + 2 * hi + 1] * sc);
+			fa_wg_tile<D>(slot + 2 * 8192, kb, ldk, kt * 64, T);
 		}
+		fa_commit();
+	};
+#pragma unroll
+	for (int kt = 0; kt < S - 1; kt++)
+		load(kt);
+	float dQa[D / 2], dQb[D / 2];
+#pragma unroll
+	for (int i = 0; i < D / 2; i++)
+		dQa[i] = dQb[i] = 0.0f;
+	for (int it = 0; it <= qb; it++) {
+		fa_wait<S - 2>(); /* tile it's group landed */
+		fa_wg_proxy();
+		__syncthreads(); /* ... every thread's, and slot (it - 1) % S's products are done */
+		load(it + S - 1);
+		const unsigned char *slot = sm + (it % S) * ST, *sk = slot + 2 * 8192;
+		fa_wg_fence();
+#pragma unroll
+		for (int kk = 0; kk < 4; kk++) {
+			const uint64_t db = fa_wg_desc(sk + kk * 16 * 128, 8192, 1024);
+			const uint64_t da = fa_wg_desc(slot + kk * 16 * 128, 8192, 1024);
+			const uint64_t dbb = fa_wg_desc(slot + 8192 + kk * 16 * 128, 8192, 1024);
+			if constexpr (D == 128) {
+				if (it <= qa)
+					fa_wg_tt128(dQa, da, db);
+				if (qb != qa)
+					fa_wg_tt128(dQb, dbb, db);
+			} else {
+				if (it <= qa)
+					fa_wg_tt64(dQa, da, db);
+				if (qb != qa)
+					fa_wg_tt64(dQb, dbb, db);
+			}
+		}
+		fa_wg_commit();
+		fa_wg_wait0();
+	}
+	const int w = threadIdx.x / 32, g = (threadIdx.x % 32) / 4;
+	fa_wg_dq_store<D>(dQa, dq, b, h, qa * 64 + 16 * w + g, T, NH, rc, rs, d16, ld16);
+	if (qb != qa)
+		fa_wg_dq_store<D>(dQb, dq, b, h, qb * 64 + 16 * w + g, T, NH, rc, rs, d16, ld16);
 }
 
 /* The forward, a block (one warpgroup) per (64 queries, head, batch); grid
@@ -544,8 +712,10 @@ static __device__ __forceinline__ void fa_wg_fwd(float *out, fa_bf16 *out16, flo
 #define FA_WG_CALL(x) __trap()
 #endif
 
-/* The kernels, head sizes 64 and 128: grid (ceil(T/64), NH, B), 128
- * threads, FA_WG_SMEM(D) bytes of dynamic shared memory. */
+/* The kernels, head sizes 64 and 128: grid (ceil(T/64), NH, B) (the
+ * forward, dQ) or (ceil(T/64), (batch, head) pairs) (dK dV, dQ from dS),
+ * 128 threads, FA_WG_SMEM(D) bytes of dynamic shared memory
+ * (FA_WG_DKDV_SMEM(D) for dK dV, FA_WG_DQS_SMEM(D) for dQ from dS). */
 #define FA_WG_KERNELS(D)                                                                          \
 	extern "C" __global__ void __launch_bounds__(128)                                         \
 		flash_fwd_wg_d##D(float *out, fa_bf16 *out16, float *lse, const fa_bf16 *q,       \
@@ -556,9 +726,16 @@ static __device__ __forceinline__ void fa_wg_fwd(float *out, fa_bf16 *out16, flo
 	extern "C" __global__ void __launch_bounds__(128)                                         \
 		flash_bwd_dkdv_wg_d##D(float *dk, float *dv, const fa_bf16 *dout, const fa_bf16 *q, \
 				       const fa_bf16 *k, const fa_bf16 *v, const float *lse,      \
-				       const float *dr, int T, int NH, int NKV)                   \
+				       const float *dr, int T, int NH, int NKV, fa_bf16 *ds, int p0) \
 	{                                                                                         \
-		FA_WG_CALL((fa_wg_dkdv<D>(dk, dv, dout, q, k, v, lse, dr, T, NH, NKV)));          \
+		FA_WG_CALL((fa_wg_dkdv<D>(dk, dv, dout, q, k, v, lse, dr, T, NH, NKV, ds, p0)));  \
+	}                                                                                         \
+	extern "C" __global__ void __launch_bounds__(128)                                         \
+		flash_bwd_dqs_wg_d##D(float *dq, const fa_bf16 *ds, const fa_bf16 *k, int T, int NH, \
+				      int NKV, int p0, const float *rc, const float *rs,          \
+				      fa_bf16 *d16, int ld16)                                     \
+	{                                                                                         \
+		FA_WG_CALL((fa_wg_dqs<D>(dq, ds, k, T, NH, NKV, p0, rc, rs, d16, ld16)));         \
 	}                                                                                         \
 	extern "C" __global__ void __launch_bounds__(128)                                         \
 		flash_bwd_dq_wg_d##D(float *dq, const fa_bf16 *dout, const fa_bf16 *q,            \

@@ -283,7 +283,9 @@ static int bwd_launch(int kind, bool dkdv, float *dk, float *dv, float *dq, cons
 		if (dkdv) {
 			CK(cudaFuncSetAttribute(flash_bwd_dkdv_wg_d128, cudaFuncAttributeMaxDynamicSharedMemorySize,
 						wsm));
-			flash_bwd_dkdv_wg_d128<<<grid, 128, wsm>>>(dk, dv, dout, q, k, v, L, Dr, T, NH, NKV);
+			/* grid (tiles, (batch, head) pairs), as cuda_ops.c launches it */
+			flash_bwd_dkdv_wg_d128<<<dim3(grid.x, NH * B), 128, wsm>>>(dk, dv, dout, q, k, v, L, Dr, T,
+										    NH, NKV, nullptr, 0);
 		} else {
 			CK(cudaFuncSetAttribute(flash_bwd_dq_wg_d128, cudaFuncAttributeMaxDynamicSharedMemorySize,
 						wsm));

@@ -1465,7 +1465,7 @@ static bool flash_rope16_case(int B, int T, int NH, int NKV, int HS, const float
 	gpu_bf16 *d16 = dnan16(N * ld);
 	const bool fused = gpu_attention_backward_rope16(be, d_dq, d_dk, d_dv, d_dr, d_dout, d_out,
 							 NULL, d_q16, d_k16, d_v16, d_lse, d_cos,
-							 d_sin, d16, ld, B, T, NH, NKV, HS);
+							 d_sin, d16, ld, NULL, 0, B, T, NH, NKV, HS);
 	if (!fused) {
 		float *nan = ffill(nq, NAN);
 		CHECK_MSG(memcmp(hget(d_dq, nq), nan, nq * sizeof(float)) == 0 &&
@@ -1485,10 +1485,30 @@ static bool flash_rope16_case(int B, int T, int NH, int NKV, int HS, const float
 	/* without the fp32 gradients */
 	gpu_bf16 *d16b = dnan16(N * ld);
 	CHECK(gpu_attention_backward_rope16(be, NULL, NULL, NULL, d_dr, d_dout, d_out, NULL, d_q16,
-					    d_k16, d_v16, d_lse, d_cos, d_sin, d16b, ld, B, T, NH,
-					    NKV, HS));
+					    d_k16, d_v16, d_lse, d_cos, d_sin, d16b, ld, NULL, 0, B, T,
+					    NH, NKV, HS));
 	CHECK_MSG(memcmp(hget16(d16b, N * ld), ref, N * ld * sizeof(float)) == 0,
 		  "%s: rope16's bf16 rows (dq, dk, dv NULL) are not bf16_round_rows'", where);
+	/* with room for dS (Hopper: dQ from the dS the dK dV kernel leaves,
+	 * one product instead of three over the same bf16 dS in the same
+	 * order): every pair's at once, then room for a third of them
+	 * (chunks), then too little for one pair (not used) — the same bits
+	 * each time */
+	const size_t tiles = ((size_t)T + 63) / 64, pair = tiles * (tiles + 1) / 2 * 8192;
+	const size_t pairs = (size_t)B * NH, rooms[] = {pairs * pair, (pairs + 2) / 3 * pair, pair - 16};
+	for (size_t i = 0; i < sizeof(rooms) / sizeof(rooms[0]); i++) {
+		void *d_ds = dmem(rooms[i]);
+		gpu_bf16 *d16c = dnan16(N * ld);
+		CHECK(gpu_attention_backward_rope16(be, NULL, NULL, NULL, d_dr, d_dout, d_out, NULL,
+						    d_q16, d_k16, d_v16, d_lse, d_cos, d_sin, d16c, ld,
+						    d_ds, rooms[i], B, T, NH, NKV, HS));
+		float *got = hget16(d16c, N * ld);
+		size_t bad = 0;
+		for (size_t e = 0; e < N * ld; e++)
+			bad += memcmp(&got[e], &ref[e], sizeof(float)) != 0;
+		CHECK_MSG(bad == 0, "%s: rope16 with %zu bytes of dS room: %zu of %zu values differ",
+			  where, rooms[i], bad, N * ld);
+	}
 	/* the rows over dout's bytes, ld16 = W (as the model's room, where
 	 * they fit: W <= 2 H) */
 	if (W <= 2 * H) {
@@ -1496,7 +1516,7 @@ static bool flash_rope16_case(int B, int T, int NH, int NKV, int HS, const float
 		gpu_upload(be, d_du, hget(d_dout, nq), nq * sizeof(float));
 		CHECK(gpu_attention_backward_rope16(be, d_dq, d_dk, d_dv, d_dr, d_du, d_out, NULL,
 						    d_q16, d_k16, d_v16, d_lse, d_cos, d_sin,
-						    (gpu_bf16 *)(void *)d_du, W, B, T, NH, NKV, HS));
+						    (gpu_bf16 *)(void *)d_du, W, NULL, 0, B, T, NH, NKV, HS));
 		float *got = hget16((gpu_bf16 *)(void *)d_du, N * W);
 		size_t bad = 0;
 		for (size_t r = 0; r < N; r++)

@@ -519,16 +519,21 @@ static void emu_matmul_forward_scaled(struct gpu_backend *be, float *out, const 
 /* attention_backward_rope16 as the CUDA backend gives it where it fuses
  * (kv groups): the five ops in turn, so that the model's path through it
  * runs here too (d16 may hold dout's bytes: the backward has read them
- * all before the rows are written; dq, dk, dv NULL: not written). */
+ * all before the rows are written; dq, dk, dv NULL: not written; ds
+ * overwritten). */
 static bool emu_flash_backward_rope16(struct gpu_backend *be, float *dq, float *dk, float *dv,
 				      float *datt, const float *dout, const float *out,
 				      const gpu_bf16 *out16, const gpu_bf16 *q16,
 				      const gpu_bf16 *k16, const gpu_bf16 *v16, const float *att,
 				      const float *cos, const float *sin, gpu_bf16 *d16, size_t ld16,
-				      int B, int T, int NH, int NKV, int HS)
+				      void *ds, size_t ds_bytes, int B, int T, int NH, int NKV, int HS)
 {
 	if (!emu_flash(be, HS) || NH == NKV || !q16 || !k16 || !v16 || !dq != !dk || !dq != !dv)
 		return false;
+	/* the room lent as scratch: scribbled over (NaN), as the CUDA
+	 * kernels leave it holding dS, so that a room that is not free shows */
+	if (ds)
+		memset(ds, 0xff, ds_bytes);
 	const size_t N = (size_t)B * T, H = (size_t)NH * HS, KV = (size_t)NKV * HS;
 	if (ld16 < H + 2 * KV)
 		return false;
