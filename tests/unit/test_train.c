@@ -547,6 +547,51 @@ static void test_plan_real_shapes(void)
 	}
 }
 
+/* The fused attention backward's dS room (train/plan.c: scratch.att_ds): at
+ * head size 128 with kv groups in the bf16 mode, a view from dq on over dq,
+ * dk and dv (which the packed backward does not write) and at most what
+ * phase 1 leaves below the region's largest phase: inside
+ * scratch.layer_backward, clear of d(y) and datt, which that backward reads
+ * and writes. Llama-3-8B's shape (4 layers, B4 x T2048, the benchmark's) and
+ * Qwen2-0.5B's (head size 64: none). */
+static void test_plan_attention_room(void)
+{
+	static const char *llama = "{\"model_type\":\"llama\",\"vocab_size\":128256,\"hidden_size\":4096,"
+				   "\"intermediate_size\":14336,\"num_hidden_layers\":4,\"num_attention_heads\":32,"
+				   "\"num_key_value_heads\":8,\"rope_theta\":500000.0,\"rms_norm_eps\":1e-5,"
+				   "\"tie_word_embeddings\":false,\"max_position_embeddings\":8192}";
+	static const char *qwen2 = "{\"model_type\":\"qwen2\",\"vocab_size\":151936,\"hidden_size\":896,"
+				   "\"intermediate_size\":4864,\"num_hidden_layers\":24,\"num_attention_heads\":14,"
+				   "\"num_key_value_heads\":2,\"rope_theta\":1000000.0,\"rms_norm_eps\":1e-6,"
+				   "\"tie_word_embeddings\":true,\"max_position_embeddings\":32768}";
+	struct td_errbuf eb = {{0}};
+	struct tr_model_config cfg;
+	CHECK_EQ_INT(tr_config_parse(&cfg, llama, "llama", &eb), TD_OK);
+	struct tr_plan p;
+	struct tr_plan_opts po = {.B = 4, .T = 2048, .gemm_bf16 = true, .attention_lse = true};
+	CHECK_EQ_INT(tr_plan_build(&p, &cfg, &po, &eb), TD_OK);
+	const struct tr_plan_buf *ds = tr_plan_find(&p, "scratch.att_ds");
+	const struct tr_plan_buf *dq = tr_plan_find(&p, "scratch.dq"), *dk = tr_plan_find(&p, "scratch.dk");
+	const struct tr_plan_buf *dv = tr_plan_find(&p, "scratch.dv"), *dy = tr_plan_find(&p, "scratch.dy");
+	const struct tr_plan_buf *datt = tr_plan_find(&p, "scratch.datt");
+	const struct tr_plan_buf *reg = tr_plan_find(&p, "scratch.layer_backward");
+	CHECK(ds && dq && dk && dv && dy && datt && reg);
+	if (ds && dq && dk && dv && dy && datt && reg) {
+		CHECK_EQ_INT(ds->offset, dq->offset);
+		CHECK(ds->bytes >= dq->bytes + dk->bytes + dv->bytes);
+		CHECK(dk->offset > dq->offset && dv->offset > dk->offset && dv->offset + dv->bytes <= ds->offset + ds->bytes);
+		CHECK(ds->offset >= reg->offset && ds->offset + ds->bytes <= reg->offset + reg->bytes);
+		for (const struct tr_plan_buf *o = dy; o; o = o == dy ? datt : NULL)
+			CHECK(o->offset >= ds->offset + ds->bytes || o->offset + o->bytes <= ds->offset);
+	}
+	tr_plan_fini(&p);
+	CHECK_EQ_INT(tr_config_parse(&cfg, qwen2, "qwen2", &eb), TD_OK);
+	po = (struct tr_plan_opts){.B = 8, .T = 1024, .gemm_bf16 = true, .attention_lse = true};
+	CHECK_EQ_INT(tr_plan_build(&p, &cfg, &po, &eb), TD_OK);
+	CHECK(tr_plan_find(&p, "scratch.att_ds") == NULL);
+	tr_plan_fini(&p);
+}
+
 /* transformers' get_{constant,linear,cosine}_schedule_with_warmup multipliers for
  * warmup 2, 10 steps (values from the closed forms in transformers/optimization.py). */
 static void test_schedules(void)
@@ -754,6 +799,7 @@ int main(void)
 
 	test_schedules();
 	test_plan_real_shapes();
+	test_plan_attention_room();
 	test_plan_equals_allocation();
 	test_chunked_head();
 	test_mlp_parts();
