@@ -15,11 +15,15 @@
  *     the same shared bytes;
  *   flash_bwd_dq_wg_d*: a block per (64 queries, head, batch), heaviest
  *     first, over the key tiles up to them: S = Q K^T, dP = dO V^T, dS in
- *     registers, dQ += dS K with K read MN-major.
+ *     registers, dQ += dS K with K read MN-major;
+ *   flash_bwd_dqs_wg_d*: where the caller lends room for dS (the packed
+ *     backward at head size 128), the dK dV kernel leaves each tile's dS
+ *     there and this one forms dQ += dS K alone, the same sums.
  * Each block's next tile (Q and dO, or K and V, and the row statistics) is
  * copied in (cp.async) while this one is used: double-buffered. Seven
- * products per tile pair over both kernels (S and dP twice), no atomics:
- * each gradient element is one block's fixed-order sum, as in flash.cu.
+ * products per tile pair over both kernels (S and dP twice; five with the
+ * dS room), no atomics: each gradient element is one block's fixed-order
+ * sum, as in flash.cu.
  *
  * Shared memory: 64-row tiles of HS bf16 in wgmma's 128-byte swizzle, each
  * 1024-byte aligned: a row's 64-value (128-byte) runs of the head dimension
