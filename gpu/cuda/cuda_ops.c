@@ -1267,7 +1267,7 @@ enum flash_kind { FLASH_FWD, FLASH_DKDV, FLASH_DQ };
 /* FA_WG_DKDV_SMEM(D): FLASH_WG_SMEM and an 8 KiB dS staging tile */
 #define FLASH_WG_DKDV_SMEM(HS) (FLASH_WG_SMEM(HS) + 8192u)
 /* FA_WG_DQS_SMEM(D): a ring of three slots of two 8 KiB dS tiles and a
- * 64 x HS K tile, 1 KiB */
+ * 64 x HS K tile, 1 KiB (head size 128 only) */
 #define FLASH_WG_DQS_SMEM(HS) (3u * (2u * 8192u + 64u * (unsigned)(HS) * 2u) + 1024u)
 /* Bytes of the dS flash_wg.cuh's dK dV kernel leaves for dQ's (fa_wg_ds_tile)
  * a (batch, head) pair: a 64 x 64 bf16 tile a (query tile, key tile <= it) */
@@ -1328,12 +1328,11 @@ void cu_flash_prepare(struct cu_backend *cb)
 						       (int)(j == 1 ? FLASH_WG_DKDV_SMEM(HS)
 								    : FLASH_WG_SMEM(HS))) != CUDA_SUCCESS)
 				cb->flash_wg = false;
-		if (cb->drv.cuFuncSetAttribute(cb->fn[HS == 64 ? CU_K_flash_bwd_dqs_wg_d64
-								: CU_K_flash_bwd_dqs_wg_d128],
-					       CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-					       (int)FLASH_WG_DQS_SMEM(HS)) != CUDA_SUCCESS)
-			cb->flash_wg = false;
 	}
+	if (cb->flash_wg && cb->drv.cuFuncSetAttribute(cb->fn[CU_K_flash_bwd_dqs_wg_d128],
+						       CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+						       (int)FLASH_WG_DQS_SMEM(128)) != CUDA_SUCCESS)
+		cb->flash_wg = false;
 	/* TD_CUDA_NO_ROPE16=1: the attention backward's RoPE and roundings
 	 * apart (attention_backward_rope16 says no; an A/B hook) */
 	const char *no_r16 = getenv("TD_CUDA_NO_ROPE16");
@@ -1541,8 +1540,6 @@ static void att_backward(struct gpu_backend *be, float *dq, float *dk, float *dv
 			fit = fit < 65535u ? fit : 65535u; /* gridDim.y */
 			const size_t chunks = ((size_t)pairs + fit - 1) / fit; /* of even size */
 			const int per = (int)(((size_t)pairs + chunks - 1) / chunks);
-			const enum cu_kernel kdqs =
-				HS == 64 ? CU_K_flash_bwd_dqs_wg_d64 : CU_K_flash_bwd_dqs_wg_d128;
 			for (int p0 = 0; p0 < pairs; p0 += per) {
 				const unsigned n = (unsigned)(pairs - p0 < per ? pairs - p0 : per);
 				const unsigned tiles = cu_blocks((size_t)T, 64);
@@ -1559,8 +1556,8 @@ static void att_backward(struct gpu_backend *be, float *dq, float *dk, float *dv
 					continue;
 				void *sargs[] = {&dq, &ds, &fc.k, &T, &NH, &NKV, &p0, &rc, &rs, &d16, &ld16};
 				cu_prof_begin(cb);
-				cu_launch(cb, kdqs, (struct cu_dim){n, (tiles + 1) / 2, 1}, dim1(128),
-					  FLASH_WG_DQS_SMEM(HS), sargs);
+				cu_launch(cb, CU_K_flash_bwd_dqs_wg_d128, (struct cu_dim){n, (tiles + 1) / 2, 1},
+					  dim1(128), FLASH_WG_DQS_SMEM(128), sargs);
 				cu_prof_end(cb, "attention_backward: dQ from dS T%d HS%d", T, HS);
 			}
 		}

@@ -16,7 +16,7 @@
  *   flash_bwd_dq_wg_d*: a block per (64 queries, head, batch), heaviest
  *     first, over the key tiles up to them: S = Q K^T, dP = dO V^T, dS in
  *     registers, dQ += dS K with K read MN-major;
- *   flash_bwd_dqs_wg_d*: where the caller lends room for dS (the packed
+ *   flash_bwd_dqs_wg_d128: where the caller lends room for dS (the packed
  *     backward at head size 128), the dK dV kernel leaves each tile's dS
  *     there and this one forms dQ += dS K alone, the same sums.
  * Each block's next tile (Q and dO, or K and V, and the row statistics) is
@@ -183,16 +183,6 @@ static __device__ __forceinline__ void fa_wg_tt128(float d[64], uint64_t da, uin
 		     ", %64, %65, p, 1, 1, 1, 1;\n}\n"
 		     : FA_WG_O8(d, 0), FA_WG_O8(d, 8), FA_WG_O8(d, 16), FA_WG_O8(d, 24),
 		       FA_WG_O8(d, 32), FA_WG_O8(d, 40), FA_WG_O8(d, 48), FA_WG_O8(d, 56)
-		     : "l"(da), "l"(db), "r"(1));
-}
-
-/* d (64 x 64) += A B, as fa_wg_tt128 at head size 64 */
-static __device__ __forceinline__ void fa_wg_tt64(float d[32], uint64_t da, uint64_t db)
-{
-	asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-		     "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " FA_WG_D32
-		     ", %32, %33, p, 1, 1, 1, 1;\n}\n"
-		     : FA_WG_O8(d, 0), FA_WG_O8(d, 8), FA_WG_O8(d, 16), FA_WG_O8(d, 24)
 		     : "l"(da), "l"(db), "r"(1));
 }
 
@@ -541,6 +531,7 @@ static __device__ __forceinline__ void fa_wg_dqs(float *dq, const fa_bf16 *ds, c
 						 int NKV, int p0, const float *rc, const float *rs, fa_bf16 *d16,
 						 int ld16)
 {
+	static_assert(D == 128, "dQ from dS: head size 128 only (cuda_ops.c says why)");
 	constexpr int S = FA_WG_DQS_STAGES, ST = 2 * 8192 + FA_WG_TILE(D); /* a slot's bytes */
 	const int pair = p0 + blockIdx.x, h = pair % NH, b = pair / NH, tiles = (T + 63) / 64;
 	const int qa = 2 * (gridDim.y - 1 - blockIdx.y), qb = qa + 1 < tiles ? qa + 1 : qa;
@@ -587,17 +578,10 @@ static __device__ __forceinline__ void fa_wg_dqs(float *dq, const fa_bf16 *ds, c
 			const uint64_t db = fa_wg_desc(sk + kk * 16 * 128, 8192, 1024);
 			const uint64_t da = fa_wg_desc(slot + kk * 16 * 128, 8192, 1024);
 			const uint64_t dbb = fa_wg_desc(slot + 8192 + kk * 16 * 128, 8192, 1024);
-			if constexpr (D == 128) {
-				if (it <= qa)
-					fa_wg_tt128(dQa, da, db);
-				if (qb != qa)
-					fa_wg_tt128(dQb, dbb, db);
-			} else {
-				if (it <= qa)
-					fa_wg_tt64(dQa, da, db);
-				if (qb != qa)
-					fa_wg_tt64(dQb, dbb, db);
-			}
+			if (it <= qa)
+				fa_wg_tt128(dQa, da, db);
+			if (qb != qa)
+				fa_wg_tt128(dQb, dbb, db);
 		}
 		fa_wg_commit();
 		fa_wg_wait0();
@@ -717,9 +701,9 @@ static __device__ __forceinline__ void fa_wg_fwd(float *out, fa_bf16 *out16, flo
 #endif
 
 /* The kernels, head sizes 64 and 128: grid (ceil(T/64), NH, B) (the
- * forward, dQ) or (ceil(T/64), (batch, head) pairs) (dK dV, dQ from dS),
- * 128 threads, FA_WG_SMEM(D) bytes of dynamic shared memory
- * (FA_WG_DKDV_SMEM(D) for dK dV, FA_WG_DQS_SMEM(D) for dQ from dS). */
+ * forward, dQ) or (ceil(T/64), (batch, head) pairs) (dK dV; (pairs,
+ * ceil(T/64)) with ds), 128 threads, FA_WG_SMEM(D) bytes of dynamic shared
+ * memory (FA_WG_DKDV_SMEM(D) for dK dV). */
 #define FA_WG_KERNELS(D)                                                                          \
 	extern "C" __global__ void __launch_bounds__(128)                                         \
 		flash_fwd_wg_d##D(float *out, fa_bf16 *out16, float *lse, const fa_bf16 *q,       \
@@ -735,13 +719,6 @@ static __device__ __forceinline__ void fa_wg_fwd(float *out, fa_bf16 *out16, flo
 		FA_WG_CALL((fa_wg_dkdv<D>(dk, dv, dout, q, k, v, lse, dr, T, NH, NKV, ds, p0)));  \
 	}                                                                                         \
 	extern "C" __global__ void __launch_bounds__(128)                                         \
-		flash_bwd_dqs_wg_d##D(float *dq, const fa_bf16 *ds, const fa_bf16 *k, int T, int NH, \
-				      int NKV, int p0, const float *rc, const float *rs,          \
-				      fa_bf16 *d16, int ld16)                                     \
-	{                                                                                         \
-		FA_WG_CALL((fa_wg_dqs<D>(dq, ds, k, T, NH, NKV, p0, rc, rs, d16, ld16)));         \
-	}                                                                                         \
-	extern "C" __global__ void __launch_bounds__(128)                                         \
 		flash_bwd_dq_wg_d##D(float *dq, const fa_bf16 *dout, const fa_bf16 *q,            \
 				     const fa_bf16 *k, const fa_bf16 *v, const float *lse,        \
 				     const float *dr, int T, int NH, int NKV, const float *rc,    \
@@ -752,3 +729,12 @@ static __device__ __forceinline__ void fa_wg_fwd(float *out, fa_bf16 *out16, flo
 
 FA_WG_KERNELS(64)
 FA_WG_KERNELS(128)
+
+/* dQ from dS (fa_wg_dqs), head size 128 only: grid (pairs, ceil(tiles / 2)),
+ * 128 threads, FA_WG_DQS_SMEM(128) bytes of dynamic shared memory. */
+extern "C" __global__ void __launch_bounds__(128)
+	flash_bwd_dqs_wg_d128(float *dq, const fa_bf16 *ds, const fa_bf16 *k, int T, int NH, int NKV, int p0,
+			      const float *rc, const float *rs, fa_bf16 *d16, int ld16)
+{
+	FA_WG_CALL((fa_wg_dqs<128>(dq, ds, k, T, NH, NKV, p0, rc, rs, d16, ld16)));
+}
