@@ -744,6 +744,16 @@ static inline size_t gpu_flash_datt_floats(int B, int T, int NH, int NKV, int HS
 	return gpu_flash_part_offset(B, T, NH) + 2 * (size_t)B * T * NH * HS;
 }
 
+/* Bytes of the dS the CUDA backend's Hopper attention backward keeps for a
+ * (batch, head) pair, where attention_backward_rope16 is lent room (ds): a
+ * 64 x 64 bf16 tile a (query tile, key tile <= it). The memory plan sizes
+ * that room by it (train/plan.c: scratch.att_ds). */
+static inline size_t gpu_flash_ds_pair_bytes(int T)
+{
+	const size_t tiles = ((size_t)T + 63) / 64;
+	return tiles * (tiles + 1) / 2 * 8192;
+}
+
 /* Bytes of gemm_scratch the fused attention needs for its bf16 copies of q,
  * dout (B,T,NH,HS) and k, v (B,T,NKV,HS), each padded to 128 elements, in
  * that order; where q, k and v come as twins (qkv16), of dout only. The

@@ -1330,16 +1330,14 @@ static td_err plan_build(struct tr_plan *p, const struct tr_model_config *cfg,
 	}
 	/* att_ds where the packed attention backward can run and uses it
 	 * (fused, bf16, kv groups, no q/k norms, head size 128: the CUDA
-	 * backend's Hopper kernels): dS is a 64 x 64 bf16 tile a (query tile,
-	 * key tile <= it) of each pair */
+	 * backend's Hopper kernels): every (batch, head) pair's dS at most */
 	size_t ids = nscratch, idq = nscratch;
 	for (size_t i = 0; i < nscratch; i++) {
 		ids = !strcmp(scratch[i].what, "att_ds") ? i : ids;
 		idq = !strcmp(scratch[i].what, "dq") ? i : idq;
 	}
 	if (train && o->attention_lse && o->gemm_bf16 && NKV < NH && !cfg->qk_norm && HS == 128) {
-		const size_t tiles = ((size_t)o->T + 63) / 64;
-		const size_t want = B * NH * (tiles * (tiles + 1) / 2) * 8192;
+		const size_t want = B * NH * gpu_flash_ds_pair_bytes((int)o->T);
 		const size_t have = aligned(f32_bytes(N, H, 1)) + 2 * aligned(f32_bytes(N, KV, 1));
 		const size_t others = max_sz(phase_bytes[2], phase_bytes[3]);
 		const size_t slack = others > phase_bytes[1] ? others - phase_bytes[1] : 0;

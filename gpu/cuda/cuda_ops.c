@@ -1269,13 +1269,6 @@ enum flash_kind { FLASH_FWD, FLASH_DKDV, FLASH_DQ };
 /* FA_WG_DQS_SMEM(D): a ring of three slots of two 8 KiB dS tiles and a
  * 64 x HS K tile, 1 KiB (head size 128 only) */
 #define FLASH_WG_DQS_SMEM(HS) (3u * (2u * 8192u + 64u * (unsigned)(HS) * 2u) + 1024u)
-/* Bytes of the dS flash_wg.cuh's dK dV kernel leaves for dQ's (fa_wg_ds_tile)
- * a (batch, head) pair: a 64 x 64 bf16 tile a (query tile, key tile <= it) */
-static size_t flash_ds_pair_bytes(int T)
-{
-	const size_t tiles = cu_blocks((size_t)T, 64);
-	return tiles * (tiles + 1) / 2 * 8192u;
-}
 
 static unsigned flash_smem_bytes(enum flash_kind kind, int HS)
 {
@@ -1533,7 +1526,7 @@ static void att_backward(struct gpu_backend *be, float *dq, float *dk, float *dv
 		 * 64 x 64 x HS: at head size 64 half the products for the same
 		 * bytes, and no faster on Qwen2-0.5B's shape (DESIGN.md) */
 		const int pairs = B * NH;
-		const size_t pair_ds = flash_ds_pair_bytes(T);
+		const size_t pair_ds = gpu_flash_ds_pair_bytes(T);
 		gpu_bf16 *ds = wg && HS == 128 && r && r->ds && r->ds_bytes >= pair_ds ? r->ds : NULL;
 		if (wg) {
 			size_t fit = ds ? r->ds_bytes / pair_ds : (size_t)pairs;

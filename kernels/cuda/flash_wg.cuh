@@ -275,10 +275,11 @@ static __device__ __forceinline__ unsigned char *fa_wg_smem()
  * bf16 (8 KiB), a row per key, its 64 queries in the 128-byte swizzle
  * (fa_wg_swz), so that the tile copied as it lies is dQ's product's A
  * operand MN-major; a pair's tiles (qt, kt <= qt) in row order of that
- * triangle, pairs one after another from the chunk's first (p0). */
-static __device__ __forceinline__ fa_bf16 *fa_wg_ds_tile(fa_bf16 *ds, int pair, int tiles, int qt, int kt)
+ * triangle, pairs one after another from the chunk's first (p0)
+ * (gpu/backend.h: gpu_flash_ds_pair_bytes). The tile's offset in values. */
+static __device__ __forceinline__ size_t fa_wg_ds_tile(int pair, int tiles, int qt, int kt)
 {
-	return ds + ((size_t)pair * ((size_t)tiles * (tiles + 1) / 2) + (size_t)qt * (qt + 1) / 2 + kt) * 4096;
+	return ((size_t)pair * ((size_t)tiles * (tiles + 1) / 2) + (size_t)qt * (qt + 1) / 2 + kt) * 4096;
 }
 
 /* dK, dV (scaled by 1/sqrt(D)) or, with kv groups, the query head's
@@ -372,7 +373,7 @@ static __device__ __forceinline__ void fa_wg_dkdv(float *dk, float *dv, const fa
 						k0 + r < T ? as[kk][e] : 0u;
 				}
 			__syncthreads();
-			uint4 *dt = reinterpret_cast<uint4 *>(fa_wg_ds_tile(ds, pl, ntile, q0 / 64, kt));
+			uint4 *dt = reinterpret_cast<uint4 *>(ds + fa_wg_ds_tile(pl, ntile, q0 / 64, kt));
 #pragma unroll
 			for (int j = 0; j < 4; j++)
 				dt[threadIdx.x + 128 * j] = reinterpret_cast<const uint4 *>(stage)[threadIdx.x + 128 * j];
@@ -538,7 +539,6 @@ static __device__ __forceinline__ void fa_wg_dqs(float *dq, const fa_bf16 *ds, c
 	const int kvh = h / (NH / NKV);
 	const size_t ldk = (size_t)NKV * D;
 	const fa_bf16 *kb = k + (size_t)b * T * ldk + kvh * D;
-	fa_bf16 *dsp = const_cast<fa_bf16 *>(ds);
 	unsigned char *sm = fa_wg_smem(); /* slot: [dS of qa][dS of qb][K] */
 	const auto load = [&](int kt) { /* key tile kt into slot kt % S, if any; one group */
 		if (kt <= qb) {
@@ -548,7 +548,7 @@ static __device__ __forceinline__ void fa_wg_dqs(float *dq, const fa_bf16 *ds, c
 				const int q = t2 ? qb : qa;
 				if (kt > q || (t2 && qb == qa))
 					continue;
-				const fa_bf16 *src = fa_wg_ds_tile(dsp, blockIdx.x, tiles, q, kt);
+				const fa_bf16 *src = ds + fa_wg_ds_tile(blockIdx.x, tiles, q, kt);
 #pragma unroll
 				for (int j = 0; j < 4; j++) {
 					const int i = threadIdx.x + 128 * j;

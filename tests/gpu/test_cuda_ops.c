@@ -1494,7 +1494,7 @@ static bool flash_rope16_case(int B, int T, int NH, int NKV, int HS, const float
 	 * order): every pair's at once, then room for a third of them
 	 * (chunks), then too little for one pair (not used) — the same bits
 	 * each time */
-	const size_t tiles = ((size_t)T + 63) / 64, pair = tiles * (tiles + 1) / 2 * 8192;
+	const size_t pair = gpu_flash_ds_pair_bytes(T);
 	const size_t pairs = (size_t)B * NH, rooms[] = {pairs * pair, (pairs + 2) / 3 * pair, pair - 16};
 	for (size_t i = 0; i < sizeof(rooms) / sizeof(rooms[0]); i++) {
 		void *d_ds = dmem(rooms[i]);
