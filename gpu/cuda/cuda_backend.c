@@ -508,7 +508,7 @@ static void cuda_destroy(struct gpu_backend *be)
 		}
 		if (cb->copy_mark)
 			cb->drv.cuEventDestroy(cb->copy_mark);
-		for (int k = 0; k < 2; k++)
+		for (int k = 0; k < CU_LT_EVENTS; k++)
 			if (cb->tune_ev[k])
 				cb->drv.cuEventDestroy(cb->tune_ev[k]);
 		for (int k = 0; k < GPU_COPY_SLOTS; k++)

@@ -78,6 +78,8 @@ struct cu_dim {
 
 #define CU_LT_PLANS 128 /* a model's product shapes (LoRA's and the head's included) */
 #define CU_LT_ALGOS 8	 /* the heuristic's first algorithms timed per shape */
+#define CU_LT_ROUNDS 3	 /* lt_tune's rounds: each algorithm timed once a round */
+#define CU_LT_EVENTS (CU_LT_ROUNDS * (CU_LT_ALGOS + 1) + 1)
 
 struct cu_backend {
 	struct gpu_backend base; /* first: the engine holds a struct gpu_backend * */
@@ -109,7 +111,9 @@ struct cu_backend {
 	 * CU_LT_ALGOS), timed beside the reference (cublasGemmEx's default;
 	 * for a residual add, the heuristic's first) at the first call that
 	 * may run more than once (beta 0, or the addend apart), and the
-	 * fastest kept of those whose output has the reference's bits. */
+	 * fastest kept of those whose output has the reference's bits —
+	 * fastest as the step runs them: back to back, the device at its
+	 * power cap (cuda_ops.c: lt_tune). */
 	cublasLtHandle_t lt;
 	struct cu_lt_plan {
 		int ta, tb, m, n, k, lda, ldb, ldc; /* ta, tb: cublasOperation_t */
@@ -130,7 +134,8 @@ struct cu_backend {
 	/* cuBLASLt's algorithms timed (false: TD_CUDA_NO_GEMM_TUNE=1, or fp32
 	 * mode): cublasGemmEx's default for the products, as before. */
 	bool gemm_tune;
-	CUevent tune_ev[2];
+	/* lt_tune's marks between its timed runs, made at its first call */
+	CUevent tune_ev[CU_LT_EVENTS];
 	/* The first error of an asynchronous op: sticky until reported by sync. */
 	CUresult first_error;
 	char first_error_where[128];

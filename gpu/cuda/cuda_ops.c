@@ -373,24 +373,85 @@ static bool lt_candidate(const struct cu_lt_plan *lp, int i)
 	return true;
 }
 
-/* ms a run of algorithm i (-1: cublasGemmEx's default): the mean of REPS
- * runs after the one already made */
-static float lt_time(struct cu_backend *cb, const struct cu_lt_plan *lp, int i, float alpha,
-		     const uint16_t *A, const uint16_t *B, float beta, const void *C, void *D)
+/* Runs algorithm i (-1: cublasGemmEx's default) n times back to back. */
+static void lt_repeat(struct cu_backend *cb, const struct cu_lt_plan *lp, int i, int n,
+		      float alpha, const uint16_t *A, const uint16_t *B, float beta, const void *C,
+		      void *D)
 {
-	enum { REPS = 5 };
-	cb->drv.cuEventRecord(cb->tune_ev[0], cb->stream);
-	for (int r = 0; r < REPS; r++)
+	for (int r = 0; r < n; r++)
 		if (i < 0)
 			ex_run(cb, lp, alpha, A, B, beta, D);
 		else
 			lt_run(cb, lp, i, alpha, A, B, beta, C, D);
+}
+
+static bool lt_events(struct cu_backend *cb)
+{
+	for (int k = 0; k < CU_LT_EVENTS; k++)
+		if (!cb->tune_ev[k] &&
+		    cb->drv.cuEventCreate(&cb->tune_ev[k], CU_EVENT_DEFAULT) != CUDA_SUCCESS) {
+			cb->tune_ev[k] = NULL;
+			return false;
+		}
+	return true;
+}
+
+/* ms a run of each of the n algorithms in ids (-1: cublasGemmEx's default)
+ * into ms[], as the step runs them: the device kept busy from before the
+ * first timed run to after the last (no wait between them), so at the power
+ * cap it holds under a step's products (an H200 at ~1.6 GHz, not its
+ * 1.98), where the fastest algorithm when the device is cool need not be
+ * the fastest (the 8B shapes' head input gradient: 2.97 ms cool against
+ * cublasGemmEx's 3.00, but 3.26 against 2.91 at the cap;
+ * tests/bench/gemm_tune.cu). First the reference, back to back for about
+ * 30 ms; then CU_LT_ROUNDS rounds of REPS runs of each, the order turned
+ * each round; each one's time the median of its rounds. false where an
+ * event failed. */
+static bool lt_time(struct cu_backend *cb, const struct cu_lt_plan *lp, const int *ids, int n,
+		    float *ms, float alpha, const uint16_t *A, const uint16_t *B, float beta,
+		    const void *C, void *D)
+{
+	enum { REPS = 5, HEAT_MS = 30, HEAT_MAX = 400 };
+	assert(n >= 1 && n <= CU_LT_ALGOS + 1);
+	float t0 = 0;
+	cb->drv.cuEventRecord(cb->tune_ev[0], cb->stream);
+	lt_repeat(cb, lp, ids[0], REPS, alpha, A, B, beta, C, D);
 	cb->drv.cuEventRecord(cb->tune_ev[1], cb->stream);
-	float ms = 0;
 	if (cb->drv.cuEventSynchronize(cb->tune_ev[1]) != CUDA_SUCCESS ||
-	    cb->drv.cuEventElapsedTime(&ms, cb->tune_ev[0], cb->tune_ev[1]) != CUDA_SUCCESS)
-		return -1.0f;
-	return ms / REPS;
+	    cb->drv.cuEventElapsedTime(&t0, cb->tune_ev[0], cb->tune_ev[1]) != CUDA_SUCCESS)
+		return false;
+	const float per = t0 / REPS > 1e-3f ? t0 / REPS : 1e-3f;
+	const int heat = HEAT_MS / per < HEAT_MAX ? (int)(HEAT_MS / per) : HEAT_MAX;
+	lt_repeat(cb, lp, ids[0], heat, alpha, A, B, beta, C, D);
+	for (int r = 0, e = 0; r < CU_LT_ROUNDS; r++)
+		for (int j = 0; j < n; j++, e++) {
+			cb->drv.cuEventRecord(cb->tune_ev[e], cb->stream);
+			lt_repeat(cb, lp, ids[(j + r) % n], REPS, alpha, A, B, beta, C, D);
+		}
+	const int last = CU_LT_ROUNDS * n;
+	cb->drv.cuEventRecord(cb->tune_ev[last], cb->stream);
+	if (cb->drv.cuEventSynchronize(cb->tune_ev[last]) != CUDA_SUCCESS)
+		return false;
+	float t[CU_LT_ALGOS + 1][CU_LT_ROUNDS];
+	for (int r = 0, e = 0; r < CU_LT_ROUNDS; r++)
+		for (int j = 0; j < n; j++, e++) {
+			float x;
+			if (cb->drv.cuEventElapsedTime(&x, cb->tune_ev[e], cb->tune_ev[e + 1]) !=
+			    CUDA_SUCCESS)
+				return false;
+			t[(j + r) % n][r] = x / REPS;
+		}
+	for (int j = 0; j < n; j++) { /* the median of the rounds: sorted in place */
+		float *v = t[j];
+		for (int a = 1; a < CU_LT_ROUNDS; a++)
+			for (int b = a; b > 0 && v[b] < v[b - 1]; b--) {
+				const float x = v[b];
+				v[b] = v[b - 1];
+				v[b - 1] = x;
+			}
+		ms[j] = v[CU_LT_ROUNDS / 2];
+	}
+	return true;
 }
 
 /* Runs the plan's product as the call asks, with the algorithm chosen so far
@@ -421,10 +482,7 @@ static void lt_tune(struct cu_backend *cb, struct cu_lt_plan *lp, const char *wh
 {
 	const int ref = lp->resid || lp->bias ? 0 : -1;
 	lp->chosen = ref;
-	if (!cb->tune_ev[0] &&
-	    (cb->drv.cuEventCreate(&cb->tune_ev[0], CU_EVENT_DEFAULT) != CUDA_SUCCESS ||
-	     cb->drv.cuEventCreate(&cb->tune_ev[1], CU_EVENT_DEFAULT) != CUDA_SUCCESS)) {
-		cb->tune_ev[0] = NULL;
+	if (!lt_events(cb)) {
 		lp->tuned = true;
 		lt_call(cb, lp, what, alpha, A, B, beta, C, D);
 		return;
@@ -438,24 +496,29 @@ static void lt_tune(struct cu_backend *cb, struct cu_lt_plan *lp, const char *wh
 		return;
 	}
 	lp->tuned = true;
-	float best = lp->ms_ref = lt_time(cb, lp, ref, alpha, A, B, beta, C, D);
-	if (best < 0)
-		best = INFINITY;
+	/* the reference first, then each algorithm with its bits */
+	int ids[CU_LT_ALGOS + 1], n = 0;
+	ids[n++] = ref;
 	for (int i = 0; i < lp->nalgo; i++) {
 		lp->ms[i] = -1.0f;
-		if (i == ref) {
-			lp->ms[i] = lp->ms_ref;
-			continue;
-		}
-		if (!lt_candidate(lp, i) ||
+		if (i == ref || !lt_candidate(lp, i) ||
 		    lt_run(cb, lp, i, alpha, A, B, beta, C, D) != CUBLAS_STATUS_SUCCESS)
 			continue; /* nothing was enqueued */
 		if (lt_fingerprint(cb, lp, D) != want || cb->first_error != CUDA_SUCCESS)
 			continue;
-		lp->ms[i] = lt_time(cb, lp, i, alpha, A, B, beta, C, D);
-		if (lp->ms[i] >= 0 && lp->ms[i] < best) {
-			best = lp->ms[i];
-			lp->chosen = i;
+		ids[n++] = i;
+	}
+	float ms[CU_LT_ALGOS + 1];
+	if (lt_time(cb, lp, ids, n, ms, alpha, A, B, beta, C, D)) {
+		float best = lp->ms_ref = ms[0];
+		if (ref >= 0)
+			lp->ms[ref] = ms[0];
+		for (int j = 1; j < n; j++) {
+			lp->ms[ids[j]] = ms[j];
+			if (ms[j] < best) {
+				best = ms[j];
+				lp->chosen = ids[j];
+			}
 		}
 	}
 	/* D may hold an ineligible algorithm's output (other bits) */

@@ -25,7 +25,8 @@
 # gemm: tests/bench/gemm_tune.cu compiled here and run: each bf16 GEMM of
 # the Qwen2-0.5B and Llama-3-8B-shaped steps as the backend calls it,
 # against every algorithm cuBLASLt's heuristic offers for it (time, and
-# whether its bits are the default's); then the backend's own timed choice
+# whether its bits are the default's), timed cool and at the power cap the
+# step holds the device at; then the backend's own timed choice
 # (gpu/cuda/cuda_ops.c: lt_tune) A/B'd in the step: bench_train on the
 # bench's four shapes with TD_CUDA_NO_GEMM_TUNE=1 and without, in turn,
 # twice; ~4 minutes. Not in all.
