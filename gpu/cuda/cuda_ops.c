@@ -509,7 +509,8 @@ static void lt_tune(struct cu_backend *cb, struct cu_lt_plan *lp, const char *wh
 		ids[n++] = i;
 	}
 	float ms[CU_LT_ALGOS + 1];
-	if (lt_time(cb, lp, ids, n, ms, alpha, A, B, beta, C, D)) {
+	/* none with its bits: the reference, untimed */
+	if (n > 1 && lt_time(cb, lp, ids, n, ms, alpha, A, B, beta, C, D)) {
 		float best = lp->ms_ref = ms[0];
 		if (ref >= 0)
 			lp->ms[ref] = ms[0];
