@@ -8,6 +8,8 @@
 # `ninja -C build`; then, on the device, with carry [".gpu-pack.tar.xz"]:
 #   tar xJf .gpu-pack.tar.xz; tests/gpu/device-run.sh [tests|bench|faults|memory|ddp|preempt|share|attn|all]
 # BUILD=DIR packs another build folder than build/ (e.g. BUILD=build-ddp).
+# OLD_MODULE=FILE packs FILE (another build's libtraind-cuda.so) as
+# .gpu-run/old-libtraind-cuda.so, for device-run.sh ab.
 # Libraries the GPU machine has itself (libsystemd, libcrypto, sqlite, ...)
 # are left out.
 set -eu
@@ -20,6 +22,9 @@ cp "$b"/daemon/traind "$b"/client/trainctl "$b"/tests/parity "$b"/tests/gpu/test
 	"$b"/tests/unit/test_recompute \
 	"$b"/tests/unit/test_frozen "$b"/tests/unit/test_base "$b"/tests/gpu/nccl_smoke \
 	"$b"/gpu/cuda/libtraind-cuda.so .gpu-run/
+if [ -n "${OLD_MODULE:-}" ]; then
+	cp "$OLD_MODULE" .gpu-run/old-libtraind-cuda.so
+fi
 ../shared/device/bundle-libs.sh .gpu-libs .gpu-run/* >/dev/null
 cp ../shared/bench/peer_hf.py ../shared/bench/peer_big.py ../shared/bench/peer_dist.py \
 	tests/bench/peer_attn.py .gpu-libs/

@@ -3,11 +3,20 @@
 # PyTorch peer, in one call. Expects .gpu-run/ (binaries and the CUDA module)
 # and .gpu-libs/lib (bundle-libs.sh) in the repo root: tests/gpu/bundle.sh
 # makes them.
-# usage: tests/gpu/device-run.sh [tests|bench|faults|memory|big32|ddp|profile|preempt|share|attn|overlap|wgmma|gemm|splitk|graphs|all]
+# usage: tests/gpu/device-run.sh [tests|bench|faults|memory|big32|ddp|profile|preempt|share|attn|overlap|wgmma|gemm|splitk|graphs|ab|all]
 # bench: the tokenizer, then Qwen2-0.5B (fp32, bf16, LoRA q,v) and the
 # Llama-3-8B shapes' 4 layers (full, LoRA all seven; BENCH_8B=0 skips them)
 # beside peer_hf.py and peer_big.py, ending with the README's table
 # (tests/bench/bench_table.py); ~8 minutes on an H200.
+# ab: the build against another CUDA module (bundle.sh with
+# OLD_MODULE=FILE packs FILE as .gpu-run/old-libtraind-cuda.so: a build of
+# the commit before, say), in one call: bench_train on $AB_SHAPES (default
+# the bench's 8B full and LoRA and Qwen2-0.5B full and LoRA q,v; 8b-full,
+# 8b-lora, qwen2-full, qwen2-lora, qwen2-lora-all) with the old and the new
+# module in turn, $AB_ROUNDS times (default 2), a line a run (ms a step,
+# loss_exact, the SM clock and board power nvidia-smi saw while it was busy),
+# then each shape's means and whether every run gave the same loss_exact.
+# Not in all.
 # attn: attention alone (issue 13): bench_attn (the fused kernels' forward and
 # backward, causal, bf16, HS 128 and 64, T 2048 and 8192, after its sanity
 # check), again at HS 128 with TD_CUDA_NO_WGMMA=1 (the mma.sync kernels where
@@ -70,6 +79,47 @@ bench_peak() {
 	wait $pid || status=1
 	sed "s/}\$/, \"nvidia_smi_peak_mib\": $peak}/" "$out/one.json" | tee -a "$out/$file"
 }
+if [ "$what" = ab ]; then
+	old=$bin/old-libtraind-cuda.so
+	[ -f "$old" ] || { echo "ab: no $old (tests/gpu/bundle.sh with OLD_MODULE=FILE)"; exit 1; }
+	rm -f "$out/ab.txt"
+	for shape in ${AB_SHAPES:-8b-full 8b-lora qwen2-full qwen2-lora}; do
+		case $shape in
+		8b-full) args="--shape llama3-8b-4l --batch 4 --seq 2048 --precision bf16 --clip 0" ;;
+		8b-lora) args="--shape llama3-8b-4l --batch 4 --seq 2048 --precision bf16 --clip 0 --lora-rank 16 --lora-targets all" ;;
+		qwen2-full) args="--shape qwen2-0.5b --precision bf16" ;;
+		qwen2-lora) args="--shape qwen2-0.5b --precision bf16 --lora-rank 16 --lora-targets qv" ;;
+		qwen2-lora-all) args="--shape qwen2-0.5b --precision bf16 --lora-rank 16 --lora-targets all" ;;
+		*) echo "ab: unknown shape $shape"; exit 1 ;;
+		esac
+		for r in $(seq "${AB_ROUNDS:-2}"); do
+			for which in old new; do
+				mod=$old
+				[ $which = new ] && mod=$TD_CUDA_MODULE
+				nvidia-smi --query-gpu=clocks.sm,power.draw --format=csv,noheader,nounits -lms 50 \
+					>"$out/ab-smi.csv" 2>/dev/null &
+				smi=$!
+				line=$(TD_CUDA_MODULE=$mod "$bin/bench_train" --backend cuda $args --steps 8 --warm 2) ||
+					status=1
+				kill $smi 2>/dev/null
+				wait $smi 2>/dev/null
+				ms=$(echo "$line" | grep -o '"ms_per_step": [0-9.]*' | grep -o '[0-9.]*$')
+				le=$(echo "$line" | grep -o '"loss_exact": [0-9.e+-]*' | grep -o '[^ ]*$')
+				# busy: samples over 200 W (the load and the idle clock left out)
+				pw=$(awk -F', ' '$2 + 0 > 200 {n++; c += $1; w += $2}
+					END {if (n) printf "%.0f MHz %.0f W", c / n, w / n; else printf "- MHz - W"}' \
+					"$out/ab-smi.csv")
+				echo "$shape $which ${ms:-?} ms loss_exact ${le:-?} $pw" | tee -a "$out/ab.txt"
+			done
+		done
+	done
+	awk '{k = $1 " " $2; s[k] += $3; n[k]++; le[$1] = le[$1] == "" ? $6 : le[$1]; if ($6 != le[$1]) diff[$1] = 1}
+		END {for (k in s) {split(k, a, " "); if (a[2] == "old") {o = s[k] / n[k]; nk = a[1] " new";
+			if (nk in s) {nw = s[nk] / n[nk]; printf "%s: old %.2f ms, new %.2f ms a step (new/old %.4f); loss_exact %s\n",
+				a[1], o, nw, nw / o, diff[a[1]] ? "DIFFERS between runs" : "the same in every run"}}}}' \
+		"$out/ab.txt"
+	exit $status
+fi
 if [ "$what" = memory ]; then
 	echo "== memory: Qwen2-0.5B full bf16, B8 x T1024, per recompute policy"
 	for r in none selective full full-offload; do
